@@ -1,0 +1,51 @@
+/* Error codes shared by every psd component.
+ *
+ * Functions return 0 on success or a negative PS_E* code. The list is one
+ * X-macro so the code, its name and its text cannot drift apart. Codes travel
+ * on the wire as a reply's status, so their values are stable: append only.
+ * This file does not translate errno/zmq/CUDA errors; callers do that once,
+ * where the error happens (ps_err_from_errno helps). */
+#ifndef PS_ERR_H
+#define PS_ERR_H
+
+#define PS_ERR_MAP(X)                                                                              \
+    X(EINVAL, -1, "invalid argument")                                                              \
+    X(ENOMEM, -2, "out of memory")                                                                 \
+    X(EPROTO, -3, "malformed message")                                                             \
+    X(EVERSION, -4, "unsupported protocol version")                                                \
+    X(EOP, -5, "unknown operation")                                                                \
+    X(EFRAMES, -6, "wrong number of frames")                                                       \
+    X(ESIZE, -7, "frame size does not match header")                                               \
+    X(ERANGE, -8, "range outside the table")                                                       \
+    X(ENOTABLE, -9, "no such table")                                                               \
+    X(EEXIST, -10, "table exists with a different spec")                                           \
+    X(ELIMIT, -11, "limit exceeded")                                                               \
+    X(ETIMEDOUT, -12, "timed out")                                                                 \
+    X(EAGAIN, -13, "resource temporarily unavailable")                                             \
+    X(EBUSY, -14, "busy")                                                                          \
+    X(EIO, -15, "input/output error")                                                              \
+    X(EZMQ, -16, "zeromq error")                                                                   \
+    X(EDTYPE, -17, "unsupported dtype")                                                            \
+    X(ECLOSED, -18, "closed")                                                                      \
+    X(ESTATE, -19, "wrong state")                                                                  \
+    X(EREMOTE, -20, "error reply from server")                                                     \
+    X(ENOTSUP, -21, "not supported")                                                               \
+    X(ENODEV, -22, "no such device")                                                               \
+    X(EDEVICE, -23, "device error")
+
+enum ps_err {
+#define PS_ERR_ENUM(name, value, text) PS_##name = (value),
+    PS_ERR_MAP(PS_ERR_ENUM)
+#undef PS_ERR_ENUM
+};
+
+/* Text for a code; never NULL (unknown codes get a fixed string). */
+const char *ps_strerror(int err);
+/* Symbolic name ("PS_EINVAL"); never NULL. */
+const char *ps_err_name(int err);
+/* Map an errno value to the closest PS_E* code. */
+int ps_err_from_errno(int errnum);
+/* 1 when err is one of the codes above. */
+int ps_err_known(int err);
+
+#endif

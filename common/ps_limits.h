@@ -1,0 +1,59 @@
+/* Every limit on what a peer, a file or a flag controls, in one place.
+ *
+ * Sizes are checked against these before anything is allocated for them.
+ * Runtime-tunable ceilings (message bytes) have their bounds here and their
+ * chosen value in a flag. The _Static_asserts tie related limits together so
+ * changing one cannot silently break another. */
+#ifndef PS_LIMITS_H
+#define PS_LIMITS_H
+
+#include <stdint.h>
+
+#define PS_PROTOCOL_VERSION 1u
+
+/* Cluster shape. */
+#define PS_SHARDS_MAX  256u
+#define PS_WORKERS_MAX 4096u
+
+/* Tables. */
+#define PS_TABLES_MAX      1024u
+#define PS_TABLE_NAME_MAX  128u                /* bytes, excluding the terminating NUL */
+#define PS_TABLE_ELEMS_MAX (UINT64_C(1) << 34) /* 64 GiB of f32 per table */
+#define PS_SPARSE_DIM_MAX  4096u
+
+/* Messages. */
+#define PS_FRAMES_MAX            3u /* header, keys, values */
+#define PS_HEADER_BYTES_MAX      65536u
+#define PS_ERROR_TEXT_MAX        256u /* error text in replies, including NUL */
+#define PS_MESSAGE_BYTES_MIN     (UINT64_C(1) << 17)
+#define PS_MESSAGE_BYTES_MAX     (UINT64_C(1) << 32)
+#define PS_MESSAGE_BYTES_DEFAULT (UINT64_C(1) << 28) /* 256 MiB */
+#define PS_VALUE_BYTES_MAX       PS_MESSAGE_BYTES_MAX
+#define PS_DTYPE_BYTES_MAX       4u
+
+/* Decoding arena for one header (protobuf-c unpack allocates from it). */
+#define PS_ARENA_BYTES_SERVER (4u * PS_HEADER_BYTES_MAX)
+
+/* Event loop fairness: messages handled per readiness callback. */
+#define PS_DRAIN_BATCH_MAX 64u
+
+/* Client library. */
+#define PS_CLIENT_TICKETS_MAX 1024u /* requests outstanding per client */
+#define PS_CLIENT_TABLES_MAX  PS_TABLES_MAX
+#define PS_ENDPOINT_MAX       256u /* bytes of one endpoint string */
+
+/* Zero-copy threshold: frames at least this big are handed to zmq without a
+ * copy; smaller ones are copied (cheaper than the bookkeeping). */
+#define PS_ZEROCOPY_BYTES_MIN 8192u
+
+_Static_assert(PS_ERROR_TEXT_MAX < PS_HEADER_BYTES_MAX, "error text must fit in a header");
+_Static_assert(PS_TABLE_NAME_MAX < PS_HEADER_BYTES_MAX, "table name must fit in a header");
+_Static_assert(PS_MESSAGE_BYTES_MIN > PS_HEADER_BYTES_MAX, "a message must hold a full header");
+_Static_assert(PS_MESSAGE_BYTES_DEFAULT >= PS_MESSAGE_BYTES_MIN, "default below minimum");
+_Static_assert(PS_MESSAGE_BYTES_DEFAULT <= PS_MESSAGE_BYTES_MAX, "default above maximum");
+_Static_assert(PS_CLIENT_TICKETS_MAX <= 65536u, "ticket slot must fit in 16 bits");
+_Static_assert((PS_CLIENT_TICKETS_MAX & (PS_CLIENT_TICKETS_MAX - 1)) == 0, "power of two");
+_Static_assert(PS_SHARDS_MAX <= UINT32_MAX, "shard ids are uint32 on the wire");
+_Static_assert(PS_TABLE_ELEMS_MAX *PS_DTYPE_BYTES_MAX > PS_TABLE_ELEMS_MAX, "no overflow");
+
+#endif

@@ -1,0 +1,168 @@
+/* Table-driven option parsing on top of getopt_long. */
+#include "ps_opts.h"
+
+#include "ps_err.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+int ps_parse_u64(const char *s, uint64_t min, uint64_t max, uint64_t *out)
+{
+    if (s == NULL || *s < '0' || *s > '9')
+        return PS_EINVAL; /* no sign, no space, not empty */
+    char *end = NULL;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno == ERANGE)
+        return PS_ERANGE;
+    if (*end != '\0')
+        return PS_EINVAL;
+    if (v < min || v > max)
+        return PS_ERANGE;
+    *out = v;
+    return 0;
+}
+
+int ps_parse_f64(const char *s, double min, double max, double *out)
+{
+    if (s == NULL || *s == '\0')
+        return PS_EINVAL;
+    char *end = NULL;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (*end != '\0' || end == s)
+        return PS_EINVAL;
+    if (errno == ERANGE || !isfinite(v) || v < min || v > max)
+        return PS_ERANGE;
+    *out = v;
+    return 0;
+}
+
+static int set_value(const struct ps_opt *o, void *cfg, const char *value, char *err, size_t errlen)
+{
+    char *field = (char *)cfg + o->offset;
+    int rc = 0;
+    switch (o->type) {
+    case PS_OPT_STR:
+        if (value == NULL || value[0] == '\0')
+            rc = PS_EINVAL;
+        else
+            memcpy(field, &value, sizeof value);
+        break;
+    case PS_OPT_U64: {
+        uint64_t v = 0;
+        rc = ps_parse_u64(value, o->min, o->max, &v);
+        if (rc == 0)
+            memcpy(field, &v, sizeof v);
+        if (rc != 0) {
+            snprintf(err, errlen, "--%s: '%s' is not a whole number in [%llu, %llu]", o->name,
+                     value ? value : "", (unsigned long long)o->min, (unsigned long long)o->max);
+            return PS_EINVAL;
+        }
+        return 0;
+    }
+    case PS_OPT_F64: {
+        double v = 0;
+        rc = ps_parse_f64(value, o->fmin, o->fmax, &v);
+        if (rc == 0)
+            memcpy(field, &v, sizeof v);
+        if (rc != 0) {
+            snprintf(err, errlen, "--%s: '%s' is not a number in [%g, %g]", o->name,
+                     value ? value : "", o->fmin, o->fmax);
+            return PS_EINVAL;
+        }
+        return 0;
+    }
+    case PS_OPT_FLAG: {
+        int one = 1;
+        memcpy(field, &one, sizeof one);
+        break;
+    }
+    }
+    if (rc != 0)
+        snprintf(err, errlen, "--%s: empty value", o->name);
+    return rc;
+}
+
+int ps_opts_set(const struct ps_opt *opts, size_t n, void *cfg, const char *name, const char *value,
+                char *err, size_t errlen)
+{
+    for (size_t i = 0; i < n; i++)
+        if (strcmp(opts[i].name, name) == 0)
+            return set_value(&opts[i], cfg, value, err, errlen);
+    snprintf(err, errlen, "unknown option '%s'", name);
+    return PS_EINVAL;
+}
+
+int ps_opts_parse(const struct ps_opt *opts, size_t n, void *cfg, int argc, char **argv,
+                  int *first_positional, char *err, size_t errlen)
+{
+    if (n > PS_OPTS_MAX) {
+        snprintf(err, errlen, "internal: %zu options, at most %d", n, PS_OPTS_MAX);
+        return PS_EINVAL;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (opts[i].def != NULL) {
+            int rc = set_value(&opts[i], cfg, opts[i].def, err, errlen);
+            if (rc != 0)
+                return rc;
+        }
+    }
+    struct option lo[PS_OPTS_MAX + 1];
+    memset(lo, 0, sizeof lo);
+    for (size_t i = 0; i < n; i++) {
+        lo[i].name = opts[i].name;
+        lo[i].has_arg = opts[i].type == PS_OPT_FLAG ? no_argument : required_argument;
+        lo[i].val = 0x100 + (int)i;
+    }
+    optind = 1;
+    opterr = 0;
+    for (;;) {
+        int idx = -1;
+        int c = getopt_long(argc, argv, "+", lo, &idx);
+        if (c == -1)
+            break;
+        if (c == '?' || c == ':') {
+            const char *bad = argv[optind - 1] ? argv[optind - 1] : "?";
+            if (optopt != 0 || c == ':')
+                snprintf(err, errlen, "%s: missing value", bad);
+            else
+                snprintf(err, errlen, "unknown option '%s' (see --help)", bad);
+            return PS_EINVAL;
+        }
+        const struct ps_opt *o = &opts[c - 0x100];
+        int rc = set_value(o, cfg, optarg, err, errlen);
+        if (rc != 0)
+            return rc;
+    }
+    if (first_positional != NULL)
+        *first_positional = optind;
+    else if (optind < argc) {
+        snprintf(err, errlen, "unexpected argument '%s'", argv[optind]);
+        return PS_EINVAL;
+    }
+    return 0;
+}
+
+void ps_opts_usage(FILE *f, const char *usage_line, const char *summary, const struct ps_opt *opts,
+                   size_t n)
+{
+    fprintf(f, "usage: %s\n\n%s\n\noptions:\n", usage_line, summary);
+    for (size_t i = 0; i < n; i++) {
+        const struct ps_opt *o = &opts[i];
+        char left[64];
+        if (o->type == PS_OPT_FLAG)
+            snprintf(left, sizeof left, "--%s", o->name);
+        else
+            snprintf(left, sizeof left, "--%s %s", o->name, o->meta ? o->meta : "VALUE");
+        fprintf(f, "  %-28s %s", left, o->help);
+        if (o->type == PS_OPT_U64)
+            fprintf(f, " [%llu..%llu]", (unsigned long long)o->min, (unsigned long long)o->max);
+        if (o->def != NULL && o->type != PS_OPT_FLAG)
+            fprintf(f, " (default %s)", o->def);
+        fputc('\n', f);
+    }
+}

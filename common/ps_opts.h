@@ -1,0 +1,54 @@
+/* Command-line options from one table: name, type, bounds, default, help.
+ *
+ * Each program describes its options once (Redis-style config table); this
+ * module applies the defaults, parses long flags with getopt_long, checks
+ * each value against its bounds, and prints --help from the same table, so
+ * the help text and the checks cannot drift apart. Errors name the flag and
+ * the value. It does not know what any option means. */
+#ifndef PS_OPTS_H
+#define PS_OPTS_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+enum ps_opt_type {
+    PS_OPT_STR,  /* const char * (points into argv or the default; not copied) */
+    PS_OPT_U64,  /* uint64_t within [min, max] */
+    PS_OPT_F64,  /* double within [fmin, fmax] */
+    PS_OPT_FLAG, /* int, set to 1 when present; takes no value */
+};
+
+struct ps_opt {
+    const char *name; /* long flag without the dashes */
+    enum ps_opt_type type;
+    size_t offset;   /* offsetof(config struct, field) */
+    const char *def; /* default as text, parsed like a flag; NULL: none */
+    uint64_t min, max;
+    double fmin, fmax;
+    const char *meta; /* value placeholder in --help, e.g. "ADDR" */
+    const char *help;
+};
+
+#define PS_OPTS_MAX 64
+
+/* Applies defaults, then argv. Returns 0, or PS_EINVAL with a message in err
+ * naming the flag and the value. Positional arguments are left in argv from
+ * index *first_positional on (when not NULL). */
+int ps_opts_parse(const struct ps_opt *opts, size_t n, void *cfg, int argc, char **argv,
+                  int *first_positional, char *err, size_t errlen);
+
+/* Sets one option by name from text (used by flags and config files). */
+int ps_opts_set(const struct ps_opt *opts, size_t n, void *cfg, const char *name, const char *value,
+                char *err, size_t errlen);
+
+/* Prints usage generated from the table. */
+void ps_opts_usage(FILE *f, const char *usage_line, const char *summary, const struct ps_opt *opts,
+                   size_t n);
+
+/* Strict decimal parse into [min, max]; 0 or PS_EINVAL / PS_ERANGE. */
+int ps_parse_u64(const char *s, uint64_t min, uint64_t max, uint64_t *out);
+/* Strict finite double parse into [min, max]; 0 or PS_EINVAL / PS_ERANGE. */
+int ps_parse_f64(const char *s, double min, double max, double *out);
+
+#endif

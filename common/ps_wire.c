@@ -1,0 +1,344 @@
+/* Wire encode/decode with validation. Every check that does not depend on
+ * server state lives here, so the server, the client and the fuzz targets
+ * share one definition of a well-formed message. */
+#include "ps_wire.h"
+
+#include "ps_err.h"
+#include "ps_limits.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+/* ---- arena ------------------------------------------------------------ */
+
+static void *arena_alloc(void *ctx, size_t size)
+{
+    struct ps_arena *a = ctx;
+    size_t start = (a->used + 15u) & ~(size_t)15u;
+    if (start > a->cap || size > a->cap - start)
+        return NULL;
+    a->used = start + size;
+    return a->buf + start;
+}
+
+static void arena_free(void *ctx, void *ptr)
+{
+    (void)ctx; /* released all at once by ps_arena_reset */
+    (void)ptr;
+}
+
+void ps_arena_init(struct ps_arena *a, void *buf, size_t cap)
+{
+    a->buf = buf;
+    a->cap = cap;
+    a->used = 0;
+    a->pa.alloc = arena_alloc;
+    a->pa.free = arena_free;
+    a->pa.allocator_data = a;
+}
+
+void ps_arena_reset(struct ps_arena *a)
+{
+    a->used = 0;
+}
+
+/* ---- names ------------------------------------------------------------ */
+
+size_t ps_dtype_size(int dtype)
+{
+    switch (dtype) {
+    case PS__DTYPE__DTYPE_F32:
+        return 4;
+    case PS__DTYPE__DTYPE_F16:
+    case PS__DTYPE__DTYPE_BF16:
+        return 2;
+    default:
+        return 0;
+    }
+}
+
+const char *ps_dtype_name(int dtype)
+{
+    switch (dtype) {
+    case PS__DTYPE__DTYPE_F32:
+        return "f32";
+    case PS__DTYPE__DTYPE_F16:
+        return "f16";
+    case PS__DTYPE__DTYPE_BF16:
+        return "bf16";
+    default:
+        return "?";
+    }
+}
+
+const char *ps_op_name(int op)
+{
+    switch (op) {
+    case PS__OP__OP_HELLO:
+        return "hello";
+    case PS__OP__OP_CREATE_TABLE:
+        return "create_table";
+    case PS__OP__OP_PULL:
+        return "pull";
+    case PS__OP__OP_PUSH:
+        return "push";
+    case PS__OP__OP_PUSH_PULL:
+        return "push_pull";
+    case PS__OP__OP_STATS:
+        return "stats";
+    default:
+        return "?";
+    }
+}
+
+/* ---- validation helpers ---------------------------------------------- */
+
+static int fail(int code, char *err, size_t errlen, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+static int fail(int code, char *err, size_t errlen, const char *fmt, ...)
+{
+    if (err != NULL && errlen > 0) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, errlen, fmt, ap);
+        va_end(ap);
+    }
+    return code;
+}
+
+static int op_known(int op)
+{
+    return op >= PS__OP__OP_HELLO && op <= PS__OP__OP_STATS;
+}
+
+static int op_moves_data(int op)
+{
+    return op == PS__OP__OP_PULL || op == PS__OP__OP_PUSH || op == PS__OP__OP_PUSH_PULL;
+}
+
+static int op_carries_values(int op, enum ps_wire_dir dir)
+{
+    if (dir == PS_WIRE_REQUEST)
+        return op == PS__OP__OP_PUSH || op == PS__OP__OP_PUSH_PULL;
+    return op == PS__OP__OP_PULL || op == PS__OP__OP_PUSH_PULL;
+}
+
+static int name_ok(const char *s, size_t *len)
+{
+    size_t n = 0;
+    for (; s[n] != '\0'; n++) {
+        unsigned char c = (unsigned char)s[n];
+        if (n >= PS_TABLE_NAME_MAX || c <= 0x20 || c >= 0x7f)
+            return 0;
+    }
+    *len = n;
+    return n > 0;
+}
+
+int ps_wire_check_spec(const Ps__TableSpec *spec, char *err, size_t errlen)
+{
+    size_t len = 0;
+    if (spec == NULL)
+        return fail(PS_EPROTO, err, errlen, "create_table without a table spec");
+    if (!name_ok(spec->name, &len))
+        return fail(PS_EINVAL, err, errlen,
+                    "table name must be 1..%u printable ASCII characters without spaces",
+                    PS_TABLE_NAME_MAX);
+    if (spec->size == 0 || spec->size > PS_TABLE_ELEMS_MAX)
+        return fail(PS_ELIMIT, err, errlen, "table '%s': size %llu outside [1, %llu]", spec->name,
+                    (unsigned long long)spec->size, (unsigned long long)PS_TABLE_ELEMS_MAX);
+    if ((unsigned)spec->optimizer > PS__OPTIMIZER_KIND__OPT_ADAM)
+        return fail(PS_EINVAL, err, errlen, "table '%s': unknown optimizer %d", spec->name,
+                    (int)spec->optimizer);
+    if (!isfinite(spec->lr) || spec->lr < 0.0f)
+        return fail(PS_EINVAL, err, errlen, "table '%s': lr %g must be finite and >= 0", spec->name,
+                    (double)spec->lr);
+    if (!isfinite(spec->weight_decay) || spec->weight_decay < 0.0f)
+        return fail(PS_EINVAL, err, errlen, "table '%s': weight_decay %g must be finite and >= 0",
+                    spec->name, (double)spec->weight_decay);
+    if (!(spec->momentum >= 0.0f && spec->momentum < 1.0f))
+        return fail(PS_EINVAL, err, errlen, "table '%s': momentum %g outside [0, 1)", spec->name,
+                    (double)spec->momentum);
+    if (!(spec->beta1 >= 0.0f && spec->beta1 < 1.0f) ||
+        !(spec->beta2 >= 0.0f && spec->beta2 < 1.0f))
+        return fail(PS_EINVAL, err, errlen, "table '%s': beta1 %g / beta2 %g outside [0, 1)",
+                    spec->name, (double)spec->beta1, (double)spec->beta2);
+    int needs_eps = spec->optimizer == PS__OPTIMIZER_KIND__OPT_ADAGRAD ||
+                    spec->optimizer == PS__OPTIMIZER_KIND__OPT_ADAM;
+    if (!isfinite(spec->eps) || spec->eps < 0.0f || (needs_eps && spec->eps == 0.0f))
+        return fail(PS_EINVAL, err, errlen, "table '%s': eps %g must be finite and > 0", spec->name,
+                    (double)spec->eps);
+    if ((unsigned)spec->init > PS__INIT_KIND__INIT_NORMAL)
+        return fail(PS_EINVAL, err, errlen, "table '%s': unknown init %d", spec->name,
+                    (int)spec->init);
+    if (!isfinite(spec->init_scale))
+        return fail(PS_EINVAL, err, errlen, "table '%s': init_scale must be finite", spec->name);
+    return 0;
+}
+
+static int check_frames(const Ps__Header *h, size_t nframes, enum ps_wire_dir dir, char *err,
+                        size_t errlen)
+{
+    size_t want = 1;
+    if (dir == PS_WIRE_REPLY && h->status != 0)
+        want = 1;
+    else {
+        if (dir == PS_WIRE_REQUEST && op_moves_data(h->op) && h->layout == PS__LAYOUT__LAYOUT_KEYS)
+            want++;
+        if (op_carries_values(h->op, dir))
+            want++;
+    }
+    if (nframes != want)
+        return fail(PS_EFRAMES, err, errlen, "%s %s: %zu frames, expected %zu", ps_op_name(h->op),
+                    dir == PS_WIRE_REQUEST ? "request" : "reply", nframes, want);
+    return 0;
+}
+
+/* Strictly increasing keys: no duplicates, and a server may merge-walk. */
+static int check_keys(const void *keys, uint64_t count, char *err, size_t errlen)
+{
+    for (uint64_t i = 1; i < count; i++) {
+        uint64_t a = ps_wire_key(keys, i - 1), b = ps_wire_key(keys, i);
+        if (b <= a)
+            return fail(PS_EPROTO, err, errlen,
+                        "keys must be strictly increasing: key[%llu]=%llu after %llu",
+                        (unsigned long long)i, (unsigned long long)b, (unsigned long long)a);
+    }
+    return 0;
+}
+
+static int check_data(const Ps__Header *h, const struct ps_frame *frames, enum ps_wire_dir dir,
+                      uint64_t value_bytes_max, struct ps_wire_msg *out, char *err, size_t errlen)
+{
+    size_t esize = ps_dtype_size(h->dtype);
+    if (esize == 0)
+        return fail(PS_EDTYPE, err, errlen, "unknown dtype %d", (int)h->dtype);
+    if (h->layout != PS__LAYOUT__LAYOUT_RANGE && h->layout != PS__LAYOUT__LAYOUT_KEYS)
+        return fail(PS_EPROTO, err, errlen, "unknown layout %d", (int)h->layout);
+    if (h->count == 0)
+        return fail(PS_EINVAL, err, errlen, "%s: count is 0", ps_op_name(h->op));
+    if (h->count > PS_TABLE_ELEMS_MAX)
+        return fail(PS_ELIMIT, err, errlen, "%s: count %llu exceeds %llu", ps_op_name(h->op),
+                    (unsigned long long)h->count, (unsigned long long)PS_TABLE_ELEMS_MAX);
+    int keyed = h->layout == PS__LAYOUT__LAYOUT_KEYS;
+    if (!keyed && h->dim != 1)
+        return fail(PS_EINVAL, err, errlen, "%s: range layout needs dim 1, got %u",
+                    ps_op_name(h->op), h->dim);
+    if (keyed && (h->dim == 0 || h->dim > PS_SPARSE_DIM_MAX))
+        return fail(PS_ELIMIT, err, errlen, "%s: dim %u outside [1, %u]", ps_op_name(h->op), h->dim,
+                    PS_SPARSE_DIM_MAX);
+    if (!keyed && h->offset > PS_TABLE_ELEMS_MAX - h->count)
+        return fail(PS_ERANGE, err, errlen, "%s: offset %llu + count %llu overflows",
+                    ps_op_name(h->op), (unsigned long long)h->offset, (unsigned long long)h->count);
+    /* count <= 2^34 and dim <= 2^12 and esize <= 4: the product fits. */
+    uint64_t vbytes = h->count * h->dim * esize;
+    if (vbytes > value_bytes_max)
+        return fail(PS_ELIMIT, err, errlen, "%s: %llu value bytes exceed the limit of %llu",
+                    ps_op_name(h->op), (unsigned long long)vbytes,
+                    (unsigned long long)value_bytes_max);
+    size_t next = 1;
+    if (dir == PS_WIRE_REQUEST && keyed) {
+        const struct ps_frame *kf = &frames[next++];
+        if (kf->size != h->count * 8u)
+            return fail(PS_ESIZE, err, errlen, "%s: keys frame is %zu bytes, expected %llu",
+                        ps_op_name(h->op), kf->size, (unsigned long long)(h->count * 8u));
+        out->keys = kf->data;
+        out->keys_bytes = kf->size;
+        int rc = check_keys(kf->data, h->count, err, errlen);
+        if (rc != 0)
+            return rc;
+    }
+    if (op_carries_values(h->op, dir)) {
+        const struct ps_frame *vf = &frames[next];
+        if (vf->size != vbytes)
+            return fail(PS_ESIZE, err, errlen,
+                        "%s: values frame is %zu bytes, expected %llu (count %llu x dim %u x "
+                        "%s)",
+                        ps_op_name(h->op), vf->size, (unsigned long long)vbytes,
+                        (unsigned long long)h->count, h->dim, ps_dtype_name(h->dtype));
+        out->vals = vf->data;
+        out->vals_bytes = vf->size;
+    }
+    return 0;
+}
+
+static int check_reply_status(const Ps__Header *h, char *err, size_t errlen)
+{
+    if (h->status > 0 || (h->status < 0 && !ps_err_known(h->status)))
+        return fail(PS_EPROTO, err, errlen, "reply status %d is not a known code", (int)h->status);
+    if (strlen(h->error) >= PS_ERROR_TEXT_MAX)
+        return fail(PS_ELIMIT, err, errlen, "reply error text longer than %u bytes",
+                    PS_ERROR_TEXT_MAX - 1);
+    return 0;
+}
+
+int ps_wire_decode(struct ps_arena *arena, const struct ps_frame *frames, size_t nframes,
+                   enum ps_wire_dir dir, uint64_t value_bytes_max, struct ps_wire_msg *out,
+                   char *err, size_t errlen)
+{
+    memset(out, 0, sizeof *out);
+    if (err != NULL && errlen > 0)
+        err[0] = '\0';
+    if (nframes == 0)
+        return fail(PS_EFRAMES, err, errlen, "empty message");
+    if (frames[0].size > PS_HEADER_BYTES_MAX)
+        return fail(PS_ELIMIT, err, errlen, "header frame is %zu bytes, limit %u", frames[0].size,
+                    PS_HEADER_BYTES_MAX);
+    ps_arena_reset(arena);
+    Ps__Header *h = ps__header__unpack(&arena->pa, frames[0].size, (const uint8_t *)frames[0].data);
+    if (h == NULL)
+        return fail(PS_EPROTO, err, errlen, "header frame (%zu bytes) is not a valid ps.Header",
+                    frames[0].size);
+    out->hdr = h;
+    if (h->version != PS_PROTOCOL_VERSION)
+        return fail(PS_EVERSION, err, errlen, "protocol version %u, this side speaks %u",
+                    h->version, PS_PROTOCOL_VERSION);
+    if (!op_known(h->op))
+        return fail(PS_EOP, err, errlen, "unknown op %d", (int)h->op);
+    if (nframes > PS_FRAMES_MAX)
+        return fail(PS_EFRAMES, err, errlen, "%s: %zu frames, at most %u", ps_op_name(h->op),
+                    nframes, PS_FRAMES_MAX);
+    if (dir == PS_WIRE_REPLY) {
+        int rc = check_reply_status(h, err, errlen);
+        if (rc != 0)
+            return rc;
+    }
+    int rc = check_frames(h, nframes, dir, err, errlen);
+    if (rc != 0)
+        return rc;
+    if (dir == PS_WIRE_REPLY && h->status != 0)
+        return 0;
+    if (op_moves_data(h->op) && (dir == PS_WIRE_REQUEST || op_carries_values(h->op, dir)))
+        return check_data(h, frames, dir, value_bytes_max, out, err, errlen);
+    if (dir == PS_WIRE_REQUEST && h->op == PS__OP__OP_CREATE_TABLE)
+        return ps_wire_check_spec(h->spec, err, errlen);
+    return 0;
+}
+
+void ps_wire_header_init(Ps__Header *h, Ps__Op op)
+{
+    ps__header__init(h);
+    h->version = PS_PROTOCOL_VERSION;
+    h->op = op;
+    h->dim = 1;
+}
+
+int64_t ps_wire_header_pack(const Ps__Header *h, uint8_t *buf, size_t cap)
+{
+    size_t need = ps__header__get_packed_size(h);
+    if (need > cap || need > PS_HEADER_BYTES_MAX)
+        return PS_ELIMIT;
+    return (int64_t)ps__header__pack(h, buf);
+}
+
+uint64_t ps_wire_key(const void *keys, size_t i)
+{
+    const unsigned char *p = (const unsigned char *)keys + i * 8u;
+    uint64_t k = 0;
+    for (int b = 7; b >= 0; b--)
+        k = (k << 8) | p[b];
+    return k;
+}

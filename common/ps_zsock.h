@@ -1,0 +1,45 @@
+/* Drives a ZeroMQ socket from a libuv loop.
+ *
+ * ZMQ_FD is edge-triggered and also changes state when the socket *sends*,
+ * so "the fd polled readable" is not a reliable signal. The glue therefore
+ * (1) watches ZMQ_FD with uv_poll, (2) re-checks ZMQ_EVENTS in a uv_prepare
+ * handle before the loop blocks, and (3) drains at most PS_DRAIN_BATCH_MAX
+ * messages per turn; when more remain it keeps a uv_idle handle active so
+ * the loop does not block while input is pending. All callbacks run on the
+ * loop thread. Not a message parser: on_readable receives nothing but the
+ * socket and must read exactly one multipart message (or none). */
+#ifndef PS_ZSOCK_H
+#define PS_ZSOCK_H
+
+#include <uv.h>
+
+struct ps_zsock;
+
+/* Called on the loop thread when the socket has input. Reads at most one
+ * multipart message; returns 0, or <0 to stop draining for this turn. */
+typedef int (*ps_zsock_read_cb)(struct ps_zsock *zs, void *arg);
+
+struct ps_zsock {
+    uv_poll_t poll;
+    uv_prepare_t prepare;
+    uv_idle_t idle;
+    void *sock; /* the zmq socket; not owned */
+    ps_zsock_read_cb on_readable;
+    void *arg;
+    int closing;
+};
+
+/* Registers `sock` on `loop`. zs is caller-allocated and must stay put until
+ * the close callback has run. Returns 0 or a PS_E* code; on failure no handle
+ * is left registered and the callback is never called. */
+int ps_zsock_start(uv_loop_t *loop, struct ps_zsock *zs, void *sock, ps_zsock_read_cb cb,
+                   void *arg);
+
+/* Drains pending input now (call after sending, which can swallow the edge). */
+void ps_zsock_kick(struct ps_zsock *zs);
+
+/* Stops and closes the handles. The zmq socket is left to the caller.
+ * uv_run must run until the handles have closed before zs is freed. */
+void ps_zsock_close(struct ps_zsock *zs);
+
+#endif

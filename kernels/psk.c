@@ -1,0 +1,147 @@
+/* Backend selection and the thin dispatch through the ops table. */
+#include "psk.h"
+
+#include "psk_impl.h"
+
+#include "ps_err.h"
+#include "ps_opts.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+void psk__set_error(struct psk_backend *b, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(b->err, sizeof b->err, fmt, ap);
+    va_end(ap);
+}
+
+static int parse_spec(const char *spec, int *want_cuda, int *device)
+{
+    *device = -1;
+    if (strcmp(spec, "auto") == 0) {
+        *want_cuda = -1;
+        return 0;
+    }
+    if (strcmp(spec, "cpu") == 0) {
+        *want_cuda = 0;
+        return 0;
+    }
+    if (strcmp(spec, "cuda") == 0) {
+        *want_cuda = 1;
+        return 0;
+    }
+    if (strncmp(spec, "cuda:", 5) == 0) {
+        uint64_t d = 0;
+        if (ps_parse_u64(spec + 5, 0, 255, &d) != 0)
+            return PS_EINVAL;
+        *want_cuda = 1;
+        *device = (int)d;
+        return 0;
+    }
+    return PS_EINVAL;
+}
+
+int psk_open(const char *spec, struct psk_backend **out, char *err, size_t errlen)
+{
+    *out = NULL;
+    int want_cuda = 0, device = -1;
+    if (spec == NULL || parse_spec(spec, &want_cuda, &device) != 0) {
+        snprintf(err, errlen, "device '%s' is not one of auto, cpu, cuda, cuda:N",
+                 spec ? spec : "(null)");
+        return PS_EINVAL;
+    }
+    struct psk_backend *b = calloc(1, sizeof *b);
+    if (b == NULL) {
+        snprintf(err, errlen, "out of memory");
+        return PS_ENOMEM;
+    }
+    int rc = PS_ENODEV;
+    if (want_cuda != 0) {
+        rc = psk__cuda_open(b, device, err, errlen);
+        if (rc != 0 && want_cuda == 1) {
+            free(b);
+            return rc;
+        }
+    }
+    if (rc != 0)
+        rc = psk__cpu_open(b, err, errlen);
+    if (rc != 0) {
+        free(b);
+        return rc;
+    }
+    *out = b;
+    return 0;
+}
+
+void psk_close(struct psk_backend *b)
+{
+    if (b == NULL)
+        return;
+    b->ops->close(b);
+    free(b);
+}
+
+enum psk_kind psk_kind_of(const struct psk_backend *b)
+{
+    return b->kind;
+}
+
+const char *psk_describe(const struct psk_backend *b)
+{
+    return b->desc;
+}
+
+const char *psk_last_error(const struct psk_backend *b)
+{
+    return b->err;
+}
+
+int psk_alloc(struct psk_backend *b, size_t bytes, void **ptr)
+{
+    return b->ops->alloc(b, bytes, ptr);
+}
+
+void psk_free(struct psk_backend *b, void *ptr)
+{
+    if (ptr != NULL)
+        b->ops->free(b, ptr);
+}
+
+int psk_upload(struct psk_backend *b, void *dst, const void *src, size_t bytes)
+{
+    return bytes == 0 ? 0 : b->ops->upload(b, dst, src, bytes);
+}
+
+int psk_download(struct psk_backend *b, void *dst, const void *src, size_t bytes)
+{
+    return bytes == 0 ? 0 : b->ops->download(b, dst, src, bytes);
+}
+
+int psk_sync(struct psk_backend *b)
+{
+    return b->ops->sync(b);
+}
+
+int psk_gemm(struct psk_backend *b, int trans_a, int trans_b, int m, int n, int k, float alpha,
+             const float *a, int lda, const float *bm, int ldb, float beta, float *c, int ldc)
+{
+    if (m < 0 || n < 0 || k < 0)
+        return PS_EINVAL;
+    if (m == 0 || n == 0)
+        return 0;
+    return b->ops->gemm(b, trans_a, trans_b, m, n, k, alpha, a, lda, bm, ldb, beta, c, ldc);
+}
+
+int psk_axpy(struct psk_backend *b, size_t n, float a, const float *x, float *y)
+{
+    return n == 0 ? 0 : b->ops->axpy(b, n, a, x, y);
+}
+
+int psk_scale(struct psk_backend *b, size_t n, float a, float *x)
+{
+    return n == 0 ? 0 : b->ops->scale(b, n, a, x);
+}

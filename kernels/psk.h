@@ -1,0 +1,48 @@
+/* Compute backends: one plain-C interface, a CPU implementation (OpenBLAS,
+ * always built, the reference) and a CUDA one (cuBLAS + kernels).
+ *
+ * Pointers passed to compute calls are device pointers from psk_alloc (plain
+ * host memory on the CPU backend). Matrices are row-major. Calls on one
+ * backend are ordered; psk_sync waits for all of them. No CUDA type appears
+ * here, and kernels never log: errors come back as PS_E* codes with a
+ * sentence in psk_last_error(). A backend is used from one thread. */
+#ifndef PSK_H
+#define PSK_H
+
+#include <stddef.h>
+
+struct psk_backend;
+
+enum psk_kind {
+    PSK_CPU = 0,
+    PSK_CUDA = 1,
+};
+
+/* Opens "auto", "cpu", "cuda" or "cuda:N". "auto" picks CUDA when a device
+ * is usable and the CPU otherwise. On failure returns a PS_E* code, writes
+ * why into err and sets *out to NULL. */
+int psk_open(const char *spec, struct psk_backend **out, char *err, size_t errlen);
+void psk_close(struct psk_backend *b);
+
+enum psk_kind psk_kind_of(const struct psk_backend *b);
+/* e.g. "cpu (OpenBLAS)" or "cuda:0 (NVIDIA H100 80GB HBM3)". */
+const char *psk_describe(const struct psk_backend *b);
+const char *psk_last_error(const struct psk_backend *b);
+/* 1 when this build includes the CUDA backend. */
+int psk_cuda_built(void);
+
+int psk_alloc(struct psk_backend *b, size_t bytes, void **ptr);
+void psk_free(struct psk_backend *b, void *ptr);
+int psk_upload(struct psk_backend *b, void *dst, const void *src, size_t bytes);
+int psk_download(struct psk_backend *b, void *dst, const void *src, size_t bytes);
+int psk_sync(struct psk_backend *b);
+
+/* C = alpha op(A) op(B) + beta C; op(A) is m x k, op(B) k x n, C m x n. */
+int psk_gemm(struct psk_backend *b, int trans_a, int trans_b, int m, int n, int k, float alpha,
+             const float *a, int lda, const float *bm, int ldb, float beta, float *c, int ldc);
+/* y <- a x + y. */
+int psk_axpy(struct psk_backend *b, size_t n, float a, const float *x, float *y);
+/* x <- a x. */
+int psk_scale(struct psk_backend *b, size_t n, float a, float *x);
+
+#endif

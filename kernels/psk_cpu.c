@@ -1,0 +1,96 @@
+/* CPU backend: OpenBLAS for GEMM, plain loops over psk_math.h for the rest.
+ * The reference every other backend is compared against. */
+#include "psk_impl.h"
+
+#include "psk_math.h"
+
+#include "ps_err.h"
+
+#include <cblas.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int cpu_alloc(struct psk_backend *b, size_t bytes, void **ptr)
+{
+    /* 64-byte alignment: whole cache lines, and AVX-512 friendly. */
+    size_t rounded = (bytes + 63u) & ~(size_t)63u;
+    *ptr = aligned_alloc(64, rounded == 0 ? 64 : rounded);
+    if (*ptr == NULL) {
+        psk__set_error(b, "cannot allocate %zu bytes", bytes);
+        return PS_ENOMEM;
+    }
+    return 0;
+}
+
+static void cpu_free(struct psk_backend *b, void *ptr)
+{
+    (void)b;
+    free(ptr);
+}
+
+static int cpu_copy(struct psk_backend *b, void *dst, const void *src, size_t bytes)
+{
+    (void)b;
+    memmove(dst, src, bytes);
+    return 0;
+}
+
+static int cpu_sync(struct psk_backend *b)
+{
+    (void)b;
+    return 0;
+}
+
+static int cpu_gemm(struct psk_backend *b, int ta, int tb, int m, int n, int k, float alpha,
+                    const float *a, int lda, const float *bm, int ldb, float beta, float *c,
+                    int ldc)
+{
+    (void)b;
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n,
+                k, alpha, a, lda, bm, ldb, beta, c, ldc);
+    return 0;
+}
+
+static int cpu_axpy(struct psk_backend *b, size_t n, float a, const float *x, float *y)
+{
+    (void)b;
+    for (size_t i = 0; i < n; i++)
+        y[i] = psk_axpy1(a, x[i], y[i]);
+    return 0;
+}
+
+static int cpu_scale(struct psk_backend *b, size_t n, float a, float *x)
+{
+    (void)b;
+    for (size_t i = 0; i < n; i++)
+        x[i] *= a;
+    return 0;
+}
+
+static void cpu_close(struct psk_backend *b)
+{
+    (void)b;
+}
+
+static const struct psk_ops cpu_ops = {
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .upload = cpu_copy,
+    .download = cpu_copy,
+    .sync = cpu_sync,
+    .gemm = cpu_gemm,
+    .axpy = cpu_axpy,
+    .scale = cpu_scale,
+    .close = cpu_close,
+};
+
+int psk__cpu_open(struct psk_backend *b, char *err, size_t errlen)
+{
+    (void)err;
+    (void)errlen;
+    b->ops = &cpu_ops;
+    b->kind = PSK_CPU;
+    snprintf(b->desc, sizeof b->desc, "cpu (OpenBLAS, %d threads)", openblas_get_num_threads());
+    return 0;
+}

@@ -1,0 +1,156 @@
+/* CUDA backend, host side: device selection, memory, cuBLAS GEMM, and the
+ * kernel launchers. CUDA and cuBLAS errors are translated here, once, into
+ * PS_EDEVICE with the library's own text in psk_last_error(). */
+#include "psk_impl.h"
+
+#include "psk_cuda_kernels.h"
+
+#include "ps_err.h"
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+struct cuda_state {
+    int device;
+    cudaStream_t stream;
+    cublasHandle_t blas;
+};
+
+static struct cuda_state *state(struct psk_backend *b)
+{
+    return b->impl;
+}
+
+static int cuda_check(struct psk_backend *b, cudaError_t e, const char *what)
+{
+    if (e == cudaSuccess)
+        return 0;
+    psk__set_error(b, "%s: %s", what, cudaGetErrorString(e));
+    return PS_EDEVICE;
+}
+
+static int blas_check(struct psk_backend *b, cublasStatus_t s, const char *what)
+{
+    if (s == CUBLAS_STATUS_SUCCESS)
+        return 0;
+    psk__set_error(b, "%s: cuBLAS status %d", what, (int)s);
+    return PS_EDEVICE;
+}
+
+static int cu_alloc(struct psk_backend *b, size_t bytes, void **ptr)
+{
+    return cuda_check(b, cudaMalloc(ptr, bytes == 0 ? 4 : bytes), "cudaMalloc");
+}
+
+static void cu_free(struct psk_backend *b, void *ptr)
+{
+    (void)b;
+    cudaFree(ptr);
+}
+
+static int cu_upload(struct psk_backend *b, void *dst, const void *src, size_t bytes)
+{
+    return cuda_check(b, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, state(b)->stream),
+                      "upload");
+}
+
+static int cu_download(struct psk_backend *b, void *dst, const void *src, size_t bytes)
+{
+    cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, state(b)->stream);
+    if (e == cudaSuccess)
+        e = cudaStreamSynchronize(state(b)->stream);
+    return cuda_check(b, e, "download");
+}
+
+static int cu_sync(struct psk_backend *b)
+{
+    return cuda_check(b, cudaStreamSynchronize(state(b)->stream), "sync");
+}
+
+static int cu_gemm(struct psk_backend *b, int ta, int tb, int m, int n, int k, float alpha,
+                   const float *a, int lda, const float *bm, int ldb, float beta, float *c, int ldc)
+{
+    /* Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T. */
+    return blas_check(b,
+                      cublasSgemm(state(b)->blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                  ta ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha, bm, ldb, a, lda,
+                                  &beta, c, ldc),
+                      "cublasSgemm");
+}
+
+static int cu_axpy(struct psk_backend *b, size_t n, float a, const float *x, float *y)
+{
+    return cuda_check(b, (cudaError_t)psk_cuda_launch_axpy(state(b)->stream, n, a, x, y), "axpy");
+}
+
+static int cu_scale(struct psk_backend *b, size_t n, float a, float *x)
+{
+    return cuda_check(b, (cudaError_t)psk_cuda_launch_scale(state(b)->stream, n, a, x), "scale");
+}
+
+static void cu_close(struct psk_backend *b)
+{
+    struct cuda_state *s = state(b);
+    if (s == NULL)
+        return;
+    if (s->blas != NULL)
+        cublasDestroy(s->blas);
+    if (s->stream != NULL)
+        cudaStreamDestroy(s->stream);
+    free(s);
+    b->impl = NULL;
+}
+
+static const struct psk_ops cuda_ops = {
+    .alloc = cu_alloc,
+    .free = cu_free,
+    .upload = cu_upload,
+    .download = cu_download,
+    .sync = cu_sync,
+    .gemm = cu_gemm,
+    .axpy = cu_axpy,
+    .scale = cu_scale,
+    .close = cu_close,
+};
+
+int psk_cuda_built(void)
+{
+    return 1;
+}
+
+int psk__cuda_open(struct psk_backend *b, int device, char *err, size_t errlen)
+{
+    int count = 0;
+    cudaError_t e = cudaGetDeviceCount(&count);
+    if (e != cudaSuccess || count == 0) {
+        snprintf(err, errlen, "no usable CUDA device (%s)",
+                 e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
+        return PS_ENODEV;
+    }
+    int dev = device < 0 ? 0 : device;
+    if (dev >= count) {
+        snprintf(err, errlen, "cuda:%d requested but only %d device(s)", dev, count);
+        return PS_ENODEV;
+    }
+    struct cuda_state *s = calloc(1, sizeof *s);
+    if (s == NULL)
+        return PS_ENOMEM;
+    s->device = dev;
+    b->impl = s;
+    b->ops = &cuda_ops;
+    b->kind = PSK_CUDA;
+    struct cudaDeviceProp prop;
+    if (cudaSetDevice(dev) != cudaSuccess || cudaGetDeviceProperties(&prop, dev) != cudaSuccess ||
+        cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking) != cudaSuccess ||
+        cublasCreate(&s->blas) != CUBLAS_STATUS_SUCCESS ||
+        cublasSetStream(s->blas, s->stream) != CUBLAS_STATUS_SUCCESS) {
+        snprintf(err, errlen, "cuda:%d: cannot initialise device, stream or cuBLAS", dev);
+        cu_close(b);
+        return PS_EDEVICE;
+    }
+    snprintf(b->desc, sizeof b->desc, "cuda:%d (%.96s, sm_%d%d)", dev, prop.name, prop.major,
+             prop.minor);
+    return 0;
+}

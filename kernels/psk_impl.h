@@ -1,0 +1,35 @@
+/* Internal: the function table each backend file fills in. Not installed;
+ * nothing outside kernels/ includes it. */
+#ifndef PSK_IMPL_H
+#define PSK_IMPL_H
+
+#include "psk.h"
+
+struct psk_ops {
+    int (*alloc)(struct psk_backend *b, size_t bytes, void **ptr);
+    void (*free)(struct psk_backend *b, void *ptr);
+    int (*upload)(struct psk_backend *b, void *dst, const void *src, size_t bytes);
+    int (*download)(struct psk_backend *b, void *dst, const void *src, size_t bytes);
+    int (*sync)(struct psk_backend *b);
+    int (*gemm)(struct psk_backend *b, int ta, int tb, int m, int n, int k, float alpha,
+                const float *a, int lda, const float *bm, int ldb, float beta, float *c, int ldc);
+    int (*axpy)(struct psk_backend *b, size_t n, float a, const float *x, float *y);
+    int (*scale)(struct psk_backend *b, size_t n, float a, float *x);
+    void (*close)(struct psk_backend *b);
+};
+
+struct psk_backend {
+    const struct psk_ops *ops;
+    enum psk_kind kind;
+    char desc[128];
+    char err[256];
+    void *impl; /* backend-private state */
+};
+
+int psk__cpu_open(struct psk_backend *b, char *err, size_t errlen);
+/* device < 0: first usable device. Returns PS_ENODEV when none is usable. */
+int psk__cuda_open(struct psk_backend *b, int device, char *err, size_t errlen);
+void psk__set_error(struct psk_backend *b, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+#endif

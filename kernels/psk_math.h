@@ -1,0 +1,78 @@
+/* Per-element math shared by the CPU backend, the CUDA kernels and the
+ * server's optimizers.
+ *
+ * Both gcc and nvcc compile this header (PSK_HD expands to __host__
+ * __device__ under nvcc), so the unit tests on the CPU exercise the exact
+ * arithmetic the GPU runs; only indexing and launch geometry are GPU-only.
+ * Pure functions of their arguments: no memory, no globals, no logging.
+ * Includes no CUDA header, so any part of the tree may include it. */
+#ifndef PSK_MATH_H
+#define PSK_MATH_H
+
+#ifdef __CUDACC__
+#define PSK_HD __host__ __device__ __forceinline__
+#else
+#include <math.h>
+#define PSK_HD static inline
+#endif
+
+PSK_HD float psk_axpy1(float a, float x, float y)
+{
+    return a * x + y;
+}
+
+PSK_HD float psk_relu(float x)
+{
+    return x > 0.0f ? x : 0.0f;
+}
+
+/* d relu / dx given the forward input (0 at x == 0, like PyTorch). */
+PSK_HD float psk_relu_grad(float x, float dy)
+{
+    return x > 0.0f ? dy : 0.0f;
+}
+
+/* Gradient with L2 weight decay folded in (PyTorch's weight_decay). */
+PSK_HD float psk_decay(float g, float w, float weight_decay)
+{
+    return g + weight_decay * w;
+}
+
+/* SGD: w <- w - lr * g. */
+PSK_HD float psk_sgd(float w, float g, float lr)
+{
+    return w - lr * g;
+}
+
+/* Momentum (PyTorch convention): v <- mu v + g; w <- w - lr v, or with
+ * Nesterov w <- w - lr (g + mu v). Updates *v, returns the new w. */
+PSK_HD float psk_momentum(float w, float g, float *v, float lr, float mu, int nesterov)
+{
+    float nv = mu * *v + g;
+    *v = nv;
+    return w - lr * (nesterov ? g + mu * nv : nv);
+}
+
+/* Adagrad: h <- h + g^2; w <- w - lr g / (sqrt(h) + eps). */
+PSK_HD float psk_adagrad(float w, float g, float *h, float lr, float eps)
+{
+    float nh = *h + g * g;
+    *h = nh;
+    return w - lr * g / (sqrtf(nh) + eps);
+}
+
+/* Adam with bias correction; bc1 = 1 - beta1^t, bc2 = 1 - beta2^t for step
+ * t >= 1 (computed once per apply by the caller, not per element). */
+PSK_HD float psk_adam(float w, float g, float *m, float *v, float lr, float beta1, float beta2,
+                      float eps, float bc1, float bc2)
+{
+    float nm = beta1 * *m + (1.0f - beta1) * g;
+    float nv = beta2 * *v + (1.0f - beta2) * g * g;
+    *m = nm;
+    *v = nv;
+    float mhat = nm / bc1;
+    float vhat = nv / bc2;
+    return w - lr * mhat / (sqrtf(vhat) + eps);
+}
+
+#endif

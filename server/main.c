@@ -1,0 +1,166 @@
+/* psd: one parameter-server shard. Parses flags, owns the loop, handles
+ * signals, and wires the core (psd.c) to the transport (net.c). */
+#include "net.h"
+#include "psd.h"
+
+#include "ps_err.h"
+#include "ps_limits.h"
+#include "ps_log.h"
+#include "ps_opts.h"
+
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <uv.h>
+
+struct psd_config {
+    const char *listen;
+    uint64_t shard;
+    uint64_t shards;
+    uint64_t max_message_bytes;
+    uint64_t io_threads;
+    const char *log_level;
+    const char *endpoint_file;
+    int help;
+    int version;
+};
+
+#define OPT(name, type, field, def, lo, hi, meta, help)                                            \
+    {                                                                                              \
+        name, type, offsetof(struct psd_config, field), def, lo, hi, 0, 0, meta, help              \
+    }
+
+static const struct ps_opt psd_opts[] = {
+    OPT("listen", PS_OPT_STR, listen, "tcp://127.0.0.1:5570", 0, 0, "ENDPOINT",
+        "ZeroMQ endpoint to bind; port 0 picks a free port"),
+    OPT("shard", PS_OPT_U64, shard, "0", 0, PS_SHARDS_MAX - 1, "I", "this server's shard index"),
+    OPT("shards", PS_OPT_U64, shards, "1", 1, PS_SHARDS_MAX, "S",
+        "number of shards in the cluster"),
+    OPT("max-message-bytes", PS_OPT_U64, max_message_bytes, "268435456", PS_MESSAGE_BYTES_MIN,
+        PS_MESSAGE_BYTES_MAX, "BYTES",
+        "largest frame accepted; a peer sending more is disconnected"),
+    OPT("io-threads", PS_OPT_U64, io_threads, "1", 1, 16, "N", "ZeroMQ I/O threads"),
+    OPT("log-level", PS_OPT_STR, log_level, "info", 0, 0, "LEVEL", "error, warn, info or debug"),
+    OPT("endpoint-file", PS_OPT_STR, endpoint_file, NULL, 0, 0, "PATH",
+        "write the bound endpoint here once listening (for scripts and tests)"),
+    OPT("help", PS_OPT_FLAG, help, NULL, 0, 0, NULL, "show this help and exit"),
+    OPT("version", PS_OPT_FLAG, version, NULL, 0, 0, NULL, "show the version and exit"),
+};
+
+#define NOPTS (sizeof psd_opts / sizeof psd_opts[0])
+
+struct app {
+    struct ps_log log;
+    struct psd srv;
+    struct psd_net net;
+    uv_loop_t loop;
+    uv_signal_t sigint, sigterm;
+};
+
+static void on_signal(uv_signal_t *h, int signum)
+{
+    struct app *a = h->data;
+    PS_LOG(&a->log, PS_LOG_INFO, "S0020", "signal %d: shutting down", signum);
+    psd_net_stop(&a->net);
+    uv_close((uv_handle_t *)&a->sigint, NULL);
+    uv_close((uv_handle_t *)&a->sigterm, NULL);
+}
+
+/* temp file + rename, so a reader never sees a half-written endpoint */
+static int write_endpoint_file(const char *path, const char *endpoint)
+{
+    char tmp[4096];
+    if (snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid()) >= (int)sizeof tmp)
+        return PS_EINVAL;
+    FILE *f = fopen(tmp, "w");
+    if (f == NULL)
+        return PS_EIO;
+    int ok = fprintf(f, "%s\n", endpoint) > 0;
+    ok = (fclose(f) == 0) && ok;
+    if (!ok || rename(tmp, path) != 0) {
+        unlink(tmp);
+        return PS_EIO;
+    }
+    return 0;
+}
+
+static int parse_config(struct psd_config *cfg, int argc, char **argv, int *level)
+{
+    char err[256];
+    memset(cfg, 0, sizeof *cfg);
+    if (ps_opts_parse(psd_opts, NOPTS, cfg, argc, argv, NULL, err, sizeof err) != 0) {
+        fprintf(stderr, "psd: %s\n", err);
+        return 2;
+    }
+    if (cfg->help) {
+        ps_opts_usage(stdout, "psd [OPTIONS]",
+                      "psd holds one shard of a model's weights and applies updates to them.",
+                      psd_opts, NOPTS);
+        return 0;
+    }
+    if (cfg->version) {
+        printf("psd %s (protocol %u)\n", PSD_VERSION, PS_PROTOCOL_VERSION);
+        return 0;
+    }
+    if (cfg->shard >= cfg->shards) {
+        fprintf(stderr, "psd: --shard %llu must be less than --shards %llu\n",
+                (unsigned long long)cfg->shard, (unsigned long long)cfg->shards);
+        return 2;
+    }
+    *level = ps_log_level_parse(cfg->log_level);
+    if (*level < 0) {
+        fprintf(stderr, "psd: --log-level: '%s' is not one of error, warn, info, debug\n",
+                cfg->log_level);
+        return 2;
+    }
+    return -1;
+}
+
+int main(int argc, char **argv)
+{
+    struct psd_config cfg;
+    int level = PS_LOG_INFO;
+    int rc = parse_config(&cfg, argc, argv, &level);
+    if (rc >= 0)
+        return rc;
+
+    static struct app a; /* large (header buffer); static, not on the stack */
+    ps_log_init(&a.log, "psd", level);
+    if (psd_init(&a.srv, &a.log, (uint32_t)cfg.shard, (uint32_t)cfg.shards,
+                 cfg.max_message_bytes) != 0) {
+        PS_LOG(&a.log, PS_LOG_ERROR, "S0001", "out of memory at start");
+        return 1;
+    }
+    uv_loop_init(&a.loop);
+    char err[512];
+    if (psd_net_start(&a.net, &a.srv, &a.loop, cfg.listen, (int)cfg.io_threads, err, sizeof err) !=
+        0) {
+        PS_LOG(&a.log, PS_LOG_ERROR, "S0002", "%s", err);
+        psd_fini(&a.srv);
+        uv_loop_close(&a.loop);
+        return 1;
+    }
+    uv_signal_init(&a.loop, &a.sigint);
+    uv_signal_init(&a.loop, &a.sigterm);
+    a.sigint.data = a.sigterm.data = &a;
+    uv_signal_start(&a.sigint, on_signal, SIGINT);
+    uv_signal_start(&a.sigterm, on_signal, SIGTERM);
+
+    PS_LOG(&a.log, PS_LOG_INFO, "S0010", "shard %llu of %llu listening on %s (psd %s)",
+           (unsigned long long)cfg.shard, (unsigned long long)cfg.shards, a.net.endpoint,
+           PSD_VERSION);
+    if (cfg.endpoint_file != NULL && write_endpoint_file(cfg.endpoint_file, a.net.endpoint) != 0)
+        PS_LOG(&a.log, PS_LOG_ERROR, "S0003", "--endpoint-file: cannot write '%s'",
+               cfg.endpoint_file);
+
+    uv_run(&a.loop, UV_RUN_DEFAULT);
+
+    psd_net_fini(&a.net);
+    PS_LOG(&a.log, PS_LOG_INFO, "S0021", "stopped after %llu requests (%llu errors)",
+           (unsigned long long)a.srv.ctr.requests, (unsigned long long)a.srv.ctr.errors);
+    psd_fini(&a.srv);
+    uv_loop_close(&a.loop);
+    return 0;
+}

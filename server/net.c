@@ -1,0 +1,147 @@
+/* ROUTER transport for psd. */
+#include "net.h"
+
+#include "ps_err.h"
+#include "ps_limits.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <zmq.h>
+
+/* routing id + up to PS_FRAMES_MAX frames + one more to detect excess */
+#define PARTS_MAX (PS_FRAMES_MAX + 2u)
+
+static void free_values(void *data, void *hint)
+{
+    (void)hint;
+    free(data);
+}
+
+static int send_reply(struct psd_net *n, zmq_msg_t *route, struct psd_reply *rep)
+{
+    int more = rep->vals != NULL;
+    if (zmq_msg_send(route, n->sock, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0)
+        goto drop;
+    if (zmq_send(n->sock, rep->hdr, rep->hdr_len, (more ? ZMQ_SNDMORE : 0) | ZMQ_DONTWAIT) < 0)
+        goto drop; /* cannot happen after the first part went; kept for safety */
+    if (more) {
+        zmq_msg_t v;
+        if (rep->vals_bytes >= PS_ZEROCOPY_BYTES_MIN) {
+            if (zmq_msg_init_data(&v, rep->vals, rep->vals_bytes, free_values, NULL) != 0)
+                goto drop;
+            rep->vals = NULL; /* zmq owns it now, even if the send fails */
+        } else {
+            if (zmq_msg_init_size(&v, rep->vals_bytes) != 0)
+                goto drop;
+            memcpy(zmq_msg_data(&v), rep->vals, rep->vals_bytes);
+        }
+        if (zmq_msg_send(&v, n->sock, ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(&v);
+            goto drop;
+        }
+    }
+    free(rep->vals);
+    rep->vals = NULL;
+    return 0;
+drop:
+    free(rep->vals);
+    rep->vals = NULL;
+    n->send_drops++;
+    PS_LOG(n->srv->log, PS_LOG_DEBUG, "S0110", "reply dropped: %s", zmq_strerror(errno));
+    return PS_EAGAIN;
+}
+
+static int on_readable(struct ps_zsock *zs, void *arg)
+{
+    struct psd_net *n = arg;
+    zmq_msg_t parts[PARTS_MAX], extra;
+    size_t kept = 0, total = 0;
+    int more = 1;
+    while (more) {
+        zmq_msg_t *m = kept < PARTS_MAX ? &parts[kept] : &extra;
+        zmq_msg_init(m);
+        if (zmq_msg_recv(m, zs->sock, ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(m);
+            for (size_t i = 0; i < kept; i++)
+                zmq_msg_close(&parts[i]);
+            return -1; /* EAGAIN: nothing (more) to read */
+        }
+        more = zmq_msg_more(m);
+        total++;
+        if (m == &extra)
+            zmq_msg_close(m); /* excess frames are counted, not kept */
+        else
+            kept++;
+    }
+    struct ps_frame frames[PARTS_MAX];
+    for (size_t i = 1; i < kept; i++) {
+        frames[i - 1].data = zmq_msg_data(&parts[i]);
+        frames[i - 1].size = zmq_msg_size(&parts[i]);
+    }
+    struct psd_reply rep;
+    psd_dispatch(n->srv, frames, total - 1, &rep);
+    send_reply(n, &parts[0], &rep);
+    for (size_t i = 0; i < kept; i++)
+        zmq_msg_close(&parts[i]);
+    return 0;
+}
+
+static int set_int(void *sock, int opt, int v)
+{
+    return zmq_setsockopt(sock, opt, &v, sizeof v);
+}
+
+int psd_net_start(struct psd_net *n, struct psd *srv, uv_loop_t *loop, const char *listen,
+                  int io_threads, char *err, size_t errlen)
+{
+    memset(n, 0, sizeof *n);
+    n->srv = srv;
+    n->ctx = zmq_ctx_new();
+    if (n->ctx == NULL) {
+        snprintf(err, errlen, "zmq_ctx_new: %s", zmq_strerror(errno));
+        return PS_EZMQ;
+    }
+    zmq_ctx_set(n->ctx, ZMQ_IO_THREADS, io_threads);
+    n->sock = zmq_socket(n->ctx, ZMQ_ROUTER);
+    int64_t maxmsg = (int64_t)srv->value_bytes_max;
+    if (n->sock == NULL || set_int(n->sock, ZMQ_LINGER, 0) != 0 ||
+        set_int(n->sock, ZMQ_ROUTER_MANDATORY, 1) != 0 ||
+        zmq_setsockopt(n->sock, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg) != 0) {
+        snprintf(err, errlen, "cannot create ROUTER socket: %s", zmq_strerror(errno));
+        psd_net_fini(n);
+        return PS_EZMQ;
+    }
+    if (zmq_bind(n->sock, listen) != 0) {
+        snprintf(err, errlen, "--listen: cannot bind '%s': %s", listen, zmq_strerror(errno));
+        psd_net_fini(n);
+        return PS_EZMQ;
+    }
+    size_t len = sizeof n->endpoint;
+    if (zmq_getsockopt(n->sock, ZMQ_LAST_ENDPOINT, n->endpoint, &len) != 0)
+        snprintf(n->endpoint, sizeof n->endpoint, "%s", listen);
+    int rc = ps_zsock_start(loop, &n->zs, n->sock, on_readable, n);
+    if (rc != 0) {
+        snprintf(err, errlen, "cannot watch the socket on the event loop");
+        psd_net_fini(n);
+        return rc;
+    }
+    return 0;
+}
+
+void psd_net_stop(struct psd_net *n)
+{
+    if (n->sock != NULL)
+        ps_zsock_close(&n->zs);
+}
+
+void psd_net_fini(struct psd_net *n)
+{
+    if (n->sock != NULL)
+        zmq_close(n->sock);
+    if (n->ctx != NULL)
+        zmq_ctx_term(n->ctx);
+    n->sock = NULL;
+    n->ctx = NULL;
+}

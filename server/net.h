@@ -1,0 +1,33 @@
+/* psd's ZeroMQ transport: a ROUTER socket on the server loop.
+ *
+ * Reads [routing id][frames...], hands the frames to psd_dispatch, and sends
+ * [routing id][reply header][values?] back without blocking. Values of
+ * replies go out zero-copy (zmq frees them through a callback). Sends that
+ * would block (peer's queue full) or go to a vanished peer are dropped and
+ * counted: the loop never waits on one peer. */
+#ifndef PSD_NET_H
+#define PSD_NET_H
+
+#include "psd.h"
+#include "ps_zsock.h"
+
+#include <uv.h>
+
+struct psd_net {
+    struct psd *srv;
+    void *ctx;
+    void *sock;
+    struct ps_zsock zs;
+    char endpoint[256]; /* actual bound endpoint (port resolved) */
+    uint64_t send_drops;
+};
+
+/* Binds `listen` and registers on `loop`. io_threads sizes zmq's I/O pool. */
+int psd_net_start(struct psd_net *n, struct psd *srv, uv_loop_t *loop, const char *listen,
+                  int io_threads, char *err, size_t errlen);
+/* Deregisters from the loop (handles close on the next uv_run turn). */
+void psd_net_stop(struct psd_net *n);
+/* Closes the socket and terminates the context; after the loop is done. */
+void psd_net_fini(struct psd_net *n);
+
+#endif

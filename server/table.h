@@ -1,0 +1,56 @@
+/* Dense tables on one shard: weights for this shard's range of a table,
+ * optimizer state beside them, and the update rule.
+ *
+ * A table holds elements [lo, hi) of a table of `size` elements; callers
+ * pass global offsets already checked against that range. Owned by the
+ * server loop: no locking. Knows nothing about sockets or messages. */
+#ifndef PSD_TABLE_H
+#define PSD_TABLE_H
+
+#include <limits.h> /* INT_MAX, used by the generated header */
+
+#include "ps.pb-c.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+struct psd_table {
+    char name[128 + 1];
+    uint32_t id;
+    uint64_t size;   /* elements in the whole table */
+    uint64_t lo, hi; /* this shard's range */
+    Ps__OptimizerKind optimizer;
+    float lr, weight_decay, momentum, beta1, beta2, eps;
+    int nesterov;
+    Ps__InitKind init;
+    float init_scale;
+    uint64_t seed;
+
+    float *w;       /* hi - lo weights */
+    float *s1;      /* momentum velocity, Adagrad accumulator, Adam first moment */
+    float *s2;      /* Adam second moment */
+    uint64_t steps; /* optimizer applications (Adam's t) */
+
+    uint64_t pushes, pulls;
+};
+
+/* Allocates and initialises this shard's part of the table described by
+ * spec. Returns 0 or PS_ENOMEM; *out is caller-freed with psd_table_destroy. */
+int psd_table_create(const Ps__TableSpec *spec, uint32_t id, uint32_t shard, uint32_t shards,
+                     struct psd_table **out);
+void psd_table_destroy(struct psd_table *t);
+
+/* 1 when spec describes exactly this table (idempotent create). */
+int psd_table_same_spec(const struct psd_table *t, const Ps__TableSpec *spec);
+
+/* Applies gradients g[0..count) to global elements [offset, offset+count),
+ * which must lie in [lo, hi). */
+void psd_table_apply(struct psd_table *t, uint64_t offset, uint64_t count, const float *g);
+
+/* Copies weights of global elements [offset, offset+count) into out. */
+void psd_table_read(const struct psd_table *t, uint64_t offset, uint64_t count, float *out);
+
+/* Optimizer name ("sgd", "momentum", "adagrad", "adam"). */
+const char *psd_optimizer_name(int kind);
+
+#endif
