@@ -76,6 +76,35 @@ int ps_zsock_start(uv_loop_t *loop, struct ps_zsock *zs, void *sock, ps_zsock_re
     return 0;
 }
 
+int ps_zsock_recv(void *sock, zmq_msg_t *parts, size_t max, size_t *kept, size_t *total,
+                  uint64_t *bytes)
+{
+    zmq_msg_t extra;
+    int more = 1;
+    *kept = 0;
+    *total = 0;
+    while (more) {
+        zmq_msg_t *m = *kept < max ? &parts[*kept] : &extra;
+        zmq_msg_init(m);
+        if (zmq_msg_recv(m, sock, ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(m);
+            for (size_t i = 0; i < *kept; i++)
+                zmq_msg_close(&parts[i]);
+            *kept = 0;
+            return -1;
+        }
+        more = zmq_msg_more(m);
+        (*total)++;
+        if (bytes != NULL)
+            *bytes += zmq_msg_size(m);
+        if (m == &extra)
+            zmq_msg_close(m); /* excess parts are counted, not kept */
+        else
+            (*kept)++;
+    }
+    return 0;
+}
+
 void ps_zsock_close(struct ps_zsock *zs)
 {
     if (zs->closing)

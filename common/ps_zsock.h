@@ -11,7 +11,10 @@
 #ifndef PS_ZSOCK_H
 #define PS_ZSOCK_H
 
+#include <stddef.h>
+#include <stdint.h>
 #include <uv.h>
+#include <zmq.h>
 
 struct ps_zsock;
 
@@ -37,6 +40,15 @@ int ps_zsock_start(uv_loop_t *loop, struct ps_zsock *zs, void *sock, ps_zsock_re
 
 /* Drains pending input now (call after sending, which can swallow the edge). */
 void ps_zsock_kick(struct ps_zsock *zs);
+
+/* Receives one whole multipart message without blocking. Keeps the first
+ * `max` parts in parts[] (initialised; the caller closes *kept of them),
+ * receives and drops any further parts, and counts every part in *total and
+ * their bytes in *bytes (when not NULL). Returns 0, or -1 when no message
+ * was waiting (nothing is kept then). Multipart delivery is atomic in zmq,
+ * so after the first part the rest are already there. */
+int ps_zsock_recv(void *sock, zmq_msg_t *parts, size_t max, size_t *kept, size_t *total,
+                  uint64_t *bytes);
 
 /* Stops and closes the handles. The zmq socket is left to the caller.
  * uv_run must run until the handles have closed before zs is freed. */

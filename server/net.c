@@ -56,25 +56,10 @@ drop:
 static int on_readable(struct ps_zsock *zs, void *arg)
 {
     struct psd_net *n = arg;
-    zmq_msg_t parts[PARTS_MAX], extra;
+    zmq_msg_t parts[PARTS_MAX];
     size_t kept = 0, total = 0;
-    int more = 1;
-    while (more) {
-        zmq_msg_t *m = kept < PARTS_MAX ? &parts[kept] : &extra;
-        zmq_msg_init(m);
-        if (zmq_msg_recv(m, zs->sock, ZMQ_DONTWAIT) < 0) {
-            zmq_msg_close(m);
-            for (size_t i = 0; i < kept; i++)
-                zmq_msg_close(&parts[i]);
-            return -1; /* EAGAIN: nothing (more) to read */
-        }
-        more = zmq_msg_more(m);
-        total++;
-        if (m == &extra)
-            zmq_msg_close(m); /* excess frames are counted, not kept */
-        else
-            kept++;
-    }
+    if (ps_zsock_recv(zs->sock, parts, PARTS_MAX, &kept, &total, NULL) != 0)
+        return -1; /* nothing to read */
     struct ps_frame frames[PARTS_MAX];
     for (size_t i = 1; i < kept; i++) {
         frames[i - 1].data = zmq_msg_data(&parts[i]);

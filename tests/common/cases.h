@@ -1,0 +1,38 @@
+/* Malformed-request cases shared by the decoder unit test and the
+ * over-the-socket integration test. Each case builds its frames into a
+ * caller-provided buffer set and names the error code the server must
+ * answer with. `server_only` cases need server state (tables) to fail and
+ * pass the decoder alone. */
+#ifndef PSTEST_CASES_H
+#define PSTEST_CASES_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define CASE_FRAMES_MAX      6
+#define CASE_FRAME_BYTES_MAX (128u * 1024u)
+
+struct case_msg {
+    size_t nframes;
+    size_t size[CASE_FRAMES_MAX];
+    unsigned char *data[CASE_FRAMES_MAX]; /* each CASE_FRAME_BYTES_MAX bytes */
+};
+
+struct bad_case {
+    const char *name;
+    int expect;      /* PS_E* code in the reply */
+    int server_only; /* needs a table with id 0 of 1000 elements on shard 0 of 1 */
+    void (*build)(struct case_msg *m);
+};
+
+extern const struct bad_case bad_cases[];
+extern const size_t bad_cases_count;
+
+/* Allocates and frees the frame buffers of a case_msg. */
+int case_msg_alloc(struct case_msg *m);
+void case_msg_free(struct case_msg *m);
+
+/* Value-bytes limit the cases assume (the server runs with this). */
+#define CASE_MAX_MESSAGE_BYTES (1024u * 1024u)
+
+#endif

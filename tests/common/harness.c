@@ -1,0 +1,173 @@
+/* Process harness for integration tests. */
+#include "harness.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define LIVE_MAX 32
+static pid_t live[LIVE_MAX]; /* test-process bookkeeping for the atexit reaper */
+static int atexit_set;
+
+long long harness_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void reap_all(void)
+{
+    for (int i = 0; i < LIVE_MAX; i++) {
+        if (live[i] > 0) {
+            kill(live[i], SIGKILL);
+            waitpid(live[i], NULL, 0);
+            live[i] = 0;
+        }
+    }
+}
+
+static void track(pid_t pid, int add)
+{
+    for (int i = 0; i < LIVE_MAX; i++) {
+        if (add && live[i] == 0) {
+            live[i] = pid;
+            return;
+        }
+        if (!add && live[i] == pid) {
+            live[i] = 0;
+            return;
+        }
+    }
+}
+
+static void pause_ms(long ms)
+{
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+void harness_psd_dump_log(const struct psd_proc *p)
+{
+    FILE *f = fopen(p->log_path, "r");
+    if (f == NULL)
+        return;
+    char line[1024];
+    fprintf(stderr, "---- %s ----\n", p->log_path);
+    while (fgets(line, sizeof line, f) != NULL)
+        fputs(line, stderr);
+    fclose(f);
+}
+
+static int read_endpoint(const char *path, char *out, size_t len)
+{
+    FILE *f = fopen(path, "r");
+    if (f == NULL)
+        return -1;
+    int ok = fgets(out, (int)len, f) != NULL;
+    fclose(f);
+    if (!ok)
+        return -1;
+    out[strcspn(out, "\n")] = '\0';
+    return out[0] ? 0 : -1;
+}
+
+static void exec_child(const struct psd_proc *p, const char *bin, const char *ep_file,
+                       const char *const *args)
+{
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    int fd = open(p->log_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd >= 0) {
+        dup2(fd, STDERR_FILENO);
+        dup2(fd, STDOUT_FILENO);
+        close(fd);
+    }
+    const char *argv[64];
+    int n = 0;
+    argv[n++] = bin;
+    argv[n++] = "--listen";
+    argv[n++] = "tcp://127.0.0.1:0";
+    argv[n++] = "--endpoint-file";
+    argv[n++] = ep_file;
+    for (int i = 0; args != NULL && args[i] != NULL && n < 62; i++)
+        argv[n++] = args[i];
+    argv[n] = NULL;
+    execv(bin, (char *const *)argv);
+    fprintf(stderr, "exec %s: %s\n", bin, strerror(errno));
+    _exit(127);
+}
+
+int harness_psd_start(struct psd_proc *p, const char *const *args)
+{
+    memset(p, 0, sizeof *p);
+    const char *bin = getenv("PSD_BIN");
+    if (bin == NULL) {
+        fprintf(stderr, "harness: PSD_BIN is not set\n");
+        return -1;
+    }
+    if (!atexit_set) {
+        atexit(reap_all);
+        atexit_set = 1;
+    }
+    snprintf(p->dir, sizeof p->dir, "/tmp/pstest.XXXXXX");
+    if (mkdtemp(p->dir) == NULL)
+        return -1;
+    snprintf(p->log_path, sizeof p->log_path, "%s/psd.log", p->dir);
+    char ep_file[300];
+    snprintf(ep_file, sizeof ep_file, "%s/endpoint", p->dir);
+    pid_t pid = fork();
+    if (pid < 0)
+        return -1;
+    if (pid == 0)
+        exec_child(p, bin, ep_file, args);
+    p->pid = pid;
+    track(pid, 1);
+    long long deadline = harness_now_ms() + 20000;
+    while (harness_now_ms() < deadline) {
+        if (read_endpoint(ep_file, p->endpoint, sizeof p->endpoint) == 0)
+            return 0;
+        int status = 0;
+        if (waitpid(pid, &status, WNOHANG) == pid) {
+            track(pid, 0);
+            p->pid = 0;
+            fprintf(stderr, "harness: psd exited early (status %d)\n", status);
+            harness_psd_dump_log(p);
+            return -1;
+        }
+        pause_ms(5); /* polling the endpoint file, bounded by the deadline */
+    }
+    fprintf(stderr, "harness: psd did not listen within 20 s\n");
+    harness_psd_dump_log(p);
+    harness_psd_stop(p);
+    return -1;
+}
+
+int harness_psd_stop(struct psd_proc *p)
+{
+    if (p->pid <= 0)
+        return -1;
+    kill(p->pid, SIGTERM);
+    long long deadline = harness_now_ms() + 10000;
+    int status = 0;
+    pid_t r = 0;
+    while ((r = waitpid(p->pid, &status, WNOHANG)) == 0 && harness_now_ms() < deadline)
+        pause_ms(5);
+    if (r == 0) {
+        fprintf(stderr, "harness: psd %d ignored SIGTERM for 10 s; killing\n", (int)p->pid);
+        kill(p->pid, SIGKILL);
+        waitpid(p->pid, &status, 0);
+        status = -1;
+    }
+    track(p->pid, 0);
+    p->pid = 0;
+    if (status == -1)
+        return -1;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}

@@ -1,0 +1,27 @@
+/* Test harness: start real psd processes on loopback with free ports, wait
+ * for them to listen (polling their endpoint file under a deadline), and
+ * always reap them: on stop, at exit, and through PR_SET_PDEATHSIG if the
+ * test itself dies. The psd binary comes from $PSD_BIN (set by meson). */
+#ifndef PSTEST_HARNESS_H
+#define PSTEST_HARNESS_H
+
+#include <sys/types.h>
+
+struct psd_proc {
+    pid_t pid;
+    char endpoint[256];
+    char dir[256];
+    char log_path[300];
+};
+
+/* Starts psd with "--listen tcp://127.0.0.1:0" plus args (NULL-terminated).
+ * Returns 0 once it listens (within 20 s), -1 with the log on stderr. */
+int harness_psd_start(struct psd_proc *p, const char *const *args);
+/* SIGTERM, wait up to 10 s, then SIGKILL. Returns the exit status, or -1. */
+int harness_psd_stop(struct psd_proc *p);
+/* Prints the process's log to stderr (for failures). */
+void harness_psd_dump_log(const struct psd_proc *p);
+/* Monotonic milliseconds. */
+long long harness_now_ms(void);
+
+#endif

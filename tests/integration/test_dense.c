@@ -1,0 +1,256 @@
+/* Two real psd shards on loopback, a 1M-float table, push / pull / push-pull
+ * through libpsclient with every element checked; idempotent and
+ * conflicting creates; client-side errors; timeouts; stats. */
+#include "harness.h"
+#include "psclient.h"
+
+#include "ps_err.h"
+#include "ps_init.h"
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#define N          (1u << 20)
+#define TIMEOUT_MS 10000
+
+struct fixture {
+    struct psd_proc shard[2];
+    struct psc_client *c;
+    uint32_t big;
+};
+
+static void big_spec(struct psc_table_spec *s)
+{
+    psc_table_spec_init(s, "big", N);
+    s->lr = 0.5f;
+    s->init = PSC_INIT_UNIFORM;
+    s->init_scale = 0.1f;
+    s->seed = 7;
+}
+
+static int setup(void **state)
+{
+    static struct fixture f;
+    memset(&f, 0, sizeof f);
+    const char *a0[] = {"--shard", "0", "--shards", "2", NULL};
+    const char *a1[] = {"--shard", "1", "--shards", "2", NULL};
+    if (harness_psd_start(&f.shard[0], a0) != 0 || harness_psd_start(&f.shard[1], a1) != 0)
+        return -1;
+    const char *eps[2] = {f.shard[0].endpoint, f.shard[1].endpoint};
+    struct psc_config cfg = {eps, 2, 1, TIMEOUT_MS};
+    char err[512];
+    if (psc_create(&cfg, &f.c, err, sizeof err) != 0) {
+        fprintf(stderr, "psc_create: %s\n", err);
+        return -1;
+    }
+    struct psc_table_spec s;
+    big_spec(&s);
+    if (psc_table_create(f.c, &s, TIMEOUT_MS, &f.big) != 0) {
+        fprintf(stderr, "create: %s\n", psc_last_error(f.c));
+        return -1;
+    }
+    *state = &f;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    struct fixture *f = *state;
+    psc_destroy(f->c);
+    int rc0 = harness_psd_stop(&f->shard[0]);
+    int rc1 = harness_psd_stop(&f->shard[1]);
+    if (rc0 != 0 || rc1 != 0) { /* a clean SIGTERM shutdown exits 0 */
+        harness_psd_dump_log(&f->shard[0]);
+        harness_psd_dump_log(&f->shard[1]);
+        return -1;
+    }
+    return 0;
+}
+
+static void wait_ok(struct psc_client *c, uint64_t t)
+{
+    int rc = psc_wait(c, t, TIMEOUT_MS);
+    if (rc != 0)
+        fail_msg("wait: %s: %s", ps_err_name(rc), psc_last_error(c));
+}
+
+static float grad_of(uint64_t i, int round)
+{
+    return (float)((i * 2654435761u + (uint64_t)round * 97u) % 1000u) * 1e-4f - 0.05f;
+}
+
+static void test_pull_matches_init(void **state)
+{
+    struct fixture *f = *state;
+    float *w = malloc(N * sizeof(float));
+    uint64_t t;
+    assert_int_equal(psc_pull(f->c, f->big, 0, N, w, 0, &t), 0);
+    wait_ok(f->c, t);
+    for (uint64_t i = 0; i < N; i++)
+        if (w[i] != ps_init_value(PS_INIT_UNIFORM, 0.1f, 7, i))
+            fail_msg("element %llu: %g != init", (unsigned long long)i, (double)w[i]);
+    free(w);
+}
+
+static void test_push_then_pull_every_element(void **state)
+{
+    struct fixture *f = *state;
+    float *w0 = malloc(N * 4), *g = malloc(N * 4), *w = malloc(N * 4), *w2 = malloc(N * 4);
+    uint64_t t;
+    assert_int_equal(psc_pull(f->c, f->big, 0, N, w0, 0, &t), 0);
+    wait_ok(f->c, t);
+    for (uint64_t i = 0; i < N; i++)
+        g[i] = grad_of(i, 1);
+    assert_int_equal(psc_push(f->c, f->big, 0, N, g, 1, &t), 0);
+    wait_ok(f->c, t);
+    assert_int_equal(psc_pull(f->c, f->big, 0, N, w, 1, &t), 0);
+    wait_ok(f->c, t);
+    for (uint64_t i = 0; i < N; i++)
+        if (w[i] != w0[i] - 0.5f * g[i])
+            fail_msg("element %llu: %.9g, expected %.9g", (unsigned long long)i, (double)w[i],
+                     (double)(w0[i] - 0.5f * g[i]));
+    /* push-pull across the shard boundary returns the fresh values */
+    uint64_t off = N / 2 - 1000, cnt = 3000;
+    for (uint64_t i = 0; i < cnt; i++)
+        g[i] = grad_of(off + i, 2);
+    assert_int_equal(psc_push_pull(f->c, f->big, off, cnt, g, w2, 2, &t), 0);
+    wait_ok(f->c, t);
+    for (uint64_t i = 0; i < cnt; i++)
+        assert_true(w2[i] == w[off + i] - 0.5f * g[i]);
+    free(w0);
+    free(g);
+    free(w);
+    free(w2);
+}
+
+static void test_window_of_eight(void **state)
+{
+    struct fixture *f = *state;
+    enum { W = 8, C = 4096 };
+    float *out = malloc(W * C * 4);
+    uint64_t t[W];
+    for (int i = 0; i < W; i++) /* 8 outstanding, spread over both shards */
+        assert_int_equal(psc_pull(f->c, f->big, (uint64_t)i * (N / W), C, out + i * C, 3, &t[i]),
+                         0);
+    for (int i = W - 1; i >= 0; i--) /* waited in reverse order */
+        wait_ok(f->c, t[i]);
+    float *ref = malloc(C * 4);
+    for (int i = 0; i < W; i++) {
+        uint64_t tt;
+        assert_int_equal(psc_pull(f->c, f->big, (uint64_t)i * (N / W), C, ref, 3, &tt), 0);
+        wait_ok(f->c, tt);
+        assert_memory_equal(ref, out + i * C, C * 4);
+    }
+    free(out);
+    free(ref);
+}
+
+static void test_create_idempotent_and_conflict(void **state)
+{
+    struct fixture *f = *state;
+    struct psc_table_spec s;
+    big_spec(&s);
+    uint32_t h;
+    assert_int_equal(psc_table_create(f->c, &s, TIMEOUT_MS, &h), 0);
+    assert_int_equal(h, f->big);
+    s.lr = 0.25f;
+    assert_int_equal(psc_table_create(f->c, &s, TIMEOUT_MS, &h), PS_EREMOTE);
+    assert_non_null(strstr(psc_last_error(f->c), "exists with another spec"));
+    /* A table smaller than the shard count: shard 1 holds nothing. */
+    struct psc_table_spec one;
+    psc_table_spec_init(&one, "tiny", 1);
+    one.optimizer = PSC_MOMENTUM;
+    one.lr = 0.1f;
+    one.init = PSC_INIT_CONSTANT;
+    one.init_scale = 1.0f;
+    uint32_t th;
+    assert_int_equal(psc_table_create(f->c, &one, TIMEOUT_MS, &th), 0);
+    float g = 0.5f, w = 0;
+    uint64_t t;
+    assert_int_equal(psc_push_pull(f->c, th, 0, 1, &g, &w, 0, &t), 0);
+    wait_ok(f->c, t);
+    assert_float_equal(w, 0.95f, 1e-7);
+    assert_int_equal(psc_push_pull(f->c, th, 0, 1, &g, &w, 0, &t), 0);
+    wait_ok(f->c, t);
+    assert_float_equal(w, 0.855f, 1e-6); /* momentum state lives on the server */
+}
+
+static void test_client_side_errors(void **state)
+{
+    struct fixture *f = *state;
+    float buf[4];
+    uint64_t t;
+    assert_int_equal(psc_pull(f->c, f->big, N - 2, 4, buf, 0, &t), PS_ERANGE);
+    assert_non_null(strstr(psc_last_error(f->c), "outside table 'big'"));
+    assert_int_equal(psc_pull(f->c, f->big, 0, 0, buf, 0, &t), PS_ERANGE);
+    assert_int_equal(psc_pull(f->c, 999, 0, 1, buf, 0, &t), PS_ENOTABLE);
+    assert_int_equal(psc_wait(f->c, 12345, 0), PS_EINVAL);
+    struct psc_table_spec s;
+    psc_table_spec_init(&s, "bad name", 4);
+    uint32_t h;
+    assert_int_equal(psc_table_create(f->c, &s, TIMEOUT_MS, &h), PS_EINVAL);
+}
+
+static void test_stats(void **state)
+{
+    struct fixture *f = *state;
+    for (uint32_t s = 0; s < 2; s++) {
+        struct psc_shard_stats st;
+        assert_int_equal(psc_stats(f->c, s, TIMEOUT_MS, &st), 0);
+        assert_int_equal(st.shard, s);
+        assert_int_equal(st.shards, 2);
+        assert_true(st.tables >= 1);
+        assert_true(st.requests >= 4);
+        assert_true(st.bytes_in > (N / 2) * 4); /* the 1M-float push */
+        assert_true(st.bytes_out > (N / 2) * 4);
+    }
+    uint64_t sent, recvd;
+    psc_bytes(f->c, &sent, &recvd);
+    assert_true(sent > N * 4 && recvd > 2 * N * 4);
+}
+
+static void test_unreachable_and_misordered(void **state)
+{
+    struct fixture *f = *state;
+    /* Nothing listens on port 1 of loopback: hello times out, naming it. */
+    const char *dead[1] = {"tcp://127.0.0.1:1"};
+    struct psc_config cfg = {dead, 1, 1, 300};
+    struct psc_client *c = NULL;
+    char err[512];
+    long long t0 = harness_now_ms();
+    assert_int_equal(psc_create(&cfg, &c, err, sizeof err), PS_ETIMEDOUT);
+    assert_true(harness_now_ms() - t0 < 5000);
+    assert_non_null(strstr(err, "tcp://127.0.0.1:1"));
+    assert_null(c);
+    /* Endpoints listed in the wrong order: hello says which is which. */
+    const char *swapped[2] = {f->shard[1].endpoint, f->shard[0].endpoint};
+    struct psc_config cfg2 = {swapped, 2, 1, TIMEOUT_MS};
+    assert_int_equal(psc_create(&cfg2, &c, err, sizeof err), PS_ESTATE);
+    assert_non_null(strstr(err, "check the order"));
+    /* Garbage endpoint: named in the error. */
+    const char *junk[1] = {"nonsense://x"};
+    struct psc_config cfg3 = {junk, 1, 1, 100};
+    assert_int_equal(psc_create(&cfg3, &c, err, sizeof err), PS_EINVAL);
+    assert_non_null(strstr(err, "nonsense://x"));
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_pull_matches_init),
+        cmocka_unit_test(test_push_then_pull_every_element),
+        cmocka_unit_test(test_window_of_eight),
+        cmocka_unit_test(test_create_idempotent_and_conflict),
+        cmocka_unit_test(test_client_side_errors),
+        cmocka_unit_test(test_stats),
+        cmocka_unit_test(test_unreachable_and_misordered),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}

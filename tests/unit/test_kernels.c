@@ -1,0 +1,144 @@
+/* CPU backend against naive double-precision loops, plus the shared
+ * per-element math (psk_math.h) that the CUDA kernels compile too. */
+#include "psk.h"
+#include "psk_math.h"
+
+#include "ps_err.h"
+
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+static float frand(uint64_t *s)
+{
+    *s = *s * 6364136223846793005ULL + 1442695040888963407ULL;
+    return (float)((double)(*s >> 11) / 9007199254740992.0 * 2.0 - 1.0);
+}
+
+static void naive_gemm(int ta, int tb, int m, int n, int k, float alpha, const float *a, int lda,
+                       const float *b, int ldb, float beta, float *c, int ldc)
+{
+    for (int i = 0; i < m; i++)
+        for (int j = 0; j < n; j++) {
+            double s = 0;
+            for (int p = 0; p < k; p++) {
+                double x = ta ? a[p * lda + i] : a[i * lda + p];
+                double y = tb ? b[j * ldb + p] : b[p * ldb + j];
+                s += x * y;
+            }
+            c[i * ldc + j] = (float)(alpha * s + beta * c[i * ldc + j]);
+        }
+}
+
+static void test_gemm(void **state)
+{
+    (void)state;
+    struct psk_backend *b = NULL;
+    char err[256];
+    assert_int_equal(psk_open("cpu", &b, err, sizeof err), 0);
+    assert_int_equal(psk_kind_of(b), PSK_CPU);
+    const int shapes[][3] = {{1, 1, 1}, {3, 5, 7}, {17, 33, 65}, {64, 10, 256}, {0, 4, 4}};
+    uint64_t seed = 1;
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        for (int ta = 0; ta < 2; ta++) {
+            for (int tb = 0; tb < 2; tb++) {
+                int m = shapes[si][0], n = shapes[si][1], k = shapes[si][2];
+                size_t asz = (size_t)m * k + 1, bsz = (size_t)k * n + 1, csz = (size_t)m * n + 1;
+                float *A = malloc(asz * 4), *B = malloc(bsz * 4), *C = malloc(csz * 4),
+                      *R = malloc(csz * 4);
+                for (size_t i = 0; i < asz; i++)
+                    A[i] = frand(&seed);
+                for (size_t i = 0; i < bsz; i++)
+                    B[i] = frand(&seed);
+                for (size_t i = 0; i < csz; i++)
+                    C[i] = R[i] = frand(&seed);
+                int lda = ta ? m : k, ldb = tb ? k : n;
+                assert_int_equal(psk_gemm(b, ta, tb, m, n, k, 0.5f, A, lda > 0 ? lda : 1, B,
+                                          ldb > 0 ? ldb : 1, 0.25f, C, n > 0 ? n : 1),
+                                 0);
+                naive_gemm(ta, tb, m, n, k, 0.5f, A, lda, B, ldb, 0.25f, R, n);
+                for (int i = 0; i < m * n; i++)
+                    assert_float_equal(C[i], R[i], 1e-4 * (1 + k));
+                free(A);
+                free(B);
+                free(C);
+                free(R);
+            }
+        }
+    }
+    psk_close(b);
+}
+
+static void test_axpy_scale(void **state)
+{
+    (void)state;
+    struct psk_backend *b = NULL;
+    char err[256];
+    assert_int_equal(psk_open("auto", &b, err, sizeof err), 0); /* CPU here */
+    size_t n = 1001;
+    float *x = NULL, *y = NULL;
+    assert_int_equal(psk_alloc(b, n * 4, (void **)&x), 0);
+    assert_int_equal(psk_alloc(b, n * 4, (void **)&y), 0);
+    float hx[1001], hy[1001], out[1001];
+    uint64_t seed = 5;
+    for (size_t i = 0; i < n; i++) {
+        hx[i] = frand(&seed);
+        hy[i] = frand(&seed);
+    }
+    assert_int_equal(psk_upload(b, x, hx, n * 4), 0);
+    assert_int_equal(psk_upload(b, y, hy, n * 4), 0);
+    assert_int_equal(psk_axpy(b, n, 2.0f, x, y), 0);
+    assert_int_equal(psk_scale(b, n, -0.5f, y), 0);
+    assert_int_equal(psk_download(b, out, y, n * 4), 0);
+    for (size_t i = 0; i < n; i++)
+        assert_true(out[i] == (2.0f * hx[i] + hy[i]) * -0.5f);
+    psk_free(b, x);
+    psk_free(b, y);
+    psk_close(b);
+}
+
+static void test_open_errors(void **state)
+{
+    (void)state;
+    struct psk_backend *b = NULL;
+    char err[256];
+    assert_int_equal(psk_open("tpu", &b, err, sizeof err), PS_EINVAL);
+    assert_non_null(strstr(err, "'tpu'"));
+    assert_int_equal(psk_open("cuda:x", &b, err, sizeof err), PS_EINVAL);
+    assert_null(b);
+    /* No GPU on this machine: asking for CUDA explicitly fails clearly. */
+    if (psk_open("cuda", &b, err, sizeof err) == 0) {
+        psk_close(b); /* a GPU machine: nothing to check here */
+        return;
+    }
+    assert_true(strlen(err) > 0);
+    assert_null(b);
+}
+
+static void test_shared_math(void **state)
+{
+    (void)state;
+    assert_true(psk_relu(-1.0f) == 0.0f && psk_relu(2.0f) == 2.0f);
+    assert_true(psk_relu_grad(0.0f, 3.0f) == 0.0f && psk_relu_grad(0.1f, 3.0f) == 3.0f);
+    float v = 0.0f;
+    assert_float_equal(psk_momentum(1.0f, 0.5f, &v, 0.1f, 0.9f, 0), 0.95f, 1e-7);
+    assert_true(v == 0.5f);
+    assert_true(psk_decay(1.0f, 2.0f, 0.5f) == 2.0f);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_gemm),
+        cmocka_unit_test(test_axpy_scale),
+        cmocka_unit_test(test_open_errors),
+        cmocka_unit_test(test_shared_math),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,134 @@
+/* Server optimizers checked against values computed by hand (the numbers
+ * in the comments), on a table shard that starts at constant 1.0. */
+#include "table.h"
+
+#include "ps_err.h"
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+static struct psd_table *make(Ps__OptimizerKind opt, float lr, float wd, int nesterov,
+                              uint32_t shard, uint32_t shards, uint64_t size)
+{
+    Ps__TableSpec s;
+    ps__table_spec__init(&s);
+    s.name = "t";
+    s.size = size;
+    s.optimizer = opt;
+    s.lr = lr;
+    s.weight_decay = wd;
+    s.momentum = 0.9f;
+    s.nesterov = nesterov;
+    s.beta1 = 0.9f;
+    s.beta2 = 0.999f;
+    s.eps = 1e-8f;
+    s.init = PS__INIT_KIND__INIT_CONSTANT;
+    s.init_scale = 1.0f;
+    struct psd_table *t = NULL;
+    assert_int_equal(psd_table_create(&s, 0, shard, shards, &t), 0);
+    return t;
+}
+
+static float step(struct psd_table *t, float g)
+{
+    float out;
+    psd_table_apply(t, t->lo, 1, &g);
+    psd_table_read(t, t->lo, 1, &out);
+    return out;
+}
+
+static void test_sgd(void **state)
+{
+    (void)state;
+    struct psd_table *t = make(PS__OPTIMIZER_KIND__OPT_SGD, 0.1f, 0.0f, 0, 0, 1, 4);
+    assert_float_equal(step(t, 0.5f), 0.95f, 1e-7); /* 1 - 0.1*0.5 */
+    psd_table_destroy(t);
+    t = make(PS__OPTIMIZER_KIND__OPT_SGD, 0.1f, 0.01f, 0, 0, 1, 4);
+    assert_float_equal(step(t, 0.5f), 0.949f, 1e-7); /* g' = 0.5 + 0.01*1 */
+    psd_table_destroy(t);
+}
+
+static void test_momentum(void **state)
+{
+    (void)state;
+    struct psd_table *t = make(PS__OPTIMIZER_KIND__OPT_MOMENTUM, 0.1f, 0.0f, 0, 0, 1, 4);
+    assert_float_equal(step(t, 0.5f), 0.95f, 1e-6);  /* v=0.5 */
+    assert_float_equal(step(t, 0.5f), 0.855f, 1e-6); /* v=0.95 */
+    psd_table_destroy(t);
+    t = make(PS__OPTIMIZER_KIND__OPT_MOMENTUM, 0.1f, 0.0f, 1, 0, 1, 4);
+    assert_float_equal(step(t, 0.5f), 0.905f, 1e-6);  /* 1 - 0.1*(0.5 + 0.9*0.5) */
+    assert_float_equal(step(t, 0.5f), 0.7695f, 1e-6); /* - 0.1*(0.5 + 0.9*0.95) */
+    psd_table_destroy(t);
+}
+
+static void test_adagrad(void **state)
+{
+    (void)state;
+    struct psd_table *t = make(PS__OPTIMIZER_KIND__OPT_ADAGRAD, 0.1f, 0.0f, 0, 0, 1, 4);
+    assert_float_equal(step(t, 0.5f), 0.9f, 1e-6);       /* h=0.25 */
+    assert_float_equal(step(t, 0.5f), 0.8292893f, 1e-6); /* h=0.5 */
+    psd_table_destroy(t);
+}
+
+static void test_adam(void **state)
+{
+    (void)state;
+    struct psd_table *t = make(PS__OPTIMIZER_KIND__OPT_ADAM, 0.1f, 0.0f, 0, 0, 1, 4);
+    assert_float_equal(step(t, 0.5f), 0.9f, 1e-6);         /* mhat=0.5, vhat=0.25 */
+    assert_float_equal(step(t, -0.25f), 0.8733663f, 1e-6); /* t=2, bias-corrected */
+    psd_table_destroy(t);
+}
+
+static void test_shard_part_and_subrange(void **state)
+{
+    (void)state;
+    /* Shard 1 of 2 of a 5-element table holds [3, 5). */
+    struct psd_table *t = make(PS__OPTIMIZER_KIND__OPT_SGD, 1.0f, 0.0f, 0, 1, 2, 5);
+    assert_int_equal(t->lo, 3);
+    assert_int_equal(t->hi, 5);
+    float g = 0.25f, out[2];
+    psd_table_apply(t, 4, 1, &g);
+    psd_table_read(t, 3, 2, out);
+    assert_true(out[0] == 1.0f); /* untouched */
+    assert_true(out[1] == 0.75f);
+    psd_table_destroy(t);
+}
+
+static void test_same_spec(void **state)
+{
+    (void)state;
+    struct psd_table *t = make(PS__OPTIMIZER_KIND__OPT_SGD, 0.1f, 0.0f, 0, 0, 1, 4);
+    Ps__TableSpec s;
+    ps__table_spec__init(&s);
+    s.name = "t";
+    s.size = 4;
+    s.lr = 0.1f;
+    s.momentum = 0.9f;
+    s.beta1 = 0.9f;
+    s.beta2 = 0.999f;
+    s.eps = 1e-8f;
+    s.init = PS__INIT_KIND__INIT_CONSTANT;
+    s.init_scale = 1.0f;
+    assert_true(psd_table_same_spec(t, &s));
+    s.lr = 0.2f;
+    assert_false(psd_table_same_spec(t, &s));
+    psd_table_destroy(t);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_sgd),
+        cmocka_unit_test(test_momentum),
+        cmocka_unit_test(test_adagrad),
+        cmocka_unit_test(test_adam),
+        cmocka_unit_test(test_shard_part_and_subrange),
+        cmocka_unit_test(test_same_spec),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

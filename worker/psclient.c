@@ -1,0 +1,666 @@
+/* libpsclient implementation: DEALER per shard, ticket slots, reply
+ * matching by (request id, socket), zero-copy gradient sends. */
+#include "psclient.h"
+
+#include "ps_err.h"
+#include "ps_limits.h"
+#include "ps_shard.h"
+#include "ps_wire.h"
+#include "ps_zsock.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <zmq.h>
+
+#define SLOT_BITS          16u
+#define REPLY_PARTS_MAX    (PS_FRAMES_MAX + 1u)
+#define CLIENT_ARENA_BYTES (4u * PS_HEADER_BYTES_MAX)
+
+struct table_h {
+    char name[PS_TABLE_NAME_MAX + 1];
+    uint64_t size;
+    uint32_t ids[]; /* table id on each shard */
+};
+
+struct slot {
+    uint64_t seq; /* 0 when free */
+    Ps__Op op;
+    uint32_t table;
+    uint64_t offset, count;
+    float *out;
+    void *ctx; /* result of a synchronous op */
+    uint32_t pending;
+    uint64_t replied[PS_SHARDS_MAX / 64];
+    int status;
+    int canceled;
+    atomic_uint zc_refs; /* zero-copy frames zmq still holds */
+    char error[PS_ERROR_TEXT_MAX + 64];
+};
+
+struct psc_client {
+    uint32_t nshards;
+    uint32_t worker_id;
+    void *ctx;
+    void **socks;
+    char **endpoints;
+    zmq_pollitem_t *items;
+    struct slot slots[PS_CLIENT_TICKETS_MAX];
+    uint16_t free_stack[PS_CLIENT_TICKETS_MAX];
+    uint32_t nfree;
+    uint64_t next_seq;
+    struct table_h *tables[PS_CLIENT_TABLES_MAX];
+    uint32_t ntables;
+    uint64_t bytes_sent, bytes_received;
+    uint64_t bad_replies;
+    struct ps_arena arena;
+    unsigned char *arena_buf;
+    uint8_t hdr_buf[2048]; /* requests carry at most a table spec */
+    char last_error[512];
+};
+
+_Static_assert(PS_CLIENT_TICKETS_MAX <= (1u << SLOT_BITS), "slot index fits in SLOT_BITS");
+
+/* ---- helpers ------------------------------------------------------------ */
+
+static int set_error(struct psc_client *c, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static int set_error(struct psc_client *c, int code, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(c->last_error, sizeof c->last_error, fmt, ap);
+    va_end(ap);
+    return code;
+}
+
+static void slot_fail(struct slot *sl, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static void slot_fail(struct slot *sl, int code, const char *fmt, ...)
+{
+    if (sl->status != 0)
+        return; /* keep the first error */
+    sl->status = code;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(sl->error, sizeof sl->error, fmt, ap);
+    va_end(ap);
+}
+
+static int64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void zc_release(void *data, void *hint)
+{
+    (void)data;
+    atomic_fetch_sub((atomic_uint *)hint, 1u);
+}
+
+static struct slot *slot_alloc(struct psc_client *c, Ps__Op op, uint64_t *id)
+{
+    if (c->nfree == 0)
+        return NULL;
+    uint16_t idx = c->free_stack[--c->nfree];
+    struct slot *sl = &c->slots[idx];
+    uint64_t seq = ++c->next_seq;
+    memset(sl->replied, 0, sizeof sl->replied);
+    sl->seq = seq;
+    sl->op = op;
+    sl->out = NULL;
+    sl->ctx = NULL;
+    sl->pending = 0;
+    sl->status = 0;
+    sl->canceled = 0;
+    sl->error[0] = '\0';
+    *id = (seq << SLOT_BITS) | idx;
+    return sl;
+}
+
+static void slot_release(struct psc_client *c, struct slot *sl)
+{
+    sl->seq = 0;
+    c->free_stack[c->nfree++] = (uint16_t)(sl - c->slots);
+}
+
+static struct slot *slot_lookup(struct psc_client *c, uint64_t id)
+{
+    uint64_t idx = id & ((1u << SLOT_BITS) - 1u);
+    if (idx >= PS_CLIENT_TICKETS_MAX)
+        return NULL;
+    struct slot *sl = &c->slots[idx];
+    if (sl->seq == 0 || sl->seq != (id >> SLOT_BITS))
+        return NULL;
+    return sl;
+}
+
+/* ---- sending ------------------------------------------------------------- */
+
+/* Sends header (+ values) to one shard. On failure the slot is failed and
+ * nothing is pending for this shard. */
+static int send_one(struct psc_client *c, uint32_t shard, const Ps__Header *h, const void *vals,
+                    size_t vbytes, struct slot *sl)
+{
+    void *sock = c->socks[shard];
+    int64_t len = ps_wire_header_pack(h, c->hdr_buf, sizeof c->hdr_buf);
+    if (len < 0) {
+        slot_fail(sl, PS_ELIMIT, "request header too large");
+        return PS_ELIMIT;
+    }
+    if (zmq_send(sock, c->hdr_buf, (size_t)len, (vals ? ZMQ_SNDMORE : 0) | ZMQ_DONTWAIT) < 0) {
+        int e = errno;
+        slot_fail(sl, PS_EAGAIN, "shard %u (%s): cannot send: %s", shard, c->endpoints[shard],
+                  zmq_strerror(e));
+        return PS_EAGAIN;
+    }
+    if (vals != NULL) {
+        /* After the first part is queued the rest of the message is too. */
+        zmq_msg_t m;
+        if (vbytes >= PS_ZEROCOPY_BYTES_MIN) {
+            atomic_fetch_add(&sl->zc_refs, 1u);
+            zmq_msg_init_data(&m, (void *)vals, vbytes, zc_release, &sl->zc_refs);
+        } else {
+            zmq_msg_init_size(&m, vbytes);
+            memcpy(zmq_msg_data(&m), vals, vbytes);
+        }
+        if (zmq_msg_send(&m, sock, ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(&m);
+            slot_fail(sl, PS_EZMQ, "shard %u: value frame not sent: %s", shard,
+                      zmq_strerror(errno));
+            return PS_EZMQ;
+        }
+    }
+    c->bytes_sent += (uint64_t)len + vbytes;
+    sl->pending++;
+    sl->replied[shard / 64] &= ~(UINT64_C(1) << (shard % 64));
+    return 0;
+}
+
+/* ---- receiving ----------------------------------------------------------- */
+
+static int shard_replied(const struct slot *sl, uint32_t shard)
+{
+    return (sl->replied[shard / 64] >> (shard % 64)) & 1u;
+}
+
+static void handle_data_reply(struct psc_client *c, uint32_t shard, struct slot *sl,
+                              const struct ps_wire_msg *m)
+{
+    const Ps__Header *h = m->hdr;
+    if (sl->op == PS__OP__OP_PUSH)
+        return;
+    const struct table_h *t = c->tables[sl->table];
+    uint64_t lo, hi;
+    ps_shard_range(t->size, c->nshards, shard, &lo, &hi);
+    uint64_t a = sl->offset > lo ? sl->offset : lo;
+    uint64_t b = sl->offset + sl->count < hi ? sl->offset + sl->count : hi;
+    if (h->offset != a || h->count != b - a || h->dtype != PS__DTYPE__DTYPE_F32 ||
+        m->vals_bytes != (b - a) * sizeof(float)) {
+        slot_fail(sl, PS_EPROTO, "shard %u answered [%llu, +%llu), expected [%llu, +%llu)", shard,
+                  (unsigned long long)h->offset, (unsigned long long)h->count,
+                  (unsigned long long)a, (unsigned long long)(b - a));
+        return;
+    }
+    if (!sl->canceled)
+        memcpy(sl->out + (a - sl->offset), m->vals, m->vals_bytes);
+}
+
+static void handle_sync_reply(struct psc_client *c, uint32_t shard, struct slot *sl,
+                              const Ps__Header *h)
+{
+    if (sl->op == PS__OP__OP_HELLO) {
+        if (h->shard != shard || h->shards != c->nshards)
+            slot_fail(sl, PS_ESTATE,
+                      "server %u (%s) says it is shard %u of %u, but was listed as %u of %u: "
+                      "check the order of the server list",
+                      shard, c->endpoints[shard], h->shard, h->shards, shard, c->nshards);
+    } else if (sl->op == PS__OP__OP_CREATE_TABLE) {
+        struct table_h *t = sl->ctx;
+        uint64_t lo, hi;
+        ps_shard_range(t->size, c->nshards, shard, &lo, &hi);
+        if (h->offset != lo || h->count != hi - lo)
+            slot_fail(sl, PS_ESTATE, "shard %u holds [%llu, %llu) of '%s', expected [%llu, %llu)",
+                      shard, (unsigned long long)h->offset,
+                      (unsigned long long)(h->offset + h->count), t->name, (unsigned long long)lo,
+                      (unsigned long long)hi);
+        t->ids[shard] = h->table_id;
+    } else if (sl->op == PS__OP__OP_STATS) {
+        struct psc_shard_stats *st = sl->ctx;
+        if (h->stats == NULL) {
+            slot_fail(sl, PS_EPROTO, "shard %u: stats reply without stats", shard);
+            return;
+        }
+        st->shard = h->stats->shard;
+        st->shards = h->stats->shards;
+        st->requests = h->stats->requests;
+        st->errors = h->stats->errors;
+        st->bytes_in = h->stats->bytes_in;
+        st->bytes_out = h->stats->bytes_out;
+        st->tables = (uint32_t)h->stats->n_tables;
+        st->uptime_s = h->stats->uptime_s;
+    }
+}
+
+static void handle_reply(struct psc_client *c, uint32_t shard, const struct ps_frame *frames,
+                         size_t nframes)
+{
+    struct ps_wire_msg m;
+    char err[PS_ERROR_TEXT_MAX];
+    int rc = ps_wire_decode(&c->arena, frames, nframes, PS_WIRE_REPLY, PS_MESSAGE_BYTES_MAX, &m,
+                            err, sizeof err);
+    struct slot *sl = m.hdr ? slot_lookup(c, m.hdr->request_id) : NULL;
+    if (sl == NULL || shard_replied(sl, shard) || sl->pending == 0) {
+        c->bad_replies++; /* stale, duplicate or unattributable: dropped */
+        return;
+    }
+    sl->replied[shard / 64] |= UINT64_C(1) << (shard % 64);
+    sl->pending--;
+    if (rc != 0) {
+        slot_fail(sl, PS_EPROTO, "shard %u sent a malformed reply: %s", shard, err);
+        return;
+    }
+    const Ps__Header *h = m.hdr;
+    if (h->op != sl->op) {
+        slot_fail(sl, PS_EPROTO, "shard %u answered %s to a %s request", shard, ps_op_name(h->op),
+                  ps_op_name(sl->op));
+        return;
+    }
+    if (h->status != 0) {
+        slot_fail(sl, PS_EREMOTE, "shard %u (%s): %s [%s]", shard, c->endpoints[shard], h->error,
+                  ps_err_name(h->status));
+        return;
+    }
+    if (sl->op == PS__OP__OP_PULL || sl->op == PS__OP__OP_PUSH || sl->op == PS__OP__OP_PUSH_PULL)
+        handle_data_reply(c, shard, sl, &m);
+    else
+        handle_sync_reply(c, shard, sl, h);
+}
+
+/* Reads one message from a shard's socket. 0: handled one; <0: none. */
+static int recv_one(struct psc_client *c, uint32_t shard)
+{
+    zmq_msg_t parts[REPLY_PARTS_MAX];
+    size_t kept = 0, total = 0;
+    if (ps_zsock_recv(c->socks[shard], parts, REPLY_PARTS_MAX, &kept, &total, &c->bytes_received) !=
+        0)
+        return -1;
+    struct ps_frame frames[REPLY_PARTS_MAX];
+    for (size_t i = 0; i < kept; i++) {
+        frames[i].data = zmq_msg_data(&parts[i]);
+        frames[i].size = zmq_msg_size(&parts[i]);
+    }
+    handle_reply(c, shard, frames, total);
+    for (size_t i = 0; i < kept; i++)
+        zmq_msg_close(&parts[i]);
+    return 0;
+}
+
+static void drain_all(struct psc_client *c)
+{
+    for (uint32_t s = 0; s < c->nshards; s++)
+        for (unsigned i = 0; i < 4u * PS_DRAIN_BATCH_MAX && recv_one(c, s) == 0; i++)
+            ;
+}
+
+static void describe_missing(struct psc_client *c, const struct slot *sl, uint32_t s0, uint32_t s1,
+                             char *buf, size_t len)
+{
+    size_t used = 0;
+    buf[0] = '\0';
+    for (uint32_t s = s0; s <= s1 && used + 1 < len; s++) {
+        if (shard_replied(sl, s))
+            continue;
+        int n = snprintf(buf + used, len - used, "%s%u (%s)", used ? ", " : "", s, c->endpoints[s]);
+        if (n < 0)
+            break;
+        used += (size_t)n;
+    }
+}
+
+/* ---- public: waiting ----------------------------------------------------- */
+
+static int finish(struct psc_client *c, struct slot *sl)
+{
+    int rc = sl->status;
+    if (rc != 0)
+        set_error(c, rc, "%s", sl->error);
+    slot_release(c, sl);
+    return rc;
+}
+
+int psc_wait(struct psc_client *c, uint64_t ticket, int timeout_ms)
+{
+    struct slot *sl = slot_lookup(c, ticket);
+    if (sl == NULL || sl->canceled)
+        return set_error(c, PS_EINVAL, "ticket %llu is not outstanding",
+                         (unsigned long long)ticket);
+    int64_t deadline = now_ms() + (timeout_ms < 0 ? 0 : timeout_ms);
+    for (;;) {
+        drain_all(c);
+        int64_t left = timeout_ms < 0 ? -1 : deadline - now_ms();
+        if (sl->pending == 0) {
+            if (atomic_load(&sl->zc_refs) == 0)
+                return finish(c, sl);
+            /* Reply came before zmq's I/O thread let go of our buffer: the
+             * release is imminent; wait for it without busy-burning much. */
+            if (timeout_ms >= 0 && left <= 0)
+                break;
+            struct timespec ts = {0, 20000};
+            nanosleep(&ts, NULL);
+            continue;
+        }
+        if (timeout_ms >= 0 && left <= 0)
+            break;
+        zmq_poll(c->items, (int)c->nshards, (long)left);
+    }
+    char missing[256];
+    describe_missing(c, sl, 0, c->nshards - 1, missing, sizeof missing);
+    return set_error(c, PS_ETIMEDOUT, "%s: no reply within %d ms from shard %s", ps_op_name(sl->op),
+                     timeout_ms, sl->pending ? missing : "(zero-copy buffer still held)");
+}
+
+int psc_cancel(struct psc_client *c, uint64_t ticket)
+{
+    struct slot *sl = slot_lookup(c, ticket);
+    if (sl == NULL)
+        return set_error(c, PS_EINVAL, "ticket %llu is not outstanding",
+                         (unsigned long long)ticket);
+    sl->canceled = 1;
+    sl->out = NULL;
+    if (atomic_load(&sl->zc_refs) != 0)
+        return set_error(c, PS_EBUSY, "ticket %llu: zmq still holds its gradient buffer",
+                         (unsigned long long)ticket);
+    slot_release(c, sl);
+    return 0;
+}
+
+/* ---- public: range ops --------------------------------------------------- */
+
+static int start_range(struct psc_client *c, Ps__Op op, uint32_t table, uint64_t offset,
+                       uint64_t count, const float *grad, float *out, uint64_t clock,
+                       uint64_t *ticket)
+{
+    if (table >= c->ntables)
+        return set_error(c, PS_ENOTABLE, "%s: no table handle %u", ps_op_name(op), table);
+    const struct table_h *t = c->tables[table];
+    if (count == 0 || offset >= t->size || count > t->size - offset)
+        return set_error(c, PS_ERANGE, "%s: [%llu, +%llu) is outside table '%s' of %llu",
+                         ps_op_name(op), (unsigned long long)offset, (unsigned long long)count,
+                         t->name, (unsigned long long)t->size);
+    if ((op != PS__OP__OP_PULL && grad == NULL) || (op != PS__OP__OP_PUSH && out == NULL))
+        return set_error(c, PS_EINVAL, "%s: NULL buffer", ps_op_name(op));
+    uint64_t id = 0;
+    struct slot *sl = slot_alloc(c, op, &id);
+    if (sl == NULL)
+        return set_error(c, PS_EBUSY, "%s: %u requests already outstanding", ps_op_name(op),
+                         PS_CLIENT_TICKETS_MAX);
+    sl->table = table;
+    sl->offset = offset;
+    sl->count = count;
+    sl->out = out;
+    uint32_t s0 = ps_shard_of_index(t->size, c->nshards, offset);
+    uint32_t s1 = ps_shard_of_index(t->size, c->nshards, offset + count - 1);
+    for (uint32_t s = s0; s <= s1; s++) {
+        uint64_t lo, hi;
+        ps_shard_range(t->size, c->nshards, s, &lo, &hi);
+        uint64_t a = offset > lo ? offset : lo;
+        uint64_t b = offset + count < hi ? offset + count : hi;
+        if (a >= b)
+            continue;
+        Ps__Header h;
+        ps_wire_header_init(&h, op);
+        h.request_id = id;
+        h.worker_id = c->worker_id;
+        h.table_id = t->ids[s];
+        h.clock = clock;
+        h.offset = a;
+        h.count = b - a;
+        const void *vals = op == PS__OP__OP_PULL ? NULL : grad + (a - offset);
+        if (send_one(c, s, &h, vals, vals ? (b - a) * sizeof(float) : 0, sl) != 0)
+            break;
+    }
+    if (sl->pending == 0 && sl->status != 0) {
+        int rc = sl->status;
+        set_error(c, rc, "%s", sl->error);
+        slot_release(c, sl);
+        return rc;
+    }
+    *ticket = id; /* a partial send fails at wait, after its replies drain */
+    return 0;
+}
+
+int psc_pull(struct psc_client *c, uint32_t table, uint64_t offset, uint64_t count, float *out,
+             uint64_t clock, uint64_t *ticket)
+{
+    return start_range(c, PS__OP__OP_PULL, table, offset, count, NULL, out, clock, ticket);
+}
+
+int psc_push(struct psc_client *c, uint32_t table, uint64_t offset, uint64_t count,
+             const float *grad, uint64_t clock, uint64_t *ticket)
+{
+    return start_range(c, PS__OP__OP_PUSH, table, offset, count, grad, NULL, clock, ticket);
+}
+
+int psc_push_pull(struct psc_client *c, uint32_t table, uint64_t offset, uint64_t count,
+                  const float *grad, float *out, uint64_t clock, uint64_t *ticket)
+{
+    return start_range(c, PS__OP__OP_PUSH_PULL, table, offset, count, grad, out, clock, ticket);
+}
+
+/* ---- public: synchronous ops --------------------------------------------- */
+
+/* Sends h to shards [s0, s1] and waits for all. */
+static int call_sync(struct psc_client *c, Ps__Header *h, uint32_t s0, uint32_t s1, void *ctx,
+                     int timeout_ms)
+{
+    uint64_t id = 0;
+    struct slot *sl = slot_alloc(c, h->op, &id);
+    if (sl == NULL)
+        return set_error(c, PS_EBUSY, "%s: too many requests outstanding", ps_op_name(h->op));
+    sl->ctx = ctx;
+    h->request_id = id;
+    h->worker_id = c->worker_id;
+    for (uint32_t s = s0; s <= s1; s++)
+        if (send_one(c, s, h, NULL, 0, sl) != 0)
+            break;
+    int rc = psc_wait(c, id, timeout_ms);
+    if (rc == PS_ETIMEDOUT)
+        psc_cancel(c, id); /* no zero-copy frames: always releases */
+    return rc;
+}
+
+void psc_table_spec_init(struct psc_table_spec *s, const char *name, uint64_t size)
+{
+    memset(s, 0, sizeof *s);
+    s->name = name;
+    s->size = size;
+    s->optimizer = PSC_SGD;
+    s->lr = 0.01f;
+    s->momentum = 0.9f;
+    s->beta1 = 0.9f;
+    s->beta2 = 0.999f;
+    s->eps = 1e-8f;
+    s->init = PSC_INIT_ZEROS;
+}
+
+int psc_table_create(struct psc_client *c, const struct psc_table_spec *spec, int timeout_ms,
+                     uint32_t *table)
+{
+    Ps__TableSpec ts;
+    ps__table_spec__init(&ts);
+    ts.name = (char *)(spec->name ? spec->name : "");
+    ts.size = spec->size;
+    ts.optimizer = (Ps__OptimizerKind)spec->optimizer;
+    ts.lr = spec->lr;
+    ts.weight_decay = spec->weight_decay;
+    ts.momentum = spec->momentum;
+    ts.nesterov = spec->nesterov != 0;
+    ts.beta1 = spec->beta1;
+    ts.beta2 = spec->beta2;
+    ts.eps = spec->eps;
+    ts.init = (Ps__InitKind)spec->init;
+    ts.init_scale = spec->init_scale;
+    ts.seed = spec->seed;
+    char err[PS_ERROR_TEXT_MAX];
+    int rc = ps_wire_check_spec(&ts, err, sizeof err);
+    if (rc != 0)
+        return set_error(c, rc, "create_table: %s", err);
+    int64_t existing = -1; /* created before: the servers still check the spec */
+    for (uint32_t i = 0; i < c->ntables && existing < 0; i++)
+        if (strcmp(c->tables[i]->name, ts.name) == 0)
+            existing = i;
+    if (existing < 0 && c->ntables >= PS_CLIENT_TABLES_MAX)
+        return set_error(c, PS_ELIMIT, "create_table: %u tables already", c->ntables);
+    struct table_h *t = calloc(1, sizeof *t + c->nshards * sizeof t->ids[0]);
+    if (t == NULL)
+        return set_error(c, PS_ENOMEM, "create_table: out of memory");
+    snprintf(t->name, sizeof t->name, "%s", ts.name);
+    t->size = ts.size;
+    Ps__Header h;
+    ps_wire_header_init(&h, PS__OP__OP_CREATE_TABLE);
+    h.spec = &ts;
+    rc = call_sync(c, &h, 0, c->nshards - 1, t, timeout_ms);
+    if (rc != 0 || existing >= 0) {
+        free(t);
+        if (rc == 0)
+            *table = (uint32_t)existing;
+        return rc;
+    }
+    c->tables[c->ntables] = t;
+    *table = c->ntables++;
+    return 0;
+}
+
+int psc_stats(struct psc_client *c, uint32_t shard, int timeout_ms, struct psc_shard_stats *out)
+{
+    if (shard >= c->nshards)
+        return set_error(c, PS_EINVAL, "stats: shard %u of %u", shard, c->nshards);
+    memset(out, 0, sizeof *out);
+    Ps__Header h;
+    ps_wire_header_init(&h, PS__OP__OP_STATS);
+    return call_sync(c, &h, shard, shard, out, timeout_ms);
+}
+
+void psc_bytes(const struct psc_client *c, uint64_t *sent, uint64_t *received)
+{
+    *sent = c->bytes_sent;
+    *received = c->bytes_received;
+}
+
+uint32_t psc_shards(const struct psc_client *c)
+{
+    return c->nshards;
+}
+
+const char *psc_last_error(const struct psc_client *c)
+{
+    return c->last_error;
+}
+
+/* ---- public: lifetime ------------------------------------------------------ */
+
+static int open_sockets(struct psc_client *c, const struct psc_config *cfg, char *err,
+                        size_t errlen)
+{
+    for (uint32_t s = 0; s < c->nshards; s++) {
+        const char *ep = cfg->servers[s];
+        if (ep == NULL || strlen(ep) >= PS_ENDPOINT_MAX) {
+            snprintf(err, errlen, "server %u: endpoint missing or longer than %u bytes", s,
+                     PS_ENDPOINT_MAX - 1);
+            return PS_EINVAL;
+        }
+        c->endpoints[s] = strdup(ep);
+        c->socks[s] = zmq_socket(c->ctx, ZMQ_DEALER);
+        int linger = 0;
+        if (c->endpoints[s] == NULL || c->socks[s] == NULL ||
+            zmq_setsockopt(c->socks[s], ZMQ_LINGER, &linger, sizeof linger) != 0) {
+            snprintf(err, errlen, "server %u: cannot create socket: %s", s, zmq_strerror(errno));
+            return PS_EZMQ;
+        }
+        if (zmq_connect(c->socks[s], ep) != 0) {
+            snprintf(err, errlen, "server %u: cannot connect to '%s': %s", s, ep,
+                     zmq_strerror(errno));
+            return PS_EINVAL;
+        }
+        c->items[s].socket = c->socks[s];
+        c->items[s].events = ZMQ_POLLIN;
+    }
+    return 0;
+}
+
+int psc_create(const struct psc_config *cfg, struct psc_client **out, char *err, size_t errlen)
+{
+    *out = NULL;
+    if (cfg == NULL || cfg->servers == NULL || cfg->nservers == 0 ||
+        cfg->nservers > PS_SHARDS_MAX) {
+        snprintf(err, errlen, "need 1..%u server endpoints", PS_SHARDS_MAX);
+        return PS_EINVAL;
+    }
+    struct psc_client *c = calloc(1, sizeof *c);
+    if (c == NULL) {
+        snprintf(err, errlen, "out of memory");
+        return PS_ENOMEM;
+    }
+    c->nshards = (uint32_t)cfg->nservers;
+    c->worker_id = cfg->worker_id;
+    c->socks = calloc(c->nshards, sizeof *c->socks);
+    c->endpoints = calloc(c->nshards, sizeof *c->endpoints);
+    c->items = calloc(c->nshards, sizeof *c->items);
+    c->arena_buf = malloc(CLIENT_ARENA_BYTES);
+    c->ctx = zmq_ctx_new();
+    for (uint32_t i = 0; i < PS_CLIENT_TICKETS_MAX; i++) {
+        atomic_init(&c->slots[i].zc_refs, 0u);
+        c->free_stack[i] = (uint16_t)(PS_CLIENT_TICKETS_MAX - 1 - i);
+    }
+    c->nfree = PS_CLIENT_TICKETS_MAX;
+    if (c->socks == NULL || c->endpoints == NULL || c->items == NULL || c->arena_buf == NULL ||
+        c->ctx == NULL) {
+        snprintf(err, errlen, "out of memory");
+        psc_destroy(c);
+        return PS_ENOMEM;
+    }
+    ps_arena_init(&c->arena, c->arena_buf, CLIENT_ARENA_BYTES);
+    int rc = open_sockets(c, cfg, err, errlen);
+    if (rc == 0) {
+        Ps__Header h;
+        ps_wire_header_init(&h, PS__OP__OP_HELLO);
+        rc = call_sync(c, &h, 0, c->nshards - 1, NULL, cfg->connect_timeout_ms);
+        if (rc != 0)
+            snprintf(err, errlen, "hello: %s", c->last_error);
+    }
+    if (rc != 0) {
+        psc_destroy(c);
+        return rc;
+    }
+    *out = c;
+    return 0;
+}
+
+void psc_destroy(struct psc_client *c)
+{
+    if (c == NULL)
+        return;
+    for (uint32_t s = 0; c->socks != NULL && s < c->nshards; s++) {
+        if (c->socks[s] != NULL)
+            zmq_close(c->socks[s]);
+        free(c->endpoints ? c->endpoints[s] : NULL);
+    }
+    if (c->ctx != NULL)
+        zmq_ctx_term(c->ctx); /* linger 0: drops unsent frames, runs free callbacks */
+    for (uint32_t i = 0; i < c->ntables; i++)
+        free(c->tables[i]);
+    free(c->socks);
+    free(c->endpoints);
+    free(c->items);
+    free(c->arena_buf);
+    free(c);
+}

@@ -1,0 +1,126 @@
+/* libpsclient: the C client of psd, for psworker and any C program (or
+ * Python through ctypes: plain integers, pointers and structs only).
+ *
+ * A client connects to S shard endpoints (index = shard), checks each with a
+ * hello, creates tables, and moves dense ranges with asynchronous push, pull
+ * and push-pull. Each of those splits the range over the shards that own it,
+ * sends at once, and returns a ticket; psc_wait(ticket, timeout) collects the
+ * replies. There is no background thread: replies are read inside psc_wait
+ * (and the synchronous calls), so a client is used from one thread at a time.
+ * No global state: several clients may live in one process.
+ *
+ * Buffer ownership: a gradient buffer passed to push/push-pull, and an output
+ * buffer passed to pull/push-pull, belong to the library from the call until
+ * psc_wait returns something other than PS_ETIMEDOUT for that ticket, or
+ * psc_cancel returns 0. Large gradients are sent without a copy, so the
+ * caller must not modify or free them before then.
+ *
+ * Errors are negative PS_E* codes (common/ps_err.h, ps_strerror); after a
+ * failed call psc_last_error() holds a sentence saying what went wrong,
+ * including a server's own error text. */
+#ifndef PSCLIENT_H
+#define PSCLIENT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct psc_client;
+
+struct psc_config {
+    const char *const *servers; /* endpoints, servers[i] is shard i */
+    size_t nservers;
+    uint32_t worker_id;     /* this client's id in requests (rank) */
+    int connect_timeout_ms; /* for the hello to every shard in psc_create */
+};
+
+enum psc_optimizer {
+    PSC_SGD = 0,
+    PSC_MOMENTUM = 1,
+    PSC_ADAGRAD = 2,
+    PSC_ADAM = 3,
+};
+
+enum psc_init {
+    PSC_INIT_ZEROS = 0,
+    PSC_INIT_CONSTANT = 1,
+    PSC_INIT_UNIFORM = 2, /* U(-scale, scale) */
+    PSC_INIT_NORMAL = 3,  /* N(0, scale^2) */
+};
+
+struct psc_table_spec {
+    const char *name; /* 1..128 printable ASCII characters, no spaces */
+    uint64_t size;    /* elements in the whole table */
+    int optimizer;    /* enum psc_optimizer */
+    float lr, weight_decay;
+    float momentum;
+    int nesterov;
+    float beta1, beta2, eps;
+    int init; /* enum psc_init */
+    float init_scale;
+    uint64_t seed;
+};
+
+struct psc_shard_stats {
+    uint32_t shard, shards;
+    uint64_t requests, errors, bytes_in, bytes_out;
+    uint32_t tables;
+    double uptime_s;
+};
+
+/* Connects to every endpoint and says hello; fails if a shard does not
+ * answer within connect_timeout_ms or says it is another shard. On failure
+ * returns a PS_E* code, writes why into err and sets *out to NULL. */
+int psc_create(const struct psc_config *cfg, struct psc_client **out, char *err, size_t errlen);
+/* Closes the sockets, dropping anything unsent. NULL is a no-op. */
+void psc_destroy(struct psc_client *c);
+
+/* Text of the last failure on this client; "" when none. */
+const char *psc_last_error(const struct psc_client *c);
+
+/* Fills *s with defaults (SGD, lr 0.01, momentum 0.9, Adam betas 0.9/0.999,
+ * eps 1e-8, zeros init). */
+void psc_table_spec_init(struct psc_table_spec *s, const char *name, uint64_t size);
+
+/* Creates (or finds, when the spec is the same) a table on every shard and
+ * returns a client-side handle in *table. Synchronous. */
+int psc_table_create(struct psc_client *c, const struct psc_table_spec *spec, int timeout_ms,
+                     uint32_t *table);
+
+/* Asynchronous range operations on elements [offset, offset+count) of a
+ * table. Return 0 and a ticket, or an error (nothing in flight then). */
+int psc_pull(struct psc_client *c, uint32_t table, uint64_t offset, uint64_t count, float *out,
+             uint64_t clock, uint64_t *ticket);
+int psc_push(struct psc_client *c, uint32_t table, uint64_t offset, uint64_t count,
+             const float *grad, uint64_t clock, uint64_t *ticket);
+int psc_push_pull(struct psc_client *c, uint32_t table, uint64_t offset, uint64_t count,
+                  const float *grad, float *out, uint64_t clock, uint64_t *ticket);
+
+/* Waits up to timeout_ms (0 polls, <0 waits forever) for a ticket. Returns
+ * 0 when every shard applied/answered, the first error otherwise, or
+ * PS_ETIMEDOUT (the ticket stays valid: wait again or cancel). Any return
+ * other than PS_ETIMEDOUT releases the ticket. */
+int psc_wait(struct psc_client *c, uint64_t ticket, int timeout_ms);
+
+/* Gives up on a ticket: late replies are dropped and the output buffer is no
+ * longer written. Returns PS_EBUSY while zmq still holds a zero-copy gradient
+ * buffer of it (call again later); 0 once released. */
+int psc_cancel(struct psc_client *c, uint64_t ticket);
+
+/* Asks one shard for its counters. Synchronous. */
+int psc_stats(struct psc_client *c, uint32_t shard, int timeout_ms, struct psc_shard_stats *out);
+
+/* Bytes this client sent and received on the wire (all frames). */
+void psc_bytes(const struct psc_client *c, uint64_t *sent, uint64_t *received);
+
+/* Number of shards; elements of a table; the shard range of a table. */
+uint32_t psc_shards(const struct psc_client *c);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
