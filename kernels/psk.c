@@ -145,3 +145,48 @@ int psk_scale(struct psk_backend *b, size_t n, float a, float *x)
 {
     return n == 0 ? 0 : b->ops->scale(b, n, a, x);
 }
+
+int psk_host_alloc(struct psk_backend *b, size_t bytes, void **ptr)
+{
+    return b->ops->host_alloc(b, bytes, ptr);
+}
+
+void psk_host_free(struct psk_backend *b, void *ptr)
+{
+    if (ptr != NULL)
+        b->ops->host_free(b, ptr);
+}
+
+int psk_bias_add(struct psk_backend *b, int rows, int cols, const float *bias, float *y)
+{
+    if (rows < 0 || cols < 0)
+        return PS_EINVAL;
+    return rows == 0 || cols == 0 ? 0 : b->ops->bias_add(b, rows, cols, bias, y);
+}
+
+int psk_relu(struct psk_backend *b, size_t n, const float *x, float *y)
+{
+    return n == 0 ? 0 : b->ops->relu(b, n, x, y);
+}
+
+int psk_relu_backward(struct psk_backend *b, size_t n, const float *y, float *dx)
+{
+    return n == 0 ? 0 : b->ops->relu_backward(b, n, y, dx);
+}
+
+int psk_softmax_xent(struct psk_backend *b, int rows, int cols, const float *logits,
+                     const int *labels, float scale, float *dlogits, float *row_loss, int *pred)
+{
+    if (rows < 0 || cols <= 0)
+        return PS_EINVAL;
+    return rows == 0 ? 0
+                     : b->ops->softmax_xent(b, rows, cols, logits, labels, scale, dlogits, row_loss,
+                                            pred);
+}
+
+int psk_col_sum(struct psk_backend *b, int rows, int cols, const float *x, float *out)
+{
+    if (rows < 0 || cols < 0)
+        return PS_EINVAL;
+    return cols == 0 ? 0 : b->ops->col_sum(b, rows, cols, x, out);
+}

@@ -40,6 +40,23 @@ int psk_sync(struct psk_backend *b);
 /* C = alpha op(A) op(B) + beta C; op(A) is m x k, op(B) k x n, C m x n. */
 int psk_gemm(struct psk_backend *b, int trans_a, int trans_b, int m, int n, int k, float alpha,
              const float *a, int lda, const float *bm, int ldb, float beta, float *c, int ldc);
+/* Host memory for fast copies: page-locked on CUDA, aligned on the CPU. */
+int psk_host_alloc(struct psk_backend *b, size_t bytes, void **ptr);
+void psk_host_free(struct psk_backend *b, void *ptr);
+
+/* y[r][c] += bias[c] for a rows x cols row-major y. */
+int psk_bias_add(struct psk_backend *b, int rows, int cols, const float *bias, float *y);
+/* y = max(x, 0), elementwise (y may equal x). */
+int psk_relu(struct psk_backend *b, size_t n, const float *x, float *y);
+/* dx[i] = y[i] > 0 ? dx[i] : 0, given the forward output y. */
+int psk_relu_backward(struct psk_backend *b, size_t n, const float *y, float *dx);
+/* Fused softmax + cross-entropy over rows x cols logits with int labels:
+ * dlogits = (softmax - onehot) * scale, row_loss[r] = -log p[label],
+ * pred[r] = argmax. Labels outside [0, cols) give loss 0 and no gradient. */
+int psk_softmax_xent(struct psk_backend *b, int rows, int cols, const float *logits,
+                     const int *labels, float scale, float *dlogits, float *row_loss, int *pred);
+/* out[c] = sum over r of x[r][c] (bias gradients). */
+int psk_col_sum(struct psk_backend *b, int rows, int cols, const float *x, float *out);
 /* y <- a x + y. */
 int psk_axpy(struct psk_backend *b, size_t n, float a, const float *x, float *y);
 /* x <- a x. */

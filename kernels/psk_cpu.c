@@ -68,6 +68,69 @@ static int cpu_scale(struct psk_backend *b, size_t n, float a, float *x)
     return 0;
 }
 
+static int cpu_bias_add(struct psk_backend *b, int rows, int cols, const float *bias, float *y)
+{
+    (void)b;
+    for (int r = 0; r < rows; r++)
+        for (int c = 0; c < cols; c++)
+            y[(size_t)r * cols + c] += bias[c];
+    return 0;
+}
+
+static int cpu_relu(struct psk_backend *b, size_t n, const float *x, float *y)
+{
+    (void)b;
+    for (size_t i = 0; i < n; i++)
+        y[i] = psk_el_relu(x[i]);
+    return 0;
+}
+
+static int cpu_relu_backward(struct psk_backend *b, size_t n, const float *y, float *dx)
+{
+    (void)b;
+    for (size_t i = 0; i < n; i++)
+        dx[i] = psk_el_relu_grad(y[i], dx[i]);
+    return 0;
+}
+
+static int cpu_softmax_xent(struct psk_backend *b, int rows, int cols, const float *logits,
+                            const int *labels, float scale, float *dlogits, float *row_loss,
+                            int *pred)
+{
+    (void)b;
+    for (int r = 0; r < rows; r++) {
+        const float *x = logits + (size_t)r * cols;
+        float *d = dlogits + (size_t)r * cols;
+        int label = labels[r], arg = 0;
+        float m = x[0];
+        for (int c = 1; c < cols; c++)
+            if (x[c] > m) {
+                m = x[c];
+                arg = c;
+            }
+        float sum = 0.0f;
+        for (int c = 0; c < cols; c++)
+            sum += psk_exp_shifted(x[c], m);
+        int valid = label >= 0 && label < cols;
+        for (int c = 0; c < cols; c++)
+            d[c] = valid ? psk_xent_grad(psk_exp_shifted(x[c], m), sum, c == label, scale) : 0.0f;
+        row_loss[r] = valid ? psk_xent_loss(sum, m, x[label]) : 0.0f;
+        pred[r] = arg;
+    }
+    return 0;
+}
+
+static int cpu_col_sum(struct psk_backend *b, int rows, int cols, const float *x, float *out)
+{
+    (void)b;
+    for (int c = 0; c < cols; c++)
+        out[c] = 0.0f;
+    for (int r = 0; r < rows; r++)
+        for (int c = 0; c < cols; c++)
+            out[c] += x[(size_t)r * cols + c];
+    return 0;
+}
+
 static void cpu_close(struct psk_backend *b)
 {
     (void)b;
@@ -82,6 +145,13 @@ static const struct psk_ops cpu_ops = {
     .gemm = cpu_gemm,
     .axpy = cpu_axpy,
     .scale = cpu_scale,
+    .host_alloc = cpu_alloc,
+    .host_free = cpu_free,
+    .bias_add = cpu_bias_add,
+    .relu = cpu_relu,
+    .relu_backward = cpu_relu_backward,
+    .softmax_xent = cpu_softmax_xent,
+    .col_sum = cpu_col_sum,
     .close = cpu_close,
 };
 

@@ -90,6 +90,52 @@ static int cu_scale(struct psk_backend *b, size_t n, float a, float *x)
     return cuda_check(b, (cudaError_t)psk_cuda_launch_scale(state(b)->stream, n, a, x), "scale");
 }
 
+static int cu_host_alloc(struct psk_backend *b, size_t bytes, void **ptr)
+{
+    return cuda_check(b, cudaMallocHost(ptr, bytes == 0 ? 4 : bytes), "cudaMallocHost");
+}
+
+static void cu_host_free(struct psk_backend *b, void *ptr)
+{
+    (void)b;
+    cudaFreeHost(ptr);
+}
+
+static int cu_bias_add(struct psk_backend *b, int rows, int cols, const float *bias, float *y)
+{
+    return cuda_check(b,
+                      (cudaError_t)psk_cuda_launch_bias_add(state(b)->stream, rows, cols, bias, y),
+                      "bias_add");
+}
+
+static int cu_relu(struct psk_backend *b, size_t n, const float *x, float *y)
+{
+    return cuda_check(b, (cudaError_t)psk_cuda_launch_relu(state(b)->stream, n, x, y), "relu");
+}
+
+static int cu_relu_backward(struct psk_backend *b, size_t n, const float *y, float *dx)
+{
+    return cuda_check(b, (cudaError_t)psk_cuda_launch_relu_backward(state(b)->stream, n, y, dx),
+                      "relu_backward");
+}
+
+static int cu_softmax_xent(struct psk_backend *b, int rows, int cols, const float *logits,
+                           const int *labels, float scale, float *dlogits, float *row_loss,
+                           int *pred)
+{
+    return cuda_check(b,
+                      (cudaError_t)psk_cuda_launch_softmax_xent(state(b)->stream, rows, cols,
+                                                                logits, labels, scale, dlogits,
+                                                                row_loss, pred),
+                      "softmax_xent");
+}
+
+static int cu_col_sum(struct psk_backend *b, int rows, int cols, const float *x, float *out)
+{
+    return cuda_check(b, (cudaError_t)psk_cuda_launch_col_sum(state(b)->stream, rows, cols, x, out),
+                      "col_sum");
+}
+
 static void cu_close(struct psk_backend *b)
 {
     struct cuda_state *s = state(b);
@@ -112,6 +158,13 @@ static const struct psk_ops cuda_ops = {
     .gemm = cu_gemm,
     .axpy = cu_axpy,
     .scale = cu_scale,
+    .host_alloc = cu_host_alloc,
+    .host_free = cu_host_free,
+    .bias_add = cu_bias_add,
+    .relu = cu_relu,
+    .relu_backward = cu_relu_backward,
+    .softmax_xent = cu_softmax_xent,
+    .col_sum = cu_col_sum,
     .close = cu_close,
 };
 

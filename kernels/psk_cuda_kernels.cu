@@ -31,6 +31,72 @@ __global__ void scale_kernel(size_t n, float a, float *__restrict__ x)
         x[i] *= a;
 }
 
+#define PSK_GRID_STRIDE(i, n)                                                                      \
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (n);                         \
+         i += (size_t)gridDim.x * blockDim.x)
+
+__global__ void bias_add_kernel(size_t n, int cols, const float *__restrict__ bias,
+                                float *__restrict__ y)
+{
+    PSK_GRID_STRIDE(i, n)
+    y[i] += bias[i % (size_t)cols];
+}
+
+__global__ void relu_kernel(size_t n, const float *x, float *y)
+{
+    PSK_GRID_STRIDE(i, n)
+    y[i] = psk_el_relu(x[i]);
+}
+
+__global__ void relu_backward_kernel(size_t n, const float *__restrict__ y, float *__restrict__ dx)
+{
+    PSK_GRID_STRIDE(i, n)
+    dx[i] = psk_el_relu_grad(y[i], dx[i]);
+}
+
+// One thread per row: the class count is small (10 for Fashion-MNIST), and
+// the three steps are the same calls as the CPU loop's.
+__global__ void softmax_xent_kernel(int rows, int cols, const float *__restrict__ logits,
+                                    const int *__restrict__ labels, float scale,
+                                    float *__restrict__ dlogits, float *__restrict__ row_loss,
+                                    int *__restrict__ pred)
+{
+    int r = blockIdx.x * blockDim.x + threadIdx.x;
+    if (r >= rows)
+        return;
+    const float *x = logits + (size_t)r * cols;
+    float *d = dlogits + (size_t)r * cols;
+    int label = labels[r], arg = 0;
+    float m = x[0];
+    for (int c = 1; c < cols; c++)
+        if (x[c] > m) {
+            m = x[c];
+            arg = c;
+        }
+    float sum = 0.0f;
+    for (int c = 0; c < cols; c++)
+        sum += psk_exp_shifted(x[c], m);
+    bool valid = label >= 0 && label < cols;
+    for (int c = 0; c < cols; c++)
+        d[c] = valid ? psk_xent_grad(psk_exp_shifted(x[c], m), sum, c == label, scale) : 0.0f;
+    row_loss[r] = valid ? psk_xent_loss(sum, m, x[label]) : 0.0f;
+    pred[r] = arg;
+}
+
+// One thread per column; neighbouring threads read neighbouring addresses.
+// Rows are summed in order, like the CPU loop, so results match closely.
+__global__ void col_sum_kernel(int rows, int cols, const float *__restrict__ x,
+                               float *__restrict__ out)
+{
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= cols)
+        return;
+    float s = 0.0f;
+    for (int r = 0; r < rows; r++)
+        s += x[(size_t)r * cols + c];
+    out[c] = s;
+}
+
 } // namespace
 
 extern "C" int psk_cuda_launch_axpy(void *stream, size_t n, float a, const float *x, float *y)
@@ -46,5 +112,53 @@ extern "C" int psk_cuda_launch_scale(void *stream, size_t n, float a, float *x)
     if (n == 0)
         return 0;
     scale_kernel<<<grid_for(n), kBlock, 0, (cudaStream_t)stream>>>(n, a, x);
+    return (int)cudaGetLastError();
+}
+
+extern "C" int psk_cuda_launch_bias_add(void *stream, int rows, int cols, const float *bias,
+                                        float *y)
+{
+    size_t n = (size_t)rows * cols;
+    if (n == 0)
+        return 0;
+    bias_add_kernel<<<grid_for(n), kBlock, 0, (cudaStream_t)stream>>>(n, cols, bias, y);
+    return (int)cudaGetLastError();
+}
+
+extern "C" int psk_cuda_launch_relu(void *stream, size_t n, const float *x, float *y)
+{
+    if (n == 0)
+        return 0;
+    relu_kernel<<<grid_for(n), kBlock, 0, (cudaStream_t)stream>>>(n, x, y);
+    return (int)cudaGetLastError();
+}
+
+extern "C" int psk_cuda_launch_relu_backward(void *stream, size_t n, const float *y, float *dx)
+{
+    if (n == 0)
+        return 0;
+    relu_backward_kernel<<<grid_for(n), kBlock, 0, (cudaStream_t)stream>>>(n, y, dx);
+    return (int)cudaGetLastError();
+}
+
+extern "C" int psk_cuda_launch_softmax_xent(void *stream, int rows, int cols, const float *logits,
+                                            const int *labels, float scale, float *dlogits,
+                                            float *row_loss, int *pred)
+{
+    if (rows <= 0)
+        return 0;
+    unsigned blocks = (unsigned)((rows + kBlock - 1) / kBlock);
+    softmax_xent_kernel<<<blocks, kBlock, 0, (cudaStream_t)stream>>>(rows, cols, logits, labels,
+                                                                     scale, dlogits, row_loss, pred);
+    return (int)cudaGetLastError();
+}
+
+extern "C" int psk_cuda_launch_col_sum(void *stream, int rows, int cols, const float *x,
+                                       float *out)
+{
+    if (cols <= 0)
+        return 0;
+    unsigned blocks = (unsigned)((cols + kBlock - 1) / kBlock);
+    col_sum_kernel<<<blocks, kBlock, 0, (cudaStream_t)stream>>>(rows, cols, x, out);
     return (int)cudaGetLastError();
 }

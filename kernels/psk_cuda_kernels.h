@@ -12,6 +12,13 @@ extern "C" {
 
 int psk_cuda_launch_axpy(void *stream, size_t n, float a, const float *x, float *y);
 int psk_cuda_launch_scale(void *stream, size_t n, float a, float *x);
+int psk_cuda_launch_bias_add(void *stream, int rows, int cols, const float *bias, float *y);
+int psk_cuda_launch_relu(void *stream, size_t n, const float *x, float *y);
+int psk_cuda_launch_relu_backward(void *stream, size_t n, const float *y, float *dx);
+int psk_cuda_launch_softmax_xent(void *stream, int rows, int cols, const float *logits,
+                                 const int *labels, float scale, float *dlogits, float *row_loss,
+                                 int *pred);
+int psk_cuda_launch_col_sum(void *stream, int rows, int cols, const float *x, float *out);
 
 #ifdef __cplusplus
 }

@@ -15,6 +15,14 @@ struct psk_ops {
                 const float *a, int lda, const float *bm, int ldb, float beta, float *c, int ldc);
     int (*axpy)(struct psk_backend *b, size_t n, float a, const float *x, float *y);
     int (*scale)(struct psk_backend *b, size_t n, float a, float *x);
+    int (*host_alloc)(struct psk_backend *b, size_t bytes, void **ptr);
+    void (*host_free)(struct psk_backend *b, void *ptr);
+    int (*bias_add)(struct psk_backend *b, int rows, int cols, const float *bias, float *y);
+    int (*relu)(struct psk_backend *b, size_t n, const float *x, float *y);
+    int (*relu_backward)(struct psk_backend *b, size_t n, const float *y, float *dx);
+    int (*softmax_xent)(struct psk_backend *b, int rows, int cols, const float *logits,
+                        const int *labels, float scale, float *dlogits, float *row_loss, int *pred);
+    int (*col_sum)(struct psk_backend *b, int rows, int cols, const float *x, float *out);
     void (*close)(struct psk_backend *b);
 };
 

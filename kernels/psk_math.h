@@ -21,15 +21,35 @@ PSK_HD float psk_axpy1(float a, float x, float y)
     return a * x + y;
 }
 
-PSK_HD float psk_relu(float x)
+PSK_HD float psk_el_relu(float x)
 {
     return x > 0.0f ? x : 0.0f;
 }
 
 /* d relu / dx given the forward input (0 at x == 0, like PyTorch). */
-PSK_HD float psk_relu_grad(float x, float dy)
+PSK_HD float psk_el_relu_grad(float x, float dy)
 {
     return x > 0.0f ? dy : 0.0f;
+}
+
+/* Softmax / cross-entropy, one row at a time, in three steps that the CPU
+ * loop and the CUDA kernel both call: the row maximum m (for stability),
+ * the sum of exp(x - m), then per element the probability and gradient. */
+PSK_HD float psk_exp_shifted(float x, float m)
+{
+    return expf(x - m);
+}
+
+/* -log softmax(x)[label] = log(sum) + m - x[label]. */
+PSK_HD float psk_xent_loss(float sum, float m, float x_label)
+{
+    return logf(sum) + m - x_label;
+}
+
+/* d loss / d x = (softmax - onehot) * scale (scale = 1/batch for a mean). */
+PSK_HD float psk_xent_grad(float e, float sum, int is_label, float scale)
+{
+    return (e / sum - (is_label ? 1.0f : 0.0f)) * scale;
 }
 
 /* Gradient with L2 weight decay folded in (PyTorch's weight_decay). */

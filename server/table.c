@@ -1,7 +1,7 @@
 /* Dense table storage and the optimizer loops over psk_math.h. */
 #include "table.h"
 
-#include "psk_math.h"
+#include "psk_optim.h"
 
 #include "ps_err.h"
 #include "ps_init.h"
@@ -15,18 +15,7 @@
 
 const char *psd_optimizer_name(int kind)
 {
-    switch (kind) {
-    case PS__OPTIMIZER_KIND__OPT_SGD:
-        return "sgd";
-    case PS__OPTIMIZER_KIND__OPT_MOMENTUM:
-        return "momentum";
-    case PS__OPTIMIZER_KIND__OPT_ADAGRAD:
-        return "adagrad";
-    case PS__OPTIMIZER_KIND__OPT_ADAM:
-        return "adam";
-    default:
-        return "?";
-    }
+    return psk_optim_name(kind);
 }
 
 static float *alloc_floats(uint64_t n, int zero)
@@ -36,19 +25,6 @@ static float *alloc_floats(uint64_t n, int zero)
     if (p != NULL && zero)
         memset(p, 0, bytes == 0 ? 64 : bytes);
     return p;
-}
-
-static int state_arrays(Ps__OptimizerKind k)
-{
-    switch (k) {
-    case PS__OPTIMIZER_KIND__OPT_MOMENTUM:
-    case PS__OPTIMIZER_KIND__OPT_ADAGRAD:
-        return 1;
-    case PS__OPTIMIZER_KIND__OPT_ADAM:
-        return 2;
-    default:
-        return 0;
-    }
 }
 
 int psd_table_create(const Ps__TableSpec *spec, uint32_t id, uint32_t shard, uint32_t shards,
@@ -74,7 +50,7 @@ int psd_table_create(const Ps__TableSpec *spec, uint32_t id, uint32_t shard, uin
     t->init_scale = spec->init_scale;
     t->seed = spec->seed;
     uint64_t n = t->hi - t->lo;
-    int ns = state_arrays(t->optimizer);
+    int ns = psk_optim_state_arrays((int)t->optimizer);
     t->w = alloc_floats(n, 0);
     t->s1 = ns >= 1 ? alloc_floats(n, 1) : NULL;
     t->s2 = ns >= 2 ? alloc_floats(n, 1) : NULL;
@@ -117,39 +93,19 @@ void psd_table_apply(struct psd_table *t, uint64_t offset, uint64_t count, const
     assert(offset >= t->lo);
     assert(count <= t->hi - offset);
     size_t base = (size_t)(offset - t->lo);
-    float *restrict w = t->w + base;
-    const float lr = t->lr, wd = t->weight_decay;
+    struct psk_optim o = {
+        .kind = (int)t->optimizer,
+        .lr = t->lr,
+        .weight_decay = t->weight_decay,
+        .momentum = t->momentum,
+        .beta1 = t->beta1,
+        .beta2 = t->beta2,
+        .eps = t->eps,
+        .nesterov = t->nesterov,
+    };
     t->steps++;
-    switch (t->optimizer) {
-    case PS__OPTIMIZER_KIND__OPT_MOMENTUM: {
-        float *restrict v = t->s1 + base;
-        for (size_t i = 0; i < count; i++)
-            w[i] =
-                psk_momentum(w[i], psk_decay(g[i], w[i], wd), &v[i], lr, t->momentum, t->nesterov);
-        break;
-    }
-    case PS__OPTIMIZER_KIND__OPT_ADAGRAD: {
-        float *restrict h = t->s1 + base;
-        for (size_t i = 0; i < count; i++)
-            w[i] = psk_adagrad(w[i], psk_decay(g[i], w[i], wd), &h[i], lr, t->eps);
-        break;
-    }
-    case PS__OPTIMIZER_KIND__OPT_ADAM: {
-        float *restrict m = t->s1 + base;
-        float *restrict v = t->s2 + base;
-        float bc1 = (float)(1.0 - pow((double)t->beta1, (double)t->steps));
-        float bc2 = (float)(1.0 - pow((double)t->beta2, (double)t->steps));
-        for (size_t i = 0; i < count; i++)
-            w[i] = psk_adam(w[i], psk_decay(g[i], w[i], wd), &m[i], &v[i], lr, t->beta1, t->beta2,
-                            t->eps, bc1, bc2);
-        break;
-    }
-    case PS__OPTIMIZER_KIND__OPT_SGD:
-    default:
-        for (size_t i = 0; i < count; i++)
-            w[i] = psk_sgd(w[i], psk_decay(g[i], w[i], wd), lr);
-        break;
-    }
+    psk_optim_apply(&o, t->steps, t->w + base, t->s1 ? t->s1 + base : NULL,
+                    t->s2 ? t->s2 + base : NULL, g, (size_t)count);
 }
 
 void psd_table_read(const struct psd_table *t, uint64_t offset, uint64_t count, float *out)

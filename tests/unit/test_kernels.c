@@ -121,11 +121,68 @@ static void test_open_errors(void **state)
     assert_null(b);
 }
 
+static void test_layer_ops_cpu(void **state)
+{
+    (void)state;
+    struct psk_backend *b = NULL;
+    char err[256];
+    assert_int_equal(psk_open("cpu", &b, err, sizeof err), 0);
+    enum { R = 5, C = 4 };
+    float x[R * C], y[R * C], d[R * C], loss[R], cs[C];
+    const float bias[C] = {0.5f, -1.0f, 0.0f, 2.0f};
+    int lab[R] = {0, 3, 2, 1, 7 /* out of range: no gradient */}, pred[R];
+    uint64_t seed = 3;
+    for (int i = 0; i < R * C; i++)
+        x[i] = y[i] = 3.0f * frand(&seed);
+    assert_int_equal(psk_bias_add(b, R, C, bias, y), 0);
+    for (int i = 0; i < R * C; i++)
+        assert_true(y[i] == x[i] + bias[i % C]);
+    assert_int_equal(psk_relu(b, R * C, y, y), 0);
+    for (int i = 0; i < R * C; i++)
+        assert_true(y[i] == (x[i] + bias[i % C] > 0 ? x[i] + bias[i % C] : 0.0f));
+    assert_int_equal(psk_softmax_xent(b, R, C, x, lab, 0.5f, d, loss, pred), 0);
+    for (int r = 0; r < R; r++) {
+        double m = -1e30, s = 0;
+        int arg = 0;
+        for (int c = 0; c < C; c++)
+            if (x[r * C + c] > m) {
+                m = x[r * C + c];
+                arg = c;
+            }
+        for (int c = 0; c < C; c++)
+            s += exp(x[r * C + c] - m);
+        assert_int_equal(pred[r], arg);
+        if (r == R - 1) {
+            assert_true(loss[r] == 0.0f);
+            for (int c = 0; c < C; c++)
+                assert_true(d[r * C + c] == 0.0f);
+            continue;
+        }
+        assert_float_equal(loss[r], log(s) + m - x[r * C + lab[r]], 1e-5);
+        for (int c = 0; c < C; c++) {
+            double p = exp(x[r * C + c] - m) / s;
+            assert_float_equal(d[r * C + c], (p - (c == lab[r])) * 0.5, 1e-6);
+        }
+    }
+    assert_int_equal(psk_col_sum(b, R, C, x, cs), 0);
+    for (int c = 0; c < C; c++) {
+        double s = 0;
+        for (int r = 0; r < R; r++)
+            s += x[r * C + c];
+        assert_float_equal(cs[c], s, 1e-5);
+    }
+    memcpy(d, x, sizeof d);
+    assert_int_equal(psk_relu_backward(b, R * C, y, d), 0);
+    for (int i = 0; i < R * C; i++)
+        assert_true(d[i] == (y[i] > 0 ? x[i] : 0.0f));
+    psk_close(b);
+}
+
 static void test_shared_math(void **state)
 {
     (void)state;
-    assert_true(psk_relu(-1.0f) == 0.0f && psk_relu(2.0f) == 2.0f);
-    assert_true(psk_relu_grad(0.0f, 3.0f) == 0.0f && psk_relu_grad(0.1f, 3.0f) == 3.0f);
+    assert_true(psk_el_relu(-1.0f) == 0.0f && psk_el_relu(2.0f) == 2.0f);
+    assert_true(psk_el_relu_grad(0.0f, 3.0f) == 0.0f && psk_el_relu_grad(0.1f, 3.0f) == 3.0f);
     float v = 0.0f;
     assert_float_equal(psk_momentum(1.0f, 0.5f, &v, 0.1f, 0.9f, 0), 0.95f, 1e-7);
     assert_true(v == 0.5f);
@@ -135,9 +192,8 @@ static void test_shared_math(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_gemm),
-        cmocka_unit_test(test_axpy_scale),
-        cmocka_unit_test(test_open_errors),
+        cmocka_unit_test(test_gemm),        cmocka_unit_test(test_axpy_scale),
+        cmocka_unit_test(test_open_errors), cmocka_unit_test(test_layer_ops_cpu),
         cmocka_unit_test(test_shared_math),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

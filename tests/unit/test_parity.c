@@ -67,6 +67,108 @@ static int run_gemm(struct psk_backend *b, int ta, int tb, int m, int n, int k, 
     return rc;
 }
 
+/* Uploads n floats (or ints) to a fresh device buffer. */
+static void *dev_copy(struct psk_backend *b, const void *h, size_t bytes)
+{
+    void *d = NULL;
+    if (psk_alloc(b, bytes + 4, &d) != 0)
+        return NULL;
+    if (bytes > 0 && psk_upload(b, d, h, bytes) != 0) {
+        psk_free(b, d);
+        return NULL;
+    }
+    return d;
+}
+
+/* The layer ops of one MLP step on backend b: bias add, relu, relu
+ * backward, softmax+xent, column sums. Outputs land in the host arrays. */
+static int run_layer_ops(struct psk_backend *b, int rows, int cols, const float *x,
+                         const float *bias, const int *labels, float *y, float *dx, float *dlog,
+                         float *loss, int *pred, float *colsum)
+{
+    size_t n = (size_t)rows * cols, nb = n * 4;
+    float *dx_ = dev_copy(b, x, nb), *db = dev_copy(b, bias, (size_t)cols * 4);
+    float *dy = dev_copy(b, x, nb), *dd = dev_copy(b, x, nb), *dl = dev_copy(b, x, nb);
+    float *dloss = dev_copy(b, loss, (size_t)rows * 4),
+          *dcs = dev_copy(b, colsum, (size_t)cols * 4);
+    int *dlab = dev_copy(b, labels, (size_t)rows * 4), *dpred = dev_copy(b, pred, (size_t)rows * 4);
+    int rc = !dx_ || !db || !dy || !dd || !dl || !dloss || !dcs || !dlab || !dpred;
+    rc = rc || psk_bias_add(b, rows, cols, db, dy) || psk_relu(b, n, dy, dy) ||
+         psk_relu_backward(b, n, dy, dd) ||
+         psk_softmax_xent(b, rows, cols, dx_, dlab, 1.0f / (rows ? rows : 1), dl, dloss, dpred) ||
+         psk_col_sum(b, rows, cols, dl, dcs) || psk_download(b, y, dy, nb) ||
+         psk_download(b, dx, dd, nb) || psk_download(b, dlog, dl, nb) ||
+         psk_download(b, loss, dloss, (size_t)rows * 4) ||
+         psk_download(b, pred, dpred, (size_t)rows * 4) ||
+         psk_download(b, colsum, dcs, (size_t)cols * 4);
+    void *all[] = {dx_, db, dy, dd, dl, dloss, dcs, dlab, dpred};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        psk_free(b, all[i]);
+    return rc;
+}
+
+static void layer_case(struct psk_backend *cpu, struct psk_backend *gpu, int rows, int cols,
+                       uint64_t *seed)
+{
+    size_t n = (size_t)rows * cols;
+    float *x = malloc(n * 4 + 4), *bias = malloc((size_t)cols * 4 + 4);
+    int *lab = malloc((size_t)rows * 4 + 4);
+    for (size_t i = 0; i < n; i++)
+        x[i] = 4.0f * frand(seed);
+    for (int c = 0; c < cols; c++)
+        bias[c] = frand(seed);
+    for (int r = 0; r < rows; r++)
+        lab[r] = (int)((frand(seed) + 1.0f) * 0.5f * cols) % cols;
+    float *out[2][5];
+    int *pred[2];
+    struct psk_backend *bk[2] = {cpu, gpu};
+    int rc = 0;
+    for (int k = 0; k < 2; k++) {
+        for (int j = 0; j < 3; j++) {
+            out[k][j] = malloc(n * 4 + 4);
+            for (size_t i = 0; i < n; i++)
+                out[k][j][i] = NAN; /* poison */
+        }
+        out[k][3] = malloc((size_t)rows * 4 + 4);
+        out[k][4] = malloc((size_t)cols * 4 + 4);
+        pred[k] = malloc((size_t)rows * 4 + 4);
+        for (int r = 0; r < rows; r++) {
+            out[k][3][r] = NAN;
+            pred[k][r] = -1;
+        }
+        for (int c = 0; c < cols; c++)
+            out[k][4][c] = NAN;
+        rc |= run_layer_ops(bk[k], rows, cols, x, bias, lab, out[k][0], out[k][1], out[k][2],
+                            out[k][3], pred[k], out[k][4]);
+    }
+    char what[96];
+    if (rc != 0) {
+        printf("FAIL: layer ops %dx%d: %s\n", rows, cols, psk_last_error(gpu));
+        failures++;
+    } else {
+        const char *names[5] = {"bias_add+relu", "relu_backward", "softmax_xent grad",
+                                "softmax_xent loss", "col_sum"};
+        size_t lens[5] = {n, n, n, (size_t)rows, (size_t)cols};
+        for (int j = 0; j < 5; j++) {
+            snprintf(what, sizeof what, "%s %dx%d", names[j], rows, cols);
+            check(what, out[1][j], out[0][j], lens[j], 1e-5);
+        }
+        int mism = 0;
+        for (int r = 0; r < rows; r++)
+            mism += pred[0][r] != pred[1][r];
+        printf("%-40s mismatches=%d %s\n", "argmax", mism, mism ? "FAIL" : "ok");
+        failures += mism != 0;
+    }
+    for (int k = 0; k < 2; k++) {
+        for (int j = 0; j < 5; j++)
+            free(out[k][j]);
+        free(pred[k]);
+    }
+    free(x);
+    free(bias);
+    free(lab);
+}
+
 int main(void)
 {
     if (!psk_cuda_built()) {
@@ -136,6 +238,9 @@ int main(void)
             free(c2);
         }
     }
+    const int lshapes[][2] = {{0, 10}, {1, 1}, {17, 10}, {257, 10}, {64, 256}, {1000, 3}};
+    for (size_t si = 0; si < sizeof lshapes / sizeof lshapes[0]; si++)
+        layer_case(cpu, gpu, lshapes[si][0], lshapes[si][1], &seed);
     psk_close(cpu);
     psk_close(gpu);
     printf("parity: %d failure(s)\n", failures);

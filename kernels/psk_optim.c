@@ -1,0 +1,65 @@
+/* Optimizer loops over psk_math.h's per-element rules. */
+#include "psk_optim.h"
+
+#include "psk_math.h"
+
+#include <math.h>
+#include <string.h>
+
+static const char *const names[] = {"sgd", "momentum", "adagrad", "adam"};
+
+int psk_optim_state_arrays(int kind)
+{
+    switch (kind) {
+    case PSK_OPT_MOMENTUM:
+    case PSK_OPT_ADAGRAD:
+        return 1;
+    case PSK_OPT_ADAM:
+        return 2;
+    default:
+        return 0;
+    }
+}
+
+const char *psk_optim_name(int kind)
+{
+    return kind >= 0 && kind <= PSK_OPT_ADAM ? names[kind] : "?";
+}
+
+int psk_optim_parse(const char *name)
+{
+    for (int i = 0; i <= PSK_OPT_ADAM; i++)
+        if (strcmp(name, names[i]) == 0)
+            return i;
+    return -1;
+}
+
+void psk_optim_apply(const struct psk_optim *o, uint64_t step, float *restrict w,
+                     float *restrict s1, float *restrict s2, const float *restrict g, size_t n)
+{
+    const float lr = o->lr, wd = o->weight_decay;
+    switch (o->kind) {
+    case PSK_OPT_MOMENTUM:
+        for (size_t i = 0; i < n; i++)
+            w[i] =
+                psk_momentum(w[i], psk_decay(g[i], w[i], wd), &s1[i], lr, o->momentum, o->nesterov);
+        break;
+    case PSK_OPT_ADAGRAD:
+        for (size_t i = 0; i < n; i++)
+            w[i] = psk_adagrad(w[i], psk_decay(g[i], w[i], wd), &s1[i], lr, o->eps);
+        break;
+    case PSK_OPT_ADAM: {
+        float bc1 = (float)(1.0 - pow((double)o->beta1, (double)step));
+        float bc2 = (float)(1.0 - pow((double)o->beta2, (double)step));
+        for (size_t i = 0; i < n; i++)
+            w[i] = psk_adam(w[i], psk_decay(g[i], w[i], wd), &s1[i], &s2[i], lr, o->beta1, o->beta2,
+                            o->eps, bc1, bc2);
+        break;
+    }
+    case PSK_OPT_SGD:
+    default:
+        for (size_t i = 0; i < n; i++)
+            w[i] = psk_sgd(w[i], psk_decay(g[i], w[i], wd), lr);
+        break;
+    }
+}

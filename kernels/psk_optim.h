@@ -1,0 +1,37 @@
+/* Optimizer update loops over host arrays: the one implementation that the
+ * server applies to its shards and `psworker --standalone` applies locally,
+ * so both train with the same code. The per-element rules are psk_math.h.
+ * Plain CPU code, no backend: the server links it without any CUDA. */
+#ifndef PSK_OPTIM_H
+#define PSK_OPTIM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Same numbers as ps.OptimizerKind. */
+enum psk_optim_kind {
+    PSK_OPT_SGD = 0,
+    PSK_OPT_MOMENTUM = 1,
+    PSK_OPT_ADAGRAD = 2,
+    PSK_OPT_ADAM = 3,
+};
+
+struct psk_optim {
+    int kind;
+    float lr, weight_decay, momentum, beta1, beta2, eps;
+    int nesterov;
+};
+
+/* State arrays the kind needs beside the weights (0, 1 or 2). */
+int psk_optim_state_arrays(int kind);
+/* "sgd", "momentum", "adagrad", "adam" or "?". */
+const char *psk_optim_name(int kind);
+/* Parses a name; returns the kind or -1. */
+int psk_optim_parse(const char *name);
+
+/* One update of w[0..n) with gradient g; step is 1-based (Adam's t). s1/s2
+ * are the state arrays (NULL when the kind needs fewer). */
+void psk_optim_apply(const struct psk_optim *o, uint64_t step, float *w, float *s1, float *s2,
+                     const float *g, size_t n);
+
+#endif
