@@ -34,6 +34,11 @@
 /* Decoding arena for one header (protobuf-c unpack allocates from it). */
 #define PS_ARENA_BYTES_SERVER (4u * PS_HEADER_BYTES_MAX)
 
+/* Requests a server keeps waiting (deferred pulls) and a routing id's size. */
+#define PS_WAITS_MAX               4096u
+#define PS_ROUTE_ID_MAX            256u /* ZeroMQ routing ids are at most 255 bytes */
+#define PS_WAIT_TIMEOUT_MS_DEFAULT 120000u
+
 /* Event loop fairness: messages handled per readiness callback. */
 #define PS_DRAIN_BATCH_MAX 64u
 

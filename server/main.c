@@ -21,6 +21,9 @@ struct psd_config {
     uint64_t shards;
     uint64_t max_message_bytes;
     uint64_t io_threads;
+    const char *consistency;
+    uint64_t workers;
+    uint64_t wait_timeout_ms;
     const char *log_level;
     const char *endpoint_file;
     int help;
@@ -42,6 +45,12 @@ static const struct ps_opt psd_opts[] = {
         PS_MESSAGE_BYTES_MAX, "BYTES",
         "largest frame accepted; a peer sending more is disconnected"),
     OPT("io-threads", PS_OPT_U64, io_threads, "1", 1, 16, "N", "ZeroMQ I/O threads"),
+    OPT("consistency", PS_OPT_STR, consistency, "asp", 0, 0, "MODE",
+        "bsp, ssp:K (no worker more than K clocks ahead) or asp"),
+    OPT("workers", PS_OPT_U64, workers, "1", 1, PS_WORKERS_MAX, "W",
+        "workers expected (bsp/ssp wait for worker ids 0..W-1)"),
+    OPT("wait-timeout-ms", PS_OPT_U64, wait_timeout_ms, "120000", 100, 86400000, "MS",
+        "longest a pull waits for its clock before an error reply naming who is missing"),
     OPT("log-level", PS_OPT_STR, log_level, "info", 0, 0, "LEVEL", "error, warn, info or debug"),
     OPT("endpoint-file", PS_OPT_STR, endpoint_file, NULL, 0, 0, "PATH",
         "write the bound endpoint here once listening (for scripts and tests)"),
@@ -57,13 +66,21 @@ struct app {
     struct psd_net net;
     uv_loop_t loop;
     uv_signal_t sigint, sigterm;
+    uv_timer_t tick;
 };
+
+static void on_tick(uv_timer_t *h)
+{
+    struct app *a = h->data;
+    psd_tick(&a->srv);
+}
 
 static void on_signal(uv_signal_t *h, int signum)
 {
     struct app *a = h->data;
     PS_LOG(&a->log, PS_LOG_INFO, "S0020", "signal %d: shutting down", signum);
     psd_net_stop(&a->net);
+    uv_close((uv_handle_t *)&a->tick, NULL);
     uv_close((uv_handle_t *)&a->sigint, NULL);
     uv_close((uv_handle_t *)&a->sigterm, NULL);
 }
@@ -86,7 +103,8 @@ static int write_endpoint_file(const char *path, const char *endpoint)
     return 0;
 }
 
-static int parse_config(struct psd_config *cfg, int argc, char **argv, int *level)
+static int parse_config(struct psd_config *cfg, int argc, char **argv, int *level,
+                        struct psd_cons *cons)
 {
     char err[256];
     memset(cfg, 0, sizeof *cfg);
@@ -115,6 +133,12 @@ static int parse_config(struct psd_config *cfg, int argc, char **argv, int *leve
                 cfg->log_level);
         return 2;
     }
+    if (psd_cons_parse(cfg->consistency, cons) != 0) {
+        fprintf(stderr, "psd: --consistency: '%s' is not bsp, asp or ssp:K (K in 0..1000000)\n",
+                cfg->consistency);
+        return 2;
+    }
+    cons->workers = (uint32_t)cfg->workers;
     return -1;
 }
 
@@ -122,14 +146,21 @@ int main(int argc, char **argv)
 {
     struct psd_config cfg;
     int level = PS_LOG_INFO;
-    int rc = parse_config(&cfg, argc, argv, &level);
+    struct psd_cons cons;
+    int rc = parse_config(&cfg, argc, argv, &level, &cons);
     if (rc >= 0)
         return rc;
 
     static struct app a; /* large (header buffer); static, not on the stack */
     ps_log_init(&a.log, "psd", level);
-    if (psd_init(&a.srv, &a.log, (uint32_t)cfg.shard, (uint32_t)cfg.shards,
-                 cfg.max_message_bytes) != 0) {
+    struct psd_params params = {
+        .shard = (uint32_t)cfg.shard,
+        .shards = (uint32_t)cfg.shards,
+        .value_bytes_max = cfg.max_message_bytes,
+        .cons = cons,
+        .wait_timeout_ms = cfg.wait_timeout_ms,
+    };
+    if (psd_init(&a.srv, &a.log, &params) != 0) {
         PS_LOG(&a.log, PS_LOG_ERROR, "S0001", "out of memory at start");
         return 1;
     }
@@ -147,10 +178,14 @@ int main(int argc, char **argv)
     a.sigint.data = a.sigterm.data = &a;
     uv_signal_start(&a.sigint, on_signal, SIGINT);
     uv_signal_start(&a.sigterm, on_signal, SIGTERM);
+    uv_timer_init(&a.loop, &a.tick);
+    a.tick.data = &a;
+    uv_timer_start(&a.tick, on_tick, 250, 250);
 
-    PS_LOG(&a.log, PS_LOG_INFO, "S0010", "shard %llu of %llu listening on %s (psd %s)",
+    PS_LOG(&a.log, PS_LOG_INFO, "S0010",
+           "shard %llu of %llu listening on %s (psd %s, %s, %llu workers)",
            (unsigned long long)cfg.shard, (unsigned long long)cfg.shards, a.net.endpoint,
-           PSD_VERSION);
+           PSD_VERSION, cfg.consistency, (unsigned long long)cfg.workers);
     if (cfg.endpoint_file != NULL && write_endpoint_file(cfg.endpoint_file, a.net.endpoint) != 0)
         PS_LOG(&a.log, PS_LOG_ERROR, "S0003", "--endpoint-file: cannot write '%s'",
                cfg.endpoint_file);

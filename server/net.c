@@ -19,10 +19,10 @@ static void free_values(void *data, void *hint)
     free(data);
 }
 
-static int send_reply(struct psd_net *n, zmq_msg_t *route, struct psd_reply *rep)
+static int send_reply(struct psd_net *n, const void *route, size_t route_len, struct psd_reply *rep)
 {
     int more = rep->vals != NULL;
-    if (zmq_msg_send(route, n->sock, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0)
+    if (zmq_send(n->sock, route, route_len, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0)
         goto drop;
     if (zmq_send(n->sock, rep->hdr, rep->hdr_len, (more ? ZMQ_SNDMORE : 0) | ZMQ_DONTWAIT) < 0)
         goto drop; /* cannot happen after the first part went; kept for safety */
@@ -65,12 +65,18 @@ static int on_readable(struct ps_zsock *zs, void *arg)
         frames[i - 1].data = zmq_msg_data(&parts[i]);
         frames[i - 1].size = zmq_msg_size(&parts[i]);
     }
+    struct ps_frame route = {zmq_msg_data(&parts[0]), zmq_msg_size(&parts[0])};
     struct psd_reply rep;
-    psd_dispatch(n->srv, frames, total - 1, &rep);
-    send_reply(n, &parts[0], &rep);
+    if (psd_dispatch(n->srv, &route, frames, total - 1, &rep))
+        send_reply(n, route.data, route.size, &rep);
     for (size_t i = 0; i < kept; i++)
         zmq_msg_close(&parts[i]);
     return 0;
+}
+
+static void send_deferred(void *ctx, const void *route, size_t route_len, struct psd_reply *rep)
+{
+    send_reply(ctx, route, route_len, rep);
 }
 
 static int set_int(void *sock, int opt, int v)
@@ -106,6 +112,7 @@ int psd_net_start(struct psd_net *n, struct psd *srv, uv_loop_t *loop, const cha
     size_t len = sizeof n->endpoint;
     if (zmq_getsockopt(n->sock, ZMQ_LAST_ENDPOINT, n->endpoint, &len) != 0)
         snprintf(n->endpoint, sizeof n->endpoint, "%s", listen);
+    psd_set_sender(srv, send_deferred, n);
     int rc = ps_zsock_start(loop, &n->zs, n->sock, on_readable, n);
     if (rc != 0) {
         snprintf(err, errlen, "cannot watch the socket on the event loop");

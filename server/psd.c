@@ -9,31 +9,52 @@
 #include <string.h>
 #include <uv.h>
 
-int psd_init(struct psd *s, struct ps_log *log, uint32_t shard, uint32_t shards,
-             uint64_t value_bytes_max)
+static uint64_t now_ms(void)
+{
+    return uv_hrtime() / 1000000u;
+}
+
+int psd_init(struct psd *s, struct ps_log *log, const struct psd_params *p)
 {
     memset(s, 0, sizeof *s);
     s->log = log;
-    s->shard = shard;
-    s->shards = shards;
-    s->value_bytes_max = value_bytes_max;
+    s->shard = p->shard;
+    s->shards = p->shards;
+    s->value_bytes_max = p->value_bytes_max;
+    s->cons = p->cons;
+    if (s->cons.workers == 0)
+        s->cons.workers = 1;
+    s->wait_timeout_ms = p->wait_timeout_ms ? p->wait_timeout_ms : PS_WAIT_TIMEOUT_MS_DEFAULT;
     s->start_ns = uv_hrtime();
     s->arena_buf = malloc(PS_ARENA_BYTES_SERVER);
-    if (s->arena_buf == NULL)
+    s->waits = calloc(PS_WAITS_MAX, sizeof *s->waits);
+    if (s->arena_buf == NULL || s->waits == NULL) {
+        psd_fini(s);
         return PS_ENOMEM;
+    }
     ps_arena_init(&s->arena, s->arena_buf, PS_ARENA_BYTES_SERVER);
     return 0;
 }
 
+void psd_set_sender(struct psd *s, psd_send_cb send, void *ctx)
+{
+    s->send = send;
+    s->send_ctx = ctx;
+}
+
 void psd_fini(struct psd *s)
 {
-    for (uint32_t i = 0; i < s->ntables; i++)
+    for (uint32_t i = 0; i < s->ntables; i++) {
+        psd_cons_table_fini(&s->cons, s->tables[i]);
         psd_table_destroy(s->tables[i]);
+    }
     s->ntables = 0;
     free(s->arena_buf);
     free(s->scratch);
+    free(s->waits);
     s->arena_buf = NULL;
     s->scratch = NULL;
+    s->waits = NULL;
 }
 
 /* ---- replies ---------------------------------------------------------- */
@@ -82,9 +103,8 @@ static void reply_error(struct psd *s, const Ps__Header *req, int code, const ch
     s->ctr.errors++;
     s->errors_logged++;
     if (s->errors_logged <= 20 || s->errors_logged % 1000 == 0)
-        PS_LOG(s->log, PS_LOG_WARN, "S0200",
-               "bad request from worker %u (%s): %s [%s] (%llu so far)", req ? req->worker_id : 0,
-               req ? ps_op_name(req->op) : "?", buf, ps_err_name(code),
+        PS_LOG(s->log, PS_LOG_WARN, "S0200", "error reply to worker %u (%s): %s [%s] (%llu so far)",
+               req ? req->worker_id : 0, req ? ps_op_name(req->op) : "?", buf, ps_err_name(code),
                (unsigned long long)s->ctr.errors);
     free(rep->vals);
     rep->vals = NULL;
@@ -142,6 +162,10 @@ static void op_create(struct psd *s, const Ps__Header *req, struct psd_reply *re
             return;
         }
         int rc = psd_table_create(spec, s->ntables, s->shard, s->shards, &t);
+        if (rc == 0 && (rc = psd_cons_table_init(&s->cons, t)) != 0) {
+            psd_cons_table_fini(&s->cons, t);
+            psd_table_destroy(t);
+        }
         if (rc != 0) {
             reply_errorf(s, req, rc, rep, "cannot allocate table '%s' of %llu elements", spec->name,
                          (unsigned long long)spec->size);
@@ -211,41 +235,166 @@ static const float *aligned_values(struct psd *s, const struct ps_wire_msg *m)
     return s->scratch;
 }
 
-static void op_data(struct psd *s, const struct ps_wire_msg *m, struct psd_reply *rep)
+/* Fills rep with the weights of [offset, offset+count) of t. */
+static void reply_values(struct psd *s, const Ps__Header *req, struct psd_table *t, uint64_t offset,
+                         uint64_t count, struct psd_reply *rep)
+{
+    size_t bytes = (size_t)count * sizeof(float);
+    void *out = aligned_alloc(64, (bytes + 63u) & ~(size_t)63u);
+    if (out == NULL) {
+        reply_errorf(s, req, PS_ENOMEM, rep, "%s: cannot allocate %zu reply bytes",
+                     ps_op_name(req->op), bytes);
+        return;
+    }
+    psd_table_read(t, offset, count, out);
+    t->pulls++;
+    Ps__Header h;
+    reply_init(&h, req);
+    h.offset = offset;
+    h.count = count;
+    h.dim = 1;
+    h.dtype = PS__DTYPE__DTYPE_F32;
+    h.clock = psd_cons_clock(&s->cons, t);
+    rep->vals = out;
+    rep->vals_bytes = bytes;
+    reply_header(s, &h, rep);
+}
+
+static void note_staleness(struct psd *s, const struct psd_table *t, uint64_t clock)
+{
+    uint64_t low = psd_cons_clock(&s->cons, t);
+    if (s->cons.mode == PSD_SSP && clock > low && clock - low > s->max_staleness)
+        s->max_staleness = clock - low;
+}
+
+/* Header of a waiting request, enough for reply_init and error replies. */
+static void wait_header(const struct psd_wait *w, Ps__Header *h)
+{
+    ps_wire_header_init(h, w->op);
+    h->request_id = w->request_id;
+    h->worker_id = w->worker_id;
+    h->table_id = w->table_id;
+    h->clock = w->clock;
+}
+
+/* Answers every waiting request that is ready now. */
+static void release_waits(struct psd *s)
+{
+    for (uint32_t i = 0; i < s->nwaits;) {
+        struct psd_wait *w = &s->waits[i];
+        struct psd_table *t = s->tables[w->table_id];
+        if (!psd_cons_ready(&s->cons, t, w->clock)) {
+            i++;
+            continue;
+        }
+        note_staleness(s, t, w->clock);
+        Ps__Header h;
+        wait_header(w, &h);
+        struct psd_reply rep;
+        memset(&rep, 0, sizeof rep);
+        reply_values(s, &h, t, w->offset, w->count, &rep);
+        s->ctr.bytes_out += rep.hdr_len + rep.vals_bytes;
+        s->send(s->send_ctx, w->route, w->route_len, &rep);
+        s->waits[i] = s->waits[--s->nwaits]; /* order of answers does not matter */
+    }
+}
+
+static int defer(struct psd *s, const struct ps_frame *route, const Ps__Header *req, uint64_t clock,
+                 struct psd_reply *rep)
+{
+    if (s->send == NULL || s->nwaits >= PS_WAITS_MAX || route->size > PS_ROUTE_ID_MAX) {
+        reply_errorf(s, req, s->send ? PS_ELIMIT : PS_EAGAIN, rep,
+                     "%s: clock %llu is not ready and %s", ps_op_name(req->op),
+                     (unsigned long long)clock,
+                     s->send ? "the wait queue is full" : "this server cannot wait");
+        return 1;
+    }
+    struct psd_wait *w = &s->waits[s->nwaits++];
+    memcpy(w->route, route->data, route->size);
+    w->route_len = route->size;
+    w->op = req->op;
+    w->request_id = req->request_id;
+    w->worker_id = req->worker_id;
+    w->table_id = req->table_id;
+    w->clock = clock;
+    w->offset = req->offset;
+    w->count = req->count;
+    w->since_ms = now_ms();
+    w->deadline_ms = w->since_ms + s->wait_timeout_ms;
+    w->logged = 0;
+    s->deferred_total++;
+    return 0;
+}
+
+static int op_data(struct psd *s, const struct ps_frame *route, const struct ps_wire_msg *m,
+                   struct psd_reply *rep)
 {
     const Ps__Header *req = m->hdr;
     struct psd_table *t = check_range(s, req, rep);
     if (t == NULL)
-        return;
+        return 1;
+    int applied = 0;
     if (req->op != PS__OP__OP_PULL) {
         const float *g = aligned_values(s, m);
-        if (g == NULL) {
-            reply_errorf(s, req, PS_ENOMEM, rep, "%s: out of memory", ps_op_name(req->op));
-            return;
+        char err[PS_ERROR_TEXT_MAX];
+        int rc = g == NULL ? PS_ENOMEM
+                           : psd_cons_push(&s->cons, t, req->worker_id, req->clock, req->offset,
+                                           req->count, g, &applied, err, sizeof err);
+        if (rc != 0) {
+            reply_error(s, req, rc, g == NULL ? "out of memory" : err, rep);
+            return 1;
         }
-        psd_table_apply(t, req->offset, req->count, g);
         t->pushes++;
     }
-    Ps__Header h;
-    reply_init(&h, req);
-    if (req->op != PS__OP__OP_PUSH) {
-        size_t bytes = (size_t)req->count * sizeof(float);
-        void *out = aligned_alloc(64, (bytes + 63u) & ~(size_t)63u);
-        if (out == NULL) {
-            reply_errorf(s, req, PS_ENOMEM, rep, "%s: cannot allocate %zu reply bytes",
-                         ps_op_name(req->op), bytes);
-            return;
-        }
-        psd_table_read(t, req->offset, req->count, out);
-        t->pulls++;
-        rep->vals = out;
-        rep->vals_bytes = bytes;
-        h.offset = req->offset;
-        h.count = req->count;
-        h.dim = 1;
-        h.dtype = PS__DTYPE__DTYPE_F32;
+    if (applied)
+        release_waits(s);
+    if (req->op == PS__OP__OP_PUSH) {
+        Ps__Header h;
+        reply_init(&h, req);
+        h.clock = psd_cons_clock(&s->cons, t);
+        reply_header(s, &h, rep);
+        return 1;
     }
-    reply_header(s, &h, rep);
+    /* push-pull asks for the weights after its own clock's update */
+    uint64_t clock = req->op == PS__OP__OP_PUSH_PULL ? req->clock + 1 : req->clock;
+    if (!psd_cons_ready(&s->cons, t, clock))
+        return defer(s, route, req, clock, rep);
+    note_staleness(s, t, clock);
+    reply_values(s, req, t, req->offset, req->count, rep);
+    return 1;
+}
+
+void psd_tick(struct psd *s)
+{
+    uint64_t now = now_ms();
+    for (uint32_t i = 0; i < s->nwaits;) {
+        struct psd_wait *w = &s->waits[i];
+        struct psd_table *t = s->tables[w->table_id];
+        char missing[128];
+        psd_cons_missing(&s->cons, t, w->clock, missing, sizeof missing);
+        if (now >= w->deadline_ms) {
+            Ps__Header h;
+            wait_header(w, &h);
+            struct psd_reply rep;
+            memset(&rep, 0, sizeof rep);
+            reply_errorf(s, &h, PS_ETIMEDOUT, &rep,
+                         "%s of '%s' at clock %llu waited %llu ms; workers not there yet: %s",
+                         ps_op_name(w->op), t->name, (unsigned long long)w->clock,
+                         (unsigned long long)(now - w->since_ms), missing);
+            s->wait_timeouts++;
+            s->send(s->send_ctx, w->route, w->route_len, &rep);
+            s->waits[i] = s->waits[--s->nwaits];
+            continue;
+        }
+        if (!w->logged && now - w->since_ms >= 5000) {
+            w->logged = 1;
+            PS_LOG(s->log, PS_LOG_WARN, "S0400",
+                   "worker %u's %s of '%s' at clock %llu has waited %llu ms for workers %s",
+                   w->worker_id, ps_op_name(w->op), t->name, (unsigned long long)w->clock,
+                   (unsigned long long)(now - w->since_ms), missing);
+        }
+        i++;
+    }
 }
 
 static void op_stats(struct psd *s, const Ps__Header *req, struct psd_reply *rep)
@@ -270,6 +419,7 @@ static void op_stats(struct psd *s, const Ps__Header *req, struct psd_reply *rep
         ts[i].pushes = t->pushes;
         ts[i].pulls = t->pulls;
         ts[i].updates = t->steps;
+        ts[i].clock = psd_cons_clock(&s->cons, t);
         tp[i] = &ts[i];
     }
     Ps__Stats st;
@@ -283,16 +433,36 @@ static void op_stats(struct psd *s, const Ps__Header *req, struct psd_reply *rep
     st.uptime_s = (double)(uv_hrtime() - s->start_ns) / 1e9;
     st.n_tables = s->ntables;
     st.tables = tp;
+    char mode[32];
+    psd_cons_name(&s->cons, mode, sizeof mode);
+    st.consistency = mode;
+    st.workers = s->cons.workers;
+    st.waiting = s->nwaits;
+    st.deferred_total = s->deferred_total;
+    st.max_staleness = s->max_staleness;
+    st.wait_timeouts = s->wait_timeouts;
+    uint64_t *wc = calloc(s->cons.workers, sizeof *wc);
+    if (wc != NULL) {
+        for (uint32_t w = 0; w < s->cons.workers; w++) {
+            wc[w] = s->ntables ? UINT64_MAX : 0;
+            for (uint32_t i = 0; i < s->ntables; i++)
+                if (s->tables[i]->completed[w] < wc[w])
+                    wc[w] = s->tables[i]->completed[w];
+        }
+        st.n_worker_clocks = s->cons.workers;
+        st.worker_clocks = wc;
+    }
     Ps__Header h;
     reply_init(&h, req);
     h.stats = &st;
     reply_header(s, &h, rep);
     free(ts);
     free(tp);
+    free(wc);
 }
 
-void psd_dispatch(struct psd *s, const struct ps_frame *frames, size_t nframes,
-                  struct psd_reply *rep)
+int psd_dispatch(struct psd *s, const struct ps_frame *route, const struct ps_frame *frames,
+                 size_t nframes, struct psd_reply *rep)
 {
     memset(rep, 0, sizeof *rep);
     s->ctr.requests++;
@@ -302,30 +472,33 @@ void psd_dispatch(struct psd *s, const struct ps_frame *frames, size_t nframes,
     char err[PS_ERROR_TEXT_MAX];
     int rc = ps_wire_decode(&s->arena, frames, nframes, PS_WIRE_REQUEST, s->value_bytes_max, &m,
                             err, sizeof err);
+    int now = 1;
     if (rc != 0) {
         reply_error(s, m.hdr, rc, err, rep);
-        return;
+    } else {
+        const Ps__Header *req = m.hdr;
+        s->ctr.by_op[req->op]++;
+        switch (req->op) {
+        case PS__OP__OP_HELLO:
+            op_hello(s, req, rep);
+            break;
+        case PS__OP__OP_CREATE_TABLE:
+            op_create(s, req, rep);
+            break;
+        case PS__OP__OP_PULL:
+        case PS__OP__OP_PUSH:
+        case PS__OP__OP_PUSH_PULL:
+            now = op_data(s, route, &m, rep);
+            break;
+        case PS__OP__OP_STATS:
+            op_stats(s, req, rep);
+            break;
+        default:
+            reply_errorf(s, req, PS_EOP, rep, "unknown op %d", (int)req->op);
+            break;
+        }
     }
-    const Ps__Header *req = m.hdr;
-    s->ctr.by_op[req->op]++;
-    switch (req->op) {
-    case PS__OP__OP_HELLO:
-        op_hello(s, req, rep);
-        break;
-    case PS__OP__OP_CREATE_TABLE:
-        op_create(s, req, rep);
-        break;
-    case PS__OP__OP_PULL:
-    case PS__OP__OP_PUSH:
-    case PS__OP__OP_PUSH_PULL:
-        op_data(s, &m, rep);
-        break;
-    case PS__OP__OP_STATS:
-        op_stats(s, req, rep);
-        break;
-    default:
-        reply_errorf(s, req, PS_EOP, rep, "unknown op %d", (int)req->op);
-        break;
-    }
-    s->ctr.bytes_out += rep->hdr_len + rep->vals_bytes;
+    if (now)
+        s->ctr.bytes_out += rep->hdr_len + rep->vals_bytes;
+    return now;
 }

@@ -8,9 +8,10 @@
 #ifndef PSD_PSD_H
 #define PSD_PSD_H
 
+#include "consistency.h"
 #include "ps_log.h"
-#include "table.h"
 #include "ps_wire.h"
+#include "table.h"
 
 #include "ps_limits.h"
 
@@ -26,11 +27,43 @@ struct psd_counters {
     uint64_t by_op[PSD_OPS_COUNT];
 };
 
+struct psd_params {
+    uint32_t shard, shards;
+    uint64_t value_bytes_max;
+    struct psd_cons cons;
+    uint64_t wait_timeout_ms;
+};
+
+/* A request waiting for a clock: what is needed to answer it later. */
+struct psd_wait {
+    uint8_t route[PS_ROUTE_ID_MAX];
+    size_t route_len;
+    Ps__Op op;
+    uint64_t request_id;
+    uint32_t worker_id, table_id;
+    uint64_t clock; /* the clock it waits for */
+    uint64_t offset, count;
+    uint64_t since_ms, deadline_ms;
+    int logged;
+};
+
+struct psd_reply;
+/* Sends a deferred reply to a routing id (the transport implements it). */
+typedef void (*psd_send_cb)(void *ctx, const void *route, size_t route_len, struct psd_reply *rep);
+
 struct psd {
     struct ps_log *log;
     uint32_t shard, shards;
     uint64_t value_bytes_max;
     uint64_t start_ns;
+    struct psd_cons cons;
+    uint64_t wait_timeout_ms;
+
+    struct psd_wait *waits; /* PS_WAITS_MAX entries */
+    uint32_t nwaits;
+    uint64_t deferred_total, wait_timeouts, max_staleness;
+    psd_send_cb send;
+    void *send_ctx;
 
     struct psd_table *tables[PS_TABLES_MAX];
     uint32_t ntables;
@@ -55,14 +88,23 @@ struct psd_reply {
     size_t vals_bytes;
 };
 
-int psd_init(struct psd *s, struct ps_log *log, uint32_t shard, uint32_t shards,
-             uint64_t value_bytes_max);
+int psd_init(struct psd *s, struct ps_log *log, const struct psd_params *p);
 void psd_fini(struct psd *s);
 
-/* Handles one request. nframes counts every frame after the routing id (it
- * may exceed the array: frames past PS_FRAMES_MAX are counted, not passed).
- * Always produces a reply. */
-void psd_dispatch(struct psd *s, const struct ps_frame *frames, size_t nframes,
-                  struct psd_reply *rep);
+/* Sets where deferred replies go. Without it requests never wait: a pull
+ * that is not ready is refused with PS_EAGAIN. */
+void psd_set_sender(struct psd *s, psd_send_cb send, void *ctx);
+
+/* Handles one request from `route`. nframes counts every frame after the
+ * routing id (it may exceed the array: frames past PS_FRAMES_MAX are
+ * counted, not passed). Returns 1 with a reply in *rep, or 0 when the
+ * request waits (its reply goes out later through the sender). Replies to
+ * other, earlier waiting requests may be sent during the call. */
+int psd_dispatch(struct psd *s, const struct ps_frame *route, const struct ps_frame *frames,
+                 size_t nframes, struct psd_reply *rep);
+
+/* Expires waits past their deadline (error replies naming who is missing)
+ * and logs waits older than 5 s once. Call periodically from the loop. */
+void psd_tick(struct psd *s);
 
 #endif

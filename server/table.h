@@ -32,6 +32,13 @@ struct psd_table {
     uint64_t steps; /* optimizer applications (Adam's t) */
 
     uint64_t pushes, pulls;
+
+    /* consistency (consistency.c): */
+    uint64_t clock;      /* bsp: rounds applied */
+    uint64_t *completed; /* per worker: clocks pushed */
+    uint8_t *pushed;     /* bsp: per worker, pushed this round */
+    float **wgrad;       /* bsp: per worker, this round's gradient */
+    uint32_t npushed;
 };
 
 /* Allocates and initialises this shard's part of the table described by

@@ -1,0 +1,60 @@
+/* Consistency modes: when a push is applied and when a pull may be answered.
+ *
+ *   asp    pushes apply on arrival; pulls never wait.
+ *   bsp    a table's round t completes when every worker has pushed clock t
+ *          for it; the gradients are averaged (summed in worker order, so
+ *          the result does not depend on arrival order) and applied once.
+ *          A pull for clock t waits until round t-1 is applied.
+ *   ssp:K  pushes apply on arrival; a pull for clock c waits until every
+ *          worker has completed clock c-K-1, i.e. no worker is more than K
+ *          clocks ahead of the slowest.
+ * Worker clocks are per table. This file judges and applies; it does not
+ * queue or send replies (psd.c does). */
+#ifndef PSD_CONSISTENCY_H
+#define PSD_CONSISTENCY_H
+
+#include "table.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+enum psd_mode {
+    PSD_ASP = 0,
+    PSD_BSP = 1,
+    PSD_SSP = 2,
+};
+
+struct psd_cons {
+    enum psd_mode mode;
+    uint32_t staleness; /* K of ssp:K */
+    uint32_t workers;   /* W */
+};
+
+/* Parses "asp", "bsp" or "ssp:K" (K in [0, 1000000]). 0 or PS_EINVAL. */
+int psd_cons_parse(const char *s, struct psd_cons *out);
+/* Writes the mode as text ("ssp:2"). */
+void psd_cons_name(const struct psd_cons *c, char *buf, size_t len);
+
+/* Allocates a table's per-worker state. 0 or PS_ENOMEM. */
+int psd_cons_table_init(const struct psd_cons *c, struct psd_table *t);
+void psd_cons_table_fini(const struct psd_cons *c, struct psd_table *t);
+
+/* Takes a push of gradient g (count elements at offset) from worker w at
+ * clock. Applies it now (asp/ssp) or at the end of the round (bsp). On a
+ * refused push returns a PS_E* code with a sentence in err. *applied is set
+ * when weights changed (waiting pulls may now be answerable). */
+int psd_cons_push(const struct psd_cons *c, struct psd_table *t, uint32_t worker, uint64_t clock,
+                  uint64_t offset, uint64_t count, const float *g, int *applied, char *err,
+                  size_t errlen);
+
+/* 1 when a pull of t at `clock` may be answered now. */
+int psd_cons_ready(const struct psd_cons *c, const struct psd_table *t, uint64_t clock);
+
+/* bsp: rounds applied; ssp/asp: the lowest worker clock. */
+uint64_t psd_cons_clock(const struct psd_cons *c, const struct psd_table *t);
+
+/* Lists (into buf) the workers a pull of t at `clock` is waiting for. */
+void psd_cons_missing(const struct psd_cons *c, const struct psd_table *t, uint64_t clock,
+                      char *buf, size_t len);
+
+#endif
