@@ -174,6 +174,12 @@ int ps_wire_check_spec(const Ps__TableSpec *spec, char *err, size_t errlen)
     if ((unsigned)spec->init > PS__INIT_KIND__INIT_NORMAL)
         return fail(PS_EINVAL, err, errlen, "table '%s': unknown init %d", spec->name,
                     (int)spec->init);
+    if ((unsigned)spec->lr_schedule > PS__LR_SCHEDULE__LR_COSINE)
+        return fail(PS_EINVAL, err, errlen, "table '%s': unknown lr schedule %d", spec->name,
+                    (int)spec->lr_schedule);
+    if (spec->lr_decay_steps > (UINT64_C(1) << 48))
+        return fail(PS_ELIMIT, err, errlen, "table '%s': lr_decay_steps %llu over 2^48", spec->name,
+                    (unsigned long long)spec->lr_decay_steps);
     if (!isfinite(spec->init_scale))
         return fail(PS_EINVAL, err, errlen, "table '%s': init_scale must be finite", spec->name);
     return 0;

@@ -13,6 +13,7 @@ PKGS=(
   libcmocka-dev
   clang libclang-rt-14-dev
   python3 procps
+  dataset-fashion-mnist
 )
 
 missing=()

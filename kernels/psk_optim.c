@@ -34,10 +34,20 @@ int psk_optim_parse(const char *name)
     return -1;
 }
 
+float psk_optim_lr(const struct psk_optim *o, uint64_t step)
+{
+    if (o->schedule != PSK_LR_COSINE || o->decay_steps == 0)
+        return o->lr;
+    uint64_t t = step > 0 ? step - 1 : 0; /* the first step runs at the full rate */
+    t /= o->sched_div > 1 ? o->sched_div : 1;
+    double x = t >= o->decay_steps ? 1.0 : (double)t / (double)o->decay_steps;
+    return (float)(o->lr * 0.5 * (1.0 + cos(3.14159265358979323846 * x)));
+}
+
 void psk_optim_apply(const struct psk_optim *o, uint64_t step, float *restrict w,
                      float *restrict s1, float *restrict s2, const float *restrict g, size_t n)
 {
-    const float lr = o->lr, wd = o->weight_decay;
+    const float lr = psk_optim_lr(o, step), wd = o->weight_decay;
     switch (o->kind) {
     case PSK_OPT_MOMENTUM:
         for (size_t i = 0; i < n; i++)

@@ -16,11 +16,24 @@ enum psk_optim_kind {
     PSK_OPT_ADAM = 3,
 };
 
+/* Same numbers as ps.LrSchedule. */
+enum psk_lr_schedule {
+    PSK_LR_CONSTANT = 0,
+    PSK_LR_COSINE = 1,
+};
+
 struct psk_optim {
     int kind;
     float lr, weight_decay, momentum, beta1, beta2, eps;
     int nesterov;
+    int schedule;         /* enum psk_lr_schedule */
+    uint64_t decay_steps; /* T of the schedule; 0 means constant */
+    uint64_t sched_div;   /* steps per schedule step (W when each worker's push
+                           * is applied on its own, as in asp/ssp); 0 means 1 */
 };
+
+/* The learning rate of 1-based step `step` under the schedule. */
+float psk_optim_lr(const struct psk_optim *o, uint64_t step);
 
 /* State arrays the kind needs beside the weights (0, 1 or 2). */
 int psk_optim_state_arrays(int kind);

@@ -38,6 +38,8 @@ void psd_cons_name(const struct psd_cons *c, char *buf, size_t len)
 
 int psd_cons_table_init(const struct psd_cons *c, struct psd_table *t)
 {
+    /* bsp applies once per clock; asp/ssp once per worker push */
+    t->sched_div = c->mode == PSD_BSP ? 1 : c->workers;
     t->completed = calloc(c->workers, sizeof *t->completed);
     t->pushed = calloc(c->workers, sizeof *t->pushed);
     t->wgrad = calloc(c->workers, sizeof *t->wgrad);

@@ -49,6 +49,8 @@ int psd_table_create(const Ps__TableSpec *spec, uint32_t id, uint32_t shard, uin
     t->init = spec->init;
     t->init_scale = spec->init_scale;
     t->seed = spec->seed;
+    t->lr_schedule = (int)spec->lr_schedule;
+    t->lr_decay_steps = spec->lr_decay_steps;
     uint64_t n = t->hi - t->lo;
     int ns = psk_optim_state_arrays((int)t->optimizer);
     t->w = alloc_floats(n, 0);
@@ -85,7 +87,8 @@ int psd_table_same_spec(const struct psd_table *t, const Ps__TableSpec *spec)
            feq(t->weight_decay, spec->weight_decay) && feq(t->momentum, spec->momentum) &&
            t->nesterov == (spec->nesterov ? 1 : 0) && feq(t->beta1, spec->beta1) &&
            feq(t->beta2, spec->beta2) && feq(t->eps, spec->eps) && t->init == spec->init &&
-           feq(t->init_scale, spec->init_scale) && t->seed == spec->seed;
+           feq(t->init_scale, spec->init_scale) && t->seed == spec->seed &&
+           t->lr_schedule == (int)spec->lr_schedule && t->lr_decay_steps == spec->lr_decay_steps;
 }
 
 void psd_table_apply(struct psd_table *t, uint64_t offset, uint64_t count, const float *g)
@@ -102,6 +105,9 @@ void psd_table_apply(struct psd_table *t, uint64_t offset, uint64_t count, const
         .beta2 = t->beta2,
         .eps = t->eps,
         .nesterov = t->nesterov,
+        .schedule = t->lr_schedule,
+        .decay_steps = t->lr_decay_steps,
+        .sched_div = t->sched_div,
     };
     t->steps++;
     psk_optim_apply(&o, t->steps, t->w + base, t->s1 ? t->s1 + base : NULL,

@@ -25,6 +25,9 @@ struct psd_table {
     Ps__InitKind init;
     float init_scale;
     uint64_t seed;
+    int lr_schedule;
+    uint64_t lr_decay_steps;
+    uint64_t sched_div; /* set by the consistency mode (psk_optim.sched_div) */
 
     float *w;       /* hi - lo weights */
     float *s1;      /* momentum velocity, Adagrad accumulator, Adam first moment */

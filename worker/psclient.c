@@ -510,6 +510,8 @@ int psc_table_create(struct psc_client *c, const struct psc_table_spec *spec, in
     ts.init = (Ps__InitKind)spec->init;
     ts.init_scale = spec->init_scale;
     ts.seed = spec->seed;
+    ts.lr_schedule = (Ps__LrSchedule)spec->lr_schedule;
+    ts.lr_decay_steps = spec->lr_decay_steps;
     char err[PS_ERROR_TEXT_MAX];
     int rc = ps_wire_check_spec(&ts, err, sizeof err);
     if (rc != 0)

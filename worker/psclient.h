@@ -62,6 +62,8 @@ struct psc_table_spec {
     int init; /* enum psc_init */
     float init_scale;
     uint64_t seed;
+    int lr_schedule;         /* 0 constant, 1 cosine */
+    uint64_t lr_decay_steps; /* optimizer steps the schedule spans */
 };
 
 struct psc_shard_stats {

@@ -1,0 +1,188 @@
+/* MLP forward and backward through the psk backend interface. */
+#include "mlp.h"
+
+#include "ps_err.h"
+#include "ps_opts.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+int psw_mlp_parse_layers(const char *s, int *dims, char *err, size_t errlen)
+{
+    int n = 0;
+    const char *p = s;
+    while (*p != '\0') {
+        char tok[32];
+        size_t len = strcspn(p, ",");
+        uint64_t v = 0;
+        if (len == 0 || len >= sizeof tok || n > PSW_LAYERS_MAX) {
+            snprintf(err, errlen, "--layers: '%s' must be 2..%d comma-separated widths", s,
+                     PSW_LAYERS_MAX + 1);
+            return PS_EINVAL;
+        }
+        memcpy(tok, p, len);
+        tok[len] = '\0';
+        if (ps_parse_u64(tok, 1, PSW_WIDTH_MAX, &v) != 0) {
+            snprintf(err, errlen, "--layers: width '%s' is not in [1, %d]", tok, PSW_WIDTH_MAX);
+            return PS_EINVAL;
+        }
+        dims[n++] = (int)v;
+        p += len;
+        if (*p == ',')
+            p++;
+    }
+    if (n < 2) {
+        snprintf(err, errlen, "--layers: '%s' needs at least an input and an output width", s);
+        return PS_EINVAL;
+    }
+    return n - 1;
+}
+
+int psw_mlp_tables(const struct psw_mlp *m)
+{
+    return 2 * m->nlayers;
+}
+
+void psw_mlp_table_name(int k, char *buf, size_t len)
+{
+    snprintf(buf, len, "fc%d.%s", k / 2 + 1, k % 2 ? "bias" : "weight");
+}
+
+uint64_t psw_mlp_table_size(const struct psw_mlp *m, int k)
+{
+    int l = k / 2;
+    return k % 2 ? (uint64_t)m->dims[l + 1] : (uint64_t)m->dims[l + 1] * m->dims[l];
+}
+
+float *psw_mlp_param(struct psw_mlp *m, int k)
+{
+    return k % 2 ? m->b[k / 2] : m->w[k / 2];
+}
+
+float *psw_mlp_grad(struct psw_mlp *m, int k)
+{
+    return k % 2 ? m->gb[k / 2] : m->gw[k / 2];
+}
+
+static int dev_alloc(struct psw_mlp *m, size_t elems, void **p)
+{
+    return psk_alloc(m->be, elems * 4u, p);
+}
+
+int psw_mlp_init(struct psw_mlp *m, struct psk_backend *be, const int *dims, int nlayers,
+                 int batch_max, char *err, size_t errlen)
+{
+    memset(m, 0, sizeof *m);
+    m->be = be;
+    m->nlayers = nlayers;
+    m->batch_max = batch_max;
+    memcpy(m->dims, dims, (size_t)(nlayers + 1) * sizeof *dims);
+    int widest = 0, rc = 0;
+    for (int l = 0; l <= nlayers; l++)
+        widest = dims[l] > widest ? dims[l] : widest;
+    for (int l = 0; l < nlayers && rc == 0; l++) {
+        size_t wn = (size_t)dims[l + 1] * dims[l];
+        rc = dev_alloc(m, wn, (void **)&m->w[l]) || dev_alloc(m, wn, (void **)&m->gw[l]) ||
+             dev_alloc(m, dims[l + 1], (void **)&m->b[l]) ||
+             dev_alloc(m, dims[l + 1], (void **)&m->gb[l]);
+    }
+    for (int l = 0; l <= nlayers && rc == 0; l++)
+        rc = dev_alloc(m, (size_t)batch_max * dims[l], (void **)&m->act[l]);
+    for (int i = 0; i < 2 && rc == 0; i++)
+        rc = dev_alloc(m, (size_t)batch_max * widest, (void **)&m->dz[i]);
+    if (rc == 0)
+        rc = dev_alloc(m, batch_max, (void **)&m->labels) ||
+             dev_alloc(m, batch_max, (void **)&m->row_loss) ||
+             dev_alloc(m, batch_max, (void **)&m->pred);
+    m->h_loss = malloc((size_t)batch_max * sizeof *m->h_loss);
+    m->h_pred = malloc((size_t)batch_max * sizeof *m->h_pred);
+    if (rc != 0 || m->h_loss == NULL || m->h_pred == NULL) {
+        snprintf(err, errlen, "cannot allocate the model on %s: %s", psk_describe(be),
+                 psk_last_error(be));
+        psw_mlp_fini(m);
+        return PS_ENOMEM;
+    }
+    return 0;
+}
+
+void psw_mlp_fini(struct psw_mlp *m)
+{
+    for (int l = 0; l < PSW_LAYERS_MAX; l++) {
+        psk_free(m->be, m->w[l]);
+        psk_free(m->be, m->gw[l]);
+        psk_free(m->be, m->b[l]);
+        psk_free(m->be, m->gb[l]);
+    }
+    for (int l = 0; l <= PSW_LAYERS_MAX; l++)
+        psk_free(m->be, m->act[l]);
+    psk_free(m->be, m->dz[0]);
+    psk_free(m->be, m->dz[1]);
+    psk_free(m->be, m->labels);
+    psk_free(m->be, m->row_loss);
+    psk_free(m->be, m->pred);
+    free(m->h_loss);
+    free(m->h_pred);
+    memset(m, 0, sizeof *m);
+}
+
+int psw_mlp_forward(struct psw_mlp *m, int rows)
+{
+    for (int l = 0; l < m->nlayers; l++) {
+        int in = m->dims[l], out = m->dims[l + 1];
+        /* act[l+1] = act[l] W^T + b */
+        int rc = psk_gemm(m->be, 0, 1, rows, out, in, 1.0f, m->act[l], in, m->w[l], in, 0.0f,
+                          m->act[l + 1], out) ||
+                 psk_bias_add(m->be, rows, out, m->b[l], m->act[l + 1]);
+        if (rc == 0 && l + 1 < m->nlayers)
+            rc = psk_relu(m->be, (size_t)rows * out, m->act[l + 1], m->act[l + 1]);
+        if (rc != 0)
+            return PS_EDEVICE;
+    }
+    return 0;
+}
+
+int psw_mlp_loss(struct psw_mlp *m, int rows, const int *labels, double *loss_sum, int *correct)
+{
+    int classes = m->dims[m->nlayers];
+    if (psk_upload(m->be, m->labels, labels, (size_t)rows * sizeof *labels) ||
+        psk_softmax_xent(m->be, rows, classes, m->act[m->nlayers], m->labels, 1.0f / rows, m->dz[0],
+                         m->row_loss, m->pred) ||
+        psk_download(m->be, m->h_loss, m->row_loss, (size_t)rows * sizeof(float)) ||
+        psk_download(m->be, m->h_pred, m->pred, (size_t)rows * sizeof(int)))
+        return PS_EDEVICE;
+    double s = 0;
+    int ok = 0;
+    for (int r = 0; r < rows; r++) {
+        s += m->h_loss[r];
+        ok += m->h_pred[r] == labels[r];
+    }
+    *loss_sum = s;
+    *correct = ok;
+    return 0;
+}
+
+int psw_mlp_backward(struct psw_mlp *m, int rows, psw_layer_cb cb, void *arg)
+{
+    int cur = 0; /* dz[cur] holds d loss / d (pre-activation of layer l) */
+    for (int l = m->nlayers - 1; l >= 0; l--) {
+        int in = m->dims[l], out = m->dims[l + 1];
+        /* gW = dz^T act[l] (out x in); gb = column sums of dz */
+        if (psk_gemm(m->be, 1, 0, out, in, rows, 1.0f, m->dz[cur], out, m->act[l], in, 0.0f,
+                     m->gw[l], in) ||
+            psk_col_sum(m->be, rows, out, m->dz[cur], m->gb[l]))
+            return PS_EDEVICE;
+        int rc = cb ? cb(arg, l) : 0;
+        if (rc != 0)
+            return rc;
+        if (l == 0)
+            break;
+        /* dz_prev = (dz W) * relu'(act[l]) */
+        if (psk_gemm(m->be, 0, 0, rows, in, out, 1.0f, m->dz[cur], out, m->w[l], in, 0.0f,
+                     m->dz[1 - cur], in) ||
+            psk_relu_backward(m->be, (size_t)rows * in, m->act[l], m->dz[1 - cur]))
+            return PS_EDEVICE;
+        cur = 1 - cur;
+    }
+    return 0;
+}

@@ -1,0 +1,66 @@
+/* A multilayer perceptron (Linear → ReLU → … → Linear → softmax) on a
+ * compute backend. Parameters are named like a PyTorch state_dict:
+ * fc1.weight (out x in, row-major), fc1.bias, fc2.weight, … Table k of the
+ * model is layer k/2's weight (k even) or bias (k odd).
+ *
+ * Owns device buffers for weights, gradients and activations sized for
+ * `batch_max` rows. Knows nothing about servers: the training loop moves
+ * parameters in and gradients out through host buffers. */
+#ifndef PSW_MLP_H
+#define PSW_MLP_H
+
+#include "psk.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define PSW_LAYERS_MAX 16
+#define PSW_WIDTH_MAX  65536
+
+struct psw_mlp {
+    struct psk_backend *be;
+    int nlayers;
+    int dims[PSW_LAYERS_MAX + 1];
+    int batch_max;
+    float *w[PSW_LAYERS_MAX], *b[PSW_LAYERS_MAX];   /* device */
+    float *gw[PSW_LAYERS_MAX], *gb[PSW_LAYERS_MAX]; /* device */
+    float *act[PSW_LAYERS_MAX + 1];                 /* act[0] = input */
+    float *dz[2];                                   /* backprop ping-pong */
+    int *labels;                                    /* device */
+    float *row_loss;                                /* device */
+    int *pred;                                      /* device */
+    float *h_loss;                                  /* host copies */
+    int *h_pred;
+};
+
+/* Parses "784,256,128,10" into dims; returns the number of layers or
+ * PS_EINVAL with a message. */
+int psw_mlp_parse_layers(const char *s, int *dims, char *err, size_t errlen);
+
+int psw_mlp_init(struct psw_mlp *m, struct psk_backend *be, const int *dims, int nlayers,
+                 int batch_max, char *err, size_t errlen);
+void psw_mlp_fini(struct psw_mlp *m);
+
+int psw_mlp_tables(const struct psw_mlp *m);
+/* Name ("fc2.bias"), element count, and the device buffers of table k. */
+void psw_mlp_table_name(int k, char *buf, size_t len);
+uint64_t psw_mlp_table_size(const struct psw_mlp *m, int k);
+float *psw_mlp_param(struct psw_mlp *m, int k);
+float *psw_mlp_grad(struct psw_mlp *m, int k);
+
+/* Forward pass over `rows` inputs already in act[0]; logits end in
+ * act[nlayers]. */
+int psw_mlp_forward(struct psw_mlp *m, int rows);
+
+/* Loss of the last forward pass against labels (host array, uploaded), the
+ * logits gradient of the mean loss, and the count of correct predictions. */
+int psw_mlp_loss(struct psw_mlp *m, int rows, const int *labels, double *loss_sum, int *correct);
+
+/* Called when layer l's gradients (tables 2l and 2l+1) are ready, from the
+ * last layer to the first, so they can be sent while the rest computes. */
+typedef int (*psw_layer_cb)(void *arg, int layer);
+
+/* Backward pass after psw_mlp_loss; calls cb for each layer as it finishes. */
+int psw_mlp_backward(struct psw_mlp *m, int rows, psw_layer_cb cb, void *arg);
+
+#endif

@@ -1,0 +1,635 @@
+/* psworker: trains a model on its shard of the data through psd (or alone
+ * with --standalone). Each step pulls the weights for clock t, runs forward
+ * and backward on its backend, and pushes each layer's gradient the moment
+ * backward produces it, asking for that layer's clock t+1 weights right
+ * behind it, so communication overlaps the rest of the backward pass. */
+#include "data.h"
+#include "mlp.h"
+#include "psclient.h"
+
+#include "psk.h"
+#include "psk_optim.h"
+
+#include "ps_err.h"
+#include "ps_init.h"
+#include "ps_limits.h"
+#include "ps_log.h"
+#include "ps_opts.h"
+#include "ps_shard.h"
+
+#include <math.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define EVAL_BATCH 1000
+#define TABLES_MAX (2 * PSW_LAYERS_MAX)
+
+struct config {
+    const char *servers;
+    uint64_t rank, workers;
+    const char *model, *layers, *data;
+    uint64_t batch, epochs, seed;
+    double lr, momentum, weight_decay;
+    const char *optimizer, *device, *lr_schedule;
+    const char *summary_json, *save, *log_level;
+    int standalone;
+    uint64_t max_steps, log_every, timeout_ms, test_delay_ms;
+    int help;
+};
+
+#define OPT(name, type, field, def, lo, hi, meta, help)                                            \
+    {                                                                                              \
+        name, type, offsetof(struct config, field), def, lo, hi, 0, 0, meta, help                  \
+    }
+#define FOPT(name, field, def, lo, hi, meta, help)                                                 \
+    {                                                                                              \
+        name, PS_OPT_F64, offsetof(struct config, field), def, 0, 0, lo, hi, meta, help            \
+    }
+
+static const struct ps_opt opts[] = {
+    OPT("servers", PS_OPT_STR, servers, NULL, 0, 0, "EP[,EP...]",
+        "psd endpoints, shard 0 first (required unless --standalone)"),
+    OPT("rank", PS_OPT_U64, rank, "0", 0, PS_WORKERS_MAX - 1, "R", "this worker's rank"),
+    OPT("workers", PS_OPT_U64, workers, "1", 1, PS_WORKERS_MAX, "W", "number of workers"),
+    OPT("model", PS_OPT_STR, model, "mlp", 0, 0, "NAME", "model: mlp"),
+    OPT("layers", PS_OPT_STR, layers, "784,256,128,10", 0, 0, "N,N,...", "MLP widths"),
+    OPT("data", PS_OPT_STR, data, "/usr/share/datasets/fashion-mnist", 0, 0, "DIR",
+        "IDX files (gzip or plain)"),
+    OPT("batch", PS_OPT_U64, batch, "64", 1, 65536, "B", "examples per step on this worker"),
+    OPT("epochs", PS_OPT_U64, epochs, "5", 1, 100000, "E", "passes over the training set"),
+    FOPT("lr", lr, "0.02", 0.0, 100.0, "LR", "learning rate"),
+    OPT("optimizer", PS_OPT_STR, optimizer, "momentum", 0, 0, "NAME",
+        "sgd, momentum, adagrad or adam"),
+    OPT("lr-schedule", PS_OPT_STR, lr_schedule, "cosine", 0, 0, "NAME",
+        "constant, or cosine decay to 0 over the whole run"),
+    FOPT("momentum", momentum, "0.9", 0.0, 0.999999, "M", "momentum coefficient"),
+    FOPT("weight-decay", weight_decay, "0", 0.0, 1.0, "WD", "L2 weight decay"),
+    OPT("device", PS_OPT_STR, device, "auto", 0, 0, "DEV", "auto, cpu, cuda or cuda:N"),
+    OPT("seed", PS_OPT_U64, seed, "1", 0, UINT64_MAX, "S", "seed for init and shuffling"),
+    OPT("summary-json", PS_OPT_STR, summary_json, NULL, 0, 0, "PATH",
+        "write a JSON summary here at exit"),
+    OPT("save", PS_OPT_STR, save, NULL, 0, 0, "PATH",
+        "rank 0 / standalone: write the trained model as safetensors"),
+    OPT("standalone", PS_OPT_FLAG, standalone, NULL, 0, 0, NULL,
+        "train in this process without servers (the baseline)"),
+    OPT("max-steps", PS_OPT_U64, max_steps, "0", 0, UINT64_MAX, "N",
+        "stop after N steps (0: none)"),
+    OPT("log-every", PS_OPT_U64, log_every, "100", 1, 1000000, "N",
+        "steps between progress lines when stderr is not a terminal"),
+    OPT("timeout-ms", PS_OPT_U64, timeout_ms, "120000", 100, 86400000, "MS",
+        "longest wait for one request"),
+    OPT("test-delay-ms", PS_OPT_U64, test_delay_ms, "0", 0, 60000, "MS",
+        "testing only: sleep this long every step"),
+    OPT("log-level", PS_OPT_STR, log_level, "info", 0, 0, "LEVEL", "error, warn, info or debug"),
+    OPT("help", PS_OPT_FLAG, help, NULL, 0, 0, NULL, "show this help and exit"),
+};
+#define NOPTS (sizeof opts / sizeof opts[0])
+
+struct trainer {
+    struct config cfg;
+    struct ps_log log;
+    struct psk_backend *be;
+    struct psw_mlp mlp;
+    struct psw_split train, test;
+    uint32_t *perm;
+    float *h_in;
+    int *h_lab;
+    int ntables;
+    float *hw[TABLES_MAX], *hg[TABLES_MAX]; /* host weights and gradients */
+    /* distributed */
+    struct psc_client *c;
+    uint32_t th[TABLES_MAX];
+    uint64_t pull_tk[TABLES_MAX], push_tk[TABLES_MAX];
+    int pulls_pending, pushes_pending;
+    /* standalone */
+    struct psk_optim opt;
+    float *s1[TABLES_MAX], *s2[TABLES_MAX];
+    uint64_t decay_steps; /* optimizer steps of the whole run (lr schedule) */
+    uint64_t clock;       /* steps done */
+    int fresh;            /* device weights are those of `clock` */
+    double train_seconds;
+};
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* ---- tables ---------------------------------------------------------------- */
+
+static void table_spec(const struct trainer *tr, int k, struct psc_table_spec *s, char *name,
+                       size_t len)
+{
+    psw_mlp_table_name(k, name, len);
+    psc_table_spec_init(s, name, psw_mlp_table_size(&tr->mlp, k));
+    s->optimizer = psk_optim_parse(tr->cfg.optimizer);
+    s->lr = (float)tr->cfg.lr;
+    s->momentum = (float)tr->cfg.momentum;
+    s->weight_decay = (float)tr->cfg.weight_decay;
+    s->seed = ps_mix64(tr->cfg.seed * 1000003u + (uint64_t)k);
+    s->lr_schedule = strcmp(tr->cfg.lr_schedule, "cosine") == 0 ? 1 : 0;
+    s->lr_decay_steps = tr->decay_steps;
+    if (k % 2 == 0) { /* He init for ReLU layers: N(0, 2 / fan_in) */
+        s->init = PSC_INIT_NORMAL;
+        s->init_scale = sqrtf(2.0f / (float)tr->mlp.dims[k / 2]);
+    }
+}
+
+static int setup_tables(struct trainer *tr, char *err, size_t errlen)
+{
+    tr->ntables = psw_mlp_tables(&tr->mlp);
+    for (int k = 0; k < tr->ntables; k++) {
+        size_t n = (size_t)psw_mlp_table_size(&tr->mlp, k);
+        if (psk_host_alloc(tr->be, n * 4, (void **)&tr->hw[k]) ||
+            psk_host_alloc(tr->be, n * 4, (void **)&tr->hg[k])) {
+            snprintf(err, errlen, "cannot allocate host buffers");
+            return PS_ENOMEM;
+        }
+        struct psc_table_spec s;
+        char name[64];
+        table_spec(tr, k, &s, name, sizeof name);
+        if (tr->cfg.standalone) {
+            /* the same initialiser the servers run, element by element */
+            ps_init_fill(tr->hw[k], n, (enum ps_init_kind)s.init, s.init_scale, s.seed, 0);
+            tr->s1[k] = calloc(n, 4);
+            tr->s2[k] = calloc(n, 4);
+            if (!tr->s1[k] || !tr->s2[k])
+                return PS_ENOMEM;
+            continue;
+        }
+        int rc = psc_table_create(tr->c, &s, (int)tr->cfg.timeout_ms, &tr->th[k]);
+        if (rc != 0) {
+            snprintf(err, errlen, "create table '%s': %s", name, psc_last_error(tr->c));
+            return rc;
+        }
+    }
+    tr->opt = (struct psk_optim){.kind = psk_optim_parse(tr->cfg.optimizer),
+                                 .lr = (float)tr->cfg.lr,
+                                 .weight_decay = (float)tr->cfg.weight_decay,
+                                 .momentum = (float)tr->cfg.momentum,
+                                 .beta1 = 0.9f,
+                                 .beta2 = 0.999f,
+                                 .eps = 1e-8f,
+                                 .schedule = strcmp(tr->cfg.lr_schedule, "cosine") == 0,
+                                 .decay_steps = tr->decay_steps};
+    return 0;
+}
+
+static int wait_all(struct trainer *tr, uint64_t *tickets, int *pending, const char *what)
+{
+    int first = 0;
+    for (int k = 0; k < *pending; k++) {
+        int rc = psc_wait(tr->c, tickets[k], (int)tr->cfg.timeout_ms);
+        if (rc != 0 && first == 0) {
+            first = rc;
+            PS_LOG(&tr->log, PS_LOG_ERROR, "W0300", "%s of table %d failed: %s", what, k,
+                   psc_last_error(tr->c));
+        }
+    }
+    *pending = 0;
+    return first;
+}
+
+static int pull_table(struct trainer *tr, int k, uint64_t clock)
+{
+    int rc = psc_pull(tr->c, tr->th[k], 0, psw_mlp_table_size(&tr->mlp, k), tr->hw[k], clock,
+                      &tr->pull_tk[k]);
+    if (rc != 0)
+        PS_LOG(&tr->log, PS_LOG_ERROR, "W0301", "pull: %s", psc_last_error(tr->c));
+    return rc;
+}
+
+/* Makes the device hold the weights for the current clock. */
+static int sync_weights(struct trainer *tr)
+{
+    if (tr->fresh)
+        return 0;
+    if (!tr->cfg.standalone) {
+        int rc = wait_all(tr, tr->pull_tk, &tr->pulls_pending, "pull");
+        if (rc != 0)
+            return rc;
+    }
+    for (int k = 0; k < tr->ntables; k++)
+        if (psk_upload(tr->be, psw_mlp_param(&tr->mlp, k), tr->hw[k],
+                       (size_t)psw_mlp_table_size(&tr->mlp, k) * 4))
+            return PS_EDEVICE;
+    tr->fresh = 1;
+    return 0;
+}
+
+/* Backward callback: layer l's gradients are ready on the device. */
+static int on_layer(void *arg, int l)
+{
+    struct trainer *tr = arg;
+    for (int k = 2 * l; k <= 2 * l + 1; k++) {
+        size_t n = (size_t)psw_mlp_table_size(&tr->mlp, k);
+        if (psk_download(tr->be, tr->hg[k], psw_mlp_grad(&tr->mlp, k), n * 4))
+            return PS_EDEVICE;
+        if (tr->cfg.standalone) {
+            psk_optim_apply(&tr->opt, tr->clock + 1, tr->hw[k], tr->s1[k], tr->s2[k], tr->hg[k], n);
+            continue;
+        }
+        int rc = psc_push(tr->c, tr->th[k], 0, n, tr->hg[k], tr->clock, &tr->push_tk[k]);
+        if (rc == 0)
+            rc = pull_table(tr, k, tr->clock + 1);
+        if (rc != 0) {
+            PS_LOG(&tr->log, PS_LOG_ERROR, "W0302", "push: %s", psc_last_error(tr->c));
+            return rc;
+        }
+    }
+    return 0;
+}
+
+/* ---- steps ------------------------------------------------------------------ */
+
+static double evaluate(struct trainer *tr)
+{
+    if (sync_weights(tr) != 0)
+        return -1;
+    uint32_t idx[EVAL_BATCH];
+    int correct = 0;
+    for (uint32_t i = 0; i < tr->test.n; i += EVAL_BATCH) {
+        int rows = (int)(tr->test.n - i < EVAL_BATCH ? tr->test.n - i : EVAL_BATCH);
+        for (int r = 0; r < rows; r++)
+            idx[r] = i + (uint32_t)r;
+        psw_data_batch(&tr->test, idx, rows, tr->h_in, tr->h_lab);
+        double loss;
+        int ok;
+        if (psk_upload(tr->be, tr->mlp.act[0], tr->h_in, (size_t)rows * tr->test.pixels * 4) ||
+            psw_mlp_forward(&tr->mlp, rows) || psw_mlp_loss(&tr->mlp, rows, tr->h_lab, &loss, &ok))
+            return -1;
+        correct += ok;
+    }
+    return (double)correct / tr->test.n;
+}
+
+static int train_step(struct trainer *tr, uint64_t step_in_epoch, double *loss, int *correct)
+{
+    int rc = sync_weights(tr);
+    if (rc != 0)
+        return rc;
+    int b = (int)tr->cfg.batch;
+    const uint32_t *idx = tr->perm + (step_in_epoch * tr->cfg.workers + tr->cfg.rank) * b;
+    psw_data_batch(&tr->train, idx, b, tr->h_in, tr->h_lab);
+    if (psk_upload(tr->be, tr->mlp.act[0], tr->h_in, (size_t)b * tr->train.pixels * 4) ||
+        psw_mlp_forward(&tr->mlp, b) || psw_mlp_loss(&tr->mlp, b, tr->h_lab, loss, correct))
+        return PS_EDEVICE;
+    if (!tr->cfg.standalone)
+        tr->pulls_pending = tr->pushes_pending = tr->ntables;
+    rc = psw_mlp_backward(&tr->mlp, b, on_layer, tr);
+    if (rc != 0)
+        return rc;
+    tr->fresh = 0;
+    tr->clock++;
+    if (!tr->cfg.standalone) /* the buffers are reused next step */
+        rc = wait_all(tr, tr->push_tk, &tr->pushes_pending, "push");
+    if (tr->cfg.test_delay_ms) {
+        struct timespec ts = {(time_t)(tr->cfg.test_delay_ms / 1000),
+                              (long)(tr->cfg.test_delay_ms % 1000) * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    return rc;
+}
+
+static void progress(struct trainer *tr, uint64_t epoch, uint64_t step, uint64_t steps, double loss,
+                     double t0, int done)
+{
+    double el = now_s() - t0;
+    double sps = el > 0 ? (double)(step * tr->cfg.batch) / el : 0;
+    double eta = step > 0 ? el / step * (steps - step) : 0;
+    if (isatty(STDERR_FILENO)) {
+        int bar = (int)(30.0 * step / steps), i;
+        char b[31];
+        for (i = 0; i < 30; i++)
+            b[i] = i < bar ? '=' : (i == bar ? '>' : ' ');
+        b[30] = '\0';
+        fprintf(stderr, "\repoch %llu/%llu [%s] %llu/%llu loss %.4f %.0f samples/s ETA %.0fs ",
+                (unsigned long long)epoch + 1, (unsigned long long)tr->cfg.epochs, b,
+                (unsigned long long)step, (unsigned long long)steps, loss, sps, eta);
+        if (done)
+            fputc('\n', stderr);
+    } else if (done || step % tr->cfg.log_every == 0) {
+        PS_LOG(&tr->log, PS_LOG_INFO, "W0200",
+               "epoch %llu step %llu/%llu loss %.4f %.0f samples/s ETA %.0fs",
+               (unsigned long long)epoch + 1, (unsigned long long)step, (unsigned long long)steps,
+               loss, sps, eta);
+    }
+}
+
+static int train(struct trainer *tr, double *accuracy)
+{
+    uint64_t gb = tr->cfg.batch * tr->cfg.workers;
+    uint64_t steps = tr->train.n / gb;
+    *accuracy = -1;
+    int rc = 0;
+    for (uint64_t e = 0; e < tr->cfg.epochs && rc == 0; e++) {
+        psw_data_permute(tr->perm, tr->train.n, tr->cfg.seed, e);
+        double t0 = now_s(), loss_sum = 0;
+        uint64_t s = 0, seen = 0;
+        for (; s < steps; s++) {
+            if (tr->cfg.max_steps && tr->clock >= tr->cfg.max_steps)
+                break;
+            double loss;
+            int ok;
+            if ((rc = train_step(tr, s, &loss, &ok)) != 0)
+                break;
+            loss_sum += loss;
+            seen += tr->cfg.batch;
+            progress(tr, e, s + 1, steps, loss_sum / seen, t0, 0);
+        }
+        tr->train_seconds += now_s() - t0;
+        if (rc != 0)
+            break;
+        progress(tr, e, s, steps, seen ? loss_sum / seen : 0, t0, 1);
+        if (tr->cfg.rank == 0) {
+            *accuracy = evaluate(tr);
+            PS_LOG(&tr->log, PS_LOG_INFO, "W0210", "epoch %llu: test accuracy %.4f",
+                   (unsigned long long)e + 1, *accuracy);
+        }
+        if (tr->cfg.max_steps && tr->clock >= tr->cfg.max_steps)
+            break;
+    }
+    if (rc == 0 && (rc = sync_weights(tr)) == 0 && tr->cfg.rank != 0)
+        *accuracy = evaluate(tr); /* the final weights, so every summary has it */
+    return rc;
+}
+
+/* ---- outputs ----------------------------------------------------------------- */
+
+/* safetensors: 8-byte little-endian header length, a JSON header padded
+ * with spaces to 8 bytes, then the raw little-endian tensors. */
+static int save_safetensors(struct trainer *tr, const char *path)
+{
+    char hdr[8192];
+    size_t used = (size_t)snprintf(hdr, sizeof hdr, "{\"__metadata__\":{\"format\":\"pt\"}");
+    uint64_t off = 0;
+    for (int k = 0; k < tr->ntables; k++) {
+        char name[64];
+        psw_mlp_table_name(k, name, sizeof name);
+        uint64_t n = psw_mlp_table_size(&tr->mlp, k);
+        int l = k / 2;
+        char shape[64];
+        if (k % 2)
+            snprintf(shape, sizeof shape, "[%d]", tr->mlp.dims[l + 1]);
+        else
+            snprintf(shape, sizeof shape, "[%d,%d]", tr->mlp.dims[l + 1], tr->mlp.dims[l]);
+        used += (size_t)snprintf(hdr + used, sizeof hdr - used,
+                                 ",\"%s\":{\"dtype\":\"F32\",\"shape\":%s,\"data_offsets\":[%llu,"
+                                 "%llu]}",
+                                 name, shape, (unsigned long long)off,
+                                 (unsigned long long)(off + n * 4));
+        off += n * 4;
+        if (used >= sizeof hdr - 16)
+            return PS_ELIMIT;
+    }
+    hdr[used++] = '}';
+    while (used % 8)
+        hdr[used++] = ' ';
+    char tmp[4200];
+    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
+    FILE *f = fopen(tmp, "wb");
+    if (f == NULL)
+        return PS_EIO;
+    unsigned char len8[8];
+    for (int i = 0; i < 8; i++)
+        len8[i] = (unsigned char)((uint64_t)used >> (8 * i));
+    int ok = fwrite(len8, 1, 8, f) == 8 && fwrite(hdr, 1, used, f) == used;
+    for (int k = 0; k < tr->ntables && ok; k++) { /* x86-64 and arm64 are little-endian */
+        size_t n = (size_t)psw_mlp_table_size(&tr->mlp, k);
+        ok = fwrite(tr->hw[k], 4, n, f) == n;
+    }
+    ok = (fclose(f) == 0) && ok;
+    if (!ok || rename(tmp, path) != 0) {
+        unlink(tmp);
+        return PS_EIO;
+    }
+    return 0;
+}
+
+static int write_summary(struct trainer *tr, const char *path, double acc, double wall)
+{
+    uint64_t sent = 0, recvd = 0;
+    if (tr->c != NULL)
+        psc_bytes(tr->c, &sent, &recvd);
+    uint64_t samples = tr->clock * tr->cfg.batch;
+    char tmp[4200];
+    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
+    FILE *f = fopen(tmp, "w");
+    if (f == NULL)
+        return PS_EIO;
+    char accs[32];
+    if (acc >= 0)
+        snprintf(accs, sizeof accs, "%.6f", acc);
+    else
+        snprintf(accs, sizeof accs, "null");
+    int ok = fprintf(f,
+                     "{\"test_accuracy\": %s, \"samples_per_sec\": %.2f, \"steps\": %llu, "
+                     "\"epochs\": %llu, \"wall_seconds\": %.3f, \"bytes_pushed\": %llu, "
+                     "\"bytes_pulled\": %llu, \"rank\": %llu, \"workers\": %llu, "
+                     "\"device\": \"%s\"}\n",
+                     accs, tr->train_seconds > 0 ? samples / tr->train_seconds : 0.0,
+                     (unsigned long long)tr->clock, (unsigned long long)tr->cfg.epochs, wall,
+                     (unsigned long long)sent, (unsigned long long)recvd,
+                     (unsigned long long)tr->cfg.rank, (unsigned long long)tr->cfg.workers,
+                     psk_kind_of(tr->be) == PSK_CUDA ? "cuda" : "cpu") > 0;
+    ok = (fclose(f) == 0) && ok;
+    if (!ok || rename(tmp, path) != 0) {
+        unlink(tmp);
+        return PS_EIO;
+    }
+    return 0;
+}
+
+/* ---- setup -------------------------------------------------------------------- */
+
+static int check_config(const struct config *c, char *err, size_t errlen)
+{
+    if (strcmp(c->model, "mlp") != 0) {
+        snprintf(err, errlen, "--model: '%s' is not a known model (mlp)", c->model);
+        return PS_EINVAL;
+    }
+    if (c->rank >= c->workers) {
+        snprintf(err, errlen, "--rank %llu must be less than --workers %llu",
+                 (unsigned long long)c->rank, (unsigned long long)c->workers);
+        return PS_EINVAL;
+    }
+    if (strcmp(c->lr_schedule, "cosine") != 0 && strcmp(c->lr_schedule, "constant") != 0) {
+        snprintf(err, errlen, "--lr-schedule: '%s' is not constant or cosine", c->lr_schedule);
+        return PS_EINVAL;
+    }
+    if (psk_optim_parse(c->optimizer) < 0) {
+        snprintf(err, errlen, "--optimizer: '%s' is not sgd, momentum, adagrad or adam",
+                 c->optimizer);
+        return PS_EINVAL;
+    }
+    if (!c->standalone && c->servers == NULL) {
+        snprintf(err, errlen, "--servers is required (or --standalone)");
+        return PS_EINVAL;
+    }
+    if (c->standalone && c->workers != 1) {
+        snprintf(err, errlen, "--standalone trains alone: --workers must be 1");
+        return PS_EINVAL;
+    }
+    return ps_log_level_parse(c->log_level) < 0
+               ? (snprintf(err, errlen, "--log-level: '%s' is not error, warn, info or debug",
+                           c->log_level),
+                  PS_EINVAL)
+               : 0;
+}
+
+/* Splits "a,b,c" into endpoints (pointers into buf). */
+static int split_servers(const char *list, char *buf, size_t len, const char **eps, size_t *n,
+                         char *err, size_t errlen)
+{
+    if (strlen(list) >= len) {
+        snprintf(err, errlen, "--servers: list longer than %zu bytes", len - 1);
+        return PS_EINVAL;
+    }
+    strcpy(buf, list);
+    *n = 0;
+    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok != NULL;
+         tok = strtok_r(NULL, ",", &save)) {
+        if (*n >= PS_SHARDS_MAX) {
+            snprintf(err, errlen, "--servers: more than %u endpoints", PS_SHARDS_MAX);
+            return PS_EINVAL;
+        }
+        eps[(*n)++] = tok;
+    }
+    if (*n == 0) {
+        snprintf(err, errlen, "--servers: '%s' names no endpoint", list);
+        return PS_EINVAL;
+    }
+    return 0;
+}
+
+static int setup(struct trainer *tr, char *err, size_t errlen)
+{
+    struct config *c = &tr->cfg;
+    int rc = psk_open(c->device, &tr->be, err, errlen);
+    if (rc != 0)
+        return rc;
+    PS_LOG(&tr->log, PS_LOG_INFO, "W0001", "rank %llu of %llu on %s%s", (unsigned long long)c->rank,
+           (unsigned long long)c->workers, psk_describe(tr->be),
+           c->standalone ? " (standalone)" : "");
+    int dims[PSW_LAYERS_MAX + 1];
+    int nl = psw_mlp_parse_layers(c->layers, dims, err, errlen);
+    if (nl < 0)
+        return nl;
+    if ((rc = psw_data_load(c->data, "train", dims[nl], &tr->train, err, errlen)) != 0 ||
+        (rc = psw_data_load(c->data, "t10k", dims[nl], &tr->test, err, errlen)) != 0)
+        return rc;
+    if ((uint32_t)dims[0] != tr->train.pixels || tr->test.pixels != tr->train.pixels) {
+        snprintf(err, errlen, "--layers: input width %d, but the images have %u pixels", dims[0],
+                 tr->train.pixels);
+        return PS_EINVAL;
+    }
+    if (c->batch * c->workers > tr->train.n) {
+        snprintf(err, errlen, "--batch %llu x --workers %llu exceeds the %u training examples",
+                 (unsigned long long)c->batch, (unsigned long long)c->workers, tr->train.n);
+        return PS_EINVAL;
+    }
+    int bmax = (int)c->batch > EVAL_BATCH ? (int)c->batch : EVAL_BATCH;
+    if ((rc = psw_mlp_init(&tr->mlp, tr->be, dims, nl, bmax, err, errlen)) != 0)
+        return rc;
+    tr->perm = malloc((size_t)tr->train.n * sizeof *tr->perm);
+    tr->h_lab = malloc((size_t)bmax * sizeof *tr->h_lab);
+    if (tr->perm == NULL || tr->h_lab == NULL ||
+        psk_host_alloc(tr->be, (size_t)bmax * tr->train.pixels * 4, (void **)&tr->h_in)) {
+        snprintf(err, errlen, "out of memory for batches");
+        return PS_ENOMEM;
+    }
+    if (!c->standalone) {
+        char buf[8192];
+        const char *eps[PS_SHARDS_MAX];
+        size_t n = 0;
+        if ((rc = split_servers(c->servers, buf, sizeof buf, eps, &n, err, errlen)) != 0)
+            return rc;
+        struct psc_config pc = {eps, n, (uint32_t)c->rank, (int)c->timeout_ms};
+        if ((rc = psc_create(&pc, &tr->c, err, errlen)) != 0)
+            return rc;
+    }
+    /* The schedule spans the run's clocks (the server converts its own
+     * application count in asp/ssp). Every worker computes the same value,
+     * so the table specs agree. */
+    uint64_t steps = (uint64_t)(tr->train.n / (c->batch * c->workers)) * c->epochs;
+    if (c->max_steps && c->max_steps < steps)
+        steps = c->max_steps;
+    tr->decay_steps = steps;
+    if ((rc = setup_tables(tr, err, errlen)) != 0)
+        return rc;
+    for (int k = 0; !c->standalone && k < tr->ntables && rc == 0; k++)
+        rc = pull_table(tr, k, 0);
+    tr->pulls_pending = c->standalone ? 0 : tr->ntables;
+    return rc;
+}
+
+static void teardown(struct trainer *tr)
+{
+    for (int k = 0; k < tr->ntables; k++) {
+        psk_host_free(tr->be, tr->hw[k]);
+        psk_host_free(tr->be, tr->hg[k]);
+        free(tr->s1[k]);
+        free(tr->s2[k]);
+    }
+    psc_destroy(tr->c);
+    if (tr->be != NULL) {
+        psk_host_free(tr->be, tr->h_in);
+        psw_mlp_fini(&tr->mlp);
+        psk_close(tr->be);
+    }
+    free(tr->perm);
+    free(tr->h_lab);
+    psw_data_free(&tr->train);
+    psw_data_free(&tr->test);
+}
+
+int main(int argc, char **argv)
+{
+    static struct trainer tr; /* large; zeroed */
+    char err[512];
+    if (ps_opts_parse(opts, NOPTS, &tr.cfg, argc, argv, NULL, err, sizeof err) != 0) {
+        fprintf(stderr, "psworker: %s\n", err);
+        return 2;
+    }
+    if (tr.cfg.help) {
+        ps_opts_usage(stdout, "psworker [OPTIONS]",
+                      "psworker trains a model on its shard of the data through psd servers.", opts,
+                      NOPTS);
+        return 0;
+    }
+    if (check_config(&tr.cfg, err, sizeof err) != 0) {
+        fprintf(stderr, "psworker: %s\n", err);
+        return 2;
+    }
+    char prog[32];
+    snprintf(prog, sizeof prog, "psworker.%llu", (unsigned long long)tr.cfg.rank);
+    ps_log_init(&tr.log, prog, ps_log_level_parse(tr.cfg.log_level));
+    double t0 = now_s(), acc = -1;
+    int rc = setup(&tr, err, sizeof err);
+    if (rc != 0)
+        PS_LOG(&tr.log, PS_LOG_ERROR, "W0002", "%s", err);
+    else
+        rc = train(&tr, &acc);
+    if (rc == 0 && tr.cfg.save != NULL && tr.cfg.rank == 0 &&
+        save_safetensors(&tr, tr.cfg.save) != 0) {
+        PS_LOG(&tr.log, PS_LOG_ERROR, "W0003", "--save: cannot write '%s'", tr.cfg.save);
+        rc = PS_EIO;
+    }
+    if (rc == 0) {
+        PS_LOG(&tr.log, PS_LOG_INFO, "W0100",
+               "done: %llu steps, test accuracy %.4f, %.0f samples/s", (unsigned long long)tr.clock,
+               acc, tr.train_seconds > 0 ? tr.clock * tr.cfg.batch / tr.train_seconds : 0.0);
+    }
+    if (tr.cfg.summary_json != NULL && tr.be != NULL &&
+        write_summary(&tr, tr.cfg.summary_json, acc, now_s() - t0) != 0)
+        PS_LOG(&tr.log, PS_LOG_ERROR, "W0004", "--summary-json: cannot write '%s'",
+               tr.cfg.summary_json);
+    teardown(&tr);
+    return rc == 0 ? 0 : 1;
+}
