@@ -247,6 +247,12 @@ static void handle_sync_reply(struct psc_client *c, uint32_t shard, struct slot 
         st->bytes_out = h->stats->bytes_out;
         st->tables = (uint32_t)h->stats->n_tables;
         st->uptime_s = h->stats->uptime_s;
+        snprintf(st->consistency, sizeof st->consistency, "%s", h->stats->consistency);
+        st->workers = h->stats->workers;
+        st->waiting = h->stats->waiting;
+        st->deferred_total = h->stats->deferred_total;
+        st->max_staleness = h->stats->max_staleness;
+        st->wait_timeouts = h->stats->wait_timeouts;
     }
 }
 

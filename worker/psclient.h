@@ -71,6 +71,9 @@ struct psc_shard_stats {
     uint64_t requests, errors, bytes_in, bytes_out;
     uint32_t tables;
     double uptime_s;
+    char consistency[16]; /* "bsp", "asp", "ssp:K" */
+    uint32_t workers;
+    uint64_t waiting, deferred_total, max_staleness, wait_timeouts;
 };
 
 /* Connects to every endpoint and says hello; fails if a shard does not

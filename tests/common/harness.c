@@ -54,16 +54,85 @@ static void pause_ms(long ms)
     nanosleep(&ts, NULL);
 }
 
-void harness_psd_dump_log(const struct psd_proc *p)
+void harness_dump_file(const char *path)
 {
-    FILE *f = fopen(p->log_path, "r");
+    FILE *f = fopen(path, "r");
     if (f == NULL)
         return;
     char line[1024];
-    fprintf(stderr, "---- %s ----\n", p->log_path);
+    fprintf(stderr, "---- %s ----\n", path);
     while (fgets(line, sizeof line, f) != NULL)
         fputs(line, stderr);
     fclose(f);
+}
+
+void harness_psd_dump_log(const struct psd_proc *p)
+{
+    harness_dump_file(p->log_path);
+}
+
+static void ensure_reaper(void)
+{
+    if (!atexit_set) {
+        atexit(reap_all);
+        atexit_set = 1;
+    }
+}
+
+char *harness_tmp(char *out, size_t len, const char *name)
+{
+    static char dir[64]; /* one directory per test process */
+    if (dir[0] == '\0') {
+        snprintf(dir, sizeof dir, "/tmp/pstest.XXXXXX");
+        if (mkdtemp(dir) == NULL)
+            dir[0] = '\0';
+    }
+    snprintf(out, len, "%s/%s", dir[0] ? dir : "/tmp", name);
+    return out;
+}
+
+static void redirect_output(const char *log_path)
+{
+    int fd = open(log_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd >= 0) {
+        dup2(fd, STDERR_FILENO);
+        dup2(fd, STDOUT_FILENO);
+        close(fd);
+    }
+}
+
+pid_t harness_spawn(const char *const *argv, const char *log_path)
+{
+    ensure_reaper();
+    pid_t pid = fork();
+    if (pid < 0)
+        return -1;
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        redirect_output(log_path);
+        execv(argv[0], (char *const *)argv);
+        fprintf(stderr, "exec %s: %s\n", argv[0], strerror(errno));
+        _exit(127);
+    }
+    track(pid, 1);
+    return pid;
+}
+
+int harness_wait(pid_t pid, int timeout_ms)
+{
+    long long deadline = harness_now_ms() + timeout_ms;
+    int status = 0;
+    pid_t r = 0;
+    while ((r = waitpid(pid, &status, WNOHANG)) == 0 && harness_now_ms() < deadline)
+        pause_ms(5);
+    if (r == 0) {
+        kill(pid, SIGKILL);
+        waitpid(pid, &status, 0);
+        track(pid, 0);
+        return -1;
+    }
+    track(pid, 0);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
 static int read_endpoint(const char *path, char *out, size_t len)
@@ -83,12 +152,7 @@ static void exec_child(const struct psd_proc *p, const char *bin, const char *ep
                        const char *const *args)
 {
     prctl(PR_SET_PDEATHSIG, SIGKILL);
-    int fd = open(p->log_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fd >= 0) {
-        dup2(fd, STDERR_FILENO);
-        dup2(fd, STDOUT_FILENO);
-        close(fd);
-    }
+    redirect_output(p->log_path);
     const char *argv[64];
     int n = 0;
     argv[n++] = bin;
@@ -112,10 +176,7 @@ int harness_psd_start(struct psd_proc *p, const char *const *args)
         fprintf(stderr, "harness: PSD_BIN is not set\n");
         return -1;
     }
-    if (!atexit_set) {
-        atexit(reap_all);
-        atexit_set = 1;
-    }
+    ensure_reaper();
     snprintf(p->dir, sizeof p->dir, "/tmp/pstest.XXXXXX");
     if (mkdtemp(p->dir) == NULL)
         return -1;
@@ -154,20 +215,9 @@ int harness_psd_stop(struct psd_proc *p)
     if (p->pid <= 0)
         return -1;
     kill(p->pid, SIGTERM);
-    long long deadline = harness_now_ms() + 10000;
-    int status = 0;
-    pid_t r = 0;
-    while ((r = waitpid(p->pid, &status, WNOHANG)) == 0 && harness_now_ms() < deadline)
-        pause_ms(5);
-    if (r == 0) {
-        fprintf(stderr, "harness: psd %d ignored SIGTERM for 10 s; killing\n", (int)p->pid);
-        kill(p->pid, SIGKILL);
-        waitpid(p->pid, &status, 0);
-        status = -1;
-    }
-    track(p->pid, 0);
+    int rc = harness_wait(p->pid, 10000);
+    if (rc == -1)
+        fprintf(stderr, "harness: psd %d ignored SIGTERM for 10 s; killed\n", (int)p->pid);
     p->pid = 0;
-    if (status == -1)
-        return -1;
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    return rc;
 }

@@ -5,6 +5,7 @@
 #ifndef PSTEST_HARNESS_H
 #define PSTEST_HARNESS_H
 
+#include <stddef.h>
 #include <sys/types.h>
 
 struct psd_proc {
@@ -21,6 +22,17 @@ int harness_psd_start(struct psd_proc *p, const char *const *args);
 int harness_psd_stop(struct psd_proc *p);
 /* Prints the process's log to stderr (for failures). */
 void harness_psd_dump_log(const struct psd_proc *p);
+/* Starts argv (argv[0] is a path) with stdout+stderr to log_path; the
+ * child dies with the test. Returns the pid or -1. */
+pid_t harness_spawn(const char *const *argv, const char *log_path);
+/* Waits up to timeout_ms for pid; kills it after that. Returns its exit
+ * status, 128+signal, or -1 on timeout. Always reaps. */
+int harness_wait(pid_t pid, int timeout_ms);
+/* Prints a file to stderr. */
+void harness_dump_file(const char *path);
+/* Writes into out the path of a scratch file in this process's temp
+ * directory (created on first use). Returns out. */
+char *harness_tmp(char *out, size_t len, const char *name);
 /* Monotonic milliseconds. */
 long long harness_now_ms(void);
 

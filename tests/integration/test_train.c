@@ -1,0 +1,236 @@
+/* Training through real psd and psworker processes on loopback:
+ * BSP with 2 workers of batch B matches 1 worker of batch 2B; 1-worker BSP
+ * is bit-identical to --standalone (same kernels, init and optimizer code);
+ * runs are deterministic; ssp:2 bounds staleness at 2; asp never waits.
+ * Uses Fashion-MNIST from Debian's dataset-fashion-mnist package. */
+#include "harness.h"
+#include "psclient.h"
+
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#define WORKER_TIMEOUT_MS 300000
+#define STEPS             "12"
+
+struct model {
+    unsigned char *bytes;
+    size_t len, hdr_end; /* data starts at hdr_end */
+};
+
+static const char *worker_bin(void)
+{
+    const char *b = getenv("PSWORKER_BIN");
+    assert_non_null(b);
+    return b;
+}
+
+static void load_model(const char *path, struct model *m)
+{
+    FILE *f = fopen(path, "rb");
+    if (f == NULL)
+        fail_msg("no model at %s", path);
+    fseek(f, 0, SEEK_END);
+    m->len = (size_t)ftell(f);
+    fseek(f, 0, SEEK_SET);
+    m->bytes = malloc(m->len);
+    assert_int_equal(fread(m->bytes, 1, m->len, f), m->len);
+    fclose(f);
+    uint64_t hl = 0;
+    for (int i = 7; i >= 0; i--)
+        hl = hl << 8 | m->bytes[i];
+    assert_true(hl % 8 == 0 && 8 + hl < m->len);
+    m->hdr_end = 8 + (size_t)hl;
+    assert_true((m->len - m->hdr_end) % 4 == 0);
+}
+
+/* Starts `shards` psd processes; writes "ep0,ep1" into servers. */
+static void start_cluster(struct psd_proc *p, int shards, const char *mode, const char *workers,
+                          char *servers, size_t len)
+{
+    servers[0] = '\0';
+    for (int i = 0; i < shards; i++) {
+        char si[8], ss[8];
+        snprintf(si, sizeof si, "%d", i);
+        snprintf(ss, sizeof ss, "%d", shards);
+        const char *args[] = {"--shard", si,          "--shards", ss,  "--consistency",
+                              mode,      "--workers", workers,    NULL};
+        assert_int_equal(harness_psd_start(&p[i], args), 0);
+        size_t used = strlen(servers);
+        snprintf(servers + used, len - used, "%s%s", i ? "," : "", p[i].endpoint);
+    }
+}
+
+static void stop_cluster(struct psd_proc *p, int shards)
+{
+    for (int i = 0; i < shards; i++)
+        assert_int_equal(harness_psd_stop(&p[i]), 0);
+}
+
+/* Runs W workers with the common args plus per-rank flags; all must exit 0. */
+static void run_workers(const char *servers, int W, const char *batch, const char *save,
+                        const char *extra_rank1)
+{
+    pid_t pids[4];
+    char logs[4][320];
+    for (int r = 0; r < W; r++) {
+        char rank[8], workers[8];
+        snprintf(rank, sizeof rank, "%d", r);
+        snprintf(workers, sizeof workers, "%d", W);
+        harness_tmp(logs[r], sizeof logs[r], r ? "w1.log" : "w0.log");
+        const char *argv[24] = {worker_bin(), "--servers", servers,   "--rank",   rank,
+                                "--workers",  workers,     "--batch", batch,      "--max-steps",
+                                STEPS,        "--epochs",  "1",       "--device", "cpu"};
+        int n = 15;
+        if (r == 0 && save) {
+            argv[n++] = "--save";
+            argv[n++] = save;
+        }
+        if (r == 1 && extra_rank1) {
+            argv[n++] = "--test-delay-ms";
+            argv[n++] = extra_rank1;
+        }
+        argv[n] = NULL;
+        pids[r] = harness_spawn(argv, logs[r]);
+        assert_true(pids[r] > 0);
+    }
+    for (int r = 0; r < W; r++) {
+        int rc = harness_wait(pids[r], WORKER_TIMEOUT_MS);
+        if (rc != 0) {
+            harness_dump_file(logs[r]);
+            fail_msg("worker %d exited with %d", r, rc);
+        }
+    }
+}
+
+static void run_standalone(const char *batch, const char *save)
+{
+    const char *argv[] = {worker_bin(), "--standalone", "--batch", batch,      "--max-steps",
+                          STEPS,        "--epochs",     "1",       "--device", "cpu",
+                          "--save",     save,           NULL};
+    char log[320];
+    harness_tmp(log, sizeof log, "standalone.log");
+    pid_t pid = harness_spawn(argv, log);
+    int rc = harness_wait(pid, WORKER_TIMEOUT_MS);
+    if (rc != 0) {
+        harness_dump_file(log);
+        fail_msg("standalone exited with %d", rc);
+    }
+}
+
+static void bsp_run(int shards, int W, const char *batch, const char *save)
+{
+    struct psd_proc p[2];
+    char servers[600], ws[8];
+    snprintf(ws, sizeof ws, "%d", W);
+    start_cluster(p, shards, "bsp", ws, servers, sizeof servers);
+    run_workers(servers, W, batch, save, NULL);
+    stop_cluster(p, shards);
+}
+
+static void test_bsp_two_workers_match_one_with_double_batch(void **state)
+{
+    (void)state;
+    char a[320], b[320], c[320], a2[320];
+    harness_tmp(a, sizeof a, "a.safetensors");
+    harness_tmp(b, sizeof b, "b.safetensors");
+    harness_tmp(c, sizeof c, "c.safetensors");
+    harness_tmp(a2, sizeof a2, "a2.safetensors");
+    bsp_run(2, 2, "16", a);
+    bsp_run(2, 1, "32", b);
+    run_standalone("32", c);
+    bsp_run(2, 2, "16", a2);
+    struct model ma, mb, mc, ma2;
+    load_model(a, &ma);
+    load_model(b, &mb);
+    load_model(c, &mc);
+    load_model(a2, &ma2);
+    assert_int_equal(ma.len, mb.len);
+    assert_memory_equal(ma.bytes, mb.bytes, ma.hdr_end); /* same tensors, same layout */
+    /* 1-worker BSP and standalone run the same code: bit for bit. */
+    assert_int_equal(mb.len, mc.len);
+    assert_memory_equal(mb.bytes, mc.bytes, mb.len);
+    /* BSP is deterministic: the same run twice gives the same bits. */
+    assert_memory_equal(ma.bytes, ma2.bytes, ma.len);
+    /* 2 x 16 vs 1 x 32: the same samples, equal up to float rounding. */
+    size_t n = (ma.len - ma.hdr_end) / 4, off = 0;
+    const float *fa = (const float *)(ma.bytes + ma.hdr_end);
+    const float *fb = (const float *)(mb.bytes + mb.hdr_end);
+    double worst = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)fa[i] - fb[i]) / (1e-3 + fabs((double)fb[i]));
+        if (d > worst) {
+            worst = d;
+            off = i;
+        }
+    }
+    printf("  bsp 2x16 vs 1x32: worst relative difference %.3g at %zu of %zu\n", worst, off, n);
+    assert_true(worst < 1e-3);
+    /* ...and they did train: fc1.bias (after the 256x784 fc1.weight) starts
+     * at zero, so equal models that never learned would pass the above. */
+    int moved = 0;
+    for (size_t i = 256 * 784; i < 256 * 784 + 256 && i < n; i++)
+        moved += fa[i] != 0.0f;
+    assert_true(moved > 128);
+    free(ma.bytes);
+    free(mb.bytes);
+    free(mc.bytes);
+    free(ma2.bytes);
+}
+
+static void stats_after(const char *mode, const char *delay, struct psc_shard_stats *st)
+{
+    struct psd_proc p[1];
+    char servers[300];
+    start_cluster(p, 1, mode, "2", servers, sizeof servers);
+    run_workers(servers, 2, "16", NULL, delay);
+    const char *eps[1] = {p[0].endpoint};
+    struct psc_config cfg = {eps, 1, 99, 10000};
+    struct psc_client *c = NULL;
+    char err[256];
+    assert_int_equal(psc_create(&cfg, &c, err, sizeof err), 0);
+    assert_int_equal(psc_stats(c, 0, 10000, st), 0);
+    psc_destroy(c);
+    stop_cluster(p, 1);
+    printf("  %s: waited %llu times, max staleness %llu, timeouts %llu\n", st->consistency,
+           (unsigned long long)st->deferred_total, (unsigned long long)st->max_staleness,
+           (unsigned long long)st->wait_timeouts);
+}
+
+static void test_ssp_bounds_staleness(void **state)
+{
+    (void)state;
+    struct psc_shard_stats st;
+    stats_after("ssp:2", "25", &st); /* rank 1 sleeps 25 ms a step */
+    assert_string_equal(st.consistency, "ssp:2");
+    assert_true(st.deferred_total > 0);    /* the fast worker had to wait */
+    assert_int_equal(st.max_staleness, 2); /* ...exactly at the bound, never past it */
+    assert_int_equal(st.wait_timeouts, 0);
+}
+
+static void test_asp_never_waits(void **state)
+{
+    (void)state;
+    struct psc_shard_stats st;
+    stats_after("asp", "25", &st);
+    assert_string_equal(st.consistency, "asp");
+    assert_int_equal(st.deferred_total, 0);
+    assert_int_equal(st.waiting, 0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_bsp_two_workers_match_one_with_double_batch),
+        cmocka_unit_test(test_ssp_bounds_staleness),
+        cmocka_unit_test(test_asp_never_waits),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
