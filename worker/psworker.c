@@ -103,8 +103,9 @@ struct trainer {
     /* distributed */
     struct psc_client *c;
     uint32_t th[TABLES_MAX];
-    uint64_t pull_tk[TABLES_MAX], push_tk[TABLES_MAX];
-    int pulls_pending, pushes_pending;
+    uint64_t pull_tk[TABLES_MAX]; /* pull, or push-pull, per table */
+    int pulls_pending;
+    int alias; /* CPU backend: host buffers are the model's own buffers */
     /* standalone */
     struct psk_optim opt;
     float *s1[TABLES_MAX], *s2[TABLES_MAX];
@@ -146,8 +147,11 @@ static int setup_tables(struct trainer *tr, char *err, size_t errlen)
     tr->ntables = psw_mlp_tables(&tr->mlp);
     for (int k = 0; k < tr->ntables; k++) {
         size_t n = (size_t)psw_mlp_table_size(&tr->mlp, k);
-        if (psk_host_alloc(tr->be, n * 4, (void **)&tr->hw[k]) ||
-            psk_host_alloc(tr->be, n * 4, (void **)&tr->hg[k])) {
+        if (tr->alias) {
+            tr->hw[k] = psw_mlp_param(&tr->mlp, k);
+            tr->hg[k] = psw_mlp_grad(&tr->mlp, k);
+        } else if (psk_host_alloc(tr->be, n * 4, (void **)&tr->hw[k]) ||
+                   psk_host_alloc(tr->be, n * 4, (void **)&tr->hg[k])) {
             snprintf(err, errlen, "cannot allocate host buffers");
             return PS_ENOMEM;
         }
@@ -215,7 +219,7 @@ static int sync_weights(struct trainer *tr)
         if (rc != 0)
             return rc;
     }
-    for (int k = 0; k < tr->ntables; k++)
+    for (int k = 0; k < tr->ntables && !tr->alias; k++)
         if (psk_upload(tr->be, psw_mlp_param(&tr->mlp, k), tr->hw[k],
                        (size_t)psw_mlp_table_size(&tr->mlp, k) * 4))
             return PS_EDEVICE;
@@ -223,21 +227,22 @@ static int sync_weights(struct trainer *tr)
     return 0;
 }
 
-/* Backward callback: layer l's gradients are ready on the device. */
+/* Backward callback: layer l's gradients are ready on the device. Sends
+ * each as a push-pull (this clock's gradient out, the next clock's weights
+ * back) while backward goes on with the layers below. Replies are read
+ * only inside psc_wait, i.e. after backward, so the weights layer l-1
+ * still needs are not overwritten under it. */
 static int on_layer(void *arg, int l)
 {
     struct trainer *tr = arg;
     for (int k = 2 * l; k <= 2 * l + 1; k++) {
         size_t n = (size_t)psw_mlp_table_size(&tr->mlp, k);
-        if (psk_download(tr->be, tr->hg[k], psw_mlp_grad(&tr->mlp, k), n * 4))
+        if (!tr->alias && psk_download(tr->be, tr->hg[k], psw_mlp_grad(&tr->mlp, k), n * 4))
             return PS_EDEVICE;
-        if (tr->cfg.standalone) {
-            psk_optim_apply(&tr->opt, tr->clock + 1, tr->hw[k], tr->s1[k], tr->s2[k], tr->hg[k], n);
-            continue;
-        }
-        int rc = psc_push(tr->c, tr->th[k], 0, n, tr->hg[k], tr->clock, &tr->push_tk[k]);
-        if (rc == 0)
-            rc = pull_table(tr, k, tr->clock + 1);
+        if (tr->cfg.standalone)
+            continue; /* applied after backward, which still reads the weights */
+        int rc =
+            psc_push_pull(tr->c, tr->th[k], 0, n, tr->hg[k], tr->hw[k], tr->clock, &tr->pull_tk[k]);
         if (rc != 0) {
             PS_LOG(&tr->log, PS_LOG_ERROR, "W0302", "push: %s", psc_last_error(tr->c));
             return rc;
@@ -281,14 +286,15 @@ static int train_step(struct trainer *tr, uint64_t step_in_epoch, double *loss, 
         psw_mlp_forward(&tr->mlp, b) || psw_mlp_loss(&tr->mlp, b, tr->h_lab, loss, correct))
         return PS_EDEVICE;
     if (!tr->cfg.standalone)
-        tr->pulls_pending = tr->pushes_pending = tr->ntables;
+        tr->pulls_pending = tr->ntables;
     rc = psw_mlp_backward(&tr->mlp, b, on_layer, tr);
     if (rc != 0)
         return rc;
+    for (int k = 0; k < tr->ntables && tr->cfg.standalone; k++)
+        psk_optim_apply(&tr->opt, tr->clock + 1, tr->hw[k], tr->s1[k], tr->s2[k], tr->hg[k],
+                        (size_t)psw_mlp_table_size(&tr->mlp, k));
     tr->fresh = 0;
     tr->clock++;
-    if (!tr->cfg.standalone) /* the buffers are reused next step */
-        rc = wait_all(tr, tr->push_tk, &tr->pushes_pending, "push");
     if (tr->cfg.test_delay_ms) {
         struct timespec ts = {(time_t)(tr->cfg.test_delay_ms / 1000),
                               (long)(tr->cfg.test_delay_ms % 1000) * 1000000L};
@@ -537,6 +543,7 @@ static int setup(struct trainer *tr, char *err, size_t errlen)
     int bmax = (int)c->batch > EVAL_BATCH ? (int)c->batch : EVAL_BATCH;
     if ((rc = psw_mlp_init(&tr->mlp, tr->be, dims, nl, bmax, err, errlen)) != 0)
         return rc;
+    tr->alias = psk_kind_of(tr->be) == PSK_CPU;
     tr->perm = malloc((size_t)tr->train.n * sizeof *tr->perm);
     tr->h_lab = malloc((size_t)bmax * sizeof *tr->h_lab);
     if (tr->perm == NULL || tr->h_lab == NULL ||
@@ -572,8 +579,10 @@ static int setup(struct trainer *tr, char *err, size_t errlen)
 static void teardown(struct trainer *tr)
 {
     for (int k = 0; k < tr->ntables; k++) {
-        psk_host_free(tr->be, tr->hw[k]);
-        psk_host_free(tr->be, tr->hg[k]);
+        if (!tr->alias) {
+            psk_host_free(tr->be, tr->hw[k]);
+            psk_host_free(tr->be, tr->hg[k]);
+        }
         free(tr->s1[k]);
         free(tr->s2[k]);
     }
