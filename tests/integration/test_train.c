@@ -57,7 +57,7 @@ static void start_cluster(struct psd_proc *p, int shards, const char *mode, cons
 {
     servers[0] = '\0';
     for (int i = 0; i < shards; i++) {
-        char si[8], ss[8];
+        char si[16], ss[16];
         snprintf(si, sizeof si, "%d", i);
         snprintf(ss, sizeof ss, "%d", shards);
         const char *args[] = {"--shard", si,          "--shards", ss,  "--consistency",
@@ -81,7 +81,7 @@ static void run_workers(const char *servers, int W, const char *batch, const cha
     pid_t pids[4];
     char logs[4][320];
     for (int r = 0; r < W; r++) {
-        char rank[8], workers[8];
+        char rank[16], workers[16];
         snprintf(rank, sizeof rank, "%d", r);
         snprintf(workers, sizeof workers, "%d", W);
         harness_tmp(logs[r], sizeof logs[r], r ? "w1.log" : "w0.log");
@@ -128,7 +128,7 @@ static void run_standalone(const char *batch, const char *save)
 static void bsp_run(int shards, int W, const char *batch, const char *save)
 {
     struct psd_proc p[2];
-    char servers[600], ws[8];
+    char servers[600], ws[16];
     snprintf(ws, sizeof ws, "%d", W);
     start_cluster(p, shards, "bsp", ws, servers, sizeof servers);
     run_workers(servers, W, batch, save, NULL);
