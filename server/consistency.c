@@ -41,9 +41,14 @@ int psd_cons_table_init(const struct psd_cons *c, struct psd_table *t)
     /* bsp applies once per clock; asp/ssp once per worker push */
     t->sched_div = c->mode == PSD_BSP ? 1 : c->workers;
     t->completed = calloc(c->workers, sizeof *t->completed);
-    t->pushed = calloc(c->workers, sizeof *t->pushed);
+    t->next = calloc(c->workers, sizeof *t->next);
     t->wgrad = calloc(c->workers, sizeof *t->wgrad);
-    return t->completed && t->pushed && t->wgrad ? 0 : PS_ENOMEM;
+    if (!t->completed || !t->next || !t->wgrad)
+        return PS_ENOMEM;
+    for (uint32_t w = 0; w < c->workers; w++)
+        t->next[w] = t->lo;
+    t->watermark = t->lo;
+    return 0;
 }
 
 void psd_cons_table_fini(const struct psd_cons *c, struct psd_table *t)
@@ -51,10 +56,10 @@ void psd_cons_table_fini(const struct psd_cons *c, struct psd_table *t)
     for (uint32_t w = 0; t->wgrad != NULL && w < c->workers; w++)
         free(t->wgrad[w]);
     free(t->wgrad);
-    free(t->pushed);
+    free(t->next);
     free(t->completed);
     t->wgrad = NULL;
-    t->pushed = NULL;
+    t->next = NULL;
     t->completed = NULL;
 }
 
@@ -68,11 +73,12 @@ uint64_t psd_cons_clock(const struct psd_cons *c, const struct psd_table *t)
     return m;
 }
 
-int psd_cons_ready(const struct psd_cons *c, const struct psd_table *t, uint64_t clock)
+int psd_cons_ready(const struct psd_cons *c, const struct psd_table *t, uint64_t clock,
+                   uint64_t offset, uint64_t count)
 {
     switch (c->mode) {
     case PSD_BSP:
-        return t->clock >= clock;
+        return t->clock >= clock || (t->clock + 1 == clock && t->watermark >= offset + count);
     case PSD_SSP:
         return psd_cons_clock(c, t) + c->staleness >= clock;
     case PSD_ASP:
@@ -87,69 +93,83 @@ void psd_cons_missing(const struct psd_cons *c, const struct psd_table *t, uint6
     size_t used = 0;
     buf[0] = '\0';
     for (uint32_t w = 0; w < c->workers && used + 12 < len; w++) {
-        int missing = c->mode == PSD_BSP ? !t->pushed[w] : t->completed[w] + c->staleness < clock;
+        int missing = c->mode == PSD_BSP ? t->next[w] < t->hi && t->clock < clock
+                                         : t->completed[w] + c->staleness < clock;
         if (missing)
             used += (size_t)snprintf(buf + used, len - used, "%s%u", used ? ", " : "", w);
     }
 }
 
-/* Averages the round's gradients in worker order and applies them once. */
+/* Applies [watermark, upto) of the round: the gradients of every worker,
+ * summed in worker order, averaged. Closes the round at the shard's end. */
+static void bsp_advance(const struct psd_cons *c, struct psd_table *t, uint64_t upto)
+{
+    size_t a = (size_t)(t->watermark - t->lo), n = (size_t)(upto - t->watermark);
+    float *acc = t->wgrad[0] + a;
+    for (uint32_t w = 1; w < c->workers; w++) {
+        const float *g = t->wgrad[w] + a;
+        for (size_t i = 0; i < n; i++)
+            acc[i] += g[i];
+    }
+    float inv = 1.0f / (float)c->workers;
+    for (size_t i = 0; i < n; i++)
+        acc[i] *= inv;
+    psd_table_apply(t, t->watermark, n, acc, t->clock + 1);
+    t->watermark = upto;
+}
+
 static void bsp_close_round(const struct psd_cons *c, struct psd_table *t)
 {
-    size_t n = (size_t)(t->hi - t->lo);
-    float *acc = t->wgrad[0];
-    for (uint32_t w = 1; w < c->workers; w++)
-        for (size_t i = 0; i < n; i++)
-            acc[i] += t->wgrad[w][i];
-    if (c->workers > 1) {
-        float inv = 1.0f / (float)c->workers;
-        for (size_t i = 0; i < n; i++)
-            acc[i] *= inv;
-    }
-    psd_table_apply(t, t->lo, n, acc);
-    memset(t->pushed, 0, c->workers * sizeof *t->pushed);
-    t->npushed = 0;
     t->clock++;
+    t->steps = t->clock;
+    t->watermark = t->lo;
+    for (uint32_t w = 0; w < c->workers; w++)
+        t->next[w] = t->lo;
 }
 
 static int bsp_push(const struct psd_cons *c, struct psd_table *t, uint32_t w, uint64_t clock,
                     uint64_t offset, uint64_t count, const float *g, int *applied, char *err,
                     size_t errlen)
 {
-    if (offset != t->lo || count != t->hi - t->lo) {
-        snprintf(err, errlen, "bsp: a push must cover shard range [%llu, %llu) of '%s'",
-                 (unsigned long long)t->lo, (unsigned long long)t->hi, t->name);
-        return PS_EINVAL;
-    }
     if (clock != t->clock) {
         snprintf(err, errlen, "bsp: push for clock %llu, but '%s' is at clock %llu",
                  (unsigned long long)clock, t->name, (unsigned long long)t->clock);
         return PS_ESTATE;
     }
-    if (t->pushed[w]) {
-        snprintf(err, errlen, "bsp: worker %u already pushed clock %llu of '%s'", w,
-                 (unsigned long long)clock, t->name);
+    if (offset != t->next[w]) {
+        snprintf(err, errlen,
+                 "bsp: worker %u pushed [%llu, %llu) of '%s', but [%llu, ...) comes next in "
+                 "clock %llu (pushes go in order, each element once)",
+                 w, (unsigned long long)offset, (unsigned long long)(offset + count), t->name,
+                 (unsigned long long)t->next[w], (unsigned long long)clock);
         return PS_ESTATE;
     }
-    t->completed[w] = clock + 1;
+    t->next[w] += count;
+    if (t->next[w] == t->hi)
+        t->completed[w] = clock + 1;
     if (c->workers == 1) { /* a round of one: apply straight from the frame */
-        psd_table_apply(t, t->lo, (size_t)count, g);
-        t->clock++;
-        *applied = 1;
-        return 0;
+        psd_table_apply(t, offset, count, g, clock + 1);
+        t->watermark = t->next[w];
+    } else {
+        if (t->wgrad[w] == NULL) {
+            size_t bytes = (size_t)(t->hi - t->lo) * sizeof(float);
+            if ((t->wgrad[w] = malloc(bytes ? bytes : 4)) == NULL) {
+                t->next[w] -= count;
+                snprintf(err, errlen, "bsp: out of memory for worker %u's gradient", w);
+                return PS_ENOMEM;
+            }
+        }
+        memcpy(t->wgrad[w] + (offset - t->lo), g, (size_t)count * sizeof(float));
+        uint64_t low = t->hi;
+        for (uint32_t i = 0; i < c->workers; i++)
+            low = t->next[i] < low ? t->next[i] : low;
+        if (low <= t->watermark)
+            return 0;
+        bsp_advance(c, t, low);
     }
-    size_t bytes = (size_t)count * sizeof(float);
-    if (t->wgrad[w] == NULL && (t->wgrad[w] = malloc(bytes ? bytes : 4)) == NULL) {
-        snprintf(err, errlen, "bsp: out of memory for worker %u's gradient", w);
-        return PS_ENOMEM;
-    }
-    memcpy(t->wgrad[w], g, bytes);
-    t->pushed[w] = 1;
-    t->completed[w] = clock + 1;
-    if (++t->npushed == c->workers) {
+    *applied = 1;
+    if (t->watermark == t->hi)
         bsp_close_round(c, t);
-        *applied = 1;
-    }
     return 0;
 }
 
@@ -169,7 +189,7 @@ int psd_cons_push(const struct psd_cons *c, struct psd_table *t, uint32_t worker
     } else if (clock + 1 > t->completed[worker]) {
         t->completed[worker] = clock + 1;
     }
-    psd_table_apply(t, offset, count, g);
+    psd_table_apply(t, offset, count, g, ++t->steps);
     *applied = 1;
     return 0;
 }

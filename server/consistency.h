@@ -1,10 +1,13 @@
 /* Consistency modes: when a push is applied and when a pull may be answered.
  *
  *   asp    pushes apply on arrival; pulls never wait.
- *   bsp    a table's round t completes when every worker has pushed clock t
- *          for it; the gradients are averaged (summed in worker order, so
- *          the result does not depend on arrival order) and applied once.
- *          A pull for clock t waits until round t-1 is applied.
+ *   bsp    in round t every worker pushes its gradient of the table's shard
+ *          range for clock t, in order, whole or in chunks; the prefix that
+ *          every worker has pushed (the watermark) is averaged (summed in
+ *          worker order, so arrival order does not matter) and applied at
+ *          once. A pull of [a, b) for clock t+1 is ready when round t is
+ *          applied up to b, so a chunk can come back while later chunks are
+ *          still on their way.
  *   ssp:K  pushes apply on arrival; a pull for clock c waits until every
  *          worker has completed clock c-K-1, i.e. no worker is more than K
  *          clocks ahead of the slowest.
@@ -47,8 +50,9 @@ int psd_cons_push(const struct psd_cons *c, struct psd_table *t, uint32_t worker
                   uint64_t offset, uint64_t count, const float *g, int *applied, char *err,
                   size_t errlen);
 
-/* 1 when a pull of t at `clock` may be answered now. */
-int psd_cons_ready(const struct psd_cons *c, const struct psd_table *t, uint64_t clock);
+/* 1 when a pull of [offset, offset+count) of t at `clock` may be answered. */
+int psd_cons_ready(const struct psd_cons *c, const struct psd_table *t, uint64_t clock,
+                   uint64_t offset, uint64_t count);
 
 /* bsp: rounds applied; ssp/asp: the lowest worker clock. */
 uint64_t psd_cons_clock(const struct psd_cons *c, const struct psd_table *t);

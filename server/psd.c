@@ -283,7 +283,7 @@ static void release_waits(struct psd *s)
     for (uint32_t i = 0; i < s->nwaits;) {
         struct psd_wait *w = &s->waits[i];
         struct psd_table *t = s->tables[w->table_id];
-        if (!psd_cons_ready(&s->cons, t, w->clock)) {
+        if (!psd_cons_ready(&s->cons, t, w->clock, w->offset, w->count)) {
             i++;
             continue;
         }
@@ -357,7 +357,7 @@ static int op_data(struct psd *s, const struct ps_frame *route, const struct ps_
     }
     /* push-pull asks for the weights after its own clock's update */
     uint64_t clock = req->op == PS__OP__OP_PUSH_PULL ? req->clock + 1 : req->clock;
-    if (!psd_cons_ready(&s->cons, t, clock))
+    if (!psd_cons_ready(&s->cons, t, clock, req->offset, req->count))
         return defer(s, route, req, clock, rep);
     note_staleness(s, t, clock);
     reply_values(s, req, t, req->offset, req->count, rep);

@@ -91,7 +91,8 @@ int psd_table_same_spec(const struct psd_table *t, const Ps__TableSpec *spec)
            t->lr_schedule == (int)spec->lr_schedule && t->lr_decay_steps == spec->lr_decay_steps;
 }
 
-void psd_table_apply(struct psd_table *t, uint64_t offset, uint64_t count, const float *g)
+void psd_table_apply(struct psd_table *t, uint64_t offset, uint64_t count, const float *g,
+                     uint64_t step)
 {
     assert(offset >= t->lo);
     assert(count <= t->hi - offset);
@@ -109,9 +110,8 @@ void psd_table_apply(struct psd_table *t, uint64_t offset, uint64_t count, const
         .decay_steps = t->lr_decay_steps,
         .sched_div = t->sched_div,
     };
-    t->steps++;
-    psk_optim_apply(&o, t->steps, t->w + base, t->s1 ? t->s1 + base : NULL,
-                    t->s2 ? t->s2 + base : NULL, g, (size_t)count);
+    psk_optim_apply(&o, step, t->w + base, t->s1 ? t->s1 + base : NULL, t->s2 ? t->s2 + base : NULL,
+                    g, (size_t)count);
 }
 
 void psd_table_read(const struct psd_table *t, uint64_t offset, uint64_t count, float *out)

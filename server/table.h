@@ -32,16 +32,16 @@ struct psd_table {
     float *w;       /* hi - lo weights */
     float *s1;      /* momentum velocity, Adagrad accumulator, Adam first moment */
     float *s2;      /* Adam second moment */
-    uint64_t steps; /* optimizer applications (Adam's t) */
+    uint64_t steps; /* optimizer steps applied */
 
     uint64_t pushes, pulls;
 
     /* consistency (consistency.c): */
     uint64_t clock;      /* bsp: rounds applied */
     uint64_t *completed; /* per worker: clocks pushed */
-    uint8_t *pushed;     /* bsp: per worker, pushed this round */
+    uint64_t *next;      /* bsp: per worker, the next offset it must push this round */
+    uint64_t watermark;  /* bsp: this round is applied on [lo, watermark) */
     float **wgrad;       /* bsp: per worker, this round's gradient */
-    uint32_t npushed;
 };
 
 /* Allocates and initialises this shard's part of the table described by
@@ -54,8 +54,10 @@ void psd_table_destroy(struct psd_table *t);
 int psd_table_same_spec(const struct psd_table *t, const Ps__TableSpec *spec);
 
 /* Applies gradients g[0..count) to global elements [offset, offset+count),
- * which must lie in [lo, hi). */
-void psd_table_apply(struct psd_table *t, uint64_t offset, uint64_t count, const float *g);
+ * which must lie in [lo, hi), as optimizer step `step` (1-based: Adam's t
+ * and the lr schedule's position). */
+void psd_table_apply(struct psd_table *t, uint64_t offset, uint64_t count, const float *g,
+                     uint64_t step);
 
 /* Copies weights of global elements [offset, offset+count) into out. */
 void psd_table_read(const struct psd_table *t, uint64_t offset, uint64_t count, float *out);

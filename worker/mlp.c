@@ -162,17 +162,35 @@ int psw_mlp_loss(struct psw_mlp *m, int rows, const int *labels, double *loss_su
     return 0;
 }
 
-int psw_mlp_backward(struct psw_mlp *m, int rows, psw_layer_cb cb, void *arg)
+/* gW[r0:r1] = dz[:, r0:r1]^T act[l], one chunk of rows at a time. */
+static int weight_grad(struct psw_mlp *m, int l, int rows, const float *dz, psw_chunk_cb cb,
+                       void *arg)
+{
+    int in = m->dims[l], out = m->dims[l + 1];
+    size_t bytes = (size_t)out * in * sizeof(float);
+    int chunks = (int)((bytes + PSW_CHUNK_BYTES - 1) / PSW_CHUNK_BYTES);
+    int step = (out + chunks - 1) / chunks;
+    for (int r0 = 0; r0 < out; r0 += step) {
+        int r1 = r0 + step < out ? r0 + step : out;
+        if (psk_gemm(m->be, 1, 0, r1 - r0, in, rows, 1.0f, dz + r0, out, m->act[l], in, 0.0f,
+                     m->gw[l] + (size_t)r0 * in, in))
+            return PS_EDEVICE;
+        int rc = cb ? cb(arg, l, r0, r1) : 0;
+        if (rc != 0)
+            return rc;
+    }
+    return 0;
+}
+
+int psw_mlp_backward(struct psw_mlp *m, int rows, psw_chunk_cb cb, void *arg)
 {
     int cur = 0; /* dz[cur] holds d loss / d (pre-activation of layer l) */
     for (int l = m->nlayers - 1; l >= 0; l--) {
         int in = m->dims[l], out = m->dims[l + 1];
-        /* gW = dz^T act[l] (out x in); gb = column sums of dz */
-        if (psk_gemm(m->be, 1, 0, out, in, rows, 1.0f, m->dz[cur], out, m->act[l], in, 0.0f,
-                     m->gw[l], in) ||
-            psk_col_sum(m->be, rows, out, m->dz[cur], m->gb[l]))
+        /* gb = column sums of dz, then gW (out x in) chunk by chunk */
+        if (psk_col_sum(m->be, rows, out, m->dz[cur], m->gb[l]))
             return PS_EDEVICE;
-        int rc = cb ? cb(arg, l) : 0;
+        int rc = weight_grad(m, l, rows, m->dz[cur], cb, arg);
         if (rc != 0)
             return rc;
         if (l == 0)

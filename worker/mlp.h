@@ -56,11 +56,16 @@ int psw_mlp_forward(struct psw_mlp *m, int rows);
  * logits gradient of the mean loss, and the count of correct predictions. */
 int psw_mlp_loss(struct psw_mlp *m, int rows, const int *labels, double *loss_sum, int *correct);
 
-/* Called when layer l's gradients (tables 2l and 2l+1) are ready, from the
- * last layer to the first, so they can be sent while the rest computes. */
-typedef int (*psw_layer_cb)(void *arg, int layer);
+/* Weight gradients are produced in row chunks of about this many bytes, so
+ * a big layer's first rows can be on the wire while its last are computed. */
+#define PSW_CHUNK_BYTES (256u * 1024u)
 
-/* Backward pass after psw_mlp_loss; calls cb for each layer as it finishes. */
-int psw_mlp_backward(struct psw_mlp *m, int rows, psw_layer_cb cb, void *arg);
+/* Called when rows [row0, row1) of layer l's weight gradient (table 2l) are
+ * ready; with the last chunk (row1 == dims[l+1]) the bias gradient (table
+ * 2l+1) is ready too. Layers go from the last to the first. */
+typedef int (*psw_chunk_cb)(void *arg, int layer, int row0, int row1);
+
+/* Backward pass after psw_mlp_loss; calls cb for each chunk as it finishes. */
+int psw_mlp_backward(struct psw_mlp *m, int rows, psw_chunk_cb cb, void *arg);
 
 #endif

@@ -25,8 +25,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#define EVAL_BATCH 1000
-#define TABLES_MAX (2 * PSW_LAYERS_MAX)
+#define EVAL_BATCH  1000
+#define TABLES_MAX  (2 * PSW_LAYERS_MAX)
+#define TICKETS_MAX 1024 /* push-pulls of one step: one per weight chunk and bias */
 
 struct config {
     const char *servers;
@@ -103,7 +104,7 @@ struct trainer {
     /* distributed */
     struct psc_client *c;
     uint32_t th[TABLES_MAX];
-    uint64_t pull_tk[TABLES_MAX]; /* pull, or push-pull, per table */
+    uint64_t pull_tk[TICKETS_MAX]; /* pulls, or push-pulls, in flight */
     int pulls_pending;
     int alias; /* CPU backend: host buffers are the model's own buffers */
     /* standalone */
@@ -227,28 +228,39 @@ static int sync_weights(struct trainer *tr)
     return 0;
 }
 
-/* Backward callback: layer l's gradients are ready on the device. Sends
- * each as a push-pull (this clock's gradient out, the next clock's weights
- * back) while backward goes on with the layers below. Replies are read
- * only inside psc_wait, i.e. after backward, so the weights layer l-1
- * still needs are not overwritten under it. */
-static int on_layer(void *arg, int l)
+/* Sends [first, first+n) of table k's gradient as a push-pull: this
+ * clock's gradient out, the next clock's weights for the same range back. */
+static int send_range(struct trainer *tr, int k, uint64_t first, uint64_t n)
+{
+    if (!tr->alias &&
+        psk_download(tr->be, tr->hg[k] + first, psw_mlp_grad(&tr->mlp, k) + first, n * 4))
+        return PS_EDEVICE;
+    if (tr->cfg.standalone)
+        return 0; /* applied after backward, which still reads the weights */
+    if (tr->pulls_pending >= TICKETS_MAX)
+        return PS_ELIMIT;
+    int rc = psc_push_pull(tr->c, tr->th[k], first, n, tr->hg[k] + first, tr->hw[k] + first,
+                           tr->clock, &tr->pull_tk[tr->pulls_pending]);
+    if (rc != 0) {
+        PS_LOG(&tr->log, PS_LOG_ERROR, "W0302", "push: %s", psc_last_error(tr->c));
+        return rc;
+    }
+    tr->pulls_pending++;
+    return 0;
+}
+
+/* Backward callback: rows [r0, r1) of layer l's weight gradient are ready
+ * (and, with the last rows, its bias gradient). They go out at once while
+ * backward goes on. Replies are read only inside psc_wait, i.e. after
+ * backward, so weights still needed below are not overwritten under it. */
+static int on_chunk(void *arg, int l, int r0, int r1)
 {
     struct trainer *tr = arg;
-    for (int k = 2 * l; k <= 2 * l + 1; k++) {
-        size_t n = (size_t)psw_mlp_table_size(&tr->mlp, k);
-        if (!tr->alias && psk_download(tr->be, tr->hg[k], psw_mlp_grad(&tr->mlp, k), n * 4))
-            return PS_EDEVICE;
-        if (tr->cfg.standalone)
-            continue; /* applied after backward, which still reads the weights */
-        int rc =
-            psc_push_pull(tr->c, tr->th[k], 0, n, tr->hg[k], tr->hw[k], tr->clock, &tr->pull_tk[k]);
-        if (rc != 0) {
-            PS_LOG(&tr->log, PS_LOG_ERROR, "W0302", "push: %s", psc_last_error(tr->c));
-            return rc;
-        }
-    }
-    return 0;
+    uint64_t in = (uint64_t)tr->mlp.dims[l];
+    int rc = send_range(tr, 2 * l, (uint64_t)r0 * in, (uint64_t)(r1 - r0) * in);
+    if (rc == 0 && r1 == tr->mlp.dims[l + 1])
+        rc = send_range(tr, 2 * l + 1, 0, (uint64_t)r1);
+    return rc;
 }
 
 /* ---- steps ------------------------------------------------------------------ */
@@ -285,9 +297,7 @@ static int train_step(struct trainer *tr, uint64_t step_in_epoch, double *loss, 
     if (psk_upload(tr->be, tr->mlp.act[0], tr->h_in, (size_t)b * tr->train.pixels * 4) ||
         psw_mlp_forward(&tr->mlp, b) || psw_mlp_loss(&tr->mlp, b, tr->h_lab, loss, correct))
         return PS_EDEVICE;
-    if (!tr->cfg.standalone)
-        tr->pulls_pending = tr->ntables;
-    rc = psw_mlp_backward(&tr->mlp, b, on_layer, tr);
+    rc = psw_mlp_backward(&tr->mlp, b, on_chunk, tr);
     if (rc != 0)
         return rc;
     for (int k = 0; k < tr->ntables && tr->cfg.standalone; k++)

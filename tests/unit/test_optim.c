@@ -37,7 +37,7 @@ static struct psd_table *make(Ps__OptimizerKind opt, float lr, float wd, int nes
 static float step(struct psd_table *t, float g)
 {
     float out;
-    psd_table_apply(t, t->lo, 1, &g);
+    psd_table_apply(t, t->lo, 1, &g, ++t->steps);
     psd_table_read(t, t->lo, 1, &out);
     return out;
 }
@@ -92,7 +92,7 @@ static void test_shard_part_and_subrange(void **state)
     assert_int_equal(t->lo, 3);
     assert_int_equal(t->hi, 5);
     float g = 0.25f, out[2];
-    psd_table_apply(t, 4, 1, &g);
+    psd_table_apply(t, 4, 1, &g, ++t->steps);
     psd_table_read(t, 3, 2, out);
     assert_true(out[0] == 1.0f); /* untouched */
     assert_true(out[1] == 0.75f);
