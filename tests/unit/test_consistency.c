@@ -1,0 +1,151 @@
+/* Consistency rules in isolation: BSP rounds by watermark (chunked pushes,
+ * arrival order irrelevant to the bits, ranges ready as the watermark
+ * passes them, refusals), the SSP bound, ASP. */
+#include "consistency.h"
+#include "table.h"
+
+#include "ps_err.h"
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#define N 10
+
+static struct psd_table *make(const struct psd_cons *c)
+{
+    Ps__TableSpec s;
+    ps__table_spec__init(&s);
+    s.name = "t";
+    s.size = N;
+    s.lr = 0.5f;
+    s.init = PS__INIT_KIND__INIT_CONSTANT;
+    s.init_scale = 1.0f;
+    struct psd_table *t = NULL;
+    assert_int_equal(psd_table_create(&s, 0, 0, 1, &t), 0);
+    assert_int_equal(psd_cons_table_init(c, t), 0);
+    return t;
+}
+
+static void drop(const struct psd_cons *c, struct psd_table *t)
+{
+    psd_cons_table_fini(c, t);
+    psd_table_destroy(t);
+}
+
+static int push(const struct psd_cons *c, struct psd_table *t, uint32_t w, uint64_t clock,
+                uint64_t off, uint64_t n, const float *g)
+{
+    int applied = 0;
+    char err[256];
+    return psd_cons_push(c, t, w, clock, off, n, g + off, &applied, err, sizeof err);
+}
+
+static void test_bsp_watermark(void **state)
+{
+    (void)state;
+    struct psd_cons c = {PSD_BSP, 0, 2};
+    float g0[N], g1[N];
+    for (int i = 0; i < N; i++) {
+        g0[i] = 0.1f * (float)i;
+        g1[i] = 0.3f - 0.07f * (float)i;
+    }
+    /* order A: worker 0 pushes everything first, in two chunks */
+    struct psd_table *a = make(&c);
+    assert_int_equal(push(&c, a, 0, 0, 0, 4, g0), 0);
+    assert_int_equal(push(&c, a, 0, 0, 4, 6, g0), 0);
+    assert_int_equal(a->watermark, 0); /* nothing from worker 1 yet */
+    assert_false(psd_cons_ready(&c, a, 1, 0, 4));
+    assert_int_equal(push(&c, a, 1, 0, 0, 3, g1), 0);
+    assert_int_equal(a->watermark, 3);
+    assert_true(psd_cons_ready(&c, a, 1, 0, 3)); /* the applied prefix */
+    assert_false(psd_cons_ready(&c, a, 1, 0, 4));
+    assert_int_equal(push(&c, a, 1, 0, 3, 7, g1), 0);
+    assert_int_equal(a->clock, 1); /* round closed */
+    assert_true(psd_cons_ready(&c, a, 1, 0, N));
+    /* order B: interleaved, worker 1 first, other chunking */
+    struct psd_table *b = make(&c);
+    assert_int_equal(push(&c, b, 1, 0, 0, 7, g1), 0);
+    assert_int_equal(push(&c, b, 0, 0, 0, 2, g0), 0);
+    assert_int_equal(push(&c, b, 0, 0, 2, 8, g0), 0);
+    assert_int_equal(push(&c, b, 1, 0, 7, 3, g1), 0);
+    assert_int_equal(b->clock, 1);
+    assert_memory_equal(a->w, b->w, N * sizeof(float)); /* same bits */
+    for (int i = 0; i < N; i++)
+        assert_float_equal(a->w[i], 1.0f - 0.5f * (g0[i] + g1[i]) / 2.0f, 1e-6);
+    assert_int_equal(a->steps, 1);
+    drop(&c, a);
+    drop(&c, b);
+}
+
+static void test_bsp_refusals(void **state)
+{
+    (void)state;
+    struct psd_cons c = {PSD_BSP, 0, 2};
+    float g[N] = {0};
+    struct psd_table *t = make(&c);
+    assert_int_equal(push(&c, t, 0, 1, 0, N, g), PS_ESTATE); /* a future clock */
+    assert_int_equal(push(&c, t, 0, 0, 4, 6, g), PS_ESTATE); /* skips [0, 4) */
+    assert_int_equal(push(&c, t, 0, 0, 0, 4, g), 0);
+    assert_int_equal(push(&c, t, 0, 0, 0, 4, g), PS_ESTATE); /* the same chunk again */
+    assert_int_equal(push(&c, t, 2, 0, 0, 4, g), PS_EINVAL); /* not one of 2 workers */
+    char missing[64];
+    psd_cons_missing(&c, t, 1, missing, sizeof missing);
+    assert_string_equal(missing, "0, 1"); /* neither finished clock 0 */
+    assert_int_equal(push(&c, t, 0, 0, 4, 6, g), 0);
+    psd_cons_missing(&c, t, 1, missing, sizeof missing);
+    assert_string_equal(missing, "1");
+    drop(&c, t);
+}
+
+static void test_ssp_and_asp(void **state)
+{
+    (void)state;
+    struct psd_cons c = {PSD_SSP, 2, 2};
+    float g[N] = {0};
+    struct psd_table *t = make(&c);
+    for (uint64_t k = 0; k < 3; k++) /* worker 0 completes clocks 0..2 */
+        assert_int_equal(push(&c, t, 0, k, 0, N, g), 0);
+    assert_true(psd_cons_ready(&c, t, 2, 0, N));  /* worker 1 at 0: 2 ahead is allowed */
+    assert_false(psd_cons_ready(&c, t, 3, 0, N)); /* 3 ahead is not */
+    assert_int_equal(push(&c, t, 1, 0, 0, N, g), 0);
+    assert_true(psd_cons_ready(&c, t, 3, 0, N));
+    assert_int_equal(t->steps, 4); /* applied on arrival */
+    drop(&c, t);
+    struct psd_cons a = {PSD_ASP, 0, 1};
+    t = make(&a);
+    assert_int_equal(push(&a, t, 7, 5, 2, 3, g), 0); /* any worker, any clock, any range */
+    assert_true(psd_cons_ready(&a, t, 1000, 0, N));
+    drop(&a, t);
+}
+
+static void test_parse(void **state)
+{
+    (void)state;
+    struct psd_cons c;
+    char name[32];
+    assert_int_equal(psd_cons_parse("ssp:3", &c), 0);
+    psd_cons_name(&c, name, sizeof name);
+    assert_string_equal(name, "ssp:3");
+    assert_int_equal(psd_cons_parse("ssp:1000000", &c), 0);
+    assert_int_equal(psd_cons_parse("ssp:1000001", &c), PS_EINVAL);
+    assert_int_equal(psd_cons_parse("ssp:", &c), PS_EINVAL);
+    assert_int_equal(psd_cons_parse("bsp2", &c), PS_EINVAL);
+    assert_int_equal(psd_cons_parse("bsp", &c), 0);
+    assert_int_equal(c.mode, PSD_BSP);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_bsp_watermark),
+        cmocka_unit_test(test_bsp_refusals),
+        cmocka_unit_test(test_ssp_and_asp),
+        cmocka_unit_test(test_parse),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
