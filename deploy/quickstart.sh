@@ -9,10 +9,12 @@ cd "$(dirname "$0")/.."
 
 shards=2 workers=2 epochs=5 device=auto batch=64 lr="" consistency=bsp
 build=build-release
+extra=()
 usage() {
   cat <<USAGE
 usage: deploy/quickstart.sh [--shards N] [--workers N] [--epochs N] [--device auto|cpu|cuda]
                             [--batch B] [--lr LR] [--consistency bsp|asp|ssp:K] [--build-dir DIR]
+                            [-- PSWORKER-ARGS...]
 Defaults: 2 shards, 2 workers, 5 epochs, batch 64 per worker, lr 0.02 x workers, bsp.
 USAGE
 }
@@ -27,6 +29,7 @@ while [ $# -gt 0 ]; do
     --consistency) consistency=$2; shift 2 ;;
     --build-dir) build=$2; shift 2 ;;
     -h|--help) usage; exit 0 ;;
+    --) shift; extra=("$@"); break ;;
     *) echo "quickstart: unknown option '$1'" >&2; usage >&2; exit 2 ;;
   esac
 done
@@ -81,7 +84,7 @@ echo "quickstart: $shards shard(s) at $servers; $workers worker(s), $consistency
 
 for ((r = 0; r < workers; r++)); do
   args=(--servers "$servers" --rank "$r" --workers "$workers" --epochs "$epochs" --batch "$batch"
-        --lr "$lr" --device "$device" --summary-json "$run/summary$r.json")
+        --lr "$lr" --device "$device" --summary-json "$run/summary$r.json" "${extra[@]}")
   if [ "$r" -eq 0 ]; then
     "$build/worker/psworker" "${args[@]}" 2> >(tee "$run/worker0.log" >&2) &
   else
@@ -108,4 +111,12 @@ done
 
 acc=$(python3 -c 'import json,sys; print("%.4f" % json.load(open(sys.argv[1]))["test_accuracy"])' "$run/summary0.json")
 echo "quickstart: logs and summaries in $run"
+python3 - "$run" "$workers" <<'PY'
+import json, sys
+run, w = sys.argv[1], int(sys.argv[2])
+s = [json.load(open(f"{run}/summary{r}.json")) for r in range(w)]
+print("quickstart: %d steps, %.0f samples/s in all, %.1f MB pushed and %.1f MB pulled per worker"
+      % (s[0]["steps"], sum(x["samples_per_sec"] for x in s),
+         s[0]["bytes_pushed"] / 1e6, s[0]["bytes_pulled"] / 1e6))
+PY
 echo "test accuracy: $acc"

@@ -2,6 +2,7 @@
 #include "psd.h"
 
 #include "ps_err.h"
+#include "ps_half.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -201,11 +202,6 @@ static struct psd_table *check_range(struct psd *s, const Ps__Header *req, struc
                      ps_op_name(req->op), t->name);
         return NULL;
     }
-    if (req->dtype != PS__DTYPE__DTYPE_F32) {
-        reply_errorf(s, req, PS_EDTYPE, rep, "%s: dtype %s is not supported, use f32",
-                     ps_op_name(req->op), ps_dtype_name(req->dtype));
-        return NULL;
-    }
     if (req->offset < t->lo || req->offset + req->count > t->hi) {
         reply_errorf(s, req, PS_ERANGE, rep,
                      "%s: [%llu, %llu) is outside shard %u's range [%llu, %llu) of table '%s' "
@@ -219,19 +215,25 @@ static struct psd_table *check_range(struct psd *s, const Ps__Header *req, struc
     return t;
 }
 
-/* Values as aligned floats: the frame itself when aligned, else a copy. */
-static const float *aligned_values(struct psd *s, const struct ps_wire_msg *m)
+/* Values as aligned f32: the frame itself when it is aligned f32, else a
+ * copy or a conversion into the server's scratch buffer. */
+static const float *values_f32(struct psd *s, const struct ps_wire_msg *m)
 {
-    if (((uintptr_t)m->vals % _Alignof(float)) == 0)
+    int f32 = m->hdr->dtype == PS__DTYPE__DTYPE_F32;
+    if (f32 && ((uintptr_t)m->vals % _Alignof(float)) == 0)
         return m->vals;
-    if (m->vals_bytes > s->scratch_cap) {
-        float *p = realloc(s->scratch, m->vals_bytes);
+    size_t need = (size_t)m->hdr->count * m->hdr->dim * sizeof(float);
+    if (need > s->scratch_cap) {
+        float *p = realloc(s->scratch, need);
         if (p == NULL)
             return NULL;
         s->scratch = p;
-        s->scratch_cap = m->vals_bytes;
+        s->scratch_cap = need;
     }
-    memcpy(s->scratch, m->vals, m->vals_bytes);
+    if (f32)
+        memcpy(s->scratch, m->vals, need);
+    else
+        ps_half_to_f32_n(m->hdr->dtype, m->vals, s->scratch, need / sizeof(float));
     return s->scratch;
 }
 
@@ -239,21 +241,24 @@ static const float *aligned_values(struct psd *s, const struct ps_wire_msg *m)
 static void reply_values(struct psd *s, const Ps__Header *req, struct psd_table *t, uint64_t offset,
                          uint64_t count, struct psd_reply *rep)
 {
-    size_t bytes = (size_t)count * sizeof(float);
+    size_t bytes = (size_t)count * ps_dtype_size(req->dtype);
     void *out = aligned_alloc(64, (bytes + 63u) & ~(size_t)63u);
     if (out == NULL) {
         reply_errorf(s, req, PS_ENOMEM, rep, "%s: cannot allocate %zu reply bytes",
                      ps_op_name(req->op), bytes);
         return;
     }
-    psd_table_read(t, offset, count, out);
+    if (req->dtype == PS__DTYPE__DTYPE_F32)
+        psd_table_read(t, offset, count, out);
+    else /* the table is f32; only the wire is 16-bit */
+        ps_f32_to_half_n(req->dtype, t->w + (offset - t->lo), out, (size_t)count);
     t->pulls++;
     Ps__Header h;
     reply_init(&h, req);
     h.offset = offset;
     h.count = count;
     h.dim = 1;
-    h.dtype = PS__DTYPE__DTYPE_F32;
+    h.dtype = req->dtype;
     h.clock = psd_cons_clock(&s->cons, t);
     rep->vals = out;
     rep->vals_bytes = bytes;
@@ -275,6 +280,7 @@ static void wait_header(const struct psd_wait *w, Ps__Header *h)
     h->worker_id = w->worker_id;
     h->table_id = w->table_id;
     h->clock = w->clock;
+    h->dtype = w->dtype;
 }
 
 /* Answers every waiting request that is ready now. */
@@ -319,6 +325,7 @@ static int defer(struct psd *s, const struct ps_frame *route, const Ps__Header *
     w->clock = clock;
     w->offset = req->offset;
     w->count = req->count;
+    w->dtype = req->dtype;
     w->since_ms = now_ms();
     w->deadline_ms = w->since_ms + s->wait_timeout_ms;
     w->logged = 0;
@@ -335,7 +342,7 @@ static int op_data(struct psd *s, const struct ps_frame *route, const struct ps_
         return 1;
     int applied = 0;
     if (req->op != PS__OP__OP_PULL) {
-        const float *g = aligned_values(s, m);
+        const float *g = values_f32(s, m);
         char err[PS_ERROR_TEXT_MAX];
         int rc = g == NULL ? PS_ENOMEM
                            : psd_cons_push(&s->cons, t, req->worker_id, req->clock, req->offset,

@@ -43,6 +43,7 @@ struct psd_wait {
     uint32_t worker_id, table_id;
     uint64_t clock; /* the clock it waits for */
     uint64_t offset, count;
+    Ps__DType dtype; /* of the reply's values */
     uint64_t since_ms, deadline_ms;
     int logged;
 };

@@ -3,6 +3,7 @@
 #include "psclient.h"
 
 #include "ps_err.h"
+#include "ps_half.h"
 #include "ps_limits.h"
 #include "ps_shard.h"
 #include "ps_wire.h"
@@ -39,12 +40,16 @@ struct slot {
     int status;
     int canceled;
     atomic_uint zc_refs; /* zero-copy frames zmq still holds */
+    void *conv;          /* 16-bit copy of a push's values (grows, reused) */
+    size_t conv_cap;
     char error[PS_ERROR_TEXT_MAX + 64];
 };
 
 struct psc_client {
     uint32_t nshards;
     uint32_t worker_id;
+    Ps__DType dtype; /* on the wire */
+    size_t esize;
     void *ctx;
     void **socks;
     char **endpoints;
@@ -203,15 +208,19 @@ static void handle_data_reply(struct psc_client *c, uint32_t shard, struct slot 
     ps_shard_range(t->size, c->nshards, shard, &lo, &hi);
     uint64_t a = sl->offset > lo ? sl->offset : lo;
     uint64_t b = sl->offset + sl->count < hi ? sl->offset + sl->count : hi;
-    if (h->offset != a || h->count != b - a || h->dtype != PS__DTYPE__DTYPE_F32 ||
-        m->vals_bytes != (b - a) * sizeof(float)) {
+    if (h->offset != a || h->count != b - a || h->dtype != c->dtype ||
+        m->vals_bytes != (b - a) * c->esize) {
         slot_fail(sl, PS_EPROTO, "shard %u answered [%llu, +%llu), expected [%llu, +%llu)", shard,
                   (unsigned long long)h->offset, (unsigned long long)h->count,
                   (unsigned long long)a, (unsigned long long)(b - a));
         return;
     }
-    if (!sl->canceled)
+    if (sl->canceled)
+        return;
+    if (c->dtype == PS__DTYPE__DTYPE_F32)
         memcpy(sl->out + (a - sl->offset), m->vals, m->vals_bytes);
+    else
+        ps_half_to_f32_n(c->dtype, m->vals, sl->out + (a - sl->offset), (size_t)(b - a));
 }
 
 static void handle_sync_reply(struct psc_client *c, uint32_t shard, struct slot *sl,
@@ -413,6 +422,22 @@ static int start_range(struct psc_client *c, Ps__Op op, uint32_t table, uint64_t
     sl->offset = offset;
     sl->count = count;
     sl->out = out;
+    const unsigned char *src = (const unsigned char *)grad;
+    if (grad != NULL && c->dtype != PS__DTYPE__DTYPE_F32) {
+        size_t need = (size_t)count * c->esize;
+        if (need > sl->conv_cap) {
+            void *p = realloc(sl->conv, need);
+            if (p == NULL) {
+                slot_release(c, sl);
+                return set_error(c, PS_ENOMEM, "%s: no memory to convert %llu values",
+                                 ps_op_name(op), (unsigned long long)count);
+            }
+            sl->conv = p;
+            sl->conv_cap = need;
+        }
+        ps_f32_to_half_n(c->dtype, grad, sl->conv, (size_t)count);
+        src = sl->conv;
+    }
     uint32_t s0 = ps_shard_of_index(t->size, c->nshards, offset);
     uint32_t s1 = ps_shard_of_index(t->size, c->nshards, offset + count - 1);
     for (uint32_t s = s0; s <= s1; s++) {
@@ -430,8 +455,9 @@ static int start_range(struct psc_client *c, Ps__Op op, uint32_t table, uint64_t
         h.clock = clock;
         h.offset = a;
         h.count = b - a;
-        const void *vals = op == PS__OP__OP_PULL ? NULL : grad + (a - offset);
-        if (send_one(c, s, &h, vals, vals ? (b - a) * sizeof(float) : 0, sl) != 0)
+        h.dtype = c->dtype;
+        const void *vals = op == PS__OP__OP_PULL ? NULL : src + (a - offset) * c->esize;
+        if (send_one(c, s, &h, vals, vals ? (b - a) * c->esize : 0, sl) != 0)
             break;
     }
     if (sl->pending == 0 && sl->status != 0) {
@@ -620,6 +646,13 @@ int psc_create(const struct psc_config *cfg, struct psc_client **out, char *err,
     }
     c->nshards = (uint32_t)cfg->nservers;
     c->worker_id = cfg->worker_id;
+    c->dtype = (Ps__DType)cfg->wire_dtype;
+    c->esize = ps_dtype_size(cfg->wire_dtype);
+    if (c->esize == 0) {
+        snprintf(err, errlen, "wire dtype %d is not f32, f16 or bf16", cfg->wire_dtype);
+        free(c);
+        return PS_EINVAL;
+    }
     c->socks = calloc(c->nshards, sizeof *c->socks);
     c->endpoints = calloc(c->nshards, sizeof *c->endpoints);
     c->items = calloc(c->nshards, sizeof *c->items);
@@ -666,6 +699,8 @@ void psc_destroy(struct psc_client *c)
         zmq_ctx_term(c->ctx); /* linger 0: drops unsent frames, runs free callbacks */
     for (uint32_t i = 0; i < c->ntables; i++)
         free(c->tables[i]);
+    for (uint32_t i = 0; i < PS_CLIENT_TICKETS_MAX; i++)
+        free(c->slots[i].conv);
     free(c->socks);
     free(c->endpoints);
     free(c->items);

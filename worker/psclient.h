@@ -35,6 +35,13 @@ struct psc_config {
     size_t nservers;
     uint32_t worker_id;     /* this client's id in requests (rank) */
     int connect_timeout_ms; /* for the hello to every shard in psc_create */
+    int wire_dtype;         /* enum psc_dtype: values on the wire (servers keep f32) */
+};
+
+enum psc_dtype {
+    PSC_F32 = 0,
+    PSC_F16 = 1,  /* IEEE half: half the bytes, ~3 decimal digits */
+    PSC_BF16 = 2, /* bfloat16: half the bytes, f32's range */
 };
 
 enum psc_optimizer {

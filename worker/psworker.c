@@ -35,7 +35,7 @@ struct config {
     const char *model, *layers, *data;
     uint64_t batch, epochs, seed;
     double lr, momentum, weight_decay;
-    const char *optimizer, *device, *lr_schedule;
+    const char *optimizer, *device, *lr_schedule, *wire_dtype;
     const char *summary_json, *save, *log_level;
     int standalone;
     uint64_t max_steps, log_every, timeout_ms, test_delay_ms;
@@ -69,6 +69,8 @@ static const struct ps_opt opts[] = {
         "constant, or cosine decay to 0 over the whole run"),
     FOPT("momentum", momentum, "0.9", 0.0, 0.999999, "M", "momentum coefficient"),
     FOPT("weight-decay", weight_decay, "0", 0.0, 1.0, "WD", "L2 weight decay"),
+    OPT("wire-dtype", PS_OPT_STR, wire_dtype, "f32", 0, 0, "DTYPE",
+        "values on the wire: f32, f16 or bf16 (servers keep f32)"),
     OPT("device", PS_OPT_STR, device, "auto", 0, 0, "DEV", "auto, cpu, cuda or cuda:N"),
     OPT("seed", PS_OPT_U64, seed, "1", 0, UINT64_MAX, "S", "seed for init and shuffling"),
     OPT("summary-json", PS_OPT_STR, summary_json, NULL, 0, 0, "PATH",
@@ -464,6 +466,14 @@ static int write_summary(struct trainer *tr, const char *path, double acc, doubl
 
 /* ---- setup -------------------------------------------------------------------- */
 
+static int wire_dtype_of(const char *s)
+{
+    return strcmp(s, "f32") == 0    ? PSC_F32
+           : strcmp(s, "f16") == 0  ? PSC_F16
+           : strcmp(s, "bf16") == 0 ? PSC_BF16
+                                    : -1;
+}
+
 static int check_config(const struct config *c, char *err, size_t errlen)
 {
     if (strcmp(c->model, "mlp") != 0) {
@@ -477,6 +487,10 @@ static int check_config(const struct config *c, char *err, size_t errlen)
     }
     if (strcmp(c->lr_schedule, "cosine") != 0 && strcmp(c->lr_schedule, "constant") != 0) {
         snprintf(err, errlen, "--lr-schedule: '%s' is not constant or cosine", c->lr_schedule);
+        return PS_EINVAL;
+    }
+    if (wire_dtype_of(c->wire_dtype) < 0) {
+        snprintf(err, errlen, "--wire-dtype: '%s' is not f32, f16 or bf16", c->wire_dtype);
         return PS_EINVAL;
     }
     if (psk_optim_parse(c->optimizer) < 0) {
@@ -567,7 +581,8 @@ static int setup(struct trainer *tr, char *err, size_t errlen)
         size_t n = 0;
         if ((rc = split_servers(c->servers, buf, sizeof buf, eps, &n, err, errlen)) != 0)
             return rc;
-        struct psc_config pc = {eps, n, (uint32_t)c->rank, (int)c->timeout_ms};
+        struct psc_config pc = {eps, n, (uint32_t)c->rank, (int)c->timeout_ms,
+                                wire_dtype_of(c->wire_dtype)};
         if ((rc = psc_create(&pc, &tr->c, err, errlen)) != 0)
             return rc;
     }

@@ -352,12 +352,12 @@ static void c_range_past_table(struct case_msg *m)
     valid_push(m, &h);
 }
 
-static void c_f16_unsupported(struct case_msg *m)
+static void c_pull_straddles_end(struct case_msg *m)
 {
     Ps__Header h;
-    data_header(&h, PS__OP__OP_PUSH, 0, 10);
+    data_header(&h, PS__OP__OP_PULL, 990, 20);
     h.dtype = PS__DTYPE__DTYPE_F16;
-    valid_push(m, &h);
+    put_header(m, &h);
 }
 
 static void c_keys_on_dense(struct case_msg *m)
@@ -411,7 +411,7 @@ const struct bad_case bad_cases[] = {
     {"push count past table limit", PS_ELIMIT, 0, c_count_at_limit_push_short},
     {"unknown table", PS_ENOTABLE, 1, c_unknown_table},
     {"range past table", PS_ERANGE, 1, c_range_past_table},
-    {"f16 push (unsupported)", PS_EDTYPE, 1, c_f16_unsupported},
+    {"f16 pull past the table end", PS_ERANGE, 1, c_pull_straddles_end},
     {"keys on dense table", PS_ENOTSUP, 1, c_keys_on_dense},
     {"create conflicting spec", PS_EEXIST, 1, c_create_conflict},
 };

@@ -5,6 +5,7 @@
 #include "psclient.h"
 
 #include "ps_err.h"
+#include "ps_half.h"
 #include "ps_init.h"
 
 #include <setjmp.h>
@@ -44,7 +45,8 @@ static int setup(void **state)
     if (harness_psd_start(&f.shard[0], a0) != 0 || harness_psd_start(&f.shard[1], a1) != 0)
         return -1;
     const char *eps[2] = {f.shard[0].endpoint, f.shard[1].endpoint};
-    struct psc_config cfg = {eps, 2, 1, TIMEOUT_MS};
+    struct psc_config cfg = {
+        .servers = eps, .nservers = 2, .worker_id = 1, .connect_timeout_ms = TIMEOUT_MS};
     char err[512];
     if (psc_create(&cfg, &f.c, err, sizeof err) != 0) {
         fprintf(stderr, "psc_create: %s\n", err);
@@ -221,7 +223,7 @@ static void test_unreachable_and_misordered(void **state)
     struct fixture *f = *state;
     /* Nothing listens on port 1 of loopback: hello times out, naming it. */
     const char *dead[1] = {"tcp://127.0.0.1:1"};
-    struct psc_config cfg = {dead, 1, 1, 300};
+    struct psc_config cfg = {.servers = dead, .nservers = 1, .connect_timeout_ms = 300};
     struct psc_client *c = NULL;
     char err[512];
     long long t0 = harness_now_ms();
@@ -231,14 +233,58 @@ static void test_unreachable_and_misordered(void **state)
     assert_null(c);
     /* Endpoints listed in the wrong order: hello says which is which. */
     const char *swapped[2] = {f->shard[1].endpoint, f->shard[0].endpoint};
-    struct psc_config cfg2 = {swapped, 2, 1, TIMEOUT_MS};
+    struct psc_config cfg2 = {.servers = swapped, .nservers = 2, .connect_timeout_ms = TIMEOUT_MS};
     assert_int_equal(psc_create(&cfg2, &c, err, sizeof err), PS_ESTATE);
     assert_non_null(strstr(err, "check the order"));
     /* Garbage endpoint: named in the error. */
     const char *junk[1] = {"nonsense://x"};
-    struct psc_config cfg3 = {junk, 1, 1, 100};
+    struct psc_config cfg3 = {.servers = junk, .nservers = 1, .connect_timeout_ms = 100};
     assert_int_equal(psc_create(&cfg3, &c, err, sizeof err), PS_EINVAL);
     assert_non_null(strstr(err, "nonsense://x"));
+}
+
+static void test_f16_on_the_wire(void **state)
+{
+    struct fixture *f = *state;
+    const char *eps[2] = {f->shard[0].endpoint, f->shard[1].endpoint};
+    struct psc_config cfg = {.servers = eps,
+                             .nservers = 2,
+                             .worker_id = 2,
+                             .connect_timeout_ms = TIMEOUT_MS,
+                             .wire_dtype = PSC_F16};
+    struct psc_client *h = NULL;
+    char err[256];
+    assert_int_equal(psc_create(&cfg, &h, err, sizeof err), 0);
+    struct psc_table_spec s;
+    big_spec(&s);
+    uint32_t t16;
+    assert_int_equal(psc_table_create(h, &s, TIMEOUT_MS, &t16), 0);
+    enum { OFF = N / 2 - 5000, C = 10000 }; /* across the shard boundary */
+    float *exact = malloc(C * 4), *half = malloc(C * 4), *g = malloc(C * 4);
+    uint64_t t;
+    assert_int_equal(psc_pull(f->c, f->big, OFF, C, exact, 9, &t), 0);
+    wait_ok(f->c, t);
+    assert_int_equal(psc_pull(h, t16, OFF, C, half, 9, &t), 0);
+    wait_ok(h, t);
+    for (int i = 0; i < C; i++) /* the server's f32, rounded once to f16 */
+        assert_true(half[i] == ps_f16_to_f32(ps_f32_to_f16(exact[i])));
+    for (int i = 0; i < C; i++)
+        g[i] = 0.001f * (float)(i % 97) - 0.05f;
+    assert_int_equal(psc_push(h, t16, OFF, C, g, 9, &t), 0);
+    wait_ok(h, t);
+    float *after = malloc(C * 4);
+    assert_int_equal(psc_pull(f->c, f->big, OFF, C, after, 9, &t), 0);
+    wait_ok(f->c, t);
+    for (int i = 0; i < C; i++) /* the server applied the f16-rounded gradient */
+        assert_true(after[i] == exact[i] - 0.5f * ps_f16_to_f32(ps_f32_to_f16(g[i])));
+    uint64_t sent, recvd;
+    psc_bytes(h, &sent, &recvd);
+    assert_true(sent < C * 4 && sent > C * 2); /* half the bytes of f32 */
+    psc_destroy(h);
+    free(exact);
+    free(half);
+    free(g);
+    free(after);
 }
 
 int main(void)
@@ -250,6 +296,7 @@ int main(void)
         cmocka_unit_test(test_create_idempotent_and_conflict),
         cmocka_unit_test(test_client_side_errors),
         cmocka_unit_test(test_stats),
+        cmocka_unit_test(test_f16_on_the_wire),
         cmocka_unit_test(test_unreachable_and_misordered),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

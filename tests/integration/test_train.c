@@ -192,7 +192,8 @@ static void stats_after(const char *mode, const char *delay, struct psc_shard_st
     start_cluster(p, 1, mode, "2", servers, sizeof servers);
     run_workers(servers, 2, "16", NULL, delay);
     const char *eps[1] = {p[0].endpoint};
-    struct psc_config cfg = {eps, 1, 99, 10000};
+    struct psc_config cfg = {
+        .servers = eps, .nservers = 1, .worker_id = 99, .connect_timeout_ms = 10000};
     struct psc_client *c = NULL;
     char err[256];
     assert_int_equal(psc_create(&cfg, &c, err, sizeof err), 0);
