@@ -121,6 +121,11 @@ int psk_download(struct psk_backend *b, void *dst, const void *src, size_t bytes
     return bytes == 0 ? 0 : b->ops->download(b, dst, src, bytes);
 }
 
+int psk_copy(struct psk_backend *b, void *dst, const void *src, size_t bytes)
+{
+    return bytes == 0 ? 0 : b->ops->copy(b, dst, src, bytes);
+}
+
 int psk_sync(struct psk_backend *b)
 {
     return b->ops->sync(b);

@@ -36,6 +36,8 @@ void psk_free(struct psk_backend *b, void *ptr);
 int psk_upload(struct psk_backend *b, void *dst, const void *src, size_t bytes);
 int psk_download(struct psk_backend *b, void *dst, const void *src, size_t bytes);
 int psk_sync(struct psk_backend *b);
+/* dst <- src, both device memory. */
+int psk_copy(struct psk_backend *b, void *dst, const void *src, size_t bytes);
 
 /* C = alpha op(A) op(B) + beta C; op(A) is m x k, op(B) k x n, C m x n. */
 int psk_gemm(struct psk_backend *b, int trans_a, int trans_b, int m, int n, int k, float alpha,

@@ -141,6 +141,7 @@ static const struct psk_ops cpu_ops = {
     .free = cpu_free,
     .upload = cpu_copy,
     .download = cpu_copy,
+    .copy = cpu_copy,
     .sync = cpu_sync,
     .gemm = cpu_gemm,
     .axpy = cpu_axpy,

@@ -64,6 +64,12 @@ static int cu_download(struct psk_backend *b, void *dst, const void *src, size_t
     return cuda_check(b, e, "download");
 }
 
+static int cu_copy(struct psk_backend *b, void *dst, const void *src, size_t bytes)
+{
+    return cuda_check(
+        b, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, state(b)->stream), "copy");
+}
+
 static int cu_sync(struct psk_backend *b)
 {
     return cuda_check(b, cudaStreamSynchronize(state(b)->stream), "sync");
@@ -154,6 +160,7 @@ static const struct psk_ops cuda_ops = {
     .free = cu_free,
     .upload = cu_upload,
     .download = cu_download,
+    .copy = cu_copy,
     .sync = cu_sync,
     .gemm = cu_gemm,
     .axpy = cu_axpy,

@@ -11,6 +11,7 @@ struct psk_ops {
     int (*upload)(struct psk_backend *b, void *dst, const void *src, size_t bytes);
     int (*download)(struct psk_backend *b, void *dst, const void *src, size_t bytes);
     int (*sync)(struct psk_backend *b);
+    int (*copy)(struct psk_backend *b, void *dst, const void *src, size_t bytes);
     int (*gemm)(struct psk_backend *b, int ta, int tb, int m, int n, int k, float alpha,
                 const float *a, int lda, const float *bm, int ldb, float beta, float *c, int ldc);
     int (*axpy)(struct psk_backend *b, size_t n, float a, const float *x, float *y);

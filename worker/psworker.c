@@ -38,7 +38,7 @@ struct config {
     const char *optimizer, *device, *lr_schedule, *wire_dtype;
     const char *summary_json, *save, *log_level;
     int standalone;
-    uint64_t max_steps, log_every, timeout_ms, test_delay_ms;
+    uint64_t max_steps, log_every, timeout_ms, test_delay_ms, accum_steps;
     int help;
 };
 
@@ -61,6 +61,8 @@ static const struct ps_opt opts[] = {
     OPT("data", PS_OPT_STR, data, "/usr/share/datasets/fashion-mnist", 0, 0, "DIR",
         "IDX files (gzip or plain)"),
     OPT("batch", PS_OPT_U64, batch, "64", 1, 65536, "B", "examples per step on this worker"),
+    OPT("accum-steps", PS_OPT_U64, accum_steps, "1", 1, 1024, "N",
+        "sum N mini-batch gradients locally, push once (one clock per push)"),
     OPT("epochs", PS_OPT_U64, epochs, "5", 1, 100000, "E", "passes over the training set"),
     FOPT("lr", lr, "0.02", 0.0, 100.0, "LR", "learning rate"),
     OPT("optimizer", PS_OPT_STR, optimizer, "momentum", 0, 0, "NAME",
@@ -112,9 +114,10 @@ struct trainer {
     /* standalone */
     struct psk_optim opt;
     float *s1[TABLES_MAX], *s2[TABLES_MAX];
-    uint64_t decay_steps; /* optimizer steps of the whole run (lr schedule) */
-    uint64_t clock;       /* steps done */
-    int fresh;            /* device weights are those of `clock` */
+    float *acc[TABLES_MAX]; /* --accum-steps > 1: summed gradients (device) */
+    uint64_t decay_steps;   /* optimizer steps of the whole run (lr schedule) */
+    uint64_t clock;         /* steps done */
+    int fresh;              /* device weights are those of `clock` */
     double train_seconds;
 };
 
@@ -123,6 +126,13 @@ static double now_s(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* The gradient a step sends for table k: backward's own, or the sum of
+ * the accumulated micro-batches. */
+static float *grad_src(struct trainer *tr, int k)
+{
+    return tr->acc[k] ? tr->acc[k] : psw_mlp_grad(&tr->mlp, k);
 }
 
 /* ---- tables ---------------------------------------------------------------- */
@@ -150,9 +160,13 @@ static int setup_tables(struct trainer *tr, char *err, size_t errlen)
     tr->ntables = psw_mlp_tables(&tr->mlp);
     for (int k = 0; k < tr->ntables; k++) {
         size_t n = (size_t)psw_mlp_table_size(&tr->mlp, k);
+        if (tr->cfg.accum_steps > 1 && psk_alloc(tr->be, n * 4, (void **)&tr->acc[k])) {
+            snprintf(err, errlen, "cannot allocate accumulation buffers");
+            return PS_ENOMEM;
+        }
         if (tr->alias) {
             tr->hw[k] = psw_mlp_param(&tr->mlp, k);
-            tr->hg[k] = psw_mlp_grad(&tr->mlp, k);
+            tr->hg[k] = grad_src(tr, k);
         } else if (psk_host_alloc(tr->be, n * 4, (void **)&tr->hw[k]) ||
                    psk_host_alloc(tr->be, n * 4, (void **)&tr->hg[k])) {
             snprintf(err, errlen, "cannot allocate host buffers");
@@ -234,8 +248,13 @@ static int sync_weights(struct trainer *tr)
  * clock's gradient out, the next clock's weights for the same range back. */
 static int send_range(struct trainer *tr, int k, uint64_t first, uint64_t n)
 {
-    if (!tr->alias &&
-        psk_download(tr->be, tr->hg[k] + first, psw_mlp_grad(&tr->mlp, k) + first, n * 4))
+    if (tr->acc[k] != NULL) { /* last micro-batch: add it, then average */
+        float *a = tr->acc[k] + first;
+        if (psk_axpy(tr->be, n, 1.0f, psw_mlp_grad(&tr->mlp, k) + first, a) ||
+            psk_scale(tr->be, n, 1.0f / (float)tr->cfg.accum_steps, a))
+            return PS_EDEVICE;
+    }
+    if (!tr->alias && psk_download(tr->be, tr->hg[k] + first, grad_src(tr, k) + first, n * 4))
         return PS_EDEVICE;
     if (tr->cfg.standalone)
         return 0; /* applied after backward, which still reads the weights */
@@ -288,18 +307,52 @@ static double evaluate(struct trainer *tr)
     return (double)correct / tr->test.n;
 }
 
+/* Forward and loss of one micro-batch (index j of this worker's step). */
+static int micro_batch(struct trainer *tr, uint64_t step_in_epoch, uint64_t j, double *loss,
+                       int *correct)
+{
+    int b = (int)tr->cfg.batch;
+    uint64_t slot = (step_in_epoch * tr->cfg.accum_steps + j) * tr->cfg.workers + tr->cfg.rank;
+    psw_data_batch(&tr->train, tr->perm + slot * (uint64_t)b, b, tr->h_in, tr->h_lab);
+    if (psk_upload(tr->be, tr->mlp.act[0], tr->h_in, (size_t)b * tr->train.pixels * 4) ||
+        psw_mlp_forward(&tr->mlp, b) || psw_mlp_loss(&tr->mlp, b, tr->h_lab, loss, correct))
+        return PS_EDEVICE;
+    return 0;
+}
+
+/* One clock: N micro-batches (N = --accum-steps); gradients of the first
+ * N-1 are summed on the device, the last one's backward sends as it goes.
+ * Global batch s of W x B x N samples: worker r's micro-batch j takes rows
+ * ((s N + j) W + r) B onwards, so all workers and micro-batches together
+ * see the same samples as one worker with batch W B N. */
 static int train_step(struct trainer *tr, uint64_t step_in_epoch, double *loss, int *correct)
 {
     int rc = sync_weights(tr);
     if (rc != 0)
         return rc;
     int b = (int)tr->cfg.batch;
-    const uint32_t *idx = tr->perm + (step_in_epoch * tr->cfg.workers + tr->cfg.rank) * b;
-    psw_data_batch(&tr->train, idx, b, tr->h_in, tr->h_lab);
-    if (psk_upload(tr->be, tr->mlp.act[0], tr->h_in, (size_t)b * tr->train.pixels * 4) ||
-        psw_mlp_forward(&tr->mlp, b) || psw_mlp_loss(&tr->mlp, b, tr->h_lab, loss, correct))
-        return PS_EDEVICE;
-    rc = psw_mlp_backward(&tr->mlp, b, on_chunk, tr);
+    uint64_t n_acc = tr->cfg.accum_steps;
+    *loss = 0;
+    *correct = 0;
+    for (uint64_t j = 0; j < n_acc && rc == 0; j++) {
+        double l = 0;
+        int ok = 0;
+        if ((rc = micro_batch(tr, step_in_epoch, j, &l, &ok)) != 0)
+            break;
+        *loss += l;
+        *correct += ok;
+        if (j + 1 == n_acc) {
+            rc = psw_mlp_backward(&tr->mlp, b, on_chunk, tr);
+            break;
+        }
+        rc = psw_mlp_backward(&tr->mlp, b, NULL, NULL);
+        for (int k = 0; k < tr->ntables && rc == 0; k++) {
+            size_t n = (size_t)psw_mlp_table_size(&tr->mlp, k);
+            const float *g = psw_mlp_grad(&tr->mlp, k);
+            rc = j == 0 ? psk_copy(tr->be, tr->acc[k], g, n * 4) /* starts the sum */
+                        : psk_axpy(tr->be, n, 1.0f, g, tr->acc[k]);
+        }
+    }
     if (rc != 0)
         return rc;
     for (int k = 0; k < tr->ntables && tr->cfg.standalone; k++)
@@ -319,7 +372,7 @@ static void progress(struct trainer *tr, uint64_t epoch, uint64_t step, uint64_t
                      double t0, int done)
 {
     double el = now_s() - t0;
-    double sps = el > 0 ? (double)(step * tr->cfg.batch) / el : 0;
+    double sps = el > 0 ? (double)(step * tr->cfg.batch * tr->cfg.accum_steps) / el : 0;
     double eta = step > 0 ? el / step * (steps - step) : 0;
     if (isatty(STDERR_FILENO)) {
         int bar = (int)(30.0 * step / steps), i;
@@ -342,7 +395,7 @@ static void progress(struct trainer *tr, uint64_t epoch, uint64_t step, uint64_t
 
 static int train(struct trainer *tr, double *accuracy)
 {
-    uint64_t gb = tr->cfg.batch * tr->cfg.workers;
+    uint64_t gb = tr->cfg.batch * tr->cfg.workers * tr->cfg.accum_steps;
     uint64_t steps = tr->train.n / gb;
     *accuracy = -1;
     int rc = 0;
@@ -358,7 +411,7 @@ static int train(struct trainer *tr, double *accuracy)
             if ((rc = train_step(tr, s, &loss, &ok)) != 0)
                 break;
             loss_sum += loss;
-            seen += tr->cfg.batch;
+            seen += tr->cfg.batch * tr->cfg.accum_steps;
             progress(tr, e, s + 1, steps, loss_sum / seen, t0, 0);
         }
         tr->train_seconds += now_s() - t0;
@@ -435,7 +488,7 @@ static int write_summary(struct trainer *tr, const char *path, double acc, doubl
     uint64_t sent = 0, recvd = 0;
     if (tr->c != NULL)
         psc_bytes(tr->c, &sent, &recvd);
-    uint64_t samples = tr->clock * tr->cfg.batch;
+    uint64_t samples = tr->clock * tr->cfg.batch * tr->cfg.accum_steps;
     char tmp[4200];
     snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
     FILE *f = fopen(tmp, "w");
@@ -559,9 +612,12 @@ static int setup(struct trainer *tr, char *err, size_t errlen)
                  tr->train.pixels);
         return PS_EINVAL;
     }
-    if (c->batch * c->workers > tr->train.n) {
-        snprintf(err, errlen, "--batch %llu x --workers %llu exceeds the %u training examples",
-                 (unsigned long long)c->batch, (unsigned long long)c->workers, tr->train.n);
+    if (c->batch * c->workers * c->accum_steps > tr->train.n) {
+        snprintf(err, errlen,
+                 "--batch %llu x --workers %llu x --accum-steps %llu exceeds the %u training "
+                 "examples",
+                 (unsigned long long)c->batch, (unsigned long long)c->workers,
+                 (unsigned long long)c->accum_steps, tr->train.n);
         return PS_EINVAL;
     }
     int bmax = (int)c->batch > EVAL_BATCH ? (int)c->batch : EVAL_BATCH;
@@ -589,7 +645,7 @@ static int setup(struct trainer *tr, char *err, size_t errlen)
     /* The schedule spans the run's clocks (the server converts its own
      * application count in asp/ssp). Every worker computes the same value,
      * so the table specs agree. */
-    uint64_t steps = (uint64_t)(tr->train.n / (c->batch * c->workers)) * c->epochs;
+    uint64_t steps = (uint64_t)(tr->train.n / (c->batch * c->workers * c->accum_steps)) * c->epochs;
     if (c->max_steps && c->max_steps < steps)
         steps = c->max_steps;
     tr->decay_steps = steps;
@@ -610,6 +666,7 @@ static void teardown(struct trainer *tr)
         }
         free(tr->s1[k]);
         free(tr->s2[k]);
+        psk_free(tr->be, tr->acc[k]);
     }
     psc_destroy(tr->c);
     if (tr->be != NULL) {
@@ -656,9 +713,11 @@ int main(int argc, char **argv)
         rc = PS_EIO;
     }
     if (rc == 0) {
-        PS_LOG(&tr.log, PS_LOG_INFO, "W0100",
-               "done: %llu steps, test accuracy %.4f, %.0f samples/s", (unsigned long long)tr.clock,
-               acc, tr.train_seconds > 0 ? tr.clock * tr.cfg.batch / tr.train_seconds : 0.0);
+        PS_LOG(
+            &tr.log, PS_LOG_INFO, "W0100", "done: %llu steps, test accuracy %.4f, %.0f samples/s",
+            (unsigned long long)tr.clock, acc,
+            tr.train_seconds > 0 ? tr.clock * tr.cfg.batch * tr.cfg.accum_steps / tr.train_seconds
+                                 : 0.0);
     }
     if (tr.cfg.summary_json != NULL && tr.be != NULL &&
         write_summary(&tr, tr.cfg.summary_json, acc, now_s() - t0) != 0)

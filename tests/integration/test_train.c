@@ -76,7 +76,7 @@ static void stop_cluster(struct psd_proc *p, int shards)
 
 /* Runs W workers with the common args plus per-rank flags; all must exit 0. */
 static void run_workers(const char *servers, int W, const char *batch, const char *save,
-                        const char *extra_rank1)
+                        const char *extra_rank1, const char *accum)
 {
     pid_t pids[4];
     char logs[4][320];
@@ -92,6 +92,10 @@ static void run_workers(const char *servers, int W, const char *batch, const cha
         if (r == 0 && save) {
             argv[n++] = "--save";
             argv[n++] = save;
+        }
+        if (accum != NULL) {
+            argv[n++] = "--accum-steps";
+            argv[n++] = accum;
         }
         if (r == 1 && extra_rank1) {
             argv[n++] = "--test-delay-ms";
@@ -110,11 +114,23 @@ static void run_workers(const char *servers, int W, const char *batch, const cha
     }
 }
 
-static void run_standalone(const char *batch, const char *save)
+static void run_standalone(const char *batch, const char *save, const char *accum)
 {
-    const char *argv[] = {worker_bin(), "--standalone", "--batch", batch,      "--max-steps",
-                          STEPS,        "--epochs",     "1",       "--device", "cpu",
-                          "--save",     save,           NULL};
+    const char *argv[] = {worker_bin(),
+                          "--standalone",
+                          "--batch",
+                          batch,
+                          "--max-steps",
+                          STEPS,
+                          "--epochs",
+                          "1",
+                          "--device",
+                          "cpu",
+                          "--save",
+                          save,
+                          "--accum-steps",
+                          accum ? accum : "1",
+                          NULL};
     char log[320];
     harness_tmp(log, sizeof log, "standalone.log");
     pid_t pid = harness_spawn(argv, log);
@@ -125,14 +141,40 @@ static void run_standalone(const char *batch, const char *save)
     }
 }
 
-static void bsp_run(int shards, int W, const char *batch, const char *save)
+static void bsp_run(int shards, int W, const char *batch, const char *save, const char *accum)
 {
     struct psd_proc p[2];
     char servers[600], ws[16];
     snprintf(ws, sizeof ws, "%d", W);
     start_cluster(p, shards, "bsp", ws, servers, sizeof servers);
-    run_workers(servers, W, batch, save, NULL);
+    run_workers(servers, W, batch, save, NULL, accum);
     stop_cluster(p, shards);
+}
+
+/* Equal up to float rounding, and trained: fc1.bias (after the 256x784
+ * fc1.weight) starts at zero, so two models that never learned would be
+ * equal too. */
+static void assert_close(const char *what, const struct model *ma, const struct model *mb)
+{
+    assert_int_equal(ma->len, mb->len);
+    assert_memory_equal(ma->bytes, mb->bytes, ma->hdr_end);
+    size_t n = (ma->len - ma->hdr_end) / 4, off = 0;
+    const float *fa = (const float *)(ma->bytes + ma->hdr_end);
+    const float *fb = (const float *)(mb->bytes + mb->hdr_end);
+    double worst = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)fa[i] - fb[i]) / (1e-3 + fabs((double)fb[i]));
+        if (d > worst) {
+            worst = d;
+            off = i;
+        }
+    }
+    printf("  %s: worst relative difference %.3g at %zu of %zu\n", what, worst, off, n);
+    assert_true(worst < 1e-3);
+    int moved = 0;
+    for (size_t i = 256 * 784; i < 256 * 784 + 256 && i < n; i++)
+        moved += fa[i] != 0.0f;
+    assert_true(moved > 128);
 }
 
 static void test_bsp_two_workers_match_one_with_double_batch(void **state)
@@ -143,10 +185,10 @@ static void test_bsp_two_workers_match_one_with_double_batch(void **state)
     harness_tmp(b, sizeof b, "b.safetensors");
     harness_tmp(c, sizeof c, "c.safetensors");
     harness_tmp(a2, sizeof a2, "a2.safetensors");
-    bsp_run(2, 2, "16", a);
-    bsp_run(2, 1, "32", b);
-    run_standalone("32", c);
-    bsp_run(2, 2, "16", a2);
+    bsp_run(2, 2, "16", a, NULL);
+    bsp_run(2, 1, "32", b, NULL);
+    run_standalone("32", c, NULL);
+    bsp_run(2, 2, "16", a2, NULL);
     struct model ma, mb, mc, ma2;
     load_model(a, &ma);
     load_model(b, &mb);
@@ -160,29 +202,32 @@ static void test_bsp_two_workers_match_one_with_double_batch(void **state)
     /* BSP is deterministic: the same run twice gives the same bits. */
     assert_memory_equal(ma.bytes, ma2.bytes, ma.len);
     /* 2 x 16 vs 1 x 32: the same samples, equal up to float rounding. */
-    size_t n = (ma.len - ma.hdr_end) / 4, off = 0;
-    const float *fa = (const float *)(ma.bytes + ma.hdr_end);
-    const float *fb = (const float *)(mb.bytes + mb.hdr_end);
-    double worst = 0;
-    for (size_t i = 0; i < n; i++) {
-        double d = fabs((double)fa[i] - fb[i]) / (1e-3 + fabs((double)fb[i]));
-        if (d > worst) {
-            worst = d;
-            off = i;
-        }
-    }
-    printf("  bsp 2x16 vs 1x32: worst relative difference %.3g at %zu of %zu\n", worst, off, n);
-    assert_true(worst < 1e-3);
-    /* ...and they did train: fc1.bias (after the 256x784 fc1.weight) starts
-     * at zero, so equal models that never learned would pass the above. */
-    int moved = 0;
-    for (size_t i = 256 * 784; i < 256 * 784 + 256 && i < n; i++)
-        moved += fa[i] != 0.0f;
-    assert_true(moved > 128);
+    assert_close("bsp 2x16 vs 1x32", &ma, &mb);
     free(ma.bytes);
     free(mb.bytes);
     free(mc.bytes);
     free(ma2.bytes);
+}
+
+static void test_accumulation_matches_bigger_batch(void **state)
+{
+    (void)state;
+    char a[320], b[320], c[320];
+    harness_tmp(a, sizeof a, "acc_a.safetensors");
+    harness_tmp(b, sizeof b, "acc_b.safetensors");
+    harness_tmp(c, sizeof c, "acc_c.safetensors");
+    bsp_run(1, 2, "8", a, "2");   /* 2 workers x 8 x 2 micro-batches */
+    bsp_run(1, 1, "32", b, NULL); /* 1 worker x 32 */
+    run_standalone("16", c, "2"); /* 1 x 16 x 2, no server */
+    struct model ma, mb, mc;
+    load_model(a, &ma);
+    load_model(b, &mb);
+    load_model(c, &mc);
+    assert_close("bsp 2x8x2 vs 1x32", &ma, &mb);
+    assert_close("standalone 16x2 vs bsp 1x32", &mc, &mb);
+    free(ma.bytes);
+    free(mb.bytes);
+    free(mc.bytes);
 }
 
 static void stats_after(const char *mode, const char *delay, struct psc_shard_stats *st)
@@ -190,7 +235,7 @@ static void stats_after(const char *mode, const char *delay, struct psc_shard_st
     struct psd_proc p[1];
     char servers[300];
     start_cluster(p, 1, mode, "2", servers, sizeof servers);
-    run_workers(servers, 2, "16", NULL, delay);
+    run_workers(servers, 2, "16", NULL, delay, NULL);
     const char *eps[1] = {p[0].endpoint};
     struct psc_config cfg = {
         .servers = eps, .nservers = 1, .worker_id = 99, .connect_timeout_ms = 10000};
@@ -230,6 +275,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bsp_two_workers_match_one_with_double_batch),
+        cmocka_unit_test(test_accumulation_matches_bigger_batch),
         cmocka_unit_test(test_ssp_bounds_staleness),
         cmocka_unit_test(test_asp_never_waits),
     };

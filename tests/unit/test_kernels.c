@@ -93,6 +93,10 @@ static void test_axpy_scale(void **state)
     }
     assert_int_equal(psk_upload(b, x, hx, n * 4), 0);
     assert_int_equal(psk_upload(b, y, hy, n * 4), 0);
+    assert_int_equal(psk_copy(b, y, x, n * 4), 0);
+    assert_int_equal(psk_download(b, out, y, n * 4), 0);
+    assert_memory_equal(out, hx, n * 4);
+    assert_int_equal(psk_upload(b, y, hy, n * 4), 0);
     assert_int_equal(psk_axpy(b, n, 2.0f, x, y), 0);
     assert_int_equal(psk_scale(b, n, -0.5f, y), 0);
     assert_int_equal(psk_download(b, out, y, n * 4), 0);
