@@ -196,6 +196,8 @@ static int check_frames(const Ps__Header *h, size_t nframes, enum ps_wire_dir di
             want++;
         if (op_carries_values(h->op, dir))
             want++;
+        if (dir == PS_WIRE_REPLY && op_moves_data(h->op) && h->layout == PS__LAYOUT__LAYOUT_MASK)
+            want++; /* the bitmap before the values */
     }
     if (nframes != want)
         return fail(PS_EFRAMES, err, errlen, "%s %s: %zu frames, expected %zu", ps_op_name(h->op),
@@ -216,13 +218,34 @@ static int check_keys(const void *keys, uint64_t count, char *err, size_t errlen
     return 0;
 }
 
+/* A reply bitmap: ceil(count/8) bytes, no bits past count; the values
+ * frame then holds one element per set bit. */
+static int check_mask(const struct ps_frame *mf, uint64_t count, uint64_t *vbytes, size_t esize,
+                      char *err, size_t errlen)
+{
+    if (mf->size != (count + 7) / 8)
+        return fail(PS_ESIZE, err, errlen, "mask frame is %zu bytes, expected %llu", mf->size,
+                    (unsigned long long)((count + 7) / 8));
+    const uint8_t *m = mf->data;
+    uint64_t set = 0;
+    for (size_t i = 0; i < mf->size; i++)
+        set += (uint64_t)__builtin_popcount(m[i]);
+    if (count % 8 && (m[mf->size - 1] >> (count % 8)) != 0)
+        return fail(PS_EPROTO, err, errlen, "mask has bits set past element %llu",
+                    (unsigned long long)count);
+    *vbytes = set * esize;
+    return 0;
+}
+
 static int check_data(const Ps__Header *h, const struct ps_frame *frames, enum ps_wire_dir dir,
                       uint64_t value_bytes_max, struct ps_wire_msg *out, char *err, size_t errlen)
 {
     size_t esize = ps_dtype_size(h->dtype);
     if (esize == 0)
         return fail(PS_EDTYPE, err, errlen, "unknown dtype %d", (int)h->dtype);
-    if (h->layout != PS__LAYOUT__LAYOUT_RANGE && h->layout != PS__LAYOUT__LAYOUT_KEYS)
+    int masked = h->layout == PS__LAYOUT__LAYOUT_MASK;
+    if (h->layout != PS__LAYOUT__LAYOUT_RANGE && h->layout != PS__LAYOUT__LAYOUT_KEYS &&
+        !(masked && dir == PS_WIRE_REPLY))
         return fail(PS_EPROTO, err, errlen, "unknown layout %d", (int)h->layout);
     if (h->count == 0)
         return fail(PS_EINVAL, err, errlen, "%s: count is 0", ps_op_name(h->op));
@@ -230,6 +253,9 @@ static int check_data(const Ps__Header *h, const struct ps_frame *frames, enum p
         return fail(PS_ELIMIT, err, errlen, "%s: count %llu exceeds %llu", ps_op_name(h->op),
                     (unsigned long long)h->count, (unsigned long long)PS_TABLE_ELEMS_MAX);
     int keyed = h->layout == PS__LAYOUT__LAYOUT_KEYS;
+    if (masked && h->count > UINT64_C(8) * PS_MESSAGE_BYTES_MAX)
+        return fail(PS_ELIMIT, err, errlen, "masked reply of %llu elements",
+                    (unsigned long long)h->count);
     if (!keyed && h->dim != 1)
         return fail(PS_EINVAL, err, errlen, "%s: range layout needs dim 1, got %u",
                     ps_op_name(h->op), h->dim);
@@ -256,6 +282,14 @@ static int check_data(const Ps__Header *h, const struct ps_frame *frames, enum p
         int rc = check_keys(kf->data, h->count, err, errlen);
         if (rc != 0)
             return rc;
+    }
+    if (masked) {
+        const struct ps_frame *mf = &frames[next++];
+        int rc = check_mask(mf, h->count, &vbytes, esize, err, errlen);
+        if (rc != 0)
+            return rc;
+        out->mask = mf->data;
+        out->mask_bytes = mf->size;
     }
     if (op_carries_values(h->op, dir)) {
         const struct ps_frame *vf = &frames[next];

@@ -44,6 +44,8 @@ struct ps_wire_msg {
     size_t keys_bytes;
     const void *vals; /* count*dim elements of hdr->dtype; NULL if none */
     size_t vals_bytes;
+    const uint8_t *mask; /* LAYOUT_MASK replies: count bits; vals has the set ones */
+    size_t mask_bytes;
 };
 
 enum ps_wire_dir {

@@ -7,13 +7,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-shards=2 workers=2 epochs=5 device=auto batch=64 lr="" consistency=bsp
+shards=2 workers=2 epochs=5 device=auto batch=64 lr="" consistency=bsp prune=""
 build=build-release
 extra=()
 usage() {
   cat <<USAGE
 usage: deploy/quickstart.sh [--shards N] [--workers N] [--epochs N] [--device auto|cpu|cuda]
                             [--batch B] [--lr LR] [--consistency bsp|asp|ssp:K] [--build-dir DIR]
+                            [--prune TABLE:TARGET[:START:END:EVERY]]
                             [-- PSWORKER-ARGS...]
 Defaults: 2 shards, 2 workers, 5 epochs, batch 64 per worker, lr 0.02 x workers, bsp.
 USAGE
@@ -27,6 +28,7 @@ while [ $# -gt 0 ]; do
     --batch) batch=$2; shift 2 ;;
     --lr) lr=$2; shift 2 ;;
     --consistency) consistency=$2; shift 2 ;;
+    --prune) prune=$2; shift 2 ;;
     --build-dir) build=$2; shift 2 ;;
     -h|--help) usage; exit 0 ;;
     --) shift; extra=("$@"); break ;;
@@ -68,7 +70,7 @@ servers=""
 for ((i = 0; i < shards; i++)); do
   "$build/server/psd" --listen tcp://127.0.0.1:0 --endpoint-file "$run/ep$i" \
     --shard "$i" --shards "$shards" --consistency "$consistency" --workers "$workers" \
-    2>"$run/psd$i.log" &
+    ${prune:+--prune "$prune"} 2>"$run/psd$i.log" &
   pids+=($!); names+=("psd shard $i:$run/psd$i.log")
 done
 for ((i = 0; i < shards; i++)); do

@@ -118,6 +118,17 @@ static void bsp_advance(const struct psd_cons *c, struct psd_table *t, uint64_t 
     t->watermark = upto;
 }
 
+/* Before a round's first update: the mask for this step, so that every
+ * chunk answered for the next clock shows the same mask. */
+static void round_begin(const struct psd_cons *c, struct psd_table *t)
+{
+    (void)c;
+    if (t->round_begun != t->clock + 1) {
+        t->round_begun = t->clock + 1;
+        psd_table_prune_step(t, t->clock);
+    }
+}
+
 static void bsp_close_round(const struct psd_cons *c, struct psd_table *t)
 {
     t->clock++;
@@ -144,6 +155,8 @@ static int bsp_push(const struct psd_cons *c, struct psd_table *t, uint32_t w, u
                  (unsigned long long)t->next[w], (unsigned long long)clock);
         return PS_ESTATE;
     }
+    if (t->watermark == t->lo) /* at most once per round, see round_begin */
+        round_begin(c, t);
     t->next[w] += count;
     if (t->next[w] == t->hi)
         t->completed[w] = clock + 1;
@@ -190,6 +203,8 @@ int psd_cons_push(const struct psd_cons *c, struct psd_table *t, uint32_t worker
         t->completed[worker] = clock + 1;
     }
     psd_table_apply(t, offset, count, g, ++t->steps);
+    if (t->steps % t->sched_div == 0) /* a clock's worth of pushes */
+        psd_table_prune_step(t, t->steps / t->sched_div);
     *applied = 1;
     return 0;
 }

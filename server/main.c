@@ -24,6 +24,7 @@ struct psd_config {
     const char *consistency;
     uint64_t workers;
     uint64_t wait_timeout_ms;
+    const char *prune;
     const char *log_level;
     const char *endpoint_file;
     int help;
@@ -51,6 +52,9 @@ static const struct ps_opt psd_opts[] = {
         "workers expected (bsp/ssp wait for worker ids 0..W-1)"),
     OPT("wait-timeout-ms", PS_OPT_U64, wait_timeout_ms, "120000", 100, 86400000, "MS",
         "longest a pull waits for its clock before an error reply naming who is missing"),
+    OPT("prune", PS_OPT_STR, prune, NULL, 0, 0, "SPEC[,SPEC]",
+        "gradual magnitude pruning, SPEC = TABLE:TARGET[:START:END:EVERY] (steps; defaults "
+        "200:2000:100)"),
     OPT("log-level", PS_OPT_STR, log_level, "info", 0, 0, "LEVEL", "error, warn, info or debug"),
     OPT("endpoint-file", PS_OPT_STR, endpoint_file, NULL, 0, 0, "PATH",
         "write the bound endpoint here once listening (for scripts and tests)"),
@@ -103,6 +107,32 @@ static int write_endpoint_file(const char *path, const char *endpoint)
     return 0;
 }
 
+static int parse_prunes(const char *list, struct psd_prune_spec *out, size_t *n)
+{
+    char buf[4096], err[256];
+    *n = 0;
+    if (list == NULL)
+        return 0;
+    if (strlen(list) >= sizeof buf) {
+        fprintf(stderr, "psd: --prune: longer than %zu bytes\n", sizeof buf - 1);
+        return 2;
+    }
+    strcpy(buf, list);
+    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok != NULL;
+         tok = strtok_r(NULL, ",", &save)) {
+        if (*n >= PSD_PRUNE_SPECS_MAX) {
+            fprintf(stderr, "psd: --prune: more than %d tables\n", PSD_PRUNE_SPECS_MAX);
+            return 2;
+        }
+        if (psd_prune_parse(tok, &out[*n], err, sizeof err) != 0) {
+            fprintf(stderr, "psd: %s\n", err);
+            return 2;
+        }
+        (*n)++;
+    }
+    return 0;
+}
+
 static int parse_config(struct psd_config *cfg, int argc, char **argv, int *level,
                         struct psd_cons *cons)
 {
@@ -150,6 +180,10 @@ int main(int argc, char **argv)
     int rc = parse_config(&cfg, argc, argv, &level, &cons);
     if (rc >= 0)
         return rc;
+    static struct psd_prune_spec prunes[PSD_PRUNE_SPECS_MAX];
+    size_t nprunes = 0;
+    if (parse_prunes(cfg.prune, prunes, &nprunes) != 0)
+        return 2;
 
     static struct app a; /* large (header buffer); static, not on the stack */
     ps_log_init(&a.log, "psd", level);
@@ -159,6 +193,8 @@ int main(int argc, char **argv)
         .value_bytes_max = cfg.max_message_bytes,
         .cons = cons,
         .wait_timeout_ms = cfg.wait_timeout_ms,
+        .prunes = prunes,
+        .nprunes = nprunes,
     };
     if (psd_init(&a.srv, &a.log, &params) != 0) {
         PS_LOG(&a.log, PS_LOG_ERROR, "S0001", "out of memory at start");

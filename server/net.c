@@ -19,38 +19,42 @@ static void free_values(void *data, void *hint)
     free(data);
 }
 
+/* Hands buf to zmq as the next frame: zero-copy when large (zmq frees it),
+ * copied when small. On success the frame owns buf. */
+static int send_frame(struct psd_net *n, void **buf, size_t len, int more)
+{
+    zmq_msg_t m;
+    if (len >= PS_ZEROCOPY_BYTES_MIN) {
+        if (zmq_msg_init_data(&m, *buf, len, free_values, NULL) != 0)
+            return -1;
+        *buf = NULL; /* zmq owns it now, even if the send fails */
+    } else {
+        if (zmq_msg_init_size(&m, len) != 0)
+            return -1;
+        memcpy(zmq_msg_data(&m), *buf, len);
+    }
+    if (zmq_msg_send(&m, n->sock, (more ? ZMQ_SNDMORE : 0) | ZMQ_DONTWAIT) < 0) {
+        zmq_msg_close(&m);
+        return -1;
+    }
+    return 0;
+}
+
 static int send_reply(struct psd_net *n, const void *route, size_t route_len, struct psd_reply *rep)
 {
-    int more = rep->vals != NULL;
-    if (zmq_send(n->sock, route, route_len, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0)
-        goto drop;
-    if (zmq_send(n->sock, rep->hdr, rep->hdr_len, (more ? ZMQ_SNDMORE : 0) | ZMQ_DONTWAIT) < 0)
-        goto drop; /* cannot happen after the first part went; kept for safety */
-    if (more) {
-        zmq_msg_t v;
-        if (rep->vals_bytes >= PS_ZEROCOPY_BYTES_MIN) {
-            if (zmq_msg_init_data(&v, rep->vals, rep->vals_bytes, free_values, NULL) != 0)
-                goto drop;
-            rep->vals = NULL; /* zmq owns it now, even if the send fails */
-        } else {
-            if (zmq_msg_init_size(&v, rep->vals_bytes) != 0)
-                goto drop;
-            memcpy(zmq_msg_data(&v), rep->vals, rep->vals_bytes);
-        }
-        if (zmq_msg_send(&v, n->sock, ZMQ_DONTWAIT) < 0) {
-            zmq_msg_close(&v);
-            goto drop;
-        }
+    int rc = 0;
+    /* After the first part is queued, the rest of the message is too. */
+    if (zmq_send(n->sock, route, route_len, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
+        zmq_send(n->sock, rep->hdr, rep->hdr_len,
+                 (rep->mask || rep->vals ? ZMQ_SNDMORE : 0) | ZMQ_DONTWAIT) < 0 ||
+        (rep->mask && send_frame(n, &rep->mask, rep->mask_bytes, rep->vals != NULL) != 0) ||
+        (rep->vals && send_frame(n, &rep->vals, rep->vals_bytes, 0) != 0)) {
+        n->send_drops++;
+        PS_LOG(n->srv->log, PS_LOG_DEBUG, "S0110", "reply dropped: %s", zmq_strerror(errno));
+        rc = PS_EAGAIN;
     }
-    free(rep->vals);
-    rep->vals = NULL;
-    return 0;
-drop:
-    free(rep->vals);
-    rep->vals = NULL;
-    n->send_drops++;
-    PS_LOG(n->srv->log, PS_LOG_DEBUG, "S0110", "reply dropped: %s", zmq_strerror(errno));
-    return PS_EAGAIN;
+    psd_reply_drop(rep);
+    return rc;
 }
 
 static int on_readable(struct ps_zsock *zs, void *arg)

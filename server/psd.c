@@ -26,6 +26,9 @@ int psd_init(struct psd *s, struct ps_log *log, const struct psd_params *p)
     if (s->cons.workers == 0)
         s->cons.workers = 1;
     s->wait_timeout_ms = p->wait_timeout_ms ? p->wait_timeout_ms : PS_WAIT_TIMEOUT_MS_DEFAULT;
+    s->nprunes = p->nprunes < PSD_PRUNE_SPECS_MAX ? p->nprunes : PSD_PRUNE_SPECS_MAX;
+    if (s->nprunes > 0)
+        memcpy(s->prunes, p->prunes, s->nprunes * sizeof *s->prunes);
     s->start_ns = uv_hrtime();
     s->arena_buf = malloc(PS_ARENA_BYTES_SERVER);
     s->waits = calloc(PS_WAITS_MAX, sizeof *s->waits);
@@ -60,6 +63,14 @@ void psd_fini(struct psd *s)
 
 /* ---- replies ---------------------------------------------------------- */
 
+void psd_reply_drop(struct psd_reply *rep)
+{
+    free(rep->mask);
+    free(rep->vals);
+    rep->mask = rep->vals = NULL;
+    rep->mask_bytes = rep->vals_bytes = 0;
+}
+
 static void reply_header(struct psd *s, const Ps__Header *h, struct psd_reply *rep)
 {
     int64_t n = ps_wire_header_pack(h, s->hdr_buf, sizeof s->hdr_buf);
@@ -72,9 +83,7 @@ static void reply_header(struct psd *s, const Ps__Header *h, struct psd_reply *r
         e.status = PS_ELIMIT;
         e.error = "reply header exceeds the header size limit";
         n = ps_wire_header_pack(&e, s->hdr_buf, sizeof s->hdr_buf);
-        free(rep->vals);
-        rep->vals = NULL;
-        rep->vals_bytes = 0;
+        psd_reply_drop(rep);
     }
     rep->hdr = s->hdr_buf;
     rep->hdr_len = n < 0 ? 0 : (size_t)n;
@@ -107,9 +116,7 @@ static void reply_error(struct psd *s, const Ps__Header *req, int code, const ch
         PS_LOG(s->log, PS_LOG_WARN, "S0200", "error reply to worker %u (%s): %s [%s] (%llu so far)",
                req ? req->worker_id : 0, req ? ps_op_name(req->op) : "?", buf, ps_err_name(code),
                (unsigned long long)s->ctr.errors);
-    free(rep->vals);
-    rep->vals = NULL;
-    rep->vals_bytes = 0;
+    psd_reply_drop(rep);
     reply_header(s, &h, rep);
 }
 
@@ -171,6 +178,21 @@ static void op_create(struct psd *s, const Ps__Header *req, struct psd_reply *re
             reply_errorf(s, req, rc, rep, "cannot allocate table '%s' of %llu elements", spec->name,
                          (unsigned long long)spec->size);
             return;
+        }
+        for (size_t i = 0; i < s->nprunes && rc == 0; i++) {
+            if (strcmp(s->prunes[i].table, t->name) != 0)
+                continue;
+            if (psd_table_enable_prune(t, &s->prunes[i]) != 0) {
+                psd_cons_table_fini(&s->cons, t);
+                psd_table_destroy(t);
+                reply_errorf(s, req, PS_ENOMEM, rep, "cannot allocate the prune mask of '%s'",
+                             spec->name);
+                return;
+            }
+            PS_LOG(s->log, PS_LOG_INFO, "S0311",
+                   "pruning '%s' to %.4f sparsity between steps %llu and %llu, every %llu", t->name,
+                   s->prunes[i].target, (unsigned long long)s->prunes[i].start,
+                   (unsigned long long)s->prunes[i].end, (unsigned long long)s->prunes[i].every);
         }
         s->tables[s->ntables++] = t;
         PS_LOG(s->log, PS_LOG_INFO, "S0310",
@@ -237,10 +259,62 @@ static const float *values_f32(struct psd *s, const struct ps_wire_msg *m)
     return s->scratch;
 }
 
-/* Fills rep with the weights of [offset, offset+count) of t. */
+/* Writes the nonzeros of w[0..n) as a bitmap plus values in dtype, when
+ * that is smaller than sending them all. Returns 1 when rep holds it. */
+static int reply_masked(const float *w, size_t n, Ps__DType dtype, struct psd_reply *rep)
+{
+    size_t nnz = 0, esize = ps_dtype_size(dtype), mbytes = (n + 7) / 8;
+    for (size_t i = 0; i < n; i++)
+        nnz += w[i] != 0.0f;
+    if (mbytes + nnz * esize >= n * esize)
+        return 0;
+    uint8_t *mask = calloc(mbytes ? mbytes : 1, 1);
+    float *nz = malloc((nnz ? nnz : 1) * sizeof(float));
+    void *vals = aligned_alloc(64, ((nnz ? nnz : 1) * esize + 63u) & ~(size_t)63u);
+    if (mask == NULL || nz == NULL || vals == NULL) {
+        free(mask);
+        free(nz);
+        free(vals);
+        return 0; /* the dense reply still works */
+    }
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (w[i] != 0.0f) {
+            mask[i / 8] |= (uint8_t)(1u << (i % 8));
+            nz[k++] = w[i];
+        }
+    }
+    if (dtype == PS__DTYPE__DTYPE_F32)
+        memcpy(vals, nz, nnz * sizeof(float));
+    else
+        ps_f32_to_half_n(dtype, nz, vals, nnz);
+    free(nz);
+    rep->mask = mask;
+    rep->mask_bytes = mbytes;
+    rep->vals = vals;
+    rep->vals_bytes = nnz * esize;
+    return 1;
+}
+
+/* Fills rep with the weights of [offset, offset+count) of t: all of them,
+ * or (asked for, and smaller) a bitmap of the nonzeros and their values. */
 static void reply_values(struct psd *s, const Ps__Header *req, struct psd_table *t, uint64_t offset,
                          uint64_t count, struct psd_reply *rep)
 {
+    Ps__Header h;
+    reply_init(&h, req);
+    h.offset = offset;
+    h.count = count;
+    h.dim = 1;
+    h.dtype = req->dtype;
+    h.clock = psd_cons_clock(&s->cons, t);
+    t->pulls++;
+    const float *w = t->w + (offset - t->lo);
+    if (req->nonzero_only && t->mask != NULL && reply_masked(w, (size_t)count, req->dtype, rep)) {
+        h.layout = PS__LAYOUT__LAYOUT_MASK;
+        reply_header(s, &h, rep);
+        return;
+    }
     size_t bytes = (size_t)count * ps_dtype_size(req->dtype);
     void *out = aligned_alloc(64, (bytes + 63u) & ~(size_t)63u);
     if (out == NULL) {
@@ -249,17 +323,9 @@ static void reply_values(struct psd *s, const Ps__Header *req, struct psd_table 
         return;
     }
     if (req->dtype == PS__DTYPE__DTYPE_F32)
-        psd_table_read(t, offset, count, out);
+        memcpy(out, w, bytes);
     else /* the table is f32; only the wire is 16-bit */
-        ps_f32_to_half_n(req->dtype, t->w + (offset - t->lo), out, (size_t)count);
-    t->pulls++;
-    Ps__Header h;
-    reply_init(&h, req);
-    h.offset = offset;
-    h.count = count;
-    h.dim = 1;
-    h.dtype = req->dtype;
-    h.clock = psd_cons_clock(&s->cons, t);
+        ps_f32_to_half_n(req->dtype, w, out, (size_t)count);
     rep->vals = out;
     rep->vals_bytes = bytes;
     reply_header(s, &h, rep);
@@ -281,6 +347,7 @@ static void wait_header(const struct psd_wait *w, Ps__Header *h)
     h->table_id = w->table_id;
     h->clock = w->clock;
     h->dtype = w->dtype;
+    h->nonzero_only = w->nonzero_only;
 }
 
 /* Answers every waiting request that is ready now. */
@@ -299,7 +366,7 @@ static void release_waits(struct psd *s)
         struct psd_reply rep;
         memset(&rep, 0, sizeof rep);
         reply_values(s, &h, t, w->offset, w->count, &rep);
-        s->ctr.bytes_out += rep.hdr_len + rep.vals_bytes;
+        s->ctr.bytes_out += rep.hdr_len + rep.mask_bytes + rep.vals_bytes;
         s->send(s->send_ctx, w->route, w->route_len, &rep);
         s->waits[i] = s->waits[--s->nwaits]; /* order of answers does not matter */
     }
@@ -326,6 +393,7 @@ static int defer(struct psd *s, const struct ps_frame *route, const Ps__Header *
     w->offset = req->offset;
     w->count = req->count;
     w->dtype = req->dtype;
+    w->nonzero_only = req->nonzero_only;
     w->since_ms = now_ms();
     w->deadline_ms = w->since_ms + s->wait_timeout_ms;
     w->logged = 0;
@@ -341,6 +409,7 @@ static int op_data(struct psd *s, const struct ps_frame *route, const struct ps_
     if (t == NULL)
         return 1;
     int applied = 0;
+    uint64_t prune_updates = t->prune_updates;
     if (req->op != PS__OP__OP_PULL) {
         const float *g = values_f32(s, m);
         char err[PS_ERROR_TEXT_MAX];
@@ -353,6 +422,11 @@ static int op_data(struct psd *s, const struct ps_frame *route, const struct ps_
         }
         t->pushes++;
     }
+    if (t->prune_updates != prune_updates)
+        PS_LOG(s->log, PS_LOG_INFO, "S0320",
+               "pruned '%s' at step %llu: %llu of %llu weights (target now %.4f)", t->name,
+               (unsigned long long)t->steps, (unsigned long long)t->npruned,
+               (unsigned long long)(t->hi - t->lo), t->prune_target_now);
     if (applied)
         release_waits(s);
     if (req->op == PS__OP__OP_PUSH) {
@@ -427,6 +501,8 @@ static void op_stats(struct psd *s, const Ps__Header *req, struct psd_reply *rep
         ts[i].pulls = t->pulls;
         ts[i].updates = t->steps;
         ts[i].clock = psd_cons_clock(&s->cons, t);
+        ts[i].sparsity = t->hi > t->lo ? (double)t->npruned / (double)(t->hi - t->lo) : 0.0;
+        ts[i].prune_target = t->prune_target_now;
         tp[i] = &ts[i];
     }
     Ps__Stats st;
@@ -506,6 +582,6 @@ int psd_dispatch(struct psd *s, const struct ps_frame *route, const struct ps_fr
         }
     }
     if (now)
-        s->ctr.bytes_out += rep->hdr_len + rep->vals_bytes;
+        s->ctr.bytes_out += rep->hdr_len + rep->mask_bytes + rep->vals_bytes;
     return now;
 }

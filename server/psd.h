@@ -32,6 +32,8 @@ struct psd_params {
     uint64_t value_bytes_max;
     struct psd_cons cons;
     uint64_t wait_timeout_ms;
+    const struct psd_prune_spec *prunes; /* tables to prune, by name */
+    size_t nprunes;
 };
 
 /* A request waiting for a clock: what is needed to answer it later. */
@@ -44,6 +46,7 @@ struct psd_wait {
     uint64_t clock; /* the clock it waits for */
     uint64_t offset, count;
     Ps__DType dtype; /* of the reply's values */
+    int nonzero_only;
     uint64_t since_ms, deadline_ms;
     int logged;
 };
@@ -59,6 +62,8 @@ struct psd {
     uint64_t start_ns;
     struct psd_cons cons;
     uint64_t wait_timeout_ms;
+    struct psd_prune_spec prunes[PSD_PRUNE_SPECS_MAX];
+    size_t nprunes;
 
     struct psd_wait *waits; /* PS_WAITS_MAX entries */
     uint32_t nwaits;
@@ -80,16 +85,21 @@ struct psd {
 };
 
 /* One reply. hdr points into the server (valid until the next dispatch);
- * vals, when not NULL, is malloc'd and owned by the caller after dispatch
- * (release with free(), or hand to zmq with a free callback). */
+ * mask and vals, when not NULL, are malloc'd and owned by the caller after
+ * dispatch (release with free(), or hand to zmq with a free callback).
+ * Frames go out as [hdr][mask?][vals?]. */
 struct psd_reply {
     const uint8_t *hdr;
     size_t hdr_len;
+    void *mask; /* LAYOUT_MASK replies: the bitmap of nonzero elements */
+    size_t mask_bytes;
     void *vals;
     size_t vals_bytes;
 };
 
 int psd_init(struct psd *s, struct ps_log *log, const struct psd_params *p);
+/* Frees a reply's buffers (what dispatch handed over and was not sent). */
+void psd_reply_drop(struct psd_reply *rep);
 void psd_fini(struct psd *s);
 
 /* Sets where deferred replies go. Without it requests never wait: a pull

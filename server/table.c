@@ -65,10 +65,40 @@ int psd_table_create(const Ps__TableSpec *spec, uint32_t id, uint32_t shard, uin
     return 0;
 }
 
+int psd_table_enable_prune(struct psd_table *t, const struct psd_prune_spec *spec)
+{
+    size_t n = (size_t)(t->hi - t->lo);
+    t->mask = calloc(n ? n : 1, 1);
+    t->prune_scratch = malloc((n ? n : 1) * sizeof(float));
+    if (t->mask == NULL || t->prune_scratch == NULL) {
+        free(t->mask);
+        free(t->prune_scratch);
+        t->mask = NULL;
+        t->prune_scratch = NULL;
+        return PS_ENOMEM;
+    }
+    t->prune = *spec;
+    return 0;
+}
+
+int psd_table_prune_step(struct psd_table *t, uint64_t step)
+{
+    if (t->mask == NULL || !psd_prune_due(&t->prune, step))
+        return 0;
+    double s = psd_prune_sparsity_at(&t->prune, step);
+    t->prune_target_now = s;
+    t->npruned = psd_prune_apply_mask(t->w, t->s1, t->s2, t->mask, (size_t)(t->hi - t->lo), s,
+                                      t->prune_scratch);
+    t->prune_updates++;
+    return 1;
+}
+
 void psd_table_destroy(struct psd_table *t)
 {
     if (t == NULL)
         return;
+    free(t->mask);
+    free(t->prune_scratch);
     free(t->w);
     free(t->s1);
     free(t->s2);
@@ -110,8 +140,10 @@ void psd_table_apply(struct psd_table *t, uint64_t offset, uint64_t count, const
         .decay_steps = t->lr_decay_steps,
         .sched_div = t->sched_div,
     };
-    psk_optim_apply(&o, step, t->w + base, t->s1 ? t->s1 + base : NULL, t->s2 ? t->s2 + base : NULL,
-                    g, (size_t)count);
+    float *s1 = t->s1 ? t->s1 + base : NULL, *s2 = t->s2 ? t->s2 + base : NULL;
+    psk_optim_apply(&o, step, t->w + base, s1, s2, g, (size_t)count);
+    if (t->mask != NULL) /* pruned weights take no update */
+        psd_prune_enforce(t->w + base, s1, s2, t->mask + base, (size_t)count);
 }
 
 void psd_table_read(const struct psd_table *t, uint64_t offset, uint64_t count, float *out)

@@ -9,6 +9,8 @@
 
 #include <limits.h> /* INT_MAX, used by the generated header */
 
+#include "prune.h"
+
 #include "ps.pb-c.h"
 
 #include <stddef.h>
@@ -36,12 +38,21 @@ struct psd_table {
 
     uint64_t pushes, pulls;
 
+    /* pruning (prune.c), when a --prune spec names this table: */
+    uint8_t *mask; /* 1 = pruned; NULL when not pruned */
+    float *prune_scratch;
+    struct psd_prune_spec prune;
+    uint64_t npruned;
+    uint64_t prune_updates; /* mask recomputations so far */
+    double prune_target_now;
+
     /* consistency (consistency.c): */
-    uint64_t clock;      /* bsp: rounds applied */
-    uint64_t *completed; /* per worker: clocks pushed */
-    uint64_t *next;      /* bsp: per worker, the next offset it must push this round */
-    uint64_t watermark;  /* bsp: this round is applied on [lo, watermark) */
-    float **wgrad;       /* bsp: per worker, this round's gradient */
+    uint64_t clock;       /* bsp: rounds applied */
+    uint64_t *completed;  /* per worker: clocks pushed */
+    uint64_t *next;       /* bsp: per worker, the next offset it must push this round */
+    uint64_t watermark;   /* bsp: this round is applied on [lo, watermark) */
+    uint64_t round_begun; /* bsp: clock + 1 of the round whose start has run */
+    float **wgrad;        /* bsp: per worker, this round's gradient */
 };
 
 /* Allocates and initialises this shard's part of the table described by
@@ -58,6 +69,13 @@ int psd_table_same_spec(const struct psd_table *t, const Ps__TableSpec *spec);
  * and the lr schedule's position). */
 void psd_table_apply(struct psd_table *t, uint64_t offset, uint64_t count, const float *g,
                      uint64_t step);
+
+/* Starts pruning this table by spec. 0 or PS_ENOMEM. */
+int psd_table_enable_prune(struct psd_table *t, const struct psd_prune_spec *spec);
+
+/* Recomputes the mask when the schedule says so at step (in clocks).
+ * Returns 1 when it did. */
+int psd_table_prune_step(struct psd_table *t, uint64_t step);
 
 /* Copies weights of global elements [offset, offset+count) into out. */
 void psd_table_read(const struct psd_table *t, uint64_t offset, uint64_t count, float *out);

@@ -49,6 +49,7 @@ struct psc_client {
     uint32_t nshards;
     uint32_t worker_id;
     Ps__DType dtype; /* on the wire */
+    int nonzero_pulls;
     size_t esize;
     void *ctx;
     void **socks;
@@ -197,6 +198,26 @@ static int shard_replied(const struct slot *sl, uint32_t shard)
     return (sl->replied[shard / 64] >> (shard % 64)) & 1u;
 }
 
+/* out[i] = the next value for each set bit of the mask, 0 elsewhere. The
+ * decoder checked that the values frame holds exactly the set bits. */
+static void expand_masked(const struct psc_client *c, const struct ps_wire_msg *m, float *out,
+                          size_t n)
+{
+    const unsigned char *v = m->vals;
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        if ((m->mask[i / 8] >> (i % 8)) & 1u) {
+            if (c->dtype == PS__DTYPE__DTYPE_F32)
+                memcpy(&out[i], v + 4 * k, 4);
+            else
+                ps_half_to_f32_n(c->dtype, v + 2 * k, &out[i], 1);
+            k++;
+        } else {
+            out[i] = 0.0f;
+        }
+    }
+}
+
 static void handle_data_reply(struct psc_client *c, uint32_t shard, struct slot *sl,
                               const struct ps_wire_msg *m)
 {
@@ -208,8 +229,9 @@ static void handle_data_reply(struct psc_client *c, uint32_t shard, struct slot 
     ps_shard_range(t->size, c->nshards, shard, &lo, &hi);
     uint64_t a = sl->offset > lo ? sl->offset : lo;
     uint64_t b = sl->offset + sl->count < hi ? sl->offset + sl->count : hi;
+    int masked = m->mask != NULL;
     if (h->offset != a || h->count != b - a || h->dtype != c->dtype ||
-        m->vals_bytes != (b - a) * c->esize) {
+        (masked && !c->nonzero_pulls) || (!masked && m->vals_bytes != (b - a) * c->esize)) {
         slot_fail(sl, PS_EPROTO, "shard %u answered [%llu, +%llu), expected [%llu, +%llu)", shard,
                   (unsigned long long)h->offset, (unsigned long long)h->count,
                   (unsigned long long)a, (unsigned long long)(b - a));
@@ -217,6 +239,10 @@ static void handle_data_reply(struct psc_client *c, uint32_t shard, struct slot 
     }
     if (sl->canceled)
         return;
+    if (masked) {
+        expand_masked(c, m, sl->out + (a - sl->offset), (size_t)(b - a));
+        return;
+    }
     if (c->dtype == PS__DTYPE__DTYPE_F32)
         memcpy(sl->out + (a - sl->offset), m->vals, m->vals_bytes);
     else
@@ -456,6 +482,7 @@ static int start_range(struct psc_client *c, Ps__Op op, uint32_t table, uint64_t
         h.offset = a;
         h.count = b - a;
         h.dtype = c->dtype;
+        h.nonzero_only = c->nonzero_pulls && op != PS__OP__OP_PUSH;
         const void *vals = op == PS__OP__OP_PULL ? NULL : src + (a - offset) * c->esize;
         if (send_one(c, s, &h, vals, vals ? (b - a) * c->esize : 0, sl) != 0)
             break;
@@ -647,6 +674,7 @@ int psc_create(const struct psc_config *cfg, struct psc_client **out, char *err,
     c->nshards = (uint32_t)cfg->nservers;
     c->worker_id = cfg->worker_id;
     c->dtype = (Ps__DType)cfg->wire_dtype;
+    c->nonzero_pulls = cfg->nonzero_pulls != 0;
     c->esize = ps_dtype_size(cfg->wire_dtype);
     if (c->esize == 0) {
         snprintf(err, errlen, "wire dtype %d is not f32, f16 or bf16", cfg->wire_dtype);

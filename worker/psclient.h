@@ -36,6 +36,7 @@ struct psc_config {
     uint32_t worker_id;     /* this client's id in requests (rank) */
     int connect_timeout_ms; /* for the hello to every shard in psc_create */
     int wire_dtype;         /* enum psc_dtype: values on the wire (servers keep f32) */
+    int nonzero_pulls;      /* let servers send only the nonzeros of pruned tables */
 };
 
 enum psc_dtype {

@@ -637,8 +637,10 @@ static int setup(struct trainer *tr, char *err, size_t errlen)
         size_t n = 0;
         if ((rc = split_servers(c->servers, buf, sizeof buf, eps, &n, err, errlen)) != 0)
             return rc;
-        struct psc_config pc = {eps, n, (uint32_t)c->rank, (int)c->timeout_ms,
-                                wire_dtype_of(c->wire_dtype)};
+        /* nonzero pulls cost nothing for unpruned tables: the servers only
+         * use them where they save bytes */
+        struct psc_config pc = {
+            eps, n, (uint32_t)c->rank, (int)c->timeout_ms, wire_dtype_of(c->wire_dtype), 1};
         if ((rc = psc_create(&pc, &tr->c, err, errlen)) != 0)
             return rc;
     }

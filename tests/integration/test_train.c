@@ -52,20 +52,30 @@ static void load_model(const char *path, struct model *m)
 }
 
 /* Starts `shards` psd processes; writes "ep0,ep1" into servers. */
-static void start_cluster(struct psd_proc *p, int shards, const char *mode, const char *workers,
-                          char *servers, size_t len)
+static void start_cluster_with(struct psd_proc *p, int shards, const char *mode,
+                               const char *workers, const char *prune, char *servers, size_t len)
 {
     servers[0] = '\0';
     for (int i = 0; i < shards; i++) {
         char si[16], ss[16];
         snprintf(si, sizeof si, "%d", i);
         snprintf(ss, sizeof ss, "%d", shards);
-        const char *args[] = {"--shard", si,          "--shards", ss,  "--consistency",
-                              mode,      "--workers", workers,    NULL};
+        const char *args[11] = {"--shard",       si,   "--shards",  ss,
+                                "--consistency", mode, "--workers", workers};
+        if (prune != NULL) {
+            args[8] = "--prune";
+            args[9] = prune;
+        }
         assert_int_equal(harness_psd_start(&p[i], args), 0);
         size_t used = strlen(servers);
         snprintf(servers + used, len - used, "%s%s", i ? "," : "", p[i].endpoint);
     }
+}
+
+static void start_cluster(struct psd_proc *p, int shards, const char *mode, const char *workers,
+                          char *servers, size_t len)
+{
+    start_cluster_with(p, shards, mode, workers, NULL, servers, len);
 }
 
 static void stop_cluster(struct psd_proc *p, int shards)
@@ -230,6 +240,60 @@ static void test_accumulation_matches_bigger_batch(void **state)
     free(mc.bytes);
 }
 
+/* Runs one worker for 40 steps against a fresh 2-shard BSP cluster (pruned
+ * or not); returns the bytes it pulled. */
+static unsigned long long pruned_run(const char *prune, const char *save)
+{
+    struct psd_proc p[2];
+    char servers[600], summary[320], log[320];
+    start_cluster_with(p, 2, "bsp", "1", prune, servers, sizeof servers);
+    harness_tmp(summary, sizeof summary, "prune.json");
+    harness_tmp(log, sizeof log, "prune.log");
+    const char *argv[] = {worker_bin(), "--servers", servers, "--max-steps", "40", "--epochs",
+                          "1",          "--device",  "cpu",   "--save",      save, "--summary-json",
+                          summary,      NULL};
+    pid_t pid = harness_spawn(argv, log);
+    int rc = harness_wait(pid, WORKER_TIMEOUT_MS);
+    if (rc != 0) {
+        harness_dump_file(log);
+        fail_msg("worker exited with %d", rc);
+    }
+    stop_cluster(p, 2);
+    FILE *f = fopen(summary, "r");
+    assert_non_null(f);
+    char buf[1024] = {0};
+    assert_true(fread(buf, 1, sizeof buf - 1, f) > 0);
+    fclose(f);
+    const char *k = strstr(buf, "\"bytes_pulled\": ");
+    assert_non_null(k);
+    return strtoull(k + strlen("\"bytes_pulled\": "), NULL, 10);
+}
+
+static void test_prune_keeps_zeros_and_shrinks_pulls(void **state)
+{
+    (void)state;
+    char a[320], b[320];
+    harness_tmp(a, sizeof a, "pruned.safetensors");
+    harness_tmp(b, sizeof b, "dense.safetensors");
+    unsigned long long pulled = pruned_run("fc1.weight:0.9:0:20:5", a);
+    unsigned long long dense = pruned_run(NULL, b);
+    struct model m;
+    load_model(a, &m);
+    const float *w = (const float *)(m.bytes + m.hdr_end);
+    size_t zeros = 0, n = 256 * 784;
+    for (size_t i = 0; i < n; i++)
+        zeros += w[i] == 0.0f;
+    size_t other = 0; /* fc1.bias and the other layers are not pruned */
+    for (size_t i = n; i < (m.len - m.hdr_end) / 4; i++)
+        other += w[i] == 0.0f;
+    printf("  fc1.weight zeros %.5f; pulled %llu bytes pruned vs %llu dense\n", (double)zeros / n,
+           pulled, dense);
+    assert_true(zeros >= (size_t)(0.9 * n));
+    assert_true(other < 100);
+    assert_true(pulled < dense * 7 / 10); /* fc1 is 83% of the bytes */
+    free(m.bytes);
+}
+
 static void stats_after(const char *mode, const char *delay, struct psc_shard_stats *st)
 {
     struct psd_proc p[1];
@@ -276,6 +340,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bsp_two_workers_match_one_with_double_batch),
         cmocka_unit_test(test_accumulation_matches_bigger_batch),
+        cmocka_unit_test(test_prune_keeps_zeros_and_shrinks_pulls),
         cmocka_unit_test(test_ssp_bounds_staleness),
         cmocka_unit_test(test_asp_never_waits),
     };

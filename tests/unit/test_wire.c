@@ -213,6 +213,56 @@ static void test_keys_unaligned(void **state)
     assert_true(ps_wire_key(buf + 1, 0) == k);
 }
 
+/* A masked pull reply: bitmap of count bits, then the set bits' values. */
+static int masked_reply(uint64_t count, const uint8_t *mask, size_t mask_bytes, size_t nvals)
+{
+    struct case_msg m;
+    assert_int_equal(case_msg_alloc(&m), 0);
+    Ps__Header h;
+    ps_wire_header_init(&h, PS__OP__OP_PULL);
+    h.layout = PS__LAYOUT__LAYOUT_MASK;
+    h.count = count;
+    m.size[0] = (size_t)ps_wire_header_pack(&h, m.data[0], CASE_FRAME_BYTES_MAX);
+    memcpy(m.data[1], mask, mask_bytes);
+    m.size[1] = mask_bytes;
+    m.size[2] = nvals * 4;
+    m.nframes = 3;
+    struct ps_wire_msg out;
+    char err[256];
+    int rc = decode(&m, PS_WIRE_REPLY, &out, err);
+    if (rc == 0) {
+        assert_ptr_equal(out.mask, m.data[1]);
+        assert_int_equal(out.vals_bytes, nvals * 4);
+    }
+    case_msg_free(&m);
+    return rc;
+}
+
+static void test_masked_replies(void **state)
+{
+    (void)state;
+    const uint8_t mask[2] = {0x81, 0x02}; /* bits 0, 7, 9 of 10 */
+    assert_int_equal(masked_reply(10, mask, 2, 3), 0);
+    assert_int_equal(masked_reply(10, mask, 2, 2), PS_ESIZE); /* one value short */
+    assert_int_equal(masked_reply(10, mask, 2, 4), PS_ESIZE); /* one too many */
+    assert_int_equal(masked_reply(10, mask, 1, 2), PS_ESIZE); /* bitmap too short */
+    assert_int_equal(masked_reply(9, mask, 2, 3), PS_EPROTO); /* bit 9 past count 9 */
+    assert_int_equal(masked_reply(16, mask, 2, 3), 0);        /* whole bytes */
+    /* requests cannot use the reply-only layout */
+    struct case_msg m;
+    assert_int_equal(case_msg_alloc(&m), 0);
+    Ps__Header h;
+    ps_wire_header_init(&h, PS__OP__OP_PULL);
+    h.layout = PS__LAYOUT__LAYOUT_MASK;
+    h.count = 4;
+    m.size[0] = (size_t)ps_wire_header_pack(&h, m.data[0], CASE_FRAME_BYTES_MAX);
+    m.nframes = 1;
+    struct ps_wire_msg out;
+    char err[256];
+    assert_int_equal(decode(&m, PS_WIRE_REQUEST, &out, err), PS_EPROTO);
+    case_msg_free(&m);
+}
+
 static void test_names(void **state)
 {
     (void)state;
@@ -234,6 +284,7 @@ int main(void)
         cmocka_unit_test(test_value_limit_boundary),
         cmocka_unit_test(test_arena_exhaustion),
         cmocka_unit_test(test_keys_unaligned),
+        cmocka_unit_test(test_masked_replies),
         cmocka_unit_test(test_names),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
