@@ -195,3 +195,11 @@ int psk_col_sum(struct psk_backend *b, int rows, int cols, const float *x, float
         return PS_EINVAL;
     return cols == 0 ? 0 : b->ops->col_sum(b, rows, cols, x, out);
 }
+
+int psk_topk(struct psk_backend *b, size_t n, float *v, float *u, size_t k, uint64_t *idx,
+             float *val)
+{
+    if (k > n)
+        return PS_EINVAL;
+    return k == 0 ? 0 : b->ops->topk(b, n, v, u, k, idx, val);
+}

@@ -10,6 +10,7 @@
 #define PSK_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 struct psk_backend;
 
@@ -59,6 +60,12 @@ int psk_softmax_xent(struct psk_backend *b, int rows, int cols, const float *log
                      const int *labels, float scale, float *dlogits, float *row_loss, int *pred);
 /* out[c] = sum over r of x[r][c] (bias gradients). */
 int psk_col_sum(struct psk_backend *b, int rows, int cols, const float *x, float *out);
+/* Top-k by magnitude: picks the k (<= n) entries of v with the largest
+ * |v|, writes their indices in increasing order to idx (host) and their
+ * values to val (host), then sets them to 0 in v and, when u is not NULL,
+ * in u. Ties at the threshold are taken in index order. */
+int psk_topk(struct psk_backend *b, size_t n, float *v, float *u, size_t k, uint64_t *idx,
+             float *val);
 /* y <- a x + y. */
 int psk_axpy(struct psk_backend *b, size_t n, float a, const float *x, float *y);
 /* x <- a x. */

@@ -142,6 +142,13 @@ static int cu_col_sum(struct psk_backend *b, int rows, int cols, const float *x,
                       "col_sum");
 }
 
+static int cu_topk(struct psk_backend *b, size_t n, float *v, float *u, size_t k, uint64_t *idx,
+                   float *val)
+{
+    return cuda_check(b, (cudaError_t)psk_cuda_topk(state(b)->stream, n, v, u, k, idx, val),
+                      "topk");
+}
+
 static void cu_close(struct psk_backend *b)
 {
     struct cuda_state *s = state(b);
@@ -172,6 +179,7 @@ static const struct psk_ops cuda_ops = {
     .relu_backward = cu_relu_backward,
     .softmax_xent = cu_softmax_xent,
     .col_sum = cu_col_sum,
+    .topk = cu_topk,
     .close = cu_close,
 };
 

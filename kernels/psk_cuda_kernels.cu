@@ -5,6 +5,9 @@
 #include "psk_math.h"
 
 #include <cuda_runtime.h>
+#include <thrust/device_ptr.h>
+#include <thrust/execution_policy.h>
+#include <thrust/sort.h>
 
 namespace {
 
@@ -97,6 +100,31 @@ __global__ void col_sum_kernel(int rows, int cols, const float *__restrict__ x,
     out[c] = s;
 }
 
+__global__ void neg_abs_kernel(size_t n, const float *__restrict__ v, float *__restrict__ key,
+                               uint32_t *__restrict__ idx)
+{
+    PSK_GRID_STRIDE(i, n)
+    {
+        key[i] = -fabsf(v[i]); // ascending sort puts the largest magnitudes first
+        idx[i] = (uint32_t)i;
+    }
+}
+
+__global__ void take_kernel(size_t k, const uint32_t *__restrict__ idx, float *__restrict__ v,
+                            float *__restrict__ u, float *__restrict__ val,
+                            unsigned long long *__restrict__ idx64)
+{
+    PSK_GRID_STRIDE(j, k)
+    {
+        uint32_t i = idx[j];
+        val[j] = v[i];
+        idx64[j] = i;
+        v[i] = 0.0f;
+        if (u != nullptr)
+            u[i] = 0.0f;
+    }
+}
+
 } // namespace
 
 extern "C" int psk_cuda_launch_axpy(void *stream, size_t n, float a, const float *x, float *y)
@@ -161,4 +189,44 @@ extern "C" int psk_cuda_launch_col_sum(void *stream, int rows, int cols, const f
     unsigned blocks = (unsigned)((cols + kBlock - 1) / kBlock);
     col_sum_kernel<<<blocks, kBlock, 0, (cudaStream_t)stream>>>(rows, cols, x, out);
     return (int)cudaGetLastError();
+}
+
+// Sort-based selection (thrust): exact, O(n log n) on the device. Ties at
+// the threshold are broken by the stable sort, i.e. in index order.
+extern "C" int psk_cuda_topk(void *stream, size_t n, float *v, float *u, size_t k, uint64_t *idx,
+                             float *val)
+{
+    if (k == 0)
+        return 0;
+    if (n > 0xffffffffu)
+        return (int)cudaErrorInvalidValue;
+    cudaStream_t s = (cudaStream_t)stream;
+    float *key = nullptr, *dval = nullptr;
+    uint32_t *ord = nullptr;
+    unsigned long long *d64 = nullptr;
+    cudaError_t e = cudaMallocAsync(&key, n * sizeof(float), s);
+    if (e == cudaSuccess)
+        e = cudaMallocAsync(&ord, n * sizeof(uint32_t), s);
+    if (e == cudaSuccess)
+        e = cudaMallocAsync(&dval, k * sizeof(float), s);
+    if (e == cudaSuccess)
+        e = cudaMallocAsync(&d64, k * sizeof(unsigned long long), s);
+    if (e == cudaSuccess) {
+        neg_abs_kernel<<<grid_for(n), kBlock, 0, s>>>(n, v, key, ord);
+        thrust::stable_sort_by_key(thrust::cuda::par.on(s), key, key + n, ord);
+        thrust::sort(thrust::cuda::par.on(s), ord, ord + k);
+        take_kernel<<<grid_for(k), kBlock, 0, s>>>(k, ord, v, u, dval, d64);
+        e = cudaGetLastError();
+    }
+    if (e == cudaSuccess)
+        e = cudaMemcpyAsync(val, dval, k * sizeof(float), cudaMemcpyDeviceToHost, s);
+    if (e == cudaSuccess)
+        e = cudaMemcpyAsync(idx, d64, k * sizeof(uint64_t), cudaMemcpyDeviceToHost, s);
+    if (e == cudaSuccess)
+        e = cudaStreamSynchronize(s);
+    cudaFreeAsync(key, s);
+    cudaFreeAsync(ord, s);
+    cudaFreeAsync(dval, s);
+    cudaFreeAsync(d64, s);
+    return (int)e;
 }

@@ -5,6 +5,7 @@
 #define PSK_CUDA_KERNELS_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -18,6 +19,8 @@ int psk_cuda_launch_relu_backward(void *stream, size_t n, const float *y, float 
 int psk_cuda_launch_softmax_xent(void *stream, int rows, int cols, const float *logits,
                                  const int *labels, float scale, float *dlogits, float *row_loss,
                                  int *pred);
+/* Top-k by magnitude (see psk_topk); idx and val are host arrays. */
+int psk_cuda_topk(void *stream, size_t n, float *v, float *u, size_t k, uint64_t *idx, float *val);
 int psk_cuda_launch_col_sum(void *stream, int rows, int cols, const float *x, float *out);
 
 #ifdef __cplusplus

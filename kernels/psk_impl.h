@@ -24,6 +24,8 @@ struct psk_ops {
     int (*softmax_xent)(struct psk_backend *b, int rows, int cols, const float *logits,
                         const int *labels, float scale, float *dlogits, float *row_loss, int *pred);
     int (*col_sum)(struct psk_backend *b, int rows, int cols, const float *x, float *out);
+    int (*topk)(struct psk_backend *b, size_t n, float *v, float *u, size_t k, uint64_t *idx,
+                float *val);
     void (*close)(struct psk_backend *b);
 };
 

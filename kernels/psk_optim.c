@@ -73,3 +73,13 @@ void psk_optim_apply(const struct psk_optim *o, uint64_t step, float *restrict w
         break;
     }
 }
+
+void psk_optim_apply_sparse(const struct psk_optim *o, uint64_t step, float *w, float *s1,
+                            float *s2, const uint64_t *idx, const float *g, size_t n)
+{
+    /* One element at a time through the dense loop: the very same code. */
+    for (size_t i = 0; i < n; i++) {
+        size_t j = (size_t)idx[i];
+        psk_optim_apply(o, step, &w[j], s1 ? &s1[j] : NULL, s2 ? &s2[j] : NULL, &g[i], 1);
+    }
+}

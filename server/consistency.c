@@ -208,3 +208,67 @@ int psd_cons_push(const struct psd_cons *c, struct psd_table *t, uint32_t worker
     *applied = 1;
     return 0;
 }
+
+static int check_worker(const struct psd_cons *c, uint32_t worker, char *err, size_t errlen)
+{
+    if (worker < c->workers || c->mode == PSD_ASP)
+        return 0;
+    snprintf(err, errlen, "worker id %u is not in [0, %u) (psd --workers %u)", worker, c->workers,
+             c->workers);
+    return PS_EINVAL;
+}
+
+int psd_cons_push_keys(const struct psd_cons *c, struct psd_table *t, uint32_t worker,
+                       uint64_t clock, const uint64_t *keys, const float *g, size_t n, int *applied,
+                       char *err, size_t errlen)
+{
+    *applied = 0;
+    int rc = check_worker(c, worker, err, errlen);
+    if (rc != 0)
+        return rc;
+    if (c->mode != PSD_BSP) {
+        if (worker < c->workers && clock + 1 > t->completed[worker])
+            t->completed[worker] = clock + 1;
+        psd_table_apply_keys(t, keys, g, n, ++t->steps);
+        if (t->steps % t->sched_div == 0)
+            psd_table_prune_step(t, t->steps / t->sched_div);
+        *applied = 1;
+        return 0;
+    }
+    if (clock != t->clock || t->next[worker] != t->lo) {
+        snprintf(err, errlen,
+                 "bsp: sparse push of '%s' for clock %llu, but the table is at clock %llu and "
+                 "worker %u has pushed up to %llu of it",
+                 t->name, (unsigned long long)clock, (unsigned long long)t->clock, worker,
+                 (unsigned long long)t->next[worker]);
+        return PS_ESTATE;
+    }
+    if (t->watermark == t->lo)
+        round_begin(c, t);
+    t->next[worker] = t->hi;
+    t->completed[worker] = clock + 1;
+    if (c->workers == 1) {
+        psd_table_apply_keys(t, keys, g, n, clock + 1);
+        t->watermark = t->hi;
+    } else {
+        size_t len = (size_t)(t->hi - t->lo);
+        if (t->wgrad[worker] == NULL && (t->wgrad[worker] = malloc(len ? len * 4 : 4)) == NULL) {
+            t->next[worker] = t->lo;
+            snprintf(err, errlen, "bsp: out of memory for worker %u's gradient", worker);
+            return PS_ENOMEM;
+        }
+        memset(t->wgrad[worker], 0, len * sizeof(float));
+        for (size_t i = 0; i < n; i++)
+            t->wgrad[worker][keys[i] - t->lo] = g[i];
+        uint64_t low = t->hi;
+        for (uint32_t i = 0; i < c->workers; i++)
+            low = t->next[i] < low ? t->next[i] : low;
+        if (low <= t->watermark)
+            return 0;
+        bsp_advance(c, t, low);
+    }
+    *applied = 1;
+    if (t->watermark == t->hi)
+        bsp_close_round(c, t);
+    return 0;
+}

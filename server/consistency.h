@@ -50,6 +50,13 @@ int psd_cons_push(const struct psd_cons *c, struct psd_table *t, uint32_t worker
                   uint64_t offset, uint64_t count, const float *g, int *applied, char *err,
                   size_t errlen);
 
+/* Takes a sparse push: gradient g[i] for element keys[i] (strictly
+ * increasing, inside the shard). In bsp it is the worker's whole shard
+ * range for the clock (elements not listed have gradient 0). */
+int psd_cons_push_keys(const struct psd_cons *c, struct psd_table *t, uint32_t worker,
+                       uint64_t clock, const uint64_t *keys, const float *g, size_t n, int *applied,
+                       char *err, size_t errlen);
+
 /* 1 when a pull of [offset, offset+count) of t at `clock` may be answered. */
 int psd_cons_ready(const struct psd_cons *c, const struct psd_table *t, uint64_t clock,
                    uint64_t offset, uint64_t count);

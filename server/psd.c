@@ -55,6 +55,7 @@ void psd_fini(struct psd *s)
     s->ntables = 0;
     free(s->arena_buf);
     free(s->scratch);
+    free(s->keys_scratch);
     free(s->waits);
     s->arena_buf = NULL;
     s->scratch = NULL;
@@ -217,12 +218,15 @@ static struct psd_table *check_range(struct psd *s, const Ps__Header *req, struc
         return NULL;
     }
     struct psd_table *t = s->tables[req->table_id];
-    if (req->layout != PS__LAYOUT__LAYOUT_RANGE) {
-        reply_errorf(s, req, PS_ENOTSUP, rep,
-                     "%s: table '%s' is dense; keyed requests need a "
-                     "sparse table",
-                     ps_op_name(req->op), t->name);
-        return NULL;
+    if (req->layout == PS__LAYOUT__LAYOUT_KEYS) {
+        if (req->op != PS__OP__OP_PUSH || req->dim != 1) {
+            reply_errorf(s, req, PS_ENOTSUP, rep,
+                         "%s: table '%s' is dense; it takes keyed pushes of dim 1 only (keyed "
+                         "pulls need a sparse table)",
+                         ps_op_name(req->op), t->name);
+            return NULL;
+        }
+        return t; /* the keys are checked against the shard by op_keys */
     }
     if (req->offset < t->lo || req->offset + req->count > t->hi) {
         reply_errorf(s, req, PS_ERANGE, rep,
@@ -401,6 +405,59 @@ static int defer(struct psd *s, const struct ps_frame *route, const Ps__Header *
     return 0;
 }
 
+/* The keys frame as aligned uint64s (frames may be unaligned). */
+static const uint64_t *keys_u64(struct psd *s, const struct ps_wire_msg *m)
+{
+    size_t n = (size_t)m->hdr->count;
+    if (n > s->keys_cap) {
+        uint64_t *p = realloc(s->keys_scratch, n * sizeof *p);
+        if (p == NULL)
+            return NULL;
+        s->keys_scratch = p;
+        s->keys_cap = n;
+    }
+    for (size_t i = 0; i < n; i++)
+        s->keys_scratch[i] = ps_wire_key(m->keys, i);
+    return s->keys_scratch;
+}
+
+/* A sparse push into a dense table: element indices as keys. */
+static void op_keys(struct psd *s, struct psd_table *t, const struct ps_wire_msg *m,
+                    struct psd_reply *rep)
+{
+    const Ps__Header *req = m->hdr;
+    const uint64_t *keys = keys_u64(s, m);
+    const float *g = values_f32(s, m);
+    if (keys == NULL || g == NULL) {
+        reply_errorf(s, req, PS_ENOMEM, rep, "push: out of memory for %llu keys",
+                     (unsigned long long)req->count);
+        return;
+    }
+    uint64_t first = keys[0], last = keys[req->count - 1];
+    if (first < t->lo || last >= t->hi) {
+        reply_errorf(s, req, PS_ERANGE, rep,
+                     "push: keys %llu..%llu are outside shard %u's range [%llu, %llu) of '%s'",
+                     (unsigned long long)first, (unsigned long long)last, s->shard,
+                     (unsigned long long)t->lo, (unsigned long long)t->hi, t->name);
+        return;
+    }
+    int applied = 0;
+    char err[PS_ERROR_TEXT_MAX];
+    int rc = psd_cons_push_keys(&s->cons, t, req->worker_id, req->clock, keys, g,
+                                (size_t)req->count, &applied, err, sizeof err);
+    if (rc != 0) {
+        reply_error(s, req, rc, err, rep);
+        return;
+    }
+    t->pushes++;
+    if (applied)
+        release_waits(s);
+    Ps__Header h;
+    reply_init(&h, req);
+    h.clock = psd_cons_clock(&s->cons, t);
+    reply_header(s, &h, rep);
+}
+
 static int op_data(struct psd *s, const struct ps_frame *route, const struct ps_wire_msg *m,
                    struct psd_reply *rep)
 {
@@ -408,6 +465,10 @@ static int op_data(struct psd *s, const struct ps_frame *route, const struct ps_
     struct psd_table *t = check_range(s, req, rep);
     if (t == NULL)
         return 1;
+    if (req->layout == PS__LAYOUT__LAYOUT_KEYS) {
+        op_keys(s, t, m, rep);
+        return 1;
+    }
     int applied = 0;
     uint64_t prune_updates = t->prune_updates;
     if (req->op != PS__OP__OP_PULL) {

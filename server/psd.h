@@ -81,6 +81,8 @@ struct psd {
     unsigned char *arena_buf;
     float *scratch; /* aligned copy of values when a frame is misaligned */
     size_t scratch_cap;
+    uint64_t *keys_scratch; /* aligned copy of a keys frame */
+    size_t keys_cap;
     uint8_t hdr_buf[PS_HEADER_BYTES_MAX];
 };
 

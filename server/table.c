@@ -121,12 +121,8 @@ int psd_table_same_spec(const struct psd_table *t, const Ps__TableSpec *spec)
            t->lr_schedule == (int)spec->lr_schedule && t->lr_decay_steps == spec->lr_decay_steps;
 }
 
-void psd_table_apply(struct psd_table *t, uint64_t offset, uint64_t count, const float *g,
-                     uint64_t step)
+static struct psk_optim table_optim(const struct psd_table *t)
 {
-    assert(offset >= t->lo);
-    assert(count <= t->hi - offset);
-    size_t base = (size_t)(offset - t->lo);
     struct psk_optim o = {
         .kind = (int)t->optimizer,
         .lr = t->lr,
@@ -140,10 +136,34 @@ void psd_table_apply(struct psd_table *t, uint64_t offset, uint64_t count, const
         .decay_steps = t->lr_decay_steps,
         .sched_div = t->sched_div,
     };
+    return o;
+}
+
+void psd_table_apply(struct psd_table *t, uint64_t offset, uint64_t count, const float *g,
+                     uint64_t step)
+{
+    assert(offset >= t->lo);
+    assert(count <= t->hi - offset);
+    size_t base = (size_t)(offset - t->lo);
+    struct psk_optim o = table_optim(t);
     float *s1 = t->s1 ? t->s1 + base : NULL, *s2 = t->s2 ? t->s2 + base : NULL;
     psk_optim_apply(&o, step, t->w + base, s1, s2, g, (size_t)count);
     if (t->mask != NULL) /* pruned weights take no update */
         psd_prune_enforce(t->w + base, s1, s2, t->mask + base, (size_t)count);
+}
+
+void psd_table_apply_keys(struct psd_table *t, const uint64_t *keys, const float *g, size_t n,
+                          uint64_t step)
+{
+    struct psk_optim o = table_optim(t);
+    for (size_t i = 0; i < n; i++) {
+        assert(keys[i] >= t->lo && keys[i] < t->hi);
+        size_t j = (size_t)(keys[i] - t->lo);
+        if (t->mask != NULL && t->mask[j])
+            continue; /* pruned: the update is dropped */
+        uint64_t local = j;
+        psk_optim_apply_sparse(&o, step, t->w, t->s1, t->s2, &local, &g[i], 1);
+    }
 }
 
 void psd_table_read(const struct psd_table *t, uint64_t offset, uint64_t count, float *out)

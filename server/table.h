@@ -77,6 +77,11 @@ int psd_table_enable_prune(struct psd_table *t, const struct psd_prune_spec *spe
  * Returns 1 when it did. */
 int psd_table_prune_step(struct psd_table *t, uint64_t step);
 
+/* Applies gradient g[i] to global element keys[i] for i < n (keys in
+ * [lo, hi), strictly increasing), as optimizer step `step`. */
+void psd_table_apply_keys(struct psd_table *t, const uint64_t *keys, const float *g, size_t n,
+                          uint64_t step);
+
 /* Copies weights of global elements [offset, offset+count) into out. */
 void psd_table_read(const struct psd_table *t, uint64_t offset, uint64_t count, float *out);
 

@@ -151,10 +151,31 @@ static struct slot *slot_lookup(struct psc_client *c, uint64_t id)
 
 /* ---- sending ------------------------------------------------------------- */
 
-/* Sends header (+ values) to one shard. On failure the slot is failed and
- * nothing is pending for this shard. */
-static int send_one(struct psc_client *c, uint32_t shard, const Ps__Header *h, const void *vals,
-                    size_t vbytes, struct slot *sl)
+/* Queues one frame after the header: zero-copy when large (the slot keeps
+ * the buffer busy until zmq lets go), copied when small. */
+static int send_payload(struct psc_client *c, void *sock, const void *buf, size_t len, int more,
+                        struct slot *sl)
+{
+    zmq_msg_t m;
+    if (len >= PS_ZEROCOPY_BYTES_MIN) {
+        atomic_fetch_add(&sl->zc_refs, 1u);
+        zmq_msg_init_data(&m, (void *)buf, len, zc_release, &sl->zc_refs);
+    } else {
+        zmq_msg_init_size(&m, len);
+        memcpy(zmq_msg_data(&m), buf, len);
+    }
+    if (zmq_msg_send(&m, sock, (more ? ZMQ_SNDMORE : 0) | ZMQ_DONTWAIT) < 0) {
+        zmq_msg_close(&m);
+        return PS_EZMQ;
+    }
+    c->bytes_sent += len;
+    return 0;
+}
+
+/* Sends header (+ keys) (+ values) to one shard. On failure the slot is
+ * failed and nothing is pending for this shard. */
+static int send_frames(struct psc_client *c, uint32_t shard, const Ps__Header *h, const void *keys,
+                       size_t kbytes, const void *vals, size_t vbytes, struct slot *sl)
 {
     void *sock = c->socks[shard];
     int64_t len = ps_wire_header_pack(h, c->hdr_buf, sizeof c->hdr_buf);
@@ -162,30 +183,20 @@ static int send_one(struct psc_client *c, uint32_t shard, const Ps__Header *h, c
         slot_fail(sl, PS_ELIMIT, "request header too large");
         return PS_ELIMIT;
     }
-    if (zmq_send(sock, c->hdr_buf, (size_t)len, (vals ? ZMQ_SNDMORE : 0) | ZMQ_DONTWAIT) < 0) {
+    if (zmq_send(sock, c->hdr_buf, (size_t)len, (keys || vals ? ZMQ_SNDMORE : 0) | ZMQ_DONTWAIT) <
+        0) {
         int e = errno;
         slot_fail(sl, PS_EAGAIN, "shard %u (%s): cannot send: %s", shard, c->endpoints[shard],
                   zmq_strerror(e));
         return PS_EAGAIN;
     }
-    if (vals != NULL) {
-        /* After the first part is queued the rest of the message is too. */
-        zmq_msg_t m;
-        if (vbytes >= PS_ZEROCOPY_BYTES_MIN) {
-            atomic_fetch_add(&sl->zc_refs, 1u);
-            zmq_msg_init_data(&m, (void *)vals, vbytes, zc_release, &sl->zc_refs);
-        } else {
-            zmq_msg_init_size(&m, vbytes);
-            memcpy(zmq_msg_data(&m), vals, vbytes);
-        }
-        if (zmq_msg_send(&m, sock, ZMQ_DONTWAIT) < 0) {
-            zmq_msg_close(&m);
-            slot_fail(sl, PS_EZMQ, "shard %u: value frame not sent: %s", shard,
-                      zmq_strerror(errno));
-            return PS_EZMQ;
-        }
+    /* After the first part is queued the rest of the message is too. */
+    if ((keys != NULL && send_payload(c, sock, keys, kbytes, vals != NULL, sl) != 0) ||
+        (vals != NULL && send_payload(c, sock, vals, vbytes, 0, sl) != 0)) {
+        slot_fail(sl, PS_EZMQ, "shard %u: payload frame not sent: %s", shard, zmq_strerror(errno));
+        return PS_EZMQ;
     }
-    c->bytes_sent += (uint64_t)len + vbytes;
+    c->bytes_sent += (uint64_t)len;
     sl->pending++;
     sl->replied[shard / 64] &= ~(UINT64_C(1) << (shard % 64));
     return 0;
@@ -426,6 +437,25 @@ int psc_cancel(struct psc_client *c, uint64_t ticket)
 
 /* ---- public: range ops --------------------------------------------------- */
 
+/* The values as they go on the wire: the caller's f32 as they are, or a
+ * 16-bit copy in the slot's buffer. NULL when that cannot be allocated. */
+static const unsigned char *wire_values(struct psc_client *c, struct slot *sl, const float *v,
+                                        size_t n)
+{
+    if (v == NULL || c->dtype == PS__DTYPE__DTYPE_F32)
+        return (const unsigned char *)v;
+    size_t need = n * c->esize;
+    if (need > sl->conv_cap) {
+        void *p = realloc(sl->conv, need);
+        if (p == NULL)
+            return NULL;
+        sl->conv = p;
+        sl->conv_cap = need;
+    }
+    ps_f32_to_half_n(c->dtype, v, sl->conv, n);
+    return sl->conv;
+}
+
 static int start_range(struct psc_client *c, Ps__Op op, uint32_t table, uint64_t offset,
                        uint64_t count, const float *grad, float *out, uint64_t clock,
                        uint64_t *ticket)
@@ -448,21 +478,11 @@ static int start_range(struct psc_client *c, Ps__Op op, uint32_t table, uint64_t
     sl->offset = offset;
     sl->count = count;
     sl->out = out;
-    const unsigned char *src = (const unsigned char *)grad;
-    if (grad != NULL && c->dtype != PS__DTYPE__DTYPE_F32) {
-        size_t need = (size_t)count * c->esize;
-        if (need > sl->conv_cap) {
-            void *p = realloc(sl->conv, need);
-            if (p == NULL) {
-                slot_release(c, sl);
-                return set_error(c, PS_ENOMEM, "%s: no memory to convert %llu values",
-                                 ps_op_name(op), (unsigned long long)count);
-            }
-            sl->conv = p;
-            sl->conv_cap = need;
-        }
-        ps_f32_to_half_n(c->dtype, grad, sl->conv, (size_t)count);
-        src = sl->conv;
+    const unsigned char *src = wire_values(c, sl, grad, (size_t)count);
+    if (grad != NULL && src == NULL) {
+        slot_release(c, sl);
+        return set_error(c, PS_ENOMEM, "%s: no memory to convert %llu values", ps_op_name(op),
+                         (unsigned long long)count);
     }
     uint32_t s0 = ps_shard_of_index(t->size, c->nshards, offset);
     uint32_t s1 = ps_shard_of_index(t->size, c->nshards, offset + count - 1);
@@ -484,7 +504,7 @@ static int start_range(struct psc_client *c, Ps__Op op, uint32_t table, uint64_t
         h.dtype = c->dtype;
         h.nonzero_only = c->nonzero_pulls && op != PS__OP__OP_PUSH;
         const void *vals = op == PS__OP__OP_PULL ? NULL : src + (a - offset) * c->esize;
-        if (send_one(c, s, &h, vals, vals ? (b - a) * c->esize : 0, sl) != 0)
+        if (send_frames(c, s, &h, NULL, 0, vals, vals ? (b - a) * c->esize : 0, sl) != 0)
             break;
     }
     if (sl->pending == 0 && sl->status != 0) {
@@ -494,6 +514,67 @@ static int start_range(struct psc_client *c, Ps__Op op, uint32_t table, uint64_t
         return rc;
     }
     *ticket = id; /* a partial send fails at wait, after its replies drain */
+    return 0;
+}
+
+int psc_push_keys(struct psc_client *c, uint32_t table, const uint64_t *keys, const float *vals,
+                  size_t n, uint64_t clock, uint64_t *ticket)
+{
+    if (table >= c->ntables)
+        return set_error(c, PS_ENOTABLE, "push: no table handle %u", table);
+    const struct table_h *t = c->tables[table];
+    if (n == 0 || keys == NULL || vals == NULL)
+        return set_error(c, PS_EINVAL, "push: no keys");
+    for (size_t i = 0; i < n; i++)
+        if (keys[i] >= t->size || (i > 0 && keys[i] <= keys[i - 1]))
+            return set_error(c, PS_EINVAL,
+                             "push: key[%zu]=%llu must be below %llu and above the one before", i,
+                             (unsigned long long)keys[i], (unsigned long long)t->size);
+    uint64_t id = 0;
+    struct slot *sl = slot_alloc(c, PS__OP__OP_PUSH, &id);
+    if (sl == NULL)
+        return set_error(c, PS_EBUSY, "push: %u requests already outstanding",
+                         PS_CLIENT_TICKETS_MAX);
+    sl->table = table;
+    const unsigned char *src = wire_values(c, sl, vals, n);
+    if (src == NULL) {
+        slot_release(c, sl);
+        return set_error(c, PS_ENOMEM, "push: no memory to convert %zu values", n);
+    }
+    size_t i = 0;
+    for (uint32_t s = 0; s < c->nshards; s++) {
+        uint64_t lo, hi;
+        ps_shard_range(t->size, c->nshards, s, &lo, &hi);
+        if (lo == hi)
+            continue; /* this shard holds nothing of the table */
+        size_t j = i;
+        while (j < n && keys[j] < hi)
+            j++;
+        Ps__Header h;
+        ps_wire_header_init(&h, PS__OP__OP_PUSH);
+        h.request_id = id;
+        h.worker_id = c->worker_id;
+        h.table_id = t->ids[s];
+        h.clock = clock;
+        h.layout = PS__LAYOUT__LAYOUT_KEYS;
+        h.dtype = c->dtype;
+        /* keys are sent as they lie in memory: uint64 little-endian hosts only */
+        uint64_t pad_key = lo;
+        unsigned char pad_val[4] = {0};
+        h.count = j > i ? j - i : 1;
+        const void *k = j > i ? (const void *)(keys + i) : &pad_key;
+        const void *v = j > i ? (const void *)(src + i * c->esize) : pad_val;
+        if (send_frames(c, s, &h, k, h.count * 8, v, h.count * c->esize, sl) != 0)
+            break;
+        i = j;
+    }
+    if (sl->pending == 0 && sl->status != 0) {
+        int rc = sl->status;
+        set_error(c, rc, "%s", sl->error);
+        slot_release(c, sl);
+        return rc;
+    }
+    *ticket = id;
     return 0;
 }
 
@@ -529,7 +610,7 @@ static int call_sync(struct psc_client *c, Ps__Header *h, uint32_t s0, uint32_t 
     h->request_id = id;
     h->worker_id = c->worker_id;
     for (uint32_t s = s0; s <= s1; s++)
-        if (send_one(c, s, h, NULL, 0, sl) != 0)
+        if (send_frames(c, s, h, NULL, 0, NULL, 0, sl) != 0)
             break;
     int rc = psc_wait(c, id, timeout_ms);
     if (rc == PS_ETIMEDOUT)

@@ -112,6 +112,14 @@ int psc_push(struct psc_client *c, uint32_t table, uint64_t offset, uint64_t cou
 int psc_push_pull(struct psc_client *c, uint32_t table, uint64_t offset, uint64_t count,
                   const float *grad, float *out, uint64_t clock, uint64_t *ticket);
 
+/* Sparse push into a dense table: gradient vals[i] for element keys[i],
+ * i < n, keys strictly increasing and below the table size. Every shard
+ * receives a push (one holding a single zero entry when no key falls in its
+ * range), so BSP rounds complete. keys and vals follow the buffer rules
+ * above. */
+int psc_push_keys(struct psc_client *c, uint32_t table, const uint64_t *keys, const float *vals,
+                  size_t n, uint64_t clock, uint64_t *ticket);
+
 /* Waits up to timeout_ms (0 polls, <0 waits forever) for a ticket. Returns
  * 0 when every shard applied/answered, the first error otherwise, or
  * PS_ETIMEDOUT (the ticket stays valid: wait again or cancel). Any return

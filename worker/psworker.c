@@ -34,7 +34,7 @@ struct config {
     uint64_t rank, workers;
     const char *model, *layers, *data;
     uint64_t batch, epochs, seed;
-    double lr, momentum, weight_decay;
+    double lr, momentum, weight_decay, topk;
     const char *optimizer, *device, *lr_schedule, *wire_dtype;
     const char *summary_json, *save, *log_level;
     int standalone;
@@ -70,6 +70,9 @@ static const struct ps_opt opts[] = {
     OPT("lr-schedule", PS_OPT_STR, lr_schedule, "cosine", 0, 0, "NAME",
         "constant, or cosine decay to 0 over the whole run"),
     FOPT("momentum", momentum, "0.9", 0.0, 0.999999, "M", "momentum coefficient"),
+    FOPT("topk", topk, "0", 0.0, 1.0, "FRACTION",
+         "send only this fraction of each gradient (largest first; the rest is kept and "
+         "added next step; with momentum, momentum moves to the worker as in DGC); 0: off"),
     FOPT("weight-decay", weight_decay, "0", 0.0, 1.0, "WD", "L2 weight decay"),
     OPT("wire-dtype", PS_OPT_STR, wire_dtype, "f32", 0, 0, "DTYPE",
         "values on the wire: f32, f16 or bf16 (servers keep f32)"),
@@ -115,9 +118,15 @@ struct trainer {
     struct psk_optim opt;
     float *s1[TABLES_MAX], *s2[TABLES_MAX];
     float *acc[TABLES_MAX]; /* --accum-steps > 1: summed gradients (device) */
-    uint64_t decay_steps;   /* optimizer steps of the whole run (lr schedule) */
-    uint64_t clock;         /* steps done */
-    int fresh;              /* device weights are those of `clock` */
+    /* --topk: residual and (momentum correction) velocity on the device,
+     * the selection on the host */
+    float *resid[TABLES_MAX], *vel[TABLES_MAX];
+    uint64_t *sel_idx[TABLES_MAX];
+    float *sel_val[TABLES_MAX];
+    size_t sel_k[TABLES_MAX];
+    uint64_t decay_steps; /* optimizer steps of the whole run (lr schedule) */
+    uint64_t clock;       /* steps done */
+    int fresh;            /* device weights are those of `clock` */
     double train_seconds;
 };
 
@@ -137,12 +146,24 @@ static float *grad_src(struct trainer *tr, int k)
 
 /* ---- tables ---------------------------------------------------------------- */
 
+/* With --topk and momentum, momentum runs on the worker (DGC's momentum
+ * correction) and the servers apply plain SGD. */
+static int momentum_on_worker(const struct config *c)
+{
+    return c->topk > 0 && psk_optim_parse(c->optimizer) == PSK_OPT_MOMENTUM;
+}
+
+static int server_optimizer(const struct config *c)
+{
+    return momentum_on_worker(c) ? PSK_OPT_SGD : psk_optim_parse(c->optimizer);
+}
+
 static void table_spec(const struct trainer *tr, int k, struct psc_table_spec *s, char *name,
                        size_t len)
 {
     psw_mlp_table_name(k, name, len);
     psc_table_spec_init(s, name, psw_mlp_table_size(&tr->mlp, k));
-    s->optimizer = psk_optim_parse(tr->cfg.optimizer);
+    s->optimizer = server_optimizer(&tr->cfg);
     s->lr = (float)tr->cfg.lr;
     s->momentum = (float)tr->cfg.momentum;
     s->weight_decay = (float)tr->cfg.weight_decay;
@@ -155,6 +176,23 @@ static void table_spec(const struct trainer *tr, int k, struct psc_table_spec *s
     }
 }
 
+static int setup_topk(struct trainer *tr, int k, size_t n)
+{
+    size_t kk = (size_t)ceil(tr->cfg.topk * (double)n);
+    tr->sel_k[k] = kk < 1 ? 1 : (kk > n ? n : kk);
+    float *zeros = calloc(n, sizeof *zeros);
+    tr->sel_idx[k] = malloc(tr->sel_k[k] * sizeof *tr->sel_idx[k]);
+    tr->sel_val[k] = malloc(tr->sel_k[k] * sizeof *tr->sel_val[k]);
+    int rc = zeros == NULL || tr->sel_idx[k] == NULL || tr->sel_val[k] == NULL ||
+             psk_alloc(tr->be, n * 4, (void **)&tr->resid[k]) ||
+             psk_upload(tr->be, tr->resid[k], zeros, n * 4);
+    if (rc == 0 && momentum_on_worker(&tr->cfg))
+        rc = psk_alloc(tr->be, n * 4, (void **)&tr->vel[k]) ||
+             psk_upload(tr->be, tr->vel[k], zeros, n * 4);
+    free(zeros);
+    return rc ? PS_ENOMEM : 0;
+}
+
 static int setup_tables(struct trainer *tr, char *err, size_t errlen)
 {
     tr->ntables = psw_mlp_tables(&tr->mlp);
@@ -162,6 +200,10 @@ static int setup_tables(struct trainer *tr, char *err, size_t errlen)
         size_t n = (size_t)psw_mlp_table_size(&tr->mlp, k);
         if (tr->cfg.accum_steps > 1 && psk_alloc(tr->be, n * 4, (void **)&tr->acc[k])) {
             snprintf(err, errlen, "cannot allocate accumulation buffers");
+            return PS_ENOMEM;
+        }
+        if (tr->cfg.topk > 0 && setup_topk(tr, k, n) != 0) {
+            snprintf(err, errlen, "cannot allocate top-k buffers");
             return PS_ENOMEM;
         }
         if (tr->alias) {
@@ -190,7 +232,7 @@ static int setup_tables(struct trainer *tr, char *err, size_t errlen)
             return rc;
         }
     }
-    tr->opt = (struct psk_optim){.kind = psk_optim_parse(tr->cfg.optimizer),
+    tr->opt = (struct psk_optim){.kind = server_optimizer(&tr->cfg),
                                  .lr = (float)tr->cfg.lr,
                                  .weight_decay = (float)tr->cfg.weight_decay,
                                  .momentum = (float)tr->cfg.momentum,
@@ -254,6 +296,8 @@ static int send_range(struct trainer *tr, int k, uint64_t first, uint64_t n)
             psk_scale(tr->be, n, 1.0f / (float)tr->cfg.accum_steps, a))
             return PS_EDEVICE;
     }
+    if (tr->cfg.topk > 0)
+        return 0; /* selected and sent after backward (send_topk) */
     if (!tr->alias && psk_download(tr->be, tr->hg[k] + first, grad_src(tr, k) + first, n * 4))
         return PS_EDEVICE;
     if (tr->cfg.standalone)
@@ -267,6 +311,40 @@ static int send_range(struct trainer *tr, int k, uint64_t first, uint64_t n)
         return rc;
     }
     tr->pulls_pending++;
+    return 0;
+}
+
+/* --topk: adds this step's gradient to the residual (through the local
+ * velocity when momentum is corrected), takes the largest entries out of
+ * it and sends them as a sparse push, and asks for the next clock's
+ * weights. Standalone applies them with the same optimizer code. */
+static int send_topk(struct trainer *tr, int k)
+{
+    size_t n = (size_t)psw_mlp_table_size(&tr->mlp, k);
+    const float *g = grad_src(tr, k);
+    float *v = tr->resid[k], *u = tr->vel[k];
+    int rc = u != NULL ? psk_scale(tr->be, n, (float)tr->cfg.momentum, u) ||
+                             psk_axpy(tr->be, n, 1.0f, g, u) || psk_axpy(tr->be, n, 1.0f, u, v)
+                       : psk_axpy(tr->be, n, 1.0f, g, v);
+    if (rc || psk_topk(tr->be, n, v, u, tr->sel_k[k], tr->sel_idx[k], tr->sel_val[k]))
+        return PS_EDEVICE;
+    if (tr->cfg.standalone) {
+        psk_optim_apply_sparse(&tr->opt, tr->clock + 1, tr->hw[k], tr->s1[k], tr->s2[k],
+                               tr->sel_idx[k], tr->sel_val[k], tr->sel_k[k]);
+        return 0;
+    }
+    if (tr->pulls_pending + 2 > TICKETS_MAX)
+        return PS_ELIMIT;
+    rc = psc_push_keys(tr->c, tr->th[k], tr->sel_idx[k], tr->sel_val[k], tr->sel_k[k], tr->clock,
+                       &tr->pull_tk[tr->pulls_pending]);
+    if (rc == 0)
+        rc = psc_pull(tr->c, tr->th[k], 0, n, tr->hw[k], tr->clock + 1,
+                      &tr->pull_tk[tr->pulls_pending + 1]);
+    if (rc != 0) {
+        PS_LOG(&tr->log, PS_LOG_ERROR, "W0303", "top-k push: %s", psc_last_error(tr->c));
+        return rc;
+    }
+    tr->pulls_pending += 2;
     return 0;
 }
 
@@ -355,7 +433,11 @@ static int train_step(struct trainer *tr, uint64_t step_in_epoch, double *loss, 
     }
     if (rc != 0)
         return rc;
-    for (int k = 0; k < tr->ntables && tr->cfg.standalone; k++)
+    for (int k = tr->ntables - 1; k >= 0 && tr->cfg.topk > 0 && rc == 0; k--)
+        rc = send_topk(tr, k);
+    if (rc != 0)
+        return rc;
+    for (int k = 0; k < tr->ntables && tr->cfg.standalone && tr->cfg.topk == 0; k++)
         psk_optim_apply(&tr->opt, tr->clock + 1, tr->hw[k], tr->s1[k], tr->s2[k], tr->hg[k],
                         (size_t)psw_mlp_table_size(&tr->mlp, k));
     tr->fresh = 0;
@@ -669,6 +751,10 @@ static void teardown(struct trainer *tr)
         free(tr->s1[k]);
         free(tr->s2[k]);
         psk_free(tr->be, tr->acc[k]);
+        psk_free(tr->be, tr->resid[k]);
+        psk_free(tr->be, tr->vel[k]);
+        free(tr->sel_idx[k]);
+        free(tr->sel_val[k]);
     }
     psc_destroy(tr->c);
     if (tr->be != NULL) {

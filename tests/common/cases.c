@@ -366,6 +366,12 @@ static void c_keys_on_dense(struct case_msg *m)
     keyed(m, PS__OP__OP_PULL, k, 3, 24);
 }
 
+static void c_keys_outside_shard(struct case_msg *m)
+{
+    const uint64_t k[2] = {10, 1000}; /* t0 holds [0, 1000) */
+    keyed(m, PS__OP__OP_PUSH, k, 2, 16);
+}
+
 static void e_other_lr(Ps__TableSpec *s)
 {
     s->name = "t0";
@@ -412,7 +418,8 @@ const struct bad_case bad_cases[] = {
     {"unknown table", PS_ENOTABLE, 1, c_unknown_table},
     {"range past table", PS_ERANGE, 1, c_range_past_table},
     {"f16 pull past the table end", PS_ERANGE, 1, c_pull_straddles_end},
-    {"keys on dense table", PS_ENOTSUP, 1, c_keys_on_dense},
+    {"keyed pull of a dense table", PS_ENOTSUP, 1, c_keys_on_dense},
+    {"keyed push past the shard", PS_ERANGE, 1, c_keys_outside_shard},
     {"create conflicting spec", PS_EEXIST, 1, c_create_conflict},
 };
 

@@ -240,18 +240,35 @@ static void test_accumulation_matches_bigger_batch(void **state)
     free(mc.bytes);
 }
 
-/* Runs one worker for 40 steps against a fresh 2-shard BSP cluster (pruned
- * or not); returns the bytes it pulled. */
-static unsigned long long pruned_run(const char *prune, const char *save)
+static unsigned long long summary_number(const char *path, const char *key)
+{
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    char buf[1024] = {0}, pat[64];
+    assert_true(fread(buf, 1, sizeof buf - 1, f) > 0);
+    fclose(f);
+    snprintf(pat, sizeof pat, "\"%s\": ", key);
+    const char *k = strstr(buf, pat);
+    assert_non_null(k);
+    return strtoull(k + strlen(pat), NULL, 10);
+}
+
+/* Runs one worker for 40 steps against a fresh 2-shard BSP cluster, pruned
+ * and/or with --topk when given; reports the bytes it pushed and pulled. */
+static void one_worker_run(const char *prune, const char *topk, const char *save,
+                           unsigned long long *pushed, unsigned long long *pulled)
 {
     struct psd_proc p[2];
     char servers[600], summary[320], log[320];
     start_cluster_with(p, 2, "bsp", "1", prune, servers, sizeof servers);
-    harness_tmp(summary, sizeof summary, "prune.json");
-    harness_tmp(log, sizeof log, "prune.log");
-    const char *argv[] = {worker_bin(), "--servers", servers, "--max-steps", "40", "--epochs",
-                          "1",          "--device",  "cpu",   "--save",      save, "--summary-json",
-                          summary,      NULL};
+    harness_tmp(summary, sizeof summary, "one.json");
+    harness_tmp(log, sizeof log, "one.log");
+    const char *argv[] = {worker_bin(),  "--servers", servers,
+                          "--max-steps", "40",        "--epochs",
+                          "1",           "--device",  "cpu",
+                          "--save",      save,        "--summary-json",
+                          summary,       "--topk",    topk ? topk : "0",
+                          NULL};
     pid_t pid = harness_spawn(argv, log);
     int rc = harness_wait(pid, WORKER_TIMEOUT_MS);
     if (rc != 0) {
@@ -259,14 +276,51 @@ static unsigned long long pruned_run(const char *prune, const char *save)
         fail_msg("worker exited with %d", rc);
     }
     stop_cluster(p, 2);
-    FILE *f = fopen(summary, "r");
-    assert_non_null(f);
-    char buf[1024] = {0};
-    assert_true(fread(buf, 1, sizeof buf - 1, f) > 0);
-    fclose(f);
-    const char *k = strstr(buf, "\"bytes_pulled\": ");
-    assert_non_null(k);
-    return strtoull(k + strlen("\"bytes_pulled\": "), NULL, 10);
+    *pushed = summary_number(summary, "bytes_pushed");
+    *pulled = summary_number(summary, "bytes_pulled");
+}
+
+static unsigned long long pruned_run(const char *prune, const char *save)
+{
+    unsigned long long pushed, pulled;
+    one_worker_run(prune, NULL, save, &pushed, &pulled);
+    return pulled;
+}
+
+static void test_topk_sends_little_and_matches_standalone(void **state)
+{
+    (void)state;
+    char a[320], b[320], c[320], log[320];
+    harness_tmp(a, sizeof a, "topk.safetensors");
+    harness_tmp(b, sizeof b, "dense40.safetensors");
+    harness_tmp(c, sizeof c, "topk_alone.safetensors");
+    unsigned long long tpush, tpull, dpush, dpull;
+    one_worker_run(NULL, "0.01", a, &tpush, &tpull);
+    one_worker_run(NULL, NULL, b, &dpush, &dpull);
+    const char *argv[] = {worker_bin(), "--standalone", "--max-steps", "40",     "--epochs",
+                          "1",          "--device",     "cpu",         "--save", c,
+                          "--topk",     "0.01",         NULL};
+    harness_tmp(log, sizeof log, "topk_alone.log");
+    int rc = harness_wait(harness_spawn(argv, log), WORKER_TIMEOUT_MS);
+    if (rc != 0) {
+        harness_dump_file(log);
+        fail_msg("standalone exited with %d", rc);
+    }
+    printf("  topk 0.01: pushed %llu bytes vs %llu dense (%.1fx fewer)\n", tpush, dpush,
+           (double)dpush / (double)tpush);
+    assert_true(tpush * 30 <= dpush);
+    struct model ma, mc;
+    load_model(a, &ma);
+    load_model(c, &mc);
+    assert_int_equal(ma.len, mc.len); /* the same selection and optimizer code */
+    assert_memory_equal(ma.bytes, mc.bytes, ma.len);
+    const float *w = (const float *)(ma.bytes + ma.hdr_end);
+    int moved = 0; /* fc1.bias starts at 0: it did learn */
+    for (size_t i = 256 * 784; i < 256 * 784 + 256; i++)
+        moved += w[i] != 0.0f;
+    assert_true(moved > 0);
+    free(ma.bytes);
+    free(mc.bytes);
 }
 
 static void test_prune_keeps_zeros_and_shrinks_pulls(void **state)
@@ -341,6 +395,7 @@ int main(void)
         cmocka_unit_test(test_bsp_two_workers_match_one_with_double_batch),
         cmocka_unit_test(test_accumulation_matches_bigger_batch),
         cmocka_unit_test(test_prune_keeps_zeros_and_shrinks_pulls),
+        cmocka_unit_test(test_topk_sends_little_and_matches_standalone),
         cmocka_unit_test(test_ssp_bounds_staleness),
         cmocka_unit_test(test_asp_never_waits),
     };

@@ -123,6 +123,34 @@ static void test_ssp_and_asp(void **state)
     drop(&a, t);
 }
 
+static void test_keyed_push_equals_dense_zeros(void **state)
+{
+    (void)state;
+    struct psd_cons c = {PSD_BSP, 0, 2};
+    float g0[N] = {0}, g1[N] = {0};
+    g0[2] = 0.5f;
+    g0[7] = -1.0f;
+    g1[7] = 0.25f;
+    struct psd_table *dense = make(&c), *keyed = make(&c);
+    assert_int_equal(push(&c, dense, 0, 0, 0, N, g0), 0);
+    assert_int_equal(push(&c, dense, 1, 0, 0, N, g1), 0);
+    const uint64_t k0[2] = {2, 7}, k1[1] = {7};
+    const float v0[2] = {0.5f, -1.0f}, v1[1] = {0.25f};
+    int applied = 0;
+    char err[256];
+    assert_int_equal(psd_cons_push_keys(&c, keyed, 1, 0, k1, v1, 1, &applied, err, sizeof err), 0);
+    assert_false(applied); /* waits for worker 0 */
+    assert_int_equal(psd_cons_push_keys(&c, keyed, 0, 0, k0, v0, 2, &applied, err, sizeof err), 0);
+    assert_true(applied);
+    assert_int_equal(keyed->clock, 1);
+    assert_memory_equal(dense->w, keyed->w, N * sizeof(float));
+    /* a second keyed push in the same clock is refused */
+    assert_int_equal(psd_cons_push_keys(&c, keyed, 0, 0, k0, v0, 2, &applied, err, sizeof err),
+                     PS_ESTATE);
+    drop(&c, dense);
+    drop(&c, keyed);
+}
+
 static void test_parse(void **state)
 {
     (void)state;
@@ -142,9 +170,8 @@ static void test_parse(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_bsp_watermark),
-        cmocka_unit_test(test_bsp_refusals),
-        cmocka_unit_test(test_ssp_and_asp),
+        cmocka_unit_test(test_bsp_watermark), cmocka_unit_test(test_bsp_refusals),
+        cmocka_unit_test(test_ssp_and_asp),   cmocka_unit_test(test_keyed_push_equals_dense_zeros),
         cmocka_unit_test(test_parse),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -182,6 +182,55 @@ static void test_layer_ops_cpu(void **state)
     psk_close(b);
 }
 
+static int cmp_desc_abs(const void *a, const void *b)
+{
+    float x = fabsf(*(const float *)a), y = fabsf(*(const float *)b);
+    return (x < y) - (x > y);
+}
+
+static void test_topk_cpu(void **state)
+{
+    (void)state;
+    struct psk_backend *b = NULL;
+    char err[256];
+    assert_int_equal(psk_open("cpu", &b, err, sizeof err), 0);
+    enum { N = 1000 };
+    static float v[N], u[N], ref[N], val[N];
+    static uint64_t idx[N];
+    uint64_t seed = 9;
+    const size_t ks[] = {1, 7, 10, 500, N};
+    for (size_t t = 0; t < sizeof ks / sizeof ks[0]; t++) {
+        size_t k = ks[t];
+        for (int i = 0; i < N; i++) {
+            /* coarse values: many ties at every magnitude */
+            v[i] = (float)((int)(frand(&seed) * 20)) / 4.0f;
+            u[i] = 1.0f;
+            ref[i] = v[i];
+        }
+        float orig[N];
+        memcpy(orig, v, sizeof orig);
+        qsort(ref, N, sizeof *ref, cmp_desc_abs);
+        float thr = fabsf(ref[k - 1]);
+        assert_int_equal(psk_topk(b, N, v, u, k, idx, val), 0);
+        for (size_t j = 0; j < k; j++) {
+            assert_true(j == 0 || idx[j] > idx[j - 1]); /* increasing indices */
+            assert_true(val[j] == orig[idx[j]]);
+            assert_true(fabsf(val[j]) >= thr);
+            assert_true(v[idx[j]] == 0.0f && u[idx[j]] == 0.0f);
+        }
+        size_t zeroed = 0;
+        for (int i = 0; i < N; i++) {
+            zeroed += u[i] == 0.0f;
+            if (u[i] != 0.0f) /* not taken: unchanged and not above the threshold */
+                assert_true(v[i] == orig[i] && fabsf(orig[i]) <= thr);
+        }
+        assert_int_equal(zeroed, k);
+    }
+    assert_int_equal(psk_topk(b, 4, v, NULL, 5, idx, val), PS_EINVAL);
+    assert_int_equal(psk_topk(b, 4, v, NULL, 0, idx, val), 0);
+    psk_close(b);
+}
+
 static void test_shared_math(void **state)
 {
     (void)state;
@@ -198,7 +247,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gemm),        cmocka_unit_test(test_axpy_scale),
         cmocka_unit_test(test_open_errors), cmocka_unit_test(test_layer_ops_cpu),
-        cmocka_unit_test(test_shared_math),
+        cmocka_unit_test(test_topk_cpu),    cmocka_unit_test(test_shared_math),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -238,6 +238,32 @@ int main(void)
             free(c2);
         }
     }
+    /* top-k: distinct random magnitudes, so both must pick the same set */
+    const size_t tk[][2] = {{1, 1}, {1000, 10}, {200704, 2007}, {257, 257}};
+    for (size_t ti = 0; ti < sizeof tk / sizeof tk[0]; ti++) {
+        size_t n = tk[ti][0], k = tk[ti][1];
+        float *hv = malloc(n * 4), *val[2] = {malloc(k * 4), malloc(k * 4)};
+        uint64_t *idx[2] = {malloc(k * 8), malloc(k * 8)};
+        for (size_t i = 0; i < n; i++)
+            hv[i] = frand(&seed) * (float)(i + 1);
+        struct psk_backend *bk[2] = {cpu, gpu};
+        int rc = 0;
+        for (int j = 0; j < 2; j++) {
+            float *dv = NULL;
+            rc |= psk_alloc(bk[j], n * 4, (void **)&dv) || psk_upload(bk[j], dv, hv, n * 4) ||
+                  psk_topk(bk[j], n, dv, NULL, k, idx[j], val[j]);
+            psk_free(bk[j], dv);
+        }
+        int same =
+            rc == 0 && memcmp(idx[0], idx[1], k * 8) == 0 && memcmp(val[0], val[1], k * 4) == 0;
+        printf("%-40s n=%-8zu k=%-6zu %s\n", "topk", n, k, same ? "ok" : "FAIL");
+        failures += !same;
+        free(hv);
+        free(val[0]);
+        free(val[1]);
+        free(idx[0]);
+        free(idx[1]);
+    }
     const int lshapes[][2] = {{0, 10}, {1, 1}, {17, 10}, {257, 10}, {64, 256}, {1000, 3}};
     for (size_t si = 0; si < sizeof lshapes / sizeof lshapes[0]; si++)
         layer_case(cpu, gpu, lshapes[si][0], lshapes[si][1], &seed);
