@@ -75,11 +75,41 @@ void psk_optim_apply(const struct psk_optim *o, uint64_t step, float *restrict w
 }
 
 void psk_optim_apply_sparse(const struct psk_optim *o, uint64_t step, float *w, float *s1,
-                            float *s2, const uint64_t *idx, const float *g, size_t n)
+                            float *s2, const uint64_t *idx, uint64_t base, const float *g, size_t n)
 {
-    /* One element at a time through the dense loop: the very same code. */
-    for (size_t i = 0; i < n; i++) {
-        size_t j = (size_t)idx[i];
-        psk_optim_apply(o, step, &w[j], s1 ? &s1[j] : NULL, s2 ? &s2[j] : NULL, &g[i], 1);
+    /* Same per-element rules as the dense loops; the kind, rate and bias
+     * corrections are decided once, not per element. */
+    const float lr = psk_optim_lr(o, step), wd = o->weight_decay;
+    switch (o->kind) {
+    case PSK_OPT_MOMENTUM:
+        for (size_t i = 0; i < n; i++) {
+            size_t j = (size_t)(idx[i] - base);
+            w[j] =
+                psk_momentum(w[j], psk_decay(g[i], w[j], wd), &s1[j], lr, o->momentum, o->nesterov);
+        }
+        break;
+    case PSK_OPT_ADAGRAD:
+        for (size_t i = 0; i < n; i++) {
+            size_t j = (size_t)(idx[i] - base);
+            w[j] = psk_adagrad(w[j], psk_decay(g[i], w[j], wd), &s1[j], lr, o->eps);
+        }
+        break;
+    case PSK_OPT_ADAM: {
+        float bc1 = (float)(1.0 - pow((double)o->beta1, (double)step));
+        float bc2 = (float)(1.0 - pow((double)o->beta2, (double)step));
+        for (size_t i = 0; i < n; i++) {
+            size_t j = (size_t)(idx[i] - base);
+            w[j] = psk_adam(w[j], psk_decay(g[i], w[j], wd), &s1[j], &s2[j], lr, o->beta1, o->beta2,
+                            o->eps, bc1, bc2);
+        }
+        break;
+    }
+    case PSK_OPT_SGD:
+    default:
+        for (size_t i = 0; i < n; i++) {
+            size_t j = (size_t)(idx[i] - base);
+            w[j] = psk_sgd(w[j], psk_decay(g[i], w[j], wd), lr);
+        }
+        break;
     }
 }

@@ -47,9 +47,11 @@ int psk_optim_parse(const char *name);
 void psk_optim_apply(const struct psk_optim *o, uint64_t step, float *w, float *s1, float *s2,
                      const float *g, size_t n);
 
-/* The same update on scattered elements: w[idx[i]] with gradient g[i] for
- * i < n (state arrays indexed like w). Elements not listed are untouched. */
+/* The same update on scattered elements: w[idx[i] - base] with gradient
+ * g[i] for i < n (state arrays indexed like w). Elements not listed are
+ * untouched. */
 void psk_optim_apply_sparse(const struct psk_optim *o, uint64_t step, float *w, float *s1,
-                            float *s2, const uint64_t *idx, const float *g, size_t n);
+                            float *s2, const uint64_t *idx, uint64_t base, const float *g,
+                            size_t n);
 
 #endif

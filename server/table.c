@@ -156,13 +156,19 @@ void psd_table_apply_keys(struct psd_table *t, const uint64_t *keys, const float
                           uint64_t step)
 {
     struct psk_optim o = table_optim(t);
-    for (size_t i = 0; i < n; i++) {
-        assert(keys[i] >= t->lo && keys[i] < t->hi);
+    assert(n == 0 || (keys[0] >= t->lo && keys[n - 1] < t->hi));
+    psk_optim_apply_sparse(&o, step, t->w, t->s1, t->s2, keys, t->lo, g, n);
+    if (t->mask == NULL)
+        return;
+    for (size_t i = 0; i < n; i++) { /* pruned entries take no update */
         size_t j = (size_t)(keys[i] - t->lo);
-        if (t->mask != NULL && t->mask[j])
-            continue; /* pruned: the update is dropped */
-        uint64_t local = j;
-        psk_optim_apply_sparse(&o, step, t->w, t->s1, t->s2, &local, &g[i], 1);
+        if (t->mask[j]) {
+            t->w[j] = 0.0f;
+            if (t->s1 != NULL)
+                t->s1[j] = 0.0f;
+            if (t->s2 != NULL)
+                t->s2[j] = 0.0f;
+        }
     }
 }
 

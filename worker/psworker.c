@@ -330,7 +330,7 @@ static int send_topk(struct trainer *tr, int k)
         return PS_EDEVICE;
     if (tr->cfg.standalone) {
         psk_optim_apply_sparse(&tr->opt, tr->clock + 1, tr->hw[k], tr->s1[k], tr->s2[k],
-                               tr->sel_idx[k], tr->sel_val[k], tr->sel_k[k]);
+                               tr->sel_idx[k], 0, tr->sel_val[k], tr->sel_k[k]);
         return 0;
     }
     if (tr->pulls_pending + 2 > TICKETS_MAX)
@@ -584,11 +584,14 @@ static int write_summary(struct trainer *tr, const char *path, double acc, doubl
     int ok = fprintf(f,
                      "{\"test_accuracy\": %s, \"samples_per_sec\": %.2f, \"steps\": %llu, "
                      "\"epochs\": %llu, \"wall_seconds\": %.3f, \"bytes_pushed\": %llu, "
-                     "\"bytes_pulled\": %llu, \"rank\": %llu, \"workers\": %llu, "
+                     "\"bytes_pulled\": %llu, \"bytes_pushed_per_step\": %.0f, "
+                     "\"bytes_pulled_per_step\": %.0f, \"rank\": %llu, \"workers\": %llu, "
                      "\"device\": \"%s\"}\n",
                      accs, tr->train_seconds > 0 ? samples / tr->train_seconds : 0.0,
                      (unsigned long long)tr->clock, (unsigned long long)tr->cfg.epochs, wall,
                      (unsigned long long)sent, (unsigned long long)recvd,
+                     tr->clock ? (double)sent / (double)tr->clock : 0.0,
+                     tr->clock ? (double)recvd / (double)tr->clock : 0.0,
                      (unsigned long long)tr->cfg.rank, (unsigned long long)tr->cfg.workers,
                      psk_kind_of(tr->be) == PSK_CUDA ? "cuda" : "cpu") > 0;
     ok = (fclose(f) == 0) && ok;
