@@ -147,10 +147,22 @@ int ps_wire_check_spec(const Ps__TableSpec *spec, char *err, size_t errlen)
         return fail(PS_EINVAL, err, errlen,
                     "table name must be 1..%u printable ASCII characters without spaces",
                     PS_TABLE_NAME_MAX);
-    if (spec->size == 0 || spec->size > PS_TABLE_ELEMS_MAX)
+    if (spec->sparse) {
+        if (spec->size != 0 || spec->dim == 0 || spec->dim > PS_SPARSE_DIM_MAX ||
+            spec->rows_max == 0 || spec->rows_max > PS_SPARSE_ROWS_MAX)
+            return fail(PS_ELIMIT, err, errlen,
+                        "sparse table '%s': needs size 0, dim in [1, %u] and rows_max in [1, "
+                        "%llu] (got %llu, %u, %llu)",
+                        spec->name, PS_SPARSE_DIM_MAX, (unsigned long long)PS_SPARSE_ROWS_MAX,
+                        (unsigned long long)spec->size, spec->dim,
+                        (unsigned long long)spec->rows_max);
+        if ((uint64_t)spec->dim * spec->rows_max > PS_TABLE_ELEMS_MAX)
+            return fail(PS_ELIMIT, err, errlen, "sparse table '%s': dim x rows_max over %llu",
+                        spec->name, (unsigned long long)PS_TABLE_ELEMS_MAX);
+    } else if (spec->size == 0 || spec->size > PS_TABLE_ELEMS_MAX)
         return fail(PS_ELIMIT, err, errlen, "table '%s': size %llu outside [1, %llu]", spec->name,
                     (unsigned long long)spec->size, (unsigned long long)PS_TABLE_ELEMS_MAX);
-    if ((unsigned)spec->optimizer > PS__OPTIMIZER_KIND__OPT_ADAM)
+    if ((unsigned)spec->optimizer > PS__OPTIMIZER_KIND__OPT_FTRL)
         return fail(PS_EINVAL, err, errlen, "table '%s': unknown optimizer %d", spec->name,
                     (int)spec->optimizer);
     if (!isfinite(spec->lr) || spec->lr < 0.0f)
@@ -167,7 +179,11 @@ int ps_wire_check_spec(const Ps__TableSpec *spec, char *err, size_t errlen)
         return fail(PS_EINVAL, err, errlen, "table '%s': beta1 %g / beta2 %g outside [0, 1)",
                     spec->name, (double)spec->beta1, (double)spec->beta2);
     int needs_eps = spec->optimizer == PS__OPTIMIZER_KIND__OPT_ADAGRAD ||
-                    spec->optimizer == PS__OPTIMIZER_KIND__OPT_ADAM;
+                    spec->optimizer == PS__OPTIMIZER_KIND__OPT_ADAM ||
+                    spec->optimizer == PS__OPTIMIZER_KIND__OPT_FTRL;
+    if (!isfinite(spec->l1) || spec->l1 < 0.0f || !isfinite(spec->l2) || spec->l2 < 0.0f)
+        return fail(PS_EINVAL, err, errlen, "table '%s': l1 %g / l2 %g must be finite and >= 0",
+                    spec->name, (double)spec->l1, (double)spec->l2);
     if (!isfinite(spec->eps) || spec->eps < 0.0f || (needs_eps && spec->eps == 0.0f))
         return fail(PS_EINVAL, err, errlen, "table '%s': eps %g must be finite and > 0", spec->name,
                     (double)spec->eps);

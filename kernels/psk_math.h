@@ -95,4 +95,21 @@ PSK_HD float psk_adam(float w, float g, float *m, float *v, float lr, float beta
     return w - lr * mhat / (sqrtf(vhat) + eps);
 }
 
+/* FTRL-proximal (McMahan et al. 2013), per coordinate; z and n are its
+ * state. alpha = lr, beta smooths the per-coordinate rate; l1 makes
+ * weights exactly 0 while |z| <= l1. Returns the new weight. */
+PSK_HD float psk_ftrl(float w, float g, float *z, float *n, float alpha, float beta, float l1,
+                      float l2)
+{
+    float nn = *n + g * g;
+    float sigma = (sqrtf(nn) - sqrtf(*n)) / alpha;
+    float nz = *z + g - sigma * w;
+    *z = nz;
+    *n = nn;
+    if (fabsf(nz) <= l1)
+        return 0.0f;
+    float sgn = nz < 0.0f ? -1.0f : 1.0f;
+    return -(nz - sgn * l1) / ((beta + sqrtf(nn)) / alpha + l2);
+}
+
 #endif

@@ -6,7 +6,7 @@
 #include <math.h>
 #include <string.h>
 
-static const char *const names[] = {"sgd", "momentum", "adagrad", "adam"};
+static const char *const names[] = {"sgd", "momentum", "adagrad", "adam", "ftrl"};
 
 int psk_optim_state_arrays(int kind)
 {
@@ -15,6 +15,7 @@ int psk_optim_state_arrays(int kind)
     case PSK_OPT_ADAGRAD:
         return 1;
     case PSK_OPT_ADAM:
+    case PSK_OPT_FTRL:
         return 2;
     default:
         return 0;
@@ -23,12 +24,12 @@ int psk_optim_state_arrays(int kind)
 
 const char *psk_optim_name(int kind)
 {
-    return kind >= 0 && kind <= PSK_OPT_ADAM ? names[kind] : "?";
+    return kind >= 0 && kind <= PSK_OPT_FTRL ? names[kind] : "?";
 }
 
 int psk_optim_parse(const char *name)
 {
-    for (int i = 0; i <= PSK_OPT_ADAM; i++)
+    for (int i = 0; i <= PSK_OPT_FTRL; i++)
         if (strcmp(name, names[i]) == 0)
             return i;
     return -1;
@@ -66,6 +67,10 @@ void psk_optim_apply(const struct psk_optim *o, uint64_t step, float *restrict w
                             o->eps, bc1, bc2);
         break;
     }
+    case PSK_OPT_FTRL:
+        for (size_t i = 0; i < n; i++)
+            w[i] = psk_ftrl(w[i], g[i], &s1[i], &s2[i], lr, o->eps, o->l1, o->l2);
+        break;
     case PSK_OPT_SGD:
     default:
         for (size_t i = 0; i < n; i++)
@@ -104,6 +109,12 @@ void psk_optim_apply_sparse(const struct psk_optim *o, uint64_t step, float *w, 
         }
         break;
     }
+    case PSK_OPT_FTRL:
+        for (size_t i = 0; i < n; i++) {
+            size_t j = (size_t)(idx[i] - base);
+            w[j] = psk_ftrl(w[j], g[i], &s1[j], &s2[j], lr, o->eps, o->l1, o->l2);
+        }
+        break;
     case PSK_OPT_SGD:
     default:
         for (size_t i = 0; i < n; i++) {

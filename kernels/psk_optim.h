@@ -14,6 +14,7 @@ enum psk_optim_kind {
     PSK_OPT_MOMENTUM = 1,
     PSK_OPT_ADAGRAD = 2,
     PSK_OPT_ADAM = 3,
+    PSK_OPT_FTRL = 4, /* lr = alpha, eps = beta, l1, l2 */
 };
 
 /* Same numbers as ps.LrSchedule. */
@@ -26,6 +27,7 @@ struct psk_optim {
     int kind;
     float lr, weight_decay, momentum, beta1, beta2, eps;
     int nesterov;
+    float l1, l2;         /* FTRL */
     int schedule;         /* enum psk_lr_schedule */
     uint64_t decay_steps; /* T of the schedule; 0 means constant */
     uint64_t sched_div;   /* steps per schedule step (W when each worker's push

@@ -3,6 +3,7 @@
 
 #include "ps_err.h"
 #include "ps_half.h"
+#include "ps_shard.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -218,6 +219,8 @@ static struct psd_table *check_range(struct psd *s, const Ps__Header *req, struc
         return NULL;
     }
     struct psd_table *t = s->tables[req->table_id];
+    if (t->sparse)
+        return t; /* op_rows checks keys and dim */
     if (req->layout == PS__LAYOUT__LAYOUT_KEYS) {
         if (req->op != PS__OP__OP_PUSH || req->dim != 1) {
             reply_errorf(s, req, PS_ENOTSUP, rep,
@@ -458,6 +461,74 @@ static void op_keys(struct psd *s, struct psd_table *t, const struct ps_wire_msg
     reply_header(s, &h, rep);
 }
 
+/* Pull, push or push-pull of rows of a sparse table. Sparse tables apply
+ * pushes on arrival and answer pulls at once, whatever the mode. */
+static void op_rows(struct psd *s, struct psd_table *t, const struct ps_wire_msg *m,
+                    struct psd_reply *rep)
+{
+    const Ps__Header *req = m->hdr;
+    if (req->layout != PS__LAYOUT__LAYOUT_KEYS || req->dim != t->dim) {
+        reply_errorf(s, req, PS_EINVAL, rep,
+                     "%s: table '%s' is sparse: send keys with dim %u (got layout %d, dim %u)",
+                     ps_op_name(req->op), t->name, t->dim, (int)req->layout, req->dim);
+        return;
+    }
+    const uint64_t *keys = keys_u64(s, m);
+    if (keys == NULL) {
+        reply_errorf(s, req, PS_ENOMEM, rep, "%s: out of memory for keys", ps_op_name(req->op));
+        return;
+    }
+    size_t n = (size_t)req->count;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t owner = ps_shard_of_key(keys[i], s->shards);
+        if (owner != s->shard) {
+            reply_errorf(s, req, PS_ERANGE, rep, "%s: key %llu of '%s' belongs to shard %u, not %u",
+                         ps_op_name(req->op), (unsigned long long)keys[i], t->name, owner,
+                         s->shard);
+            return;
+        }
+    }
+    char err[PS_ERROR_TEXT_MAX];
+    if (req->op != PS__OP__OP_PULL) {
+        const float *g = values_f32(s, m);
+        int rc = g == NULL ? PS_ENOMEM : psd_table_push_rows(t, keys, g, n, err, sizeof err);
+        if (rc != 0) {
+            reply_error(s, req, rc, g == NULL ? "out of memory" : err, rep);
+            return;
+        }
+        t->pushes++;
+        if (req->worker_id < s->cons.workers && req->clock + 1 > t->completed[req->worker_id])
+            t->completed[req->worker_id] = req->clock + 1;
+    }
+    Ps__Header h;
+    reply_init(&h, req);
+    if (req->op != PS__OP__OP_PUSH) {
+        size_t elems = n * t->dim, esize = ps_dtype_size(req->dtype);
+        float *rows = malloc(elems * sizeof(float));
+        void *out = aligned_alloc(64, (elems * esize + 63u) & ~(size_t)63u);
+        int rc = rows && out ? psd_table_pull_rows(t, keys, n, rows, err, sizeof err) : PS_ENOMEM;
+        if (rc != 0) {
+            free(rows);
+            free(out);
+            reply_error(s, req, rc, rc == PS_ENOMEM && !(rows && out) ? "out of memory" : err, rep);
+            return;
+        }
+        if (req->dtype == PS__DTYPE__DTYPE_F32)
+            memcpy(out, rows, elems * sizeof(float));
+        else
+            ps_f32_to_half_n(req->dtype, rows, out, elems);
+        free(rows);
+        t->pulls++;
+        h.layout = PS__LAYOUT__LAYOUT_KEYS;
+        h.count = req->count;
+        h.dim = t->dim;
+        h.dtype = req->dtype;
+        rep->vals = out;
+        rep->vals_bytes = elems * esize;
+    }
+    reply_header(s, &h, rep);
+}
+
 static int op_data(struct psd *s, const struct ps_frame *route, const struct ps_wire_msg *m,
                    struct psd_reply *rep)
 {
@@ -465,6 +536,10 @@ static int op_data(struct psd *s, const struct ps_frame *route, const struct ps_
     struct psd_table *t = check_range(s, req, rep);
     if (t == NULL)
         return 1;
+    if (t->sparse) {
+        op_rows(s, t, m, rep);
+        return 1;
+    }
     if (req->layout == PS__LAYOUT__LAYOUT_KEYS) {
         op_keys(s, t, m, rep);
         return 1;
@@ -564,6 +639,7 @@ static void op_stats(struct psd *s, const Ps__Header *req, struct psd_reply *rep
         ts[i].clock = psd_cons_clock(&s->cons, t);
         ts[i].sparsity = t->hi > t->lo ? (double)t->npruned / (double)(t->hi - t->lo) : 0.0;
         ts[i].prune_target = t->prune_target_now;
+        ts[i].rows = t->sparse ? t->sp.nrows : 0;
         tp[i] = &ts[i];
     }
     Ps__Stats st;

@@ -50,6 +50,23 @@ int psd_table_create(const Ps__TableSpec *spec, uint32_t id, uint32_t shard, uin
     t->init_scale = spec->init_scale;
     t->seed = spec->seed;
     t->lr_schedule = (int)spec->lr_schedule;
+    t->l1 = spec->l1;
+    t->l2 = spec->l2;
+    if (spec->sparse) {
+        t->sparse = 1;
+        t->dim = spec->dim;
+        t->rows_max = spec->rows_max;
+        t->lo = t->hi = 0;
+        int rc = psd_sparse_init(&t->sp, spec->dim, spec->rows_max,
+                                 psk_optim_state_arrays((int)spec->optimizer), (int)spec->init,
+                                 spec->init_scale, spec->seed);
+        if (rc != 0) {
+            free(t);
+            return rc;
+        }
+        *out = t;
+        return 0;
+    }
     t->lr_decay_steps = spec->lr_decay_steps;
     uint64_t n = t->hi - t->lo;
     int ns = psk_optim_state_arrays((int)t->optimizer);
@@ -99,6 +116,8 @@ void psd_table_destroy(struct psd_table *t)
         return;
     free(t->mask);
     free(t->prune_scratch);
+    if (t->sparse)
+        psd_sparse_fini(&t->sp);
     free(t->w);
     free(t->s1);
     free(t->s2);
@@ -118,7 +137,10 @@ int psd_table_same_spec(const struct psd_table *t, const Ps__TableSpec *spec)
            t->nesterov == (spec->nesterov ? 1 : 0) && feq(t->beta1, spec->beta1) &&
            feq(t->beta2, spec->beta2) && feq(t->eps, spec->eps) && t->init == spec->init &&
            feq(t->init_scale, spec->init_scale) && t->seed == spec->seed &&
-           t->lr_schedule == (int)spec->lr_schedule && t->lr_decay_steps == spec->lr_decay_steps;
+           t->lr_schedule == (int)spec->lr_schedule && t->lr_decay_steps == spec->lr_decay_steps &&
+           t->sparse == (spec->sparse ? 1 : 0) && t->dim == (t->sparse ? spec->dim : 0) &&
+           t->rows_max == (t->sparse ? spec->rows_max : 0) && feq(t->l1, spec->l1) &&
+           feq(t->l2, spec->l2);
 }
 
 static struct psk_optim table_optim(const struct psd_table *t)
@@ -135,6 +157,8 @@ static struct psk_optim table_optim(const struct psd_table *t)
         .schedule = t->lr_schedule,
         .decay_steps = t->lr_decay_steps,
         .sched_div = t->sched_div,
+        .l1 = t->l1,
+        .l2 = t->l2,
     };
     return o;
 }
@@ -170,6 +194,47 @@ void psd_table_apply_keys(struct psd_table *t, const uint64_t *keys, const float
                 t->s2[j] = 0.0f;
         }
     }
+}
+
+static int row_error(const struct psd_table *t, int64_t r, uint64_t key, char *err, size_t errlen)
+{
+    if (r == PS_ELIMIT)
+        snprintf(err, errlen, "table '%s' is full: %llu rows on this shard (rows_max); key %llu",
+                 t->name, (unsigned long long)t->rows_max, (unsigned long long)key);
+    else
+        snprintf(err, errlen, "table '%s': out of memory for key %llu", t->name,
+                 (unsigned long long)key);
+    return (int)r;
+}
+
+int psd_table_pull_rows(struct psd_table *t, const uint64_t *keys, size_t n, float *out, char *err,
+                        size_t errlen)
+{
+    uint32_t d = t->dim;
+    for (size_t i = 0; i < n; i++) {
+        int64_t r = psd_sparse_row(&t->sp, keys[i], 1);
+        if (r < 0)
+            return row_error(t, r, keys[i], err, errlen);
+        memcpy(out + i * d, t->sp.w + (size_t)r * d, d * sizeof(float));
+    }
+    return 0;
+}
+
+int psd_table_push_rows(struct psd_table *t, const uint64_t *keys, const float *g, size_t n,
+                        char *err, size_t errlen)
+{
+    struct psk_optim o = table_optim(t);
+    uint32_t d = t->dim;
+    for (size_t i = 0; i < n; i++) {
+        int64_t r = psd_sparse_row(&t->sp, keys[i], 1);
+        if (r < 0)
+            return row_error(t, r, keys[i], err, errlen);
+        size_t at = (size_t)r * d;
+        psk_optim_apply(&o, ++t->sp.row_steps[r], t->sp.w + at, t->sp.s1 ? t->sp.s1 + at : NULL,
+                        t->sp.s2 ? t->sp.s2 + at : NULL, g + i * d, d);
+    }
+    t->steps++;
+    return 0;
 }
 
 void psd_table_read(const struct psd_table *t, uint64_t offset, uint64_t count, float *out)

@@ -10,6 +10,7 @@
 #include <limits.h> /* INT_MAX, used by the generated header */
 
 #include "prune.h"
+#include "sparse.h"
 
 #include "ps.pb-c.h"
 
@@ -30,6 +31,12 @@ struct psd_table {
     int lr_schedule;
     uint64_t lr_decay_steps;
     uint64_t sched_div; /* set by the consistency mode (psk_optim.sched_div) */
+
+    int sparse; /* rows by key (sp) instead of a range of elements (w) */
+    uint32_t dim;
+    uint64_t rows_max;
+    float l1, l2;
+    struct psd_sparse sp;
 
     float *w;       /* hi - lo weights */
     float *s1;      /* momentum velocity, Adagrad accumulator, Adam first moment */
@@ -81,6 +88,15 @@ int psd_table_prune_step(struct psd_table *t, uint64_t step);
  * [lo, hi), strictly increasing), as optimizer step `step`. */
 void psd_table_apply_keys(struct psd_table *t, const uint64_t *keys, const float *g, size_t n,
                           uint64_t step);
+
+/* Sparse tables: copies the rows of keys[0..n) into out (n x dim),
+ * creating missing rows; applies gradients g (n x dim) to the rows of
+ * keys. 0, or PS_ELIMIT / PS_ENOMEM with a sentence in err (rows touched
+ * before the failing one stay). */
+int psd_table_pull_rows(struct psd_table *t, const uint64_t *keys, size_t n, float *out, char *err,
+                        size_t errlen);
+int psd_table_push_rows(struct psd_table *t, const uint64_t *keys, const float *g, size_t n,
+                        char *err, size_t errlen);
 
 /* Copies weights of global elements [offset, offset+count) into out. */
 void psd_table_read(const struct psd_table *t, uint64_t offset, uint64_t count, float *out);

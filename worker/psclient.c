@@ -25,6 +25,8 @@
 struct table_h {
     char name[PS_TABLE_NAME_MAX + 1];
     uint64_t size;
+    int sparse;
+    uint32_t dim;
     uint32_t ids[]; /* table id on each shard */
 };
 
@@ -42,6 +44,14 @@ struct slot {
     atomic_uint zc_refs; /* zero-copy frames zmq still holds */
     void *conv;          /* 16-bit copy of a push's values (grows, reused) */
     size_t conv_cap;
+    /* row requests: keys grouped by shard, and where each came from */
+    int rows;
+    uint32_t *order; /* grouped position -> index in the caller's keys */
+    uint64_t *skeys; /* keys grouped by shard */
+    float *svals;    /* push values grouped like skeys */
+    size_t rows_cap; /* entries order/skeys hold; svals holds rows_cap x dim */
+    size_t vals_cap;
+    uint32_t *grp; /* shard s holds grouped positions [grp[s], grp[s+1]) */
     char error[PS_ERROR_TEXT_MAX + 64];
 };
 
@@ -127,6 +137,7 @@ static struct slot *slot_alloc(struct psc_client *c, Ps__Op op, uint64_t *id)
     sl->pending = 0;
     sl->status = 0;
     sl->canceled = 0;
+    sl->rows = 0;
     sl->error[0] = '\0';
     *id = (seq << SLOT_BITS) | idx;
     return sl;
@@ -229,12 +240,42 @@ static void expand_masked(const struct psc_client *c, const struct ps_wire_msg *
     }
 }
 
+/* Scatters the rows of shard s's reply back to the caller's order. */
+static void handle_rows_reply(struct psc_client *c, uint32_t shard, struct slot *sl,
+                              const struct ps_wire_msg *m)
+{
+    const Ps__Header *h = m->hdr;
+    const struct table_h *t = c->tables[sl->table];
+    uint32_t a = sl->grp[shard], b = sl->grp[shard + 1];
+    if (h->layout != PS__LAYOUT__LAYOUT_KEYS || h->count != b - a || h->dim != t->dim ||
+        h->dtype != c->dtype || m->vals_bytes != (size_t)(b - a) * t->dim * c->esize) {
+        slot_fail(sl, PS_EPROTO, "shard %u answered %llu rows of dim %u, expected %u of dim %u",
+                  shard, (unsigned long long)h->count, h->dim, b - a, t->dim);
+        return;
+    }
+    if (sl->canceled)
+        return;
+    const unsigned char *v = m->vals;
+    size_t d = t->dim, rowb = d * c->esize;
+    for (uint32_t i = a; i < b; i++) {
+        float *dst = sl->out + (size_t)sl->order[i] * d;
+        if (c->dtype == PS__DTYPE__DTYPE_F32)
+            memcpy(dst, v + (i - a) * rowb, rowb);
+        else
+            ps_half_to_f32_n(c->dtype, v + (i - a) * rowb, dst, d);
+    }
+}
+
 static void handle_data_reply(struct psc_client *c, uint32_t shard, struct slot *sl,
                               const struct ps_wire_msg *m)
 {
     const Ps__Header *h = m->hdr;
     if (sl->op == PS__OP__OP_PUSH)
         return;
+    if (sl->rows) {
+        handle_rows_reply(c, shard, sl, m);
+        return;
+    }
     const struct table_h *t = c->tables[sl->table];
     uint64_t lo, hi;
     ps_shard_range(t->size, c->nshards, shard, &lo, &hi);
@@ -463,6 +504,9 @@ static int start_range(struct psc_client *c, Ps__Op op, uint32_t table, uint64_t
     if (table >= c->ntables)
         return set_error(c, PS_ENOTABLE, "%s: no table handle %u", ps_op_name(op), table);
     const struct table_h *t = c->tables[table];
+    if (t->sparse)
+        return set_error(c, PS_EINVAL, "%s: '%s' is sparse: use the _rows calls", ps_op_name(op),
+                         t->name);
     if (count == 0 || offset >= t->size || count > t->size - offset)
         return set_error(c, PS_ERANGE, "%s: [%llu, +%llu) is outside table '%s' of %llu",
                          ps_op_name(op), (unsigned long long)offset, (unsigned long long)count,
@@ -523,6 +567,8 @@ int psc_push_keys(struct psc_client *c, uint32_t table, const uint64_t *keys, co
     if (table >= c->ntables)
         return set_error(c, PS_ENOTABLE, "push: no table handle %u", table);
     const struct table_h *t = c->tables[table];
+    if (t->sparse)
+        return set_error(c, PS_EINVAL, "push: '%s' is sparse: use psc_push_rows", t->name);
     if (n == 0 || keys == NULL || vals == NULL)
         return set_error(c, PS_EINVAL, "push: no keys");
     for (size_t i = 0; i < n; i++)
@@ -576,6 +622,134 @@ int psc_push_keys(struct psc_client *c, uint32_t table, const uint64_t *keys, co
     }
     *ticket = id;
     return 0;
+}
+
+/* Grows the slot's row buffers to n keys of dim floats. */
+static int rows_reserve(struct psc_client *c, struct slot *sl, size_t n, size_t dim)
+{
+    if (sl->grp == NULL && (sl->grp = malloc(2 * (c->nshards + 1) * sizeof *sl->grp)) == NULL)
+        return PS_ENOMEM;
+    if (n > sl->rows_cap) {
+        uint32_t *o = realloc(sl->order, n * sizeof *o);
+        if (o != NULL)
+            sl->order = o;
+        uint64_t *k = realloc(sl->skeys, n * sizeof *k);
+        if (k != NULL)
+            sl->skeys = k;
+        if (o == NULL || k == NULL)
+            return PS_ENOMEM;
+        sl->rows_cap = n;
+    }
+    if (n * dim > sl->vals_cap) {
+        float *v = realloc(sl->svals, n * dim * sizeof *v);
+        if (v == NULL)
+            return PS_ENOMEM;
+        sl->svals = v;
+        sl->vals_cap = n * dim;
+    }
+    return 0;
+}
+
+/* Groups keys (and values) by owning shard, stably. */
+static void rows_group(struct psc_client *c, struct slot *sl, const uint64_t *keys,
+                       const float *vals, size_t n, size_t dim)
+{
+    uint32_t *cursor = sl->grp + c->nshards + 1;
+    memset(sl->grp, 0, (c->nshards + 1) * sizeof *sl->grp);
+    for (size_t i = 0; i < n; i++)
+        sl->grp[ps_shard_of_key(keys[i], c->nshards) + 1]++;
+    for (uint32_t s = 0; s < c->nshards; s++) {
+        sl->grp[s + 1] += sl->grp[s];
+        cursor[s] = sl->grp[s];
+    }
+    for (size_t i = 0; i < n; i++) {
+        uint32_t pos = cursor[ps_shard_of_key(keys[i], c->nshards)]++;
+        sl->order[pos] = (uint32_t)i;
+        sl->skeys[pos] = keys[i];
+        if (vals != NULL)
+            memcpy(sl->svals + (size_t)pos * dim, vals + i * dim, dim * sizeof(float));
+    }
+}
+
+static int start_rows(struct psc_client *c, Ps__Op op, uint32_t table, const uint64_t *keys,
+                      size_t n, const float *grads, float *out, uint64_t clock, uint64_t *ticket)
+{
+    if (table >= c->ntables || !c->tables[table]->sparse)
+        return set_error(c, PS_ENOTABLE, "%s: handle %u is not a sparse table", ps_op_name(op),
+                         table);
+    const struct table_h *t = c->tables[table];
+    if (n == 0 || n > UINT32_MAX || keys == NULL)
+        return set_error(c, PS_EINVAL, "%s: need 1..%u keys", ps_op_name(op), UINT32_MAX);
+    for (size_t i = 1; i < n; i++)
+        if (keys[i] <= keys[i - 1])
+            return set_error(c, PS_EINVAL, "%s: key[%zu]=%llu is not above key[%zu]",
+                             ps_op_name(op), i, (unsigned long long)keys[i], i - 1);
+    uint64_t id = 0;
+    struct slot *sl = slot_alloc(c, op, &id);
+    if (sl == NULL)
+        return set_error(c, PS_EBUSY, "%s: too many requests outstanding", ps_op_name(op));
+    size_t d = t->dim;
+    const unsigned char *src = NULL;
+    if (rows_reserve(c, sl, n, grads ? d : 0) != 0 ||
+        (rows_group(c, sl, keys, grads, n, d),
+         grads && (src = wire_values(c, sl, sl->svals, n * d)) == NULL)) {
+        slot_release(c, sl);
+        return set_error(c, PS_ENOMEM, "%s: out of memory for %zu rows", ps_op_name(op), n);
+    }
+    sl->rows = 1;
+    sl->table = table;
+    sl->out = out;
+    for (uint32_t s = 0; s < c->nshards; s++) {
+        uint32_t a = sl->grp[s], b = sl->grp[s + 1];
+        if (a == b)
+            continue;
+        Ps__Header h;
+        ps_wire_header_init(&h, op);
+        h.request_id = id;
+        h.worker_id = c->worker_id;
+        h.table_id = t->ids[s];
+        h.clock = clock;
+        h.layout = PS__LAYOUT__LAYOUT_KEYS;
+        h.count = b - a;
+        h.dim = t->dim;
+        h.dtype = c->dtype;
+        const void *v = grads ? src + (size_t)a * d * c->esize : NULL;
+        if (send_frames(c, s, &h, sl->skeys + a, (size_t)(b - a) * 8, v,
+                        v ? (size_t)(b - a) * d * c->esize : 0, sl) != 0)
+            break;
+    }
+    if (sl->pending == 0 && sl->status != 0) {
+        int rc = sl->status;
+        set_error(c, rc, "%s", sl->error);
+        slot_release(c, sl);
+        return rc;
+    }
+    *ticket = id;
+    return 0;
+}
+
+int psc_pull_rows(struct psc_client *c, uint32_t table, const uint64_t *keys, size_t n, float *out,
+                  uint64_t clock, uint64_t *ticket)
+{
+    if (out == NULL)
+        return set_error(c, PS_EINVAL, "pull: NULL output");
+    return start_rows(c, PS__OP__OP_PULL, table, keys, n, NULL, out, clock, ticket);
+}
+
+int psc_push_rows(struct psc_client *c, uint32_t table, const uint64_t *keys, size_t n,
+                  const float *grads, uint64_t clock, uint64_t *ticket)
+{
+    if (grads == NULL)
+        return set_error(c, PS_EINVAL, "push: NULL gradients");
+    return start_rows(c, PS__OP__OP_PUSH, table, keys, n, grads, NULL, clock, ticket);
+}
+
+int psc_push_pull_rows(struct psc_client *c, uint32_t table, const uint64_t *keys, size_t n,
+                       const float *grads, float *out, uint64_t clock, uint64_t *ticket)
+{
+    if (grads == NULL || out == NULL)
+        return set_error(c, PS_EINVAL, "push_pull: NULL buffer");
+    return start_rows(c, PS__OP__OP_PUSH_PULL, table, keys, n, grads, out, clock, ticket);
 }
 
 int psc_pull(struct psc_client *c, uint32_t table, uint64_t offset, uint64_t count, float *out,
@@ -652,6 +826,11 @@ int psc_table_create(struct psc_client *c, const struct psc_table_spec *spec, in
     ts.seed = spec->seed;
     ts.lr_schedule = (Ps__LrSchedule)spec->lr_schedule;
     ts.lr_decay_steps = spec->lr_decay_steps;
+    ts.sparse = spec->sparse != 0;
+    ts.dim = spec->sparse ? spec->dim : 0;
+    ts.rows_max = spec->rows_max;
+    ts.l1 = spec->l1;
+    ts.l2 = spec->l2;
     char err[PS_ERROR_TEXT_MAX];
     int rc = ps_wire_check_spec(&ts, err, sizeof err);
     if (rc != 0)
@@ -667,6 +846,8 @@ int psc_table_create(struct psc_client *c, const struct psc_table_spec *spec, in
         return set_error(c, PS_ENOMEM, "create_table: out of memory");
     snprintf(t->name, sizeof t->name, "%s", ts.name);
     t->size = ts.size;
+    t->sparse = ts.sparse;
+    t->dim = ts.dim;
     Ps__Header h;
     ps_wire_header_init(&h, PS__OP__OP_CREATE_TABLE);
     h.spec = &ts;
@@ -808,8 +989,13 @@ void psc_destroy(struct psc_client *c)
         zmq_ctx_term(c->ctx); /* linger 0: drops unsent frames, runs free callbacks */
     for (uint32_t i = 0; i < c->ntables; i++)
         free(c->tables[i]);
-    for (uint32_t i = 0; i < PS_CLIENT_TICKETS_MAX; i++)
+    for (uint32_t i = 0; i < PS_CLIENT_TICKETS_MAX; i++) {
         free(c->slots[i].conv);
+        free(c->slots[i].order);
+        free(c->slots[i].skeys);
+        free(c->slots[i].svals);
+        free(c->slots[i].grp);
+    }
     free(c->socks);
     free(c->endpoints);
     free(c->items);

@@ -50,6 +50,7 @@ enum psc_optimizer {
     PSC_MOMENTUM = 1,
     PSC_ADAGRAD = 2,
     PSC_ADAM = 3,
+    PSC_FTRL = 4, /* FTRL-proximal: lr = alpha, eps = beta, l1, l2 */
 };
 
 enum psc_init {
@@ -72,6 +73,10 @@ struct psc_table_spec {
     uint64_t seed;
     int lr_schedule;         /* 0 constant, 1 cosine */
     uint64_t lr_decay_steps; /* optimizer steps the schedule spans */
+    int sparse;              /* rows by uint64 key; then size must be 0 */
+    uint32_t dim;            /* sparse: floats per row */
+    uint64_t rows_max;       /* sparse: rows one shard may hold */
+    float l1, l2;            /* FTRL */
 };
 
 struct psc_shard_stats {
@@ -119,6 +124,16 @@ int psc_push_pull(struct psc_client *c, uint32_t table, uint64_t offset, uint64_
  * above. */
 int psc_push_keys(struct psc_client *c, uint32_t table, const uint64_t *keys, const float *vals,
                   size_t n, uint64_t clock, uint64_t *ticket);
+
+/* Rows of a sparse table by key: keys[0..n) strictly increasing; out and
+ * grads hold n x dim floats in the order of keys. Each key goes to the
+ * shard its jump hash names; rows are created on first touch. */
+int psc_pull_rows(struct psc_client *c, uint32_t table, const uint64_t *keys, size_t n, float *out,
+                  uint64_t clock, uint64_t *ticket);
+int psc_push_rows(struct psc_client *c, uint32_t table, const uint64_t *keys, size_t n,
+                  const float *grads, uint64_t clock, uint64_t *ticket);
+int psc_push_pull_rows(struct psc_client *c, uint32_t table, const uint64_t *keys, size_t n,
+                       const float *grads, float *out, uint64_t clock, uint64_t *ticket);
 
 /* Waits up to timeout_ms (0 polls, <0 waits forever) for a ticket. Returns
  * 0 when every shard applied/answered, the first error otherwise, or

@@ -7,6 +7,9 @@
 #include "ps_err.h"
 #include "ps_half.h"
 #include "ps_init.h"
+#include "ps_shard.h"
+
+#include <math.h>
 
 #include <setjmp.h>
 #include <stdarg.h>
@@ -287,6 +290,71 @@ static void test_f16_on_the_wire(void **state)
     free(after);
 }
 
+static void test_sparse_rows(void **state)
+{
+    struct fixture *f = *state;
+    struct psc_table_spec s;
+    psc_table_spec_init(&s, "emb", 0);
+    s.sparse = 1;
+    s.dim = 4;
+    s.rows_max = 16; /* per shard */
+    s.optimizer = PSC_ADAGRAD;
+    s.lr = 0.5f;
+    s.eps = 1e-8f;
+    s.init = PSC_INIT_UNIFORM;
+    s.init_scale = 0.1f;
+    s.seed = 11;
+    uint32_t t;
+    assert_int_equal(psc_table_create(f->c, &s, TIMEOUT_MS, &t), 0);
+    enum { K = 6 };
+    const uint64_t keys[K] = {3, 17, 99, 1000, UINT64_C(1) << 40, UINT64_MAX};
+    float w[K * 4], w2[K * 4], g[K * 4];
+    uint64_t tk;
+    assert_int_equal(psc_pull_rows(f->c, t, keys, K, w, 0, &tk), 0);
+    wait_ok(f->c, tk);
+    for (int i = 0; i < K; i++) /* created on first touch from (seed, key, j) */
+        for (int j = 0; j < 4; j++)
+            assert_true(w[i * 4 + j] ==
+                        ps_init_value(PS_INIT_UNIFORM, 0.1f, 11 ^ ps_mix64(keys[i]), j));
+    for (int i = 0; i < K * 4; i++)
+        g[i] = 0.01f * (float)(i + 1);
+    assert_int_equal(psc_push_pull_rows(f->c, t, keys, K, g, w2, 0, &tk), 0);
+    wait_ok(f->c, tk);
+    for (int i = 0; i < K * 4; i++) /* one Adagrad step: lr g / (|g| + eps) */
+        assert_float_equal(w2[i], w[i] - 0.5f * g[i] / (fabsf(g[i]) + 1e-8f), 1e-6);
+    /* unsorted keys are refused by the client; dense calls on a sparse table too */
+    const uint64_t bad[2] = {5, 4};
+    assert_int_equal(psc_pull_rows(f->c, t, bad, 2, w, 0, &tk), PS_EINVAL);
+    assert_int_equal(psc_pull(f->c, t, 0, 1, w, 0, &tk), PS_EINVAL);
+    /* the row limit: 16 per shard, 2 shards, 40 new keys cannot all fit */
+    uint64_t many[40];
+    float out[40 * 4];
+    for (int i = 0; i < 40; i++)
+        many[i] = 5000 + (uint64_t)i;
+    assert_int_equal(psc_pull_rows(f->c, t, many, 40, out, 0, &tk), 0);
+    assert_int_equal(psc_wait(f->c, tk, TIMEOUT_MS), PS_EREMOTE);
+    assert_non_null(strstr(psc_last_error(f->c), "is full"));
+    /* FTRL with a large l1 keeps weights exactly 0 */
+    struct psc_table_spec fs;
+    psc_table_spec_init(&fs, "ftrl", 0);
+    fs.sparse = 1;
+    fs.dim = 1;
+    fs.rows_max = 100;
+    fs.optimizer = PSC_FTRL;
+    fs.lr = 0.1f;
+    fs.eps = 1.0f;
+    fs.l1 = 10.0f;
+    uint32_t ft;
+    assert_int_equal(psc_table_create(f->c, &fs, TIMEOUT_MS, &ft), 0);
+    float fg[K], fw[K];
+    for (int i = 0; i < K; i++)
+        fg[i] = 0.5f;
+    assert_int_equal(psc_push_pull_rows(f->c, ft, keys, K, fg, fw, 0, &tk), 0);
+    wait_ok(f->c, tk);
+    for (int i = 0; i < K; i++)
+        assert_true(fw[i] == 0.0f);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -297,6 +365,7 @@ int main(void)
         cmocka_unit_test(test_client_side_errors),
         cmocka_unit_test(test_stats),
         cmocka_unit_test(test_f16_on_the_wire),
+        cmocka_unit_test(test_sparse_rows),
         cmocka_unit_test(test_unreachable_and_misordered),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

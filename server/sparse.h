@@ -1,0 +1,40 @@
+/* Rows of a sparse table on one shard: uint64 key -> row of dim floats.
+ *
+ * Open addressing with linear probing on a mixed key; the table keeps at
+ * most half its slots full and grows by doubling, rows live contiguously
+ * in insertion order and grow alongside, never past rows_max. A row is
+ * created on first touch, initialised from (seed, key, j) alone, so the
+ * values do not depend on which shard or worker touched it first. Owned by
+ * the server loop. Nothing here knows about messages. */
+#ifndef PSD_SPARSE_H
+#define PSD_SPARSE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+struct psd_sparse {
+    uint32_t dim;
+    uint64_t rows_max;
+    int nstate; /* optimizer state arrays per row (0..2) */
+    int init_kind;
+    float init_scale;
+    uint64_t seed;
+
+    uint64_t nrows, rows_cap;
+    uint64_t slots; /* power of two */
+    uint64_t *slot_key;
+    uint32_t *slot_row;  /* UINT32_MAX: empty */
+    float *w, *s1, *s2;  /* rows_cap x dim each */
+    uint32_t *row_steps; /* optimizer steps per row (Adam's t) */
+};
+
+int psd_sparse_init(struct psd_sparse *sp, uint32_t dim, uint64_t rows_max, int nstate,
+                    int init_kind, float init_scale, uint64_t seed);
+void psd_sparse_fini(struct psd_sparse *sp);
+
+/* Row of `key`: found, or created when `create` (initialised). Returns the
+ * row index, -1 when absent and not created, PS_ELIMIT at rows_max, or
+ * PS_ENOMEM. */
+int64_t psd_sparse_row(struct psd_sparse *sp, uint64_t key, int create);
+
+#endif
