@@ -6,6 +6,7 @@
 #include "data.h"
 #include "mlp.h"
 #include "psclient.h"
+#include "sparse_lr.h"
 
 #include "psk.h"
 #include "psk_optim.h"
@@ -34,7 +35,8 @@ struct config {
     uint64_t rank, workers;
     const char *model, *layers, *data;
     uint64_t batch, epochs, seed;
-    double lr, momentum, weight_decay, topk;
+    double lr, momentum, weight_decay, topk, l1, l2;
+    uint64_t rows_max;
     const char *optimizer, *device, *lr_schedule, *wire_dtype;
     const char *summary_json, *save, *log_level;
     int standalone;
@@ -56,7 +58,12 @@ static const struct ps_opt opts[] = {
         "psd endpoints, shard 0 first (required unless --standalone)"),
     OPT("rank", PS_OPT_U64, rank, "0", 0, PS_WORKERS_MAX - 1, "R", "this worker's rank"),
     OPT("workers", PS_OPT_U64, workers, "1", 1, PS_WORKERS_MAX, "W", "number of workers"),
-    OPT("model", PS_OPT_STR, model, "mlp", 0, 0, "NAME", "model: mlp"),
+    OPT("model", PS_OPT_STR, model, "mlp", 0, 0, "NAME",
+        "mlp (IDX images), or sparse-lr (libsvm DIR/train.svm and DIR/test.svm)"),
+    FOPT("l1", l1, "0", 0.0, 1e6, "L1", "sparse-lr with ftrl: L1 strength"),
+    FOPT("l2", l2, "0", 0.0, 1e6, "L2", "sparse-lr with ftrl: L2 strength"),
+    OPT("rows-max", PS_OPT_U64, rows_max, "10000000", 1, UINT64_C(1) << 31, "N",
+        "sparse-lr: rows one shard may hold"),
     OPT("layers", PS_OPT_STR, layers, "784,256,128,10", 0, 0, "N,N,...", "MLP widths"),
     OPT("data", PS_OPT_STR, data, "/usr/share/datasets/fashion-mnist", 0, 0, "DIR",
         "IDX files (gzip or plain)"),
@@ -614,8 +621,14 @@ static int wire_dtype_of(const char *s)
 
 static int check_config(const struct config *c, char *err, size_t errlen)
 {
-    if (strcmp(c->model, "mlp") != 0) {
-        snprintf(err, errlen, "--model: '%s' is not a known model (mlp)", c->model);
+    int sparse = strcmp(c->model, "sparse-lr") == 0;
+    if (strcmp(c->model, "mlp") != 0 && !sparse) {
+        snprintf(err, errlen, "--model: '%s' is not a known model (mlp, sparse-lr)", c->model);
+        return PS_EINVAL;
+    }
+    if (sparse && (c->standalone || c->topk > 0 || c->accum_steps > 1)) {
+        snprintf(err, errlen,
+                 "--model sparse-lr trains through servers, without --topk or --accum-steps");
         return PS_EINVAL;
     }
     if (c->rank >= c->workers) {
@@ -771,6 +784,62 @@ static void teardown(struct trainer *tr)
     psw_data_free(&tr->test);
 }
 
+/* --model sparse-lr: its own loop (sparse_lr.c) over the same client. */
+static int run_sparse_lr(struct trainer *tr)
+{
+    const struct config *c = &tr->cfg;
+    char err[512], buf[8192];
+    const char *eps[PS_SHARDS_MAX];
+    size_t n = 0;
+    double t0 = now_s();
+    int rc = split_servers(c->servers, buf, sizeof buf, eps, &n, err, sizeof err);
+    struct psc_config pc = {
+        eps, n, (uint32_t)c->rank, (int)c->timeout_ms, wire_dtype_of(c->wire_dtype), 0};
+    if (rc == 0)
+        rc = psc_create(&pc, &tr->c, err, sizeof err);
+    struct psw_slr_config sc = {
+        .data = c->data,
+        .rank = (uint32_t)c->rank,
+        .workers = (uint32_t)c->workers,
+        .batch = c->batch,
+        .epochs = c->epochs,
+        .max_steps = c->max_steps,
+        .seed = c->seed,
+        .log_every = c->log_every,
+        .optimizer = psk_optim_parse(c->optimizer),
+        .lr = (float)c->lr,
+        .l1 = (float)c->l1,
+        .l2 = (float)c->l2,
+        .rows_max = c->rows_max,
+        .timeout_ms = (int)c->timeout_ms,
+    };
+    struct psw_slr_result res = {0};
+    if (rc == 0)
+        rc = psw_slr_train(&sc, tr->c, &tr->log, &res, err, sizeof err);
+    if (rc != 0)
+        PS_LOG(&tr->log, PS_LOG_ERROR, "W0002", "%s", err);
+    uint64_t sent = 0, recvd = 0;
+    if (tr->c != NULL)
+        psc_bytes(tr->c, &sent, &recvd);
+    FILE *f = c->summary_json && rc == 0 ? fopen(c->summary_json, "w") : NULL;
+    if (f != NULL) {
+        fprintf(f,
+                "{\"test_accuracy\": %.6f, \"test_logloss\": %.6f, \"samples_per_sec\": %.2f, "
+                "\"steps\": %llu, \"epochs\": %llu, \"wall_seconds\": %.3f, "
+                "\"bytes_pushed\": %llu, \"bytes_pulled\": %llu, \"rows_pulled_per_step\": %.1f, "
+                "\"rank\": %llu}\n",
+                res.test_accuracy, res.test_logloss,
+                res.train_seconds > 0 ? res.samples / res.train_seconds : 0.0,
+                (unsigned long long)res.steps, (unsigned long long)c->epochs, now_s() - t0,
+                (unsigned long long)sent, (unsigned long long)recvd,
+                res.steps ? (double)res.rows_pulled / (double)res.steps : 0.0,
+                (unsigned long long)c->rank);
+        fclose(f);
+    }
+    psc_destroy(tr->c);
+    return rc == 0 ? 0 : 1;
+}
+
 int main(int argc, char **argv)
 {
     static struct trainer tr; /* large; zeroed */
@@ -792,6 +861,8 @@ int main(int argc, char **argv)
     char prog[32];
     snprintf(prog, sizeof prog, "psworker.%llu", (unsigned long long)tr.cfg.rank);
     ps_log_init(&tr.log, prog, ps_log_level_parse(tr.cfg.log_level));
+    if (strcmp(tr.cfg.model, "sparse-lr") == 0)
+        return run_sparse_lr(&tr);
     double t0 = now_s(), acc = -1;
     int rc = setup(&tr, err, sizeof err);
     if (rc != 0)

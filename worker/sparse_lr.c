@@ -1,0 +1,272 @@
+/* Sparse logistic regression: batch keys, pull rows, gradient, push rows. */
+#include "sparse_lr.h"
+
+#include "data.h"
+#include "libsvm.h"
+
+#include "ps_err.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+struct slr {
+    const struct psw_slr_config *cfg;
+    struct psc_client *c;
+    struct ps_log *log;
+    uint32_t tw, tb; /* table handles */
+    uint64_t *keys;  /* unique sorted keys of a batch */
+    float *w, *g;    /* their weights and gradients */
+    size_t keys_cap;
+    uint64_t clock;
+    uint64_t rows_pulled;
+};
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* Unique sorted keys of examples idx[0..n). Returns their count. */
+static size_t batch_keys(struct slr *m, const struct psw_svm *d, const uint32_t *idx, size_t n)
+{
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++)
+        for (uint64_t j = d->row[idx[i]]; j < d->row[idx[i] + 1]; j++)
+            m->keys[k++] = d->key[j];
+    qsort(m->keys, k, sizeof *m->keys, cmp_u64);
+    size_t u = 0;
+    for (size_t i = 0; i < k; i++)
+        if (u == 0 || m->keys[i] != m->keys[u - 1])
+            m->keys[u++] = m->keys[i];
+    return u;
+}
+
+static size_t key_pos(const uint64_t *keys, size_t n, uint64_t key)
+{
+    size_t lo = 0, hi = n;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (keys[mid] < key)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+static int wait_ok(struct slr *m, uint64_t t, const char *what)
+{
+    int rc = psc_wait(m->c, t, m->cfg->timeout_ms);
+    if (rc != 0)
+        PS_LOG(m->log, PS_LOG_ERROR, "W0310", "%s: %s", what, psc_last_error(m->c));
+    return rc;
+}
+
+/* Pulls the rows of u keys and the bias for `clock`. */
+static int pull(struct slr *m, size_t u, float *bias)
+{
+    uint64_t a, b;
+    int rc = psc_pull_rows(m->c, m->tw, m->keys, u, m->w, m->clock, &a);
+    if (rc == 0 && (rc = psc_pull(m->c, m->tb, 0, 1, bias, m->clock, &b)) != 0)
+        psc_cancel(m->c, a);
+    if (rc != 0) {
+        PS_LOG(m->log, PS_LOG_ERROR, "W0311", "pull: %s", psc_last_error(m->c));
+        return rc;
+    }
+    int r1 = wait_ok(m, a, "pull rows"), r2 = wait_ok(m, b, "pull bias");
+    return r1 ? r1 : r2;
+}
+
+/* Loss, correct predictions and (when grad) the gradient of the mean loss
+ * over examples idx[0..n), with the pulled weights. */
+static double forward(struct slr *m, const struct psw_svm *d, const uint32_t *idx, size_t n,
+                      size_t u, float bias, int grad, float *gbias, uint64_t *correct)
+{
+    double loss = 0;
+    if (grad) {
+        memset(m->g, 0, u * sizeof *m->g);
+        *gbias = 0;
+    }
+    for (size_t i = 0; i < n; i++) {
+        uint32_t e = idx[i];
+        double z = bias;
+        for (uint64_t j = d->row[e]; j < d->row[e + 1]; j++)
+            z += (double)m->w[key_pos(m->keys, u, d->key[j])] * d->val[j];
+        double p = 1.0 / (1.0 + exp(-z));
+        int y = d->label[e];
+        p = p < 1e-7 ? 1e-7 : (p > 1 - 1e-7 ? 1 - 1e-7 : p);
+        loss -= y ? log(p) : log(1 - p);
+        *correct += (p > 0.5) == (y == 1);
+        if (!grad)
+            continue;
+        float dz = (float)((p - y) / (double)n);
+        for (uint64_t j = d->row[e]; j < d->row[e + 1]; j++)
+            m->g[key_pos(m->keys, u, d->key[j])] += dz * d->val[j];
+        *gbias += dz;
+    }
+    return loss;
+}
+
+static int step(struct slr *m, const struct psw_svm *d, const uint32_t *idx, size_t n, double *loss)
+{
+    size_t u = batch_keys(m, d, idx, n);
+    m->rows_pulled += u;
+    float bias = 0, gbias = 0;
+    uint64_t correct = 0;
+    int rc = pull(m, u, &bias);
+    if (rc != 0)
+        return rc;
+    *loss = forward(m, d, idx, n, u, bias, 1, &gbias, &correct);
+    uint64_t a, b;
+    rc = psc_push_rows(m->c, m->tw, m->keys, u, m->g, m->clock, &a);
+    if (rc == 0 && (rc = psc_push(m->c, m->tb, 0, 1, &gbias, m->clock, &b)) != 0)
+        psc_cancel(m->c, a);
+    if (rc != 0) {
+        PS_LOG(m->log, PS_LOG_ERROR, "W0312", "push: %s", psc_last_error(m->c));
+        return rc;
+    }
+    int r1 = wait_ok(m, a, "push rows"), r2 = wait_ok(m, b, "push bias");
+    m->clock++;
+    return r1 ? r1 : r2;
+}
+
+static int evaluate(struct slr *m, const struct psw_svm *d, double *logloss, double *acc)
+{
+    enum { EB = 4096 };
+    uint32_t idx[EB];
+    double loss = 0;
+    uint64_t correct = 0;
+    for (uint32_t i = 0; i < d->n; i += EB) {
+        size_t n = d->n - i < EB ? d->n - i : EB;
+        for (size_t r = 0; r < n; r++)
+            idx[r] = i + (uint32_t)r;
+        size_t u = batch_keys(m, d, idx, n);
+        float bias = 0;
+        int rc = pull(m, u, &bias);
+        if (rc != 0)
+            return rc;
+        loss += forward(m, d, idx, n, u, bias, 0, NULL, &correct);
+    }
+    *logloss = loss / d->n;
+    *acc = (double)correct / d->n;
+    return 0;
+}
+
+static int setup_tables(struct slr *m, char *err, size_t errlen)
+{
+    const struct psw_slr_config *cfg = m->cfg;
+    struct psc_table_spec s;
+    psc_table_spec_init(&s, "lr.weight", 0);
+    s.sparse = 1;
+    s.dim = 1;
+    s.rows_max = cfg->rows_max;
+    s.optimizer = cfg->optimizer;
+    s.lr = cfg->lr;
+    s.eps = cfg->optimizer == PSC_FTRL ? 1.0f : 1e-8f;
+    s.l1 = cfg->l1;
+    s.l2 = cfg->l2;
+    s.seed = cfg->seed;
+    int rc = psc_table_create(m->c, &s, cfg->timeout_ms, &m->tw);
+    if (rc == 0) {
+        s.sparse = 0;
+        s.dim = 0;
+        s.rows_max = 0;
+        s.name = "lr.bias";
+        s.size = 1;
+        rc = psc_table_create(m->c, &s, cfg->timeout_ms, &m->tb);
+    }
+    if (rc != 0)
+        snprintf(err, errlen, "create tables: %s", psc_last_error(m->c));
+    return rc;
+}
+
+static int load(const char *dir, const char *name, struct psw_svm *d, char *err, size_t errlen)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    return psw_svm_load(path, d, err, errlen);
+}
+
+int psw_slr_train(const struct psw_slr_config *cfg, struct psc_client *c, struct ps_log *log,
+                  struct psw_slr_result *res, char *err, size_t errlen)
+{
+    memset(res, 0, sizeof *res);
+    struct slr m = {.cfg = cfg, .c = c, .log = log};
+    struct psw_svm train, test;
+    int rc = load(cfg->data, "train.svm", &train, err, errlen);
+    if (rc != 0)
+        return rc;
+    if ((rc = load(cfg->data, "test.svm", &test, err, errlen)) != 0) {
+        psw_svm_free(&train);
+        return rc;
+    }
+    uint64_t gb = cfg->batch * cfg->workers, steps = train.n / gb;
+    uint32_t *perm = malloc((size_t)train.n * sizeof *perm);
+    /* A batch touches at most (its rows) x (the widest row) keys. */
+    uint64_t widest = 1, rows = cfg->batch > 4096 ? cfg->batch : 4096;
+    for (uint32_t i = 0; i < train.n; i++)
+        widest =
+            train.row[i + 1] - train.row[i] > widest ? train.row[i + 1] - train.row[i] : widest;
+    for (uint32_t i = 0; i < test.n; i++)
+        widest = test.row[i + 1] - test.row[i] > widest ? test.row[i + 1] - test.row[i] : widest;
+    m.keys_cap = (size_t)(rows * widest);
+    m.keys = malloc(m.keys_cap * sizeof *m.keys);
+    m.w = malloc(m.keys_cap * sizeof *m.w);
+    m.g = malloc(m.keys_cap * sizeof *m.g);
+    if (steps == 0) {
+        snprintf(err, errlen, "--batch %llu x --workers %u exceeds the %u examples",
+                 (unsigned long long)cfg->batch, cfg->workers, train.n);
+        rc = PS_EINVAL;
+    } else if (perm == NULL || m.keys == NULL || m.w == NULL || m.g == NULL) {
+        snprintf(err, errlen, "out of memory");
+        rc = PS_ENOMEM;
+    } else {
+        rc = setup_tables(&m, err, errlen);
+    }
+    for (uint64_t e = 0; rc == 0 && e < cfg->epochs; e++) {
+        psw_data_permute(perm, train.n, cfg->seed, e);
+        double t0 = now_s(), loss_sum = 0;
+        uint64_t s = 0;
+        for (; s < steps && rc == 0; s++) {
+            if (cfg->max_steps && m.clock >= cfg->max_steps)
+                break;
+            double loss = 0;
+            rc = step(&m, &train, perm + (s * cfg->workers + cfg->rank) * cfg->batch,
+                      (size_t)cfg->batch, &loss);
+            loss_sum += loss;
+            res->samples += cfg->batch;
+            if ((s + 1) % cfg->log_every == 0)
+                PS_LOG(log, PS_LOG_INFO, "W0220", "epoch %llu step %llu/%llu log-loss %.4f",
+                       (unsigned long long)e + 1, (unsigned long long)s + 1,
+                       (unsigned long long)steps, loss_sum / ((s + 1) * cfg->batch));
+        }
+        res->train_seconds += now_s() - t0;
+        if (cfg->max_steps && m.clock >= cfg->max_steps)
+            break;
+    }
+    if (rc == 0)
+        rc = evaluate(&m, &test, &res->test_logloss, &res->test_accuracy);
+    if (rc == 0)
+        PS_LOG(log, PS_LOG_INFO, "W0221", "held-out log-loss %.5f, accuracy %.4f",
+               res->test_logloss, res->test_accuracy);
+    res->steps = m.clock;
+    res->rows_pulled = m.rows_pulled;
+    free(perm);
+    free(m.keys);
+    free(m.w);
+    free(m.g);
+    psw_svm_free(&train);
+    psw_svm_free(&test);
+    return rc;
+}
