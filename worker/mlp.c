@@ -116,6 +116,7 @@ void psw_mlp_fini(struct psw_mlp *m)
     }
     for (int l = 0; l <= PSW_LAYERS_MAX; l++)
         psk_free(m->be, m->act[l]);
+    psk_free(m->be, m->dx);
     psk_free(m->be, m->dz[0]);
     psk_free(m->be, m->dz[1]);
     psk_free(m->be, m->labels);
@@ -124,6 +125,13 @@ void psw_mlp_fini(struct psw_mlp *m)
     free(m->h_loss);
     free(m->h_pred);
     memset(m, 0, sizeof *m);
+}
+
+int psw_mlp_enable_input_grad(struct psw_mlp *m)
+{
+    if (m->dx != NULL)
+        return 0;
+    return dev_alloc(m, (size_t)m->batch_max * m->dims[0], (void **)&m->dx) ? PS_ENOMEM : 0;
 }
 
 int psw_mlp_forward(struct psw_mlp *m, int rows)
@@ -193,8 +201,13 @@ int psw_mlp_backward(struct psw_mlp *m, int rows, psw_chunk_cb cb, void *arg)
         int rc = weight_grad(m, l, rows, m->dz[cur], cb, arg);
         if (rc != 0)
             return rc;
-        if (l == 0)
+        if (l == 0) {
+            /* dx = dz W (no activation before the first layer) */
+            if (m->dx != NULL && psk_gemm(m->be, 0, 0, rows, in, out, 1.0f, m->dz[cur], out,
+                                          m->w[0], in, 0.0f, m->dx, in))
+                return PS_EDEVICE;
             break;
+        }
         /* dz_prev = (dz W) * relu'(act[l]) */
         if (psk_gemm(m->be, 0, 0, rows, in, out, 1.0f, m->dz[cur], out, m->w[l], in, 0.0f,
                      m->dz[1 - cur], in) ||

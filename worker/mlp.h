@@ -29,7 +29,8 @@ struct psw_mlp {
     int *labels;                                    /* device */
     float *row_loss;                                /* device */
     int *pred;                                      /* device */
-    float *h_loss;                                  /* host copies */
+    float *dx;     /* d loss / d input (batch_max x dims[0]), when enabled */
+    float *h_loss; /* host copies */
     int *h_pred;
 };
 
@@ -40,6 +41,10 @@ int psw_mlp_parse_layers(const char *s, int *dims, char *err, size_t errlen);
 int psw_mlp_init(struct psw_mlp *m, struct psk_backend *be, const int *dims, int nlayers,
                  int batch_max, char *err, size_t errlen);
 void psw_mlp_fini(struct psw_mlp *m);
+
+/* Makes backward also compute the gradient with respect to the input
+ * (into m->dx), for models that train what feeds the MLP (embeddings). */
+int psw_mlp_enable_input_grad(struct psw_mlp *m);
 
 int psw_mlp_tables(const struct psw_mlp *m);
 /* Name ("fc2.bias"), element count, and the device buffers of table k. */

@@ -36,7 +36,7 @@ struct config {
     const char *model, *layers, *data;
     uint64_t batch, epochs, seed;
     double lr, momentum, weight_decay, topk, l1, l2;
-    uint64_t rows_max;
+    uint64_t rows_max, embed_dim, embed_hidden;
     const char *optimizer, *device, *lr_schedule, *wire_dtype;
     const char *summary_json, *save, *log_level;
     int standalone;
@@ -62,6 +62,10 @@ static const struct ps_opt opts[] = {
         "mlp (IDX images), or sparse-lr (libsvm DIR/train.svm and DIR/test.svm)"),
     FOPT("l1", l1, "0", 0.0, 1e6, "L1", "sparse-lr with ftrl: L1 strength"),
     FOPT("l2", l2, "0", 0.0, 1e6, "L2", "sparse-lr with ftrl: L2 strength"),
+    OPT("embed-dim", PS_OPT_U64, embed_dim, "0", 0, 1024, "D",
+        "sparse-lr: embed each feature in D floats and classify with an MLP (0: linear)"),
+    OPT("embed-hidden", PS_OPT_U64, embed_hidden, "64", 1, 65536, "H",
+        "sparse-lr with --embed-dim: hidden width of the MLP"),
     OPT("rows-max", PS_OPT_U64, rows_max, "10000000", 1, UINT64_C(1) << 31, "N",
         "sparse-lr: rows one shard may hold"),
     OPT("layers", PS_OPT_STR, layers, "784,256,128,10", 0, 0, "N,N,...", "MLP widths"),
@@ -812,6 +816,9 @@ static int run_sparse_lr(struct trainer *tr)
         .l2 = (float)c->l2,
         .rows_max = c->rows_max,
         .timeout_ms = (int)c->timeout_ms,
+        .embed_dim = (uint32_t)c->embed_dim,
+        .hidden = (uint32_t)c->embed_hidden,
+        .device = c->device,
     };
     struct psw_slr_result res = {0};
     if (rc == 0)

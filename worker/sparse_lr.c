@@ -3,6 +3,7 @@
 
 #include "data.h"
 #include "libsvm.h"
+#include "mlp.h"
 
 #include "ps_err.h"
 
@@ -16,10 +17,18 @@ struct slr {
     const struct psw_slr_config *cfg;
     struct psc_client *c;
     struct ps_log *log;
-    uint32_t tw, tb; /* table handles */
+    uint32_t tw, tb; /* table handles: sparse rows, and the linear bias */
+    uint32_t d;      /* floats per row: 1, or embed_dim */
     uint64_t *keys;  /* unique sorted keys of a batch */
-    float *w, *g;    /* their weights and gradients */
+    float *w, *g;    /* their rows and gradients (keys_cap x d) */
     size_t keys_cap;
+    /* embedding variant */
+    struct psk_backend *be;
+    struct psw_mlp mlp;
+    uint32_t tm[4];       /* fc1.weight, fc1.bias, fc2.weight, fc2.bias */
+    float *hw[4], *hg[4]; /* host copies of the MLP's weights and gradients */
+    float *pooled, *dxh;  /* batch x d: the MLP's input and its gradient */
+    int *lab;
     uint64_t clock;
     uint64_t rows_pulled;
 };
@@ -73,9 +82,43 @@ static int wait_ok(struct slr *m, uint64_t t, const char *what)
     return rc;
 }
 
-/* Pulls the rows of u keys and the bias for `clock`. */
+static int wait_ok(struct slr *m, uint64_t t, const char *what);
+
+/* Embedding variant: pulls the MLP's tables and loads them on the device. */
+static int pull_mlp(struct slr *m)
+{
+    uint64_t t[4];
+    int rc = 0, n = 0;
+    for (int k = 0; k < 4 && rc == 0; k++, n++)
+        rc = psc_pull(m->c, m->tm[k], 0, psw_mlp_table_size(&m->mlp, k), m->hw[k], m->clock, &t[k]);
+    if (rc != 0) {
+        PS_LOG(m->log, PS_LOG_ERROR, "W0313", "pull: %s", psc_last_error(m->c));
+        n--;
+    }
+    for (int k = 0; k < n; k++) {
+        int r = wait_ok(m, t[k], "pull mlp");
+        rc = rc ? rc : r;
+    }
+    for (int k = 0; k < 4 && rc == 0; k++)
+        if (psk_upload(m->be, psw_mlp_param(&m->mlp, k), m->hw[k],
+                       (size_t)psw_mlp_table_size(&m->mlp, k) * 4))
+            rc = PS_EDEVICE;
+    return rc;
+}
+
+/* Pulls the rows of u keys and the bias (or the MLP) for `clock`. */
 static int pull(struct slr *m, size_t u, float *bias)
 {
+    if (m->d > 1) {
+        uint64_t a;
+        int rc = psc_pull_rows(m->c, m->tw, m->keys, u, m->w, m->clock, &a);
+        if (rc != 0) {
+            PS_LOG(m->log, PS_LOG_ERROR, "W0311", "pull: %s", psc_last_error(m->c));
+            return rc;
+        }
+        int r1 = wait_ok(m, a, "pull rows"), r2 = pull_mlp(m);
+        return r1 ? r1 : r2;
+    }
     uint64_t a, b;
     int rc = psc_pull_rows(m->c, m->tw, m->keys, u, m->w, m->clock, &a);
     if (rc == 0 && (rc = psc_pull(m->c, m->tb, 0, 1, bias, m->clock, &b)) != 0)
@@ -86,6 +129,52 @@ static int pull(struct slr *m, size_t u, float *bias)
     }
     int r1 = wait_ok(m, a, "pull rows"), r2 = wait_ok(m, b, "pull bias");
     return r1 ? r1 : r2;
+}
+
+/* Embedding variant of forward (see below): pooled rows -> MLP -> loss,
+ * then the MLP's gradients to the host and the input gradient into rows. */
+static double forward_embed(struct slr *m, const struct psw_svm *d, const uint32_t *idx, size_t n,
+                            size_t u, int grad, uint64_t *correct, int *rc)
+{
+    uint32_t D = m->d;
+    memset(m->pooled, 0, n * D * sizeof(float));
+    for (size_t i = 0; i < n; i++) {
+        uint32_t e = idx[i];
+        m->lab[i] = d->label[e];
+        for (uint64_t j = d->row[e]; j < d->row[e + 1]; j++) {
+            const float *row = m->w + key_pos(m->keys, u, d->key[j]) * D;
+            for (uint32_t c = 0; c < D; c++)
+                m->pooled[i * D + c] += d->val[j] * row[c];
+        }
+    }
+    double loss = 0;
+    int ok = 0;
+    if (psk_upload(m->be, m->mlp.act[0], m->pooled, n * D * 4) ||
+        psw_mlp_forward(&m->mlp, (int)n) || psw_mlp_loss(&m->mlp, (int)n, m->lab, &loss, &ok) ||
+        (grad && (psw_mlp_backward(&m->mlp, (int)n, NULL, NULL) ||
+                  psk_download(m->be, m->dxh, m->mlp.dx, n * D * 4)))) {
+        *rc = PS_EDEVICE;
+        return 0;
+    }
+    *correct += (uint64_t)ok;
+    if (!grad)
+        return loss;
+    for (int k = 0; k < 4; k++)
+        if (psk_download(m->be, m->hg[k], psw_mlp_grad(&m->mlp, k),
+                         (size_t)psw_mlp_table_size(&m->mlp, k) * 4)) {
+            *rc = PS_EDEVICE;
+            return 0;
+        }
+    memset(m->g, 0, u * D * sizeof *m->g);
+    for (size_t i = 0; i < n; i++) {
+        uint32_t e = idx[i];
+        for (uint64_t j = d->row[e]; j < d->row[e + 1]; j++) {
+            float *gr = m->g + key_pos(m->keys, u, d->key[j]) * D;
+            for (uint32_t c = 0; c < D; c++)
+                gr[c] += d->val[j] * m->dxh[i * D + c];
+        }
+    }
+    return loss;
 }
 
 /* Loss, correct predictions and (when grad) the gradient of the mean loss
@@ -127,18 +216,31 @@ static int step(struct slr *m, const struct psw_svm *d, const uint32_t *idx, siz
     int rc = pull(m, u, &bias);
     if (rc != 0)
         return rc;
-    *loss = forward(m, d, idx, n, u, bias, 1, &gbias, &correct);
-    uint64_t a, b;
-    rc = psc_push_rows(m->c, m->tw, m->keys, u, m->g, m->clock, &a);
-    if (rc == 0 && (rc = psc_push(m->c, m->tb, 0, 1, &gbias, m->clock, &b)) != 0)
-        psc_cancel(m->c, a);
-    if (rc != 0) {
-        PS_LOG(m->log, PS_LOG_ERROR, "W0312", "push: %s", psc_last_error(m->c));
+    *loss = m->d > 1 ? forward_embed(m, d, idx, n, u, 1, &correct, &rc)
+                     : forward(m, d, idx, n, u, bias, 1, &gbias, &correct);
+    if (rc != 0)
         return rc;
+    uint64_t t[5];
+    int sent = 0;
+    rc = psc_push_rows(m->c, m->tw, m->keys, u, m->g, m->clock, &t[sent]);
+    sent += rc == 0;
+    if (rc == 0 && m->d == 1) {
+        rc = psc_push(m->c, m->tb, 0, 1, &gbias, m->clock, &t[sent]);
+        sent += rc == 0;
     }
-    int r1 = wait_ok(m, a, "push rows"), r2 = wait_ok(m, b, "push bias");
+    for (int k = 0; k < 4 && rc == 0 && m->d > 1; k++) {
+        rc = psc_push(m->c, m->tm[k], 0, psw_mlp_table_size(&m->mlp, k), m->hg[k], m->clock,
+                      &t[sent]);
+        sent += rc == 0;
+    }
+    if (rc != 0)
+        PS_LOG(m->log, PS_LOG_ERROR, "W0312", "push: %s", psc_last_error(m->c));
+    for (int i = 0; i < sent; i++) {
+        int r = wait_ok(m, t[i], "push");
+        rc = rc ? rc : r;
+    }
     m->clock++;
-    return r1 ? r1 : r2;
+    return rc;
 }
 
 static int evaluate(struct slr *m, const struct psw_svm *d, double *logloss, double *acc)
@@ -156,10 +258,57 @@ static int evaluate(struct slr *m, const struct psw_svm *d, double *logloss, dou
         int rc = pull(m, u, &bias);
         if (rc != 0)
             return rc;
-        loss += forward(m, d, idx, n, u, bias, 0, NULL, &correct);
+        loss += m->d > 1 ? forward_embed(m, d, idx, n, u, 0, &correct, &rc)
+                         : forward(m, d, idx, n, u, bias, 0, NULL, &correct);
+        if (rc != 0)
+            return rc;
     }
     *logloss = loss / d->n;
     *acc = (double)correct / d->n;
+    return 0;
+}
+
+/* Embedding variant: the backend, the MLP and its four dense tables. */
+static int setup_mlp(struct slr *m, char *err, size_t errlen)
+{
+    const struct psw_slr_config *cfg = m->cfg;
+    int rc = psk_open(cfg->device ? cfg->device : "auto", &m->be, err, errlen);
+    if (rc != 0)
+        return rc;
+    PS_LOG(m->log, PS_LOG_INFO, "W0002", "embedding MLP on %s", psk_describe(m->be));
+    int dims[3] = {(int)cfg->embed_dim, (int)cfg->hidden, 2};
+    int bmax = cfg->batch > 4096 ? (int)cfg->batch : 4096;
+    if ((rc = psw_mlp_init(&m->mlp, m->be, dims, 2, bmax, err, errlen)) != 0 ||
+        (rc = psw_mlp_enable_input_grad(&m->mlp)) != 0)
+        return rc;
+    m->pooled = malloc((size_t)bmax * cfg->embed_dim * sizeof(float));
+    m->dxh = malloc((size_t)bmax * cfg->embed_dim * sizeof(float));
+    m->lab = malloc((size_t)bmax * sizeof(int));
+    if (m->pooled == NULL || m->dxh == NULL || m->lab == NULL)
+        return PS_ENOMEM;
+    for (int k = 0; k < 4; k++) {
+        size_t n = (size_t)psw_mlp_table_size(&m->mlp, k);
+        m->hw[k] = malloc(n * 4);
+        m->hg[k] = malloc(n * 4);
+        if (m->hw[k] == NULL || m->hg[k] == NULL)
+            return PS_ENOMEM;
+        char name[32];
+        psw_mlp_table_name(k, name, sizeof name);
+        struct psc_table_spec s;
+        psc_table_spec_init(&s, name, n);
+        s.optimizer = cfg->optimizer == PSC_FTRL ? PSC_ADAGRAD : cfg->optimizer;
+        s.lr = cfg->lr;
+        s.eps = 1e-8f;
+        s.seed = cfg->seed * 7919u + (uint64_t)k;
+        if (k % 2 == 0) {
+            s.init = PSC_INIT_NORMAL;
+            s.init_scale = sqrtf(2.0f / (float)dims[k / 2]);
+        }
+        if ((rc = psc_table_create(m->c, &s, cfg->timeout_ms, &m->tm[k])) != 0) {
+            snprintf(err, errlen, "create '%s': %s", name, psc_last_error(m->c));
+            return rc;
+        }
+    }
     return 0;
 }
 
@@ -167,9 +316,13 @@ static int setup_tables(struct slr *m, char *err, size_t errlen)
 {
     const struct psw_slr_config *cfg = m->cfg;
     struct psc_table_spec s;
-    psc_table_spec_init(&s, "lr.weight", 0);
+    psc_table_spec_init(&s, m->d > 1 ? "emb.weight" : "lr.weight", 0);
     s.sparse = 1;
-    s.dim = 1;
+    s.dim = m->d;
+    if (m->d > 1) { /* random rows break the symmetry between features */
+        s.init = PSC_INIT_UNIFORM;
+        s.init_scale = 0.05f;
+    }
     s.rows_max = cfg->rows_max;
     s.optimizer = cfg->optimizer;
     s.lr = cfg->lr;
@@ -178,6 +331,8 @@ static int setup_tables(struct slr *m, char *err, size_t errlen)
     s.l2 = cfg->l2;
     s.seed = cfg->seed;
     int rc = psc_table_create(m->c, &s, cfg->timeout_ms, &m->tw);
+    if (rc == 0 && m->d > 1)
+        return setup_mlp(m, err, errlen);
     if (rc == 0) {
         s.sparse = 0;
         s.dim = 0;
@@ -202,7 +357,7 @@ int psw_slr_train(const struct psw_slr_config *cfg, struct psc_client *c, struct
                   struct psw_slr_result *res, char *err, size_t errlen)
 {
     memset(res, 0, sizeof *res);
-    struct slr m = {.cfg = cfg, .c = c, .log = log};
+    struct slr m = {.cfg = cfg, .c = c, .log = log, .d = cfg->embed_dim ? cfg->embed_dim : 1};
     struct psw_svm train, test;
     int rc = load(cfg->data, "train.svm", &train, err, errlen);
     if (rc != 0)
@@ -222,8 +377,8 @@ int psw_slr_train(const struct psw_slr_config *cfg, struct psc_client *c, struct
         widest = test.row[i + 1] - test.row[i] > widest ? test.row[i + 1] - test.row[i] : widest;
     m.keys_cap = (size_t)(rows * widest);
     m.keys = malloc(m.keys_cap * sizeof *m.keys);
-    m.w = malloc(m.keys_cap * sizeof *m.w);
-    m.g = malloc(m.keys_cap * sizeof *m.g);
+    m.w = malloc(m.keys_cap * m.d * sizeof *m.w);
+    m.g = malloc(m.keys_cap * m.d * sizeof *m.g);
     if (steps == 0) {
         snprintf(err, errlen, "--batch %llu x --workers %u exceeds the %u examples",
                  (unsigned long long)cfg->batch, cfg->workers, train.n);
@@ -262,6 +417,17 @@ int psw_slr_train(const struct psw_slr_config *cfg, struct psc_client *c, struct
                res->test_logloss, res->test_accuracy);
     res->steps = m.clock;
     res->rows_pulled = m.rows_pulled;
+    for (int k = 0; k < 4; k++) {
+        free(m.hw[k]);
+        free(m.hg[k]);
+    }
+    free(m.pooled);
+    free(m.dxh);
+    free(m.lab);
+    if (m.be != NULL) {
+        psw_mlp_fini(&m.mlp);
+        psk_close(m.be);
+    }
     free(perm);
     free(m.keys);
     free(m.w);

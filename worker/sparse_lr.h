@@ -1,11 +1,17 @@
-/* Logistic regression over sparse (hashed) features through psd: the
- * weights live in a sparse table "lr.weight" (dim 1, a row per feature
- * key) and the bias in a dense table "lr.bias". Each step pulls only the
- * rows of the keys its mini-batch touches, computes the logistic loss and
- * its gradient on the CPU (sparse dot products; no GEMM to offload), and
- * pushes the gradient rows back. Data: DIR/train.svm and DIR/test.svm
+/* Binary classification over sparse (hashed, categorical) features
+ * through psd, in two variants:
+ *   linear (embed_dim 0): logistic regression; weights in a sparse table
+ *     "lr.weight" (a row of 1 per feature key), bias in a dense "lr.bias";
+ *     the sparse dot products run on the CPU (nothing to offload).
+ *   embedding (embed_dim D): each example's feature rows of the sparse
+ *     table "emb.weight" (D floats per key) are summed, weighted by the
+ *     feature values, and fed to an MLP D -> hidden -> 2 (softmax, i.e. a
+ *     logistic output) on the compute backend; the input gradient flows
+ *     back into the embedding rows.
+ * Each step pulls only the rows of the keys its mini-batch touches, and
+ * pushes their gradients back. Data: DIR/train.svm and DIR/test.svm
  * (libsvm, gzip or plain); the same seeded global shuffle and per-rank
- * slices as the MLP. */
+ * slices as the image MLP. */
 #ifndef PSW_SPARSE_LR_H
 #define PSW_SPARSE_LR_H
 
@@ -23,6 +29,9 @@ struct psw_slr_config {
     float lr, l1, l2;
     uint64_t rows_max;
     int timeout_ms;
+    uint32_t embed_dim; /* 0: linear */
+    uint32_t hidden;    /* embedding variant: MLP hidden width */
+    const char *device; /* embedding variant: backend */
 };
 
 struct psw_slr_result {
