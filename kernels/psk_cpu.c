@@ -99,25 +99,9 @@ static int cpu_softmax_xent(struct psk_backend *b, int rows, int cols, const flo
                             int *pred)
 {
     (void)b;
-    for (int r = 0; r < rows; r++) {
-        const float *x = logits + (size_t)r * cols;
-        float *d = dlogits + (size_t)r * cols;
-        int label = labels[r], arg = 0;
-        float m = x[0];
-        for (int c = 1; c < cols; c++)
-            if (x[c] > m) {
-                m = x[c];
-                arg = c;
-            }
-        float sum = 0.0f;
-        for (int c = 0; c < cols; c++)
-            sum += psk_exp_shifted(x[c], m);
-        int valid = label >= 0 && label < cols;
-        for (int c = 0; c < cols; c++)
-            d[c] = valid ? psk_xent_grad(psk_exp_shifted(x[c], m), sum, c == label, scale) : 0.0f;
-        row_loss[r] = valid ? psk_xent_loss(sum, m, x[label]) : 0.0f;
-        pred[r] = arg;
-    }
+    for (int r = 0; r < rows; r++)
+        psk_softmax_xent_row(logits + (size_t)r * cols, cols, labels[r], scale,
+                             dlogits + (size_t)r * cols, &row_loss[r], &pred[r]);
     return 0;
 }
 

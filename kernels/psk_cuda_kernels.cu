@@ -58,7 +58,7 @@ __global__ void relu_backward_kernel(size_t n, const float *__restrict__ y, floa
 }
 
 // One thread per row: the class count is small (10 for Fashion-MNIST), and
-// the three steps are the same calls as the CPU loop's.
+// the row routine is psk_math.h's, the very one the CPU backend runs.
 __global__ void softmax_xent_kernel(int rows, int cols, const float *__restrict__ logits,
                                     const int *__restrict__ labels, float scale,
                                     float *__restrict__ dlogits, float *__restrict__ row_loss,
@@ -67,23 +67,8 @@ __global__ void softmax_xent_kernel(int rows, int cols, const float *__restrict_
     int r = blockIdx.x * blockDim.x + threadIdx.x;
     if (r >= rows)
         return;
-    const float *x = logits + (size_t)r * cols;
-    float *d = dlogits + (size_t)r * cols;
-    int label = labels[r], arg = 0;
-    float m = x[0];
-    for (int c = 1; c < cols; c++)
-        if (x[c] > m) {
-            m = x[c];
-            arg = c;
-        }
-    float sum = 0.0f;
-    for (int c = 0; c < cols; c++)
-        sum += psk_exp_shifted(x[c], m);
-    bool valid = label >= 0 && label < cols;
-    for (int c = 0; c < cols; c++)
-        d[c] = valid ? psk_xent_grad(psk_exp_shifted(x[c], m), sum, c == label, scale) : 0.0f;
-    row_loss[r] = valid ? psk_xent_loss(sum, m, x[label]) : 0.0f;
-    pred[r] = arg;
+    psk_softmax_xent_row(logits + (size_t)r * cols, cols, labels[r], scale,
+                         dlogits + (size_t)r * cols, &row_loss[r], &pred[r]);
 }
 
 // One thread per column; neighbouring threads read neighbouring addresses.

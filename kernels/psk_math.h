@@ -112,4 +112,29 @@ PSK_HD float psk_ftrl(float w, float g, float *z, float *n, float alpha, float b
     return -(nz - sgn * l1) / ((beta + sqrtf(nn)) / alpha + l2);
 }
 
+/* One row of fused softmax + cross-entropy over cols logits x: writes the
+ * gradient d (softmax - onehot, times scale), returns the loss in *loss and
+ * the argmax in *pred. A label outside [0, cols) gives loss 0 and no
+ * gradient. The CPU backend loops over rows with it and the CUDA kernel
+ * runs it one row per thread: the same code on both. */
+PSK_HD void psk_softmax_xent_row(const float *x, int cols, int label, float scale, float *d,
+                                 float *loss, int *pred)
+{
+    int arg = 0;
+    float m = x[0];
+    for (int c = 1; c < cols; c++)
+        if (x[c] > m) {
+            m = x[c];
+            arg = c;
+        }
+    float sum = 0.0f;
+    for (int c = 0; c < cols; c++)
+        sum += psk_exp_shifted(x[c], m);
+    int valid = label >= 0 && label < cols;
+    for (int c = 0; c < cols; c++)
+        d[c] = valid ? psk_xent_grad(psk_exp_shifted(x[c], m), sum, c == label, scale) : 0.0f;
+    *loss = valid ? psk_xent_loss(sum, m, x[label]) : 0.0f;
+    *pred = arg;
+}
+
 #endif

@@ -138,6 +138,33 @@ static void bsp_close_round(const struct psd_cons *c, struct psd_table *t)
         t->next[w] = t->lo;
 }
 
+/* Worker w's gradient buffer for the round, allocated once. */
+static float *round_buffer(struct psd_table *t, uint32_t w)
+{
+    if (t->wgrad[w] == NULL) {
+        size_t len = (size_t)(t->hi - t->lo);
+        t->wgrad[w] = malloc(len ? len * sizeof(float) : sizeof(float));
+    }
+    return t->wgrad[w];
+}
+
+/* After worker pushes: applies the prefix every worker has pushed, and
+ * closes the round at the shard's end. Sets *applied when weights moved. */
+static void bsp_settle(const struct psd_cons *c, struct psd_table *t, int *applied)
+{
+    uint64_t low = t->hi;
+    for (uint32_t i = 0; i < c->workers; i++)
+        low = t->next[i] < low ? t->next[i] : low;
+    if (low <= t->watermark)
+        return;
+    if (c->workers > 1)
+        bsp_advance(c, t, low);
+    t->watermark = low;
+    *applied = 1;
+    if (t->watermark == t->hi)
+        bsp_close_round(c, t);
+}
+
 static int bsp_push(const struct psd_cons *c, struct psd_table *t, uint32_t w, uint64_t clock,
                     uint64_t offset, uint64_t count, const float *g, int *applied, char *err,
                     size_t errlen)
@@ -162,27 +189,16 @@ static int bsp_push(const struct psd_cons *c, struct psd_table *t, uint32_t w, u
         t->completed[w] = clock + 1;
     if (c->workers == 1) { /* a round of one: apply straight from the frame */
         psd_table_apply(t, offset, count, g, clock + 1);
-        t->watermark = t->next[w];
     } else {
-        if (t->wgrad[w] == NULL) {
-            size_t bytes = (size_t)(t->hi - t->lo) * sizeof(float);
-            if ((t->wgrad[w] = malloc(bytes ? bytes : 4)) == NULL) {
-                t->next[w] -= count;
-                snprintf(err, errlen, "bsp: out of memory for worker %u's gradient", w);
-                return PS_ENOMEM;
-            }
+        float *buf = round_buffer(t, w);
+        if (buf == NULL) {
+            t->next[w] -= count;
+            snprintf(err, errlen, "bsp: out of memory for worker %u's gradient", w);
+            return PS_ENOMEM;
         }
-        memcpy(t->wgrad[w] + (offset - t->lo), g, (size_t)count * sizeof(float));
-        uint64_t low = t->hi;
-        for (uint32_t i = 0; i < c->workers; i++)
-            low = t->next[i] < low ? t->next[i] : low;
-        if (low <= t->watermark)
-            return 0;
-        bsp_advance(c, t, low);
+        memcpy(buf + (offset - t->lo), g, (size_t)count * sizeof(float));
     }
-    *applied = 1;
-    if (t->watermark == t->hi)
-        bsp_close_round(c, t);
+    bsp_settle(c, t, applied);
     return 0;
 }
 
@@ -249,26 +265,17 @@ int psd_cons_push_keys(const struct psd_cons *c, struct psd_table *t, uint32_t w
     t->completed[worker] = clock + 1;
     if (c->workers == 1) {
         psd_table_apply_keys(t, keys, g, n, clock + 1);
-        t->watermark = t->hi;
     } else {
-        size_t len = (size_t)(t->hi - t->lo);
-        if (t->wgrad[worker] == NULL && (t->wgrad[worker] = malloc(len ? len * 4 : 4)) == NULL) {
+        float *buf = round_buffer(t, worker);
+        if (buf == NULL) {
             t->next[worker] = t->lo;
             snprintf(err, errlen, "bsp: out of memory for worker %u's gradient", worker);
             return PS_ENOMEM;
         }
-        memset(t->wgrad[worker], 0, len * sizeof(float));
+        memset(buf, 0, (size_t)(t->hi - t->lo) * sizeof(float));
         for (size_t i = 0; i < n; i++)
-            t->wgrad[worker][keys[i] - t->lo] = g[i];
-        uint64_t low = t->hi;
-        for (uint32_t i = 0; i < c->workers; i++)
-            low = t->next[i] < low ? t->next[i] : low;
-        if (low <= t->watermark)
-            return 0;
-        bsp_advance(c, t, low);
+            buf[keys[i] - t->lo] = g[i];
     }
-    *applied = 1;
-    if (t->watermark == t->hi)
-        bsp_close_round(c, t);
+    bsp_settle(c, t, applied);
     return 0;
 }

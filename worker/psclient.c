@@ -162,6 +162,18 @@ static struct slot *slot_lookup(struct psc_client *c, uint64_t id)
 
 /* ---- sending ------------------------------------------------------------- */
 
+/* The fields every request of a ticket to one shard shares. */
+static void request_header(const struct psc_client *c, Ps__Header *h, Ps__Op op, uint64_t id,
+                           const struct table_h *t, uint32_t shard, uint64_t clock)
+{
+    ps_wire_header_init(h, op);
+    h->request_id = id;
+    h->worker_id = c->worker_id;
+    h->table_id = t->ids[shard];
+    h->clock = clock;
+    h->dtype = c->dtype;
+}
+
 /* Queues one frame after the header: zero-copy when large (the slot keeps
  * the buffer busy until zmq lets go), copied when small. */
 static int send_payload(struct psc_client *c, void *sock, const void *buf, size_t len, int more,
@@ -538,14 +550,9 @@ static int start_range(struct psc_client *c, Ps__Op op, uint32_t table, uint64_t
         if (a >= b)
             continue;
         Ps__Header h;
-        ps_wire_header_init(&h, op);
-        h.request_id = id;
-        h.worker_id = c->worker_id;
-        h.table_id = t->ids[s];
-        h.clock = clock;
+        request_header(c, &h, op, id, t, s, clock);
         h.offset = a;
         h.count = b - a;
-        h.dtype = c->dtype;
         h.nonzero_only = c->nonzero_pulls && op != PS__OP__OP_PUSH;
         const void *vals = op == PS__OP__OP_PULL ? NULL : src + (a - offset) * c->esize;
         if (send_frames(c, s, &h, NULL, 0, vals, vals ? (b - a) * c->esize : 0, sl) != 0)
@@ -597,13 +604,8 @@ int psc_push_keys(struct psc_client *c, uint32_t table, const uint64_t *keys, co
         while (j < n && keys[j] < hi)
             j++;
         Ps__Header h;
-        ps_wire_header_init(&h, PS__OP__OP_PUSH);
-        h.request_id = id;
-        h.worker_id = c->worker_id;
-        h.table_id = t->ids[s];
-        h.clock = clock;
+        request_header(c, &h, PS__OP__OP_PUSH, id, t, s, clock);
         h.layout = PS__LAYOUT__LAYOUT_KEYS;
-        h.dtype = c->dtype;
         /* keys are sent as they lie in memory: uint64 little-endian hosts only */
         uint64_t pad_key = lo;
         unsigned char pad_val[4] = {0};
@@ -704,15 +706,10 @@ static int start_rows(struct psc_client *c, Ps__Op op, uint32_t table, const uin
         if (a == b)
             continue;
         Ps__Header h;
-        ps_wire_header_init(&h, op);
-        h.request_id = id;
-        h.worker_id = c->worker_id;
-        h.table_id = t->ids[s];
-        h.clock = clock;
+        request_header(c, &h, op, id, t, s, clock);
         h.layout = PS__LAYOUT__LAYOUT_KEYS;
         h.count = b - a;
         h.dim = t->dim;
-        h.dtype = c->dtype;
         const void *v = grads ? src + (size_t)a * d * c->esize : NULL;
         if (send_frames(c, s, &h, sl->skeys + a, (size_t)(b - a) * 8, v,
                         v ? (size_t)(b - a) * d * c->esize : 0, sl) != 0)
