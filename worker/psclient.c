@@ -490,6 +490,21 @@ int psc_cancel(struct psc_client *c, uint64_t ticket)
 
 /* ---- public: range ops --------------------------------------------------- */
 
+/* Ends issuing a ticket: when nothing went out and the slot failed, the
+ * error is returned and the slot released; otherwise the ticket is handed
+ * over (a partial send fails at wait, after the replies that did go out). */
+static int issued(struct psc_client *c, struct slot *sl, uint64_t id, uint64_t *ticket)
+{
+    if (sl->pending == 0 && sl->status != 0) {
+        int rc = sl->status;
+        set_error(c, rc, "%s", sl->error);
+        slot_release(c, sl);
+        return rc;
+    }
+    *ticket = id;
+    return 0;
+}
+
 /* The values as they go on the wire: the caller's f32 as they are, or a
  * 16-bit copy in the slot's buffer. NULL when that cannot be allocated. */
 static const unsigned char *wire_values(struct psc_client *c, struct slot *sl, const float *v,
@@ -558,14 +573,7 @@ static int start_range(struct psc_client *c, Ps__Op op, uint32_t table, uint64_t
         if (send_frames(c, s, &h, NULL, 0, vals, vals ? (b - a) * c->esize : 0, sl) != 0)
             break;
     }
-    if (sl->pending == 0 && sl->status != 0) {
-        int rc = sl->status;
-        set_error(c, rc, "%s", sl->error);
-        slot_release(c, sl);
-        return rc;
-    }
-    *ticket = id; /* a partial send fails at wait, after its replies drain */
-    return 0;
+    return issued(c, sl, id, ticket);
 }
 
 int psc_push_keys(struct psc_client *c, uint32_t table, const uint64_t *keys, const float *vals,
@@ -616,14 +624,7 @@ int psc_push_keys(struct psc_client *c, uint32_t table, const uint64_t *keys, co
             break;
         i = j;
     }
-    if (sl->pending == 0 && sl->status != 0) {
-        int rc = sl->status;
-        set_error(c, rc, "%s", sl->error);
-        slot_release(c, sl);
-        return rc;
-    }
-    *ticket = id;
-    return 0;
+    return issued(c, sl, id, ticket);
 }
 
 /* Grows the slot's row buffers to n keys of dim floats. */
@@ -715,14 +716,7 @@ static int start_rows(struct psc_client *c, Ps__Op op, uint32_t table, const uin
                         v ? (size_t)(b - a) * d * c->esize : 0, sl) != 0)
             break;
     }
-    if (sl->pending == 0 && sl->status != 0) {
-        int rc = sl->status;
-        set_error(c, rc, "%s", sl->error);
-        slot_release(c, sl);
-        return rc;
-    }
-    *ticket = id;
-    return 0;
+    return issued(c, sl, id, ticket);
 }
 
 int psc_pull_rows(struct psc_client *c, uint32_t table, const uint64_t *keys, size_t n, float *out,
