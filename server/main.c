@@ -25,6 +25,7 @@ struct psd_config {
     uint64_t workers;
     uint64_t wait_timeout_ms;
     const char *prune;
+    uint64_t max_table_bytes;
     const char *log_level;
     const char *endpoint_file;
     int help;
@@ -52,6 +53,8 @@ static const struct ps_opt psd_opts[] = {
         "workers expected (bsp/ssp wait for worker ids 0..W-1)"),
     OPT("wait-timeout-ms", PS_OPT_U64, wait_timeout_ms, "120000", 100, 86400000, "MS",
         "longest a pull waits for its clock before an error reply naming who is missing"),
+    OPT("max-table-bytes", PS_OPT_U64, max_table_bytes, "17179869184", 4096, UINT64_C(1) << 40,
+        "BYTES", "largest table (weights + optimizer state) a peer may create on this shard"),
     OPT("prune", PS_OPT_STR, prune, NULL, 0, 0, "SPEC[,SPEC]",
         "gradual magnitude pruning, SPEC = TABLE:TARGET[:START:END:EVERY] (steps; defaults "
         "200:2000:100)"),
@@ -195,6 +198,7 @@ int main(int argc, char **argv)
         .wait_timeout_ms = cfg.wait_timeout_ms,
         .prunes = prunes,
         .nprunes = nprunes,
+        .table_bytes_max = cfg.max_table_bytes,
     };
     if (psd_init(&a.srv, &a.log, &params) != 0) {
         PS_LOG(&a.log, PS_LOG_ERROR, "S0001", "out of memory at start");

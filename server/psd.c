@@ -4,6 +4,7 @@
 #include "ps_err.h"
 #include "ps_half.h"
 #include "ps_shard.h"
+#include "psk_optim.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -27,6 +28,7 @@ int psd_init(struct psd *s, struct ps_log *log, const struct psd_params *p)
     if (s->cons.workers == 0)
         s->cons.workers = 1;
     s->wait_timeout_ms = p->wait_timeout_ms ? p->wait_timeout_ms : PS_WAIT_TIMEOUT_MS_DEFAULT;
+    s->table_bytes_max = p->table_bytes_max ? p->table_bytes_max : PS_TABLE_BYTES_DEFAULT;
     s->nprunes = p->nprunes < PSD_PRUNE_SPECS_MAX ? p->nprunes : PSD_PRUNE_SPECS_MAX;
     if (s->nprunes > 0)
         memcpy(s->prunes, p->prunes, s->nprunes * sizeof *s->prunes);
@@ -167,6 +169,20 @@ static void op_create(struct psd *s, const Ps__Header *req, struct psd_reply *re
         return;
     }
     if (t == NULL) {
+        /* What this shard would hold at most: checked before allocating. */
+        uint64_t lo = 0, hi = 0;
+        if (!spec->sparse)
+            ps_shard_range(spec->size, s->shards, s->shard, &lo, &hi);
+        uint64_t elems = spec->sparse ? spec->rows_max * spec->dim : hi - lo;
+        uint64_t bytes = elems * 4u * (1u + (uint64_t)psk_optim_state_arrays((int)spec->optimizer));
+        if (bytes > s->table_bytes_max) {
+            reply_errorf(s, req, PS_ELIMIT, rep,
+                         "table '%s' would take %llu bytes on this shard, over the limit of %llu "
+                         "(psd --max-table-bytes)",
+                         spec->name, (unsigned long long)bytes,
+                         (unsigned long long)s->table_bytes_max);
+            return;
+        }
         if (s->ntables >= PS_TABLES_MAX) {
             reply_errorf(s, req, PS_ELIMIT, rep, "table limit of %u reached", PS_TABLES_MAX);
             return;

@@ -34,6 +34,7 @@ struct psd_params {
     uint64_t wait_timeout_ms;
     const struct psd_prune_spec *prunes; /* tables to prune, by name */
     size_t nprunes;
+    uint64_t table_bytes_max; /* weights + optimizer state of one table; 0: default */
 };
 
 /* A request waiting for a clock: what is needed to answer it later. */
@@ -62,6 +63,7 @@ struct psd {
     uint64_t start_ns;
     struct psd_cons cons;
     uint64_t wait_timeout_ms;
+    uint64_t table_bytes_max;
     struct psd_prune_spec prunes[PSD_PRUNE_SPECS_MAX];
     size_t nprunes;
 

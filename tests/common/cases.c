@@ -366,6 +366,16 @@ static void c_keys_on_dense(struct case_msg *m)
     keyed(m, PS__OP__OP_PULL, k, 3, 24);
 }
 
+static void e_over_table_limit(Ps__TableSpec *s)
+{
+    s->name = "over";
+    s->size = CASE_TABLE_BYTES_MAX / 4 + 1; /* SGD: 4 bytes an element */
+}
+static void c_table_over_limit(struct case_msg *m)
+{
+    create_with(m, e_over_table_limit);
+}
+
 static void c_keys_outside_shard(struct case_msg *m)
 {
     const uint64_t k[2] = {10, 1000}; /* t0 holds [0, 1000) */
@@ -420,6 +430,7 @@ const struct bad_case bad_cases[] = {
     {"f16 pull past the table end", PS_ERANGE, 1, c_pull_straddles_end},
     {"keyed pull of a dense table", PS_ENOTSUP, 1, c_keys_on_dense},
     {"keyed push past the shard", PS_ERANGE, 1, c_keys_outside_shard},
+    {"table one past --max-table-bytes", PS_ELIMIT, 1, c_table_over_limit},
     {"create conflicting spec", PS_EEXIST, 1, c_create_conflict},
 };
 

@@ -34,5 +34,7 @@ void case_msg_free(struct case_msg *m);
 
 /* Value-bytes limit the cases assume (the server runs with this). */
 #define CASE_MAX_MESSAGE_BYTES (1024u * 1024u)
+/* ...and with this --max-table-bytes. */
+#define CASE_TABLE_BYTES_MAX 4096000u
 
 #endif

@@ -107,7 +107,7 @@ static void create_t0(void *s)
 static int setup(void **state)
 {
     static struct fixture f;
-    const char *args[] = {"--max-message-bytes", "1048576", NULL};
+    const char *args[] = {"--max-message-bytes", "1048576", "--max-table-bytes", "4096000", NULL};
     if (harness_psd_start(&f.psd, args) != 0)
         return -1;
     f.ctx = zmq_ctx_new();
@@ -178,6 +178,20 @@ static void test_oversize_frame_disconnects_only_that_peer(void **state)
     zmq_close(bad);
 }
 
+static void test_table_at_the_byte_limit(void **state)
+{
+    struct fixture *f = *state;
+    Ps__Header h;
+    Ps__TableSpec sp;
+    ps__table_spec__init(&sp);
+    sp.name = "at-limit";
+    sp.size = CASE_TABLE_BYTES_MAX / 4; /* exactly --max-table-bytes with SGD */
+    sp.lr = 0.1f;
+    ps_wire_header_init(&h, PS__OP__OP_CREATE_TABLE);
+    h.spec = &sp;
+    ps__header__free_unpacked(roundtrip_ok(f->sock, &h), NULL);
+}
+
 static void test_error_count_in_stats(void **state)
 {
     struct fixture *f = *state;
@@ -186,7 +200,7 @@ static void test_error_count_in_stats(void **state)
     Ps__Header *r = roundtrip_ok(f->sock, &h);
     assert_non_null(r->stats);
     assert_true(r->stats->errors >= bad_cases_count);
-    assert_int_equal(r->stats->n_tables, 1);
+    assert_int_equal(r->stats->n_tables, 2); /* t0 and at-limit */
     assert_string_equal(r->stats->tables[0]->name, "t0");
     ps__header__free_unpacked(r, NULL);
 }
@@ -196,6 +210,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_each_case_gets_error_reply),
         cmocka_unit_test(test_oversize_frame_disconnects_only_that_peer),
+        cmocka_unit_test(test_table_at_the_byte_limit),
         cmocka_unit_test(test_error_count_in_stats),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
