@@ -82,6 +82,7 @@ float ps_bf16_to_f32(uint16_t h)
 }
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <cpuid.h>
 #include <immintrin.h>
 #define PS_HAVE_F16C_PATH 1
 
@@ -108,9 +109,13 @@ __attribute__((target("avx,f16c"))) static size_t f16c_decode(const unsigned cha
     return i;
 }
 
+/* F16C: CPUID.1:ECX bit 29 (asked directly: clang 14 has no "f16c" name
+ * for __builtin_cpu_supports); AVX through the builtin, which also checks
+ * that the OS saves the wide registers. */
 static int have_f16c(void)
 {
-    return __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c");
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    return __builtin_cpu_supports("avx") && __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 29));
 }
 #endif
 

@@ -31,6 +31,43 @@ fi
 meson test -C "$BUILD" --print-errorlogs --num-processes "$(nproc)" "$@"
 test_rc=$?
 
+# Fuzzing: each libFuzzer target runs for a bounded time from the seed
+# corpus in tests/fuzz/corpus; a crash, leak, sanitizer report or an input
+# that takes over 10 s fails it. PSD_FUZZ_SECONDS=0 skips this phase.
+fuzz_seconds=${PSD_FUZZ_SECONDS:-60}
+fuzz_pass=0 fuzz_fail=0 fuzz_skip=0
+if [ "$fuzz_seconds" -gt 0 ] && command -v clang >/dev/null; then
+  FUZZ_BUILD=${PSD_FUZZ_BUILD_DIR:-build-fuzz}
+  if [ ! -f "$FUZZ_BUILD/build.ninja" ]; then
+    CC=clang meson setup "$FUZZ_BUILD" -Dfuzz=enabled -Dcuda=disabled -Dbuildtype=debugoptimized \
+      -Db_sanitize=address,undefined -Db_lundef=false >"${TMPDIR:-/tmp}/psd-fuzz-setup.log" 2>&1 ||
+      { cat "${TMPDIR:-/tmp}/psd-fuzz-setup.log" >&2; }
+  fi
+  if ninja -C "$FUZZ_BUILD" tests/fuzz_wire tests/fuzz_dispatch >/dev/null; then
+    for t in wire dispatch; do
+      corpus="$FUZZ_BUILD/corpus-$t"
+      rm -rf "$corpus" && mkdir -p "$corpus" && cp tests/fuzz/corpus/$t/* "$corpus/"
+      log="$FUZZ_BUILD/fuzz_$t.log"
+      if ASAN_OPTIONS=allocator_may_return_null=1:detect_leaks=1 \
+         UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+         timeout $((fuzz_seconds + 120)) "$FUZZ_BUILD/tests/fuzz_$t" -max_total_time="$fuzz_seconds" \
+           -timeout=10 -rss_limit_mb=2048 -artifact_prefix="$FUZZ_BUILD/" "$corpus" >"$log" 2>&1; then
+        echo "fuzz_$t: OK ($(grep -E '^Done' "$log"))"
+        fuzz_pass=$((fuzz_pass + 1))
+      else
+        echo "fuzz_$t: FAILED; the end of $log:" >&2
+        tail -40 "$log" >&2
+        fuzz_fail=$((fuzz_fail + 1))
+      fi
+    done
+  else
+    echo "run.sh: building the fuzz targets failed" >&2
+    fuzz_fail=$((fuzz_fail + 2))
+  fi
+else
+  fuzz_skip=2
+fi
+
 # Count from meson's machine-readable log, not from its exit code alone.
 read -r passed failed skipped < <(python3 - "$BUILD/meson-logs/testlog.json" <<'PY'
 import json, sys
@@ -49,6 +86,7 @@ except OSError:
 print(p, f, s)
 PY
 )
+passed=$((passed + fuzz_pass)) failed=$((failed + fuzz_fail)) skipped=$((skipped + fuzz_skip))
 summary "$passed" "$failed" "$skipped"
 if [ "$failed" -ne 0 ] || [ "$test_rc" -ne 0 ]; then
   exit 1

@@ -1,0 +1,87 @@
+/* Writes the seed corpus of the fuzz targets: every malformed case of the
+ * shared table plus valid requests, in the framing of fuzz_frames.h.
+ *   make_seeds DIR   (writes DIR/wire/ and DIR/dispatch/) */
+#include "cases.h"
+
+#include "ps_wire.h"
+
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+
+static size_t frame_bytes(const struct case_msg *m, unsigned char *out)
+{
+    size_t n = 0;
+    out[n++] = (unsigned char)m->nframes;
+    for (size_t i = 0; i < m->nframes; i++) {
+        size_t len = m->size[i] > 0xffff ? 0xffff : m->size[i];
+        out[n++] = (unsigned char)(len & 0xff);
+        out[n++] = (unsigned char)(len >> 8);
+        memcpy(out + n, m->data[i], len);
+        n += len;
+    }
+    return n;
+}
+
+static void write_file(const char *dir, const char *sub, size_t i, const unsigned char *b, size_t n)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s/seed-%02zu", dir, sub, i);
+    FILE *f = fopen(path, "wb");
+    if (f != NULL) {
+        fwrite(b, 1, n, f);
+        fclose(f);
+    }
+}
+
+int main(int argc, char **argv)
+{
+    if (argc != 2) {
+        fprintf(stderr, "usage: make_seeds DIR\n");
+        return 2;
+    }
+    char path[512];
+    mkdir(argv[1], 0755);
+    snprintf(path, sizeof path, "%s/wire", argv[1]);
+    mkdir(path, 0755);
+    snprintf(path, sizeof path, "%s/dispatch", argv[1]);
+    mkdir(path, 0755);
+    static unsigned char buf[8 * CASE_FRAME_BYTES_MAX];
+    for (size_t i = 0; i < bad_cases_count; i++) {
+        struct case_msg m;
+        if (case_msg_alloc(&m) != 0)
+            return 1;
+        bad_cases[i].build(&m);
+        size_t n = frame_bytes(&m, buf + 1);
+        if (n < 4096) { /* keep the corpus small: the oversize cases are left out */
+            write_file(argv[1], "wire", i, buf + 1, n);
+            buf[0] = (unsigned char)(i % 3); /* a mode byte for dispatch */
+            write_file(argv[1], "dispatch", i, buf, n + 1);
+        }
+        case_msg_free(&m);
+    }
+    /* valid: a pull and a push of the dense table (id 0), a keyed push */
+    struct case_msg m;
+    if (case_msg_alloc(&m) != 0)
+        return 1;
+    const Ps__Op ops[3] = {PS__OP__OP_PULL, PS__OP__OP_PUSH, PS__OP__OP_PUSH_PULL};
+    for (int k = 0; k < 3; k++) {
+        Ps__Header h;
+        ps_wire_header_init(&h, ops[k]);
+        h.count = 8;
+        h.offset = 992;
+        m.size[0] = ps__header__pack(&h, m.data[0]);
+        m.nframes = 1;
+        if (ops[k] != PS__OP__OP_PULL) {
+            memset(m.data[1], 0x3f, 32);
+            m.size[1] = 32;
+            m.nframes = 2;
+        }
+        size_t n = frame_bytes(&m, buf + 1);
+        write_file(argv[1], "wire", 100 + (size_t)k, buf + 1, n);
+        buf[0] = (unsigned char)k;
+        write_file(argv[1], "dispatch", 100 + (size_t)k, buf, n + 1);
+    }
+    case_msg_free(&m);
+    return 0;
+}
