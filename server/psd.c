@@ -140,8 +140,59 @@ static void reply_errorf(struct psd *s, const Ps__Header *req, int code, struct 
 
 /* ---- ops ---------------------------------------------------------------- */
 
+/* The exactly-once record of a worker id (open addressing over a fixed
+ * array: no allocation, and at most PSD_PEERS distinct ids). */
+static struct psd_peer *peer_of(struct psd *s, uint32_t worker_id, int create)
+{
+    for (uint32_t i = 0, j = worker_id % PSD_PEERS; i < PSD_PEERS; i++, j = (j + 1) % PSD_PEERS) {
+        struct psd_peer *p = &s->peers[j];
+        if (p->used && p->worker_id == worker_id)
+            return p;
+        if (!p->used) {
+            if (!create)
+                return NULL;
+            p->used = 1;
+            p->worker_id = worker_id;
+            return p;
+        }
+    }
+    return NULL;
+}
+
+/* 1 when this push was applied already (a retry): acknowledge, skip. */
+static int seen_push(struct psd *s, const Ps__Header *req)
+{
+    struct psd_peer *p = peer_of(s, req->worker_id, 0);
+    if (p == NULL || p->session == 0 || req->request_id > p->last_applied)
+        return 0;
+    s->duplicates_dropped++;
+    return 1;
+}
+
+static void applied_push(struct psd *s, const Ps__Header *req)
+{
+    struct psd_peer *p = peer_of(s, req->worker_id, 0);
+    if (p != NULL && p->session != 0 && req->request_id > p->last_applied)
+        p->last_applied = req->request_id;
+}
+
+static void reply_duplicate(struct psd *s, const Ps__Header *req, struct psd_reply *rep)
+{
+    Ps__Header h;
+    reply_init(&h, req);
+    h.duplicate = 1;
+    reply_header(s, &h, rep);
+}
+
 static void op_hello(struct psd *s, const Ps__Header *req, struct psd_reply *rep)
 {
+    if (req->session != 0) { /* a new session (a restarted client) starts afresh */
+        struct psd_peer *p = peer_of(s, req->worker_id, 1);
+        if (p != NULL && p->session != req->session) {
+            p->session = req->session;
+            p->last_applied = 0;
+        }
+    }
     Ps__Header h;
     reply_init(&h, req);
     h.shard = s->shard;
@@ -445,6 +496,10 @@ static void op_keys(struct psd *s, struct psd_table *t, const struct ps_wire_msg
                     struct psd_reply *rep)
 {
     const Ps__Header *req = m->hdr;
+    if (seen_push(s, req)) {
+        reply_duplicate(s, req, rep);
+        return;
+    }
     const uint64_t *keys = keys_u64(s, m);
     const float *g = values_f32(s, m);
     if (keys == NULL || g == NULL) {
@@ -469,6 +524,7 @@ static void op_keys(struct psd *s, struct psd_table *t, const struct ps_wire_msg
         return;
     }
     t->pushes++;
+    applied_push(s, req);
     if (applied)
         release_waits(s);
     Ps__Header h;
@@ -505,7 +561,11 @@ static void op_rows(struct psd *s, struct psd_table *t, const struct ps_wire_msg
         }
     }
     char err[PS_ERROR_TEXT_MAX];
-    if (req->op != PS__OP__OP_PULL) {
+    if (req->op == PS__OP__OP_PUSH && seen_push(s, req)) {
+        reply_duplicate(s, req, rep);
+        return;
+    }
+    if (req->op != PS__OP__OP_PULL && !seen_push(s, req)) {
         const float *g = values_f32(s, m);
         int rc = g == NULL ? PS_ENOMEM : psd_table_push_rows(t, keys, g, n, err, sizeof err);
         if (rc != 0) {
@@ -513,6 +573,7 @@ static void op_rows(struct psd *s, struct psd_table *t, const struct ps_wire_msg
             return;
         }
         t->pushes++;
+        applied_push(s, req);
         if (req->worker_id < s->cons.workers && req->clock + 1 > t->completed[req->worker_id])
             t->completed[req->worker_id] = req->clock + 1;
     }
@@ -562,7 +623,12 @@ static int op_data(struct psd *s, const struct ps_frame *route, const struct ps_
     }
     int applied = 0;
     uint64_t prune_updates = t->prune_updates;
-    if (req->op != PS__OP__OP_PULL) {
+    if (req->op == PS__OP__OP_PUSH && seen_push(s, req)) {
+        reply_duplicate(s, req, rep);
+        return 1;
+    }
+    /* a retried push-pull is answered again, but its push is not applied twice */
+    if (req->op != PS__OP__OP_PULL && !seen_push(s, req)) {
         const float *g = values_f32(s, m);
         char err[PS_ERROR_TEXT_MAX];
         int rc = g == NULL ? PS_ENOMEM
@@ -573,6 +639,7 @@ static int op_data(struct psd *s, const struct ps_frame *route, const struct ps_
             return 1;
         }
         t->pushes++;
+        applied_push(s, req);
     }
     if (t->prune_updates != prune_updates)
         PS_LOG(s->log, PS_LOG_INFO, "S0320",
@@ -677,6 +744,7 @@ static void op_stats(struct psd *s, const Ps__Header *req, struct psd_reply *rep
     st.deferred_total = s->deferred_total;
     st.max_staleness = s->max_staleness;
     st.wait_timeouts = s->wait_timeouts;
+    st.duplicates_dropped = s->duplicates_dropped;
     uint64_t *wc = calloc(s->cons.workers, sizeof *wc);
     if (wc != NULL) {
         for (uint32_t w = 0; w < s->cons.workers; w++) {

@@ -17,7 +17,8 @@
 
 #include <stdint.h>
 
-#define PSD_OPS_COUNT 7 /* ps.Op values, OP_NONE included */
+#define PSD_OPS_COUNT 7              /* ps.Op values, OP_NONE included */
+#define PSD_PEERS     PS_WORKERS_MAX /* exactly-once state for this many worker ids */
 
 struct psd_counters {
     uint64_t requests;
@@ -70,6 +71,14 @@ struct psd {
     struct psd_wait *waits; /* PS_WAITS_MAX entries */
     uint32_t nwaits;
     uint64_t deferred_total, wait_timeouts, max_staleness;
+    /* exactly-once pushes: per worker id (hashed into PSD_PEERS slots) the
+     * session that said hello and the highest request id applied */
+    struct psd_peer {
+        uint32_t worker_id;
+        uint64_t session, last_applied;
+        int used;
+    } peers[PSD_PEERS];
+    uint64_t duplicates_dropped;
     psd_send_cb send;
     void *send_ctx;
 

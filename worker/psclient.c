@@ -12,6 +12,8 @@
 #include <errno.h>
 #include <stdarg.h>
 #include <stdatomic.h>
+#include <sys/random.h>
+#include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -352,6 +354,7 @@ static void handle_sync_reply(struct psc_client *c, uint32_t shard, struct slot 
         st->deferred_total = h->stats->deferred_total;
         st->max_staleness = h->stats->max_staleness;
         st->wait_timeouts = h->stats->wait_timeouts;
+        st->duplicates_dropped = h->stats->duplicates_dropped;
     }
 }
 
@@ -911,6 +914,20 @@ static int open_sockets(struct psc_client *c, const struct psc_config *cfg, char
     return 0;
 }
 
+/* A random, nonzero id for this client's session: servers keep the last
+ * request id applied per (worker, session), so a restarted worker (a new
+ * session) is not mistaken for a retry of the old one. */
+static uint64_t new_session(void)
+{
+    uint64_t v = 0;
+    if (getrandom(&v, sizeof v, 0) != (ssize_t)sizeof v) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        v = ps_mix64((uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 20) ^ (uint64_t)getpid());
+    }
+    return v ? v : 1;
+}
+
 int psc_create(const struct psc_config *cfg, struct psc_client **out, char *err, size_t errlen)
 {
     *out = NULL;
@@ -955,6 +972,7 @@ int psc_create(const struct psc_config *cfg, struct psc_client **out, char *err,
     if (rc == 0) {
         Ps__Header h;
         ps_wire_header_init(&h, PS__OP__OP_HELLO);
+        h.session = new_session();
         rc = call_sync(c, &h, 0, c->nshards - 1, NULL, cfg->connect_timeout_ms);
         if (rc != 0)
             snprintf(err, errlen, "hello: %s", c->last_error);

@@ -87,6 +87,7 @@ struct psc_shard_stats {
     char consistency[16]; /* "bsp", "asp", "ssp:K" */
     uint32_t workers;
     uint64_t waiting, deferred_total, max_staleness, wait_timeouts;
+    uint64_t duplicates_dropped; /* retried pushes acknowledged, not applied again */
 };
 
 /* Connects to every endpoint and says hello; fails if a shard does not

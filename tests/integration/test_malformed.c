@@ -178,6 +178,86 @@ static void test_oversize_frame_disconnects_only_that_peer(void **state)
     zmq_close(bad);
 }
 
+/* One message: header (+ values), then its reply's header. */
+static Ps__Header *exchange(void *s, const Ps__Header *h, const void *vals, size_t vbytes,
+                            float *out, size_t out_bytes)
+{
+    uint8_t buf[512];
+    size_t n = ps__header__pack(h, buf);
+    assert_true(zmq_send(s, buf, n, vals ? ZMQ_SNDMORE : 0) >= 0);
+    if (vals)
+        assert_true(zmq_send(s, vals, vbytes, 0) >= 0);
+    zmq_pollitem_t it = {s, 0, ZMQ_POLLIN, 0};
+    assert_true(zmq_poll(&it, 1, REPLY_TIMEOUT_MS) > 0);
+    Ps__Header *r = NULL;
+    int more = 1;
+    for (int i = 0; more; i++) {
+        zmq_msg_t m;
+        zmq_msg_init(&m);
+        assert_true(zmq_msg_recv(&m, s, 0) >= 0);
+        if (i == 0)
+            r = ps__header__unpack(NULL, zmq_msg_size(&m), zmq_msg_data(&m));
+        else if (out != NULL && zmq_msg_size(&m) == out_bytes)
+            memcpy(out, zmq_msg_data(&m), out_bytes);
+        more = zmq_msg_more(&m);
+        zmq_msg_close(&m);
+    }
+    assert_non_null(r);
+    if (r->status != 0)
+        fail_msg("%s: %s", ps_op_name(h->op), r->error);
+    return r;
+}
+
+static void push_and_pull(void *s, uint64_t id, int *duplicate, float *w)
+{
+    const float g[4] = {1.0f, 1.0f, 1.0f, 1.0f};
+    Ps__Header h;
+    ps_wire_header_init(&h, PS__OP__OP_PUSH);
+    h.worker_id = 5;
+    h.request_id = id;
+    h.offset = 0;
+    h.count = 4;
+    Ps__Header *r = exchange(s, &h, g, sizeof g, NULL, 0);
+    *duplicate = r->duplicate;
+    ps__header__free_unpacked(r, NULL);
+    ps_wire_header_init(&h, PS__OP__OP_PULL);
+    h.worker_id = 5;
+    h.offset = 0;
+    h.count = 4;
+    ps__header__free_unpacked(exchange(s, &h, NULL, 0, w, 4 * sizeof(float)), NULL);
+}
+
+static void hello_session(void *s, uint64_t session)
+{
+    Ps__Header h;
+    ps_wire_header_init(&h, PS__OP__OP_HELLO);
+    h.worker_id = 5;
+    h.session = session;
+    ps__header__free_unpacked(exchange(s, &h, NULL, 0, NULL, 0), NULL);
+}
+
+static void test_retried_push_applied_once(void **state)
+{
+    struct fixture *f = *state;
+    void *s = dealer(f);
+    float w0[4], w1[4], w2[4], w3[4];
+    int dup = 0;
+    hello_session(s, 77);
+    push_and_pull(s, 10, &dup, w0);
+    assert_false(dup);
+    push_and_pull(s, 10, &dup, w1); /* the same request again: a retry */
+    assert_true(dup);
+    assert_memory_equal(w0, w1, sizeof w0); /* not applied twice */
+    push_and_pull(s, 11, &dup, w2);
+    assert_false(dup);
+    assert_float_equal(w2[0], w0[0] - 0.1f, 1e-6); /* t0: SGD, lr 0.1 */
+    hello_session(s, 78); /* a restarted worker: a new session starts afresh */
+    push_and_pull(s, 1, &dup, w3);
+    assert_false(dup);
+    assert_float_equal(w3[0], w2[0] - 0.1f, 1e-6);
+    zmq_close(s);
+}
+
 static void test_table_at_the_byte_limit(void **state)
 {
     struct fixture *f = *state;
@@ -200,6 +280,7 @@ static void test_error_count_in_stats(void **state)
     Ps__Header *r = roundtrip_ok(f->sock, &h);
     assert_non_null(r->stats);
     assert_true(r->stats->errors >= bad_cases_count);
+    assert_int_equal(r->stats->duplicates_dropped, 1);
     assert_int_equal(r->stats->n_tables, 2); /* t0 and at-limit */
     assert_string_equal(r->stats->tables[0]->name, "t0");
     ps__header__free_unpacked(r, NULL);
@@ -211,6 +292,7 @@ int main(void)
         cmocka_unit_test(test_each_case_gets_error_reply),
         cmocka_unit_test(test_oversize_frame_disconnects_only_that_peer),
         cmocka_unit_test(test_table_at_the_byte_limit),
+        cmocka_unit_test(test_retried_push_applied_once),
         cmocka_unit_test(test_error_count_in_stats),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
