@@ -25,6 +25,7 @@ struct psd_config {
     uint64_t workers;
     uint64_t wait_timeout_ms;
     const char *prune;
+    const char *curve_secret, *curve_allow, *keygen;
     uint64_t max_table_bytes;
     const char *log_level;
     const char *endpoint_file;
@@ -58,6 +59,12 @@ static const struct ps_opt psd_opts[] = {
     OPT("prune", PS_OPT_STR, prune, NULL, 0, 0, "SPEC[,SPEC]",
         "gradual magnitude pruning, SPEC = TABLE:TARGET[:START:END:EVERY] (steps; defaults "
         "200:2000:100)"),
+    OPT("curve-secret", PS_OPT_STR, curve_secret, NULL, 0, 0, "FILE",
+        "encrypt with CURVE using this key file (psd --keygen); needs --curve-allow"),
+    OPT("curve-allow", PS_OPT_STR, curve_allow, NULL, 0, 0, "DIR",
+        "public key files of the clients admitted (one per file)"),
+    OPT("keygen", PS_OPT_STR, keygen, NULL, 0, 0, "PATH",
+        "write a new CURVE key pair to PATH (secret, 0600) and PATH.pub, then exit"),
     OPT("log-level", PS_OPT_STR, log_level, "info", 0, 0, "LEVEL", "error, warn, info or debug"),
     OPT("endpoint-file", PS_OPT_STR, endpoint_file, NULL, 0, 0, "PATH",
         "write the bound endpoint here once listening (for scripts and tests)"),
@@ -71,6 +78,7 @@ struct app {
     struct ps_log log;
     struct psd srv;
     struct psd_net net;
+    struct psd_security sec;
     uv_loop_t loop;
     uv_signal_t sigint, sigterm;
     uv_timer_t tick;
@@ -151,6 +159,14 @@ static int parse_config(struct psd_config *cfg, int argc, char **argv, int *leve
                       psd_opts, NOPTS);
         return 0;
     }
+    if (cfg->keygen) {
+        if (ps_curve_keygen(cfg->keygen, err, sizeof err) != 0) {
+            fprintf(stderr, "psd: %s\n", err);
+            return 1;
+        }
+        printf("wrote %s and %s.pub\n", cfg->keygen, cfg->keygen);
+        return 0;
+    }
     if (cfg->version) {
         printf("psd %s (protocol %u)\n", PSD_VERSION, PS_PROTOCOL_VERSION);
         return 0;
@@ -206,8 +222,20 @@ int main(int argc, char **argv)
     }
     uv_loop_init(&a.loop);
     char err[512];
-    if (psd_net_start(&a.net, &a.srv, &a.loop, cfg.listen, (int)cfg.io_threads, err, sizeof err) !=
-        0) {
+    struct psd_security *sec = NULL;
+    if (cfg.curve_secret != NULL) {
+        if (psd_security_load(&a.sec, &a.log, cfg.curve_secret, cfg.curve_allow, err, sizeof err) !=
+            0) {
+            PS_LOG(&a.log, PS_LOG_ERROR, "S0004", "%s", err);
+            psd_fini(&a.srv);
+            return 2;
+        }
+        sec = &a.sec;
+        PS_LOG(&a.log, PS_LOG_INFO, "S0011", "CURVE on: %zu client key(s) admitted",
+               a.sec.allow->n);
+    }
+    if (psd_net_start(&a.net, &a.srv, &a.loop, cfg.listen, (int)cfg.io_threads, sec, err,
+                      sizeof err) != 0) {
         PS_LOG(&a.log, PS_LOG_ERROR, "S0002", "%s", err);
         psd_fini(&a.srv);
         uv_loop_close(&a.loop);

@@ -89,22 +89,31 @@ static int set_int(void *sock, int opt, int v)
 }
 
 int psd_net_start(struct psd_net *n, struct psd *srv, uv_loop_t *loop, const char *listen,
-                  int io_threads, char *err, size_t errlen)
+                  int io_threads, struct psd_security *sec, char *err, size_t errlen)
 {
     memset(n, 0, sizeof *n);
     n->srv = srv;
+    n->sec = sec;
     n->ctx = zmq_ctx_new();
     if (n->ctx == NULL) {
         snprintf(err, errlen, "zmq_ctx_new: %s", zmq_strerror(errno));
         return PS_EZMQ;
     }
     zmq_ctx_set(n->ctx, ZMQ_IO_THREADS, io_threads);
+    if (sec != NULL && psd_security_start(sec, n->ctx, loop, err, errlen) != 0) {
+        psd_net_fini(n);
+        return PS_EZMQ;
+    }
     n->sock = zmq_socket(n->ctx, ZMQ_ROUTER);
     int64_t maxmsg = (int64_t)srv->value_bytes_max;
     if (n->sock == NULL || set_int(n->sock, ZMQ_LINGER, 0) != 0 ||
         set_int(n->sock, ZMQ_ROUTER_MANDATORY, 1) != 0 ||
         zmq_setsockopt(n->sock, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg) != 0) {
         snprintf(err, errlen, "cannot create ROUTER socket: %s", zmq_strerror(errno));
+        psd_net_fini(n);
+        return PS_EZMQ;
+    }
+    if (sec != NULL && psd_security_apply(sec, n->ctx, n->sock, loop, err, errlen) != 0) {
         psd_net_fini(n);
         return PS_EZMQ;
     }
@@ -130,12 +139,18 @@ void psd_net_stop(struct psd_net *n)
 {
     if (n->sock != NULL)
         ps_zsock_close(&n->zs);
+    if (n->sec != NULL)
+        psd_security_stop(n->sec);
 }
 
 void psd_net_fini(struct psd_net *n)
 {
-    if (n->sock != NULL)
+    if (n->sock != NULL) {
+        zmq_socket_monitor(n->sock, NULL, 0);
         zmq_close(n->sock);
+    }
+    if (n->sec != NULL)
+        psd_security_fini(n->sec);
     if (n->ctx != NULL)
         zmq_ctx_term(n->ctx);
     n->sock = NULL;

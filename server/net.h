@@ -9,6 +9,7 @@
 #define PSD_NET_H
 
 #include "psd.h"
+#include "security.h"
 #include "ps_zsock.h"
 
 #include <uv.h>
@@ -20,11 +21,14 @@ struct psd_net {
     struct ps_zsock zs;
     char endpoint[256]; /* actual bound endpoint (port resolved) */
     uint64_t send_drops;
+    struct psd_security *sec;
 };
 
-/* Binds `listen` and registers on `loop`. io_threads sizes zmq's I/O pool. */
+/* Binds `listen` and registers on `loop`. io_threads sizes zmq's I/O pool.
+ * sec, when not NULL (loaded), makes the socket a CURVE server behind the
+ * ZAP allow list; it must outlive the transport. */
 int psd_net_start(struct psd_net *n, struct psd *srv, uv_loop_t *loop, const char *listen,
-                  int io_threads, char *err, size_t errlen);
+                  int io_threads, struct psd_security *sec, char *err, size_t errlen);
 /* Deregisters from the loop (handles close on the next uv_run turn). */
 void psd_net_stop(struct psd_net *n);
 /* Closes the socket and terminates the context; after the loop is done. */

@@ -903,6 +903,14 @@ static int open_sockets(struct psc_client *c, const struct psc_config *cfg, char
             snprintf(err, errlen, "server %u: cannot create socket: %s", s, zmq_strerror(errno));
             return PS_EZMQ;
         }
+        if (cfg->curve_server_key != NULL &&
+            (zmq_setsockopt(c->socks[s], ZMQ_CURVE_SERVERKEY, cfg->curve_server_key, 41) != 0 ||
+             zmq_setsockopt(c->socks[s], ZMQ_CURVE_PUBLICKEY, cfg->curve_public, 41) != 0 ||
+             zmq_setsockopt(c->socks[s], ZMQ_CURVE_SECRETKEY, cfg->curve_secret, 41) != 0)) {
+            snprintf(err, errlen, "server %u: CURVE keys refused by zmq: %s", s,
+                     zmq_strerror(errno));
+            return PS_EINVAL;
+        }
         if (zmq_connect(c->socks[s], ep) != 0) {
             snprintf(err, errlen, "server %u: cannot connect to '%s': %s", s, ep,
                      zmq_strerror(errno));
@@ -931,6 +939,15 @@ static uint64_t new_session(void)
 int psc_create(const struct psc_config *cfg, struct psc_client **out, char *err, size_t errlen)
 {
     *out = NULL;
+    if (cfg != NULL && cfg->curve_server_key != NULL &&
+        (cfg->curve_public == NULL || cfg->curve_secret == NULL ||
+         strlen(cfg->curve_server_key) != 40 || strlen(cfg->curve_public) != 40 ||
+         strlen(cfg->curve_secret) != 40)) {
+        snprintf(err, errlen,
+                 "CURVE needs the server key and this client's key pair, 40 "
+                 "Z85 characters each");
+        return PS_EINVAL;
+    }
     if (cfg == NULL || cfg->servers == NULL || cfg->nservers == 0 ||
         cfg->nservers > PS_SHARDS_MAX) {
         snprintf(err, errlen, "need 1..%u server endpoints", PS_SHARDS_MAX);

@@ -11,6 +11,7 @@
 #include "psk.h"
 #include "psk_optim.h"
 
+#include "ps_curve.h"
 #include "ps_err.h"
 #include "ps_init.h"
 #include "ps_limits.h"
@@ -38,7 +39,7 @@ struct config {
     double lr, momentum, weight_decay, topk, l1, l2;
     uint64_t rows_max, embed_dim, embed_hidden;
     const char *optimizer, *device, *lr_schedule, *wire_dtype;
-    const char *summary_json, *save, *log_level;
+    const char *summary_json, *save, *log_level, *curve_secret, *curve_server_key;
     int standalone;
     uint64_t max_steps, log_every, timeout_ms, test_delay_ms, accum_steps;
     int help;
@@ -103,6 +104,10 @@ static const struct ps_opt opts[] = {
         "longest wait for one request"),
     OPT("test-delay-ms", PS_OPT_U64, test_delay_ms, "0", 0, 60000, "MS",
         "testing only: sleep this long every step"),
+    OPT("curve-secret", PS_OPT_STR, curve_secret, NULL, 0, 0, "FILE",
+        "this worker's CURVE key file (psd --keygen); needs --curve-server-key"),
+    OPT("curve-server-key", PS_OPT_STR, curve_server_key, NULL, 0, 0, "FILE",
+        "the servers' public key file (their .pub)"),
     OPT("log-level", PS_OPT_STR, log_level, "info", 0, 0, "LEVEL", "error, warn, info or debug"),
     OPT("help", PS_OPT_FLAG, help, NULL, 0, 0, NULL, "show this help and exit"),
 };
@@ -668,6 +673,28 @@ static int check_config(const struct config *c, char *err, size_t errlen)
                : 0;
 }
 
+/* Fills pc's CURVE fields from --curve-secret / --curve-server-key. */
+static int curve_config(const struct config *c, struct ps_curve_keys *mine,
+                        struct ps_curve_keys *server, struct psc_config *pc, char *err,
+                        size_t errlen)
+{
+    if (c->curve_secret == NULL && c->curve_server_key == NULL)
+        return 0;
+    if (c->curve_secret == NULL || c->curve_server_key == NULL) {
+        snprintf(err, errlen, "--curve-secret and --curve-server-key go together");
+        return PS_EINVAL;
+    }
+    int rc = ps_curve_read(c->curve_secret, 1, mine, err, errlen);
+    if (rc == 0)
+        rc = ps_curve_read(c->curve_server_key, 0, server, err, errlen);
+    if (rc == 0) {
+        pc->curve_server_key = server->pub;
+        pc->curve_public = mine->pub;
+        pc->curve_secret = mine->sec;
+    }
+    return rc;
+}
+
 /* Splits "a,b,c" into endpoints (pointers into buf). */
 static int split_servers(const char *list, char *buf, size_t len, const char **eps, size_t *n,
                          char *err, size_t errlen)
@@ -741,9 +768,15 @@ static int setup(struct trainer *tr, char *err, size_t errlen)
             return rc;
         /* nonzero pulls cost nothing for unpruned tables: the servers only
          * use them where they save bytes */
-        struct psc_config pc = {
-            eps, n, (uint32_t)c->rank, (int)c->timeout_ms, wire_dtype_of(c->wire_dtype), 1};
-        if ((rc = psc_create(&pc, &tr->c, err, errlen)) != 0)
+        struct psc_config pc = {.servers = eps,
+                                .nservers = n,
+                                .worker_id = (uint32_t)c->rank,
+                                .connect_timeout_ms = (int)c->timeout_ms,
+                                .wire_dtype = wire_dtype_of(c->wire_dtype),
+                                .nonzero_pulls = 1};
+        struct ps_curve_keys mine, server;
+        if ((rc = curve_config(c, &mine, &server, &pc, err, errlen)) != 0 ||
+            (rc = psc_create(&pc, &tr->c, err, errlen)) != 0)
             return rc;
     }
     /* The schedule spans the run's clocks (the server converts its own
@@ -797,8 +830,14 @@ static int run_sparse_lr(struct trainer *tr)
     size_t n = 0;
     double t0 = now_s();
     int rc = split_servers(c->servers, buf, sizeof buf, eps, &n, err, sizeof err);
-    struct psc_config pc = {
-        eps, n, (uint32_t)c->rank, (int)c->timeout_ms, wire_dtype_of(c->wire_dtype), 0};
+    struct psc_config pc = {.servers = eps,
+                            .nservers = n,
+                            .worker_id = (uint32_t)c->rank,
+                            .connect_timeout_ms = (int)c->timeout_ms,
+                            .wire_dtype = wire_dtype_of(c->wire_dtype)};
+    struct ps_curve_keys mine, server;
+    if (rc == 0)
+        rc = curve_config(c, &mine, &server, &pc, err, sizeof err);
     if (rc == 0)
         rc = psc_create(&pc, &tr->c, err, sizeof err);
     struct psw_slr_config sc = {

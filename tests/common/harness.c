@@ -48,7 +48,7 @@ static void track(pid_t pid, int add)
     }
 }
 
-static void pause_ms(long ms)
+void harness_pause_ms(long ms)
 {
     struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
     nanosleep(&ts, NULL);
@@ -124,7 +124,7 @@ int harness_wait(pid_t pid, int timeout_ms)
     int status = 0;
     pid_t r = 0;
     while ((r = waitpid(pid, &status, WNOHANG)) == 0 && harness_now_ms() < deadline)
-        pause_ms(5);
+        harness_pause_ms(5);
     if (r == 0) {
         kill(pid, SIGKILL);
         waitpid(pid, &status, 0);
@@ -202,7 +202,7 @@ int harness_psd_start(struct psd_proc *p, const char *const *args)
             harness_psd_dump_log(p);
             return -1;
         }
-        pause_ms(5); /* polling the endpoint file, bounded by the deadline */
+        harness_pause_ms(5); /* polling the endpoint file, bounded by the deadline */
     }
     fprintf(stderr, "harness: psd did not listen within 20 s\n");
     harness_psd_dump_log(p);

@@ -33,6 +33,8 @@ void harness_dump_file(const char *path);
 /* Writes into out the path of a scratch file in this process's temp
  * directory (created on first use). Returns out. */
 char *harness_tmp(char *out, size_t len, const char *name);
+/* Sleeps ms milliseconds: only between polls of a state, under a deadline. */
+void harness_pause_ms(long ms);
 /* Monotonic milliseconds. */
 long long harness_now_ms(void);
 

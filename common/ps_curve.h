@@ -1,0 +1,37 @@
+/* CURVE keys for ZeroMQ encryption and access control.
+ *
+ * A key file holds two lines, "public: Z85" and "secret: Z85" (40
+ * characters each; the secret may be absent in a .pub file). Secret files
+ * are written with mode 0600. An allow directory holds one public key file
+ * per admitted client. Files are small and read with a size ceiling; a bad
+ * one is refused with a sentence naming it. No zmq socket is touched here. */
+#ifndef PS_CURVE_H
+#define PS_CURVE_H
+
+#include <stddef.h>
+
+#define PS_CURVE_KEY_LEN   40 /* Z85 characters */
+#define PS_CURVE_ALLOW_MAX 4096
+#define PS_CURVE_FILE_MAX  4096
+
+struct ps_curve_keys {
+    char pub[PS_CURVE_KEY_LEN + 1];
+    char sec[PS_CURVE_KEY_LEN + 1]; /* "" when the file had none */
+};
+
+struct ps_curve_allow {
+    size_t n;
+    unsigned char keys[PS_CURVE_ALLOW_MAX][32]; /* binary public keys */
+};
+
+/* Generates a key pair and writes PATH (both, 0600) and PATH.pub. */
+int ps_curve_keygen(const char *path, char *err, size_t errlen);
+/* Reads a key file; need_secret makes a missing secret an error. */
+int ps_curve_read(const char *path, int need_secret, struct ps_curve_keys *out, char *err,
+                  size_t errlen);
+/* Loads every regular file of dir as a public key file. */
+int ps_curve_allow_load(const char *dir, struct ps_curve_allow *out, char *err, size_t errlen);
+/* 1 when the 32-byte binary key is in the list. */
+int ps_curve_allowed(const struct ps_curve_allow *a, const unsigned char *key32);
+
+#endif
