@@ -9,7 +9,8 @@
 #include <thrust/execution_policy.h>
 #include <thrust/sort.h>
 
-namespace {
+namespace
+{
 
 constexpr unsigned kBlock = 256;
 constexpr size_t kGridMax = 65535;
@@ -35,7 +36,7 @@ __global__ void scale_kernel(size_t n, float a, float *__restrict__ x)
 }
 
 #define PSK_GRID_STRIDE(i, n)                                                                      \
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (n);                         \
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (n);                        \
          i += (size_t)gridDim.x * blockDim.x)
 
 __global__ void bias_add_kernel(size_t n, int cols, const float *__restrict__ bias,
@@ -161,13 +162,12 @@ extern "C" int psk_cuda_launch_softmax_xent(void *stream, int rows, int cols, co
     if (rows <= 0)
         return 0;
     unsigned blocks = (unsigned)((rows + kBlock - 1) / kBlock);
-    softmax_xent_kernel<<<blocks, kBlock, 0, (cudaStream_t)stream>>>(rows, cols, logits, labels,
-                                                                     scale, dlogits, row_loss, pred);
+    softmax_xent_kernel<<<blocks, kBlock, 0, (cudaStream_t)stream>>>(
+        rows, cols, logits, labels, scale, dlogits, row_loss, pred);
     return (int)cudaGetLastError();
 }
 
-extern "C" int psk_cuda_launch_col_sum(void *stream, int rows, int cols, const float *x,
-                                       float *out)
+extern "C" int psk_cuda_launch_col_sum(void *stream, int rows, int cols, const float *x, float *out)
 {
     if (cols <= 0)
         return 0;
