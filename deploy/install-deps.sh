@@ -12,7 +12,7 @@ PKGS=(
   libuv1-dev libopenblas-dev zlib1g-dev
   libcmocka-dev
   clang libclang-rt-14-dev
-  python3 procps
+  python3 procps libjansson-dev
   dataset-fashion-mnist
 )
 

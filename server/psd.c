@@ -1,6 +1,7 @@
 /* Request dispatch: decode, check against server state, apply, reply. */
 #include "psd.h"
 
+#include "checkpoint.h"
 #include "ps_err.h"
 #include "ps_half.h"
 #include "ps_shard.h"
@@ -49,13 +50,19 @@ void psd_set_sender(struct psd *s, psd_send_cb send, void *ctx)
     s->send_ctx = ctx;
 }
 
-void psd_fini(struct psd *s)
+void psd_reset_tables(struct psd *s)
 {
     for (uint32_t i = 0; i < s->ntables; i++) {
         psd_cons_table_fini(&s->cons, s->tables[i]);
         psd_table_destroy(s->tables[i]);
     }
     s->ntables = 0;
+    memset(s->peers, 0, sizeof s->peers);
+}
+
+void psd_fini(struct psd *s)
+{
+    psd_reset_tables(s);
     free(s->arena_buf);
     free(s->scratch);
     free(s->keys_scratch);
@@ -174,6 +181,15 @@ static void applied_push(struct psd *s, const Ps__Header *req)
     struct psd_peer *p = peer_of(s, req->worker_id, 0);
     if (p != NULL && p->session != 0 && req->request_id > p->last_applied)
         p->last_applied = req->request_id;
+}
+
+void psd_peer_restore(struct psd *s, uint32_t worker_id, uint64_t session, uint64_t last_applied)
+{
+    struct psd_peer *p = peer_of(s, worker_id, 1);
+    if (p != NULL) {
+        p->session = session;
+        p->last_applied = last_applied;
+    }
 }
 
 static void reply_duplicate(struct psd *s, const Ps__Header *req, struct psd_reply *rep)
@@ -373,10 +389,11 @@ static int reply_masked(const float *w, size_t n, Ps__DType dtype, struct psd_re
 /* Fills rep with the weights of [offset, offset+count) of t: all of them,
  * or (asked for, and smaller) a bitmap of the nonzeros and their values. */
 static void reply_values(struct psd *s, const Ps__Header *req, struct psd_table *t, uint64_t offset,
-                         uint64_t count, struct psd_reply *rep)
+                         uint64_t count, int duplicate, struct psd_reply *rep)
 {
     Ps__Header h;
     reply_init(&h, req);
+    h.duplicate = duplicate != 0;
     h.offset = offset;
     h.count = count;
     h.dim = 1;
@@ -439,7 +456,7 @@ static void release_waits(struct psd *s)
         wait_header(w, &h);
         struct psd_reply rep;
         memset(&rep, 0, sizeof rep);
-        reply_values(s, &h, t, w->offset, w->count, &rep);
+        reply_values(s, &h, t, w->offset, w->count, 0, &rep);
         s->ctr.bytes_out += rep.hdr_len + rep.mask_bytes + rep.vals_bytes;
         s->send(s->send_ctx, w->route, w->route_len, &rep);
         s->waits[i] = s->waits[--s->nwaits]; /* order of answers does not matter */
@@ -628,7 +645,8 @@ static int op_data(struct psd *s, const struct ps_frame *route, const struct ps_
         return 1;
     }
     /* a retried push-pull is answered again, but its push is not applied twice */
-    if (req->op != PS__OP__OP_PULL && !seen_push(s, req)) {
+    int dup = req->op == PS__OP__OP_PUSH_PULL && seen_push(s, req);
+    if (req->op != PS__OP__OP_PULL && !dup) {
         const float *g = values_f32(s, m);
         char err[PS_ERROR_TEXT_MAX];
         int rc = g == NULL ? PS_ENOMEM
@@ -660,12 +678,40 @@ static int op_data(struct psd *s, const struct ps_frame *route, const struct ps_
     if (!psd_cons_ready(&s->cons, t, clock, req->offset, req->count))
         return defer(s, route, req, clock, rep);
     note_staleness(s, t, clock);
-    reply_values(s, req, t, req->offset, req->count, rep);
+    reply_values(s, req, t, req->offset, req->count, dup, rep);
     return 1;
+}
+
+int psd_checkpoint_now(struct psd *s, const char *why)
+{
+    if (s->ckpt_dir == NULL || !psd_quiescent(s))
+        return 1;
+    char path[4200], err[512];
+    uint64_t t0 = now_ms();
+    int rc = psd_checkpoint_write(s, s->ckpt_dir, path, sizeof path, err, sizeof err);
+    s->ckpt_last_ms = now_ms();
+    if (rc != 0) {
+        PS_LOG(s->log, PS_LOG_ERROR, "S0602", "%s", err);
+        return rc;
+    }
+    s->ckpt_written++;
+    PS_LOG(s->log, PS_LOG_INFO, "S0600", "checkpoint %s written (%s, %u tables, %llu ms)", path,
+           why, s->ntables, (unsigned long long)(s->ckpt_last_ms - t0));
+    return 0;
+}
+
+/* Due by the interval: written at the first moment the shard is between
+ * rounds (checked after every request and on every tick). */
+static void checkpoint_if_due(struct psd *s)
+{
+    if (s->ckpt_dir != NULL && s->ckpt_every_ms > 0 &&
+        now_ms() - s->ckpt_last_ms >= s->ckpt_every_ms)
+        psd_checkpoint_now(s, "interval");
 }
 
 void psd_tick(struct psd *s)
 {
+    checkpoint_if_due(s);
     uint64_t now = now_ms();
     for (uint32_t i = 0; i < s->nwaits;) {
         struct psd_wait *w = &s->waits[i];
@@ -804,5 +850,6 @@ int psd_dispatch(struct psd *s, const struct ps_frame *route, const struct ps_fr
     }
     if (now)
         s->ctr.bytes_out += rep->hdr_len + rep->mask_bytes + rep->vals_bytes;
+    checkpoint_if_due(s);
     return now;
 }

@@ -79,6 +79,9 @@ struct psd {
         int used;
     } peers[PSD_PEERS];
     uint64_t duplicates_dropped;
+    /* checkpoints (checkpoint.c); dir NULL: off */
+    const char *ckpt_dir;
+    uint64_t ckpt_every_ms, ckpt_last_ms, ckpt_written;
     psd_send_cb send;
     void *send_ctx;
 
@@ -111,6 +114,11 @@ struct psd_reply {
 };
 
 int psd_init(struct psd *s, struct ps_log *log, const struct psd_params *p);
+/* Checkpoint support: a worker's exactly-once record, and dropping every
+ * table (a restore that failed half way). */
+void psd_peer_restore(struct psd *s, uint32_t worker_id, uint64_t session, uint64_t last_applied);
+void psd_reset_tables(struct psd *s);
+
 /* Frees a reply's buffers (what dispatch handed over and was not sent). */
 void psd_reply_drop(struct psd_reply *rep);
 void psd_fini(struct psd *s);
@@ -126,6 +134,10 @@ void psd_set_sender(struct psd *s, psd_send_cb send, void *ctx);
  * other, earlier waiting requests may be sent during the call. */
 int psd_dispatch(struct psd *s, const struct ps_frame *route, const struct ps_frame *frames,
                  size_t nframes, struct psd_reply *rep);
+
+/* Writes a checkpoint now when the shard is between rounds (why goes to
+ * the log). Returns 0 written, 1 skipped (mid-round or off), <0 error. */
+int psd_checkpoint_now(struct psd *s, const char *why);
 
 /* Expires waits past their deadline (error replies naming who is missing)
  * and logs waits older than 5 s once. Call periodically from the loop. */

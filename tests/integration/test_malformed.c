@@ -4,6 +4,7 @@
  * gets its peer disconnected while other peers are served on. */
 #include "cases.h"
 #include "harness.h"
+#include "raw.h"
 
 #include "ps_err.h"
 #include "ps_wire.h"
@@ -19,22 +20,11 @@
 
 #include <cmocka.h>
 
-#define REPLY_TIMEOUT_MS 10000
-
 struct fixture {
     struct psd_proc psd;
     void *ctx;
     void *sock;
 };
-
-static void *dealer(struct fixture *f)
-{
-    void *s = zmq_socket(f->ctx, ZMQ_DEALER);
-    int linger = 0;
-    zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof linger);
-    assert_int_equal(zmq_connect(s, f->psd.endpoint), 0);
-    return s;
-}
 
 static void send_frames(void *s, const struct case_msg *m)
 {
@@ -42,50 +32,12 @@ static void send_frames(void *s, const struct case_msg *m)
         assert_true(zmq_send(s, m->data[i], m->size[i], i + 1 < m->nframes ? ZMQ_SNDMORE : 0) >= 0);
 }
 
-/* Receives one reply (all frames) and unpacks its header; NULL on timeout. */
-static Ps__Header *recv_reply(void *s, int timeout_ms, size_t *nframes)
-{
-    zmq_pollitem_t it = {s, 0, ZMQ_POLLIN, 0};
-    if (zmq_poll(&it, 1, timeout_ms) <= 0)
-        return NULL;
-    Ps__Header *h = NULL;
-    int more = 1;
-    *nframes = 0;
-    while (more) {
-        zmq_msg_t m;
-        zmq_msg_init(&m);
-        assert_true(zmq_msg_recv(&m, s, 0) >= 0);
-        if (*nframes == 0)
-            h = ps__header__unpack(NULL, zmq_msg_size(&m), zmq_msg_data(&m));
-        more = zmq_msg_more(&m);
-        (*nframes)++;
-        zmq_msg_close(&m);
-    }
-    assert_non_null(h);
-    return h;
-}
-
-/* Sends a one-frame request and returns its successful reply. */
-static Ps__Header *roundtrip_ok(void *s, const Ps__Header *h)
-{
-    uint8_t buf[256];
-    size_t n = ps__header__pack(h, buf);
-    assert_true(zmq_send(s, buf, n, 0) >= 0);
-    size_t nf;
-    Ps__Header *r = recv_reply(s, REPLY_TIMEOUT_MS, &nf);
-    assert_non_null(r);
-    if (r->status != 0)
-        fail_msg("%s failed: %s", ps_op_name(h->op), r->error);
-    assert_int_equal(r->request_id, h->request_id);
-    return r;
-}
-
 static void hello_ok(void *s)
 {
     Ps__Header h;
     ps_wire_header_init(&h, PS__OP__OP_HELLO);
     h.request_id = 7;
-    ps__header__free_unpacked(roundtrip_ok(s, &h), NULL);
+    ps__header__free_unpacked(raw_exchange(s, &h, NULL, 0, NULL, 0), NULL);
 }
 
 static void create_t0(void *s)
@@ -99,7 +51,7 @@ static void create_t0(void *s)
     sp.eps = 1e-8f;
     ps_wire_header_init(&h, PS__OP__OP_CREATE_TABLE);
     h.spec = &sp;
-    Ps__Header *r = roundtrip_ok(s, &h);
+    Ps__Header *r = raw_exchange(s, &h, NULL, 0, NULL, 0);
     assert_int_equal(r->table_id, 0);
     ps__header__free_unpacked(r, NULL);
 }
@@ -111,7 +63,7 @@ static int setup(void **state)
     if (harness_psd_start(&f.psd, args) != 0)
         return -1;
     f.ctx = zmq_ctx_new();
-    f.sock = dealer(&f);
+    f.sock = raw_dealer(f.ctx, f.psd.endpoint);
     create_t0(f.sock);
     *state = &f;
     return 0;
@@ -136,7 +88,7 @@ static void test_each_case_gets_error_reply(void **state)
         bc->build(&m);
         send_frames(f->sock, &m);
         size_t nf = 0;
-        Ps__Header *r = recv_reply(f->sock, REPLY_TIMEOUT_MS, &nf);
+        Ps__Header *r = raw_recv(f->sock, RAW_TIMEOUT_MS, &nf, NULL, 0);
         if (r == NULL)
             fail_msg("case '%s': no reply", bc->name);
         if (r->status != bc->expect)
@@ -156,7 +108,7 @@ static void test_each_case_gets_error_reply(void **state)
 static void test_oversize_frame_disconnects_only_that_peer(void **state)
 {
     struct fixture *f = *state;
-    void *bad = dealer(f);
+    void *bad = raw_dealer(f->ctx, f->psd.endpoint);
     hello_ok(bad);
     size_t big = 2u * 1024u * 1024u; /* over --max-message-bytes 1 MiB */
     char *junk = calloc(1, big);
@@ -167,45 +119,15 @@ static void test_oversize_frame_disconnects_only_that_peer(void **state)
      * absence cannot be polled for; the bound is far above a reply's
      * round trip, which the hello_ok calls show is milliseconds.) */
     size_t nf = 0;
-    Ps__Header *r = recv_reply(bad, 1000, &nf);
+    Ps__Header *r = raw_recv(bad, 1000, &nf, NULL, 0);
     if (r != NULL)
         fail_msg("oversize frame was answered: status %d", r->status);
     /* The good peer is served meanwhile and afterwards. */
     hello_ok(f->sock);
-    void *fresh = dealer(f);
+    void *fresh = raw_dealer(f->ctx, f->psd.endpoint);
     hello_ok(fresh);
     zmq_close(fresh);
     zmq_close(bad);
-}
-
-/* One message: header (+ values), then its reply's header. */
-static Ps__Header *exchange(void *s, const Ps__Header *h, const void *vals, size_t vbytes,
-                            float *out, size_t out_bytes)
-{
-    uint8_t buf[512];
-    size_t n = ps__header__pack(h, buf);
-    assert_true(zmq_send(s, buf, n, vals ? ZMQ_SNDMORE : 0) >= 0);
-    if (vals)
-        assert_true(zmq_send(s, vals, vbytes, 0) >= 0);
-    zmq_pollitem_t it = {s, 0, ZMQ_POLLIN, 0};
-    assert_true(zmq_poll(&it, 1, REPLY_TIMEOUT_MS) > 0);
-    Ps__Header *r = NULL;
-    int more = 1;
-    for (int i = 0; more; i++) {
-        zmq_msg_t m;
-        zmq_msg_init(&m);
-        assert_true(zmq_msg_recv(&m, s, 0) >= 0);
-        if (i == 0)
-            r = ps__header__unpack(NULL, zmq_msg_size(&m), zmq_msg_data(&m));
-        else if (out != NULL && zmq_msg_size(&m) == out_bytes)
-            memcpy(out, zmq_msg_data(&m), out_bytes);
-        more = zmq_msg_more(&m);
-        zmq_msg_close(&m);
-    }
-    assert_non_null(r);
-    if (r->status != 0)
-        fail_msg("%s: %s", ps_op_name(h->op), r->error);
-    return r;
 }
 
 static void push_and_pull(void *s, uint64_t id, int *duplicate, float *w)
@@ -217,14 +139,14 @@ static void push_and_pull(void *s, uint64_t id, int *duplicate, float *w)
     h.request_id = id;
     h.offset = 0;
     h.count = 4;
-    Ps__Header *r = exchange(s, &h, g, sizeof g, NULL, 0);
+    Ps__Header *r = raw_exchange(s, &h, g, sizeof g, NULL, 0);
     *duplicate = r->duplicate;
     ps__header__free_unpacked(r, NULL);
     ps_wire_header_init(&h, PS__OP__OP_PULL);
     h.worker_id = 5;
     h.offset = 0;
     h.count = 4;
-    ps__header__free_unpacked(exchange(s, &h, NULL, 0, w, 4 * sizeof(float)), NULL);
+    ps__header__free_unpacked(raw_exchange(s, &h, NULL, 0, w, 4 * sizeof(float)), NULL);
 }
 
 static void hello_session(void *s, uint64_t session)
@@ -233,13 +155,13 @@ static void hello_session(void *s, uint64_t session)
     ps_wire_header_init(&h, PS__OP__OP_HELLO);
     h.worker_id = 5;
     h.session = session;
-    ps__header__free_unpacked(exchange(s, &h, NULL, 0, NULL, 0), NULL);
+    ps__header__free_unpacked(raw_exchange(s, &h, NULL, 0, NULL, 0), NULL);
 }
 
 static void test_retried_push_applied_once(void **state)
 {
     struct fixture *f = *state;
-    void *s = dealer(f);
+    void *s = raw_dealer(f->ctx, f->psd.endpoint);
     float w0[4], w1[4], w2[4], w3[4];
     int dup = 0;
     hello_session(s, 77);
@@ -269,7 +191,7 @@ static void test_table_at_the_byte_limit(void **state)
     sp.lr = 0.1f;
     ps_wire_header_init(&h, PS__OP__OP_CREATE_TABLE);
     h.spec = &sp;
-    ps__header__free_unpacked(roundtrip_ok(f->sock, &h), NULL);
+    ps__header__free_unpacked(raw_exchange(f->sock, &h, NULL, 0, NULL, 0), NULL);
 }
 
 static void test_error_count_in_stats(void **state)
@@ -277,7 +199,7 @@ static void test_error_count_in_stats(void **state)
     struct fixture *f = *state;
     Ps__Header h;
     ps_wire_header_init(&h, PS__OP__OP_STATS);
-    Ps__Header *r = roundtrip_ok(f->sock, &h);
+    Ps__Header *r = raw_exchange(f->sock, &h, NULL, 0, NULL, 0);
     assert_non_null(r->stats);
     assert_true(r->stats->errors >= bad_cases_count);
     assert_int_equal(r->stats->duplicates_dropped, 1);

@@ -1,0 +1,602 @@
+/* Shard checkpoints in safetensors: writer and validating reader. */
+#include "checkpoint.h"
+
+#include "consistency.h"
+#include "prune.h"
+
+#include "ps_err.h"
+#include "ps_log.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <inttypes.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#define TENSORS_MAX (PS_TABLES_MAX * 6u)
+
+struct tensor {
+    char name[PS_TABLE_NAME_MAX + 8];
+    const char *dtype;
+    uint64_t shape[2];
+    int ndim;
+    const void *data;
+    size_t bytes;
+};
+
+int psd_quiescent(const struct psd *s)
+{
+    if (s->cons.mode != PSD_BSP)
+        return 1;
+    for (uint32_t i = 0; i < s->ntables; i++) {
+        const struct psd_table *t = s->tables[i];
+        if (t->sparse)
+            continue;
+        if (t->watermark != t->lo)
+            return 0;
+        for (uint32_t w = 0; w < s->cons.workers; w++)
+            if (t->next[w] != t->lo)
+                return 0;
+    }
+    return 1;
+}
+
+static void add(struct tensor *ts, size_t *n, const char *prefix, const struct psd_table *t,
+                const char *dtype, const void *data, size_t esize, uint64_t d0, uint64_t d1)
+{
+    struct tensor *x = &ts[(*n)++];
+    snprintf(x->name, sizeof x->name, "%s/%s", prefix, t->name);
+    x->dtype = dtype;
+    x->shape[0] = d0;
+    x->shape[1] = d1;
+    x->ndim = d1 ? 2 : 1;
+    x->data = data;
+    x->bytes = (size_t)d0 * (d1 ? d1 : 1) * esize;
+}
+
+static size_t collect(const struct psd *s, struct tensor *ts)
+{
+    size_t n = 0;
+    for (uint32_t i = 0; i < s->ntables; i++) {
+        const struct psd_table *t = s->tables[i];
+        if (t->sparse) {
+            const struct psd_sparse *sp = &t->sp;
+            uint64_t *keys = malloc((sp->nrows ? sp->nrows : 1) * sizeof *keys);
+            for (uint64_t k = 0; keys && k < sp->slots; k++) /* keys in row order */
+                if (sp->slot_row[k] != UINT32_MAX)
+                    keys[sp->slot_row[k]] = sp->slot_key[k];
+            add(ts, &n, "keys", t, "U64", keys, 8, sp->nrows, 0);
+            add(ts, &n, "w", t, "F32", sp->w, 4, sp->nrows, t->dim);
+            if (sp->nstate >= 1)
+                add(ts, &n, "s1", t, "F32", sp->s1, 4, sp->nrows, t->dim);
+            if (sp->nstate >= 2)
+                add(ts, &n, "s2", t, "F32", sp->s2, 4, sp->nrows, t->dim);
+            add(ts, &n, "steps", t, "U32", sp->row_steps, 4, sp->nrows, 0);
+            continue;
+        }
+        uint64_t len = t->hi - t->lo;
+        add(ts, &n, "w", t, "F32", t->w, 4, len, 0);
+        if (t->s1)
+            add(ts, &n, "s1", t, "F32", t->s1, 4, len, 0);
+        if (t->s2)
+            add(ts, &n, "s2", t, "F32", t->s2, 4, len, 0);
+        if (t->mask)
+            add(ts, &n, "mask", t, "U8", t->mask, 1, len, 0);
+    }
+    return n;
+}
+
+static json_t *table_state(const struct psd *s, const struct psd_table *t)
+{
+    char seed[32];
+    snprintf(seed, sizeof seed, "%" PRIu64, t->seed);
+    json_t *completed = json_array();
+    for (uint32_t w = 0; w < s->cons.workers; w++)
+        json_array_append_new(completed, json_integer((json_int_t)t->completed[w]));
+    json_t *o = json_pack(
+        "{s:s, s:I, s:i, s:f, s:f, s:f, s:b, s:f, s:f, s:f, s:i, s:f, s:s, s:i, s:I, s:b, "
+        "s:I, s:I, s:f, s:f, s:I, s:I, s:I, s:I, s:I, s:o}",
+        "name", t->name, "size", (json_int_t)t->size, "optimizer", (int)t->optimizer, "lr",
+        (double)t->lr, "weight_decay", (double)t->weight_decay, "momentum", (double)t->momentum,
+        "nesterov", t->nesterov, "beta1", (double)t->beta1, "beta2", (double)t->beta2, "eps",
+        (double)t->eps, "init", (int)t->init, "init_scale", (double)t->init_scale, "seed", seed,
+        "lr_schedule", t->lr_schedule, "lr_decay_steps", (json_int_t)t->lr_decay_steps, "sparse",
+        t->sparse, "dim", (json_int_t)t->dim, "rows_max", (json_int_t)t->rows_max, "l1",
+        (double)t->l1, "l2", (double)t->l2, "steps", (json_int_t)t->steps, "clock",
+        (json_int_t)t->clock, "round_begun", (json_int_t)t->round_begun, "pushes",
+        (json_int_t)t->pushes, "pulls", (json_int_t)t->pulls, "completed", completed);
+    if (o != NULL && t->mask != NULL)
+        json_object_set_new(
+            o, "prune",
+            json_pack("{s:f, s:I, s:I, s:I, s:I, s:I, s:f}", "target", t->prune.target, "start",
+                      (json_int_t)t->prune.start, "end", (json_int_t)t->prune.end, "every",
+                      (json_int_t)t->prune.every, "npruned", (json_int_t)t->npruned, "updates",
+                      (json_int_t)t->prune_updates, "target_now", t->prune_target_now));
+    return o;
+}
+
+static char *state_text(const struct psd *s)
+{
+    char mode[32];
+    psd_cons_name(&s->cons, mode, sizeof mode);
+    json_t *tables = json_array(), *peers = json_array();
+    for (uint32_t i = 0; i < s->ntables; i++)
+        json_array_append_new(tables, table_state(s, s->tables[i]));
+    for (uint32_t i = 0; i < PSD_PEERS; i++) {
+        const struct psd_peer *p = &s->peers[i];
+        if (!p->used)
+            continue;
+        char sess[32];
+        snprintf(sess, sizeof sess, "%" PRIu64, p->session);
+        json_array_append_new(peers, json_pack("{s:I, s:s, s:I}", "worker",
+                                               (json_int_t)p->worker_id, "session", sess,
+                                               "last_applied", (json_int_t)p->last_applied));
+    }
+    json_t *st = json_pack("{s:I, s:I, s:s, s:I, s:I, s:o, s:o}", "shard", (json_int_t)s->shard,
+                           "shards", (json_int_t)s->shards, "consistency", mode, "workers",
+                           (json_int_t)s->cons.workers, "duplicates_dropped",
+                           (json_int_t)s->duplicates_dropped, "tables", tables, "peers", peers);
+    char *text = st ? json_dumps(st, JSON_COMPACT) : NULL;
+    json_decref(st);
+    return text;
+}
+
+static int fsync_dir(const char *dir)
+{
+    int fd = open(dir, O_RDONLY | O_DIRECTORY);
+    if (fd < 0)
+        return PS_EIO;
+    int rc = fsync(fd) == 0 ? 0 : PS_EIO;
+    close(fd);
+    return rc;
+}
+
+/* seq of a file name of this shard, or -1. */
+static int64_t file_seq(const struct psd *s, const char *name)
+{
+    char prefix[64];
+    snprintf(prefix, sizeof prefix, "shard-%u-of-%u-", s->shard, s->shards);
+    size_t pl = strlen(prefix), nl = strlen(name), sl = strlen(".safetensors");
+    if (nl != pl + 16 + sl || strncmp(name, prefix, pl) != 0 ||
+        strcmp(name + pl + 16, ".safetensors") != 0)
+        return -1;
+    int64_t v = 0;
+    for (size_t i = pl; i < pl + 16; i++) {
+        if (name[i] < '0' || name[i] > '9')
+            return -1;
+        v = v * 10 + (name[i] - '0');
+    }
+    return v;
+}
+
+static int cmp_desc(const void *a, const void *b)
+{
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x < y) - (x > y);
+}
+
+/* The newest (at most max) of this shard's checkpoint seqs in dir, newest
+ * first; every entry is looked at. Returns how many. */
+static size_t list_seqs(const struct psd *s, const char *dir, int64_t *seqs, size_t max)
+{
+    DIR *d = opendir(dir);
+    size_t n = 0;
+    struct dirent *e;
+    while (d != NULL && (e = readdir(d)) != NULL) {
+        int64_t v = file_seq(s, e->d_name);
+        if (v < 0)
+            continue;
+        if (n < max) {
+            seqs[n++] = v;
+            continue;
+        }
+        size_t low = 0; /* replace the oldest kept, if this one is newer */
+        for (size_t i = 1; i < n; i++)
+            low = seqs[i] < seqs[low] ? i : low;
+        if (v > seqs[low])
+            seqs[low] = v;
+    }
+    if (d != NULL)
+        closedir(d);
+    qsort(seqs, n, sizeof *seqs, cmp_desc);
+    return n;
+}
+
+static void seq_path(const struct psd *s, const char *dir, int64_t seq, char *path, size_t len)
+{
+    snprintf(path, len, "%s/shard-%u-of-%u-%016" PRId64 ".safetensors", dir, s->shard, s->shards,
+             seq);
+}
+
+static int write_all(int fd, const void *p, size_t n)
+{
+    const char *c = p;
+    while (n > 0) {
+        ssize_t w = write(fd, c, n);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            return PS_EIO;
+        c += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+static char *build_header(struct tensor *ts, size_t n, const char *state, unsigned long crc)
+{
+    json_t *h = json_object();
+    uint64_t off = 0;
+    for (size_t i = 0; i < n; i++) {
+        json_t *shape = ts[i].ndim == 2 ? json_pack("[I, I]", (json_int_t)ts[i].shape[0],
+                                                    (json_int_t)ts[i].shape[1])
+                                        : json_pack("[I]", (json_int_t)ts[i].shape[0]);
+        json_object_set_new(h, ts[i].name,
+                            json_pack("{s:s, s:o, s:[I, I]}", "dtype", ts[i].dtype, "shape", shape,
+                                      "data_offsets", (json_int_t)off,
+                                      (json_int_t)(off + ts[i].bytes)));
+        off += ts[i].bytes;
+    }
+    char crcs[16];
+    snprintf(crcs, sizeof crcs, "%08lx", crc);
+    json_object_set_new(h, "__metadata__",
+                        json_pack("{s:s, s:s, s:s, s:s}", "format", "psd-checkpoint", "version",
+                                  "1", "crc32", crcs, "state", state));
+    char *text = json_dumps(h, JSON_COMPACT);
+    json_decref(h);
+    return text;
+}
+
+int psd_checkpoint_write(struct psd *s, const char *dir, char *path, size_t pathlen, char *err,
+                         size_t errlen)
+{
+    struct tensor *ts = calloc(TENSORS_MAX, sizeof *ts);
+    char *state = state_text(s), *hdr = NULL, tmp[4200];
+    int rc = PS_ENOMEM, fd = -1;
+    if (ts == NULL || state == NULL) {
+        snprintf(err, errlen, "checkpoint: out of memory");
+        goto out;
+    }
+    size_t n = collect(s, ts);
+    unsigned long crc = crc32(0L, Z_NULL, 0);
+    for (size_t i = 0; i < n; i++)
+        if (ts[i].bytes > 0 && ts[i].data != NULL)
+            crc = crc32_z(crc, ts[i].data, ts[i].bytes);
+    if ((hdr = build_header(ts, n, state, crc)) == NULL) {
+        snprintf(err, errlen, "checkpoint: cannot build the header");
+        goto out;
+    }
+    size_t hlen = strlen(hdr), padded = (hlen + 7) & ~(size_t)7;
+    int64_t seqs[1];
+    size_t have = list_seqs(s, dir, seqs, 1);
+    int64_t seq = have ? seqs[0] + 1 : 1;
+    seq_path(s, dir, seq, path, pathlen);
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    rc = PS_EIO;
+    fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    unsigned char len8[8];
+    for (int i = 0; i < 8; i++)
+        len8[i] = (unsigned char)((uint64_t)padded >> (8 * i));
+    int ok = fd >= 0 && write_all(fd, len8, 8) == 0 && write_all(fd, hdr, hlen) == 0 &&
+             write_all(fd, "        ", padded - hlen) == 0;
+    for (size_t i = 0; ok && i < n; i++)
+        ok = ts[i].bytes == 0 || (ts[i].data && write_all(fd, ts[i].data, ts[i].bytes) == 0);
+    ok = ok && fsync(fd) == 0;
+    if (fd >= 0 && close(fd) != 0)
+        ok = 0;
+    fd = -1;
+    if (!ok || rename(tmp, path) != 0 || fsync_dir(dir) != 0) {
+        snprintf(err, errlen, "checkpoint: cannot write '%s': %s", path, strerror(errno));
+        unlink(tmp);
+        goto out;
+    }
+    int64_t all[64]; /* keep the newest few */
+    size_t m = list_seqs(s, dir, all, 64);
+    for (size_t i = PSD_CKPT_KEEP; i < m; i++) {
+        char old[4200];
+        seq_path(s, dir, all[i], old, sizeof old);
+        unlink(old);
+    }
+    rc = 0;
+out:
+    for (size_t i = 0; ts != NULL && i < TENSORS_MAX; i++)
+        if (ts[i].dtype && strcmp(ts[i].dtype, "U64") == 0)
+            free((void *)ts[i].data); /* the sparse keys were gathered for this */
+    free(ts);
+    free(hdr);
+    free(state);
+    return rc;
+}
+
+/* ---- restore ------------------------------------------------------------ */
+
+struct blob {
+    unsigned char *buf;
+    size_t size;
+    json_t *hdr;
+    const unsigned char *data;
+    size_t dlen;
+};
+
+static int fail(char *err, size_t errlen, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static int fail(char *err, size_t errlen, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+    return PS_EPROTO;
+}
+
+/* The bytes of tensor prefix/name, checked for dtype and size. */
+static const void *tensor(const struct blob *b, const char *prefix, const char *name,
+                          const char *dtype, size_t bytes, char *err, size_t errlen)
+{
+    char key[PS_TABLE_NAME_MAX + 8];
+    snprintf(key, sizeof key, "%s/%s", prefix, name);
+    json_t *t = json_object_get(b->hdr, key);
+    json_t *offs = t ? json_object_get(t, "data_offsets") : NULL;
+    const char *dt = t ? json_string_value(json_object_get(t, "dtype")) : NULL;
+    json_int_t a = json_integer_value(json_array_get(offs, 0));
+    json_int_t z = json_integer_value(json_array_get(offs, 1));
+    if (t == NULL || dt == NULL || strcmp(dt, dtype) != 0 || a < 0 || z < a ||
+        (uint64_t)z > b->dlen || (size_t)(z - a) != bytes) {
+        fail(err, errlen, "tensor '%s' is missing or not %zu bytes of %s", key, bytes, dtype);
+        return NULL;
+    }
+    return b->data + a;
+}
+
+static int load_blob(const char *path, struct blob *b, char *err, size_t errlen)
+{
+    memset(b, 0, sizeof *b);
+    FILE *f = fopen(path, "rb");
+    if (f == NULL)
+        return fail(err, errlen, "cannot open it: %s", strerror(errno));
+    struct stat st;
+    if (fstat(fileno(f), &st) != 0 || st.st_size < 8) {
+        fclose(f);
+        return fail(err, errlen, "shorter than a header");
+    }
+    b->size = (size_t)st.st_size;
+    b->buf = malloc(b->size);
+    int ok = b->buf && fread(b->buf, 1, b->size, f) == b->size;
+    fclose(f);
+    if (!ok)
+        return fail(err, errlen, "cannot read %zu bytes", b->size);
+    uint64_t n = 0;
+    for (int i = 7; i >= 0; i--)
+        n = n << 8 | b->buf[i];
+    if (n > PSD_CKPT_HEADER_MAX || n > b->size - 8)
+        return fail(err, errlen, "header length %" PRIu64 " does not fit the file (%zu bytes)", n,
+                    b->size);
+    json_error_t je;
+    b->hdr = json_loadb((const char *)b->buf + 8, (size_t)n, 0, &je);
+    if (b->hdr == NULL)
+        return fail(err, errlen, "header is not JSON: %s", je.text);
+    b->data = b->buf + 8 + n;
+    b->dlen = b->size - 8 - (size_t)n;
+    return 0;
+}
+
+static void blob_free(struct blob *b)
+{
+    json_decref(b->hdr);
+    free(b->buf);
+}
+
+static uint64_t u64_of(json_t *o, const char *k)
+{
+    json_t *v = json_object_get(o, k);
+    if (json_is_string(v))
+        return strtoull(json_string_value(v), NULL, 10);
+    json_int_t i = json_integer_value(v);
+    return i > 0 ? (uint64_t)i : 0;
+}
+
+static float f_of(json_t *o, const char *k)
+{
+    return (float)json_number_value(json_object_get(o, k));
+}
+
+static int restore_rows(struct psd_table *t, const struct blob *b, char *err, size_t errlen)
+{
+    char key[PS_TABLE_NAME_MAX + 8];
+    snprintf(key, sizeof key, "keys/%s", t->name);
+    uint64_t rows = (uint64_t)json_integer_value(
+        json_array_get(json_object_get(json_object_get(b->hdr, key), "shape"), 0));
+    if (rows > t->rows_max)
+        return fail(err, errlen, "'%s' has %" PRIu64 " rows, over its rows_max", t->name, rows);
+    size_t d = t->dim;
+    const uint64_t *keys = tensor(b, "keys", t->name, "U64", rows * 8, err, errlen);
+    const float *w = keys ? tensor(b, "w", t->name, "F32", rows * d * 4, err, errlen) : NULL;
+    const uint32_t *steps = w ? tensor(b, "steps", t->name, "U32", rows * 4, err, errlen) : NULL;
+    const float *s1 = NULL, *s2 = NULL;
+    if (steps && t->sp.nstate >= 1)
+        s1 = tensor(b, "s1", t->name, "F32", rows * d * 4, err, errlen);
+    if (steps && t->sp.nstate >= 2)
+        s2 = tensor(b, "s2", t->name, "F32", rows * d * 4, err, errlen);
+    if (!steps || (t->sp.nstate >= 1 && !s1) || (t->sp.nstate >= 2 && !s2))
+        return PS_EPROTO;
+    for (uint64_t r = 0; r < rows; r++) {
+        uint64_t k;
+        memcpy(&k, (const unsigned char *)keys + r * 8, 8);
+        int64_t row = psd_sparse_row(&t->sp, k, 1);
+        if (row != (int64_t)r)
+            return fail(err, errlen, "'%s': key %" PRIu64 " twice or out of room", t->name, k);
+        memcpy(t->sp.w + r * d, w + r * d, d * 4);
+        if (s1)
+            memcpy(t->sp.s1 + r * d, s1 + r * d, d * 4);
+        if (s2)
+            memcpy(t->sp.s2 + r * d, s2 + r * d, d * 4);
+        memcpy(&t->sp.row_steps[r], (const unsigned char *)steps + r * 4, 4);
+    }
+    return 0;
+}
+
+static int restore_dense(struct psd_table *t, const struct blob *b, json_t *o, char *err,
+                         size_t errlen)
+{
+    size_t n = (size_t)(t->hi - t->lo);
+    const float *w = tensor(b, "w", t->name, "F32", n * 4, err, errlen);
+    if (w == NULL)
+        return PS_EPROTO;
+    memcpy(t->w, w, n * 4);
+    float *st[2] = {t->s1, t->s2};
+    for (int a = 0; a < 2; a++) {
+        if (st[a] == NULL)
+            continue;
+        const float *v = tensor(b, a ? "s2" : "s1", t->name, "F32", n * 4, err, errlen);
+        if (v == NULL)
+            return PS_EPROTO;
+        memcpy(st[a], v, n * 4);
+    }
+    json_t *pr = json_object_get(o, "prune");
+    if (pr != NULL) {
+        struct psd_prune_spec ps = {.target = json_number_value(json_object_get(pr, "target")),
+                                    .start = u64_of(pr, "start"),
+                                    .end = u64_of(pr, "end"),
+                                    .every = u64_of(pr, "every")};
+        snprintf(ps.table, sizeof ps.table, "%s", t->name);
+        if (psd_table_enable_prune(t, &ps) != 0)
+            return PS_ENOMEM;
+        const uint8_t *mask = tensor(b, "mask", t->name, "U8", n, err, errlen);
+        if (mask == NULL)
+            return PS_EPROTO;
+        memcpy(t->mask, mask, n);
+        t->npruned = u64_of(pr, "npruned");
+        t->prune_updates = u64_of(pr, "updates");
+        t->prune_target_now = json_number_value(json_object_get(pr, "target_now"));
+    }
+    return 0;
+}
+
+static int restore_table(struct psd *s, const struct blob *b, json_t *o, char *err, size_t errlen)
+{
+    Ps__TableSpec spec;
+    ps__table_spec__init(&spec);
+    spec.name = (char *)json_string_value(json_object_get(o, "name"));
+    if (spec.name == NULL)
+        return fail(err, errlen, "a table without a name");
+    spec.size = u64_of(o, "size");
+    spec.optimizer = (Ps__OptimizerKind)json_integer_value(json_object_get(o, "optimizer"));
+    spec.lr = f_of(o, "lr");
+    spec.weight_decay = f_of(o, "weight_decay");
+    spec.momentum = f_of(o, "momentum");
+    spec.nesterov = json_is_true(json_object_get(o, "nesterov"));
+    spec.beta1 = f_of(o, "beta1");
+    spec.beta2 = f_of(o, "beta2");
+    spec.eps = f_of(o, "eps");
+    spec.init = (Ps__InitKind)json_integer_value(json_object_get(o, "init"));
+    spec.init_scale = f_of(o, "init_scale");
+    spec.seed = u64_of(o, "seed");
+    spec.lr_schedule = (Ps__LrSchedule)json_integer_value(json_object_get(o, "lr_schedule"));
+    spec.lr_decay_steps = u64_of(o, "lr_decay_steps");
+    spec.sparse = json_is_true(json_object_get(o, "sparse"));
+    spec.dim = (uint32_t)u64_of(o, "dim");
+    spec.rows_max = u64_of(o, "rows_max");
+    spec.l1 = f_of(o, "l1");
+    spec.l2 = f_of(o, "l2");
+    char why[PS_ERROR_TEXT_MAX];
+    if (ps_wire_check_spec(&spec, why, sizeof why) != 0)
+        return fail(err, errlen, "%s", why);
+    json_t *completed = json_object_get(o, "completed");
+    if (json_array_size(completed) != s->cons.workers)
+        return fail(err, errlen, "'%s' was saved for %zu workers, this server has %u", spec.name,
+                    json_array_size(completed), s->cons.workers);
+    struct psd_table *t = NULL;
+    int rc = psd_table_create(&spec, s->ntables, s->shard, s->shards, &t);
+    if (rc == 0 && (rc = psd_cons_table_init(&s->cons, t)) == 0)
+        s->tables[s->ntables++] = t; /* psd_fini frees it if what follows fails */
+    else if (t != NULL) {
+        psd_cons_table_fini(&s->cons, t);
+        psd_table_destroy(t);
+    }
+    if (rc != 0)
+        return fail(err, errlen, "cannot allocate table '%s'", spec.name);
+    t->steps = u64_of(o, "steps");
+    t->clock = u64_of(o, "clock");
+    t->round_begun = u64_of(o, "round_begun");
+    t->pushes = u64_of(o, "pushes");
+    t->pulls = u64_of(o, "pulls");
+    for (uint32_t w = 0; w < s->cons.workers; w++)
+        t->completed[w] = (uint64_t)json_integer_value(json_array_get(completed, w));
+    return t->sparse ? restore_rows(t, b, err, errlen) : restore_dense(t, b, o, err, errlen);
+}
+
+static int load_checkpoint(struct psd *s, const char *path, char *err, size_t errlen)
+{
+    struct blob b;
+    int rc = load_blob(path, &b, err, errlen);
+    json_t *st = NULL;
+    if (rc != 0)
+        goto out;
+    json_t *meta = json_object_get(b.hdr, "__metadata__");
+    const char *fmt = json_string_value(json_object_get(meta, "format"));
+    const char *crcs = json_string_value(json_object_get(meta, "crc32"));
+    const char *state = json_string_value(json_object_get(meta, "state"));
+    if (fmt == NULL || strcmp(fmt, "psd-checkpoint") != 0 || crcs == NULL || state == NULL) {
+        rc = fail(err, errlen, "not a psd checkpoint (metadata format, crc32, state)");
+        goto out;
+    }
+    unsigned long want = strtoul(crcs, NULL, 16);
+    unsigned long got = crc32_z(crc32(0L, Z_NULL, 0), b.data, b.dlen);
+    if (want != got) {
+        rc = fail(err, errlen, "data checksum %08lx, the header says %08lx", got, want);
+        goto out;
+    }
+    json_error_t je;
+    if ((st = json_loads(state, 0, &je)) == NULL) {
+        rc = fail(err, errlen, "state is not JSON: %s", je.text);
+        goto out;
+    }
+    if (u64_of(st, "shard") != s->shard || u64_of(st, "shards") != s->shards) {
+        rc = fail(err, errlen, "it is shard %" PRIu64 " of %" PRIu64 ", this is %u of %u",
+                  u64_of(st, "shard"), u64_of(st, "shards"), s->shard, s->shards);
+        goto out;
+    }
+    json_t *tables = json_object_get(st, "tables");
+    if (json_array_size(tables) > PS_TABLES_MAX) {
+        rc = fail(err, errlen, "more than %u tables", PS_TABLES_MAX);
+        goto out;
+    }
+    for (size_t i = 0; rc == 0 && i < json_array_size(tables); i++)
+        rc = restore_table(s, &b, json_array_get(tables, i), err, errlen);
+    json_t *peers = json_object_get(st, "peers");
+    for (size_t i = 0; rc == 0 && i < json_array_size(peers); i++) {
+        json_t *p = json_array_get(peers, i);
+        psd_peer_restore(s, (uint32_t)u64_of(p, "worker"), u64_of(p, "session"),
+                         u64_of(p, "last_applied"));
+    }
+    if (rc == 0)
+        s->duplicates_dropped = u64_of(st, "duplicates_dropped");
+out:
+    json_decref(st);
+    blob_free(&b);
+    return rc;
+}
+
+int psd_checkpoint_restore(struct psd *s, const char *dir, char *path, size_t pathlen)
+{
+    int64_t seqs[64];
+    size_t n = list_seqs(s, dir, seqs, 64);
+    for (size_t i = 0; i < n; i++) {
+        char err[512];
+        seq_path(s, dir, seqs[i], path, pathlen);
+        if (load_checkpoint(s, path, err, sizeof err) == 0)
+            return 1;
+        PS_LOG(s->log, PS_LOG_WARN, "S0601", "checkpoint %s is bad (%s); trying an older one", path,
+               err);
+        psd_reset_tables(s);
+    }
+    return 0;
+}

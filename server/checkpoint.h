@@ -1,0 +1,35 @@
+/* Checkpoints of one shard: its tables (weights, optimizer state, pruning
+ * masks, sparse rows), clocks, and each worker's last applied request, in
+ * a safetensors file that other tools can read (8-byte header length, a
+ * JSON header written with jansson, raw little-endian tensors named
+ * "w/TABLE", "s1/TABLE", "s2/TABLE", "mask/TABLE", "keys/TABLE",
+ * "steps/TABLE"). The header's metadata carries the shard's state as JSON
+ * and a CRC32 of the data.
+ *
+ * Writes are atomic (temp file, fsync, rename, fsync the directory) and
+ * keep the newest PSD_CKPT_KEEP files. A BSP shard is written only when no
+ * round is in progress, so what is restored is a consistent clock. Restore
+ * takes the newest file that verifies; a bad one is reported and skipped. */
+#ifndef PSD_CHECKPOINT_H
+#define PSD_CHECKPOINT_H
+
+#include "psd.h"
+
+#include <stddef.h>
+
+#define PSD_CKPT_KEEP       3
+#define PSD_CKPT_HEADER_MAX (64u << 20)
+
+/* 1 when every table is between rounds (always in asp/ssp). */
+int psd_quiescent(const struct psd *s);
+
+/* Writes the next checkpoint into dir; its path goes to path. */
+int psd_checkpoint_write(struct psd *s, const char *dir, char *path, size_t pathlen, char *err,
+                         size_t errlen);
+
+/* Restores the newest valid checkpoint of this shard from dir into an
+ * empty server. Returns 1 when one was restored (path set), 0 when there
+ * was none that verified (bad ones are logged), or a PS_E* code. */
+int psd_checkpoint_restore(struct psd *s, const char *dir, char *path, size_t pathlen);
+
+#endif

@@ -1,0 +1,199 @@
+/* Checkpoints of a real psd: stopped with SIGTERM and started again on the
+ * same directory (and port), a shard has the same weights, optimizer state
+ * and clock, and still knows which pushes it applied (a re-sent push is a
+ * duplicate). Training on from there gives bit for bit what a shard that
+ * never stopped gives. A corrupted newest checkpoint is named in the log
+ * and the one before it is restored. */
+#include "harness.h"
+#include "raw.h"
+
+#include "ps_err.h"
+
+#include <dirent.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <zmq.h>
+
+#include <cmocka.h>
+
+#define N 1000
+
+static char dir[320];
+
+static void start(struct psd_proc *p, const char *listen, int ckpt)
+{
+    const char *args[12] = {"--consistency", "bsp", "--workers", "1"};
+    int n = 4;
+    if (ckpt) {
+        args[n++] = "--checkpoint-dir";
+        args[n++] = dir;
+        args[n++] = "--checkpoint-every";
+        args[n++] = "0";
+    }
+    if (listen) {
+        args[n++] = "--listen";
+        args[n++] = listen;
+    }
+    assert_int_equal(harness_psd_start(p, args), 0);
+}
+
+static void hello_and_create(void *s, uint64_t session)
+{
+    Ps__Header h;
+    ps_wire_header_init(&h, PS__OP__OP_HELLO);
+    h.session = session;
+    ps__header__free_unpacked(raw_exchange(s, &h, NULL, 0, NULL, 0), NULL);
+    Ps__TableSpec sp;
+    ps__table_spec__init(&sp);
+    sp.name = "t";
+    sp.size = N;
+    sp.optimizer = PS__OPTIMIZER_KIND__OPT_MOMENTUM;
+    sp.lr = 0.1f;
+    sp.momentum = 0.9f;
+    sp.init = PS__INIT_KIND__INIT_UNIFORM;
+    sp.init_scale = 0.5f;
+    sp.seed = 3;
+    ps_wire_header_init(&h, PS__OP__OP_CREATE_TABLE);
+    h.spec = &sp;
+    ps__header__free_unpacked(raw_exchange(s, &h, NULL, 0, NULL, 0), NULL);
+}
+
+/* push-pull of clock k with request id id; the weights of clock k+1. */
+static int push_pull(void *s, uint64_t id, uint64_t k, float *w)
+{
+    float g[N];
+    for (int i = 0; i < N; i++)
+        g[i] = (float)((i * 7 + (int)k * 13) % 19) * 0.01f - 0.09f;
+    Ps__Header h;
+    ps_wire_header_init(&h, PS__OP__OP_PUSH_PULL);
+    h.request_id = id;
+    h.clock = k;
+    h.count = N;
+    Ps__Header *r = raw_exchange(s, &h, g, sizeof g, w, N * sizeof(float));
+    int dup = r->duplicate;
+    ps__header__free_unpacked(r, NULL);
+    return dup;
+}
+
+static void pull(void *s, uint64_t clock, float *w)
+{
+    Ps__Header h;
+    ps_wire_header_init(&h, PS__OP__OP_PULL);
+    h.clock = clock;
+    h.count = N;
+    ps__header__free_unpacked(raw_exchange(s, &h, NULL, 0, w, N * sizeof(float)), NULL);
+}
+
+static int files(void)
+{
+    DIR *d = opendir(dir);
+    int n = 0;
+    struct dirent *e;
+    while (d && (e = readdir(d)) != NULL)
+        n += strstr(e->d_name, ".safetensors") != NULL && strstr(e->d_name, ".tmp") == NULL;
+    if (d)
+        closedir(d);
+    return n;
+}
+
+static int log_has(const struct psd_proc *p, const char *what)
+{
+    FILE *f = fopen(p->log_path, "r");
+    char line[1024];
+    int found = 0;
+    while (f && !found && fgets(line, sizeof line, f))
+        found = strstr(line, what) != NULL;
+    if (f)
+        fclose(f);
+    return found;
+}
+
+static void test_restart_restores_and_skips_corrupt(void **state)
+{
+    (void)state;
+    harness_tmp(dir, sizeof dir, "ckpt");
+    mkdir(dir, 0755);
+    void *ctx = zmq_ctx_new();
+    static float w5[N], w5b[N], w6[N], w6ctl[N], w[N];
+
+    struct psd_proc a;
+    start(&a, NULL, 1);
+    char listen[256];
+    snprintf(listen, sizeof listen, "%s", a.endpoint);
+    void *s = raw_dealer(ctx, a.endpoint);
+    hello_and_create(s, 9);
+    for (uint64_t k = 0; k < 5; k++)
+        assert_false(push_pull(s, 100 + k, k, w5));
+    assert_int_equal(harness_psd_stop(&a), 0);
+    assert_int_equal(files(), 1);
+
+    struct psd_proc b; /* same directory, same port: the socket reconnects */
+    start(&b, listen, 1);
+    assert_true(log_has(&b, "S0610"));
+    assert_true(push_pull(s, 104, 4, w)); /* re-sent: a duplicate, not applied */
+    pull(s, 5, w5b);
+    assert_memory_equal(w5, w5b, sizeof w5);
+    assert_false(push_pull(s, 105, 5, w6));
+    assert_int_equal(harness_psd_stop(&b), 0);
+    assert_int_equal(files(), 2);
+
+    struct psd_proc c; /* control: never stopped */
+    start(&c, NULL, 0);
+    void *sc = raw_dealer(ctx, c.endpoint);
+    hello_and_create(sc, 1);
+    for (uint64_t k = 0; k < 6; k++)
+        push_pull(sc, 1 + k, k, w6ctl);
+    assert_memory_equal(w6, w6ctl, sizeof w6); /* momentum state came back exactly */
+    zmq_close(sc);
+    assert_int_equal(harness_psd_stop(&c), 0);
+
+    /* corrupt the newest (clock 6): the one before (clock 5) is restored */
+    char newest[700] = "";
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    while (d && (e = readdir(d)) != NULL)
+        if (strstr(e->d_name, "0002.safetensors") != NULL)
+            snprintf(newest, sizeof newest, "%s/%s", dir, e->d_name);
+    closedir(d);
+    FILE *f = fopen(newest, "r+b");
+    assert_non_null(f);
+    fseek(f, -7, SEEK_END);
+    int ch = fgetc(f);
+    fseek(f, -7, SEEK_END);
+    fputc(ch ^ 0x40, f);
+    fclose(f);
+    struct psd_proc e2;
+    start(&e2, NULL, 1);
+    assert_true(log_has(&e2, "S0601"));
+    assert_true(log_has(&e2, "0002.safetensors"));
+    assert_true(log_has(&e2, "S0610"));
+    void *s2 = raw_dealer(ctx, e2.endpoint);
+    hello_and_create(s2, 10); /* the same spec: found, not recreated */
+    pull(s2, 5, w);
+    assert_memory_equal(w5, w, sizeof w);
+    zmq_close(s2);
+    /* its own checkpoint at shutdown comes after the corrupt one, not over it */
+    char third[700];
+    snprintf(third, sizeof third, "%.*s3.safetensors", (int)(strlen(newest) - 13), newest);
+    zmq_close(s);
+    assert_int_equal(harness_psd_stop(&e2), 0);
+    FILE *t3 = fopen(third, "rb");
+    if (t3 == NULL)
+        fail_msg("no checkpoint %s after the restore from an older one", third);
+    fclose(t3);
+    zmq_ctx_term(ctx);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_restart_restores_and_skips_corrupt),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
