@@ -533,7 +533,7 @@ static int restore_table(struct psd *s, const struct blob *b, json_t *o, char *e
     return t->sparse ? restore_rows(t, b, err, errlen) : restore_dense(t, b, o, err, errlen);
 }
 
-static int load_checkpoint(struct psd *s, const char *path, char *err, size_t errlen)
+int psd_checkpoint_load(struct psd *s, const char *path, char *err, size_t errlen)
 {
     struct blob b;
     int rc = load_blob(path, &b, err, errlen);
@@ -592,7 +592,7 @@ int psd_checkpoint_restore(struct psd *s, const char *dir, char *path, size_t pa
     for (size_t i = 0; i < n; i++) {
         char err[512];
         seq_path(s, dir, seqs[i], path, pathlen);
-        if (load_checkpoint(s, path, err, sizeof err) == 0)
+        if (psd_checkpoint_load(s, path, err, sizeof err) == 0)
             return 1;
         PS_LOG(s->log, PS_LOG_WARN, "S0601", "checkpoint %s is bad (%s); trying an older one", path,
                err);

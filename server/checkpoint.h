@@ -27,6 +27,10 @@ int psd_quiescent(const struct psd *s);
 int psd_checkpoint_write(struct psd *s, const char *dir, char *path, size_t pathlen, char *err,
                          size_t errlen);
 
+/* Loads one checkpoint file into an empty server (tables may be left
+ * half-restored on failure: psd_reset_tables). 0 or PS_E* with err. */
+int psd_checkpoint_load(struct psd *s, const char *path, char *err, size_t errlen);
+
 /* Restores the newest valid checkpoint of this shard from dir into an
  * empty server. Returns 1 when one was restored (path set), 0 when there
  * was none that verified (bad ones are logged), or a PS_E* code. */
