@@ -32,6 +32,13 @@ struct table_h {
     uint32_t ids[]; /* table id on each shard */
 };
 
+enum sub_kind {
+    SUB_SYNC = 0,  /* hello, create, stats: never re-sent */
+    SUB_RANGE = 1, /* pull / push / push-pull of a dense range */
+    SUB_KEYS = 2,  /* keyed push into a dense table */
+    SUB_ROWS = 3,  /* rows of a sparse table */
+};
+
 struct slot {
     uint64_t seq; /* 0 when free */
     Ps__Op op;
@@ -46,6 +53,15 @@ struct slot {
     atomic_uint zc_refs; /* zero-copy frames zmq still holds */
     void *conv;          /* 16-bit copy of a push's values (grows, reused) */
     size_t conv_cap;
+    /* what it takes to send (and re-send) each shard's sub-request */
+    int kind; /* enum sub_kind */
+    uint64_t clock;
+    const unsigned char *src; /* values as they go on the wire, or NULL */
+    const uint64_t *keys;     /* SUB_KEYS: the caller's keys */
+    size_t nkeys;
+    uint64_t expected[PS_SHARDS_MAX / 64]; /* shards sent a sub-request */
+    int64_t sent_ms;
+    uint32_t attempts;
     /* row requests: keys grouped by shard, and where each came from */
     int rows;
     uint32_t *order; /* grouped position -> index in the caller's keys */
@@ -61,6 +77,7 @@ struct psc_client {
     uint32_t nshards;
     uint32_t worker_id;
     Ps__DType dtype; /* on the wire */
+    int retry_ms;
     int nonzero_pulls;
     size_t esize;
     void *ctx;
@@ -140,6 +157,11 @@ static struct slot *slot_alloc(struct psc_client *c, Ps__Op op, uint64_t *id)
     sl->status = 0;
     sl->canceled = 0;
     sl->rows = 0;
+    sl->kind = SUB_SYNC;
+    sl->src = NULL;
+    sl->keys = NULL;
+    sl->attempts = 0;
+    memset(sl->expected, 0, sizeof sl->expected);
     sl->error[0] = '\0';
     *id = (seq << SLOT_BITS) | idx;
     return sl;
@@ -200,7 +222,7 @@ static int send_payload(struct psc_client *c, void *sock, const void *buf, size_
 /* Sends header (+ keys) (+ values) to one shard. On failure the slot is
  * failed and nothing is pending for this shard. */
 static int send_frames(struct psc_client *c, uint32_t shard, const Ps__Header *h, const void *keys,
-                       size_t kbytes, const void *vals, size_t vbytes, struct slot *sl)
+                       size_t kbytes, const void *vals, size_t vbytes, struct slot *sl, int resend)
 {
     void *sock = c->socks[shard];
     int64_t len = ps_wire_header_pack(h, c->hdr_buf, sizeof c->hdr_buf);
@@ -222,8 +244,11 @@ static int send_frames(struct psc_client *c, uint32_t shard, const Ps__Header *h
         return PS_EZMQ;
     }
     c->bytes_sent += (uint64_t)len;
-    sl->pending++;
-    sl->replied[shard / 64] &= ~(UINT64_C(1) << (shard % 64));
+    if (!resend) {
+        sl->pending++;
+        sl->replied[shard / 64] &= ~(UINT64_C(1) << (shard % 64));
+        sl->expected[shard / 64] |= UINT64_C(1) << (shard % 64);
+    }
     return 0;
 }
 
@@ -436,6 +461,8 @@ static void describe_missing(struct psc_client *c, const struct slot *sl, uint32
 
 /* ---- public: waiting ----------------------------------------------------- */
 
+static void resend_due(struct psc_client *c, struct slot *sl);
+
 static int finish(struct psc_client *c, struct slot *sl)
 {
     int rc = sl->status;
@@ -468,7 +495,11 @@ int psc_wait(struct psc_client *c, uint64_t ticket, int timeout_ms)
         }
         if (timeout_ms >= 0 && left <= 0)
             break;
-        zmq_poll(c->items, (int)c->nshards, (long)left);
+        resend_due(c, sl);
+        long wait = left;
+        if (c->retry_ms > 0 && (wait < 0 || wait > c->retry_ms))
+            wait = c->retry_ms;
+        zmq_poll(c->items, (int)c->nshards, wait);
     }
     char missing[256];
     describe_missing(c, sl, 0, c->nshards - 1, missing, sizeof missing);
@@ -527,6 +558,83 @@ static const unsigned char *wire_values(struct psc_client *c, struct slot *sl, c
     return sl->conv;
 }
 
+/* Sends shard s's part of the ticket's request (again, when resend).
+ * Returns 0 sent, 1 nothing of it is on s, <0 an error (slot failed). */
+static int send_sub(struct psc_client *c, struct slot *sl, uint32_t s, int resend)
+{
+    const struct table_h *t = c->tables[sl->table];
+    uint64_t id = (sl->seq << SLOT_BITS) | (uint64_t)(sl - c->slots);
+    Ps__Header h;
+    request_header(c, &h, sl->op, id, t, s, sl->clock);
+    if (sl->kind == SUB_RANGE) {
+        uint64_t lo, hi;
+        ps_shard_range(t->size, c->nshards, s, &lo, &hi);
+        uint64_t a = sl->offset > lo ? sl->offset : lo;
+        uint64_t b = sl->offset + sl->count < hi ? sl->offset + sl->count : hi;
+        if (a >= b)
+            return 1;
+        h.offset = a;
+        h.count = b - a;
+        h.nonzero_only = c->nonzero_pulls && sl->op != PS__OP__OP_PUSH;
+        const void *vals = sl->src ? sl->src + (a - sl->offset) * c->esize : NULL;
+        return send_frames(c, s, &h, NULL, 0, vals, vals ? (b - a) * c->esize : 0, sl, resend);
+    }
+    h.layout = PS__LAYOUT__LAYOUT_KEYS;
+    if (sl->kind == SUB_ROWS) {
+        uint32_t a = sl->grp[s], b = sl->grp[s + 1];
+        if (a == b)
+            return 1;
+        size_t d = t->dim;
+        h.count = b - a;
+        h.dim = t->dim;
+        const void *v = sl->src ? sl->src + (size_t)a * d * c->esize : NULL;
+        return send_frames(c, s, &h, sl->skeys + a, (size_t)(b - a) * 8, v,
+                           v ? (size_t)(b - a) * d * c->esize : 0, sl, resend);
+    }
+    /* SUB_KEYS: the keys that fall in s's range; a single zero entry when
+     * none do, so that every shard gets a push each clock (bsp rounds) */
+    uint64_t lo, hi;
+    ps_shard_range(t->size, c->nshards, s, &lo, &hi);
+    if (lo == hi)
+        return 1; /* this shard holds nothing of the table */
+    size_t i = 0, j;
+    while (i < sl->nkeys && sl->keys[i] < lo)
+        i++;
+    for (j = i; j < sl->nkeys && sl->keys[j] < hi;)
+        j++;
+    /* keys are sent as they lie in memory: uint64 little-endian hosts only */
+    uint64_t pad_key = lo;
+    unsigned char pad_val[4] = {0};
+    h.count = j > i ? j - i : 1;
+    const void *k = j > i ? (const void *)(sl->keys + i) : &pad_key;
+    const void *v = j > i ? (const void *)(sl->src + i * c->esize) : pad_val;
+    return send_frames(c, s, &h, k, h.count * 8, v, h.count * c->esize, sl, resend);
+}
+
+static int send_all(struct psc_client *c, struct slot *sl, uint64_t id, uint64_t *ticket)
+{
+    for (uint32_t s = 0; s < c->nshards; s++)
+        if (send_sub(c, sl, s, 0) < 0)
+            break;
+    sl->sent_ms = now_ms();
+    return issued(c, sl, id, ticket);
+}
+
+/* Re-sends, with the same request id, the sub-requests still unanswered
+ * after retry_ms: a server that restarted lost them (one that did apply a
+ * push answers the copy as a duplicate without applying it again). */
+static void resend_due(struct psc_client *c, struct slot *sl)
+{
+    if (c->retry_ms <= 0 || sl->kind == SUB_SYNC || sl->pending == 0 ||
+        now_ms() - sl->sent_ms < c->retry_ms)
+        return;
+    for (uint32_t s = 0; s < c->nshards; s++)
+        if ((sl->expected[s / 64] >> (s % 64)) & 1u && !shard_replied(sl, s))
+            send_sub(c, sl, s, 1);
+    sl->sent_ms = now_ms();
+    sl->attempts++;
+}
+
 static int start_range(struct psc_client *c, Ps__Op op, uint32_t table, uint64_t offset,
                        uint64_t count, const float *grad, float *out, uint64_t clock,
                        uint64_t *ticket)
@@ -558,25 +666,10 @@ static int start_range(struct psc_client *c, Ps__Op op, uint32_t table, uint64_t
         return set_error(c, PS_ENOMEM, "%s: no memory to convert %llu values", ps_op_name(op),
                          (unsigned long long)count);
     }
-    uint32_t s0 = ps_shard_of_index(t->size, c->nshards, offset);
-    uint32_t s1 = ps_shard_of_index(t->size, c->nshards, offset + count - 1);
-    for (uint32_t s = s0; s <= s1; s++) {
-        uint64_t lo, hi;
-        ps_shard_range(t->size, c->nshards, s, &lo, &hi);
-        uint64_t a = offset > lo ? offset : lo;
-        uint64_t b = offset + count < hi ? offset + count : hi;
-        if (a >= b)
-            continue;
-        Ps__Header h;
-        request_header(c, &h, op, id, t, s, clock);
-        h.offset = a;
-        h.count = b - a;
-        h.nonzero_only = c->nonzero_pulls && op != PS__OP__OP_PUSH;
-        const void *vals = op == PS__OP__OP_PULL ? NULL : src + (a - offset) * c->esize;
-        if (send_frames(c, s, &h, NULL, 0, vals, vals ? (b - a) * c->esize : 0, sl) != 0)
-            break;
-    }
-    return issued(c, sl, id, ticket);
+    sl->kind = SUB_RANGE;
+    sl->clock = clock;
+    sl->src = src;
+    return send_all(c, sl, id, ticket);
 }
 
 int psc_push_keys(struct psc_client *c, uint32_t table, const uint64_t *keys, const float *vals,
@@ -605,29 +698,12 @@ int psc_push_keys(struct psc_client *c, uint32_t table, const uint64_t *keys, co
         slot_release(c, sl);
         return set_error(c, PS_ENOMEM, "push: no memory to convert %zu values", n);
     }
-    size_t i = 0;
-    for (uint32_t s = 0; s < c->nshards; s++) {
-        uint64_t lo, hi;
-        ps_shard_range(t->size, c->nshards, s, &lo, &hi);
-        if (lo == hi)
-            continue; /* this shard holds nothing of the table */
-        size_t j = i;
-        while (j < n && keys[j] < hi)
-            j++;
-        Ps__Header h;
-        request_header(c, &h, PS__OP__OP_PUSH, id, t, s, clock);
-        h.layout = PS__LAYOUT__LAYOUT_KEYS;
-        /* keys are sent as they lie in memory: uint64 little-endian hosts only */
-        uint64_t pad_key = lo;
-        unsigned char pad_val[4] = {0};
-        h.count = j > i ? j - i : 1;
-        const void *k = j > i ? (const void *)(keys + i) : &pad_key;
-        const void *v = j > i ? (const void *)(src + i * c->esize) : pad_val;
-        if (send_frames(c, s, &h, k, h.count * 8, v, h.count * c->esize, sl) != 0)
-            break;
-        i = j;
-    }
-    return issued(c, sl, id, ticket);
+    sl->kind = SUB_KEYS;
+    sl->clock = clock;
+    sl->src = src;
+    sl->keys = keys;
+    sl->nkeys = n;
+    return send_all(c, sl, id, ticket);
 }
 
 /* Grows the slot's row buffers to n keys of dim floats. */
@@ -705,21 +781,10 @@ static int start_rows(struct psc_client *c, Ps__Op op, uint32_t table, const uin
     sl->rows = 1;
     sl->table = table;
     sl->out = out;
-    for (uint32_t s = 0; s < c->nshards; s++) {
-        uint32_t a = sl->grp[s], b = sl->grp[s + 1];
-        if (a == b)
-            continue;
-        Ps__Header h;
-        request_header(c, &h, op, id, t, s, clock);
-        h.layout = PS__LAYOUT__LAYOUT_KEYS;
-        h.count = b - a;
-        h.dim = t->dim;
-        const void *v = grads ? src + (size_t)a * d * c->esize : NULL;
-        if (send_frames(c, s, &h, sl->skeys + a, (size_t)(b - a) * 8, v,
-                        v ? (size_t)(b - a) * d * c->esize : 0, sl) != 0)
-            break;
-    }
-    return issued(c, sl, id, ticket);
+    sl->kind = SUB_ROWS;
+    sl->clock = clock;
+    sl->src = src;
+    return send_all(c, sl, id, ticket);
 }
 
 int psc_pull_rows(struct psc_client *c, uint32_t table, const uint64_t *keys, size_t n, float *out,
@@ -778,7 +843,7 @@ static int call_sync(struct psc_client *c, Ps__Header *h, uint32_t s0, uint32_t 
     h->request_id = id;
     h->worker_id = c->worker_id;
     for (uint32_t s = s0; s <= s1; s++)
-        if (send_frames(c, s, h, NULL, 0, NULL, 0, sl) != 0)
+        if (send_frames(c, s, h, NULL, 0, NULL, 0, sl, 0) != 0)
             break;
     int rc = psc_wait(c, id, timeout_ms);
     if (rc == PS_ETIMEDOUT)
@@ -962,6 +1027,7 @@ int psc_create(const struct psc_config *cfg, struct psc_client **out, char *err,
     c->worker_id = cfg->worker_id;
     c->dtype = (Ps__DType)cfg->wire_dtype;
     c->nonzero_pulls = cfg->nonzero_pulls != 0;
+    c->retry_ms = cfg->retry_ms > 0 ? cfg->retry_ms : 0;
     c->esize = ps_dtype_size(cfg->wire_dtype);
     if (c->esize == 0) {
         snprintf(err, errlen, "wire dtype %d is not f32, f16 or bf16", cfg->wire_dtype);

@@ -37,6 +37,7 @@ struct psc_config {
     int connect_timeout_ms; /* for the hello to every shard in psc_create */
     int wire_dtype;         /* enum psc_dtype: values on the wire (servers keep f32) */
     int nonzero_pulls;      /* let servers send only the nonzeros of pruned tables */
+    int retry_ms;           /* re-send unanswered requests after this long (0: never) */
     /* CURVE (all three, or none): 40-character Z85 keys */
     const char *curve_server_key;            /* the servers' public key */
     const char *curve_public, *curve_secret; /* this client's key pair */

@@ -5,11 +5,13 @@
  * never stopped gives. A corrupted newest checkpoint is named in the log
  * and the one before it is restored. */
 #include "harness.h"
+#include "psclient.h"
 #include "raw.h"
 
 #include "ps_err.h"
 
 #include <dirent.h>
+#include <signal.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -190,10 +192,73 @@ static void test_restart_restores_and_skips_corrupt(void **state)
     zmq_ctx_term(ctx);
 }
 
+/* A push lost with a server that died (frozen with SIGSTOP so the push is
+ * stuck in its socket, then SIGKILLed) is re-sent by psc_wait to the
+ * restarted server, which restored its checkpoint: applied exactly once.
+ * PSD_TEST_RETRY_MS overrides the client's retry interval (0 shows the
+ * test failing without re-sends). */
+static void test_client_resends_to_restarted_server(void **state)
+{
+    (void)state;
+    harness_tmp(dir, sizeof dir, "ckpt-resend");
+    mkdir(dir, 0755);
+    struct psd_proc a;
+    const char *args[] = {"--checkpoint-dir", dir, "--checkpoint-every", "0", NULL};
+    assert_int_equal(harness_psd_start(&a, args), 0);
+    char listen[256];
+    snprintf(listen, sizeof listen, "%s", a.endpoint);
+    const char *eps[1] = {listen};
+    const char *retry = getenv("PSD_TEST_RETRY_MS");
+    struct psc_config cfg = {.servers = eps,
+                             .nservers = 1,
+                             .worker_id = 4,
+                             .connect_timeout_ms = 10000,
+                             .retry_ms = retry ? atoi(retry) : 200};
+    struct psc_client *c = NULL;
+    char err[256];
+    assert_int_equal(psc_create(&cfg, &c, err, sizeof err), 0);
+    struct psc_table_spec spec;
+    psc_table_spec_init(&spec, "r", 100);
+    spec.lr = 1.0f;
+    uint32_t t;
+    assert_int_equal(psc_table_create(c, &spec, 10000, &t), 0);
+    float g[100], w[100];
+    for (int i = 0; i < 100; i++)
+        g[i] = 1.0f;
+    uint64_t tk;
+    assert_int_equal(psc_push(c, t, 0, 100, g, 0, &tk), 0);
+    assert_int_equal(psc_wait(c, tk, 10000), 0);
+    assert_int_equal(harness_psd_stop(&a), 0); /* checkpoint: w = -1 */
+
+    const char *args2[] = {
+        "--checkpoint-dir", dir, "--checkpoint-every", "0", "--listen", listen, NULL};
+    struct psd_proc b;
+    assert_int_equal(harness_psd_start(&b, args2), 0);
+    assert_int_equal(psc_pull(c, t, 0, 100, w, 0, &tk), 0); /* reconnected, restored */
+    assert_int_equal(psc_wait(c, tk, 10000), 0);
+    assert_true(w[0] == -1.0f);
+    kill(b.pid, SIGSTOP);
+    assert_int_equal(psc_push(c, t, 0, 100, g, 1, &tk), 0); /* stuck with the frozen server */
+    kill(b.pid, SIGKILL);
+    assert_true(harness_wait(b.pid, 10000) >= 0);
+    b.pid = 0;
+    struct psd_proc e;
+    assert_int_equal(harness_psd_start(&e, args2), 0); /* restores w = -1 again */
+    int rc = psc_wait(c, tk, 20000);
+    if (rc != 0)
+        fail_msg("the lost push was not re-sent: %s", psc_last_error(c));
+    assert_int_equal(psc_pull(c, t, 0, 100, w, 1, &tk), 0);
+    assert_int_equal(psc_wait(c, tk, 10000), 0);
+    assert_true(w[0] == -2.0f); /* applied once */
+    psc_destroy(c);
+    assert_int_equal(harness_psd_stop(&e), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_restart_restores_and_skips_corrupt),
+        cmocka_unit_test(test_client_resends_to_restarted_server),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
