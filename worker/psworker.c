@@ -41,7 +41,7 @@ struct config {
     const char *optimizer, *device, *lr_schedule, *wire_dtype;
     const char *summary_json, *save, *log_level, *curve_secret, *curve_server_key;
     int standalone;
-    uint64_t max_steps, log_every, timeout_ms, test_delay_ms, accum_steps;
+    uint64_t max_steps, log_every, timeout_ms, test_delay_ms, accum_steps, retry_ms;
     int help;
 };
 
@@ -102,6 +102,8 @@ static const struct ps_opt opts[] = {
         "steps between progress lines when stderr is not a terminal"),
     OPT("timeout-ms", PS_OPT_U64, timeout_ms, "120000", 100, 86400000, "MS",
         "longest wait for one request"),
+    OPT("retry-ms", PS_OPT_U64, retry_ms, "5000", 0, 3600000, "MS",
+        "re-send a request unanswered this long (a restarted server); 0: never"),
     OPT("test-delay-ms", PS_OPT_U64, test_delay_ms, "0", 0, 60000, "MS",
         "testing only: sleep this long every step"),
     OPT("curve-secret", PS_OPT_STR, curve_secret, NULL, 0, 0, "FILE",
@@ -773,7 +775,8 @@ static int setup(struct trainer *tr, char *err, size_t errlen)
                                 .worker_id = (uint32_t)c->rank,
                                 .connect_timeout_ms = (int)c->timeout_ms,
                                 .wire_dtype = wire_dtype_of(c->wire_dtype),
-                                .nonzero_pulls = 1};
+                                .nonzero_pulls = 1,
+                                .retry_ms = (int)c->retry_ms};
         struct ps_curve_keys mine, server;
         if ((rc = curve_config(c, &mine, &server, &pc, err, errlen)) != 0 ||
             (rc = psc_create(&pc, &tr->c, err, errlen)) != 0)
@@ -834,7 +837,8 @@ static int run_sparse_lr(struct trainer *tr)
                             .nservers = n,
                             .worker_id = (uint32_t)c->rank,
                             .connect_timeout_ms = (int)c->timeout_ms,
-                            .wire_dtype = wire_dtype_of(c->wire_dtype)};
+                            .wire_dtype = wire_dtype_of(c->wire_dtype),
+                            .retry_ms = (int)c->retry_ms};
     struct ps_curve_keys mine, server;
     if (rc == 0)
         rc = curve_config(c, &mine, &server, &pc, err, sizeof err);
