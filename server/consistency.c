@@ -165,10 +165,29 @@ static void bsp_settle(const struct psd_cons *c, struct psd_table *t, int *appli
         bsp_close_round(c, t);
 }
 
+/* A table restored from a checkpoint is behind workers that went on with
+ * the other shards. The rounds in between cannot be replayed consistently
+ * (the other shards applied them), so its first push of a later clock
+ * moves it there; the rounds skipped are counted (and logged by psd). */
+static void catch_up(const struct psd_cons *c, struct psd_table *t, uint64_t clock)
+{
+    if (!t->restored)
+        return;
+    t->restored = 0;
+    if (clock <= t->clock || t->watermark != t->lo)
+        return;
+    t->rounds_lost += clock - t->clock;
+    t->clock = clock;
+    t->steps = clock;
+    for (uint32_t w = 0; w < c->workers; w++)
+        t->next[w] = t->lo;
+}
+
 static int bsp_push(const struct psd_cons *c, struct psd_table *t, uint32_t w, uint64_t clock,
                     uint64_t offset, uint64_t count, const float *g, int *applied, char *err,
                     size_t errlen)
 {
+    catch_up(c, t, clock);
     if (clock != t->clock) {
         snprintf(err, errlen, "bsp: push for clock %llu, but '%s' is at clock %llu",
                  (unsigned long long)clock, t->name, (unsigned long long)t->clock);
@@ -242,6 +261,8 @@ int psd_cons_push_keys(const struct psd_cons *c, struct psd_table *t, uint32_t w
     int rc = check_worker(c, worker, err, errlen);
     if (rc != 0)
         return rc;
+    if (c->mode == PSD_BSP)
+        catch_up(c, t, clock);
     if (c->mode != PSD_BSP) {
         if (worker < c->workers && clock + 1 > t->completed[worker])
             t->completed[worker] = clock + 1;

@@ -639,7 +639,7 @@ static int op_data(struct psd *s, const struct ps_frame *route, const struct ps_
         return 1;
     }
     int applied = 0;
-    uint64_t prune_updates = t->prune_updates;
+    uint64_t prune_updates = t->prune_updates, lost = t->rounds_lost;
     if (req->op == PS__OP__OP_PUSH && seen_push(s, req)) {
         reply_duplicate(s, req, rep);
         return 1;
@@ -659,6 +659,11 @@ static int op_data(struct psd *s, const struct ps_frame *route, const struct ps_
         t->pushes++;
         applied_push(s, req);
     }
+    if (t->rounds_lost != lost)
+        PS_LOG(s->log, PS_LOG_WARN, "S0620",
+               "'%s' restored at an older clock caught up with its workers at clock %llu: %llu "
+               "round(s) of its updates were lost",
+               t->name, (unsigned long long)t->clock, (unsigned long long)(t->rounds_lost - lost));
     if (t->prune_updates != prune_updates)
         PS_LOG(s->log, PS_LOG_INFO, "S0320",
                "pruned '%s' at step %llu: %llu of %llu weights (target now %.4f)", t->name,
@@ -769,6 +774,7 @@ static void op_stats(struct psd *s, const Ps__Header *req, struct psd_reply *rep
         ts[i].sparsity = t->hi > t->lo ? (double)t->npruned / (double)(t->hi - t->lo) : 0.0;
         ts[i].prune_target = t->prune_target_now;
         ts[i].rows = t->sparse ? t->sp.nrows : 0;
+        ts[i].rounds_lost = t->rounds_lost;
         tp[i] = &ts[i];
     }
     Ps__Stats st;
