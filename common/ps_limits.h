@@ -38,6 +38,7 @@
 
 /* Requests a server keeps waiting (deferred pulls) and a routing id's size. */
 #define PS_WAITS_MAX               4096u
+#define PS_WAITS_PER_WORKER_MAX    256u /* one peer cannot fill the queue for the others */
 #define PS_ROUTE_ID_MAX            256u /* ZeroMQ routing ids are at most 255 bytes */
 #define PS_WAIT_TIMEOUT_MS_DEFAULT 120000u
 
@@ -54,6 +55,7 @@
 #define PS_ZEROCOPY_BYTES_MIN 8192u
 
 _Static_assert(PS_ERROR_TEXT_MAX < PS_HEADER_BYTES_MAX, "error text must fit in a header");
+_Static_assert(PS_WAITS_PER_WORKER_MAX <= PS_WAITS_MAX, "a worker's share fits the queue");
 _Static_assert(PS_TABLE_NAME_MAX < PS_HEADER_BYTES_MAX, "table name must fit in a header");
 _Static_assert(PS_MESSAGE_BYTES_MIN > PS_HEADER_BYTES_MAX, "a message must hold a full header");
 _Static_assert(PS_MESSAGE_BYTES_DEFAULT >= PS_MESSAGE_BYTES_MIN, "default below minimum");

@@ -473,6 +473,15 @@ static int defer(struct psd *s, const struct ps_frame *route, const Ps__Header *
                      s->send ? "the wait queue is full" : "this server cannot wait");
         return 1;
     }
+    uint32_t mine = 0;
+    for (uint32_t i = 0; i < s->nwaits; i++)
+        mine += s->waits[i].worker_id == req->worker_id;
+    if (mine >= PS_WAITS_PER_WORKER_MAX) {
+        reply_errorf(s, req, PS_ELIMIT, rep,
+                     "%s: worker %u already has %u requests waiting (the limit per worker)",
+                     ps_op_name(req->op), req->worker_id, mine);
+        return 1;
+    }
     struct psd_wait *w = &s->waits[s->nwaits++];
     memcpy(w->route, route->data, route->size);
     w->route_len = route->size;

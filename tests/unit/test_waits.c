@@ -1,0 +1,111 @@
+/* Waiting requests in an in-process psd (bsp, 2 workers): pulls for a
+ * clock not reached wait; one worker may keep PS_WAITS_PER_WORKER_MAX
+ * waiting and no more (at the limit, one past it), and another worker is
+ * not affected; a push that completes the round answers them all. */
+#include "psd.h"
+
+#include "ps_err.h"
+#include "ps_limits.h"
+#include "ps_log.h"
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+static unsigned sent;
+
+static void count_sent(void *ctx, const void *route, size_t route_len, struct psd_reply *rep)
+{
+    (void)ctx;
+    (void)route;
+    (void)route_len;
+    sent++;
+    psd_reply_drop(rep);
+}
+
+/* Dispatches h; returns 1 with the reply status in *status, 0 if waiting. */
+static int send_req(struct psd *s, const Ps__Header *h, const void *vals, size_t vbytes,
+                    int *status)
+{
+    uint8_t buf[512];
+    struct ps_frame f[2] = {{buf, ps__header__pack(h, buf)}, {vals, vbytes}};
+    struct ps_frame route = {"r", 1};
+    struct psd_reply rep;
+    int now = psd_dispatch(s, &route, f, vals ? 2 : 1, &rep);
+    if (now) {
+        Ps__Header *r = ps__header__unpack(NULL, rep.hdr_len, rep.hdr);
+        assert_non_null(r);
+        *status = r->status;
+        ps__header__free_unpacked(r, NULL);
+        psd_reply_drop(&rep);
+    }
+    return now;
+}
+
+static void pull(struct psd *s, uint32_t worker, uint64_t id, int expect_wait, int expect_status)
+{
+    Ps__Header h;
+    ps_wire_header_init(&h, PS__OP__OP_PULL);
+    h.worker_id = worker;
+    h.request_id = id;
+    h.clock = 1; /* round 0 not done yet */
+    h.count = 4;
+    int status = 0;
+    int now = send_req(s, &h, NULL, 0, &status);
+    assert_int_equal(now, !expect_wait);
+    if (now)
+        assert_int_equal(status, expect_status);
+}
+
+static void test_waits_per_worker(void **state)
+{
+    (void)state;
+    static struct psd s;
+    struct ps_log log;
+    ps_log_init(&log, "test", PS_LOG_ERROR);
+    struct psd_params p = {
+        .shard = 0, .shards = 1, .value_bytes_max = 1u << 20, .wait_timeout_ms = 3600000};
+    assert_int_equal(psd_cons_parse("bsp", &p.cons), 0);
+    p.cons.workers = 2;
+    assert_int_equal(psd_init(&s, &log, &p), 0);
+    psd_set_sender(&s, count_sent, NULL);
+    Ps__TableSpec sp;
+    ps__table_spec__init(&sp);
+    sp.name = "t";
+    sp.size = 4;
+    sp.lr = 1.0f;
+    Ps__Header h;
+    ps_wire_header_init(&h, PS__OP__OP_CREATE_TABLE);
+    h.spec = &sp;
+    int status = -1;
+    assert_true(send_req(&s, &h, NULL, 0, &status));
+    assert_int_equal(status, 0);
+    for (unsigned i = 0; i < PS_WAITS_PER_WORKER_MAX; i++) /* up to the limit: they wait */
+        pull(&s, 0, 10 + i, 1, 0);
+    pull(&s, 0, 9999, 0, PS_ELIMIT); /* one past: refused at once */
+    pull(&s, 1, 5, 1, 0);            /* another worker still waits normally */
+    assert_int_equal(s.nwaits, PS_WAITS_PER_WORKER_MAX + 1);
+    const float g[4] = {1, 1, 1, 1};
+    for (uint32_t w = 0; w < 2; w++) { /* both push clock 0: the round completes */
+        ps_wire_header_init(&h, PS__OP__OP_PUSH);
+        h.worker_id = w;
+        h.count = 4;
+        assert_true(send_req(&s, &h, g, sizeof g, &status));
+        assert_int_equal(status, 0);
+    }
+    assert_int_equal(s.nwaits, 0);
+    assert_int_equal(sent, PS_WAITS_PER_WORKER_MAX + 1); /* every waiting pull answered */
+    psd_fini(&s);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_waits_per_worker),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
