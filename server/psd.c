@@ -587,11 +587,12 @@ static void op_rows(struct psd *s, struct psd_table *t, const struct ps_wire_msg
         }
     }
     char err[PS_ERROR_TEXT_MAX];
-    if (req->op == PS__OP__OP_PUSH && seen_push(s, req)) {
+    int dup = req->op != PS__OP__OP_PULL && seen_push(s, req);
+    if (dup && req->op == PS__OP__OP_PUSH) {
         reply_duplicate(s, req, rep);
         return;
     }
-    if (req->op != PS__OP__OP_PULL && !seen_push(s, req)) {
+    if (req->op != PS__OP__OP_PULL && !dup) {
         const float *g = values_f32(s, m);
         int rc = g == NULL ? PS_ENOMEM : psd_table_push_rows(t, keys, g, n, err, sizeof err);
         if (rc != 0) {
@@ -605,6 +606,7 @@ static void op_rows(struct psd *s, struct psd_table *t, const struct ps_wire_msg
     }
     Ps__Header h;
     reply_init(&h, req);
+    h.duplicate = dup;
     if (req->op != PS__OP__OP_PUSH) {
         size_t elems = n * t->dim, esize = ps_dtype_size(req->dtype);
         float *rows = malloc(elems * sizeof(float));
@@ -649,12 +651,13 @@ static int op_data(struct psd *s, const struct ps_frame *route, const struct ps_
     }
     int applied = 0;
     uint64_t prune_updates = t->prune_updates, lost = t->rounds_lost;
-    if (req->op == PS__OP__OP_PUSH && seen_push(s, req)) {
+    /* a retried push is acknowledged; a retried push-pull is answered again;
+     * neither is applied twice */
+    int dup = req->op != PS__OP__OP_PULL && seen_push(s, req);
+    if (dup && req->op == PS__OP__OP_PUSH) {
         reply_duplicate(s, req, rep);
         return 1;
     }
-    /* a retried push-pull is answered again, but its push is not applied twice */
-    int dup = req->op == PS__OP__OP_PUSH_PULL && seen_push(s, req);
     if (req->op != PS__OP__OP_PULL && !dup) {
         const float *g = values_f32(s, m);
         char err[PS_ERROR_TEXT_MAX];

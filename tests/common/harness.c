@@ -66,6 +66,46 @@ void harness_dump_file(const char *path)
     fclose(f);
 }
 
+int harness_json_number(const char *path, const char *key, double *out)
+{
+    FILE *f = fopen(path, "r");
+    char buf[4096] = {0}, pat[96];
+    if (f == NULL)
+        return -1;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    snprintf(pat, sizeof pat, "\"%s\": ", key);
+    const char *k = strstr(buf, pat);
+    if (k == NULL)
+        return -1;
+    *out = strtod(k + strlen(pat), NULL);
+    return 0;
+}
+
+int harness_log_has(const char *path, const char *a, const char *b)
+{
+    FILE *f = fopen(path, "r");
+    char line[1024];
+    int found = 0;
+    while (f != NULL && !found && fgets(line, sizeof line, f) != NULL)
+        found = strstr(line, a) != NULL && (b == NULL || strstr(line, b) != NULL);
+    if (f != NULL)
+        fclose(f);
+    return found;
+}
+
+int harness_log_wait(const char *path, const char *a, const char *b, int timeout_ms)
+{
+    long long deadline = harness_now_ms() + timeout_ms;
+    while (!harness_log_has(path, a, b)) {
+        if (harness_now_ms() >= deadline)
+            return 0;
+        harness_pause_ms(10);
+    }
+    return 1;
+}
+
 void harness_psd_dump_log(const struct psd_proc *p)
 {
     harness_dump_file(p->log_path);

@@ -33,6 +33,13 @@ void harness_dump_file(const char *path);
 /* Writes into out the path of a scratch file in this process's temp
  * directory (created on first use). Returns out. */
 char *harness_tmp(char *out, size_t len, const char *name);
+/* Reads "key": NUMBER from a one-line JSON file (psworker --summary-json,
+ * gen_clicks' truth.json) into *out. Returns 0, or -1 if absent. */
+int harness_json_number(const char *path, const char *key, double *out);
+/* 1 when a line of the file holds a (and b, when not NULL). */
+int harness_log_has(const char *path, const char *a, const char *b);
+/* harness_log_has, polled every 10 ms until it holds or timeout_ms pass. */
+int harness_log_wait(const char *path, const char *a, const char *b, int timeout_ms);
 /* Sleeps ms milliseconds: only between polls of a state, under a deadline. */
 void harness_pause_ms(long ms);
 /* Monotonic milliseconds. */

@@ -104,18 +104,6 @@ static int files(void)
     return n;
 }
 
-static int log_has(const struct psd_proc *p, const char *what)
-{
-    FILE *f = fopen(p->log_path, "r");
-    char line[1024];
-    int found = 0;
-    while (f && !found && fgets(line, sizeof line, f))
-        found = strstr(line, what) != NULL;
-    if (f)
-        fclose(f);
-    return found;
-}
-
 static void test_restart_restores_and_skips_corrupt(void **state)
 {
     (void)state;
@@ -137,7 +125,7 @@ static void test_restart_restores_and_skips_corrupt(void **state)
 
     struct psd_proc b; /* same directory, same port: the socket reconnects */
     start(&b, listen, 1);
-    assert_true(log_has(&b, "S0610"));
+    assert_true(harness_log_has(b.log_path, "S0610", NULL));
     assert_true(push_pull(s, 104, 4, w)); /* re-sent: a duplicate, not applied */
     pull(s, 5, w5b);
     assert_memory_equal(w5, w5b, sizeof w5);
@@ -172,9 +160,9 @@ static void test_restart_restores_and_skips_corrupt(void **state)
     fclose(f);
     struct psd_proc e2;
     start(&e2, NULL, 1);
-    assert_true(log_has(&e2, "S0601"));
-    assert_true(log_has(&e2, "0002.safetensors"));
-    assert_true(log_has(&e2, "S0610"));
+    assert_true(harness_log_has(e2.log_path, "S0601", NULL));
+    assert_true(harness_log_has(e2.log_path, "0002.safetensors", NULL));
+    assert_true(harness_log_has(e2.log_path, "S0610", NULL));
     void *s2 = raw_dealer(ctx, e2.endpoint);
     hello_and_create(s2, 10); /* the same spec: found, not recreated */
     pull(s2, 5, w);

@@ -99,30 +99,12 @@ static void still_served(struct fixture *f, float expect)
     assert_float_equal(w[0], expect, 1e-6);
 }
 
-/* Polls the server's log for a line id, with a deadline. */
-static int log_has(const struct psd_proc *p, const char *id)
-{
-    long long deadline = harness_now_ms() + 5000;
-    while (harness_now_ms() < deadline) {
-        FILE *f = fopen(p->log_path, "r");
-        char line[1024];
-        int found = 0;
-        while (f && !found && fgets(line, sizeof line, f))
-            found = strstr(line, id) != NULL;
-        if (f)
-            fclose(f);
-        if (found)
-            return 1;
-        harness_pause_ms(10);
-    }
-    return 0;
-}
-
 static void test_admitted_client_trains(void **state)
 {
     struct fixture *f = *state;
-    still_served(f, -0.5f);                 /* zeros init, SGD lr 1 */
-    assert_true(log_has(&f->psd, "S0500")); /* the admission is logged */
+    still_served(f, -0.5f); /* zeros init, SGD lr 1 */
+    assert_true(
+        harness_log_wait(f->psd.log_path, "S0500", NULL, 5000)); /* the admission is logged */
 }
 
 static void test_unknown_key_refused(void **state)
@@ -132,8 +114,9 @@ static void test_unknown_key_refused(void **state)
     char err[256];
     assert_int_equal(connect_as(f, &f->stranger, 1500, &c, err, sizeof err), PS_ETIMEDOUT);
     assert_null(c);
-    assert_true(log_has(&f->psd, "S0501"));
-    assert_true(log_has(&f->psd, f->stranger.pub)); /* names the key it refused */
+    assert_true(harness_log_wait(f->psd.log_path, "S0501", NULL, 5000));
+    assert_true(harness_log_wait(f->psd.log_path, f->stranger.pub, NULL,
+                                 5000)); /* names the key it refused */
     still_served(f, -1.0f);
 }
 
@@ -144,7 +127,7 @@ static void test_plaintext_refused(void **state)
     char err[256];
     assert_int_equal(connect_as(f, NULL, 1500, &c, err, sizeof err), PS_ETIMEDOUT);
     assert_null(c);
-    assert_true(log_has(&f->psd, "S0502"));
+    assert_true(harness_log_wait(f->psd.log_path, "S0502", NULL, 5000));
     still_served(f, -1.5f);
 }
 

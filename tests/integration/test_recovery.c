@@ -20,33 +20,6 @@
 
 #define TIMEOUT_MS 600000
 
-static double json_number(const char *path, const char *key)
-{
-    FILE *f = fopen(path, "r");
-    if (f == NULL)
-        fail_msg("no file %s", path);
-    char buf[2048] = {0}, pat[64];
-    assert_true(fread(buf, 1, sizeof buf - 1, f) > 0);
-    fclose(f);
-    snprintf(pat, sizeof pat, "\"%s\": ", key);
-    const char *k = strstr(buf, pat);
-    if (k == NULL)
-        fail_msg("%s has no %s", path, key);
-    return strtod(k + strlen(pat), NULL);
-}
-
-static int log_has(const char *path, const char *a, const char *b)
-{
-    FILE *f = fopen(path, "r");
-    char line[1024];
-    int found = 0;
-    while (f && !found && fgets(line, sizeof line, f))
-        found = strstr(line, a) != NULL && (b == NULL || strstr(line, b) != NULL);
-    if (f)
-        fclose(f);
-    return found;
-}
-
 static void start_shard(struct psd_proc *p, int i, const char *dir, const char *listen)
 {
     const char *args[16] = {"--shard",          i ? "1" : "0", "--shards",           "2",
@@ -110,15 +83,12 @@ static double run(const char *tag, int kill_shard)
         w[r] = harness_spawn(argv, logs[r]);
     }
     if (kill_shard) {
-        long long deadline = harness_now_ms() + 120000;
-        while (!log_has(p[1].log_path, "S0600", "interval") && harness_now_ms() < deadline)
-            harness_pause_ms(20);
-        assert_true(log_has(p[1].log_path, "S0600", "interval"));
+        assert_true(harness_log_wait(p[1].log_path, "S0600", "interval", 120000));
         kill(p[1].pid, SIGKILL);
         assert_true(harness_wait(p[1].pid, 10000) >= 0);
         p[1].pid = 0;
         start_shard(&p[1], 1, d1, listen1);
-        assert_true(log_has(p[1].log_path, "S0610", NULL)); /* restored */
+        assert_true(harness_log_has(p[1].log_path, "S0610", NULL)); /* restored */
     }
     for (int r = 0; r < 2; r++) {
         int rc = harness_wait(w[r], TIMEOUT_MS);
@@ -129,12 +99,14 @@ static double run(const char *tag, int kill_shard)
         }
     }
     if (kill_shard)
-        printf("  shard 1 after the restart: %s\n", log_has(p[1].log_path, "S0620", NULL)
+        printf("  shard 1 after the restart: %s\n", harness_log_has(p[1].log_path, "S0620", NULL)
                                                         ? "caught up, rounds lost (S0620)"
                                                         : "no rounds lost");
     for (int i = 0; i < 2; i++)
         assert_int_equal(harness_psd_stop(&p[i]), 0);
-    return json_number(sums[0], "test_accuracy");
+    double acc = 0;
+    assert_int_equal(harness_json_number(sums[0], "test_accuracy", &acc), 0);
+    return acc;
 }
 
 static void test_killed_shard_recovers(void **state)

@@ -17,21 +17,6 @@
 #define TIMEOUT_MS 300000
 #define FEATURES   3000
 
-static double json_number(const char *path, const char *key)
-{
-    FILE *f = fopen(path, "r");
-    if (f == NULL)
-        fail_msg("no file %s", path);
-    char buf[2048] = {0}, pat[64];
-    assert_true(fread(buf, 1, sizeof buf - 1, f) > 0);
-    fclose(f);
-    snprintf(pat, sizeof pat, "\"%s\": ", key);
-    const char *k = strstr(buf, pat);
-    if (k == NULL)
-        fail_msg("%s has no %s", path, key);
-    return strtod(k + strlen(pat), NULL);
-}
-
 static char dir[320], truth[400];
 
 static int gen_data(void **state)
@@ -120,9 +105,10 @@ static void train(const char *embed_dim, const char *opt, const char *lr, char *
 
 static void check(const char *what, const char *sum, double within)
 {
-    double best = json_number(truth, "test_logloss");
-    double got = json_number(sum, "test_logloss");
-    double rows = json_number(sum, "rows_pulled_per_step");
+    double best = 0, got = 0, rows = 0;
+    assert_int_equal(harness_json_number(truth, "test_logloss", &best), 0);
+    assert_int_equal(harness_json_number(sum, "test_logloss", &got), 0);
+    assert_int_equal(harness_json_number(sum, "rows_pulled_per_step", &rows), 0);
     printf("  %s: held-out log-loss %.5f vs the true model's %.5f (%+.2f%%); %.0f of %d rows "
            "pulled per step\n",
            what, got, best, 100 * (got - best) / best, rows, FEATURES);

@@ -240,19 +240,6 @@ static void test_accumulation_matches_bigger_batch(void **state)
     free(mc.bytes);
 }
 
-static unsigned long long summary_number(const char *path, const char *key)
-{
-    FILE *f = fopen(path, "r");
-    assert_non_null(f);
-    char buf[1024] = {0}, pat[64];
-    assert_true(fread(buf, 1, sizeof buf - 1, f) > 0);
-    fclose(f);
-    snprintf(pat, sizeof pat, "\"%s\": ", key);
-    const char *k = strstr(buf, pat);
-    assert_non_null(k);
-    return strtoull(k + strlen(pat), NULL, 10);
-}
-
 /* Runs one worker for 40 steps against a fresh 2-shard BSP cluster, pruned
  * and/or with --topk when given; reports the bytes it pushed and pulled. */
 static void one_worker_run(const char *prune, const char *topk, const char *save,
@@ -276,8 +263,11 @@ static void one_worker_run(const char *prune, const char *topk, const char *save
         fail_msg("worker exited with %d", rc);
     }
     stop_cluster(p, 2);
-    *pushed = summary_number(summary, "bytes_pushed");
-    *pulled = summary_number(summary, "bytes_pulled");
+    double v = 0;
+    assert_int_equal(harness_json_number(summary, "bytes_pushed", &v), 0);
+    *pushed = (unsigned long long)v;
+    assert_int_equal(harness_json_number(summary, "bytes_pulled", &v), 0);
+    *pulled = (unsigned long long)v;
 }
 
 static unsigned long long pruned_run(const char *prune, const char *save)
