@@ -88,6 +88,8 @@ const char *ps_op_name(int op)
         return "push_pull";
     case PS__OP__OP_STATS:
         return "stats";
+    case PS__OP__OP_HEARTBEAT:
+        return "heartbeat";
     default:
         return "?";
     }
@@ -111,7 +113,7 @@ static int fail(int code, char *err, size_t errlen, const char *fmt, ...)
 
 static int op_known(int op)
 {
-    return op >= PS__OP__OP_HELLO && op <= PS__OP__OP_STATS;
+    return op >= PS__OP__OP_HELLO && op <= PS__OP__OP_HEARTBEAT;
 }
 
 static int op_moves_data(int op)

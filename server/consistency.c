@@ -43,8 +43,10 @@ int psd_cons_table_init(const struct psd_cons *c, struct psd_table *t)
     t->completed = calloc(c->workers, sizeof *t->completed);
     t->next = calloc(c->workers, sizeof *t->next);
     t->wgrad = calloc(c->workers, sizeof *t->wgrad);
-    if (!t->completed || !t->next || !t->wgrad)
+    t->member = malloc(c->workers ? c->workers : 1);
+    if (!t->completed || !t->next || !t->wgrad || !t->member)
         return PS_ENOMEM;
+    memset(t->member, 1, c->workers);
     for (uint32_t w = 0; w < c->workers; w++)
         t->next[w] = t->lo;
     t->watermark = t->lo;
@@ -58,19 +60,58 @@ void psd_cons_table_fini(const struct psd_cons *c, struct psd_table *t)
     free(t->wgrad);
     free(t->next);
     free(t->completed);
+    free(t->member);
+    t->member = NULL;
     t->wgrad = NULL;
     t->next = NULL;
     t->completed = NULL;
+}
+
+/* The furthest clock any worker pushed. */
+static uint64_t max_completed(const struct psd_cons *c, const struct psd_table *t)
+{
+    uint64_t m = 0;
+    for (uint32_t w = 0; w < c->workers; w++)
+        m = t->completed[w] > m ? t->completed[w] : m;
+    return m;
+}
+
+/* The slowest member's clock; with no members, the furthest clock pushed
+ * (*none set: nobody to wait for). */
+static uint64_t slowest_member(const struct psd_cons *c, const struct psd_table *t, int *none)
+{
+    uint64_t m = UINT64_MAX;
+    for (uint32_t w = 0; w < c->workers; w++)
+        if (t->member[w] && t->completed[w] < m)
+            m = t->completed[w];
+    *none = m == UINT64_MAX;
+    return *none ? max_completed(c, t) : m;
 }
 
 uint64_t psd_cons_clock(const struct psd_cons *c, const struct psd_table *t)
 {
     if (c->mode == PSD_BSP)
         return t->clock;
-    uint64_t m = UINT64_MAX;
-    for (uint32_t w = 0; w < c->workers; w++)
-        m = t->completed[w] < m ? t->completed[w] : m;
-    return m;
+    int none;
+    return slowest_member(c, t, &none);
+}
+
+uint64_t psd_cons_join_clock(const struct psd_cons *c, const struct psd_table *t, uint32_t w)
+{
+    if (c->mode == PSD_ASP)
+        return w < c->workers ? t->completed[w] : 0;
+    if (c->mode == PSD_BSP && w < c->workers && !t->member[w])
+        return t->clock + 2;
+    return psd_cons_clock(c, t);
+}
+
+void psd_cons_pulled(const struct psd_cons *c, struct psd_table *t, uint32_t w, uint64_t clock)
+{
+    if (c->mode == PSD_BSP && w < c->workers && !t->member[w] && clock == t->clock &&
+        t->watermark == t->lo) {
+        t->member[w] = 1;
+        t->next[w] = t->lo;
+    }
 }
 
 int psd_cons_ready(const struct psd_cons *c, const struct psd_table *t, uint64_t clock,
@@ -79,8 +120,11 @@ int psd_cons_ready(const struct psd_cons *c, const struct psd_table *t, uint64_t
     switch (c->mode) {
     case PSD_BSP:
         return t->clock >= clock || (t->clock + 1 == clock && t->watermark >= offset + count);
-    case PSD_SSP:
-        return psd_cons_clock(c, t) + c->staleness >= clock;
+    case PSD_SSP: {
+        int none;
+        uint64_t low = slowest_member(c, t, &none);
+        return none || low + c->staleness >= clock;
+    }
     case PSD_ASP:
     default:
         return 1;
@@ -93,25 +137,33 @@ void psd_cons_missing(const struct psd_cons *c, const struct psd_table *t, uint6
     size_t used = 0;
     buf[0] = '\0';
     for (uint32_t w = 0; w < c->workers && used + 12 < len; w++) {
-        int missing = c->mode == PSD_BSP ? t->next[w] < t->hi && t->clock < clock
-                                         : t->completed[w] + c->staleness < clock;
+        int missing = t->member[w] && (c->mode == PSD_BSP ? t->next[w] < t->hi && t->clock < clock
+                                                          : t->completed[w] + c->staleness < clock);
         if (missing)
             used += (size_t)snprintf(buf + used, len - used, "%s%u", used ? ", " : "", w);
     }
 }
 
-/* Applies [watermark, upto) of the round: the gradients of every worker,
- * summed in worker order, averaged. Closes the round at the shard's end. */
+/* Applies [watermark, upto) of the round: the gradients of every member,
+ * summed in worker order, averaged. */
 static void bsp_advance(const struct psd_cons *c, struct psd_table *t, uint64_t upto)
 {
     size_t a = (size_t)(t->watermark - t->lo), n = (size_t)(upto - t->watermark);
-    float *acc = t->wgrad[0] + a;
-    for (uint32_t w = 1; w < c->workers; w++) {
+    float *acc = NULL;
+    uint32_t members = 0;
+    for (uint32_t w = 0; w < c->workers; w++) {
+        if (!t->member[w])
+            continue;
+        members++;
         const float *g = t->wgrad[w] + a;
+        if (acc == NULL) {
+            acc = t->wgrad[w] + a;
+            continue;
+        }
         for (size_t i = 0; i < n; i++)
             acc[i] += g[i];
     }
-    float inv = 1.0f / (float)c->workers;
+    float inv = 1.0f / (float)members;
     for (size_t i = 0; i < n; i++)
         acc[i] *= inv;
     psd_table_apply(t, t->watermark, n, acc, t->clock + 1);
@@ -153,9 +205,14 @@ static float *round_buffer(struct psd_table *t, uint32_t w)
 static void bsp_settle(const struct psd_cons *c, struct psd_table *t, int *applied)
 {
     uint64_t low = t->hi;
-    for (uint32_t i = 0; i < c->workers; i++)
-        low = t->next[i] < low ? t->next[i] : low;
-    if (low <= t->watermark)
+    int members = 0;
+    for (uint32_t i = 0; i < c->workers; i++) {
+        if (t->member[i]) {
+            members = 1;
+            low = t->next[i] < low ? t->next[i] : low;
+        }
+    }
+    if (!members || low <= t->watermark)
         return;
     if (c->workers > 1)
         bsp_advance(c, t, low);
@@ -183,11 +240,26 @@ static void catch_up(const struct psd_cons *c, struct psd_table *t, uint64_t clo
         t->next[w] = t->lo;
 }
 
+/* A push from a non-member joins the round when nothing of the round has
+ * been applied yet and it is the start of the worker's range for it. */
+static int bsp_join(struct psd_table *t, uint32_t w, uint64_t clock, uint64_t offset)
+{
+    if (t->member[w])
+        return 1;
+    if (clock != t->clock || offset != t->lo || t->watermark != t->lo)
+        return 0;
+    t->member[w] = 1;
+    t->next[w] = t->lo;
+    return 1;
+}
+
 static int bsp_push(const struct psd_cons *c, struct psd_table *t, uint32_t w, uint64_t clock,
                     uint64_t offset, uint64_t count, const float *g, int *applied, char *err,
                     size_t errlen)
 {
     catch_up(c, t, clock);
+    if (!bsp_join(t, w, clock, offset))
+        return PSD_CONS_STALE;
     if (clock != t->clock) {
         snprintf(err, errlen, "bsp: push for clock %llu, but '%s' is at clock %llu",
                  (unsigned long long)clock, t->name, (unsigned long long)t->clock);
@@ -234,8 +306,10 @@ int psd_cons_push(const struct psd_cons *c, struct psd_table *t, uint32_t worker
         }
     } else if (c->mode == PSD_BSP) {
         return bsp_push(c, t, worker, clock, offset, count, g, applied, err, errlen);
-    } else if (clock + 1 > t->completed[worker]) {
-        t->completed[worker] = clock + 1;
+    } else {
+        t->member[worker] = 1;
+        if (clock + 1 > t->completed[worker])
+            t->completed[worker] = clock + 1;
     }
     psd_table_apply(t, offset, count, g, ++t->steps);
     if (t->steps % t->sched_div == 0) /* a clock's worth of pushes */
@@ -264,14 +338,19 @@ int psd_cons_push_keys(const struct psd_cons *c, struct psd_table *t, uint32_t w
     if (c->mode == PSD_BSP)
         catch_up(c, t, clock);
     if (c->mode != PSD_BSP) {
-        if (worker < c->workers && clock + 1 > t->completed[worker])
-            t->completed[worker] = clock + 1;
+        if (worker < c->workers) {
+            t->member[worker] = 1;
+            if (clock + 1 > t->completed[worker])
+                t->completed[worker] = clock + 1;
+        }
         psd_table_apply_keys(t, keys, g, n, ++t->steps);
         if (t->steps % t->sched_div == 0)
             psd_table_prune_step(t, t->steps / t->sched_div);
         *applied = 1;
         return 0;
     }
+    if (!bsp_join(t, worker, clock, t->lo))
+        return PSD_CONS_STALE;
     if (clock != t->clock || t->next[worker] != t->lo) {
         snprintf(err, errlen,
                  "bsp: sparse push of '%s' for clock %llu, but the table is at clock %llu and "
@@ -299,4 +378,16 @@ int psd_cons_push_keys(const struct psd_cons *c, struct psd_table *t, uint32_t w
     }
     bsp_settle(c, t, applied);
     return 0;
+}
+
+void psd_cons_leave(const struct psd_cons *c, struct psd_table *t, uint32_t w, int *applied)
+{
+    *applied = 0;
+    if (w >= c->workers || !t->member[w])
+        return;
+    t->member[w] = 0;
+    if (c->mode == PSD_BSP)
+        bsp_settle(c, t, applied);
+    else
+        *applied = 1; /* the slowest member may have changed */
 }

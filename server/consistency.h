@@ -11,6 +11,16 @@
  *   ssp:K  pushes apply on arrival; a pull for clock c waits until every
  *          worker has completed clock c-K-1, i.e. no worker is more than K
  *          clocks ahead of the slowest.
+ * Membership: every worker in [0, W) starts as a member of each table. A
+ * worker dropped from the live set (psd_cons_leave) no longer holds back
+ * rounds or the ssp bound; the rounds average over the members. In bsp it
+ * joins again at a round boundary: when its pull of clock t is answered
+ * while round t has not begun (psd_cons_pulled: its next push is clock t),
+ * or when its push of the start of round t comes before any of the round
+ * is applied. Other pushes from a non-member are acknowledged and dropped
+ * (PSD_CONS_STALE). A rejoining worker is told to start two rounds ahead
+ * (psd_cons_join_clock), so that its pulls wait for the boundary. In
+ * ssp/asp its next push joins.
  * Worker clocks are per table. This file judges and applies; it does not
  * queue or send replies (psd.c does). */
 #ifndef PSD_CONSISTENCY_H
@@ -42,9 +52,14 @@ void psd_cons_name(const struct psd_cons *c, char *buf, size_t len);
 int psd_cons_table_init(const struct psd_cons *c, struct psd_table *t);
 void psd_cons_table_fini(const struct psd_cons *c, struct psd_table *t);
 
+/* psd_cons_push and psd_cons_push_keys: the push came from a worker that
+ * is not a member of the round and could not join it; not applied. */
+#define PSD_CONS_STALE 1
+
 /* Takes a push of gradient g (count elements at offset) from worker w at
  * clock. Applies it now (asp/ssp) or at the end of the round (bsp). On a
- * refused push returns a PS_E* code with a sentence in err. *applied is set
+ * refused push returns a PS_E* code with a sentence in err; PSD_CONS_STALE
+ * when dropped (see membership above). *applied is set
  * when weights changed (waiting pulls may now be answerable). */
 int psd_cons_push(const struct psd_cons *c, struct psd_table *t, uint32_t worker, uint64_t clock,
                   uint64_t offset, uint64_t count, const float *g, int *applied, char *err,
@@ -63,6 +78,20 @@ int psd_cons_ready(const struct psd_cons *c, const struct psd_table *t, uint64_t
 
 /* bsp: rounds applied; ssp/asp: the lowest worker clock. */
 uint64_t psd_cons_clock(const struct psd_cons *c, const struct psd_table *t);
+
+/* Worker w leaves the table's rounds (it was dropped, or a new process took
+ * its id). In bsp the round in progress may complete without it: *applied
+ * is set when weights moved or when waiting pulls may have become ready. */
+void psd_cons_leave(const struct psd_cons *c, struct psd_table *t, uint32_t w, int *applied);
+
+/* The clock worker w saying hello now should start at: bsp the rounds
+ * applied, plus 2 when w is not a member; ssp the slowest member's clock;
+ * asp where w itself had got to. */
+uint64_t psd_cons_join_clock(const struct psd_cons *c, const struct psd_table *t, uint32_t w);
+
+/* A pull of t at `clock` by worker w is being answered: in bsp a non-member
+ * joins when the round of that clock has not begun. */
+void psd_cons_pulled(const struct psd_cons *c, struct psd_table *t, uint32_t w, uint64_t clock);
 
 /* Lists (into buf) the workers a pull of t at `clock` is waiting for. */
 void psd_cons_missing(const struct psd_cons *c, const struct psd_table *t, uint64_t clock,

@@ -27,6 +27,7 @@ struct psd_config {
     const char *consistency;
     uint64_t workers;
     uint64_t wait_timeout_ms;
+    double worker_timeout;
     const char *prune;
     const char *curve_secret, *curve_allow, *keygen;
     const char *checkpoint_dir;
@@ -41,6 +42,11 @@ struct psd_config {
 #define OPT(name, type, field, def, lo, hi, meta, help)                                            \
     {                                                                                              \
         name, type, offsetof(struct psd_config, field), def, lo, hi, 0, 0, meta, help              \
+    }
+
+#define FOPT(name, field, def, lo, hi, meta, help)                                                 \
+    {                                                                                              \
+        name, PS_OPT_F64, offsetof(struct psd_config, field), def, 0, 0, lo, hi, meta, help        \
     }
 
 static const struct ps_opt psd_opts[] = {
@@ -59,6 +65,9 @@ static const struct ps_opt psd_opts[] = {
         "workers expected (bsp/ssp wait for worker ids 0..W-1)"),
     OPT("wait-timeout-ms", PS_OPT_U64, wait_timeout_ms, "120000", 100, 86400000, "MS",
         "longest a pull waits for its clock before an error reply naming who is missing"),
+    FOPT("worker-timeout", worker_timeout, "10", 0, 86400, "SECONDS",
+         "drop a worker silent this long from the live set, so bsp/ssp go on without it until "
+         "it rejoins (0: never)"),
     OPT("max-table-bytes", PS_OPT_U64, max_table_bytes, "17179869184", 4096, UINT64_C(1) << 40,
         "BYTES", "largest table (weights + optimizer state) a peer may create on this shard"),
     OPT("prune", PS_OPT_STR, prune, NULL, 0, 0, "SPEC[,SPEC]",
@@ -229,6 +238,7 @@ int main(int argc, char **argv)
         .prunes = prunes,
         .nprunes = nprunes,
         .table_bytes_max = cfg.max_table_bytes,
+        .worker_timeout_ms = (uint64_t)(cfg.worker_timeout * 1000.0 + 0.5),
     };
     if (psd_init(&a.srv, &a.log, &params) != 0) {
         PS_LOG(&a.log, PS_LOG_ERROR, "S0001", "out of memory at start");

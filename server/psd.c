@@ -36,7 +36,9 @@ int psd_init(struct psd *s, struct ps_log *log, const struct psd_params *p)
     s->start_ns = uv_hrtime();
     s->arena_buf = malloc(PS_ARENA_BYTES_SERVER);
     s->waits = calloc(PS_WAITS_MAX, sizeof *s->waits);
-    if (s->arena_buf == NULL || s->waits == NULL) {
+    s->live = calloc(s->cons.workers, sizeof *s->live);
+    s->worker_timeout_ms = p->worker_timeout_ms;
+    if (s->arena_buf == NULL || s->waits == NULL || s->live == NULL) {
         psd_fini(s);
         return PS_ENOMEM;
     }
@@ -67,6 +69,8 @@ void psd_fini(struct psd *s)
     free(s->scratch);
     free(s->keys_scratch);
     free(s->waits);
+    free(s->live);
+    s->live = NULL;
     s->arena_buf = NULL;
     s->scratch = NULL;
     s->waits = NULL;
@@ -190,6 +194,11 @@ void psd_peer_restore(struct psd *s, uint32_t worker_id, uint64_t session, uint6
         p->session = session;
         p->last_applied = last_applied;
     }
+    /* a worker known before the restart: dropped if it stays silent */
+    if (worker_id < s->cons.workers) {
+        s->live[worker_id].seen = s->live[worker_id].live = 1;
+        s->live[worker_id].last_ms = now_ms();
+    }
 }
 
 static void reply_duplicate(struct psd *s, const Ps__Header *req, struct psd_reply *rep)
@@ -198,6 +207,106 @@ static void reply_duplicate(struct psd *s, const Ps__Header *req, struct psd_rep
     reply_init(&h, req);
     h.duplicate = 1;
     reply_header(s, &h, rep);
+}
+
+/* ---- the live set -------------------------------------------------------- */
+
+static void release_waits(struct psd *s);
+
+static uint32_t live_count(const struct psd *s)
+{
+    uint32_t n = 0;
+    for (uint32_t w = 0; w < s->cons.workers; w++)
+        n += s->live[w].live;
+    return n;
+}
+
+/* Worker w leaves the rounds of every table; waiting pulls that it held
+ * back are answered. */
+static void leave_tables(struct psd *s, uint32_t w)
+{
+    int any = 0;
+    for (uint32_t i = 0; i < s->ntables; i++) {
+        int applied = 0;
+        psd_cons_leave(&s->cons, s->tables[i], w, &applied);
+        any |= applied;
+    }
+    if (any)
+        release_waits(s);
+}
+
+/* A request from a worker: it is alive. A dropped worker is live again and
+ * rejoins its tables with its next push that can join a round; a worker
+ * saying hello from a new process (a new session) leaves the rounds its
+ * old process was in, and its old process's waiting requests are gone. */
+static void worker_heard(struct psd *s, const Ps__Header *req)
+{
+    uint32_t w = req->worker_id;
+    if (w >= s->cons.workers || req->op == PS__OP__OP_STATS)
+        return;
+    struct psd_live *lv = &s->live[w];
+    const struct psd_peer *p = peer_of(s, w, 0);
+    int restarted = req->op == PS__OP__OP_HELLO && req->session != 0 && p != NULL &&
+                    p->session != 0 && p->session != req->session;
+    uint64_t now = now_ms();
+    if (lv->seen && (!lv->live || restarted)) {
+        s->workers_rejoined++;
+        lv->stale_logged = 0;
+        PS_LOG(s->log, PS_LOG_INFO, "S0331",
+               "worker %u %s after %llu ms: it rejoins each table at a round boundary "
+               "(%u of %u workers live)",
+               w, restarted ? "said hello from a new session (restarted, or rejoining)" : "is back",
+               (unsigned long long)(now - lv->last_ms), live_count(s) + !lv->live, s->cons.workers);
+    }
+    if (restarted) {
+        for (uint32_t i = 0; i < s->nwaits;) {
+            if (s->waits[i].worker_id == w)
+                s->waits[i] = s->waits[--s->nwaits];
+            else
+                i++;
+        }
+        leave_tables(s, w);
+    }
+    lv->seen = lv->live = 1;
+    lv->last_ms = now;
+}
+
+void psd_drop_worker(struct psd *s, uint32_t w)
+{
+    if (w >= s->cons.workers || !s->live[w].live)
+        return;
+    s->live[w].live = 0;
+    s->workers_dropped++;
+    PS_LOG(s->log, PS_LOG_WARN, "S0330",
+           "worker %u silent for %llu ms (--worker-timeout %llu): dropped from the live set; "
+           "rounds go on without it (%u of %u workers live)",
+           w, (unsigned long long)(now_ms() - s->live[w].last_ms),
+           (unsigned long long)s->worker_timeout_ms, live_count(s), s->cons.workers);
+    leave_tables(s, w);
+}
+
+/* Drops workers silent for longer than the worker timeout. */
+static void drop_silent(struct psd *s, uint64_t now)
+{
+    for (uint32_t w = 0; s->worker_timeout_ms > 0 && w < s->cons.workers; w++)
+        if (s->live[w].live && now - s->live[w].last_ms > s->worker_timeout_ms)
+            psd_drop_worker(s, w);
+}
+
+/* A push from a worker outside the round: acknowledged, not applied. */
+static void note_stale(struct psd *s, const Ps__Header *req, const struct psd_table *t)
+{
+    s->stale_pushes++;
+    applied_push(s, req);
+    struct psd_live *lv = &s->live[req->worker_id];
+    if (!lv->stale_logged) {
+        lv->stale_logged = 1;
+        PS_LOG(s->log, PS_LOG_INFO, "S0332",
+               "worker %u's push of '%s' at clock %llu is outside the round (table at clock %llu): "
+               "not applied; it rejoins at a round boundary",
+               req->worker_id, t->name, (unsigned long long)req->clock,
+               (unsigned long long)psd_cons_clock(&s->cons, t));
+    }
 }
 
 static void op_hello(struct psd *s, const Ps__Header *req, struct psd_reply *rep)
@@ -213,6 +322,11 @@ static void op_hello(struct psd *s, const Ps__Header *req, struct psd_reply *rep
     reply_init(&h, req);
     h.shard = s->shard;
     h.shards = s->shards;
+    h.clock = 0; /* where a worker joining now starts */
+    for (uint32_t i = 0; i < s->ntables; i++) {
+        uint64_t c = psd_cons_join_clock(&s->cons, s->tables[i], req->worker_id);
+        h.clock = c > h.clock ? c : h.clock;
+    }
     PS_LOG(s->log, PS_LOG_DEBUG, "S0300", "hello from worker %u", req->worker_id);
     reply_header(s, &h, rep);
 }
@@ -389,11 +503,12 @@ static int reply_masked(const float *w, size_t n, Ps__DType dtype, struct psd_re
 /* Fills rep with the weights of [offset, offset+count) of t: all of them,
  * or (asked for, and smaller) a bitmap of the nonzeros and their values. */
 static void reply_values(struct psd *s, const Ps__Header *req, struct psd_table *t, uint64_t offset,
-                         uint64_t count, int duplicate, struct psd_reply *rep)
+                         uint64_t count, int duplicate, int stale, struct psd_reply *rep)
 {
     Ps__Header h;
     reply_init(&h, req);
     h.duplicate = duplicate != 0;
+    h.stale = stale != 0;
     h.offset = offset;
     h.count = count;
     h.dim = 1;
@@ -452,11 +567,12 @@ static void release_waits(struct psd *s)
             continue;
         }
         note_staleness(s, t, w->clock);
+        psd_cons_pulled(&s->cons, t, w->worker_id, w->clock);
         Ps__Header h;
         wait_header(w, &h);
         struct psd_reply rep;
         memset(&rep, 0, sizeof rep);
-        reply_values(s, &h, t, w->offset, w->count, 0, &rep);
+        reply_values(s, &h, t, w->offset, w->count, 0, 0, &rep);
         s->ctr.bytes_out += rep.hdr_len + rep.mask_bytes + rep.vals_bytes;
         s->send(s->send_ctx, w->route, w->route_len, &rep);
         s->waits[i] = s->waits[--s->nwaits]; /* order of answers does not matter */
@@ -545,16 +661,20 @@ static void op_keys(struct psd *s, struct psd_table *t, const struct ps_wire_msg
     char err[PS_ERROR_TEXT_MAX];
     int rc = psd_cons_push_keys(&s->cons, t, req->worker_id, req->clock, keys, g,
                                 (size_t)req->count, &applied, err, sizeof err);
-    if (rc != 0) {
+    if (rc < 0) {
         reply_error(s, req, rc, err, rep);
         return;
     }
     t->pushes++;
-    applied_push(s, req);
+    if (rc == PSD_CONS_STALE)
+        note_stale(s, req, t);
+    else
+        applied_push(s, req);
     if (applied)
         release_waits(s);
     Ps__Header h;
     reply_init(&h, req);
+    h.stale = rc == PSD_CONS_STALE;
     h.clock = psd_cons_clock(&s->cons, t);
     reply_header(s, &h, rep);
 }
@@ -658,18 +778,23 @@ static int op_data(struct psd *s, const struct ps_frame *route, const struct ps_
         reply_duplicate(s, req, rep);
         return 1;
     }
+    int stale = 0;
     if (req->op != PS__OP__OP_PULL && !dup) {
         const float *g = values_f32(s, m);
         char err[PS_ERROR_TEXT_MAX];
         int rc = g == NULL ? PS_ENOMEM
                            : psd_cons_push(&s->cons, t, req->worker_id, req->clock, req->offset,
                                            req->count, g, &applied, err, sizeof err);
-        if (rc != 0) {
+        if (rc < 0) {
             reply_error(s, req, rc, g == NULL ? "out of memory" : err, rep);
             return 1;
         }
         t->pushes++;
-        applied_push(s, req);
+        stale = rc == PSD_CONS_STALE;
+        if (stale)
+            note_stale(s, req, t);
+        else
+            applied_push(s, req);
     }
     if (t->rounds_lost != lost)
         PS_LOG(s->log, PS_LOG_WARN, "S0620",
@@ -687,6 +812,7 @@ static int op_data(struct psd *s, const struct ps_frame *route, const struct ps_
         Ps__Header h;
         reply_init(&h, req);
         h.clock = psd_cons_clock(&s->cons, t);
+        h.stale = stale != 0;
         reply_header(s, &h, rep);
         return 1;
     }
@@ -695,7 +821,8 @@ static int op_data(struct psd *s, const struct ps_frame *route, const struct ps_
     if (!psd_cons_ready(&s->cons, t, clock, req->offset, req->count))
         return defer(s, route, req, clock, rep);
     note_staleness(s, t, clock);
-    reply_values(s, req, t, req->offset, req->count, dup, rep);
+    psd_cons_pulled(&s->cons, t, req->worker_id, clock);
+    reply_values(s, req, t, req->offset, req->count, dup, stale, rep);
     return 1;
 }
 
@@ -730,6 +857,7 @@ void psd_tick(struct psd *s)
 {
     checkpoint_if_due(s);
     uint64_t now = now_ms();
+    drop_silent(s, now);
     for (uint32_t i = 0; i < s->nwaits;) {
         struct psd_wait *w = &s->waits[i];
         struct psd_table *t = s->tables[w->table_id];
@@ -809,6 +937,16 @@ static void op_stats(struct psd *s, const Ps__Header *req, struct psd_reply *rep
     st.max_staleness = s->max_staleness;
     st.wait_timeouts = s->wait_timeouts;
     st.duplicates_dropped = s->duplicates_dropped;
+    st.live_workers = live_count(s);
+    st.workers_dropped = s->workers_dropped;
+    st.workers_rejoined = s->workers_rejoined;
+    st.stale_pushes = s->stale_pushes;
+    st.worker_timeout_ms = s->worker_timeout_ms;
+    uint32_t *missing = calloc(s->cons.workers, sizeof *missing);
+    for (uint32_t w = 0; missing != NULL && w < s->cons.workers; w++)
+        if (!s->live[w].live)
+            missing[st.n_missing_workers++] = w;
+    st.missing_workers = missing;
     uint64_t *wc = calloc(s->cons.workers, sizeof *wc);
     if (wc != NULL) {
         for (uint32_t w = 0; w < s->cons.workers; w++) {
@@ -827,6 +965,7 @@ static void op_stats(struct psd *s, const Ps__Header *req, struct psd_reply *rep
     free(ts);
     free(tp);
     free(wc);
+    free(missing);
 }
 
 int psd_dispatch(struct psd *s, const struct ps_frame *route, const struct ps_frame *frames,
@@ -846,6 +985,7 @@ int psd_dispatch(struct psd *s, const struct ps_frame *route, const struct ps_fr
     } else {
         const Ps__Header *req = m.hdr;
         s->ctr.by_op[req->op]++;
+        worker_heard(s, req);
         switch (req->op) {
         case PS__OP__OP_HELLO:
             op_hello(s, req, rep);
@@ -860,6 +1000,9 @@ int psd_dispatch(struct psd *s, const struct ps_frame *route, const struct ps_fr
             break;
         case PS__OP__OP_STATS:
             op_stats(s, req, rep);
+            break;
+        case PS__OP__OP_HEARTBEAT:
+            now = 0; /* noted by worker_heard; never answered */
             break;
         default:
             reply_errorf(s, req, PS_EOP, rep, "unknown op %d", (int)req->op);

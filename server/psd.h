@@ -17,7 +17,7 @@
 
 #include <stdint.h>
 
-#define PSD_OPS_COUNT 7              /* ps.Op values, OP_NONE included */
+#define PSD_OPS_COUNT 8              /* ps.Op values, OP_NONE included */
 #define PSD_PEERS     PS_WORKERS_MAX /* exactly-once state for this many worker ids */
 
 struct psd_counters {
@@ -35,7 +35,8 @@ struct psd_params {
     uint64_t wait_timeout_ms;
     const struct psd_prune_spec *prunes; /* tables to prune, by name */
     size_t nprunes;
-    uint64_t table_bytes_max; /* weights + optimizer state of one table; 0: default */
+    uint64_t table_bytes_max;   /* weights + optimizer state of one table; 0: default */
+    uint64_t worker_timeout_ms; /* drop a worker silent this long; 0: never */
 };
 
 /* A request waiting for a clock: what is needed to answer it later. */
@@ -79,6 +80,15 @@ struct psd {
         int used;
     } peers[PSD_PEERS];
     uint64_t duplicates_dropped;
+    /* the live set: worker ids [0, cons.workers) heard from within
+     * worker_timeout_ms. Any request but stats counts (workers heartbeat
+     * when otherwise quiet). Never-seen ids are not dropped. */
+    struct psd_live {
+        uint64_t last_ms;
+        uint8_t seen, live, stale_logged;
+    } * live;
+    uint64_t worker_timeout_ms;
+    uint64_t workers_dropped, workers_rejoined, stale_pushes;
     /* checkpoints (checkpoint.c); dir NULL: off */
     const char *ckpt_dir;
     uint64_t ckpt_every_ms, ckpt_last_ms, ckpt_written;
@@ -129,8 +139,9 @@ void psd_set_sender(struct psd *s, psd_send_cb send, void *ctx);
 
 /* Handles one request from `route`. nframes counts every frame after the
  * routing id (it may exceed the array: frames past PS_FRAMES_MAX are
- * counted, not passed). Returns 1 with a reply in *rep, or 0 when the
- * request waits (its reply goes out later through the sender). Replies to
+ * counted, not passed). Returns 1 with a reply in *rep, or 0 when there is
+ * no reply now: the request waits (its reply goes out later through the
+ * sender), or it was a heartbeat (never answered). Replies to
  * other, earlier waiting requests may be sent during the call. */
 int psd_dispatch(struct psd *s, const struct ps_frame *route, const struct ps_frame *frames,
                  size_t nframes, struct psd_reply *rep);
@@ -139,8 +150,14 @@ int psd_dispatch(struct psd *s, const struct ps_frame *route, const struct ps_fr
  * the log). Returns 0 written, 1 skipped (mid-round or off), <0 error. */
 int psd_checkpoint_now(struct psd *s, const char *why);
 
-/* Expires waits past their deadline (error replies naming who is missing)
- * and logs waits older than 5 s once. Call periodically from the loop. */
+/* Drops worker w from the live set now, as the worker timeout does: the
+ * rounds go on without it until it rejoins. */
+void psd_drop_worker(struct psd *s, uint32_t w);
+
+/* Drops workers silent past the worker timeout from the live set (rounds
+ * go on without them), expires waits past their deadline (error replies
+ * naming who is missing) and logs waits older than 5 s once. Call
+ * periodically from the loop. */
 void psd_tick(struct psd *s);
 
 #endif

@@ -56,6 +56,8 @@ struct psd_table {
     /* consistency (consistency.c): */
     uint64_t clock;       /* bsp: rounds applied */
     uint64_t *completed;  /* per worker: clocks pushed */
+    uint8_t *member;      /* per worker: 1 when in the rounds (bsp) and the slowest-clock
+                           * bound (ssp); a dropped worker is 0 until it rejoins */
     uint64_t *next;       /* bsp: per worker, the next offset it must push this round */
     uint64_t watermark;   /* bsp: this round is applied on [lo, watermark) */
     uint64_t round_begun; /* bsp: clock + 1 of the round whose start has run */

@@ -78,6 +78,11 @@ struct psc_client {
     uint32_t worker_id;
     Ps__DType dtype; /* on the wire */
     int retry_ms;
+    int heartbeat_ms;      /* <= 0: never */
+    int64_t *last_send_ms; /* per shard */
+    uint64_t start_clock;
+    uint64_t stale_pushes;
+    int outside; /* a stale push reply since the last hello */
     int nonzero_pulls;
     size_t esize;
     void *ctx;
@@ -244,6 +249,7 @@ static int send_frames(struct psc_client *c, uint32_t shard, const Ps__Header *h
         return PS_EZMQ;
     }
     c->bytes_sent += (uint64_t)len;
+    c->last_send_ms[shard] = now_ms();
     if (!resend) {
         sl->pending++;
         sl->replied[shard / 64] &= ~(UINT64_C(1) << (shard % 64));
@@ -309,6 +315,8 @@ static void handle_data_reply(struct psc_client *c, uint32_t shard, struct slot 
                               const struct ps_wire_msg *m)
 {
     const Ps__Header *h = m->hdr;
+    c->stale_pushes += h->stale;
+    c->outside |= h->stale;
     if (sl->op == PS__OP__OP_PUSH)
         return;
     if (sl->rows) {
@@ -349,6 +357,8 @@ static void handle_sync_reply(struct psc_client *c, uint32_t shard, struct slot 
                       "server %u (%s) says it is shard %u of %u, but was listed as %u of %u: "
                       "check the order of the server list",
                       shard, c->endpoints[shard], h->shard, h->shards, shard, c->nshards);
+        if (h->clock > c->start_clock)
+            c->start_clock = h->clock;
     } else if (sl->op == PS__OP__OP_CREATE_TABLE) {
         struct table_h *t = sl->ctx;
         uint64_t lo, hi;
@@ -380,6 +390,17 @@ static void handle_sync_reply(struct psc_client *c, uint32_t shard, struct slot 
         st->max_staleness = h->stats->max_staleness;
         st->wait_timeouts = h->stats->wait_timeouts;
         st->duplicates_dropped = h->stats->duplicates_dropped;
+        st->live_workers = h->stats->live_workers;
+        st->nmissing = (uint32_t)h->stats->n_missing_workers;
+        for (size_t i = 0; i < h->stats->n_missing_workers && i < 64; i++)
+            st->missing[i] = h->stats->missing_workers[i];
+        st->workers_dropped = h->stats->workers_dropped;
+        st->workers_rejoined = h->stats->workers_rejoined;
+        st->stale_pushes = h->stats->stale_pushes;
+        st->worker_timeout_ms = h->stats->worker_timeout_ms;
+        st->nworker_clocks = (uint32_t)h->stats->n_worker_clocks;
+        for (size_t i = 0; i < h->stats->n_worker_clocks && i < 64; i++)
+            st->worker_clocks[i] = h->stats->worker_clocks[i];
     }
 }
 
@@ -496,9 +517,12 @@ int psc_wait(struct psc_client *c, uint64_t ticket, int timeout_ms)
         if (timeout_ms >= 0 && left <= 0)
             break;
         resend_due(c, sl);
+        psc_heartbeat(c);
         long wait = left;
         if (c->retry_ms > 0 && (wait < 0 || wait > c->retry_ms))
             wait = c->retry_ms;
+        if (c->heartbeat_ms > 0 && (wait < 0 || wait > c->heartbeat_ms))
+            wait = c->heartbeat_ms;
         zmq_poll(c->items, (int)c->nshards, wait);
     }
     char missing[256];
@@ -1001,6 +1025,38 @@ static uint64_t new_session(void)
     return v ? v : 1;
 }
 
+/* Hello to every shard from a new session; the start clock is the
+ * furthest any shard names. */
+static int say_hello(struct psc_client *c, int timeout_ms)
+{
+    Ps__Header h;
+    ps_wire_header_init(&h, PS__OP__OP_HELLO);
+    h.worker_id = c->worker_id;
+    h.session = new_session();
+    c->start_clock = 0;
+    int rc = call_sync(c, &h, 0, c->nshards - 1, NULL, timeout_ms);
+    if (rc != 0) {
+        char why[sizeof c->last_error];
+        snprintf(why, sizeof why, "%s", c->last_error);
+        return set_error(c, rc, "hello: %s", why);
+    }
+    c->outside = 0;
+    return 0;
+}
+
+int psc_outside_round(const struct psc_client *c)
+{
+    return c->outside;
+}
+
+int psc_rejoin(struct psc_client *c, int timeout_ms)
+{
+    if (c->nfree != PS_CLIENT_TICKETS_MAX)
+        return set_error(c, PS_EBUSY, "rejoin: %u tickets are outstanding",
+                         PS_CLIENT_TICKETS_MAX - c->nfree);
+    return say_hello(c, timeout_ms);
+}
+
 int psc_create(const struct psc_config *cfg, struct psc_client **out, char *err, size_t errlen)
 {
     *out = NULL;
@@ -1028,6 +1084,7 @@ int psc_create(const struct psc_config *cfg, struct psc_client **out, char *err,
     c->dtype = (Ps__DType)cfg->wire_dtype;
     c->nonzero_pulls = cfg->nonzero_pulls != 0;
     c->retry_ms = cfg->retry_ms > 0 ? cfg->retry_ms : 0;
+    c->heartbeat_ms = cfg->heartbeat_ms == 0 ? PSC_HEARTBEAT_MS_DEFAULT : cfg->heartbeat_ms;
     c->esize = ps_dtype_size(cfg->wire_dtype);
     if (c->esize == 0) {
         snprintf(err, errlen, "wire dtype %d is not f32, f16 or bf16", cfg->wire_dtype);
@@ -1037,6 +1094,7 @@ int psc_create(const struct psc_config *cfg, struct psc_client **out, char *err,
     c->socks = calloc(c->nshards, sizeof *c->socks);
     c->endpoints = calloc(c->nshards, sizeof *c->endpoints);
     c->items = calloc(c->nshards, sizeof *c->items);
+    c->last_send_ms = calloc(c->nshards, sizeof *c->last_send_ms);
     c->arena_buf = malloc(CLIENT_ARENA_BYTES);
     c->ctx = zmq_ctx_new();
     for (uint32_t i = 0; i < PS_CLIENT_TICKETS_MAX; i++) {
@@ -1045,21 +1103,15 @@ int psc_create(const struct psc_config *cfg, struct psc_client **out, char *err,
     }
     c->nfree = PS_CLIENT_TICKETS_MAX;
     if (c->socks == NULL || c->endpoints == NULL || c->items == NULL || c->arena_buf == NULL ||
-        c->ctx == NULL) {
+        c->last_send_ms == NULL || c->ctx == NULL) {
         snprintf(err, errlen, "out of memory");
         psc_destroy(c);
         return PS_ENOMEM;
     }
     ps_arena_init(&c->arena, c->arena_buf, CLIENT_ARENA_BYTES);
     int rc = open_sockets(c, cfg, err, errlen);
-    if (rc == 0) {
-        Ps__Header h;
-        ps_wire_header_init(&h, PS__OP__OP_HELLO);
-        h.session = new_session();
-        rc = call_sync(c, &h, 0, c->nshards - 1, NULL, cfg->connect_timeout_ms);
-        if (rc != 0)
-            snprintf(err, errlen, "hello: %s", c->last_error);
-    }
+    if (rc == 0 && (rc = say_hello(c, cfg->connect_timeout_ms)) != 0)
+        snprintf(err, errlen, "%s", c->last_error);
     if (rc != 0) {
         psc_destroy(c);
         return rc;
@@ -1091,6 +1143,38 @@ void psc_destroy(struct psc_client *c)
     free(c->socks);
     free(c->endpoints);
     free(c->items);
+    free(c->last_send_ms);
     free(c->arena_buf);
     free(c);
+}
+
+uint64_t psc_start_clock(const struct psc_client *c)
+{
+    return c->start_clock;
+}
+
+uint64_t psc_stale_pushes(const struct psc_client *c)
+{
+    return c->stale_pushes;
+}
+
+void psc_heartbeat(struct psc_client *c)
+{
+    if (c->heartbeat_ms <= 0)
+        return;
+    int64_t now = now_ms();
+    for (uint32_t s = 0; s < c->nshards; s++) {
+        if (now - c->last_send_ms[s] < c->heartbeat_ms)
+            continue;
+        Ps__Header h;
+        ps_wire_header_init(&h, PS__OP__OP_HEARTBEAT);
+        h.worker_id = c->worker_id;
+        int64_t len = ps_wire_header_pack(&h, c->hdr_buf, sizeof c->hdr_buf);
+        /* best effort: a full queue means the shard is not reading, and the
+         * next turn tries again */
+        if (len > 0 && zmq_send(c->socks[s], c->hdr_buf, (size_t)len, ZMQ_DONTWAIT) >= 0) {
+            c->bytes_sent += (uint64_t)len;
+            c->last_send_ms[s] = now;
+        }
+    }
 }

@@ -38,10 +38,18 @@ struct psc_config {
     int wire_dtype;         /* enum psc_dtype: values on the wire (servers keep f32) */
     int nonzero_pulls;      /* let servers send only the nonzeros of pruned tables */
     int retry_ms;           /* re-send unanswered requests after this long (0: never) */
+    int heartbeat_ms;       /* tell a shard we are alive when nothing else went to it for
+                             * this long (0: PSC_HEARTBEAT_MS_DEFAULT, <0: never). Sent
+                             * from psc_wait and psc_heartbeat: no thread. */
     /* CURVE (all three, or none): 40-character Z85 keys */
     const char *curve_server_key;            /* the servers' public key */
     const char *curve_public, *curve_secret; /* this client's key pair */
 };
+
+#define PSC_HEARTBEAT_MS_DEFAULT 1000
+/* worker_id for clients that only watch (psctl, monitoring): never counted
+ * as a worker, never dropped or rejoined */
+#define PSC_OBSERVER UINT32_MAX
 
 enum psc_dtype {
     PSC_F32 = 0,
@@ -92,6 +100,15 @@ struct psc_shard_stats {
     uint32_t workers;
     uint64_t waiting, deferred_total, max_staleness, wait_timeouts;
     uint64_t duplicates_dropped; /* retried pushes acknowledged, not applied again */
+    /* the live set (psd --worker-timeout) */
+    uint32_t live_workers;
+    uint32_t nmissing;    /* worker ids not live (silent, or never seen)... */
+    uint32_t missing[64]; /* ...the first 64 of them */
+    uint64_t workers_dropped, workers_rejoined;
+    uint64_t stale_pushes; /* pushes from workers outside the round, not applied */
+    uint64_t worker_timeout_ms;
+    uint32_t nworker_clocks;    /* --workers... */
+    uint64_t worker_clocks[64]; /* ...the first 64: clocks each pushed (lowest over tables) */
 };
 
 /* Connects to every endpoint and says hello; fails if a shard does not
@@ -153,6 +170,31 @@ int psc_cancel(struct psc_client *c, uint64_t ticket);
 
 /* Asks one shard for its counters. Synchronous. */
 int psc_stats(struct psc_client *c, uint32_t shard, int timeout_ms, struct psc_shard_stats *out);
+
+/* The clock a worker starting now should begin at: the furthest clock the
+ * shards' tables had reached at hello (0 in a new run). A restarted worker
+ * uses it to rejoin a run in progress. */
+uint64_t psc_start_clock(const struct psc_client *c);
+
+/* Sends a heartbeat to each shard nothing has gone to for heartbeat_ms.
+ * Call it during long computations (psc_wait does it while waiting). */
+void psc_heartbeat(struct psc_client *c);
+
+/* Pushes the servers acknowledged without applying because this worker was
+ * outside the round (dropped from the live set, or rejoining). */
+uint64_t psc_stale_pushes(const struct psc_client *c);
+
+/* 1 when a server has acknowledged a push without applying it because this
+ * worker is outside its rounds (psd dropped it as silent) since the client
+ * was created or last rejoined. The worker should then call psc_rejoin and
+ * go on from psc_start_clock. */
+int psc_outside_round(const struct psc_client *c);
+
+/* Says hello again from a new session: every shard takes this worker out of
+ * the rounds it is in and answers with the clock to start at (read it with
+ * psc_start_clock); pulls of that clock join the rounds again. Needs no
+ * ticket outstanding (PS_EBUSY otherwise). */
+int psc_rejoin(struct psc_client *c, int timeout_ms);
 
 /* Bytes this client sent and received on the wire (all frames). */
 void psc_bytes(const struct psc_client *c, uint64_t *sent, uint64_t *received);

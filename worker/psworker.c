@@ -41,7 +41,7 @@ struct config {
     const char *optimizer, *device, *lr_schedule, *wire_dtype;
     const char *summary_json, *save, *log_level, *curve_secret, *curve_server_key;
     int standalone;
-    uint64_t max_steps, log_every, timeout_ms, test_delay_ms, accum_steps, retry_ms;
+    uint64_t max_steps, log_every, timeout_ms, test_delay_ms, accum_steps, retry_ms, heartbeat_ms;
     int help;
 };
 
@@ -104,6 +104,9 @@ static const struct ps_opt opts[] = {
         "longest wait for one request"),
     OPT("retry-ms", PS_OPT_U64, retry_ms, "5000", 0, 3600000, "MS",
         "re-send a request unanswered this long (a restarted server); 0: never"),
+    OPT("heartbeat-ms", PS_OPT_U64, heartbeat_ms, "1000", 0, 3600000, "MS",
+        "tell the servers this worker is alive when it has sent nothing for this long (keep "
+        "it well under psd --worker-timeout); 0: never"),
     OPT("test-delay-ms", PS_OPT_U64, test_delay_ms, "0", 0, 60000, "MS",
         "testing only: sleep this long every step"),
     OPT("curve-secret", PS_OPT_STR, curve_secret, NULL, 0, 0, "FILE",
@@ -143,7 +146,9 @@ struct trainer {
     float *sel_val[TABLES_MAX];
     size_t sel_k[TABLES_MAX];
     uint64_t decay_steps; /* optimizer steps of the whole run (lr schedule) */
-    uint64_t clock;       /* steps done */
+    uint64_t clock;       /* steps done (in the run: a rejoining worker starts later) */
+    uint64_t clock0;      /* where this process started */
+    uint64_t done;        /* steps this process took */
     int fresh;            /* device weights are those of `clock` */
     double train_seconds;
 };
@@ -393,6 +398,8 @@ static double evaluate(struct trainer *tr)
         for (int r = 0; r < rows; r++)
             idx[r] = i + (uint32_t)r;
         psw_data_batch(&tr->test, idx, rows, tr->h_in, tr->h_lab);
+        if (tr->c != NULL)
+            psc_heartbeat(tr->c); /* evaluation can outlast a heartbeat interval */
         double loss;
         int ok;
         if (psk_upload(tr->be, tr->mlp.act[0], tr->h_in, (size_t)rows * tr->test.pixels * 4) ||
@@ -416,6 +423,31 @@ static int micro_batch(struct trainer *tr, uint64_t step_in_epoch, uint64_t j, d
     return 0;
 }
 
+#define STEP_REJOINED 1 /* train_step: the clock moved; no step was taken */
+
+/* The servers dropped this worker from their rounds (it was silent, or
+ * late): say hello again and go on from the clock they name, with its
+ * weights. */
+static int rejoin(struct trainer *tr)
+{
+    uint64_t was = tr->clock;
+    int rc = psc_rejoin(tr->c, (int)tr->cfg.timeout_ms);
+    if (rc != 0) {
+        PS_LOG(&tr->log, PS_LOG_ERROR, "W0304", "rejoin: %s", psc_last_error(tr->c));
+        return rc;
+    }
+    tr->clock = psc_start_clock(tr->c);
+    PS_LOG(&tr->log, PS_LOG_WARN, "W0012",
+           "the servers took this worker out of their rounds at clock %llu (it was silent or "
+           "late): rejoining at clock %llu",
+           (unsigned long long)was, (unsigned long long)tr->clock);
+    for (int k = 0; k < tr->ntables && rc == 0; k++)
+        rc = pull_table(tr, k, tr->clock);
+    tr->pulls_pending = tr->ntables;
+    tr->fresh = 0;
+    return rc != 0 ? rc : STEP_REJOINED;
+}
+
 /* One clock: N micro-batches (N = --accum-steps); gradients of the first
  * N-1 are summed on the device, the last one's backward sends as it goes.
  * Global batch s of W x B x N samples: worker r's micro-batch j takes rows
@@ -426,6 +458,8 @@ static int train_step(struct trainer *tr, uint64_t step_in_epoch, double *loss, 
     int rc = sync_weights(tr);
     if (rc != 0)
         return rc;
+    if (!tr->cfg.standalone && psc_outside_round(tr->c))
+        return rejoin(tr);
     int b = (int)tr->cfg.batch;
     uint64_t n_acc = tr->cfg.accum_steps;
     *loss = 0;
@@ -460,6 +494,7 @@ static int train_step(struct trainer *tr, uint64_t step_in_epoch, double *loss, 
                         (size_t)psw_mlp_table_size(&tr->mlp, k));
     tr->fresh = 0;
     tr->clock++;
+    tr->done++;
     if (tr->cfg.test_delay_ms) {
         struct timespec ts = {(time_t)(tr->cfg.test_delay_ms / 1000),
                               (long)(tr->cfg.test_delay_ms % 1000) * 1000000L};
@@ -496,19 +531,28 @@ static void progress(struct trainer *tr, uint64_t epoch, uint64_t step, uint64_t
 static int train(struct trainer *tr, double *accuracy)
 {
     uint64_t gb = tr->cfg.batch * tr->cfg.workers * tr->cfg.accum_steps;
-    uint64_t steps = tr->train.n / gb;
+    uint64_t steps = tr->train.n / gb, total = steps * tr->cfg.epochs;
+    if (tr->cfg.max_steps && tr->cfg.max_steps < total)
+        total = tr->cfg.max_steps;
     *accuracy = -1;
     int rc = 0;
-    for (uint64_t e = 0; e < tr->cfg.epochs && rc == 0; e++) {
+    /* by the clock, not by counting: a worker rejoining a run starts (and
+     * may move on) where the run is */
+    while (rc == 0 && tr->clock < total) {
+        uint64_t e = tr->clock / steps, s = tr->clock % steps;
         psw_data_permute(tr->perm, tr->train.n, tr->cfg.seed, e);
         double t0 = now_s(), loss_sum = 0;
-        uint64_t s = 0, seen = 0;
-        for (; s < steps; s++) {
-            if (tr->cfg.max_steps && tr->clock >= tr->cfg.max_steps)
-                break;
+        uint64_t seen = 0;
+        while (tr->clock / steps == e && tr->clock < total) {
+            s = tr->clock % steps;
             double loss;
             int ok;
-            if ((rc = train_step(tr, s, &loss, &ok)) != 0)
+            rc = train_step(tr, s, &loss, &ok);
+            if (rc == STEP_REJOINED) {
+                rc = 0;
+                continue;
+            }
+            if (rc != 0)
                 break;
             loss_sum += loss;
             seen += tr->cfg.batch * tr->cfg.accum_steps;
@@ -517,14 +561,13 @@ static int train(struct trainer *tr, double *accuracy)
         tr->train_seconds += now_s() - t0;
         if (rc != 0)
             break;
-        progress(tr, e, s, steps, seen ? loss_sum / seen : 0, t0, 1);
+        progress(tr, e, tr->clock / steps == e ? tr->clock % steps : steps, steps,
+                 seen ? loss_sum / seen : 0, t0, 1);
         if (tr->cfg.rank == 0) {
             *accuracy = evaluate(tr);
             PS_LOG(&tr->log, PS_LOG_INFO, "W0210", "epoch %llu: test accuracy %.4f",
                    (unsigned long long)e + 1, *accuracy);
         }
-        if (tr->cfg.max_steps && tr->clock >= tr->cfg.max_steps)
-            break;
     }
     if (rc == 0 && (rc = sync_weights(tr)) == 0 && tr->cfg.rank != 0)
         *accuracy = evaluate(tr); /* the final weights, so every summary has it */
@@ -588,7 +631,8 @@ static int write_summary(struct trainer *tr, const char *path, double acc, doubl
     uint64_t sent = 0, recvd = 0;
     if (tr->c != NULL)
         psc_bytes(tr->c, &sent, &recvd);
-    uint64_t samples = tr->clock * tr->cfg.batch * tr->cfg.accum_steps;
+    uint64_t done = tr->done;
+    uint64_t samples = done * tr->cfg.batch * tr->cfg.accum_steps;
     char tmp[4200];
     snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
     FILE *f = fopen(tmp, "w");
@@ -599,19 +643,20 @@ static int write_summary(struct trainer *tr, const char *path, double acc, doubl
         snprintf(accs, sizeof accs, "%.6f", acc);
     else
         snprintf(accs, sizeof accs, "null");
-    int ok = fprintf(f,
-                     "{\"test_accuracy\": %s, \"samples_per_sec\": %.2f, \"steps\": %llu, "
-                     "\"epochs\": %llu, \"wall_seconds\": %.3f, \"bytes_pushed\": %llu, "
-                     "\"bytes_pulled\": %llu, \"bytes_pushed_per_step\": %.0f, "
-                     "\"bytes_pulled_per_step\": %.0f, \"rank\": %llu, \"workers\": %llu, "
-                     "\"device\": \"%s\"}\n",
-                     accs, tr->train_seconds > 0 ? samples / tr->train_seconds : 0.0,
-                     (unsigned long long)tr->clock, (unsigned long long)tr->cfg.epochs, wall,
-                     (unsigned long long)sent, (unsigned long long)recvd,
-                     tr->clock ? (double)sent / (double)tr->clock : 0.0,
-                     tr->clock ? (double)recvd / (double)tr->clock : 0.0,
-                     (unsigned long long)tr->cfg.rank, (unsigned long long)tr->cfg.workers,
-                     psk_kind_of(tr->be) == PSK_CUDA ? "cuda" : "cpu") > 0;
+    int ok =
+        fprintf(f,
+                "{\"test_accuracy\": %s, \"samples_per_sec\": %.2f, \"steps\": %llu, "
+                "\"epochs\": %llu, \"wall_seconds\": %.3f, \"bytes_pushed\": %llu, "
+                "\"bytes_pulled\": %llu, \"bytes_pushed_per_step\": %.0f, "
+                "\"bytes_pulled_per_step\": %.0f, \"rank\": %llu, \"workers\": %llu, "
+                "\"device\": \"%s\", \"start_clock\": %llu, \"stale_pushes\": %llu}\n",
+                accs, tr->train_seconds > 0 ? samples / tr->train_seconds : 0.0,
+                (unsigned long long)done, (unsigned long long)tr->cfg.epochs, wall,
+                (unsigned long long)sent, (unsigned long long)recvd,
+                done ? (double)sent / (double)done : 0.0, done ? (double)recvd / (double)done : 0.0,
+                (unsigned long long)tr->cfg.rank, (unsigned long long)tr->cfg.workers,
+                psk_kind_of(tr->be) == PSK_CUDA ? "cuda" : "cpu", (unsigned long long)tr->clock0,
+                (unsigned long long)(tr->c ? psc_stale_pushes(tr->c) : 0)) > 0;
     ok = (fclose(f) == 0) && ok;
     if (!ok || rename(tmp, path) != 0) {
         unlink(tmp);
@@ -722,6 +767,30 @@ static int split_servers(const char *list, char *buf, size_t len, const char **e
     return 0;
 }
 
+/* Connects the client to --servers (hello to every shard). */
+static int connect_client(struct trainer *tr, int nonzero_pulls, char *err, size_t errlen)
+{
+    const struct config *c = &tr->cfg;
+    char buf[8192];
+    const char *eps[PS_SHARDS_MAX];
+    size_t n = 0;
+    int rc = split_servers(c->servers, buf, sizeof buf, eps, &n, err, errlen);
+    if (rc != 0)
+        return rc;
+    struct psc_config pc = {.servers = eps,
+                            .nservers = n,
+                            .worker_id = (uint32_t)c->rank,
+                            .connect_timeout_ms = (int)c->timeout_ms,
+                            .wire_dtype = wire_dtype_of(c->wire_dtype),
+                            .nonzero_pulls = nonzero_pulls,
+                            .retry_ms = (int)c->retry_ms,
+                            .heartbeat_ms = c->heartbeat_ms ? (int)c->heartbeat_ms : -1};
+    struct ps_curve_keys mine, server;
+    if ((rc = curve_config(c, &mine, &server, &pc, err, errlen)) != 0)
+        return rc;
+    return psc_create(&pc, &tr->c, err, errlen);
+}
+
 static int setup(struct trainer *tr, char *err, size_t errlen)
 {
     struct config *c = &tr->cfg;
@@ -762,26 +831,10 @@ static int setup(struct trainer *tr, char *err, size_t errlen)
         snprintf(err, errlen, "out of memory for batches");
         return PS_ENOMEM;
     }
-    if (!c->standalone) {
-        char buf[8192];
-        const char *eps[PS_SHARDS_MAX];
-        size_t n = 0;
-        if ((rc = split_servers(c->servers, buf, sizeof buf, eps, &n, err, errlen)) != 0)
-            return rc;
-        /* nonzero pulls cost nothing for unpruned tables: the servers only
-         * use them where they save bytes */
-        struct psc_config pc = {.servers = eps,
-                                .nservers = n,
-                                .worker_id = (uint32_t)c->rank,
-                                .connect_timeout_ms = (int)c->timeout_ms,
-                                .wire_dtype = wire_dtype_of(c->wire_dtype),
-                                .nonzero_pulls = 1,
-                                .retry_ms = (int)c->retry_ms};
-        struct ps_curve_keys mine, server;
-        if ((rc = curve_config(c, &mine, &server, &pc, err, errlen)) != 0 ||
-            (rc = psc_create(&pc, &tr->c, err, errlen)) != 0)
-            return rc;
-    }
+    /* nonzero pulls cost nothing for unpruned tables: the servers only use
+     * them where they save bytes */
+    if (!c->standalone && (rc = connect_client(tr, 1, err, errlen)) != 0)
+        return rc;
     /* The schedule spans the run's clocks (the server converts its own
      * application count in asp/ssp). Every worker computes the same value,
      * so the table specs agree. */
@@ -791,8 +844,15 @@ static int setup(struct trainer *tr, char *err, size_t errlen)
     tr->decay_steps = steps;
     if ((rc = setup_tables(tr, err, errlen)) != 0)
         return rc;
+    if (!c->standalone && (tr->clock = tr->clock0 = psc_start_clock(tr->c)) > 0) {
+        uint64_t per_epoch = tr->train.n / (c->batch * c->workers * c->accum_steps);
+        PS_LOG(&tr->log, PS_LOG_INFO, "W0011",
+               "rejoining a run in progress at clock %llu (epoch %llu, step %llu of %llu)",
+               (unsigned long long)tr->clock, (unsigned long long)(tr->clock / per_epoch + 1),
+               (unsigned long long)(tr->clock % per_epoch), (unsigned long long)per_epoch);
+    }
     for (int k = 0; !c->standalone && k < tr->ntables && rc == 0; k++)
-        rc = pull_table(tr, k, 0);
+        rc = pull_table(tr, k, tr->clock);
     tr->pulls_pending = c->standalone ? 0 : tr->ntables;
     return rc;
 }
@@ -828,22 +888,9 @@ static void teardown(struct trainer *tr)
 static int run_sparse_lr(struct trainer *tr)
 {
     const struct config *c = &tr->cfg;
-    char err[512], buf[8192];
-    const char *eps[PS_SHARDS_MAX];
-    size_t n = 0;
+    char err[512];
     double t0 = now_s();
-    int rc = split_servers(c->servers, buf, sizeof buf, eps, &n, err, sizeof err);
-    struct psc_config pc = {.servers = eps,
-                            .nservers = n,
-                            .worker_id = (uint32_t)c->rank,
-                            .connect_timeout_ms = (int)c->timeout_ms,
-                            .wire_dtype = wire_dtype_of(c->wire_dtype),
-                            .retry_ms = (int)c->retry_ms};
-    struct ps_curve_keys mine, server;
-    if (rc == 0)
-        rc = curve_config(c, &mine, &server, &pc, err, sizeof err);
-    if (rc == 0)
-        rc = psc_create(&pc, &tr->c, err, sizeof err);
+    int rc = connect_client(tr, 0, err, sizeof err);
     struct psw_slr_config sc = {
         .data = c->data,
         .rank = (uint32_t)c->rank,
@@ -925,11 +972,11 @@ int main(int argc, char **argv)
         rc = PS_EIO;
     }
     if (rc == 0) {
-        PS_LOG(
-            &tr.log, PS_LOG_INFO, "W0100", "done: %llu steps, test accuracy %.4f, %.0f samples/s",
-            (unsigned long long)tr.clock, acc,
-            tr.train_seconds > 0 ? tr.clock * tr.cfg.batch * tr.cfg.accum_steps / tr.train_seconds
-                                 : 0.0);
+        PS_LOG(&tr.log, PS_LOG_INFO, "W0100",
+               "done: %llu steps, test accuracy %.4f, %.0f samples/s", (unsigned long long)tr.done,
+               acc,
+               tr.train_seconds > 0 ? tr.done * tr.cfg.batch * tr.cfg.accum_steps / tr.train_seconds
+                                    : 0.0);
     }
     if (tr.cfg.summary_json != NULL && tr.be != NULL &&
         write_summary(&tr, tr.cfg.summary_json, acc, now_s() - t0) != 0)

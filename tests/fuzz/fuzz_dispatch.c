@@ -1,8 +1,9 @@
 /* libFuzzer target: the whole request dispatch of an in-process psd. Each
  * input gets a fresh server (mode from the first byte: asp, bsp or ssp:1,
  * 2 workers, small limits) holding a dense and a sparse table, then a
- * sequence of messages. Every message must get a reply or wait; nothing
- * may crash, leak or trip a sanitizer; waiting pulls are then expired. */
+ * sequence of messages; with bit 2 of that byte, a worker is dropped from
+ * the live set after every fourth message (what --worker-timeout does). Every message must get a
+ * reply or wait; nothing may crash, leak or trip a sanitizer; waiting pulls are then expired. */
 #include "fuzz_frames.h"
 
 #include "psd.h"
@@ -75,6 +76,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         struct psd_reply rep;
         if (psd_dispatch(&s, &route, frames, n, &rep))
             psd_reply_drop(&rep);
+        if ((data[0] & 4) && msgs % 4 == 3)
+            psd_drop_worker(&s, (uint32_t)(msgs / 4) % 2);
     }
     psd_tick(&s); /* expire what waits (1 ms deadline) once time has passed */
     psd_fini(&s);

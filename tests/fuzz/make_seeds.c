@@ -60,19 +60,21 @@ int main(int argc, char **argv)
         }
         case_msg_free(&m);
     }
-    /* valid: a pull and a push of the dense table (id 0), a keyed push */
+    /* valid: a pull, a push and a push-pull of the dense table (id 0), and
+     * a heartbeat */
     struct case_msg m;
     if (case_msg_alloc(&m) != 0)
         return 1;
-    const Ps__Op ops[3] = {PS__OP__OP_PULL, PS__OP__OP_PUSH, PS__OP__OP_PUSH_PULL};
-    for (int k = 0; k < 3; k++) {
+    const Ps__Op ops[4] = {PS__OP__OP_PULL, PS__OP__OP_PUSH, PS__OP__OP_PUSH_PULL,
+                           PS__OP__OP_HEARTBEAT};
+    for (int k = 0; k < 4; k++) {
         Ps__Header h;
         ps_wire_header_init(&h, ops[k]);
         h.count = 8;
         h.offset = 992;
         m.size[0] = ps__header__pack(&h, m.data[0]);
         m.nframes = 1;
-        if (ops[k] != PS__OP__OP_PULL) {
+        if (ops[k] == PS__OP__OP_PUSH || ops[k] == PS__OP__OP_PUSH_PULL) {
             memset(m.data[1], 0x3f, 32);
             m.size[1] = 32;
             m.nframes = 2;

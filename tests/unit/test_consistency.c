@@ -151,6 +151,104 @@ static void test_keyed_push_equals_dense_zeros(void **state)
     drop(&c, keyed);
 }
 
+static int leave(const struct psd_cons *c, struct psd_table *t, uint32_t w)
+{
+    int applied = 0;
+    psd_cons_leave(c, t, w, &applied);
+    return applied;
+}
+
+/* A worker dropped mid-round: the round completes with the others, the
+ * part already applied keeps its gradient, the rest averages without it. */
+static void test_bsp_leave_and_rejoin(void **state)
+{
+    (void)state;
+    struct psd_cons c = {PSD_BSP, 0, 2};
+    float g0[N], g1[N];
+    for (int i = 0; i < N; i++) {
+        g0[i] = 0.2f;
+        g1[i] = 0.6f;
+    }
+    struct psd_table *t = make(&c);
+    assert_int_equal(push(&c, t, 1, 0, 0, 4, g1), 0);
+    assert_int_equal(push(&c, t, 0, 0, 0, N, g0), 0);
+    assert_int_equal(t->watermark, 4); /* [0, 4) applied with both */
+    assert_true(leave(&c, t, 1));      /* worker 1 is gone: the round closes */
+    assert_int_equal(t->clock, 1);
+    for (int i = 0; i < N; i++)
+        assert_float_equal(t->w[i], 1.0f - 0.5f * (i < 4 ? 0.4f : 0.2f), 1e-6);
+    assert_int_equal(psd_cons_join_clock(&c, t, 0), 1); /* a member: where it is */
+    assert_int_equal(psd_cons_join_clock(&c, t, 1), 3); /* two rounds ahead */
+    /* a non-member's push of another clock, or not at the start: dropped */
+    assert_int_equal(push(&c, t, 1, 0, 4, 6, g1), PSD_CONS_STALE);
+    assert_int_equal(push(&c, t, 1, 1, 4, 6, g1), PSD_CONS_STALE);
+    /* round 1 goes on without it, once worker 0 has pushed a part */
+    assert_int_equal(push(&c, t, 0, 1, 0, 2, g0), 0);
+    assert_int_equal(t->watermark, 2);
+    assert_int_equal(push(&c, t, 1, 1, 0, N, g1), PSD_CONS_STALE); /* mid-round */
+    assert_int_equal(push(&c, t, 0, 1, 2, 8, g0), 0);
+    assert_int_equal(t->clock, 2);
+    /* at the start of round 2 it joins: the round waits for it again */
+    assert_int_equal(push(&c, t, 1, 2, 0, 5, g1), 0);
+    assert_int_equal(push(&c, t, 0, 2, 0, N, g0), 0);
+    assert_int_equal(t->clock, 2);
+    assert_int_equal(t->watermark, 5);
+    char who[64];
+    psd_cons_missing(&c, t, 3, who, sizeof who);
+    assert_string_equal(who, "1");
+    assert_int_equal(push(&c, t, 1, 2, 5, 5, g1), 0);
+    assert_int_equal(t->clock, 3);
+    /* nobody left: nothing is applied, nothing is waited for */
+    assert_int_equal(push(&c, t, 0, 3, 0, 3, g0), 0);
+    leave(&c, t, 0);
+    leave(&c, t, 1);
+    assert_int_equal(t->clock, 3);
+    assert_int_equal(t->watermark, 0);
+    psd_cons_missing(&c, t, 4, who, sizeof who);
+    assert_string_equal(who, "");
+    /* a pull answered at a round boundary makes a member; mid-round not */
+    psd_cons_pulled(&c, t, 0, 3);
+    assert_int_equal(push(&c, t, 0, 3, 0, N, g0), 0);
+    assert_int_equal(t->clock, 4); /* alone in the round */
+    psd_cons_pulled(&c, t, 1, 4);
+    assert_int_equal(push(&c, t, 0, 4, 0, N, g0), 0);
+    assert_int_equal(t->clock, 4); /* round 4 waits for worker 1 now */
+    assert_int_equal(push(&c, t, 1, 4, 0, N, g1), 0);
+    assert_int_equal(t->clock, 5);
+    leave(&c, t, 1);
+    assert_int_equal(push(&c, t, 0, 5, 0, 3, g0), 0);
+    psd_cons_pulled(&c, t, 1, 5); /* round 5 has begun: too late */
+    assert_int_equal(push(&c, t, 0, 5, 3, 7, g0), 0);
+    assert_int_equal(t->clock, 6);
+    drop(&c, t);
+}
+
+static void test_ssp_leave_and_rejoin(void **state)
+{
+    (void)state;
+    struct psd_cons c = {PSD_SSP, 1, 2};
+    float g[N] = {0};
+    struct psd_table *t = make(&c);
+    for (uint64_t k = 0; k < 4; k++)
+        assert_int_equal(push(&c, t, 0, k, 0, N, g), 0);
+    assert_false(psd_cons_ready(&c, t, 4, 0, N)); /* worker 1 is at clock 0 */
+    assert_true(leave(&c, t, 1));
+    assert_true(psd_cons_ready(&c, t, 4, 0, N));
+    assert_int_equal(psd_cons_join_clock(&c, t, 1), 4);
+    /* a push joins it again: the bound counts it from there */
+    assert_int_equal(push(&c, t, 1, 4, 0, N, g), 0);
+    assert_int_equal(psd_cons_clock(&c, t), 4);
+    assert_true(psd_cons_ready(&c, t, 5, 0, N));
+    assert_false(psd_cons_ready(&c, t, 6, 0, N));
+    drop(&c, t);
+    struct psd_cons a = {PSD_ASP, 0, 2};
+    t = make(&a);
+    assert_int_equal(push(&a, t, 1, 6, 0, N, g), 0);
+    assert_int_equal(psd_cons_join_clock(&a, t, 1), 7); /* its own position */
+    assert_int_equal(psd_cons_join_clock(&a, t, 0), 0);
+    drop(&a, t);
+}
+
 static void test_parse(void **state)
 {
     (void)state;
@@ -170,9 +268,13 @@ static void test_parse(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_bsp_watermark), cmocka_unit_test(test_bsp_refusals),
-        cmocka_unit_test(test_ssp_and_asp),   cmocka_unit_test(test_keyed_push_equals_dense_zeros),
+        cmocka_unit_test(test_bsp_watermark),
+        cmocka_unit_test(test_bsp_refusals),
+        cmocka_unit_test(test_ssp_and_asp),
+        cmocka_unit_test(test_keyed_push_equals_dense_zeros),
         cmocka_unit_test(test_parse),
+        cmocka_unit_test(test_bsp_leave_and_rejoin),
+        cmocka_unit_test(test_ssp_leave_and_rejoin),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
