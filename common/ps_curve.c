@@ -127,3 +127,21 @@ int ps_curve_allowed(const struct ps_curve_allow *a, const unsigned char *key32)
             return 1;
     return 0;
 }
+
+int ps_curve_client(const char *secret_path, const char *server_key_path,
+                    struct ps_curve_keys *mine, struct ps_curve_keys *server, char *err,
+                    size_t errlen)
+{
+    memset(mine, 0, sizeof *mine);
+    memset(server, 0, sizeof *server);
+    if (secret_path == NULL && server_key_path == NULL)
+        return 0;
+    if (secret_path == NULL || server_key_path == NULL) {
+        snprintf(err, errlen, "--curve-secret and --curve-server-key go together");
+        return PS_EINVAL;
+    }
+    int rc = ps_curve_read(secret_path, 1, mine, err, errlen);
+    if (rc == 0)
+        rc = ps_curve_read(server_key_path, 0, server, err, errlen);
+    return rc;
+}

@@ -29,6 +29,11 @@ int ps_curve_keygen(const char *path, char *err, size_t errlen);
 /* Reads a key file; need_secret makes a missing secret an error. */
 int ps_curve_read(const char *path, int need_secret, struct ps_curve_keys *out, char *err,
                   size_t errlen);
+/* A client's keys from --curve-secret and --curve-server-key (they go
+ * together; both NULL: no CURVE, and both outputs are set to ""). */
+int ps_curve_client(const char *secret_path, const char *server_key_path,
+                    struct ps_curve_keys *mine, struct ps_curve_keys *server, char *err,
+                    size_t errlen);
 /* Loads every regular file of dir as a public key file. */
 int ps_curve_allow_load(const char *dir, struct ps_curve_allow *out, char *err, size_t errlen);
 /* 1 when the 32-byte binary key is in the list. */

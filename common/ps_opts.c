@@ -2,9 +2,11 @@
 #include "ps_opts.h"
 
 #include "ps_err.h"
+#include "ps_limits.h"
 
 #include <errno.h>
 #include <getopt.h>
+#include <ini.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -97,6 +99,120 @@ int ps_opts_set(const struct ps_opt *opts, size_t n, void *cfg, const char *name
     return PS_EINVAL;
 }
 
+/* ---- config files (INI, read with inih) ---------------------------------- */
+
+/* Strings read from config files live as long as the process. */
+struct kept {
+    struct kept *next;
+    char s[];
+};
+static struct kept *kept_list;
+
+static void free_kept(void)
+{
+    while (kept_list != NULL) {
+        struct kept *k = kept_list;
+        kept_list = k->next;
+        free(k);
+    }
+}
+
+static const char *keep(const char *v)
+{
+    size_t len = strlen(v);
+    struct kept *k = malloc(sizeof *k + len + 1);
+    if (k == NULL)
+        return NULL;
+    if (kept_list == NULL)
+        atexit(free_kept);
+    memcpy(k->s, v, len + 1);
+    k->next = kept_list;
+    kept_list = k;
+    return k->s;
+}
+
+struct ini_ctx {
+    const struct ps_opt *opts;
+    size_t n;
+    void *cfg;
+    int rc;
+    char *err;
+    size_t errlen;
+};
+
+static int on_ini(void *user, const char *section, const char *name, const char *value)
+{
+    (void)section; /* any section: the names are the long flags */
+    struct ini_ctx *x = user;
+    if (x->rc != 0)
+        return 1; /* the first error is the one reported */
+    const struct ps_opt *o = NULL;
+    for (size_t i = 0; i < x->n && o == NULL; i++)
+        if (strcmp(x->opts[i].name, name) == 0 && strcmp(name, "config") != 0)
+            o = &x->opts[i];
+    if (o == NULL) {
+        snprintf(x->err, x->errlen, "unknown option '%s'", name);
+        x->rc = PS_EINVAL;
+        return 0;
+    }
+    if (o->type == PS_OPT_FLAG) {
+        int on = strcmp(value, "true") == 0 || strcmp(value, "yes") == 0 ||
+                 strcmp(value, "1") == 0 || strcmp(value, "on") == 0;
+        int off = strcmp(value, "false") == 0 || strcmp(value, "no") == 0 ||
+                  strcmp(value, "0") == 0 || strcmp(value, "off") == 0;
+        if (!on && !off) {
+            snprintf(x->err, x->errlen, "%s: '%s' is not true or false", name, value);
+            x->rc = PS_EINVAL;
+            return 0;
+        }
+        memcpy((char *)x->cfg + o->offset, &on, sizeof on);
+        return 1;
+    }
+    const char *v = o->type == PS_OPT_STR ? keep(value) : value;
+    if (v == NULL) {
+        snprintf(x->err, x->errlen, "out of memory");
+        x->rc = PS_ENOMEM;
+        return 0;
+    }
+    x->rc = set_value(o, x->cfg, v, x->err, x->errlen);
+    return x->rc == 0;
+}
+
+int ps_opts_load_file(const struct ps_opt *opts, size_t n, void *cfg, const char *path, char *err,
+                      size_t errlen)
+{
+    char why[400] = "";
+    struct ini_ctx x = {opts, n, cfg, 0, why, sizeof why};
+    int line = ini_parse(path, on_ini, &x);
+    if (line == -1) {
+        snprintf(err, errlen, "--config: cannot read '%s': %s", path, strerror(errno));
+        return PS_EIO;
+    }
+    if (line != 0) {
+        snprintf(err, errlen, "--config: %s line %d: %s", path, line,
+                 why[0] ? why : "not NAME = VALUE");
+        return x.rc ? x.rc : PS_EINVAL;
+    }
+    return 0;
+}
+
+/* The value of --config in argv, or NULL. */
+static const char *config_arg(const struct ps_opt *opts, size_t n, int argc, char **argv)
+{
+    int known = 0;
+    for (size_t i = 0; i < n; i++)
+        known |= strcmp(opts[i].name, "config") == 0;
+    for (int i = 1; known && i < argc; i++) {
+        if (strcmp(argv[i], "--") == 0)
+            break;
+        if (strcmp(argv[i], "--config") == 0 && i + 1 < argc)
+            return argv[i + 1];
+        if (strncmp(argv[i], "--config=", 9) == 0)
+            return argv[i] + 9;
+    }
+    return NULL;
+}
+
 int ps_opts_parse(const struct ps_opt *opts, size_t n, void *cfg, int argc, char **argv,
                   int *first_positional, char *err, size_t errlen)
 {
@@ -110,6 +226,12 @@ int ps_opts_parse(const struct ps_opt *opts, size_t n, void *cfg, int argc, char
             if (rc != 0)
                 return rc;
         }
+    }
+    const char *file = config_arg(opts, n, argc, argv);
+    if (file != NULL) { /* defaults, then the file, then the flags */
+        int rc = ps_opts_load_file(opts, n, cfg, file, err, errlen);
+        if (rc != 0)
+            return rc;
     }
     struct option lo[PS_OPTS_MAX + 1];
     memset(lo, 0, sizeof lo);
@@ -165,4 +287,32 @@ void ps_opts_usage(FILE *f, const char *usage_line, const char *summary, const s
             fprintf(f, " (default %s)", o->def);
         fputc('\n', f);
     }
+}
+
+int ps_split_servers(const char *list, char *buf, size_t len, const char **eps, size_t *n,
+                     char *err, size_t errlen)
+{
+    if (list == NULL) {
+        snprintf(err, errlen, "--servers is required");
+        return PS_EINVAL;
+    }
+    if (strlen(list) >= len) {
+        snprintf(err, errlen, "--servers: list longer than %zu bytes", len - 1);
+        return PS_EINVAL;
+    }
+    strcpy(buf, list);
+    *n = 0;
+    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok != NULL;
+         tok = strtok_r(NULL, ",", &save)) {
+        if (*n >= PS_SHARDS_MAX) {
+            snprintf(err, errlen, "--servers: more than %u endpoints", PS_SHARDS_MAX);
+            return PS_EINVAL;
+        }
+        eps[(*n)++] = tok;
+    }
+    if (*n == 0) {
+        snprintf(err, errlen, "--servers: '%s' names no endpoint", list);
+        return PS_EINVAL;
+    }
+    return 0;
 }

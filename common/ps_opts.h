@@ -32,7 +32,14 @@ struct ps_opt {
 
 #define PS_OPTS_MAX 64
 
-/* Applies defaults, then argv. Returns 0, or PS_EINVAL with a message in err
+/* Reads an INI file of NAME = VALUE lines (NAME a long flag without the
+ * dashes, in any [section]; flags take true/false) into cfg. 0, or an error
+ * naming the file, the line and what was wrong. */
+int ps_opts_load_file(const struct ps_opt *opts, size_t n, void *cfg, const char *path, char *err,
+                      size_t errlen);
+
+/* Applies defaults, then the file of --config (when the table has a
+ * "config" option and argv names one), then argv. Returns 0, or PS_EINVAL with a message in err
  * naming the flag and the value. Positional arguments are left in argv from
  * index *first_positional on (when not NULL). */
 int ps_opts_parse(const struct ps_opt *opts, size_t n, void *cfg, int argc, char **argv,
@@ -45,6 +52,11 @@ int ps_opts_set(const struct ps_opt *opts, size_t n, void *cfg, const char *name
 /* Prints usage generated from the table. */
 void ps_opts_usage(FILE *f, const char *usage_line, const char *summary, const struct ps_opt *opts,
                    size_t n);
+
+/* Splits --servers "EP,EP,..." (copied into buf of len bytes) into eps
+ * (PS_SHARDS_MAX entries). 0, or PS_EINVAL with a sentence in err. */
+int ps_split_servers(const char *list, char *buf, size_t len, const char **eps, size_t *n,
+                     char *err, size_t errlen);
 
 /* Strict decimal parse into [min, max]; 0 or PS_EINVAL / PS_ERANGE. */
 int ps_parse_u64(const char *s, uint64_t min, uint64_t max, uint64_t *out);

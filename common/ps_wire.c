@@ -90,6 +90,8 @@ const char *ps_op_name(int op)
         return "stats";
     case PS__OP__OP_HEARTBEAT:
         return "heartbeat";
+    case PS__OP__OP_CHECKPOINT:
+        return "checkpoint";
     default:
         return "?";
     }
@@ -113,7 +115,7 @@ static int fail(int code, char *err, size_t errlen, const char *fmt, ...)
 
 static int op_known(int op)
 {
-    return op >= PS__OP__OP_HELLO && op <= PS__OP__OP_HEARTBEAT;
+    return op >= PS__OP__OP_HELLO && op <= PS__OP__OP_CHECKPOINT;
 }
 
 static int op_moves_data(int op)

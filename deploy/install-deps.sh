@@ -13,6 +13,7 @@ PKGS=(
   libcmocka-dev
   clang libclang-rt-14-dev
   python3 procps libjansson-dev
+  libsystemd-dev libinih-dev systemd
   dataset-fashion-mnist
 )
 

@@ -6,6 +6,7 @@
 
 #include "ps_err.h"
 #include "ps_log.h"
+#include "ps_safetensors.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -22,14 +23,7 @@
 
 #define TENSORS_MAX (PS_TABLES_MAX * 6u)
 
-struct tensor {
-    char name[PS_TABLE_NAME_MAX + 8];
-    const char *dtype;
-    uint64_t shape[2];
-    int ndim;
-    const void *data;
-    size_t bytes;
-};
+_Static_assert(PS_TABLE_NAME_MAX + 8 <= PS_ST_NAME_MAX, "tensor names fit");
 
 int psd_quiescent(const struct psd *s)
 {
@@ -48,20 +42,15 @@ int psd_quiescent(const struct psd *s)
     return 1;
 }
 
-static void add(struct tensor *ts, size_t *n, const char *prefix, const struct psd_table *t,
+static void add(struct ps_st_tensor *ts, size_t *n, const char *prefix, const struct psd_table *t,
                 const char *dtype, const void *data, size_t esize, uint64_t d0, uint64_t d1)
 {
-    struct tensor *x = &ts[(*n)++];
-    snprintf(x->name, sizeof x->name, "%s/%s", prefix, t->name);
-    x->dtype = dtype;
-    x->shape[0] = d0;
-    x->shape[1] = d1;
-    x->ndim = d1 ? 2 : 1;
-    x->data = data;
-    x->bytes = (size_t)d0 * (d1 ? d1 : 1) * esize;
+    char name[PS_ST_NAME_MAX];
+    snprintf(name, sizeof name, "%s/%s", prefix, t->name);
+    ps_st_tensor(&ts[(*n)++], name, dtype, data, esize, d0, d1);
 }
 
-static size_t collect(const struct psd *s, struct tensor *ts)
+static size_t collect(const struct psd *s, struct ps_st_tensor *ts)
 {
     size_t n = 0;
     for (uint32_t i = 0; i < s->ntables; i++) {
@@ -148,16 +137,6 @@ static char *state_text(const struct psd *s)
     return text;
 }
 
-static int fsync_dir(const char *dir)
-{
-    int fd = open(dir, O_RDONLY | O_DIRECTORY);
-    if (fd < 0)
-        return PS_EIO;
-    int rc = fsync(fd) == 0 ? 0 : PS_EIO;
-    close(fd);
-    return rc;
-}
-
 /* seq of a file name of this shard, or -1. */
 static int64_t file_seq(const struct psd *s, const char *name)
 {
@@ -215,51 +194,12 @@ static void seq_path(const struct psd *s, const char *dir, int64_t seq, char *pa
              seq);
 }
 
-static int write_all(int fd, const void *p, size_t n)
-{
-    const char *c = p;
-    while (n > 0) {
-        ssize_t w = write(fd, c, n);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w <= 0)
-            return PS_EIO;
-        c += w;
-        n -= (size_t)w;
-    }
-    return 0;
-}
-
-static char *build_header(struct tensor *ts, size_t n, const char *state, unsigned long crc)
-{
-    json_t *h = json_object();
-    uint64_t off = 0;
-    for (size_t i = 0; i < n; i++) {
-        json_t *shape = ts[i].ndim == 2 ? json_pack("[I, I]", (json_int_t)ts[i].shape[0],
-                                                    (json_int_t)ts[i].shape[1])
-                                        : json_pack("[I]", (json_int_t)ts[i].shape[0]);
-        json_object_set_new(h, ts[i].name,
-                            json_pack("{s:s, s:o, s:[I, I]}", "dtype", ts[i].dtype, "shape", shape,
-                                      "data_offsets", (json_int_t)off,
-                                      (json_int_t)(off + ts[i].bytes)));
-        off += ts[i].bytes;
-    }
-    char crcs[16];
-    snprintf(crcs, sizeof crcs, "%08lx", crc);
-    json_object_set_new(h, "__metadata__",
-                        json_pack("{s:s, s:s, s:s, s:s}", "format", "psd-checkpoint", "version",
-                                  "1", "crc32", crcs, "state", state));
-    char *text = json_dumps(h, JSON_COMPACT);
-    json_decref(h);
-    return text;
-}
-
 int psd_checkpoint_write(struct psd *s, const char *dir, char *path, size_t pathlen, char *err,
                          size_t errlen)
 {
-    struct tensor *ts = calloc(TENSORS_MAX, sizeof *ts);
-    char *state = state_text(s), *hdr = NULL, tmp[4200];
-    int rc = PS_ENOMEM, fd = -1;
+    struct ps_st_tensor *ts = calloc(TENSORS_MAX, sizeof *ts);
+    char *state = state_text(s);
+    int rc = PS_ENOMEM;
     if (ts == NULL || state == NULL) {
         snprintf(err, errlen, "checkpoint: out of memory");
         goto out;
@@ -269,34 +209,15 @@ int psd_checkpoint_write(struct psd *s, const char *dir, char *path, size_t path
     for (size_t i = 0; i < n; i++)
         if (ts[i].bytes > 0 && ts[i].data != NULL)
             crc = crc32_z(crc, ts[i].data, ts[i].bytes);
-    if ((hdr = build_header(ts, n, state, crc)) == NULL) {
-        snprintf(err, errlen, "checkpoint: cannot build the header");
-        goto out;
-    }
-    size_t hlen = strlen(hdr), padded = (hlen + 7) & ~(size_t)7;
+    char crcs[16];
+    snprintf(crcs, sizeof crcs, "%08lx", crc);
+    const char *meta[] = {"format", "psd-checkpoint", "version", "1", "crc32",
+                          crcs,     "state",          state};
     int64_t seqs[1];
     size_t have = list_seqs(s, dir, seqs, 1);
-    int64_t seq = have ? seqs[0] + 1 : 1;
-    seq_path(s, dir, seq, path, pathlen);
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    rc = PS_EIO;
-    fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    unsigned char len8[8];
-    for (int i = 0; i < 8; i++)
-        len8[i] = (unsigned char)((uint64_t)padded >> (8 * i));
-    int ok = fd >= 0 && write_all(fd, len8, 8) == 0 && write_all(fd, hdr, hlen) == 0 &&
-             write_all(fd, "        ", padded - hlen) == 0;
-    for (size_t i = 0; ok && i < n; i++)
-        ok = ts[i].bytes == 0 || (ts[i].data && write_all(fd, ts[i].data, ts[i].bytes) == 0);
-    ok = ok && fsync(fd) == 0;
-    if (fd >= 0 && close(fd) != 0)
-        ok = 0;
-    fd = -1;
-    if (!ok || rename(tmp, path) != 0 || fsync_dir(dir) != 0) {
-        snprintf(err, errlen, "checkpoint: cannot write '%s': %s", path, strerror(errno));
-        unlink(tmp);
+    seq_path(s, dir, have ? seqs[0] + 1 : 1, path, pathlen);
+    if ((rc = ps_st_write(path, ts, n, meta, 8, err, errlen)) != 0)
         goto out;
-    }
     int64_t all[64]; /* keep the newest few */
     size_t m = list_seqs(s, dir, all, 64);
     for (size_t i = PSD_CKPT_KEEP; i < m; i++) {
@@ -310,7 +231,6 @@ out:
         if (ts[i].dtype && strcmp(ts[i].dtype, "U64") == 0)
             free((void *)ts[i].data); /* the sparse keys were gathered for this */
     free(ts);
-    free(hdr);
     free(state);
     return rc;
 }

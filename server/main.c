@@ -7,6 +7,7 @@
 #include "ps_err.h"
 #include "ps_limits.h"
 #include "ps_log.h"
+#include "ps_notify.h"
 #include "ps_opts.h"
 
 #include <stddef.h>
@@ -34,6 +35,7 @@ struct psd_config {
     uint64_t checkpoint_every;
     uint64_t max_table_bytes;
     const char *log_level;
+    const char *config;
     const char *endpoint_file;
     int help;
     int version;
@@ -84,6 +86,9 @@ static const struct ps_opt psd_opts[] = {
     OPT("keygen", PS_OPT_STR, keygen, NULL, 0, 0, "PATH",
         "write a new CURVE key pair to PATH (secret, 0600) and PATH.pub, then exit"),
     OPT("log-level", PS_OPT_STR, log_level, "info", 0, 0, "LEVEL", "error, warn, info or debug"),
+    OPT("config", PS_OPT_STR, config, NULL, 0, 0, "FILE",
+        "read options from an INI file (NAME = VALUE, names as the long flags); flags on the "
+        "command line win; SIGHUP reads it again"),
     OPT("endpoint-file", PS_OPT_STR, endpoint_file, NULL, 0, 0, "PATH",
         "write the bound endpoint here once listening (for scripts and tests)"),
     OPT("help", PS_OPT_FLAG, help, NULL, 0, 0, NULL, "show this help and exit"),
@@ -98,7 +103,10 @@ struct app {
     struct psd_net net;
     struct psd_security sec;
     uv_loop_t loop;
-    uv_signal_t sigint, sigterm;
+    uv_signal_t sigint, sigterm, sighup;
+    int argc;
+    char **argv;
+    struct psd_config cfg;
     uv_timer_t tick;
 };
 
@@ -106,12 +114,14 @@ static void on_tick(uv_timer_t *h)
 {
     struct app *a = h->data;
     psd_tick(&a->srv);
+    ps_notify_watchdog(); /* from the loop: a stuck loop stops petting it */
 }
 
 static void on_signal(uv_signal_t *h, int signum)
 {
     struct app *a = h->data;
     PS_LOG(&a->log, PS_LOG_INFO, "S0020", "signal %d: shutting down", signum);
+    ps_notify_stopping();
     if (a->srv.ckpt_dir != NULL && psd_checkpoint_now(&a->srv, "shutdown") == 1)
         PS_LOG(&a->log, PS_LOG_WARN, "S0603",
                "no checkpoint at shutdown: a bsp round is in progress; the newest is from %llu "
@@ -121,6 +131,53 @@ static void on_signal(uv_signal_t *h, int signum)
     uv_close((uv_handle_t *)&a->tick, NULL);
     uv_close((uv_handle_t *)&a->sigint, NULL);
     uv_close((uv_handle_t *)&a->sigterm, NULL);
+    uv_close((uv_handle_t *)&a->sighup, NULL);
+}
+
+/* SIGHUP: reads the config (file and flags) again and applies what can
+ * change while running; the rest is named as needing a restart. */
+static void on_hup(uv_signal_t *h, int signum)
+{
+    (void)signum;
+    struct app *a = h->data;
+    struct psd_config n;
+    char err[512] = "";
+    memset(&n, 0, sizeof n);
+    int level = -1;
+    if (ps_opts_parse(psd_opts, NOPTS, &n, a->argc, a->argv, NULL, err, sizeof err) != 0 ||
+        (level = ps_log_level_parse(n.log_level)) < 0) {
+        PS_LOG(&a->log, PS_LOG_ERROR, "S0031", "SIGHUP: config not reloaded, nothing changed: %s",
+               level < 0 && err[0] == '\0' ? "bad --log-level" : err);
+        return;
+    }
+    struct psd_config *o = &a->cfg;
+    if (strcmp(n.log_level, o->log_level) != 0)
+        PS_LOG(&a->log, PS_LOG_INFO, "S0030", "SIGHUP: log-level %s -> %s", o->log_level,
+               n.log_level);
+    a->log.level = level;
+    if (n.wait_timeout_ms != o->wait_timeout_ms)
+        PS_LOG(&a->log, PS_LOG_INFO, "S0030", "SIGHUP: wait-timeout-ms %llu -> %llu",
+               (unsigned long long)o->wait_timeout_ms, (unsigned long long)n.wait_timeout_ms);
+    a->srv.wait_timeout_ms = n.wait_timeout_ms;
+    if (n.worker_timeout != o->worker_timeout)
+        PS_LOG(&a->log, PS_LOG_INFO, "S0030", "SIGHUP: worker-timeout %g -> %g", o->worker_timeout,
+               n.worker_timeout);
+    a->srv.worker_timeout_ms = (uint64_t)(n.worker_timeout * 1000.0 + 0.5);
+    if (n.checkpoint_every != o->checkpoint_every)
+        PS_LOG(&a->log, PS_LOG_INFO, "S0030", "SIGHUP: checkpoint-every %llu -> %llu",
+               (unsigned long long)o->checkpoint_every, (unsigned long long)n.checkpoint_every);
+    a->srv.ckpt_every_ms = n.checkpoint_every * 1000u;
+    if (n.workers != o->workers || n.shard != o->shard || n.shards != o->shards ||
+        strcmp(n.consistency, o->consistency) != 0 || strcmp(n.listen, o->listen) != 0)
+        PS_LOG(&a->log, PS_LOG_WARN, "S0032",
+               "SIGHUP: listen, shard, shards, workers and consistency change only with a "
+               "restart; kept as they were");
+    n.listen = o->listen;
+    n.shard = o->shard;
+    n.shards = o->shards;
+    n.workers = o->workers;
+    n.consistency = o->consistency;
+    *o = n;
 }
 
 /* temp file + rename, so a reader never sees a half-written endpoint */
@@ -287,6 +344,12 @@ int main(int argc, char **argv)
     a.sigint.data = a.sigterm.data = &a;
     uv_signal_start(&a.sigint, on_signal, SIGINT);
     uv_signal_start(&a.sigterm, on_signal, SIGTERM);
+    uv_signal_init(&a.loop, &a.sighup);
+    a.sighup.data = &a;
+    a.argc = argc;
+    a.argv = argv;
+    a.cfg = cfg;
+    uv_signal_start(&a.sighup, on_hup, SIGHUP);
     uv_timer_init(&a.loop, &a.tick);
     a.tick.data = &a;
     uv_timer_start(&a.tick, on_tick, 250, 250);
@@ -298,6 +361,10 @@ int main(int argc, char **argv)
     if (cfg.endpoint_file != NULL && write_endpoint_file(cfg.endpoint_file, a.net.endpoint) != 0)
         PS_LOG(&a.log, PS_LOG_ERROR, "S0003", "--endpoint-file: cannot write '%s'",
                cfg.endpoint_file);
+    char status[400];
+    snprintf(status, sizeof status, "shard %llu of %llu listening on %s",
+             (unsigned long long)cfg.shard, (unsigned long long)cfg.shards, a.net.endpoint);
+    ps_notify_ready(status);
 
     uv_run(&a.loop, UV_RUN_DEFAULT);
 

@@ -826,31 +826,71 @@ static int op_data(struct psd *s, const struct ps_frame *route, const struct ps_
     return 1;
 }
 
-int psd_checkpoint_now(struct psd *s, const char *why)
+/* Writes a checkpoint (the shard is between rounds); out gets the path
+ * written, or the error. */
+static int write_checkpoint(struct psd *s, const char *why, char *out, size_t outlen)
 {
-    if (s->ckpt_dir == NULL || !psd_quiescent(s))
-        return 1;
     char path[4200], err[512];
     uint64_t t0 = now_ms();
     int rc = psd_checkpoint_write(s, s->ckpt_dir, path, sizeof path, err, sizeof err);
     s->ckpt_last_ms = now_ms();
     if (rc != 0) {
         PS_LOG(s->log, PS_LOG_ERROR, "S0602", "%s", err);
+        snprintf(out, outlen, "%s", err);
         return rc;
     }
     s->ckpt_written++;
+    s->ckpt_ok_ms = s->ckpt_last_ms;
+    s->ckpt_pending = 0;
     PS_LOG(s->log, PS_LOG_INFO, "S0600", "checkpoint %s written (%s, %u tables, %llu ms)", path,
            why, s->ntables, (unsigned long long)(s->ckpt_last_ms - t0));
+    snprintf(out, outlen, "%s", path);
     return 0;
+}
+
+int psd_checkpoint_now(struct psd *s, const char *why)
+{
+    if (s->ckpt_dir == NULL || !psd_quiescent(s))
+        return 1;
+    char out[4300];
+    return write_checkpoint(s, why, out, sizeof out);
 }
 
 /* Due by the interval: written at the first moment the shard is between
  * rounds (checked after every request and on every tick). */
 static void checkpoint_if_due(struct psd *s)
 {
-    if (s->ckpt_dir != NULL && s->ckpt_every_ms > 0 &&
-        now_ms() - s->ckpt_last_ms >= s->ckpt_every_ms)
+    if (s->ckpt_dir == NULL)
+        return;
+    if (s->ckpt_pending)
+        psd_checkpoint_now(s, "asked for");
+    else if (s->ckpt_every_ms > 0 && now_ms() - s->ckpt_last_ms >= s->ckpt_every_ms)
         psd_checkpoint_now(s, "interval");
+}
+
+/* psctl checkpoint: now, or (bsp, mid-round) at the end of the round. */
+static void op_checkpoint(struct psd *s, const Ps__Header *req, struct psd_reply *rep)
+{
+    if (s->ckpt_dir == NULL) {
+        reply_errorf(s, req, PS_ENOTSUP, rep, "checkpoint: shard %u runs without --checkpoint-dir",
+                     s->shard);
+        return;
+    }
+    char detail[4300];
+    if (psd_quiescent(s)) {
+        int rc = write_checkpoint(s, "asked for", detail, sizeof detail);
+        if (rc != 0) {
+            reply_errorf(s, req, rc, rep, "checkpoint: %s", detail);
+            return;
+        }
+    } else {
+        s->ckpt_pending = 1;
+        snprintf(detail, sizeof detail, "a round is in progress: written when it ends");
+    }
+    Ps__Header h;
+    reply_init(&h, req);
+    h.detail = detail;
+    reply_header(s, &h, rep);
 }
 
 void psd_tick(struct psd *s)
@@ -899,6 +939,7 @@ static void op_stats(struct psd *s, const Ps__Header *req, struct psd_reply *rep
         reply_errorf(s, req, PS_ENOMEM, rep, "stats: out of memory");
         return;
     }
+    uint64_t bytes_held = 0;
     for (uint32_t i = 0; i < s->ntables; i++) {
         const struct psd_table *t = s->tables[i];
         ps__table_stats__init(&ts[i]);
@@ -915,6 +956,12 @@ static void op_stats(struct psd *s, const Ps__Header *req, struct psd_reply *rep
         ts[i].prune_target = t->prune_target_now;
         ts[i].rows = t->sparse ? t->sp.nrows : 0;
         ts[i].rounds_lost = t->rounds_lost;
+        ts[i].sparse = t->sparse != 0;
+        ts[i].dim = t->dim;
+        ts[i].rows_max = t->rows_max;
+        ts[i].optimizer = (char *)psd_optimizer_name(t->optimizer);
+        uint64_t elems = t->sparse ? t->sp.nrows * t->dim : t->hi - t->lo;
+        bytes_held += elems * 4u * (1u + (uint64_t)psk_optim_state_arrays((int)t->optimizer));
         tp[i] = &ts[i];
     }
     Ps__Stats st;
@@ -942,6 +989,9 @@ static void op_stats(struct psd *s, const Ps__Header *req, struct psd_reply *rep
     st.workers_rejoined = s->workers_rejoined;
     st.stale_pushes = s->stale_pushes;
     st.worker_timeout_ms = s->worker_timeout_ms;
+    st.checkpoints_written = s->ckpt_written;
+    st.checkpoint_age_s = s->ckpt_written ? (double)(now_ms() - s->ckpt_ok_ms) / 1e3 : -1.0;
+    st.bytes_held = bytes_held;
     uint32_t *missing = calloc(s->cons.workers, sizeof *missing);
     for (uint32_t w = 0; missing != NULL && w < s->cons.workers; w++)
         if (!s->live[w].live)
@@ -1000,6 +1050,9 @@ int psd_dispatch(struct psd *s, const struct ps_frame *route, const struct ps_fr
             break;
         case PS__OP__OP_STATS:
             op_stats(s, req, rep);
+            break;
+        case PS__OP__OP_CHECKPOINT:
+            op_checkpoint(s, req, rep);
             break;
         case PS__OP__OP_HEARTBEAT:
             now = 0; /* noted by worker_heard; never answered */

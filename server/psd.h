@@ -17,7 +17,7 @@
 
 #include <stdint.h>
 
-#define PSD_OPS_COUNT 8              /* ps.Op values, OP_NONE included */
+#define PSD_OPS_COUNT 9              /* ps.Op values, OP_NONE included */
 #define PSD_PEERS     PS_WORKERS_MAX /* exactly-once state for this many worker ids */
 
 struct psd_counters {
@@ -92,6 +92,8 @@ struct psd {
     /* checkpoints (checkpoint.c); dir NULL: off */
     const char *ckpt_dir;
     uint64_t ckpt_every_ms, ckpt_last_ms, ckpt_written;
+    uint64_t ckpt_ok_ms; /* when the last one was written */
+    int ckpt_pending;    /* asked for (psctl checkpoint) while a round was in progress */
     psd_send_cb send;
     void *send_ctx;
 

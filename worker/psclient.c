@@ -73,6 +73,13 @@ struct slot {
     char error[PS_ERROR_TEXT_MAX + 64];
 };
 
+/* What a stats call fills. */
+struct stats_out {
+    struct psc_shard_stats *st;
+    struct psc_table_stats *list;
+    uint32_t cap;
+};
+
 struct psc_client {
     uint32_t nshards;
     uint32_t worker_id;
@@ -369,8 +376,11 @@ static void handle_sync_reply(struct psc_client *c, uint32_t shard, struct slot 
                       (unsigned long long)(h->offset + h->count), t->name, (unsigned long long)lo,
                       (unsigned long long)hi);
         t->ids[shard] = h->table_id;
+    } else if (sl->op == PS__OP__OP_CHECKPOINT) {
+        snprintf(sl->ctx, PS_ERROR_TEXT_MAX, "%s", h->detail);
     } else if (sl->op == PS__OP__OP_STATS) {
-        struct psc_shard_stats *st = sl->ctx;
+        const struct stats_out *so = sl->ctx;
+        struct psc_shard_stats *st = so->st;
         if (h->stats == NULL) {
             slot_fail(sl, PS_EPROTO, "shard %u: stats reply without stats", shard);
             return;
@@ -398,6 +408,29 @@ static void handle_sync_reply(struct psc_client *c, uint32_t shard, struct slot 
         st->workers_rejoined = h->stats->workers_rejoined;
         st->stale_pushes = h->stats->stale_pushes;
         st->worker_timeout_ms = h->stats->worker_timeout_ms;
+        st->checkpoints_written = h->stats->checkpoints_written;
+        st->checkpoint_age_s = h->stats->checkpoint_age_s;
+        st->bytes_held = h->stats->bytes_held;
+        for (size_t i = 0; i < h->stats->n_tables && i < so->cap; i++) {
+            const Ps__TableStats *t = h->stats->tables[i];
+            struct psc_table_stats *o = &so->list[i];
+            snprintf(o->name, sizeof o->name, "%s", t->name);
+            snprintf(o->optimizer, sizeof o->optimizer, "%s", t->optimizer);
+            o->id = t->id;
+            o->sparse = t->sparse;
+            o->dim = t->dim;
+            o->size = t->size;
+            o->lo = t->lo;
+            o->hi = t->hi;
+            o->rows = t->rows;
+            o->rows_max = t->rows_max;
+            o->pushes = t->pushes;
+            o->pulls = t->pulls;
+            o->updates = t->updates;
+            o->clock = t->clock;
+            o->rounds_lost = t->rounds_lost;
+            o->sparsity = t->sparsity;
+        }
         st->nworker_clocks = (uint32_t)h->stats->n_worker_clocks;
         for (size_t i = 0; i < h->stats->n_worker_clocks && i < 64; i++)
             st->worker_clocks[i] = h->stats->worker_clocks[i];
@@ -471,7 +504,7 @@ static void describe_missing(struct psc_client *c, const struct slot *sl, uint32
     size_t used = 0;
     buf[0] = '\0';
     for (uint32_t s = s0; s <= s1 && used + 1 < len; s++) {
-        if (shard_replied(sl, s))
+        if (shard_replied(sl, s) || !((sl->expected[s / 64] >> (s % 64)) & 1u))
             continue;
         int n = snprintf(buf + used, len - used, "%s%u (%s)", used ? ", " : "", s, c->endpoints[s]);
         if (n < 0)
@@ -946,14 +979,85 @@ int psc_table_create(struct psc_client *c, const struct psc_table_spec *spec, in
     return 0;
 }
 
-int psc_stats(struct psc_client *c, uint32_t shard, int timeout_ms, struct psc_shard_stats *out)
+int psc_stats_tables(struct psc_client *c, uint32_t shard, int timeout_ms,
+                     struct psc_shard_stats *out, struct psc_table_stats *list, uint32_t cap)
 {
     if (shard >= c->nshards)
         return set_error(c, PS_EINVAL, "stats: shard %u of %u", shard, c->nshards);
     memset(out, 0, sizeof *out);
+    struct stats_out so = {out, list, list ? cap : 0};
     Ps__Header h;
     ps_wire_header_init(&h, PS__OP__OP_STATS);
-    return call_sync(c, &h, shard, shard, out, timeout_ms);
+    return call_sync(c, &h, shard, shard, &so, timeout_ms);
+}
+
+int psc_stats(struct psc_client *c, uint32_t shard, int timeout_ms, struct psc_shard_stats *out)
+{
+    return psc_stats_tables(c, shard, timeout_ms, out, NULL, 0);
+}
+
+int psc_checkpoint(struct psc_client *c, uint32_t shard, int timeout_ms, char *detail, size_t len)
+{
+    if (shard >= c->nshards)
+        return set_error(c, PS_EINVAL, "checkpoint: shard %u of %u", shard, c->nshards);
+    char buf[PS_ERROR_TEXT_MAX] = "";
+    Ps__Header h;
+    ps_wire_header_init(&h, PS__OP__OP_CHECKPOINT);
+    int rc = call_sync(c, &h, shard, shard, buf, timeout_ms);
+    if (detail != NULL && len > 0)
+        snprintf(detail, len, "%s", buf);
+    return rc;
+}
+
+int psc_table_open(struct psc_client *c, const char *name, int timeout_ms, uint32_t *table)
+{
+    for (uint32_t i = 0; i < c->ntables; i++) {
+        if (strcmp(c->tables[i]->name, name) == 0) {
+            *table = i;
+            return 0;
+        }
+    }
+    if (c->ntables >= PS_CLIENT_TABLES_MAX)
+        return set_error(c, PS_ELIMIT, "open: %u tables already", c->ntables);
+    struct table_h *t = calloc(1, sizeof *t + c->nshards * sizeof t->ids[0]);
+    struct psc_table_stats *list = calloc(PS_TABLES_MAX, sizeof *list);
+    int rc = t && list ? 0 : set_error(c, PS_ENOMEM, "open: out of memory");
+    for (uint32_t s = 0; s < c->nshards && rc == 0; s++) {
+        struct psc_shard_stats st;
+        if ((rc = psc_stats_tables(c, s, timeout_ms, &st, list, PS_TABLES_MAX)) != 0)
+            break;
+        uint32_t i = 0;
+        while (i < st.tables && i < PS_TABLES_MAX && strcmp(list[i].name, name) != 0)
+            i++;
+        if (i == st.tables || i == PS_TABLES_MAX) {
+            rc = set_error(c, PS_ENOTABLE, "open: shard %u (%s) has no table '%s'", s,
+                           c->endpoints[s], name);
+            break;
+        }
+        uint64_t lo, hi;
+        ps_shard_range(list[i].size, c->nshards, s, &lo, &hi);
+        if (!list[i].sparse && (list[i].lo != lo || list[i].hi != hi)) {
+            rc = set_error(c, PS_ESTATE,
+                           "open: shard %u holds [%llu, %llu) of '%s', expected "
+                           "[%llu, %llu)",
+                           s, (unsigned long long)list[i].lo, (unsigned long long)list[i].hi, name,
+                           (unsigned long long)lo, (unsigned long long)hi);
+            break;
+        }
+        snprintf(t->name, sizeof t->name, "%s", name);
+        t->size = list[i].size;
+        t->sparse = list[i].sparse;
+        t->dim = list[i].dim;
+        t->ids[s] = list[i].id;
+    }
+    free(list);
+    if (rc != 0) {
+        free(t);
+        return rc;
+    }
+    c->tables[c->ntables] = t;
+    *table = c->ntables++;
+    return 0;
 }
 
 void psc_bytes(const struct psc_client *c, uint64_t *sent, uint64_t *received)
@@ -1110,8 +1214,11 @@ int psc_create(const struct psc_config *cfg, struct psc_client **out, char *err,
     }
     ps_arena_init(&c->arena, c->arena_buf, CLIENT_ARENA_BYTES);
     int rc = open_sockets(c, cfg, err, errlen);
-    if (rc == 0 && (rc = say_hello(c, cfg->connect_timeout_ms)) != 0)
+    if (rc == 0 && (rc = say_hello(c, cfg->connect_timeout_ms)) != 0) {
         snprintf(err, errlen, "%s", c->last_error);
+        if (rc == PS_ETIMEDOUT && cfg->hello_optional)
+            rc = 0;
+    }
     if (rc != 0) {
         psc_destroy(c);
         return rc;

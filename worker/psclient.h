@@ -35,6 +35,8 @@ struct psc_config {
     size_t nservers;
     uint32_t worker_id;     /* this client's id in requests (rank) */
     int connect_timeout_ms; /* for the hello to every shard in psc_create */
+    int hello_optional;     /* psc_create succeeds when some shards do not answer (an
+                             * admin tool reports which); requests to them time out */
     int wire_dtype;         /* enum psc_dtype: values on the wire (servers keep f32) */
     int nonzero_pulls;      /* let servers send only the nonzeros of pruned tables */
     int retry_ms;           /* re-send unanswered requests after this long (0: never) */
@@ -91,6 +93,19 @@ struct psc_table_spec {
     float l1, l2;            /* FTRL */
 };
 
+struct psc_table_stats {
+    char name[129];
+    uint32_t id; /* on this shard */
+    int sparse;
+    uint32_t dim;
+    char optimizer[16];
+    uint64_t size;           /* elements of the whole table (dense) */
+    uint64_t lo, hi;         /* this shard's range (dense) */
+    uint64_t rows, rows_max; /* sparse: rows on this shard, and the most it takes */
+    uint64_t pushes, pulls, updates, clock, rounds_lost;
+    double sparsity; /* fraction of this shard's weights pruned to 0 */
+};
+
 struct psc_shard_stats {
     uint32_t shard, shards;
     uint64_t requests, errors, bytes_in, bytes_out;
@@ -107,6 +122,9 @@ struct psc_shard_stats {
     uint64_t workers_dropped, workers_rejoined;
     uint64_t stale_pushes; /* pushes from workers outside the round, not applied */
     uint64_t worker_timeout_ms;
+    uint64_t checkpoints_written;
+    double checkpoint_age_s;    /* since the last checkpoint (-1: none yet, or off) */
+    uint64_t bytes_held;        /* weights and optimizer state */
     uint32_t nworker_clocks;    /* --workers... */
     uint64_t worker_clocks[64]; /* ...the first 64: clocks each pushed (lowest over tables) */
 };
@@ -170,6 +188,19 @@ int psc_cancel(struct psc_client *c, uint64_t ticket);
 
 /* Asks one shard for its counters. Synchronous. */
 int psc_stats(struct psc_client *c, uint32_t shard, int timeout_ms, struct psc_shard_stats *out);
+
+/* psc_stats, and the shard's first cap tables into list (out->tables says
+ * how many it has). */
+int psc_stats_tables(struct psc_client *c, uint32_t shard, int timeout_ms,
+                     struct psc_shard_stats *out, struct psc_table_stats *list, uint32_t cap);
+
+/* Asks one shard to write a checkpoint now (or, mid-round, when the round
+ * ends); detail gets the file written or why it waits. Synchronous. */
+int psc_checkpoint(struct psc_client *c, uint32_t shard, int timeout_ms, char *detail, size_t len);
+
+/* A handle for a table some worker created, found by name on every shard
+ * (a stats call to each). Synchronous. */
+int psc_table_open(struct psc_client *c, const char *name, int timeout_ms, uint32_t *table);
 
 /* The clock a worker starting now should begin at: the furthest clock the
  * shards' tables had reached at hello (0 in a new run). A restarted worker

@@ -6,6 +6,7 @@
 #include "data.h"
 #include "mlp.h"
 #include "psclient.h"
+#include "ps_safetensors.h"
 #include "sparse_lr.h"
 
 #include "psk.h"
@@ -16,6 +17,7 @@
 #include "ps_init.h"
 #include "ps_limits.h"
 #include "ps_log.h"
+#include "ps_notify.h"
 #include "ps_opts.h"
 #include "ps_shard.h"
 
@@ -39,7 +41,7 @@ struct config {
     double lr, momentum, weight_decay, topk, l1, l2;
     uint64_t rows_max, embed_dim, embed_hidden;
     const char *optimizer, *device, *lr_schedule, *wire_dtype;
-    const char *summary_json, *save, *log_level, *curve_secret, *curve_server_key;
+    const char *summary_json, *save, *log_level, *curve_secret, *curve_server_key, *config;
     int standalone;
     uint64_t max_steps, log_every, timeout_ms, test_delay_ms, accum_steps, retry_ms, heartbeat_ms;
     int help;
@@ -114,6 +116,9 @@ static const struct ps_opt opts[] = {
     OPT("curve-server-key", PS_OPT_STR, curve_server_key, NULL, 0, 0, "FILE",
         "the servers' public key file (their .pub)"),
     OPT("log-level", PS_OPT_STR, log_level, "info", 0, 0, "LEVEL", "error, warn, info or debug"),
+    OPT("config", PS_OPT_STR, config, NULL, 0, 0, "FILE",
+        "read options from an INI file (NAME = VALUE, names as the long flags); flags on the "
+        "command line win"),
     OPT("help", PS_OPT_FLAG, help, NULL, 0, 0, NULL, "show this help and exit"),
 };
 #define NOPTS (sizeof opts / sizeof opts[0])
@@ -271,12 +276,21 @@ static int wait_all(struct trainer *tr, uint64_t *tickets, int *pending, const c
 {
     int first = 0;
     for (int k = 0; k < *pending; k++) {
-        int rc = psc_wait(tr->c, tickets[k], (int)tr->cfg.timeout_ms);
+        /* in slices, petting the service watchdog while a round waits */
+        int rc = PS_ETIMEDOUT;
+        double until = now_s() + (double)tr->cfg.timeout_ms / 1e3;
+        while (rc == PS_ETIMEDOUT && now_s() < until) {
+            rc = psc_wait(tr->c, tickets[k], 1000);
+            ps_notify_watchdog();
+        }
         if (rc != 0 && first == 0) {
             first = rc;
-            PS_LOG(&tr->log, PS_LOG_ERROR, "W0300", "%s of table %d failed: %s", what, k,
-                   psc_last_error(tr->c));
+            PS_LOG(&tr->log, PS_LOG_ERROR, "W0300", "%s %d of this step failed: %s%s", what, k,
+                   psc_last_error(tr->c),
+                   rc == PS_ETIMEDOUT ? " (the whole --timeout-ms passed)" : "");
         }
+        if (rc == PS_ETIMEDOUT)
+            psc_cancel(tr->c, tickets[k]);
     }
     *pending = 0;
     return first;
@@ -400,6 +414,7 @@ static double evaluate(struct trainer *tr)
         psw_data_batch(&tr->test, idx, rows, tr->h_in, tr->h_lab);
         if (tr->c != NULL)
             psc_heartbeat(tr->c); /* evaluation can outlast a heartbeat interval */
+        ps_notify_watchdog();
         double loss;
         int ok;
         if (psk_upload(tr->be, tr->mlp.act[0], tr->h_in, (size_t)rows * tr->test.pixels * 4) ||
@@ -495,6 +510,7 @@ static int train_step(struct trainer *tr, uint64_t step_in_epoch, double *loss, 
     tr->fresh = 0;
     tr->clock++;
     tr->done++;
+    ps_notify_watchdog();
     if (tr->cfg.test_delay_ms) {
         struct timespec ts = {(time_t)(tr->cfg.test_delay_ms / 1000),
                               (long)(tr->cfg.test_delay_ms % 1000) * 1000000L};
@@ -576,54 +592,24 @@ static int train(struct trainer *tr, double *accuracy)
 
 /* ---- outputs ----------------------------------------------------------------- */
 
-/* safetensors: 8-byte little-endian header length, a JSON header padded
- * with spaces to 8 bytes, then the raw little-endian tensors. */
+/* --save: the weights as safetensors, named and shaped as PyTorch's
+ * state_dict of the same model. */
 static int save_safetensors(struct trainer *tr, const char *path)
 {
-    char hdr[8192];
-    size_t used = (size_t)snprintf(hdr, sizeof hdr, "{\"__metadata__\":{\"format\":\"pt\"}");
-    uint64_t off = 0;
+    struct ps_st_tensor ts[TABLES_MAX];
     for (int k = 0; k < tr->ntables; k++) {
         char name[64];
         psw_mlp_table_name(k, name, sizeof name);
-        uint64_t n = psw_mlp_table_size(&tr->mlp, k);
         int l = k / 2;
-        char shape[64];
-        if (k % 2)
-            snprintf(shape, sizeof shape, "[%d]", tr->mlp.dims[l + 1]);
-        else
-            snprintf(shape, sizeof shape, "[%d,%d]", tr->mlp.dims[l + 1], tr->mlp.dims[l]);
-        used += (size_t)snprintf(hdr + used, sizeof hdr - used,
-                                 ",\"%s\":{\"dtype\":\"F32\",\"shape\":%s,\"data_offsets\":[%llu,"
-                                 "%llu]}",
-                                 name, shape, (unsigned long long)off,
-                                 (unsigned long long)(off + n * 4));
-        off += n * 4;
-        if (used >= sizeof hdr - 16)
-            return PS_ELIMIT;
+        ps_st_tensor(&ts[k], name, "F32", tr->hw[k], 4, (uint64_t)tr->mlp.dims[l + 1],
+                     k % 2 ? 0 : (uint64_t)tr->mlp.dims[l]);
     }
-    hdr[used++] = '}';
-    while (used % 8)
-        hdr[used++] = ' ';
-    char tmp[4200];
-    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
-    FILE *f = fopen(tmp, "wb");
-    if (f == NULL)
-        return PS_EIO;
-    unsigned char len8[8];
-    for (int i = 0; i < 8; i++)
-        len8[i] = (unsigned char)((uint64_t)used >> (8 * i));
-    int ok = fwrite(len8, 1, 8, f) == 8 && fwrite(hdr, 1, used, f) == used;
-    for (int k = 0; k < tr->ntables && ok; k++) { /* x86-64 and arm64 are little-endian */
-        size_t n = (size_t)psw_mlp_table_size(&tr->mlp, k);
-        ok = fwrite(tr->hw[k], 4, n, f) == n;
-    }
-    ok = (fclose(f) == 0) && ok;
-    if (!ok || rename(tmp, path) != 0) {
-        unlink(tmp);
-        return PS_EIO;
-    }
-    return 0;
+    char err[512];
+    const char *meta[] = {"format", "pt"};
+    int rc = ps_st_write(path, ts, (size_t)tr->ntables, meta, 2, err, sizeof err);
+    if (rc != 0)
+        PS_LOG(&tr->log, PS_LOG_ERROR, "W0005", "--save: %s", err);
+    return rc;
 }
 
 static int write_summary(struct trainer *tr, const char *path, double acc, double wall)
@@ -721,52 +707,7 @@ static int check_config(const struct config *c, char *err, size_t errlen)
 }
 
 /* Fills pc's CURVE fields from --curve-secret / --curve-server-key. */
-static int curve_config(const struct config *c, struct ps_curve_keys *mine,
-                        struct ps_curve_keys *server, struct psc_config *pc, char *err,
-                        size_t errlen)
-{
-    if (c->curve_secret == NULL && c->curve_server_key == NULL)
-        return 0;
-    if (c->curve_secret == NULL || c->curve_server_key == NULL) {
-        snprintf(err, errlen, "--curve-secret and --curve-server-key go together");
-        return PS_EINVAL;
-    }
-    int rc = ps_curve_read(c->curve_secret, 1, mine, err, errlen);
-    if (rc == 0)
-        rc = ps_curve_read(c->curve_server_key, 0, server, err, errlen);
-    if (rc == 0) {
-        pc->curve_server_key = server->pub;
-        pc->curve_public = mine->pub;
-        pc->curve_secret = mine->sec;
-    }
-    return rc;
-}
-
 /* Splits "a,b,c" into endpoints (pointers into buf). */
-static int split_servers(const char *list, char *buf, size_t len, const char **eps, size_t *n,
-                         char *err, size_t errlen)
-{
-    if (strlen(list) >= len) {
-        snprintf(err, errlen, "--servers: list longer than %zu bytes", len - 1);
-        return PS_EINVAL;
-    }
-    strcpy(buf, list);
-    *n = 0;
-    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok != NULL;
-         tok = strtok_r(NULL, ",", &save)) {
-        if (*n >= PS_SHARDS_MAX) {
-            snprintf(err, errlen, "--servers: more than %u endpoints", PS_SHARDS_MAX);
-            return PS_EINVAL;
-        }
-        eps[(*n)++] = tok;
-    }
-    if (*n == 0) {
-        snprintf(err, errlen, "--servers: '%s' names no endpoint", list);
-        return PS_EINVAL;
-    }
-    return 0;
-}
-
 /* Connects the client to --servers (hello to every shard). */
 static int connect_client(struct trainer *tr, int nonzero_pulls, char *err, size_t errlen)
 {
@@ -774,7 +715,7 @@ static int connect_client(struct trainer *tr, int nonzero_pulls, char *err, size
     char buf[8192];
     const char *eps[PS_SHARDS_MAX];
     size_t n = 0;
-    int rc = split_servers(c->servers, buf, sizeof buf, eps, &n, err, errlen);
+    int rc = ps_split_servers(c->servers, buf, sizeof buf, eps, &n, err, errlen);
     if (rc != 0)
         return rc;
     struct psc_config pc = {.servers = eps,
@@ -786,8 +727,14 @@ static int connect_client(struct trainer *tr, int nonzero_pulls, char *err, size
                             .retry_ms = (int)c->retry_ms,
                             .heartbeat_ms = c->heartbeat_ms ? (int)c->heartbeat_ms : -1};
     struct ps_curve_keys mine, server;
-    if ((rc = curve_config(c, &mine, &server, &pc, err, errlen)) != 0)
+    if ((rc = ps_curve_client(c->curve_secret, c->curve_server_key, &mine, &server, err, errlen)) !=
+        0)
         return rc;
+    if (mine.pub[0] != '\0') {
+        pc.curve_server_key = server.pub;
+        pc.curve_public = mine.pub;
+        pc.curve_secret = mine.sec;
+    }
     return psc_create(&pc, &tr->c, err, errlen);
 }
 
@@ -962,10 +909,16 @@ int main(int argc, char **argv)
         return run_sparse_lr(&tr);
     double t0 = now_s(), acc = -1;
     int rc = setup(&tr, err, sizeof err);
-    if (rc != 0)
+    if (rc != 0) {
         PS_LOG(&tr.log, PS_LOG_ERROR, "W0002", "%s", err);
-    else
+    } else {
+        snprintf(err, sizeof err, "rank %llu of %llu training from clock %llu",
+                 (unsigned long long)tr.cfg.rank, (unsigned long long)tr.cfg.workers,
+                 (unsigned long long)tr.clock);
+        ps_notify_ready(err);
         rc = train(&tr, &acc);
+    }
+    ps_notify_stopping();
     if (rc == 0 && tr.cfg.save != NULL && tr.cfg.rank == 0 &&
         save_safetensors(&tr, tr.cfg.save) != 0) {
         PS_LOG(&tr.log, PS_LOG_ERROR, "W0003", "--save: cannot write '%s'", tr.cfg.save);

@@ -1,0 +1,431 @@
+/* psctl: the admin client of a psd cluster.
+ *
+ *   psctl --servers EP[,EP...] status        shards, workers, clocks, tables, traffic
+ *   psctl --servers EP[,EP...] checkpoint    every shard writes a checkpoint now
+ *   psctl --servers EP[,EP...] export FILE   every dense table into one safetensors file
+ *   psctl keygen PATH                        a CURVE key pair (PATH and PATH.pub)
+ *
+ * Tables for people by default, --json for scripts. It talks to the shards
+ * as an observer (never counted as a worker). A shard that does not answer
+ * within --timeout-ms is named, with how long it was given, and the exit
+ * status is 1. */
+#include "psclient.h"
+
+#include "ps_curve.h"
+#include "ps_err.h"
+#include "ps_limits.h"
+#include "ps_opts.h"
+#include "ps_safetensors.h"
+
+#include <jansson.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct config {
+    const char *servers;
+    uint64_t timeout_ms;
+    int json;
+    const char *format;
+    const char *curve_secret, *curve_server_key;
+    int help;
+};
+
+#define OPT(name, type, field, def, lo, hi, meta, help)                                            \
+    {                                                                                              \
+        name, type, offsetof(struct config, field), def, lo, hi, 0, 0, meta, help                  \
+    }
+
+static const struct ps_opt opts[] = {
+    OPT("servers", PS_OPT_STR, servers, NULL, 0, 0, "EP[,EP...]",
+        "psd endpoints, shard 0 first (as the workers take them)"),
+    OPT("timeout-ms", PS_OPT_U64, timeout_ms, "5000", 100, 3600000, "MS",
+        "how long a shard has to answer"),
+    OPT("json", PS_OPT_FLAG, json, NULL, 0, 0, NULL, "print JSON instead of tables"),
+    OPT("format", PS_OPT_STR, format, "safetensors", 0, 0, "FORMAT",
+        "export: the file format (safetensors)"),
+    OPT("curve-secret", PS_OPT_STR, curve_secret, NULL, 0, 0, "FILE",
+        "this client's CURVE key file; needs --curve-server-key"),
+    OPT("curve-server-key", PS_OPT_STR, curve_server_key, NULL, 0, 0, "FILE",
+        "the servers' public key file"),
+    OPT("help", PS_OPT_FLAG, help, NULL, 0, 0, NULL, "show this help and exit"),
+};
+#define NOPTS (sizeof opts / sizeof opts[0])
+
+static const char usage_text[] =
+    "psctl inspects and steers a running psd cluster.\n\n"
+    "commands:\n"
+    "  status        shards, live and missing workers, clocks, tables (size, sparsity),\n"
+    "                bytes in and out, waiting requests; exit 1 if a shard is unreachable\n"
+    "  checkpoint    ask every shard to write a checkpoint now\n"
+    "  export FILE   gather every dense table from every shard into one file\n"
+    "                (--format safetensors; tensors named as the tables, 1-D f32)\n"
+    "  keygen PATH   write a CURVE key pair: PATH (secret, 0600) and PATH.pub";
+
+struct cluster {
+    struct psc_client *c;
+    const char *eps[PS_SHARDS_MAX];
+    size_t n;
+    char buf[8192];
+    int timeout_ms;
+};
+
+static int connect_cluster(const struct config *cfg, struct cluster *k)
+{
+    char err[512];
+    int rc = ps_split_servers(cfg->servers, k->buf, sizeof k->buf, k->eps, &k->n, err, sizeof err);
+    struct ps_curve_keys mine, server;
+    if (rc == 0)
+        rc = ps_curve_client(cfg->curve_secret, cfg->curve_server_key, &mine, &server, err,
+                             sizeof err);
+    if (rc != 0) {
+        fprintf(stderr, "psctl: %s\n", err);
+        return 2;
+    }
+    k->timeout_ms = (int)cfg->timeout_ms;
+    struct psc_config pc = {.servers = k->eps,
+                            .nservers = k->n,
+                            .worker_id = PSC_OBSERVER,
+                            .connect_timeout_ms = k->timeout_ms,
+                            .hello_optional = 1,
+                            .heartbeat_ms = -1};
+    if (mine.pub[0] != '\0') {
+        pc.curve_server_key = server.pub;
+        pc.curve_public = mine.pub;
+        pc.curve_secret = mine.sec;
+    }
+    if (psc_create(&pc, &k->c, err, sizeof err) != 0) {
+        fprintf(stderr, "psctl: %s\n", err);
+        return 1;
+    }
+    return 0;
+}
+
+/* Why shard s failed, for people: the client's sentence, which names the
+ * shard and how long it waited. */
+static const char *why(const struct cluster *k)
+{
+    return psc_last_error(k->c);
+}
+
+/* ---- status ------------------------------------------------------------- */
+
+static json_t *u64_array(const uint64_t *v, size_t n)
+{
+    json_t *a = json_array();
+    for (size_t i = 0; i < n; i++)
+        json_array_append_new(a, json_integer((json_int_t)v[i]));
+    return a;
+}
+
+static json_t *shard_json(const struct psc_shard_stats *st, const struct psc_table_stats *tl,
+                          uint32_t ntl)
+{
+    uint64_t missing[64];
+    for (uint32_t i = 0; i < st->nmissing && i < 64; i++)
+        missing[i] = st->missing[i];
+    json_t *tables = json_array();
+    for (uint32_t i = 0; i < ntl; i++) {
+        const struct psc_table_stats *t = &tl[i];
+        json_array_append_new(
+            tables, json_pack("{s:s, s:s, s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:f}",
+                              "name", t->name, "kind", t->sparse ? "sparse" : "dense", "optimizer",
+                              t->optimizer, "size", (json_int_t)t->size, "lo", (json_int_t)t->lo,
+                              "hi", (json_int_t)t->hi, "rows", (json_int_t)t->rows, "dim",
+                              (json_int_t)t->dim, "clock", (json_int_t)t->clock, "updates",
+                              (json_int_t)t->updates, "pushes", (json_int_t)t->pushes, "pulls",
+                              (json_int_t)t->pulls, "sparsity", t->sparsity));
+    }
+    json_t *o = json_pack(
+        "{s:b, s:s, s:f, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:f}", "up", 1,
+        "consistency", st->consistency, "uptime_s", st->uptime_s, "workers",
+        (json_int_t)st->workers, "live_workers", (json_int_t)st->live_workers, "requests",
+        (json_int_t)st->requests, "errors", (json_int_t)st->errors, "bytes_in",
+        (json_int_t)st->bytes_in, "bytes_out", (json_int_t)st->bytes_out, "bytes_held",
+        (json_int_t)st->bytes_held, "waiting", (json_int_t)st->waiting, "wait_timeouts",
+        (json_int_t)st->wait_timeouts, "workers_dropped", (json_int_t)st->workers_dropped,
+        "workers_rejoined", (json_int_t)st->workers_rejoined, "checkpoints_written",
+        (json_int_t)st->checkpoints_written, "checkpoint_age_s", st->checkpoint_age_s);
+    json_object_set_new(o, "missing_workers",
+                        u64_array(missing, st->nmissing < 64 ? st->nmissing : 64));
+    json_object_set_new(
+        o, "worker_clocks",
+        u64_array(st->worker_clocks, st->nworker_clocks < 64 ? st->nworker_clocks : 64));
+    json_object_set_new(o, "tables", tables);
+    return o;
+}
+
+static void human_bytes(uint64_t b, char *out, size_t len)
+{
+    const char *unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    double v = (double)b;
+    int u = 0;
+    while (v >= 1024 && u < 4) {
+        v /= 1024;
+        u++;
+    }
+    snprintf(out, len, u ? "%.1f %s" : "%.0f %s", v, unit[u]);
+}
+
+static void print_shard(uint32_t s, const char *ep, const struct psc_shard_stats *st)
+{
+    char in[32], out[32], held[32], missing[256] = "none", ckpt[48];
+    human_bytes(st->bytes_in, in, sizeof in);
+    human_bytes(st->bytes_out, out, sizeof out);
+    human_bytes(st->bytes_held, held, sizeof held);
+    size_t used = 0;
+    for (uint32_t i = 0; i < st->nmissing && i < 64 && used + 12 < sizeof missing; i++)
+        used += (size_t)snprintf(missing + used, sizeof missing - used, "%s%u", i ? ", " : "",
+                                 st->missing[i]);
+    if (st->checkpoint_age_s < 0)
+        snprintf(ckpt, sizeof ckpt, "none");
+    else
+        snprintf(ckpt, sizeof ckpt, "%.0f s ago (%llu written)", st->checkpoint_age_s,
+                 (unsigned long long)st->checkpoints_written);
+    printf("shard %u  %s  up %.0f s  %s\n", s, ep, st->uptime_s, st->consistency);
+    printf("  workers   %u of %u live; missing: %s; dropped %llu, rejoined %llu times\n",
+           st->live_workers, st->workers, missing, (unsigned long long)st->workers_dropped,
+           (unsigned long long)st->workers_rejoined);
+    printf("  clocks   ");
+    for (uint32_t w = 0; w < st->nworker_clocks && w < 64; w++)
+        printf(" %u:%llu", w, (unsigned long long)st->worker_clocks[w]);
+    printf("\n  requests  %llu (%llu errors), %llu waiting, %llu wait timeouts\n",
+           (unsigned long long)st->requests, (unsigned long long)st->errors,
+           (unsigned long long)st->waiting, (unsigned long long)st->wait_timeouts);
+    printf("  bytes     in %s, out %s, held %s; checkpoint %s\n", in, out, held, ckpt);
+}
+
+static void print_tables(uint32_t s, const struct psc_table_stats *tl, uint32_t n)
+{
+    for (uint32_t i = 0; i < n; i++) {
+        const struct psc_table_stats *t = &tl[i];
+        char where[64];
+        if (t->sparse)
+            snprintf(where, sizeof where, "%llu rows x %u", (unsigned long long)t->rows, t->dim);
+        else
+            snprintf(where, sizeof where, "[%llu, %llu)", (unsigned long long)t->lo,
+                     (unsigned long long)t->hi);
+        printf("  %-5u %-24s %-6s %12llu  %-24s %8llu %8llu %8.4f  %s\n", s, t->name,
+               t->sparse ? "sparse" : "dense", (unsigned long long)t->size, where,
+               (unsigned long long)t->clock, (unsigned long long)t->updates, t->sparsity,
+               t->optimizer);
+    }
+}
+
+static int cmd_status(struct cluster *k, int json)
+{
+    struct psc_table_stats *tl = calloc((size_t)k->n * PS_TABLES_MAX, sizeof *tl);
+    struct psc_shard_stats *st = calloc(k->n, sizeof *st);
+    int *up = calloc(k->n, sizeof *up);
+    char(*errs)[512] = calloc(k->n, sizeof *errs);
+    if (tl == NULL || st == NULL || up == NULL || errs == NULL) {
+        fprintf(stderr, "psctl: out of memory\n");
+        free(tl);
+        free(st);
+        free(up);
+        free(errs);
+        return 1;
+    }
+    int down = 0;
+    for (uint32_t s = 0; s < k->n; s++) {
+        up[s] = psc_stats_tables(k->c, s, k->timeout_ms, &st[s], tl + (size_t)s * PS_TABLES_MAX,
+                                 PS_TABLES_MAX) == 0;
+        if (!up[s]) {
+            snprintf(errs[s], sizeof errs[s], "%s", why(k));
+            down++;
+        }
+    }
+    if (json) {
+        json_t *shards = json_array();
+        for (uint32_t s = 0; s < k->n; s++) {
+            json_t *o =
+                up[s] ? shard_json(&st[s], tl + (size_t)s * PS_TABLES_MAX,
+                                   st[s].tables < PS_TABLES_MAX ? st[s].tables : PS_TABLES_MAX)
+                      : json_pack("{s:b, s:s}", "up", 0, "error", errs[s]);
+            json_object_set_new(o, "shard", json_integer(s));
+            json_object_set_new(o, "endpoint", json_string(k->eps[s]));
+            json_array_append_new(shards, o);
+        }
+        json_t *all = json_pack("{s:o, s:I}", "shards", shards, "unreachable", (json_int_t)down);
+        json_dumpf(all, stdout, JSON_INDENT(2));
+        printf("\n");
+        json_decref(all);
+    } else {
+        for (uint32_t s = 0; s < k->n; s++) {
+            if (up[s])
+                print_shard(s, k->eps[s], &st[s]);
+            else
+                printf("shard %u  %s  UNREACHABLE: %s\n", s, k->eps[s], errs[s]);
+        }
+        printf("\ntables\n  %-5s %-24s %-6s %12s  %-24s %8s %8s %8s  %s\n", "shard", "name", "kind",
+               "size", "range or rows", "clock", "updates", "sparsity", "optimizer");
+        for (uint32_t s = 0; s < k->n; s++)
+            if (up[s])
+                print_tables(s, tl + (size_t)s * PS_TABLES_MAX,
+                             st[s].tables < PS_TABLES_MAX ? st[s].tables : PS_TABLES_MAX);
+        if (down)
+            printf("\n%d of %zu shards unreachable\n", down, k->n);
+    }
+    free(tl);
+    free(st);
+    free(up);
+    free(errs);
+    return down ? 1 : 0;
+}
+
+/* ---- checkpoint ------------------------------------------------------------ */
+
+static int cmd_checkpoint(struct cluster *k, int json)
+{
+    int failed = 0;
+    json_t *arr = json_array();
+    for (uint32_t s = 0; s < k->n; s++) {
+        char detail[4300];
+        int rc = psc_checkpoint(k->c, s, k->timeout_ms, detail, sizeof detail);
+        failed += rc != 0;
+        if (json)
+            json_array_append_new(
+                arr, json_pack("{s:i, s:s, s:b, s:s}", "shard", (int)s, "endpoint", k->eps[s], "ok",
+                               rc == 0, rc == 0 ? "detail" : "error", rc == 0 ? detail : why(k)));
+        else if (rc == 0)
+            printf("shard %u: %s\n", s, detail);
+        else
+            printf("shard %u: FAILED: %s\n", s, why(k));
+    }
+    if (json) {
+        json_dumpf(arr, stdout, JSON_INDENT(2));
+        printf("\n");
+    }
+    json_decref(arr);
+    return failed ? 1 : 0;
+}
+
+/* ---- export ----------------------------------------------------------------- */
+
+static int cmd_export(struct cluster *k, const char *path, int json)
+{
+    struct psc_table_stats *tl = calloc(PS_TABLES_MAX, sizeof *tl);
+    struct ps_st_tensor *ts = calloc(PS_TABLES_MAX, sizeof *ts);
+    float **bufs = calloc(PS_TABLES_MAX, sizeof *bufs);
+    int rc = tl && ts && bufs ? 0 : PS_ENOMEM;
+    struct psc_shard_stats st;
+    memset(&st, 0, sizeof st);
+    if (rc == 0 && (rc = psc_stats_tables(k->c, 0, k->timeout_ms, &st, tl, PS_TABLES_MAX)) != 0)
+        fprintf(stderr, "psctl: export: %s\n", why(k));
+    size_t n = 0, skipped = 0;
+    uint64_t bytes = 0;
+    for (uint32_t i = 0; rc == 0 && i < st.tables && i < PS_TABLES_MAX; i++) {
+        if (tl[i].sparse) { /* rows are spread by key: not gathered (yet) */
+            fprintf(stderr, "psctl: export: sparse table '%s' left out\n", tl[i].name);
+            skipped++;
+            continue;
+        }
+        uint32_t h;
+        uint64_t ticket;
+        bufs[n] = malloc((tl[i].size ? tl[i].size : 1) * sizeof(float));
+        if (bufs[n] == NULL) {
+            rc = PS_ENOMEM;
+            break;
+        }
+        if ((rc = psc_table_open(k->c, tl[i].name, k->timeout_ms, &h)) != 0 ||
+            (rc = psc_pull(k->c, h, 0, tl[i].size, bufs[n], 0, &ticket)) != 0 ||
+            (rc = psc_wait(k->c, ticket, k->timeout_ms)) != 0) {
+            fprintf(stderr, "psctl: export: '%s': %s\n", tl[i].name, why(k));
+            n++;
+            break;
+        }
+        ps_st_tensor(&ts[n], tl[i].name, "F32", bufs[n], 4, tl[i].size, 0);
+        bytes += tl[i].size * 4;
+        n++;
+    }
+    char err[512];
+    const char *meta[] = {"format", "psd-export"};
+    if (rc == 0 && (rc = ps_st_write(path, ts, n, meta, 2, err, sizeof err)) != 0)
+        fprintf(stderr, "psctl: export: %s\n", err);
+    if (rc == PS_ENOMEM)
+        fprintf(stderr, "psctl: export: out of memory\n");
+    if (rc == 0 && json)
+        printf("{\"file\": \"%s\", \"tables\": %zu, \"bytes\": %llu, \"skipped\": %zu}\n", path, n,
+               (unsigned long long)bytes, skipped);
+    else if (rc == 0)
+        printf("wrote %s: %zu tables, %llu bytes of f32 (%zu sparse left out)\n", path, n,
+               (unsigned long long)bytes, skipped);
+    for (size_t i = 0; bufs != NULL && i < n; i++)
+        free(bufs[i]);
+    free(bufs);
+    free(ts);
+    free(tl);
+    return rc == 0 ? 0 : 1;
+}
+
+int main(int argc, char **argv)
+{
+    struct config cfg;
+    char err[512];
+    int first = 0;
+    if (ps_opts_parse(opts, NOPTS, &cfg, argc, argv, &first, err, sizeof err) != 0) {
+        fprintf(stderr, "psctl: %s\n", err);
+        return 2;
+    }
+    if (cfg.help) {
+        ps_opts_usage(stdout, "psctl --servers EP[,EP...] [OPTIONS] COMMAND [ARGS]", usage_text,
+                      opts, NOPTS);
+        return 0;
+    }
+    const char *cmd = first < argc ? argv[first] : NULL;
+    /* the command's own arguments; "--format F" may follow the command */
+    const char *args[4];
+    int nargs = 0;
+    for (int i = first + 1; i < argc; i++) {
+        if (strcmp(argv[i], "--format") == 0 && i + 1 < argc)
+            cfg.format = argv[++i];
+        else if (nargs < 4)
+            args[nargs++] = argv[i];
+        else
+            nargs++;
+    }
+    if (cmd == NULL) {
+        fprintf(stderr, "psctl: no command (status, checkpoint, export FILE, keygen PATH); "
+                        "see --help\n");
+        return 2;
+    }
+    if (strcmp(cmd, "keygen") == 0) {
+        if (nargs != 1) {
+            fprintf(stderr, "psctl: keygen takes one PATH\n");
+            return 2;
+        }
+        if (ps_curve_keygen(args[0], err, sizeof err) != 0) {
+            fprintf(stderr, "psctl: keygen: %s\n", err);
+            return 1;
+        }
+        printf("wrote %s (secret) and %s.pub\n", args[0], args[0]);
+        return 0;
+    }
+    int want = strcmp(cmd, "export") == 0 ? 1 : 0;
+    if (strcmp(cmd, "status") != 0 && strcmp(cmd, "checkpoint") != 0 && !want) {
+        fprintf(stderr, "psctl: unknown command '%s' (status, checkpoint, export, keygen)\n", cmd);
+        return 2;
+    }
+    if (nargs != want) {
+        fprintf(stderr, "psctl: %s takes %s\n", cmd, want ? "one FILE" : "no arguments");
+        return 2;
+    }
+    if (want && strcmp(cfg.format, "safetensors") != 0) {
+        fprintf(stderr, "psctl: --format: '%s' is not a known format (safetensors)\n", cfg.format);
+        return 2;
+    }
+    struct cluster k;
+    memset(&k, 0, sizeof k);
+    int rc = connect_cluster(&cfg, &k);
+    if (rc != 0)
+        return rc;
+    if (strcmp(cmd, "status") == 0)
+        rc = cmd_status(&k, cfg.json);
+    else if (strcmp(cmd, "checkpoint") == 0)
+        rc = cmd_checkpoint(&k, cfg.json);
+    else
+        rc = cmd_export(&k, args[0], cfg.json);
+    psc_destroy(k.c);
+    return rc;
+}

@@ -1,0 +1,211 @@
+/* psctl against a running 2-shard cluster after a short training run:
+ * status shows every shard, worker and table (tables and --json); export
+ * writes one safetensors file whose tensors hold what the shards hold;
+ * checkpoint makes each shard write one; with a shard down, status names
+ * it and exits 1. */
+#include "harness.h"
+#include "psclient.h"
+
+#include <jansson.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include <cmocka.h>
+
+struct cluster {
+    struct psd_proc p[2];
+    char servers[600];
+};
+
+/* Runs psctl with the cluster's servers and args; its output goes to out
+ * (a path). Returns its exit status. */
+static int psctl(const struct cluster *k, const char *out, const char *const *args)
+{
+    const char *argv[16] = {getenv("PSCTL_BIN"), "--servers", k->servers, "--timeout-ms", "1000"};
+    size_t n = 5;
+    while (*args != NULL && n < 15)
+        argv[n++] = *args++;
+    argv[n] = NULL;
+    pid_t pid = harness_spawn(argv, out);
+    assert_true(pid > 0);
+    return harness_wait(pid, 60000);
+}
+
+static void start(struct cluster *k)
+{
+    char dir[320];
+    harness_tmp(dir, sizeof dir, "ckpt");
+    mkdir(dir, 0755);
+    for (int i = 0; i < 2; i++) {
+        const char *args[] = {"--shard",
+                              i ? "1" : "0",
+                              "--shards",
+                              "2",
+                              "--workers",
+                              "1",
+                              "--consistency",
+                              "bsp",
+                              "--checkpoint-dir",
+                              dir,
+                              "--checkpoint-every",
+                              "0",
+                              NULL};
+        assert_int_equal(harness_psd_start(&k->p[i], args), 0);
+    }
+    snprintf(k->servers, sizeof k->servers, "%s,%s", k->p[0].endpoint, k->p[1].endpoint);
+    char log[320];
+    harness_tmp(log, sizeof log, "worker.log");
+    const char *argv[] = {getenv("PSWORKER_BIN"), "--servers", k->servers, "--layers", "784,16,10",
+                          "--max-steps",          "30",        "--device", "cpu",      NULL};
+    pid_t w = harness_spawn(argv, log);
+    int rc = harness_wait(w, 120000);
+    if (rc != 0)
+        harness_dump_file(log);
+    assert_int_equal(rc, 0);
+}
+
+static json_t *load_json(const char *path)
+{
+    json_error_t e;
+    json_t *j = json_load_file(path, 0, &e);
+    if (j == NULL) {
+        harness_dump_file(path);
+        fail_msg("%s: %s", path, e.text);
+    }
+    return j;
+}
+
+static void test_status_export_checkpoint(void **state)
+{
+    (void)state;
+    struct cluster k;
+    start(&k);
+    char out[320];
+    harness_tmp(out, sizeof out, "status.txt");
+    const char *status[] = {"status", NULL};
+    assert_int_equal(psctl(&k, out, status), 0);
+    assert_true(harness_log_has(out, "shard 0", k.p[0].endpoint));
+    assert_true(harness_log_has(out, "shard 1", k.p[1].endpoint));
+    assert_true(harness_log_has(out, "workers   1 of 1 live", NULL));
+    assert_true(harness_log_has(out, "fc1.weight", "[0, 6272)"));
+    assert_true(harness_log_has(out, "fc2.bias", "[5, 10)"));
+
+    harness_tmp(out, sizeof out, "status.json");
+    const char *sj[] = {"--json", "status", NULL};
+    assert_int_equal(psctl(&k, out, sj), 0);
+    json_t *j = load_json(out);
+    json_t *shards = json_object_get(j, "shards");
+    assert_int_equal(json_array_size(shards), 2);
+    for (size_t s = 0; s < 2; s++) {
+        json_t *o = json_array_get(shards, s);
+        assert_true(json_is_true(json_object_get(o, "up")));
+        assert_int_equal(json_integer_value(json_object_get(o, "live_workers")), 1);
+        assert_int_equal(json_array_size(json_object_get(o, "tables")), 4);
+        json_t *clocks = json_object_get(o, "worker_clocks");
+        assert_int_equal(json_integer_value(json_array_get(clocks, 0)), 30);
+    }
+    json_decref(j);
+
+    /* export: the file's fc2.bias is what the shards hold */
+    char st[320];
+    harness_tmp(st, sizeof st, "model.safetensors");
+    harness_tmp(out, sizeof out, "export.txt");
+    const char *ex[] = {"export", "--format", "safetensors", st, NULL};
+    assert_int_equal(psctl(&k, out, ex), 0);
+    FILE *f = fopen(st, "rb");
+    assert_non_null(f);
+    unsigned char len8[8];
+    assert_int_equal(fread(len8, 1, 8, f), 8);
+    uint64_t hlen = 0;
+    for (int i = 7; i >= 0; i--)
+        hlen = (hlen << 8) | len8[i];
+    char *hdr = calloc(1, hlen + 1);
+    assert_int_equal(fread(hdr, 1, hlen, f), hlen);
+    json_error_t e;
+    j = json_loads(hdr, 0, &e);
+    assert_non_null(j);
+    json_t *bias = json_object_get(j, "fc2.bias");
+    assert_int_equal(json_integer_value(json_array_get(json_object_get(bias, "shape"), 0)), 10);
+    long off = (long)json_integer_value(json_array_get(json_object_get(bias, "data_offsets"), 0));
+    float file_bias[10];
+    assert_int_equal(fseek(f, (long)(8 + hlen) + off, SEEK_SET), 0);
+    assert_int_equal(fread(file_bias, 4, 10, f), 10);
+    fclose(f);
+    free(hdr);
+    json_decref(j);
+    const char *eps[2] = {k.p[0].endpoint, k.p[1].endpoint};
+    struct psc_config cfg = {
+        .servers = eps, .nservers = 2, .worker_id = PSC_OBSERVER, .connect_timeout_ms = 10000};
+    struct psc_client *c = NULL;
+    char err[256];
+    assert_int_equal(psc_create(&cfg, &c, err, sizeof err), 0);
+    uint32_t t;
+    uint64_t ticket;
+    float live[10];
+    assert_int_equal(psc_table_open(c, "fc2.bias", 10000, &t), 0);
+    assert_int_equal(psc_pull(c, t, 0, 10, live, 0, &ticket), 0);
+    assert_int_equal(psc_wait(c, ticket, 10000), 0);
+    psc_destroy(c);
+    assert_memory_equal(file_bias, live, sizeof live);
+    int nonzero = 0;
+    for (int i = 0; i < 10; i++)
+        nonzero += live[i] != 0.0f; /* trained: the biases moved from 0 */
+    assert_true(nonzero > 0);
+
+    harness_tmp(out, sizeof out, "checkpoint.txt");
+    const char *ck[] = {"checkpoint", NULL};
+    assert_int_equal(psctl(&k, out, ck), 0);
+    assert_true(harness_log_has(out, "shard 0: ", "shard-0-of-2-"));
+    assert_true(harness_log_has(out, "shard 1: ", "shard-1-of-2-"));
+
+    /* one shard down: named, exit 1 */
+    kill(k.p[1].pid, SIGKILL);
+    assert_true(harness_wait(k.p[1].pid, 10000) >= 0);
+    k.p[1].pid = 0;
+    harness_tmp(out, sizeof out, "status-down.txt");
+    assert_int_equal(psctl(&k, out, status), 1);
+    assert_true(harness_log_has(out, "shard 1", "UNREACHABLE"));
+    assert_true(harness_log_has(out, "no reply within 1000 ms from shard 1", NULL));
+    assert_true(harness_log_has(out, "shard 0", "bsp"));
+    harness_tmp(out, sizeof out, "status-down.json");
+    assert_int_equal(psctl(&k, out, sj), 1);
+    j = load_json(out);
+    assert_int_equal(json_integer_value(json_object_get(j, "unreachable")), 1);
+    json_decref(j);
+    assert_int_equal(harness_psd_stop(&k.p[0]), 0);
+}
+
+static void test_usage_errors(void **state)
+{
+    (void)state;
+    struct cluster k;
+    memset(&k, 0, sizeof k);
+    snprintf(k.servers, sizeof k.servers, "tcp://127.0.0.1:1");
+    char out[320];
+    harness_tmp(out, sizeof out, "usage.txt");
+    const char *bad[] = {"frobnicate", NULL};
+    assert_int_equal(psctl(&k, out, bad), 2);
+    assert_true(harness_log_has(out, "unknown command 'frobnicate'", NULL));
+    const char *fmt[] = {"--format", "npz", "export", "x", NULL};
+    assert_int_equal(psctl(&k, out, fmt), 2);
+    assert_true(harness_log_has(out, "--format: 'npz'", NULL));
+    const char *none[] = {NULL};
+    assert_int_equal(psctl(&k, out, none), 2);
+    assert_true(harness_log_has(out, "no command", NULL));
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_status_export_checkpoint),
+        cmocka_unit_test(test_usage_errors),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
