@@ -41,6 +41,9 @@
 #define PS_WAITS_PER_WORKER_MAX    256u /* one peer cannot fill the queue for the others */
 #define PS_ROUTE_ID_MAX            256u /* ZeroMQ routing ids are at most 255 bytes */
 #define PS_WAIT_TIMEOUT_MS_DEFAULT 120000u
+/* Checkpoints asked for by a peer (OP_CHECKPOINT): at most one this often;
+ * an ask sooner is answered with the newest file. */
+#define PS_CHECKPOINT_ASK_MIN_MS 1000u
 
 /* Event loop fairness: messages handled per readiness callback. */
 #define PS_DRAIN_BATCH_MAX 64u

@@ -32,6 +32,18 @@ struct ps_opt {
 
 #define PS_OPTS_MAX 64
 
+/* Table entries for a config struct CFG: whole-number/string/flag options,
+ * and floating-point ones. A program defines its own short names, e.g.
+ *   #define OPT(...) PS_OPT(struct config, __VA_ARGS__) */
+#define PS_OPT(CFG, name, type, field, def, lo, hi, meta, help)                                    \
+    {                                                                                              \
+        name, type, offsetof(CFG, field), def, lo, hi, 0, 0, meta, help                            \
+    }
+#define PS_FOPT(CFG, name, field, def, lo, hi, meta, help)                                         \
+    {                                                                                              \
+        name, PS_OPT_F64, offsetof(CFG, field), def, 0, 0, lo, hi, meta, help                      \
+    }
+
 /* Reads an INI file of NAME = VALUE lines (NAME a long flag without the
  * dashes, in any [section]; flags take true/false) into cfg. 0, or an error
  * naming the file, the line and what was wrong. */

@@ -41,15 +41,8 @@ struct psd_config {
     int version;
 };
 
-#define OPT(name, type, field, def, lo, hi, meta, help)                                            \
-    {                                                                                              \
-        name, type, offsetof(struct psd_config, field), def, lo, hi, 0, 0, meta, help              \
-    }
-
-#define FOPT(name, field, def, lo, hi, meta, help)                                                 \
-    {                                                                                              \
-        name, PS_OPT_F64, offsetof(struct psd_config, field), def, 0, 0, lo, hi, meta, help        \
-    }
+#define OPT(...)  PS_OPT(struct psd_config, __VA_ARGS__)
+#define FOPT(...) PS_FOPT(struct psd_config, __VA_ARGS__)
 
 static const struct ps_opt psd_opts[] = {
     OPT("listen", PS_OPT_STR, listen, "tcp://127.0.0.1:5570", 0, 0, "ENDPOINT",

@@ -32,10 +32,7 @@ struct config {
     int help;
 };
 
-#define OPT(name, type, field, def, lo, hi, meta, help)                                            \
-    {                                                                                              \
-        name, type, offsetof(struct config, field), def, lo, hi, 0, 0, meta, help                  \
-    }
+#define OPT(...) PS_OPT(struct config, __VA_ARGS__)
 
 static const struct ps_opt opts[] = {
     OPT("servers", PS_OPT_STR, servers, NULL, 0, 0, "EP[,EP...]",
@@ -100,13 +97,6 @@ static int connect_cluster(const struct config *cfg, struct cluster *k)
         return 1;
     }
     return 0;
-}
-
-/* Why shard s failed, for people: the client's sentence, which names the
- * shard and how long it waited. */
-static const char *why(const struct cluster *k)
-{
-    return psc_last_error(k->c);
 }
 
 /* ---- status ------------------------------------------------------------- */
@@ -232,7 +222,7 @@ static int cmd_status(struct cluster *k, int json)
         up[s] = psc_stats_tables(k->c, s, k->timeout_ms, &st[s], tl + (size_t)s * PS_TABLES_MAX,
                                  PS_TABLES_MAX) == 0;
         if (!up[s]) {
-            snprintf(errs[s], sizeof errs[s], "%s", why(k));
+            snprintf(errs[s], sizeof errs[s], "%s", psc_last_error(k->c));
             down++;
         }
     }
@@ -285,13 +275,14 @@ static int cmd_checkpoint(struct cluster *k, int json)
         int rc = psc_checkpoint(k->c, s, k->timeout_ms, detail, sizeof detail);
         failed += rc != 0;
         if (json)
-            json_array_append_new(
-                arr, json_pack("{s:i, s:s, s:b, s:s}", "shard", (int)s, "endpoint", k->eps[s], "ok",
-                               rc == 0, rc == 0 ? "detail" : "error", rc == 0 ? detail : why(k)));
+            json_array_append_new(arr,
+                                  json_pack("{s:i, s:s, s:b, s:s}", "shard", (int)s, "endpoint",
+                                            k->eps[s], "ok", rc == 0, rc == 0 ? "detail" : "error",
+                                            rc == 0 ? detail : psc_last_error(k->c)));
         else if (rc == 0)
             printf("shard %u: %s\n", s, detail);
         else
-            printf("shard %u: FAILED: %s\n", s, why(k));
+            printf("shard %u: FAILED: %s\n", s, psc_last_error(k->c));
     }
     if (json) {
         json_dumpf(arr, stdout, JSON_INDENT(2));
@@ -312,7 +303,7 @@ static int cmd_export(struct cluster *k, const char *path, int json)
     struct psc_shard_stats st;
     memset(&st, 0, sizeof st);
     if (rc == 0 && (rc = psc_stats_tables(k->c, 0, k->timeout_ms, &st, tl, PS_TABLES_MAX)) != 0)
-        fprintf(stderr, "psctl: export: %s\n", why(k));
+        fprintf(stderr, "psctl: export: %s\n", psc_last_error(k->c));
     size_t n = 0, skipped = 0;
     uint64_t bytes = 0;
     for (uint32_t i = 0; rc == 0 && i < st.tables && i < PS_TABLES_MAX; i++) {
@@ -331,7 +322,7 @@ static int cmd_export(struct cluster *k, const char *path, int json)
         if ((rc = psc_table_open(k->c, tl[i].name, k->timeout_ms, &h)) != 0 ||
             (rc = psc_pull(k->c, h, 0, tl[i].size, bufs[n], 0, &ticket)) != 0 ||
             (rc = psc_wait(k->c, ticket, k->timeout_ms)) != 0) {
-            fprintf(stderr, "psctl: export: '%s': %s\n", tl[i].name, why(k));
+            fprintf(stderr, "psctl: export: '%s': %s\n", tl[i].name, psc_last_error(k->c));
             n++;
             break;
         }

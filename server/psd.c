@@ -245,9 +245,9 @@ static void worker_heard(struct psd *s, const Ps__Header *req)
     if (w >= s->cons.workers || req->op == PS__OP__OP_STATS)
         return;
     struct psd_live *lv = &s->live[w];
-    const struct psd_peer *p = peer_of(s, w, 0);
-    int restarted = req->op == PS__OP__OP_HELLO && req->session != 0 && p != NULL &&
-                    p->session != 0 && p->session != req->session;
+    const struct psd_peer *p =
+        req->op == PS__OP__OP_HELLO && req->session != 0 ? peer_of(s, w, 0) : NULL;
+    int restarted = p != NULL && p->session != 0 && p->session != req->session;
     uint64_t now = now_ms();
     if (lv->seen && (!lv->live || restarted)) {
         s->workers_rejoined++;
@@ -298,6 +298,8 @@ static void note_stale(struct psd *s, const Ps__Header *req, const struct psd_ta
 {
     s->stale_pushes++;
     applied_push(s, req);
+    if (req->worker_id >= s->cons.workers) /* stale comes from members' rules only */
+        return;
     struct psd_live *lv = &s->live[req->worker_id];
     if (!lv->stale_logged) {
         lv->stale_logged = 1;
@@ -537,11 +539,19 @@ static void reply_values(struct psd *s, const Ps__Header *req, struct psd_table 
     reply_header(s, &h, rep);
 }
 
-static void note_staleness(struct psd *s, const struct psd_table *t, uint64_t clock)
+/* Answers a pull of [offset, offset+count) of t at `clock` by worker
+ * (req's): the staleness it is admitted at, a rejoining worker joining at
+ * a round boundary, then the values. The one place a pull is answered,
+ * at once or after waiting. */
+static void answer_pull(struct psd *s, const Ps__Header *req, struct psd_table *t, uint64_t clock,
+                        uint64_t offset, uint64_t count, int duplicate, int stale,
+                        struct psd_reply *rep)
 {
     uint64_t low = psd_cons_clock(&s->cons, t);
     if (s->cons.mode == PSD_SSP && clock > low && clock - low > s->max_staleness)
         s->max_staleness = clock - low;
+    psd_cons_pulled(&s->cons, t, req->worker_id, clock);
+    reply_values(s, req, t, offset, count, duplicate, stale, rep);
 }
 
 /* Header of a waiting request, enough for reply_init and error replies. */
@@ -566,13 +576,11 @@ static void release_waits(struct psd *s)
             i++;
             continue;
         }
-        note_staleness(s, t, w->clock);
-        psd_cons_pulled(&s->cons, t, w->worker_id, w->clock);
         Ps__Header h;
         wait_header(w, &h);
         struct psd_reply rep;
         memset(&rep, 0, sizeof rep);
-        reply_values(s, &h, t, w->offset, w->count, 0, 0, &rep);
+        answer_pull(s, &h, t, w->clock, w->offset, w->count, 0, 0, &rep);
         s->ctr.bytes_out += rep.hdr_len + rep.mask_bytes + rep.vals_bytes;
         s->send(s->send_ctx, w->route, w->route_len, &rep);
         s->waits[i] = s->waits[--s->nwaits]; /* order of answers does not matter */
@@ -820,9 +828,7 @@ static int op_data(struct psd *s, const struct ps_frame *route, const struct ps_
     uint64_t clock = req->op == PS__OP__OP_PUSH_PULL ? req->clock + 1 : req->clock;
     if (!psd_cons_ready(&s->cons, t, clock, req->offset, req->count))
         return defer(s, route, req, clock, rep);
-    note_staleness(s, t, clock);
-    psd_cons_pulled(&s->cons, t, req->worker_id, clock);
-    reply_values(s, req, t, req->offset, req->count, dup, stale, rep);
+    answer_pull(s, req, t, clock, req->offset, req->count, dup, stale, rep);
     return 1;
 }
 
@@ -845,6 +851,7 @@ static int write_checkpoint(struct psd *s, const char *why, char *out, size_t ou
     PS_LOG(s->log, PS_LOG_INFO, "S0600", "checkpoint %s written (%s, %u tables, %llu ms)", path,
            why, s->ntables, (unsigned long long)(s->ckpt_last_ms - t0));
     snprintf(out, outlen, "%s", path);
+    snprintf(s->ckpt_path, sizeof s->ckpt_path, "%s", path);
     return 0;
 }
 
@@ -876,8 +883,13 @@ static void op_checkpoint(struct psd *s, const Ps__Header *req, struct psd_reply
                      s->shard);
         return;
     }
-    char detail[4300];
-    if (psd_quiescent(s)) {
+    char detail[4400];
+    uint64_t age = now_ms() - s->ckpt_ok_ms;
+    if (s->ckpt_written > 0 && age < PS_CHECKPOINT_ASK_MIN_MS) {
+        snprintf(detail, sizeof detail,
+                 "%s, written %llu ms ago, stands (at most one asked-for checkpoint every %u ms)",
+                 s->ckpt_path, (unsigned long long)age, PS_CHECKPOINT_ASK_MIN_MS);
+    } else if (psd_quiescent(s)) {
         int rc = write_checkpoint(s, "asked for", detail, sizeof detail);
         if (rc != 0) {
             reply_errorf(s, req, rc, rep, "checkpoint: %s", detail);

@@ -92,8 +92,9 @@ struct psd {
     /* checkpoints (checkpoint.c); dir NULL: off */
     const char *ckpt_dir;
     uint64_t ckpt_every_ms, ckpt_last_ms, ckpt_written;
-    uint64_t ckpt_ok_ms; /* when the last one was written */
-    int ckpt_pending;    /* asked for (psctl checkpoint) while a round was in progress */
+    uint64_t ckpt_ok_ms;  /* when the last one was written */
+    int ckpt_pending;     /* asked for (psctl checkpoint) while a round was in progress */
+    char ckpt_path[4200]; /* the newest written */
     psd_send_cb send;
     void *send_ctx;
 

@@ -47,14 +47,8 @@ struct config {
     int help;
 };
 
-#define OPT(name, type, field, def, lo, hi, meta, help)                                            \
-    {                                                                                              \
-        name, type, offsetof(struct config, field), def, lo, hi, 0, 0, meta, help                  \
-    }
-#define FOPT(name, field, def, lo, hi, meta, help)                                                 \
-    {                                                                                              \
-        name, PS_OPT_F64, offsetof(struct config, field), def, 0, 0, lo, hi, meta, help            \
-    }
+#define OPT(...)  PS_OPT(struct config, __VA_ARGS__)
+#define FOPT(...) PS_FOPT(struct config, __VA_ARGS__)
 
 static const struct ps_opt opts[] = {
     OPT("servers", PS_OPT_STR, servers, NULL, 0, 0, "EP[,EP...]",

@@ -152,12 +152,28 @@ static void c_too_many_frames(struct case_msg *m)
     add_frame(m, 8);
 }
 
-static void c_hello_extra_frame(struct case_msg *m)
+/* A bare request of op with one frame too many. */
+static void extra_frame(struct case_msg *m, Ps__Op op)
 {
     Ps__Header h;
-    ps_wire_header_init(&h, PS__OP__OP_HELLO);
+    ps_wire_header_init(&h, op);
     put_header(m, &h);
     add_frame(m, 4);
+}
+static void c_hello_extra_frame(struct case_msg *m)
+{
+    extra_frame(m, PS__OP__OP_HELLO);
+}
+static void c_heartbeat_extra_frame(struct case_msg *m)
+{
+    extra_frame(m, PS__OP__OP_HEARTBEAT);
+}
+
+static void c_checkpoint_no_dir(struct case_msg *m)
+{
+    Ps__Header h;
+    ps_wire_header_init(&h, PS__OP__OP_CHECKPOINT);
+    put_header(m, &h);
 }
 
 static void c_count_zero(struct case_msg *m)
@@ -432,6 +448,8 @@ const struct bad_case bad_cases[] = {
     {"keyed push past the shard", PS_ERANGE, 1, c_keys_outside_shard},
     {"table one past --max-table-bytes", PS_ELIMIT, 1, c_table_over_limit},
     {"create conflicting spec", PS_EEXIST, 1, c_create_conflict},
+    {"heartbeat with a frame", PS_EFRAMES, 0, c_heartbeat_extra_frame},
+    {"checkpoint without --checkpoint-dir", PS_ENOTSUP, 1, c_checkpoint_no_dir},
 };
 
 const size_t bad_cases_count = sizeof bad_cases / sizeof bad_cases[0];

@@ -123,7 +123,9 @@ static void test_killed_worker_is_dropped_and_rejoins(void **state)
     kill(k.w[1], SIGKILL);
     long long t_kill = harness_now_ms();
     assert_true(harness_wait(k.w[1], 10000) >= 0);
-    /* worker 0 is held by the round worker 1 left open... */
+    /* worker 0 is held by the round worker 1 left open: that it does NOT
+     * move needs time to pass, so this looks twice before the timeout
+     * (after any step in flight has landed, and two thirds in)... */
     harness_pause_ms(300);
     uint64_t held = worker_clock(&k, 0);
     harness_pause_ms(WORKER_TIMEOUT_MS * 2 / 3 - 300);

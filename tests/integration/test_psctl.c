@@ -6,6 +6,8 @@
 #include "harness.h"
 #include "psclient.h"
 
+#include "ps_limits.h"
+
 #include <jansson.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -164,6 +166,25 @@ static void test_status_export_checkpoint(void **state)
     assert_int_equal(psctl(&k, out, ck), 0);
     assert_true(harness_log_has(out, "shard 0: ", "shard-0-of-2-"));
     assert_true(harness_log_has(out, "shard 1: ", "shard-1-of-2-"));
+    /* past the limit (asked again at once): the newest file stands; at it
+     * (a second after that one): a new file */
+    assert_int_equal(psc_create(&cfg, &c, err, sizeof err), 0);
+    char first[PS_ERROR_TEXT_MAX], again[PS_ERROR_TEXT_MAX];
+    long long t0 = harness_now_ms();
+    assert_int_equal(psc_checkpoint(c, 0, 10000, first, sizeof first), 0);
+    assert_non_null(strstr(first, "ms ago, stands (at most one asked-for checkpoint every 1000"));
+    long long deadline = t0 + 10000;
+    do {
+        harness_pause_ms(50);
+        assert_int_equal(psc_checkpoint(c, 0, 10000, again, sizeof again), 0);
+    } while (strstr(again, "stands") != NULL && harness_now_ms() < deadline);
+    printf("  asked again at once: %s\n  a new file after %lld ms: %s\n", first,
+           harness_now_ms() - t0, again);
+    assert_null(strstr(again, "stands"));
+    assert_true(strstr(again, "shard-0-of-2-") != NULL);
+    assert_true(strncmp(first, again, strlen(again)) != 0); /* another file */
+    assert_true(harness_now_ms() - t0 >= 900);
+    psc_destroy(c);
 
     /* one shard down: named, exit 1 */
     kill(k.p[1].pid, SIGKILL);
