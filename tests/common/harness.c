@@ -83,16 +83,33 @@ int harness_json_number(const char *path, const char *key, double *out)
     return 0;
 }
 
-int harness_log_has(const char *path, const char *a, const char *b)
+/* Copies the first line of the file holding a (and b, when not NULL) into
+ * line; 1 when there is one. */
+static int log_line(const char *path, const char *a, const char *b, char *line, size_t len)
 {
     FILE *f = fopen(path, "r");
-    char line[1024];
     int found = 0;
-    while (f != NULL && !found && fgets(line, sizeof line, f) != NULL)
+    while (f != NULL && !found && fgets(line, (int)len, f) != NULL)
         found = strstr(line, a) != NULL && (b == NULL || strstr(line, b) != NULL);
     if (f != NULL)
         fclose(f);
     return found;
+}
+
+int harness_log_has(const char *path, const char *a, const char *b)
+{
+    char line[1024];
+    return log_line(path, a, b, line, sizeof line);
+}
+
+int harness_log_number(const char *path, const char *a, const char *before, double *out)
+{
+    char line[1024];
+    if (!log_line(path, a, before, line, sizeof line))
+        return -1;
+    char *end;
+    *out = strtod(strstr(line, before) + strlen(before), &end);
+    return end == strstr(line, before) + strlen(before) ? -1 : 0;
 }
 
 int harness_log_wait(const char *path, const char *a, const char *b, int timeout_ms)

@@ -38,6 +38,9 @@ char *harness_tmp(char *out, size_t len, const char *name);
 int harness_json_number(const char *path, const char *key, double *out);
 /* 1 when a line of the file holds a (and b, when not NULL). */
 int harness_log_has(const char *path, const char *a, const char *b);
+/* The number that follows `before` on the first line holding a and before;
+ * -1 when there is none. */
+int harness_log_number(const char *path, const char *a, const char *before, double *out);
 /* harness_log_has, polled every 10 ms until it holds or timeout_ms pass. */
 int harness_log_wait(const char *path, const char *a, const char *b, int timeout_ms);
 /* Sleeps ms milliseconds: only between polls of a state, under a deadline. */

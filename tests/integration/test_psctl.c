@@ -172,6 +172,10 @@ static void test_status_export_checkpoint(void **state)
     char first[PS_ERROR_TEXT_MAX], again[PS_ERROR_TEXT_MAX];
     long long t0 = harness_now_ms();
     assert_int_equal(psc_checkpoint(c, 0, 10000, first, sizeof first), 0);
+    if (strstr(first, "stands") == NULL) { /* starved past the limit: asked at once now */
+        t0 = harness_now_ms();
+        assert_int_equal(psc_checkpoint(c, 0, 10000, first, sizeof first), 0);
+    }
     assert_non_null(strstr(first, "ms ago, stands (at most one asked-for checkpoint every 1000"));
     long long deadline = t0 + 10000;
     do {
