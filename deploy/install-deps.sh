@@ -14,6 +14,7 @@ PKGS=(
   clang libclang-rt-14-dev
   python3 procps libjansson-dev
   libsystemd-dev libinih-dev systemd
+  libmicrohttpd-dev prometheus curl
   dataset-fashion-mnist
 )
 

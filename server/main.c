@@ -1,6 +1,7 @@
 /* psd: one parameter-server shard. Parses flags, owns the loop, handles
  * signals, and wires the core (psd.c) to the transport (net.c). */
 #include "checkpoint.h"
+#include "metrics.h"
 #include "net.h"
 #include "psd.h"
 
@@ -37,6 +38,7 @@ struct psd_config {
     const char *log_level;
     const char *config;
     const char *endpoint_file;
+    const char *metrics_listen;
     int help;
     int version;
 };
@@ -84,6 +86,8 @@ static const struct ps_opt psd_opts[] = {
         "command line win; SIGHUP reads it again"),
     OPT("endpoint-file", PS_OPT_STR, endpoint_file, NULL, 0, 0, "PATH",
         "write the bound endpoint here once listening (for scripts and tests)"),
+    OPT("metrics-listen", PS_OPT_STR, metrics_listen, NULL, 0, 0, "ADDR:PORT",
+        "serve Prometheus /metrics and /healthz over HTTP here (port 0 picks a free port)"),
     OPT("help", PS_OPT_FLAG, help, NULL, 0, 0, NULL, "show this help and exit"),
     OPT("version", PS_OPT_FLAG, version, NULL, 0, 0, NULL, "show the version and exit"),
 };
@@ -101,12 +105,24 @@ struct app {
     char **argv;
     struct psd_config cfg;
     uv_timer_t tick;
+    struct ps_metrics *metrics;
+    struct ps_buf metrics_text;
 };
+
+/* Renders the metrics and hands them to the HTTP thread. */
+static void publish_metrics(struct app *a)
+{
+    if (a->metrics == NULL)
+        return;
+    psd_metrics_render(&a->srv, &a->metrics_text);
+    ps_metrics_publish(a->metrics, &a->metrics_text);
+}
 
 static void on_tick(uv_timer_t *h)
 {
     struct app *a = h->data;
     psd_tick(&a->srv);
+    publish_metrics(a);
     ps_notify_watchdog(); /* from the loop: a stuck loop stops petting it */
 }
 
@@ -161,15 +177,18 @@ static void on_hup(uv_signal_t *h, int signum)
                (unsigned long long)o->checkpoint_every, (unsigned long long)n.checkpoint_every);
     a->srv.ckpt_every_ms = n.checkpoint_every * 1000u;
     if (n.workers != o->workers || n.shard != o->shard || n.shards != o->shards ||
-        strcmp(n.consistency, o->consistency) != 0 || strcmp(n.listen, o->listen) != 0)
+        strcmp(n.consistency, o->consistency) != 0 || strcmp(n.listen, o->listen) != 0 ||
+        (n.metrics_listen == NULL) != (o->metrics_listen == NULL) ||
+        (n.metrics_listen != NULL && strcmp(n.metrics_listen, o->metrics_listen) != 0))
         PS_LOG(&a->log, PS_LOG_WARN, "S0032",
-               "SIGHUP: listen, shard, shards, workers and consistency change only with a "
-               "restart; kept as they were");
+               "SIGHUP: listen, metrics-listen, shard, shards, workers and consistency change "
+               "only with a restart; kept as they were");
     n.listen = o->listen;
     n.shard = o->shard;
     n.shards = o->shards;
     n.workers = o->workers;
     n.consistency = o->consistency;
+    n.metrics_listen = o->metrics_listen;
     *o = n;
 }
 
@@ -325,9 +344,21 @@ int main(int argc, char **argv)
         PS_LOG(&a.log, PS_LOG_INFO, "S0011", "CURVE on: %zu client key(s) admitted",
                a.sec.allow->n);
     }
+    if (cfg.metrics_listen != NULL) {
+        if (ps_metrics_start(&a.metrics, cfg.metrics_listen, err, sizeof err) != 0) {
+            PS_LOG(&a.log, PS_LOG_ERROR, "S0006", "%s", err);
+            psd_fini(&a.srv);
+            uv_loop_close(&a.loop);
+            return 2;
+        }
+        publish_metrics(&a);
+        PS_LOG(&a.log, PS_LOG_INFO, "S0012", "metrics on %s (port %d): GET /metrics, /healthz",
+               cfg.metrics_listen, ps_metrics_port(a.metrics));
+    }
     if (psd_net_start(&a.net, &a.srv, &a.loop, cfg.listen, (int)cfg.io_threads, sec, err,
                       sizeof err) != 0) {
         PS_LOG(&a.log, PS_LOG_ERROR, "S0002", "%s", err);
+        ps_metrics_stop(a.metrics);
         psd_fini(&a.srv);
         uv_loop_close(&a.loop);
         return 1;
@@ -362,6 +393,8 @@ int main(int argc, char **argv)
     uv_run(&a.loop, UV_RUN_DEFAULT);
 
     psd_net_fini(&a.net);
+    ps_metrics_stop(a.metrics);
+    ps_buf_free(&a.metrics_text);
     PS_LOG(&a.log, PS_LOG_INFO, "S0021", "stopped after %llu requests (%llu errors)",
            (unsigned long long)a.srv.ctr.requests, (unsigned long long)a.srv.ctr.errors);
     psd_fini(&a.srv);

@@ -115,6 +115,11 @@ static void reply_init(Ps__Header *out, const Ps__Header *req)
     }
 }
 
+int psd_op_index(const Ps__Header *h)
+{
+    return h != NULL && h->op > 0 && h->op < PSD_OPS_COUNT ? (int)h->op : PSD_OPS_COUNT;
+}
+
 /* The one place error replies are written (and counted, and logged). */
 static void reply_error(struct psd *s, const Ps__Header *req, int code, const char *text,
                         struct psd_reply *rep)
@@ -126,6 +131,8 @@ static void reply_error(struct psd *s, const Ps__Header *req, int code, const ch
     snprintf(buf, sizeof buf, "%s", text);
     h.error = buf;
     s->ctr.errors++;
+    s->ctr
+        .errors_by[psd_op_index(req)][code < 0 && code > -PSD_ERR_CODES ? -code : PSD_ERR_CODES]++;
     s->errors_logged++;
     if (s->errors_logged <= 20 || s->errors_logged % 1000 == 0)
         PS_LOG(s->log, PS_LOG_WARN, "S0200", "error reply to worker %u (%s): %s [%s] (%llu so far)",
@@ -213,7 +220,7 @@ static void reply_duplicate(struct psd *s, const Ps__Header *req, struct psd_rep
 
 static void release_waits(struct psd *s);
 
-static uint32_t live_count(const struct psd *s)
+uint32_t psd_live_count(const struct psd *s)
 {
     uint32_t n = 0;
     for (uint32_t w = 0; w < s->cons.workers; w++)
@@ -256,7 +263,8 @@ static void worker_heard(struct psd *s, const Ps__Header *req)
                "worker %u %s after %llu ms: it rejoins each table at a round boundary "
                "(%u of %u workers live)",
                w, restarted ? "said hello from a new session (restarted, or rejoining)" : "is back",
-               (unsigned long long)(now - lv->last_ms), live_count(s) + !lv->live, s->cons.workers);
+               (unsigned long long)(now - lv->last_ms), psd_live_count(s) + !lv->live,
+               s->cons.workers);
     }
     if (restarted) {
         for (uint32_t i = 0; i < s->nwaits;) {
@@ -281,7 +289,7 @@ void psd_drop_worker(struct psd *s, uint32_t w)
            "worker %u silent for %llu ms (--worker-timeout %llu): dropped from the live set; "
            "rounds go on without it (%u of %u workers live)",
            w, (unsigned long long)(now_ms() - s->live[w].last_ms),
-           (unsigned long long)s->worker_timeout_ms, live_count(s), s->cons.workers);
+           (unsigned long long)s->worker_timeout_ms, psd_live_count(s), s->cons.workers);
     leave_tables(s, w);
 }
 
@@ -940,6 +948,20 @@ void psd_tick(struct psd *s)
     }
 }
 
+uint64_t psd_worker_clock(const struct psd *s, uint32_t w)
+{
+    uint64_t c = s->ntables ? UINT64_MAX : 0;
+    for (uint32_t i = 0; i < s->ntables; i++)
+        if (s->tables[i]->completed[w] < c)
+            c = s->tables[i]->completed[w];
+    return c;
+}
+
+double psd_checkpoint_age_s(const struct psd *s)
+{
+    return s->ckpt_written ? (double)(now_ms() - s->ckpt_ok_ms) / 1e3 : -1.0;
+}
+
 static void op_stats(struct psd *s, const Ps__Header *req, struct psd_reply *rep)
 {
     static const size_t cap = PS_TABLES_MAX;
@@ -964,7 +986,7 @@ static void op_stats(struct psd *s, const Ps__Header *req, struct psd_reply *rep
         ts[i].pulls = t->pulls;
         ts[i].updates = t->steps;
         ts[i].clock = psd_cons_clock(&s->cons, t);
-        ts[i].sparsity = t->hi > t->lo ? (double)t->npruned / (double)(t->hi - t->lo) : 0.0;
+        ts[i].sparsity = psd_table_sparsity(t);
         ts[i].prune_target = t->prune_target_now;
         ts[i].rows = t->sparse ? t->sp.nrows : 0;
         ts[i].rounds_lost = t->rounds_lost;
@@ -972,8 +994,7 @@ static void op_stats(struct psd *s, const Ps__Header *req, struct psd_reply *rep
         ts[i].dim = t->dim;
         ts[i].rows_max = t->rows_max;
         ts[i].optimizer = (char *)psd_optimizer_name(t->optimizer);
-        uint64_t elems = t->sparse ? t->sp.nrows * t->dim : t->hi - t->lo;
-        bytes_held += elems * 4u * (1u + (uint64_t)psk_optim_state_arrays((int)t->optimizer));
+        bytes_held += psd_table_bytes_held(t);
         tp[i] = &ts[i];
     }
     Ps__Stats st;
@@ -996,13 +1017,13 @@ static void op_stats(struct psd *s, const Ps__Header *req, struct psd_reply *rep
     st.max_staleness = s->max_staleness;
     st.wait_timeouts = s->wait_timeouts;
     st.duplicates_dropped = s->duplicates_dropped;
-    st.live_workers = live_count(s);
+    st.live_workers = psd_live_count(s);
     st.workers_dropped = s->workers_dropped;
     st.workers_rejoined = s->workers_rejoined;
     st.stale_pushes = s->stale_pushes;
     st.worker_timeout_ms = s->worker_timeout_ms;
     st.checkpoints_written = s->ckpt_written;
-    st.checkpoint_age_s = s->ckpt_written ? (double)(now_ms() - s->ckpt_ok_ms) / 1e3 : -1.0;
+    st.checkpoint_age_s = psd_checkpoint_age_s(s);
     st.bytes_held = bytes_held;
     uint32_t *missing = calloc(s->cons.workers, sizeof *missing);
     for (uint32_t w = 0; missing != NULL && w < s->cons.workers; w++)
@@ -1011,12 +1032,8 @@ static void op_stats(struct psd *s, const Ps__Header *req, struct psd_reply *rep
     st.missing_workers = missing;
     uint64_t *wc = calloc(s->cons.workers, sizeof *wc);
     if (wc != NULL) {
-        for (uint32_t w = 0; w < s->cons.workers; w++) {
-            wc[w] = s->ntables ? UINT64_MAX : 0;
-            for (uint32_t i = 0; i < s->ntables; i++)
-                if (s->tables[i]->completed[w] < wc[w])
-                    wc[w] = s->tables[i]->completed[w];
-        }
+        for (uint32_t w = 0; w < s->cons.workers; w++)
+            wc[w] = psd_worker_clock(s, w);
         st.n_worker_clocks = s->cons.workers;
         st.worker_clocks = wc;
     }
@@ -1042,11 +1059,11 @@ int psd_dispatch(struct psd *s, const struct ps_frame *route, const struct ps_fr
     int rc = ps_wire_decode(&s->arena, frames, nframes, PS_WIRE_REQUEST, s->value_bytes_max, &m,
                             err, sizeof err);
     int now = 1;
+    s->ctr.by_op[psd_op_index(m.hdr)]++;
     if (rc != 0) {
         reply_error(s, m.hdr, rc, err, rep);
     } else {
         const Ps__Header *req = m.hdr;
-        s->ctr.by_op[req->op]++;
         worker_heard(s, req);
         switch (req->op) {
         case PS__OP__OP_HELLO:

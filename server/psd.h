@@ -18,6 +18,7 @@
 #include <stdint.h>
 
 #define PSD_OPS_COUNT 9              /* ps.Op values, OP_NONE included */
+#define PSD_ERR_CODES 32             /* room for -PS_E* codes */
 #define PSD_PEERS     PS_WORKERS_MAX /* exactly-once state for this many worker ids */
 
 struct psd_counters {
@@ -25,7 +26,10 @@ struct psd_counters {
     uint64_t errors;
     uint64_t bytes_in;
     uint64_t bytes_out;
-    uint64_t by_op[PSD_OPS_COUNT];
+    /* requests and error replies by op (psd_op_index) and, for errors,
+     * by -code (PSD_ERR_CODES: outside the known codes) */
+    uint64_t by_op[PSD_OPS_COUNT + 1];
+    uint64_t errors_by[PSD_OPS_COUNT + 1][PSD_ERR_CODES + 1];
 };
 
 struct psd_params {
@@ -146,6 +150,17 @@ void psd_set_sender(struct psd *s, psd_send_cb send, void *ctx);
  * no reply now: the request waits (its reply goes out later through the
  * sender), or it was a heartbeat (never answered). Replies to
  * other, earlier waiting requests may be sent during the call. */
+/* Workers in the live set. */
+uint32_t psd_live_count(const struct psd *s);
+/* Clocks worker w has pushed, lowest over tables (0 with no tables). */
+uint64_t psd_worker_clock(const struct psd *s, uint32_t w);
+/* Seconds since the last checkpoint was written; -1 when none was. */
+double psd_checkpoint_age_s(const struct psd *s);
+
+/* A request's op as a counter index: PSD_OPS_COUNT when it has no valid op
+ * (it did not decode). */
+int psd_op_index(const Ps__Header *h);
+
 int psd_dispatch(struct psd *s, const struct ps_frame *route, const struct ps_frame *frames,
                  size_t nframes, struct psd_reply *rep);
 

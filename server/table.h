@@ -13,6 +13,7 @@
 #include "sparse.h"
 
 #include "ps.pb-c.h"
+#include "ps_metrics.h"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -44,6 +45,7 @@ struct psd_table {
     uint64_t steps; /* optimizer steps applied */
 
     uint64_t pushes, pulls;
+    struct ps_hist apply_hist; /* seconds per optimizer apply */
 
     /* pruning (prune.c), when a --prune spec names this table: */
     uint8_t *mask; /* 1 = pruned; NULL when not pruned */
@@ -103,6 +105,11 @@ int psd_table_push_rows(struct psd_table *t, const uint64_t *keys, const float *
                         char *err, size_t errlen);
 
 /* Copies weights of global elements [offset, offset+count) into out. */
+/* Share of this shard's range pruned to zero. */
+double psd_table_sparsity(const struct psd_table *t);
+/* Bytes of weights and optimizer state held. */
+uint64_t psd_table_bytes_held(const struct psd_table *t);
+
 void psd_table_read(const struct psd_table *t, uint64_t offset, uint64_t count, float *out);
 
 /* Optimizer name ("sgd", "momentum", "adagrad", "adam"). */

@@ -17,6 +17,7 @@
 #include "ps_init.h"
 #include "ps_limits.h"
 #include "ps_log.h"
+#include "ps_metrics.h"
 #include "ps_notify.h"
 #include "ps_opts.h"
 #include "ps_shard.h"
@@ -42,6 +43,7 @@ struct config {
     uint64_t rows_max, embed_dim, embed_hidden;
     const char *optimizer, *device, *lr_schedule, *wire_dtype;
     const char *summary_json, *save, *log_level, *curve_secret, *curve_server_key, *config;
+    const char *metrics_listen;
     int standalone;
     uint64_t max_steps, log_every, timeout_ms, test_delay_ms, accum_steps, retry_ms, heartbeat_ms;
     int help;
@@ -113,6 +115,8 @@ static const struct ps_opt opts[] = {
     OPT("config", PS_OPT_STR, config, NULL, 0, 0, "FILE",
         "read options from an INI file (NAME = VALUE, names as the long flags); flags on the "
         "command line win"),
+    OPT("metrics-listen", PS_OPT_STR, metrics_listen, NULL, 0, 0, "ADDR:PORT",
+        "serve Prometheus /metrics and /healthz over HTTP here (port 0 picks a free port)"),
     OPT("help", PS_OPT_FLAG, help, NULL, 0, 0, NULL, "show this help and exit"),
 };
 #define NOPTS (sizeof opts / sizeof opts[0])
@@ -150,6 +154,11 @@ struct trainer {
     uint64_t done;        /* steps this process took */
     int fresh;            /* device weights are those of `clock` */
     double train_seconds;
+    /* --metrics-listen */
+    struct ps_metrics *metrics;
+    struct ps_buf mtext;
+    double m_at, m_sps, m_loss, m_accuracy; /* last publish; its rate; last step; last eval */
+    uint64_t m_done;                        /* steps at the last publish */
 };
 
 static double now_s(void)
@@ -266,6 +275,8 @@ static int setup_tables(struct trainer *tr, char *err, size_t errlen)
     return 0;
 }
 
+static void worker_metrics(struct trainer *tr, int force);
+
 static int wait_all(struct trainer *tr, uint64_t *tickets, int *pending, const char *what)
 {
     int first = 0;
@@ -276,6 +287,8 @@ static int wait_all(struct trainer *tr, uint64_t *tickets, int *pending, const c
         while (rc == PS_ETIMEDOUT && now_s() < until) {
             rc = psc_wait(tr->c, tickets[k], 1000);
             ps_notify_watchdog();
+            if (rc == PS_ETIMEDOUT)
+                worker_metrics(tr, 0); /* waiting, not stuck: /healthz stays ok */
         }
         if (rc != 0 && first == 0) {
             first = rc;
@@ -538,6 +551,53 @@ static void progress(struct trainer *tr, uint64_t epoch, uint64_t step, uint64_t
     }
 }
 
+/* Publishes this worker's metrics: at most every 250 ms unless forced. */
+static void worker_metrics(struct trainer *tr, int force)
+{
+    double now = now_s();
+    if (tr->metrics == NULL || (!force && now - tr->m_at < 0.25))
+        return;
+    double per_step = (double)(tr->cfg.batch * tr->cfg.accum_steps);
+    if (now > tr->m_at && tr->done >= tr->m_done)
+        tr->m_sps = (double)(tr->done - tr->m_done) * per_step / (now - tr->m_at);
+    tr->m_at = now;
+    tr->m_done = tr->done;
+    struct ps_buf *b = &tr->mtext;
+    char lab[256] = "", v[32];
+    snprintf(v, sizeof v, "%llu", (unsigned long long)tr->cfg.rank);
+    ps_prom_label(lab, sizeof lab, "rank", v);
+    snprintf(v, sizeof v, "%llu", (unsigned long long)tr->cfg.workers);
+    ps_prom_label(lab, sizeof lab, "workers", v);
+    ps_prom_label(lab, sizeof lab, "device", tr->be != NULL ? psk_describe(tr->be) : "?");
+    ps_prom_label(lab, sizeof lab, "mode", tr->cfg.standalone ? "standalone" : "servers");
+    ps_prom_family(b, "psworker_info", "gauge", "This worker: rank, workers, device.");
+    ps_prom_sample(b, "psworker_info", lab, 1);
+    ps_prom_metric(b, "psworker_clock", "gauge", "The run's clock this worker is at (its step).",
+                   (double)tr->clock);
+    ps_prom_metric(b, "psworker_steps_total", "counter", "Steps this process has taken.",
+                   (double)tr->done);
+    ps_prom_metric(b, "psworker_samples_total", "counter", "Training samples this process used.",
+                   (double)tr->done * per_step);
+    ps_prom_metric(b, "psworker_samples_per_second", "gauge",
+                   "Training samples per second since the previous publish.", tr->m_sps);
+    ps_prom_metric(b, "psworker_loss", "gauge", "Mean training loss of the last step.", tr->m_loss);
+    if (tr->m_accuracy >= 0)
+        ps_prom_metric(b, "psworker_test_accuracy_ratio", "gauge",
+                       "Test accuracy at the last evaluation.", tr->m_accuracy);
+    uint64_t sent = 0, received = 0;
+    if (tr->c != NULL) {
+        psc_bytes(tr->c, &sent, &received);
+        ps_prom_metric(b, "psworker_stale_pushes_total", "counter",
+                       "Pushes the servers refused as outside the rounds.",
+                       (double)psc_stale_pushes(tr->c));
+    }
+    ps_prom_metric(b, "psworker_sent_bytes_total", "counter", "Bytes sent to the servers.",
+                   (double)sent);
+    ps_prom_metric(b, "psworker_received_bytes_total", "counter",
+                   "Bytes received from the servers.", (double)received);
+    ps_metrics_publish(tr->metrics, b);
+}
+
 static int train(struct trainer *tr, double *accuracy)
 {
     uint64_t gb = tr->cfg.batch * tr->cfg.workers * tr->cfg.accum_steps;
@@ -567,6 +627,8 @@ static int train(struct trainer *tr, double *accuracy)
             loss_sum += loss;
             seen += tr->cfg.batch * tr->cfg.accum_steps;
             progress(tr, e, s + 1, steps, loss_sum / seen, t0, 0);
+            tr->m_loss = loss / (double)(tr->cfg.batch * tr->cfg.accum_steps);
+            worker_metrics(tr, 0);
         }
         tr->train_seconds += now_s() - t0;
         if (rc != 0)
@@ -577,10 +639,14 @@ static int train(struct trainer *tr, double *accuracy)
             *accuracy = evaluate(tr);
             PS_LOG(&tr->log, PS_LOG_INFO, "W0210", "epoch %llu: test accuracy %.4f",
                    (unsigned long long)e + 1, *accuracy);
+            tr->m_accuracy = *accuracy;
+            worker_metrics(tr, 1);
         }
     }
     if (rc == 0 && (rc = sync_weights(tr)) == 0 && tr->cfg.rank != 0)
         *accuracy = evaluate(tr); /* the final weights, so every summary has it */
+    tr->m_accuracy = *accuracy;
+    worker_metrics(tr, 1);
     return rc;
 }
 
@@ -662,9 +728,10 @@ static int check_config(const struct config *c, char *err, size_t errlen)
         snprintf(err, errlen, "--model: '%s' is not a known model (mlp, sparse-lr)", c->model);
         return PS_EINVAL;
     }
-    if (sparse && (c->standalone || c->topk > 0 || c->accum_steps > 1)) {
+    if (sparse && (c->standalone || c->topk > 0 || c->accum_steps > 1 || c->metrics_listen)) {
         snprintf(err, errlen,
-                 "--model sparse-lr trains through servers, without --topk or --accum-steps");
+                 "--model sparse-lr trains through servers, without --topk, --accum-steps or "
+                 "--metrics-listen (not there yet)");
         return PS_EINVAL;
     }
     if (c->rank >= c->workers) {
@@ -813,6 +880,8 @@ static void teardown(struct trainer *tr)
         free(tr->sel_idx[k]);
         free(tr->sel_val[k]);
     }
+    ps_metrics_stop(tr->metrics);
+    ps_buf_free(&tr->mtext);
     psc_destroy(tr->c);
     if (tr->be != NULL) {
         psk_host_free(tr->be, tr->h_in);
@@ -902,6 +971,16 @@ int main(int argc, char **argv)
     if (strcmp(tr.cfg.model, "sparse-lr") == 0)
         return run_sparse_lr(&tr);
     double t0 = now_s(), acc = -1;
+    tr.m_accuracy = -1;
+    tr.m_at = t0;
+    if (tr.cfg.metrics_listen != NULL) {
+        if (ps_metrics_start(&tr.metrics, tr.cfg.metrics_listen, err, sizeof err) != 0) {
+            PS_LOG(&tr.log, PS_LOG_ERROR, "W0005", "%s", err);
+            return 2;
+        }
+        PS_LOG(&tr.log, PS_LOG_INFO, "W0013", "metrics on %s (port %d): GET /metrics, /healthz",
+               tr.cfg.metrics_listen, ps_metrics_port(tr.metrics));
+    }
     int rc = setup(&tr, err, sizeof err);
     if (rc != 0) {
         PS_LOG(&tr.log, PS_LOG_ERROR, "W0002", "%s", err);
@@ -910,6 +989,7 @@ int main(int argc, char **argv)
                  (unsigned long long)tr.cfg.rank, (unsigned long long)tr.cfg.workers,
                  (unsigned long long)tr.clock);
         ps_notify_ready(err);
+        worker_metrics(&tr, 1);
         rc = train(&tr, &acc);
     }
     ps_notify_stopping();

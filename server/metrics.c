@@ -1,0 +1,181 @@
+/* psd's state in Prometheus text format. Runs on the loop thread; the
+ * text is then published to the HTTP thread (ps_metrics). */
+#include "metrics.h"
+
+#include "consistency.h"
+#include "table.h"
+
+#include "ps_err.h"
+#include "ps_wire.h"
+
+#include <stdio.h>
+#include <string.h>
+#include <uv.h>
+
+static const char *op_label(int op)
+{
+    return op == PSD_OPS_COUNT ? "invalid" : ps_op_name(op);
+}
+
+static void table_label(char *out, size_t len, const struct psd_table *t)
+{
+    out[0] = '\0';
+    ps_prom_label(out, len, "table", t->name);
+}
+
+struct scalar {
+    const char *name, *type, *help;
+    double v;
+};
+
+/* One family over every table. */
+enum table_field { T_CLOCK, T_UPDATES, T_PUSHES, T_PULLS, T_SPARSITY, T_ROWS, T_BYTES };
+
+static double table_value(const struct psd *s, const struct psd_table *t, enum table_field f)
+{
+    switch (f) {
+    case T_CLOCK:
+        return (double)psd_cons_clock(&s->cons, t);
+    case T_UPDATES:
+        return (double)t->steps;
+    case T_PUSHES:
+        return (double)t->pushes;
+    case T_PULLS:
+        return (double)t->pulls;
+    case T_SPARSITY:
+        return psd_table_sparsity(t);
+    case T_ROWS:
+        return t->sparse ? (double)t->sp.nrows : (double)(t->hi - t->lo);
+    case T_BYTES:
+        return (double)psd_table_bytes_held(t);
+    }
+    return 0;
+}
+
+static void tables_family(struct ps_buf *b, const struct psd *s, const char *name, const char *type,
+                          const char *help, enum table_field f)
+{
+    ps_prom_family(b, name, type, help);
+    for (uint32_t i = 0; i < s->ntables; i++) {
+        char lab[512];
+        table_label(lab, sizeof lab, s->tables[i]);
+        ps_prom_sample(b, name, lab, table_value(s, s->tables[i], f));
+    }
+}
+
+static void requests(struct ps_buf *b, const struct psd *s)
+{
+    char lab[128];
+    ps_prom_family(b, "psd_requests_total", "counter", "Requests received, by operation.");
+    for (int op = 1; op <= PSD_OPS_COUNT; op++) {
+        lab[0] = '\0';
+        ps_prom_label(lab, sizeof lab, "op", op_label(op));
+        ps_prom_sample(b, "psd_requests_total", lab, (double)s->ctr.by_op[op]);
+    }
+    ps_prom_family(b, "psd_error_replies_total", "counter",
+                   "Error replies, by operation and error code (requests without one were "
+                   "answered ok).");
+    for (int op = 0; op <= PSD_OPS_COUNT; op++)
+        for (int c = 1; c <= PSD_ERR_CODES; c++) {
+            if (s->ctr.errors_by[op][c] == 0)
+                continue;
+            lab[0] = '\0';
+            ps_prom_label(lab, sizeof lab, "op", op_label(op));
+            const char *code = c < PSD_ERR_CODES ? ps_err_name(-c) : "other";
+            ps_prom_label(lab, sizeof lab, "code", strncmp(code, "PS_", 3) ? code : code + 3);
+            ps_prom_sample(b, "psd_error_replies_total", lab, (double)s->ctr.errors_by[op][c]);
+        }
+}
+
+static void workers(struct ps_buf *b, const struct psd *s)
+{
+    ps_prom_family(b, "psd_worker_clock", "gauge",
+                   "Clocks each worker has pushed (lowest over tables).");
+    uint64_t lo = UINT64_MAX, hi = 0;
+    for (uint32_t w = 0; w < s->cons.workers; w++) {
+        char lab[64], id[16];
+        uint64_t c = psd_worker_clock(s, w);
+        snprintf(id, sizeof id, "%u", w);
+        lab[0] = '\0';
+        ps_prom_label(lab, sizeof lab, "worker", id);
+        ps_prom_sample(b, "psd_worker_clock", lab, (double)c);
+        if (s->live[w].live) {
+            lo = c < lo ? c : lo;
+            hi = c > hi ? c : hi;
+        }
+    }
+    ps_prom_metric(b, "psd_clock_spread", "gauge",
+                   "Clocks between the fastest and the slowest live worker now.",
+                   hi >= lo ? (double)(hi - lo) : 0.0);
+    ps_prom_metric(b, "psd_max_staleness", "gauge",
+                   "Largest staleness (clocks) a pull has been answered with.",
+                   (double)s->max_staleness);
+}
+
+int psd_metrics_render(const struct psd *s, struct ps_buf *b)
+{
+    char lab[256] = "", v[32], mode[32];
+    psd_cons_name(&s->cons, mode, sizeof mode);
+    snprintf(v, sizeof v, "%u", s->shard);
+    ps_prom_label(lab, sizeof lab, "shard", v);
+    snprintf(v, sizeof v, "%u", s->shards);
+    ps_prom_label(lab, sizeof lab, "shards", v);
+    ps_prom_label(lab, sizeof lab, "consistency", mode);
+    ps_prom_family(b, "psd_shard_info", "gauge", "This shard: index, count and consistency mode.");
+    ps_prom_sample(b, "psd_shard_info", lab, 1);
+    ps_prom_metric(b, "psd_uptime_seconds", "gauge", "Seconds since start.",
+                   (double)(uv_hrtime() - s->start_ns) / 1e9);
+    requests(b, s);
+    const struct scalar scalars[] = {
+        {"psd_received_bytes_total", "counter", "Bytes of requests received.",
+         (double)s->ctr.bytes_in},
+        {"psd_sent_bytes_total", "counter", "Bytes of replies sent.", (double)s->ctr.bytes_out},
+        {"psd_waiting_requests", "gauge", "Pulls (and push-pulls) waiting for their clock now.",
+         (double)s->nwaits},
+        {"psd_deferred_requests_total", "counter", "Requests that had to wait for their clock.",
+         (double)s->deferred_total},
+        {"psd_wait_timeouts_total", "counter", "Waiting requests answered with a timeout error.",
+         (double)s->wait_timeouts},
+        {"psd_duplicate_pushes_dropped_total", "counter",
+         "Retried pushes recognised and not applied twice.", (double)s->duplicates_dropped},
+        {"psd_stale_pushes_total", "counter",
+         "Pushes from workers outside the rounds, acknowledged and not applied.",
+         (double)s->stale_pushes},
+        {"psd_workers", "gauge", "Workers the consistency mode expects.", s->cons.workers},
+        {"psd_live_workers", "gauge",
+         "Workers in the live set (heard from within --worker-timeout).", psd_live_count(s)},
+        {"psd_workers_dropped_total", "counter",
+         "Times a silent worker was dropped from the live set.", (double)s->workers_dropped},
+        {"psd_workers_rejoined_total", "counter",
+         "Times a dropped or restarted worker joined the rounds again.",
+         (double)s->workers_rejoined},
+        {"psd_tables", "gauge", "Tables on this shard.", s->ntables},
+        {"psd_checkpoints_written_total", "counter", "Checkpoints written.",
+         (double)s->ckpt_written},
+    };
+    for (size_t i = 0; i < sizeof scalars / sizeof scalars[0]; i++)
+        ps_prom_metric(b, scalars[i].name, scalars[i].type, scalars[i].help, scalars[i].v);
+    workers(b, s);
+    tables_family(b, s, "psd_table_clock", "gauge", "A table's clock (rounds applied in bsp).",
+                  T_CLOCK);
+    tables_family(b, s, "psd_table_updates_total", "counter", "Optimizer steps applied.",
+                  T_UPDATES);
+    tables_family(b, s, "psd_table_pushes_total", "counter", "Pushes received.", T_PUSHES);
+    tables_family(b, s, "psd_table_pulls_total", "counter", "Pulls answered.", T_PULLS);
+    tables_family(b, s, "psd_table_sparsity_ratio", "gauge",
+                  "Share of this shard's weights pruned to zero.", T_SPARSITY);
+    tables_family(b, s, "psd_table_rows", "gauge",
+                  "Elements of this shard's range (dense) or rows held (sparse).", T_ROWS);
+    tables_family(b, s, "psd_table_held_bytes", "gauge", "Bytes of weights and optimizer state.",
+                  T_BYTES);
+    ps_prom_family(b, "psd_apply_seconds", "histogram", "Time of one optimizer apply.");
+    for (uint32_t i = 0; i < s->ntables; i++) {
+        char tl[512];
+        table_label(tl, sizeof tl, s->tables[i]);
+        ps_prom_hist(b, "psd_apply_seconds", tl, &s->tables[i]->apply_hist);
+    }
+    if (s->ckpt_written) /* absent until there is one */
+        ps_prom_metric(b, "psd_checkpoint_age_seconds", "gauge",
+                       "Seconds since the newest checkpoint was written.", psd_checkpoint_age_s(s));
+    return b->oom ? PS_ENOMEM : 0;
+}
