@@ -15,6 +15,7 @@ PKGS=(
   python3 procps libjansson-dev
   libsystemd-dev libinih-dev systemd
   libmicrohttpd-dev prometheus curl
+  iproute2 iptables
   dataset-fashion-mnist
 )
 
