@@ -16,6 +16,7 @@ PKGS=(
   libsystemd-dev libinih-dev systemd
   libmicrohttpd-dev prometheus curl
   iproute2 iptables
+  podman podman-compose runc golang-github-containernetworking-plugin-dnsname debootstrap
   dataset-fashion-mnist
 )
 
