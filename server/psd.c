@@ -177,11 +177,28 @@ static struct psd_peer *peer_of(struct psd *s, uint32_t worker_id, int create)
     return NULL;
 }
 
-/* 1 when this push was applied already (a retry): acknowledge, skip. */
+static int bit_get(const struct psd_peer *p, uint64_t id)
+{
+    uint64_t i = id % PSD_DEDUP_WINDOW;
+    return (int)((p->applied_bits[i / 64] >> (i % 64)) & 1u);
+}
+
+static void bit_put(struct psd_peer *p, uint64_t id, int on)
+{
+    uint64_t i = id % PSD_DEDUP_WINDOW, m = UINT64_C(1) << (i % 64);
+    p->applied_bits[i / 64] = on ? p->applied_bits[i / 64] | m : p->applied_bits[i / 64] & ~m;
+}
+
+/* 1 when this push was applied already (a retry): acknowledge, skip. Ids
+ * above the newest applied are new; within the window below it, each id
+ * is remembered on its own (a retry of a request lost in a crash comes
+ * after requests sent behind it); older ones count as applied. */
 static int seen_push(struct psd *s, const Ps__Header *req)
 {
     struct psd_peer *p = peer_of(s, req->worker_id, 0);
     if (p == NULL || p->session == 0 || req->request_id > p->last_applied)
+        return 0;
+    if (p->last_applied - req->request_id < PSD_DEDUP_WINDOW && !bit_get(p, req->request_id))
         return 0;
     s->duplicates_dropped++;
     return 1;
@@ -190,17 +207,35 @@ static int seen_push(struct psd *s, const Ps__Header *req)
 static void applied_push(struct psd *s, const Ps__Header *req)
 {
     struct psd_peer *p = peer_of(s, req->worker_id, 0);
-    if (p != NULL && p->session != 0 && req->request_id > p->last_applied)
-        p->last_applied = req->request_id;
+    if (p == NULL || p->session == 0)
+        return;
+    uint64_t id = req->request_id;
+    if (id > p->last_applied) { /* the ids skipped over are not applied (yet) */
+        uint64_t gap = id - p->last_applied;
+        if (gap >= PSD_DEDUP_WINDOW)
+            memset(p->applied_bits, 0, sizeof p->applied_bits);
+        else
+            for (uint64_t j = p->last_applied + 1; j < id; j++)
+                bit_put(p, j, 0);
+        p->last_applied = id;
+    }
+    bit_put(p, id, 1);
+}
+
+/* Everything up to last_applied counts as applied (a restored checkpoint,
+ * a new session at 0). */
+static void peer_reset(struct psd_peer *p, uint64_t session, uint64_t last_applied)
+{
+    p->session = session;
+    p->last_applied = last_applied;
+    memset(p->applied_bits, 0xff, sizeof p->applied_bits);
 }
 
 void psd_peer_restore(struct psd *s, uint32_t worker_id, uint64_t session, uint64_t last_applied)
 {
     struct psd_peer *p = peer_of(s, worker_id, 1);
-    if (p != NULL) {
-        p->session = session;
-        p->last_applied = last_applied;
-    }
+    if (p != NULL)
+        peer_reset(p, session, last_applied);
     /* a worker known before the restart: dropped if it stays silent */
     if (worker_id < s->cons.workers) {
         s->live[worker_id].seen = s->live[worker_id].live = 1;
@@ -323,10 +358,8 @@ static void op_hello(struct psd *s, const Ps__Header *req, struct psd_reply *rep
 {
     if (req->session != 0) { /* a new session (a restarted client) starts afresh */
         struct psd_peer *p = peer_of(s, req->worker_id, 1);
-        if (p != NULL && p->session != req->session) {
-            p->session = req->session;
-            p->last_applied = 0;
-        }
+        if (p != NULL && p->session != req->session)
+            peer_reset(p, req->session, 0);
     }
     Ps__Header h;
     reply_init(&h, req);

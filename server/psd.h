@@ -17,9 +17,10 @@
 
 #include <stdint.h>
 
-#define PSD_OPS_COUNT 9              /* ps.Op values, OP_NONE included */
-#define PSD_ERR_CODES 32             /* room for -PS_E* codes */
-#define PSD_PEERS     PS_WORKERS_MAX /* exactly-once state for this many worker ids */
+#define PSD_OPS_COUNT    9              /* ps.Op values, OP_NONE included */
+#define PSD_ERR_CODES    32             /* room for -PS_E* codes */
+#define PSD_PEERS        PS_WORKERS_MAX /* exactly-once state for this many worker ids */
+#define PSD_DEDUP_WINDOW 2048           /* request ids remembered one by one per worker */
 
 struct psd_counters {
     uint64_t requests;
@@ -81,6 +82,10 @@ struct psd {
     struct psd_peer {
         uint32_t worker_id;
         uint64_t session, last_applied;
+        /* ids in (last_applied - PSD_DEDUP_WINDOW, last_applied] applied so
+         * far, bit id % PSD_DEDUP_WINDOW: after a restart, requests queued
+         * behind a lost one arrive before its retry, out of order */
+        uint64_t applied_bits[PSD_DEDUP_WINDOW / 64];
         int used;
     } peers[PSD_PEERS];
     uint64_t duplicates_dropped;
