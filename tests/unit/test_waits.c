@@ -61,29 +61,47 @@ static void pull(struct psd *s, uint32_t worker, uint64_t id, int expect_wait, i
         assert_int_equal(status, expect_status);
 }
 
-static void test_waits_per_worker(void **state)
+/* A shard in mode `mode` with `workers` workers and a table "t" of 4
+ * floats; with a session, worker 0 says hello first (exactly-once on). */
+static void start(struct psd *s, struct ps_log *log, const char *mode, uint32_t workers,
+                  uint64_t session)
 {
-    (void)state;
-    static struct psd s;
-    struct ps_log log;
-    ps_log_init(&log, "test", PS_LOG_ERROR);
+    ps_log_init(log, "test", PS_LOG_ERROR);
     struct psd_params p = {
         .shard = 0, .shards = 1, .value_bytes_max = 1u << 20, .wait_timeout_ms = 3600000};
-    assert_int_equal(psd_cons_parse("bsp", &p.cons), 0);
-    p.cons.workers = 2;
-    assert_int_equal(psd_init(&s, &log, &p), 0);
-    psd_set_sender(&s, count_sent, NULL);
+    assert_int_equal(psd_cons_parse(mode, &p.cons), 0);
+    p.cons.workers = workers;
+    assert_int_equal(psd_init(s, log, &p), 0);
+    psd_set_sender(s, count_sent, NULL);
+    Ps__Header h;
+    int status = -1;
+    if (session != 0) {
+        ps_wire_header_init(&h, PS__OP__OP_HELLO);
+        h.session = session;
+        h.request_id = 1;
+        assert_true(send_req(s, &h, NULL, 0, &status));
+        assert_int_equal(status, 0);
+    }
     Ps__TableSpec sp;
     ps__table_spec__init(&sp);
     sp.name = "t";
     sp.size = 4;
     sp.lr = 1.0f;
-    Ps__Header h;
     ps_wire_header_init(&h, PS__OP__OP_CREATE_TABLE);
     h.spec = &sp;
-    int status = -1;
-    assert_true(send_req(&s, &h, NULL, 0, &status));
+    h.request_id = 2;
+    assert_true(send_req(s, &h, NULL, 0, &status));
     assert_int_equal(status, 0);
+}
+
+static void test_waits_per_worker(void **state)
+{
+    (void)state;
+    static struct psd s;
+    struct ps_log log;
+    start(&s, &log, "bsp", 2, 0);
+    Ps__Header h;
+    int status = -1;
     for (unsigned i = 0; i < PS_WAITS_PER_WORKER_MAX; i++) /* up to the limit: they wait */
         pull(&s, 0, 10 + i, 1, 0);
     pull(&s, 0, 9999, 0, PS_ELIMIT); /* one past: refused at once */
@@ -123,29 +141,7 @@ static void test_push_retry_out_of_order(void **state)
     (void)state;
     static struct psd s;
     struct ps_log log;
-    ps_log_init(&log, "test", PS_LOG_ERROR);
-    struct psd_params p = {
-        .shard = 0, .shards = 1, .value_bytes_max = 1u << 20, .wait_timeout_ms = 3600000};
-    assert_int_equal(psd_cons_parse("asp", &p.cons), 0);
-    p.cons.workers = 1;
-    assert_int_equal(psd_init(&s, &log, &p), 0);
-    psd_set_sender(&s, count_sent, NULL);
-    Ps__TableSpec sp;
-    ps__table_spec__init(&sp);
-    sp.name = "t";
-    sp.size = 4;
-    sp.lr = 1.0f;
-    Ps__Header h;
-    ps_wire_header_init(&h, PS__OP__OP_HELLO);
-    h.session = 77;
-    h.request_id = 1;
-    int status = -1;
-    assert_true(send_req(&s, &h, NULL, 0, &status));
-    ps_wire_header_init(&h, PS__OP__OP_CREATE_TABLE);
-    h.spec = &sp;
-    h.request_id = 2;
-    assert_true(send_req(&s, &h, NULL, 0, &status));
-    assert_int_equal(status, 0);
+    start(&s, &log, "asp", 1, 77);
     push_id(&s, 5);
     push_id(&s, 7); /* 6 was lost on the way */
     assert_int_equal(s.tables[0]->steps, 2);
