@@ -13,7 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
+#include <uv.h>
 
 void ps_buf_printf(struct ps_buf *b, const char *fmt, ...)
 {
@@ -158,9 +158,7 @@ struct ps_metrics {
 
 static uint64_t mono_ms(void)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+    return uv_hrtime() / 1000000u;
 }
 
 static enum MHD_Result respond(struct MHD_Connection *conn, unsigned status, const char *type,

@@ -4,13 +4,11 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <systemd/sd-daemon.h>
-#include <time.h>
+#include <uv.h>
 
 static uint64_t now_us(void)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+    return uv_hrtime() / 1000u;
 }
 
 void ps_notify_ready(const char *status)

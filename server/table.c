@@ -12,7 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
+#include <uv.h>
 
 const char *psd_optimizer_name(int kind)
 {
@@ -164,18 +164,16 @@ static struct psk_optim table_optim(const struct psd_table *t)
     return o;
 }
 
-/* Seconds on the monotonic clock, for the apply-time histogram. */
-static double apply_clock(void)
+/* Seconds since t0 (uv_hrtime), into the apply-time histogram. */
+static void apply_took(struct psd_table *t, uint64_t t0)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+    ps_hist_observe(&t->apply_hist, (double)(uv_hrtime() - t0) * 1e-9);
 }
 
 void psd_table_apply(struct psd_table *t, uint64_t offset, uint64_t count, const float *g,
                      uint64_t step)
 {
-    double t0 = apply_clock();
+    uint64_t t0 = uv_hrtime();
     assert(offset >= t->lo);
     assert(count <= t->hi - offset);
     size_t base = (size_t)(offset - t->lo);
@@ -184,13 +182,13 @@ void psd_table_apply(struct psd_table *t, uint64_t offset, uint64_t count, const
     psk_optim_apply(&o, step, t->w + base, s1, s2, g, (size_t)count);
     if (t->mask != NULL) /* pruned weights take no update */
         psd_prune_enforce(t->w + base, s1, s2, t->mask + base, (size_t)count);
-    ps_hist_observe(&t->apply_hist, apply_clock() - t0);
+    apply_took(t, t0);
 }
 
 void psd_table_apply_keys(struct psd_table *t, const uint64_t *keys, const float *g, size_t n,
                           uint64_t step)
 {
-    double t0 = apply_clock();
+    uint64_t t0 = uv_hrtime();
     struct psk_optim o = table_optim(t);
     assert(n == 0 || (keys[0] >= t->lo && keys[n - 1] < t->hi));
     psk_optim_apply_sparse(&o, step, t->w, t->s1, t->s2, keys, t->lo, g, n);
@@ -204,7 +202,7 @@ void psd_table_apply_keys(struct psd_table *t, const uint64_t *keys, const float
                 t->s2[j] = 0.0f;
         }
     }
-    ps_hist_observe(&t->apply_hist, apply_clock() - t0);
+    apply_took(t, t0);
 }
 
 static int row_error(const struct psd_table *t, int64_t r, uint64_t key, char *err, size_t errlen)
@@ -234,7 +232,7 @@ int psd_table_pull_rows(struct psd_table *t, const uint64_t *keys, size_t n, flo
 int psd_table_push_rows(struct psd_table *t, const uint64_t *keys, const float *g, size_t n,
                         char *err, size_t errlen)
 {
-    double t0 = apply_clock();
+    uint64_t t0 = uv_hrtime();
     struct psk_optim o = table_optim(t);
     uint32_t d = t->dim;
     for (size_t i = 0; i < n; i++) {
@@ -246,7 +244,7 @@ int psd_table_push_rows(struct psd_table *t, const uint64_t *keys, const float *
                         t->sp.s2 ? t->sp.s2 + at : NULL, g + i * d, d);
     }
     t->steps++;
-    ps_hist_observe(&t->apply_hist, apply_clock() - t0);
+    apply_took(t, t0);
     return 0;
 }
 

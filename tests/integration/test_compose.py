@@ -22,6 +22,8 @@ import sys
 import tempfile
 import time
 
+from pstest import check, failures
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PSD = os.environ["PSD_BIN"]
 BASE = "localhost/psd-debian:bookworm"
@@ -30,17 +32,10 @@ IMAGE = "localhost/psd:" + PROJECT
 EPOCHS = os.environ.get("PSD_COMPOSE_EPOCHS", "5")
 MIRROR = os.environ.get("PSD_DEBIAN_MIRROR", "http://deb.debian.org/debian")
 QUICKSTART_ACCURACY = 0.8864  # deploy/quickstart.sh, same model, workers and epochs
-failures = []
 
 
 class Skip(Exception):
     pass
-
-
-def check(cond, what):
-    print(("ok   " if cond else "FAIL ") + what)
-    if not cond:
-        failures.append(what)
 
 
 def run(*args, timeout=900, ok=True, env=None, quiet=False):

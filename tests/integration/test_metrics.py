@@ -13,40 +13,13 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.error
 import urllib.request
 
+from pstest import check, finish, poll, reap, spawn
+
 PSD = os.environ["PSD_BIN"]
 PSW = os.environ["PSWORKER_BIN"]
-failures = []
-procs = []
-
-
-def check(cond, what):
-    print(("ok   " if cond else "FAIL ") + what)
-    if not cond:
-        failures.append(what)
-
-
-def poll(fn, what, timeout=30.0):
-    """fn() until it returns something true, under a deadline."""
-    deadline = time.monotonic() + timeout
-    while True:
-        v = fn()
-        if v or time.monotonic() >= deadline:
-            if not v:
-                print("FAIL gave up waiting for " + what)
-            return v
-        time.sleep(0.02)
-
-
-def spawn(args, log):
-    p = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=open(log, "w"))
-    procs.append(p)
-    return p
-
-
 def port_of(log):
     def find():
         with open(log) as f:
@@ -192,22 +165,5 @@ if __name__ == "__main__":
     try:
         main(tmp)
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-    if failures:
-        for name in ("psd.log", "w.log"):
-            path = os.path.join(tmp, name)
-            if os.path.exists(path):
-                print("---- " + name)
-                print(open(path).read()[-4000:])
-    else:
-        shutil.rmtree(tmp, ignore_errors=True)
-    print("%d check(s) failed" % len(failures) if failures else "all checks passed")
-    sys.exit(1 if failures else 0)
+        reap()
+    finish(tmp)

@@ -19,11 +19,12 @@ import asyncio
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 import time
+
+from pstest import check, finish, reap, spawn
 
 PSD = os.environ["PSD_BIN"]
 PSW = os.environ["PSWORKER_BIN"]
@@ -36,16 +37,6 @@ LOSS = 0.001
 HUB_IP = "10.77.0.100"
 TRAIN = ["--layers", "784,64,10", "--epochs", "1", "--batch", "32", "--lr", "0.05",
          "--device", "cpu", "--seed", "7"]
-failures = []
-procs = []
-
-
-def check(cond, what):
-    print(("ok   " if cond else "FAIL ") + what)
-    if not cond:
-        failures.append(what)
-
-
 def sh(*args, ns=None):
     cmd = (["ip", "netns", "exec", ns] if ns else []) + list(args)
     r = subprocess.run(cmd, capture_output=True, text=True)
@@ -136,13 +127,6 @@ async def delay_proxy(delay, out, targets):
 def remove_network():
     for n in [ns(x) for x in NODES] + [HUB]:
         subprocess.run(["ip", "netns", "del", n], capture_output=True)
-
-
-def spawn(args, log, netns=None):
-    cmd = (["ip", "netns", "exec", netns] if netns else []) + args
-    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(log, "w"))
-    procs.append(p)
-    return p
 
 
 def wait_file(path, p, timeout=30.0):
@@ -242,22 +226,6 @@ if __name__ == "__main__":
             sys.exit(77)
         main(tmp)
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        reap()
         remove_network()
-    if failures:
-        for name in sorted(os.listdir(tmp)):
-            if name.endswith(".log"):
-                print("---- " + name)
-                print(open(os.path.join(tmp, name)).read()[-3000:])
-    else:
-        shutil.rmtree(tmp, ignore_errors=True)
-    print("%d check(s) failed" % len(failures) if failures else "all checks passed")
-    sys.exit(1 if failures else 0)
+    finish(tmp)

@@ -13,15 +13,10 @@ import sys
 import tempfile
 import time
 
+from pstest import check, failures
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 UNITS = os.path.join(ROOT, "deploy", "systemd")
-failures = []
-
-
-def check(cond, what):
-    print(("ok   " if cond else "FAIL ") + what)
-    if not cond:
-        failures.append(what)
 
 
 def verify_units(tmp):

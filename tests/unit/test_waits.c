@@ -157,6 +157,12 @@ static void test_push_retry_out_of_order(void **state)
     push_id(&s, 8);                         /* below it: counted as applied */
     assert_int_equal(s.tables[0]->steps, 4);
     assert_int_equal(s.duplicates_dropped, 4);
+    uint64_t top = 5 + PSD_DEDUP_WINDOW + 10;
+    push_id(&s, top - (PSD_DEDUP_WINDOW - 1)); /* at the window's edge: remembered, applied */
+    assert_int_equal(s.tables[0]->steps, 5);
+    push_id(&s, top - PSD_DEDUP_WINDOW); /* one past it: counted as applied */
+    assert_int_equal(s.tables[0]->steps, 5);
+    assert_int_equal(s.duplicates_dropped, 5);
     psd_fini(&s);
 }
 

@@ -1,0 +1,68 @@
+"""What the Python integration tests share: named checks, polling under a
+deadline, processes that are always reaped, and the end of a test (logs
+shown on failure, one verdict line, the exit status)."""
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+failures = []
+procs = []
+
+
+def check(cond, what):
+    print(("ok   " if cond else "FAIL ") + what)
+    if not cond:
+        failures.append(what)
+
+
+def poll(fn, what, timeout=30.0):
+    """fn() until it returns something true, under a deadline."""
+    deadline = time.monotonic() + timeout
+    while True:
+        v = fn()
+        if v or time.monotonic() >= deadline:
+            if not v:
+                print("FAIL gave up waiting for " + what)
+            return v
+        time.sleep(0.02)
+
+
+def spawn(args, log, netns=None):
+    """Starts args (in network namespace netns), stderr to log; reaped by
+    reap()."""
+    cmd = (["ip", "netns", "exec", netns] if netns else []) + list(args)
+    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(log, "w"))
+    procs.append(p)
+    return p
+
+
+def reap():
+    """SIGTERM to every process still running, SIGKILL to those that do not
+    go within 10 s."""
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    for p in procs:
+        try:
+            p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def finish(tmp):
+    """Shows the logs in tmp when a check failed (else removes tmp), prints
+    the verdict and exits 1 or 0."""
+    if failures:
+        for name in sorted(os.listdir(tmp)):
+            if name.endswith(".log"):
+                print("---- " + name)
+                with open(os.path.join(tmp, name)) as f:
+                    print(f.read()[-4000:])
+    else:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print("%d check(s) failed" % len(failures) if failures else "all checks passed")
+    sys.exit(1 if failures else 0)
