@@ -122,11 +122,13 @@ static char *state_text(const struct psd *s)
         const struct psd_peer *p = &s->peers[i];
         if (!p->used)
             continue;
-        char sess[32];
+        char sess[32], bits[PSD_DEDUP_WINDOW / 4 + 1];
         snprintf(sess, sizeof sess, "%" PRIu64, p->session);
-        json_array_append_new(peers, json_pack("{s:I, s:s, s:I}", "worker",
-                                               (json_int_t)p->worker_id, "session", sess,
-                                               "last_applied", (json_int_t)p->last_applied));
+        for (size_t w = 0; w < PSD_DEDUP_WINDOW / 64; w++)
+            snprintf(bits + 16 * w, 17, "%016" PRIx64, p->applied_bits[w]);
+        json_array_append_new(
+            peers, json_pack("{s:I, s:s, s:I, s:s}", "worker", (json_int_t)p->worker_id, "session",
+                             sess, "last_applied", (json_int_t)p->last_applied, "applied", bits));
     }
     json_t *st = json_pack("{s:I, s:I, s:s, s:I, s:I, s:o, s:o}", "shard", (json_int_t)s->shard,
                            "shards", (json_int_t)s->shards, "consistency", mode, "workers",
@@ -323,6 +325,25 @@ static uint64_t u64_of(json_t *o, const char *k)
     return i > 0 ? (uint64_t)i : 0;
 }
 
+/* A worker's applied window, as state_text writes it: 0, or -1. */
+static int parse_bits(const char *hex, uint64_t *bits)
+{
+    if (strlen(hex) != PSD_DEDUP_WINDOW / 4)
+        return -1;
+    for (size_t w = 0; w < PSD_DEDUP_WINDOW / 64; w++) {
+        uint64_t v = 0;
+        for (size_t k = 0; k < 16; k++) {
+            char ch = hex[16 * w + k];
+            int d = ch >= '0' && ch <= '9' ? ch - '0' : ch >= 'a' && ch <= 'f' ? ch - 'a' + 10 : -1;
+            if (d < 0)
+                return -1;
+            v = v << 4 | (uint64_t)d;
+        }
+        bits[w] = v;
+    }
+    return 0;
+}
+
 static float f_of(json_t *o, const char *k)
 {
     return (float)json_number_value(json_object_get(o, k));
@@ -495,8 +516,15 @@ int psd_checkpoint_load(struct psd *s, const char *path, char *err, size_t errle
     json_t *peers = json_object_get(st, "peers");
     for (size_t i = 0; rc == 0 && i < json_array_size(peers); i++) {
         json_t *p = json_array_get(peers, i);
+        uint64_t bits[PSD_DEDUP_WINDOW / 64];
+        const char *hex = json_string_value(json_object_get(p, "applied"));
+        if (hex != NULL && parse_bits(hex, bits) != 0) {
+            rc = fail(err, errlen, "peer %zu: 'applied' is not %u hex digits", i,
+                      PSD_DEDUP_WINDOW / 4);
+            break;
+        }
         psd_peer_restore(s, (uint32_t)u64_of(p, "worker"), u64_of(p, "session"),
-                         u64_of(p, "last_applied"));
+                         u64_of(p, "last_applied"), hex ? bits : NULL);
     }
     if (rc == 0)
         s->duplicates_dropped = u64_of(st, "duplicates_dropped");

@@ -253,18 +253,38 @@ static int bsp_join(struct psd_table *t, uint32_t w, uint64_t clock, uint64_t of
     return 1;
 }
 
+/* A chunk that came before the chunks it follows: a restarted shard lost
+ * those, and the worker re-sends them. Retryable, not applied. */
+static int bsp_later(const struct psd_table *t, uint32_t w, uint64_t offset, uint64_t count,
+                     uint64_t first, char *err, size_t errlen)
+{
+    snprintf(err, errlen,
+             "bsp: worker %u pushed [%llu, %llu) of '%s' before [%llu, %llu) of clock %llu: "
+             "send it again after those",
+             w, (unsigned long long)offset, (unsigned long long)(offset + count), t->name,
+             (unsigned long long)first, (unsigned long long)offset, (unsigned long long)t->clock);
+    return PS_EAGAIN;
+}
+
 static int bsp_push(const struct psd_cons *c, struct psd_table *t, uint32_t w, uint64_t clock,
                     uint64_t offset, uint64_t count, const float *g, int *applied, char *err,
                     size_t errlen)
 {
     catch_up(c, t, clock);
-    if (!bsp_join(t, w, clock, offset))
+    if (!bsp_join(t, w, clock, offset)) {
+        /* the start of its range for this round may still be on its way
+         * (lost in a restart, re-sent later): not stale yet */
+        if (clock == t->clock && t->watermark == t->lo && offset > t->lo)
+            return bsp_later(t, w, offset, count, t->lo, err, errlen);
         return PSD_CONS_STALE;
+    }
     if (clock != t->clock) {
         snprintf(err, errlen, "bsp: push for clock %llu, but '%s' is at clock %llu",
                  (unsigned long long)clock, t->name, (unsigned long long)t->clock);
         return PS_ESTATE;
     }
+    if (offset > t->next[w])
+        return bsp_later(t, w, offset, count, t->next[w], err, errlen);
     if (offset != t->next[w]) {
         snprintf(err, errlen,
                  "bsp: worker %u pushed [%llu, %llu) of '%s', but [%llu, ...) comes next in "

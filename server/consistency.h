@@ -58,8 +58,9 @@ void psd_cons_table_fini(const struct psd_cons *c, struct psd_table *t);
 
 /* Takes a push of gradient g (count elements at offset) from worker w at
  * clock. Applies it now (asp/ssp) or at the end of the round (bsp). On a
- * refused push returns a PS_E* code with a sentence in err; PSD_CONS_STALE
- * when dropped (see membership above). *applied is set
+ * refused push returns a PS_E* code with a sentence in err (PS_EAGAIN: a
+ * bsp chunk came before the chunks it follows; the worker sends it again);
+ * PSD_CONS_STALE when dropped (see membership above). *applied is set
  * when weights changed (waiting pulls may now be answerable). */
 int psd_cons_push(const struct psd_cons *c, struct psd_table *t, uint32_t worker, uint64_t clock,
                   uint64_t offset, uint64_t count, const float *g, int *applied, char *err,

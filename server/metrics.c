@@ -134,6 +134,8 @@ int psd_metrics_render(const struct psd *s, struct ps_buf *b)
          (double)s->nwaits},
         {"psd_deferred_requests_total", "counter", "Requests that had to wait for their clock.",
          (double)s->deferred_total},
+        {"psd_waiting_retries_total", "counter",
+         "Retries of a request already waiting, merged with it.", (double)s->waits_refreshed},
         {"psd_wait_timeouts_total", "counter", "Waiting requests answered with a timeout error.",
          (double)s->wait_timeouts},
         {"psd_duplicate_pushes_dropped_total", "counter",

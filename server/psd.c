@@ -201,6 +201,10 @@ static int seen_push(struct psd *s, const Ps__Header *req)
     if (p->last_applied - req->request_id < PSD_DEDUP_WINDOW && !bit_get(p, req->request_id))
         return 0;
     s->duplicates_dropped++;
+    PS_LOG(s->log, PS_LOG_DEBUG, "S0340",
+           "worker %u: %s %llu of table %u (clock %llu) was applied before: not again",
+           req->worker_id, ps_op_name(req->op), (unsigned long long)req->request_id, req->table_id,
+           (unsigned long long)req->clock);
     return 1;
 }
 
@@ -231,11 +235,15 @@ static void peer_reset(struct psd_peer *p, uint64_t session, uint64_t last_appli
     memset(p->applied_bits, 0xff, sizeof p->applied_bits);
 }
 
-void psd_peer_restore(struct psd *s, uint32_t worker_id, uint64_t session, uint64_t last_applied)
+void psd_peer_restore(struct psd *s, uint32_t worker_id, uint64_t session, uint64_t last_applied,
+                      const uint64_t *bits)
 {
     struct psd_peer *p = peer_of(s, worker_id, 1);
-    if (p != NULL)
+    if (p != NULL) {
         peer_reset(p, session, last_applied);
+        if (bits != NULL)
+            memcpy(p->applied_bits, bits, sizeof p->applied_bits);
+    }
     /* a worker known before the restart: dropped if it stays silent */
     if (worker_id < s->cons.workers) {
         s->live[worker_id].seen = s->live[worker_id].live = 1;
@@ -639,8 +647,21 @@ static int defer(struct psd *s, const struct ps_frame *route, const Ps__Header *
         return 1;
     }
     uint32_t mine = 0;
-    for (uint32_t i = 0; i < s->nwaits; i++)
-        mine += s->waits[i].worker_id == req->worker_id;
+    for (uint32_t i = 0; i < s->nwaits; i++) {
+        struct psd_wait *o = &s->waits[i];
+        if (o->worker_id != req->worker_id)
+            continue;
+        if (o->request_id == req->request_id && o->table_id == req->table_id &&
+            o->offset == req->offset && o->count == req->count && o->op == req->op) {
+            /* a retry of a request already waiting: answer it once, on the
+             * route the retry came by (a reconnected peer has a new one) */
+            memcpy(o->route, route->data, route->size);
+            o->route_len = route->size;
+            s->waits_refreshed++;
+            return 0;
+        }
+        mine++;
+    }
     if (mine >= PS_WAITS_PER_WORKER_MAX) {
         reply_errorf(s, req, PS_ELIMIT, rep,
                      "%s: worker %u already has %u requests waiting (the limit per worker)",

@@ -77,6 +77,7 @@ struct psd {
     struct psd_wait *waits; /* PS_WAITS_MAX entries */
     uint32_t nwaits;
     uint64_t deferred_total, wait_timeouts, max_staleness;
+    uint64_t waits_refreshed; /* retries of a request already waiting */
     /* exactly-once pushes: per worker id (hashed into PSD_PEERS slots) the
      * session that said hello and the highest request id applied */
     struct psd_peer {
@@ -138,7 +139,10 @@ struct psd_reply {
 int psd_init(struct psd *s, struct ps_log *log, const struct psd_params *p);
 /* Checkpoint support: a worker's exactly-once record, and dropping every
  * table (a restore that failed half way). */
-void psd_peer_restore(struct psd *s, uint32_t worker_id, uint64_t session, uint64_t last_applied);
+/* bits: the applied window as saved (PSD_DEDUP_WINDOW / 64 words), or NULL
+ * when the checkpoint has none: every id up to last_applied counts then. */
+void psd_peer_restore(struct psd *s, uint32_t worker_id, uint64_t session, uint64_t last_applied,
+                      const uint64_t *bits);
 void psd_reset_tables(struct psd *s);
 
 /* Frees a reply's buffers (what dispatch handed over and was not sent). */

@@ -20,7 +20,9 @@
 #include <time.h>
 #include <zmq.h>
 
-#define SLOT_BITS          16u
+/* Request ids are consecutive (a server remembers a window of them per
+ * worker, see psd's exactly-once rule); id_map finds an id's slot. */
+#define ID_MAP             (4u * PS_CLIENT_TICKETS_MAX)
 #define REPLY_PARTS_MAX    (PS_FRAMES_MAX + 1u)
 #define CLIENT_ARENA_BYTES (4u * PS_HEADER_BYTES_MAX)
 
@@ -98,19 +100,23 @@ struct psc_client {
     zmq_pollitem_t *items;
     struct slot slots[PS_CLIENT_TICKETS_MAX];
     uint16_t free_stack[PS_CLIENT_TICKETS_MAX];
+    uint16_t id_map[ID_MAP]; /* id % ID_MAP -> slot index + 1; 0: none */
     uint32_t nfree;
     uint64_t next_seq;
     struct table_h *tables[PS_CLIENT_TABLES_MAX];
     uint32_t ntables;
     uint64_t bytes_sent, bytes_received;
     uint64_t bad_replies;
+    uint64_t resends; /* sub-requests sent again */
+    int64_t swept_ms; /* last look for requests due a re-send */
     struct ps_arena arena;
     unsigned char *arena_buf;
     uint8_t hdr_buf[2048]; /* requests carry at most a table spec */
     char last_error[512];
 };
 
-_Static_assert(PS_CLIENT_TICKETS_MAX <= (1u << SLOT_BITS), "slot index fits in SLOT_BITS");
+_Static_assert(PS_CLIENT_TICKETS_MAX < UINT16_MAX && (ID_MAP & (ID_MAP - 1)) == 0,
+               "slot index + 1 fits in id_map; ID_MAP is a power of 2");
 
 /* ---- helpers ------------------------------------------------------------ */
 
@@ -159,7 +165,13 @@ static struct slot *slot_alloc(struct psc_client *c, Ps__Op op, uint64_t *id)
         return NULL;
     uint16_t idx = c->free_stack[--c->nfree];
     struct slot *sl = &c->slots[idx];
-    uint64_t seq = ++c->next_seq;
+    /* the next id whose map entry is free: at most PS_CLIENT_TICKETS_MAX
+     * are taken, so this skips few ids, and rarely */
+    uint64_t seq;
+    do
+        seq = ++c->next_seq;
+    while (c->id_map[seq & (ID_MAP - 1)] != 0);
+    c->id_map[seq & (ID_MAP - 1)] = (uint16_t)(idx + 1);
     memset(sl->replied, 0, sizeof sl->replied);
     sl->seq = seq;
     sl->op = op;
@@ -175,25 +187,24 @@ static struct slot *slot_alloc(struct psc_client *c, Ps__Op op, uint64_t *id)
     sl->attempts = 0;
     memset(sl->expected, 0, sizeof sl->expected);
     sl->error[0] = '\0';
-    *id = (seq << SLOT_BITS) | idx;
+    *id = seq;
     return sl;
 }
 
 static void slot_release(struct psc_client *c, struct slot *sl)
 {
+    c->id_map[sl->seq & (ID_MAP - 1)] = 0;
     sl->seq = 0;
     c->free_stack[c->nfree++] = (uint16_t)(sl - c->slots);
 }
 
 static struct slot *slot_lookup(struct psc_client *c, uint64_t id)
 {
-    uint64_t idx = id & ((1u << SLOT_BITS) - 1u);
-    if (idx >= PS_CLIENT_TICKETS_MAX)
+    uint16_t e = c->id_map[id & (ID_MAP - 1)];
+    if (e == 0)
         return NULL;
-    struct slot *sl = &c->slots[idx];
-    if (sl->seq == 0 || sl->seq != (id >> SLOT_BITS))
-        return NULL;
-    return sl;
+    struct slot *sl = &c->slots[e - 1];
+    return sl->seq == id && id != 0 ? sl : NULL;
 }
 
 /* ---- sending ------------------------------------------------------------- */
@@ -461,6 +472,14 @@ static void handle_reply(struct psc_client *c, uint32_t shard, const struct ps_f
                   ps_op_name(sl->op));
         return;
     }
+    if (h->status == PS_EAGAIN && sl->kind != SUB_SYNC && c->retry_ms > 0) {
+        /* "not yet" (a bsp chunk ahead of one a restart lost): sent again
+         * after retry_ms, like an unanswered one */
+        sl->replied[shard / 64] &= ~(UINT64_C(1) << (shard % 64));
+        sl->pending++;
+        sl->sent_ms = now_ms();
+        return;
+    }
     if (h->status != 0) {
         slot_fail(sl, PS_EREMOTE, "shard %u (%s): %s [%s]", shard, c->endpoints[shard], h->error,
                   ps_err_name(h->status));
@@ -515,7 +534,7 @@ static void describe_missing(struct psc_client *c, const struct slot *sl, uint32
 
 /* ---- public: waiting ----------------------------------------------------- */
 
-static void resend_due(struct psc_client *c, struct slot *sl);
+static void resend_all_due(struct psc_client *c);
 
 static int finish(struct psc_client *c, struct slot *sl)
 {
@@ -549,7 +568,7 @@ int psc_wait(struct psc_client *c, uint64_t ticket, int timeout_ms)
         }
         if (timeout_ms >= 0 && left <= 0)
             break;
-        resend_due(c, sl);
+        resend_all_due(c);
         psc_heartbeat(c);
         long wait = left;
         if (c->retry_ms > 0 && (wait < 0 || wait > c->retry_ms))
@@ -620,7 +639,7 @@ static const unsigned char *wire_values(struct psc_client *c, struct slot *sl, c
 static int send_sub(struct psc_client *c, struct slot *sl, uint32_t s, int resend)
 {
     const struct table_h *t = c->tables[sl->table];
-    uint64_t id = (sl->seq << SLOT_BITS) | (uint64_t)(sl - c->slots);
+    uint64_t id = sl->seq;
     Ps__Header h;
     request_header(c, &h, sl->op, id, t, s, sl->clock);
     if (sl->kind == SUB_RANGE) {
@@ -680,16 +699,33 @@ static int send_all(struct psc_client *c, struct slot *sl, uint64_t id, uint64_t
 /* Re-sends, with the same request id, the sub-requests still unanswered
  * after retry_ms: a server that restarted lost them (one that did apply a
  * push answers the copy as a duplicate without applying it again). */
-static void resend_due(struct psc_client *c, struct slot *sl)
+static void resend_due(struct psc_client *c, struct slot *sl, int64_t now)
 {
-    if (c->retry_ms <= 0 || sl->kind == SUB_SYNC || sl->pending == 0 ||
-        now_ms() - sl->sent_ms < c->retry_ms)
+    /* a request waiting for a slow round is re-sent less and less often
+     * (the server merges the copies); 4 x retry_ms at most */
+    int64_t after = (int64_t)c->retry_ms << (sl->attempts < 2 ? sl->attempts : 2);
+    if (sl->kind == SUB_SYNC || sl->canceled || sl->pending == 0 || now - sl->sent_ms < after)
         return;
     for (uint32_t s = 0; s < c->nshards; s++)
-        if ((sl->expected[s / 64] >> (s % 64)) & 1u && !shard_replied(sl, s))
-            send_sub(c, sl, s, 1);
-    sl->sent_ms = now_ms();
+        if ((sl->expected[s / 64] >> (s % 64)) & 1u && !shard_replied(sl, s) &&
+            send_sub(c, sl, s, 1) == 0)
+            c->resends++;
+    sl->sent_ms = now;
     sl->attempts++;
+}
+
+/* Every outstanding request, not only the one being waited for: waits go
+ * in ticket order, and the request a restart lost may be a later ticket
+ * that an earlier one (a bsp pull) is waiting on. */
+static void resend_all_due(struct psc_client *c)
+{
+    int64_t now = now_ms();
+    if (c->retry_ms <= 0 || now - c->swept_ms < (c->retry_ms + 3) / 4)
+        return;
+    c->swept_ms = now;
+    for (uint32_t i = 0; i < PS_CLIENT_TICKETS_MAX; i++)
+        if (c->slots[i].seq != 0)
+            resend_due(c, &c->slots[i], now);
 }
 
 static int start_range(struct psc_client *c, Ps__Op op, uint32_t table, uint64_t offset,
@@ -1263,6 +1299,11 @@ uint64_t psc_start_clock(const struct psc_client *c)
 uint64_t psc_stale_pushes(const struct psc_client *c)
 {
     return c->stale_pushes;
+}
+
+uint64_t psc_resends(const struct psc_client *c)
+{
+    return c->resends;
 }
 
 void psc_heartbeat(struct psc_client *c)

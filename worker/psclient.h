@@ -215,6 +215,10 @@ void psc_heartbeat(struct psc_client *c);
  * outside the round (dropped from the live set, or rejoining). */
 uint64_t psc_stale_pushes(const struct psc_client *c);
 
+/* Sub-requests sent again: unanswered after retry_ms (a restarted server
+ * lost them), or refused as "not yet" (PS_EAGAIN). */
+uint64_t psc_resends(const struct psc_client *c);
+
 /* 1 when a server has acknowledged a push without applying it because this
  * worker is outside its rounds (psd dropped it as silent) since the client
  * was created or last rejoined. The worker should then call psc_rejoin and

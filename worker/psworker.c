@@ -590,6 +590,9 @@ static void worker_metrics(struct trainer *tr, int force)
         ps_prom_metric(b, "psworker_stale_pushes_total", "counter",
                        "Pushes the servers refused as outside the rounds.",
                        (double)psc_stale_pushes(tr->c));
+        ps_prom_metric(b, "psworker_resent_requests_total", "counter",
+                       "Requests sent again: unanswered after --retry-ms, or refused as not yet.",
+                       (double)psc_resends(tr->c));
     }
     ps_prom_metric(b, "psworker_sent_bytes_total", "counter", "Bytes sent to the servers.",
                    (double)sent);
@@ -695,14 +698,16 @@ static int write_summary(struct trainer *tr, const char *path, double acc, doubl
                 "\"epochs\": %llu, \"wall_seconds\": %.3f, \"bytes_pushed\": %llu, "
                 "\"bytes_pulled\": %llu, \"bytes_pushed_per_step\": %.0f, "
                 "\"bytes_pulled_per_step\": %.0f, \"rank\": %llu, \"workers\": %llu, "
-                "\"device\": \"%s\", \"start_clock\": %llu, \"stale_pushes\": %llu}\n",
+                "\"device\": \"%s\", \"start_clock\": %llu, \"stale_pushes\": %llu, "
+                "\"resends\": %llu}\n",
                 accs, tr->train_seconds > 0 ? samples / tr->train_seconds : 0.0,
                 (unsigned long long)done, (unsigned long long)tr->cfg.epochs, wall,
                 (unsigned long long)sent, (unsigned long long)recvd,
                 done ? (double)sent / (double)done : 0.0, done ? (double)recvd / (double)done : 0.0,
                 (unsigned long long)tr->cfg.rank, (unsigned long long)tr->cfg.workers,
                 psk_kind_of(tr->be) == PSK_CUDA ? "cuda" : "cpu", (unsigned long long)tr->clock0,
-                (unsigned long long)(tr->c ? psc_stale_pushes(tr->c) : 0)) > 0;
+                (unsigned long long)(tr->c ? psc_stale_pushes(tr->c) : 0),
+                (unsigned long long)(tr->c ? psc_resends(tr->c) : 0)) > 0;
     ok = (fclose(f) == 0) && ok;
     if (!ok || rename(tmp, path) != 0) {
         unlink(tmp);

@@ -22,12 +22,13 @@
 
 static void start_shard(struct psd_proc *p, int i, const char *dir, const char *listen)
 {
-    const char *args[16] = {"--shard",          i ? "1" : "0", "--shards",           "2",
+    const char *args[18] = {"--shard",          i ? "1" : "0", "--shards",           "2",
                             "--consistency",    "bsp",         "--workers",          "2",
-                            "--checkpoint-dir", dir,           "--checkpoint-every", "1"};
+                            "--checkpoint-dir", dir,           "--checkpoint-every", "1",
+                            "--log-level",      "debug"};
     if (listen != NULL) {
-        args[12] = "--listen";
-        args[13] = listen;
+        args[14] = "--listen";
+        args[15] = listen;
     }
     assert_int_equal(harness_psd_start(p, args), 0);
 }

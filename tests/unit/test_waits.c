@@ -2,6 +2,7 @@
  * clock not reached wait; one worker may keep PS_WAITS_PER_WORKER_MAX
  * waiting and no more (at the limit, one past it), and another worker is
  * not affected; a push that completes the round answers them all. */
+#include "checkpoint.h"
 #include "psd.h"
 
 #include "ps_err.h"
@@ -12,7 +13,9 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -166,11 +169,77 @@ static void test_push_retry_out_of_order(void **state)
     psd_fini(&s);
 }
 
+/* A push-pull waiting for its round, sent again by a client that had no
+ * answer yet: not applied twice, and merged with the waiting one (answered
+ * once, counted once against the worker's limit). */
+static void test_retry_of_waiting_request(void **state)
+{
+    (void)state;
+    static struct psd s;
+    struct ps_log log;
+    start(&s, &log, "bsp", 2, 77);
+    sent = 0;
+    const float g[4] = {1, 1, 1, 1};
+    Ps__Header h;
+    ps_wire_header_init(&h, PS__OP__OP_PUSH_PULL);
+    h.request_id = 10;
+    h.count = 4;
+    int status = -1;
+    for (int copy = 0; copy < 3; copy++)
+        assert_false(send_req(&s, &h, g, sizeof g, &status)); /* waits for worker 1 */
+    assert_int_equal(s.nwaits, 1);
+    assert_int_equal(s.waits_refreshed, 2);
+    assert_int_equal(s.duplicates_dropped, 2);
+    h.worker_id = 1;
+    h.request_id = 3;
+    assert_true(send_req(&s, &h, g, sizeof g, &status)); /* completes the round: answered */
+    assert_int_equal(status, 0);
+    assert_int_equal(s.nwaits, 0);
+    assert_int_equal(sent, 1); /* worker 0's, once */
+    for (int i = 0; i < 4; i++)
+        assert_float_equal(s.tables[0]->w[i], -1.0f, 0); /* the mean of two pushes of 1 */
+    psd_fini(&s);
+}
+
+/* The window of ids applied one by one survives a checkpoint: a request
+ * lost before it (id 6, behind 7) is applied when its retry reaches the
+ * restored server; the others are not applied twice. */
+static void test_dedup_window_in_checkpoint(void **state)
+{
+    (void)state;
+    static struct psd s, r;
+    struct ps_log log;
+    char dir[] = "/tmp/pstest-waits-XXXXXX", path[4200], err[512];
+    assert_non_null(mkdtemp(dir));
+    start(&s, &log, "asp", 1, 77);
+    push_id(&s, 5);
+    push_id(&s, 7); /* 6 lost on the way */
+    assert_int_equal(psd_checkpoint_write(&s, dir, path, sizeof path, err, sizeof err), 0);
+    psd_fini(&s);
+    struct psd_params p = {
+        .shard = 0, .shards = 1, .value_bytes_max = 1u << 20, .wait_timeout_ms = 3600000};
+    assert_int_equal(psd_cons_parse("asp", &p.cons), 0);
+    p.cons.workers = 1;
+    assert_int_equal(psd_init(&r, &log, &p), 0);
+    assert_int_equal(psd_checkpoint_restore(&r, dir, path, sizeof path), 1);
+    assert_int_equal(r.tables[0]->steps, 2);
+    push_id(&r, 6); /* its retry: applied */
+    assert_int_equal(r.tables[0]->steps, 3);
+    push_id(&r, 7);
+    push_id(&r, 5);
+    assert_int_equal(r.tables[0]->steps, 3);
+    psd_fini(&r);
+    unlink(path);
+    rmdir(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_waits_per_worker),
         cmocka_unit_test(test_push_retry_out_of_order),
+        cmocka_unit_test(test_retry_of_waiting_request),
+        cmocka_unit_test(test_dedup_window_in_checkpoint),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
