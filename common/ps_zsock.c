@@ -1,6 +1,8 @@
 /* ZeroMQ socket on a libuv loop: poll + prepare + idle, bounded drains. */
 #include "ps_zsock.h"
 
+#include <malloc.h>
+
 #include "ps_err.h"
 #include "ps_limits.h"
 
@@ -113,4 +115,10 @@ void ps_zsock_close(struct ps_zsock *zs)
     uv_close((uv_handle_t *)&zs->poll, NULL);
     uv_close((uv_handle_t *)&zs->prepare, NULL);
     uv_close((uv_handle_t *)&zs->idle, NULL);
+}
+
+void ps_malloc_tune(void)
+{
+    mallopt(M_MMAP_THRESHOLD, 64 << 20);
+    mallopt(M_TRIM_THRESHOLD, 256 << 20); /* freed memory stays for the next message */
 }

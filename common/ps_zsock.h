@@ -54,4 +54,12 @@ int ps_zsock_recv(void *sock, zmq_msg_t *parts, size_t max, size_t *kept, size_t
  * uv_run must run until the handles have closed before zs is freed. */
 void ps_zsock_close(struct ps_zsock *zs);
 
+/* Call first in main() of a process that moves large messages (psd,
+ * psworker). ZeroMQ allocates every received message and psd every reply;
+ * above glibc's mmap threshold each of those is a fresh mmap (a page fault
+ * per 4 KiB touched, an munmap after) until glibc's dynamic threshold
+ * happens to rise. A fixed threshold of 64 MiB keeps them on the heap:
+ * 1+1 training went from 48-52k to 55k samples/s (tests/bench/README.md). */
+void ps_malloc_tune(void);
+
 #endif

@@ -10,6 +10,7 @@
 #include "ps_log.h"
 #include "ps_notify.h"
 #include "ps_opts.h"
+#include "ps_zsock.h"
 
 #include <stddef.h>
 #include <stdio.h>
@@ -285,6 +286,7 @@ static int parse_config(struct psd_config *cfg, int argc, char **argv, int *leve
 
 int main(int argc, char **argv)
 {
+    ps_malloc_tune();
     struct psd_config cfg;
     int level = PS_LOG_INFO;
     struct psd_cons cons;

@@ -108,6 +108,8 @@ int psd_net_start(struct psd_net *n, struct psd *srv, uv_loop_t *loop, const cha
     int64_t maxmsg = (int64_t)srv->value_bytes_max;
     if (n->sock == NULL || set_int(n->sock, ZMQ_LINGER, 0) != 0 ||
         set_int(n->sock, ZMQ_ROUTER_MANDATORY, 1) != 0 ||
+        set_int(n->sock, ZMQ_SNDBUF, PS_SOCKET_BUFFER_BYTES) != 0 ||
+        set_int(n->sock, ZMQ_RCVBUF, PS_SOCKET_BUFFER_BYTES) != 0 ||
         zmq_setsockopt(n->sock, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg) != 0) {
         snprintf(err, errlen, "cannot create ROUTER socket: %s", zmq_strerror(errno));
         psd_net_fini(n);

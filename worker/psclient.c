@@ -1126,9 +1126,11 @@ static int open_sockets(struct psc_client *c, const struct psc_config *cfg, char
         }
         c->endpoints[s] = strdup(ep);
         c->socks[s] = zmq_socket(c->ctx, ZMQ_DEALER);
-        int linger = 0;
+        int linger = 0, buf = PS_SOCKET_BUFFER_BYTES;
         if (c->endpoints[s] == NULL || c->socks[s] == NULL ||
-            zmq_setsockopt(c->socks[s], ZMQ_LINGER, &linger, sizeof linger) != 0) {
+            zmq_setsockopt(c->socks[s], ZMQ_LINGER, &linger, sizeof linger) != 0 ||
+            zmq_setsockopt(c->socks[s], ZMQ_SNDBUF, &buf, sizeof buf) != 0 ||
+            zmq_setsockopt(c->socks[s], ZMQ_RCVBUF, &buf, sizeof buf) != 0) {
             snprintf(err, errlen, "server %u: cannot create socket: %s", s, zmq_strerror(errno));
             return PS_EZMQ;
         }

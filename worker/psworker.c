@@ -20,6 +20,7 @@
 #include "ps_metrics.h"
 #include "ps_notify.h"
 #include "ps_opts.h"
+#include "ps_zsock.h"
 #include "ps_shard.h"
 
 #include <math.h>
@@ -954,6 +955,7 @@ static int run_sparse_lr(struct trainer *tr)
 
 int main(int argc, char **argv)
 {
+    ps_malloc_tune();
     static struct trainer tr; /* large; zeroed */
     char err[512];
     if (ps_opts_parse(opts, NOPTS, &tr.cfg, argc, argv, NULL, err, sizeof err) != 0) {
