@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Training throughput, side by side in one run: psworker --standalone,
-# 1 shard + 1 worker, and 2 shards + 2 workers (BSP), printed as a table
-# with each configuration's samples/s and its ratio to standalone. Reports
+# 1 shard + 1 worker and 2 shards + 2 workers (BSP, or --consistency),
+# 2+2 in ASP, 2+2 with --topk 0.01 and with --wire-dtype f16, and (where
+# Debian's python3-torch is installed) the same MLP in PyTorch, printed as
+# a table with each configuration's samples/s and its ratio to standalone. Reports
 # numbers; never passes or fails on them.
 #
 # Noise: on small VMs OpenBLAS with several threads is bimodal run to run
@@ -41,13 +43,15 @@ common=(--batch "$batch" --max-steps "$steps" --epochs 1000 --device "$device" -
 sps() { python3 -c 'import json,sys; print("%.1f" % sum(json.load(open(f))["samples_per_sec"] for f in sys.argv[1:]))' "$@"; }
 median() { printf '%s\n' "$@" | sort -g | awk '{v[NR]=$1} END {print v[int((NR+1)/2)]}'; }
 
-start_shards() { # n workers -> sets servers
+start_shards() { # shards workers consistency -> sets servers
   servers=""
-  local n=$1 w=$2
+  local n=$1 w=$2 mode=$3
   for ((i = 0; i < n; i++)); do
     rm -f "$run/ep$i"
-    "$psd" --listen tcp://127.0.0.1:0 --endpoint-file "$run/ep$i" --shard "$i" --shards "$n" \
-      --consistency "$consistency" --workers "$w" 2>"$run/psd$i.log" &
+    local listen=tcp://127.0.0.1:0
+    [ "$transport" = ipc ] && listen="ipc://$run/psd$i.sock"
+    "$psd" --listen "$listen" --endpoint-file "$run/ep$i" --shard "$i" --shards "$n" \
+      --consistency "$mode" --workers "$w" 2>"$run/psd$i.log" &
     pids+=($!)
   done
   for ((i = 0; i < n; i++)); do
@@ -59,41 +63,79 @@ start_shards() { # n workers -> sets servers
 
 stop_shards() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; pids=(); }
 
-dist() { # shards workers name
-  start_shards "$1" "$2"
+dist() { # shards workers consistency [psworker options...]
+  local n=$1 w=$2 mode=$3
+  shift 3
+  start_shards "$n" "$w" "$mode"
   local files=() wp=()
-  for ((r = 0; r < $2; r++)); do
-    OPENBLAS_NUM_THREADS=$blas "$psw" --servers "$servers" --rank "$r" --workers "$2" "${common[@]}" \
-      --summary-json "$run/$3.$r.json" 2>"$run/$3.$r.log" &
-    wp+=($!); files+=("$run/$3.$r.json")
+  for ((r = 0; r < w; r++)); do
+    OPENBLAS_NUM_THREADS=$blas "$psw" --servers "$servers" --rank "$r" --workers "$w" "${common[@]}" \
+      "$@" --summary-json "$run/dist.$r.json" 2>"$run/dist.$r.log" &
+    wp+=($!); files+=("$run/dist.$r.json")
   done
   for p in "${wp[@]}"; do wait "$p"; done
   stop_shards
   sps "${files[@]}"
 }
 
+transport=tcp
+ipc() { # dist over Unix-domain sockets (shards on the worker's host)
+  transport=ipc
+  dist "$@"
+  transport=tcp
+}
+
 alone() { # blas-threads (empty: OpenBLAS default)
-  if [ -n "$1" ]; then export OPENBLAS_NUM_THREADS=$1; else unset OPENBLAS_NUM_THREADS; fi
+  if [ -n "${1:-}" ]; then export OPENBLAS_NUM_THREADS=$1; else unset OPENBLAS_NUM_THREADS; fi
   "$psw" --standalone "${common[@]}" --summary-json "$run/alone.json" 2>"$run/alone.log"
   unset OPENBLAS_NUM_THREADS
   sps "$run/alone.json"
 }
-a0=() a1=() d1=() d2=()
-for ((i = 0; i < repeat; i++)); do
-  a0+=("$(alone "")"); a1+=("$(alone 1)"); d1+=("$(dist 1 1 one)"); d2+=("$(dist 2 2 two)")
-done
-s0=$(median "${a0[@]}") s01=$(median "${a1[@]}") s1=$(median "${d1[@]}") s2=$(median "${d2[@]}")
-best=$(awk -v a="$s0" -v b="$s01" 'BEGIN{print (a > b) ? a : b}')
 
-printf '\ntraining throughput: MLP 784-256-128-10, batch %s per worker, %s steps, %s, device %s, %s cores, median of %s\n' \
-  "$batch" "$steps" "$consistency" "$device" "$(nproc)" "$repeat"
-printf '%-38s %12s %12s  %s\n' configuration samples/s "vs best alone" "runs"
-for row in "standalone (default BLAS threads):$s0:${a0[*]}" "standalone (1 BLAS thread):$s01:${a1[*]}" \
-           "1 shard + 1 worker ($blas BLAS thr):$s1:${d1[*]}" "2 shards + 2 workers ($blas BLAS thr):$s2:${d2[*]}"; do
-  IFS=: read -r name v runs <<<"$row"
-  printf '%-38s %12s %11.1f%%  %s\n' "$name" "$v" "$(awk -v a="$v" -v b="$best" 'BEGIN{print 100*a/b}')" "$runs"
+# name | key | how: "alone THREADS" or "dist SHARDS WORKERS MODE [options]"
+configs=(
+  "standalone (default BLAS threads)|standalone|alone"
+  "standalone (1 BLAS thread)|standalone_1thread|alone 1"
+  "1 shard + 1 worker, $consistency|one_plus_one|dist 1 1 $consistency"
+  "1 shard + 1 worker, $consistency, ipc://|one_plus_one_ipc|ipc 1 1 $consistency"
+  "2 shards + 2 workers, $consistency|two_plus_two|dist 2 2 $consistency"
+  "2 shards + 2 workers, asp|two_plus_two_asp|dist 2 2 asp"
+  "2+2, $consistency, --topk 0.01|two_plus_two_topk|dist 2 2 $consistency --topk 0.01"
+  "2+2, $consistency, --wire-dtype f16|two_plus_two_f16|dist 2 2 $consistency --wire-dtype f16"
+)
+torch() { # threads: the same MLP in PyTorch (python3-torch), same BLAS, same batch
+  /usr/bin/python3 tests/bench/torch_mlp.py --steps "$steps" --batch "$batch" --threads "$1"
+}
+if [ "$device" = cpu ] && /usr/bin/python3 -c 'import torch' 2>/dev/null; then
+  configs+=("pytorch, 1 thread|pytorch_1thread|torch 1" "pytorch, $(nproc) threads|pytorch|torch $(nproc)")
+fi
+declare -A runs=()
+for ((i = 0; i < repeat; i++)); do # interleaved: drifts in machine speed hit every row alike
+  for c in "${configs[@]}"; do
+    IFS='|' read -r name key how <<<"$c"
+    # shellcheck disable=SC2086
+    runs[$key]+="$($how) "
+  done
+done
+declare -A med=()
+for c in "${configs[@]}"; do
+  IFS='|' read -r name key how <<<"$c"
+  # shellcheck disable=SC2086
+  med[$key]=$(median ${runs[$key]})
+done
+best=$(awk -v a="${med[standalone]}" -v b="${med[standalone_1thread]}" 'BEGIN{print (a > b) ? a : b}')
+
+printf '\ntraining throughput: MLP 784-256-128-10, batch %s per worker, %s steps, device %s, %s cores, %s BLAS thread(s) per distributed worker, median of %s\n' \
+  "$batch" "$steps" "$device" "$(nproc)" "$blas" "$repeat"
+printf '%-38s %12s %14s  %s\n' configuration samples/s "vs best alone" "runs"
+jrows=""
+for c in "${configs[@]}"; do
+  IFS='|' read -r name key how <<<"$c"
+  v=${med[$key]}
+  printf '%-38s %12s %13.1f%%  %s\n' "$name" "$v" "$(awk -v a="$v" -v b="$best" 'BEGIN{print 100*a/b}')" "${runs[$key]}"
+  jrows+="${jrows:+, }\"$key\": $v"
 done
 if [ -n "$json" ]; then
-  printf '{"standalone": %s, "standalone_1thread": %s, "one_plus_one": %s, "two_plus_two": %s, "batch": %s, "steps": %s}\n' \
-    "$s0" "$s01" "$s1" "$s2" "$batch" "$steps" >"$json"
+  printf '{%s, "batch": %s, "steps": %s, "consistency": "%s", "device": "%s"}\n' \
+    "$jrows" "$batch" "$steps" "$consistency" "$device" >"$json"
 fi

@@ -1,0 +1,597 @@
+/* Wire throughput and latency through the client library to real psd
+ * processes (asp, 1 worker, 1 and 2 shards), beside a raw ZeroMQ
+ * DEALER/ROUTER echo of the same sizes and window in the same run.
+ *
+ * The raw baseline does what a parameter server's wire must do and no
+ * more: a small header frame plus the payload, zero-copy on both sides
+ * (the client sends from one buffer it never touches; the echo server
+ * sends back the message it received, or a preallocated buffer for pulls).
+ * push: payload out, header back; pull: header out, payload back;
+ * push-pull: payload both ways. With 2 shards each gets half the payload.
+ *
+ * Then latency (p50/p99) of a 64-byte and a 1 MiB push-pull at window 1
+ * beside raw, and sparse pushes: 65,536 keys x 1 float into a 10M-element
+ * dense table (keyed push) and a sparse table, 4,096 keys x 64 floats into
+ * a sparse table.
+ *
+ * Reports; never passes or fails on numbers.
+ *   bench_wire [--psd PATH] [--seconds S] [--quick] [--only OP] [--json PATH]
+ * --only push|pull|push-pull|sparse runs those rows alone (for profiling
+ * one path with perf or callgrind). */
+#include "psclient.h"
+
+#include "ps_err.h"
+#include "ps_limits.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#define SHARDS_MAX 2
+#define WINDOW_MAX 8
+#define HDR_BYTES  32 /* the raw baseline's header frame, about psd's */
+#define TIMEOUT_MS 30000
+#define LAT_MAX    4000
+
+enum op { OP_PUSH, OP_PULL, OP_PUSH_PULL };
+static const char *const op_names[] = {"push", "pull", "push-pull"};
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void die(const char *what, const char *why)
+{
+    fprintf(stderr, "bench_wire: %s: %s\n", what, why);
+    exit(1);
+}
+
+static void *xalloc(size_t n)
+{
+    void *p = NULL;
+    if (posix_memalign(&p, 4096, n ? n : 1) != 0)
+        die("memory", "out of memory");
+    memset(p, 0, n);
+    return p;
+}
+
+/* ---- processes ------------------------------------------------------------ */
+
+static pid_t children[2 * SHARDS_MAX + 2];
+static int nchildren;
+
+static void reap_all(void)
+{
+    for (int i = 0; i < nchildren; i++) {
+        kill(children[i], SIGKILL);
+        waitpid(children[i], NULL, 0);
+    }
+    nchildren = 0;
+}
+
+static pid_t fork_child(void)
+{
+    pid_t pid = fork();
+    if (pid < 0)
+        die("fork", strerror(errno));
+    if (pid == 0)
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+    else
+        children[nchildren++] = pid;
+    return pid;
+}
+
+/* Starts shard i of n; its endpoint goes to ep (polled from its file). */
+static void start_psd(const char *bin, const char *dir, int i, int n, char *ep, size_t len)
+{
+    char file[256], si[16], sn[16];
+    snprintf(file, sizeof file, "%s/ep%d-%d", dir, n, i);
+    snprintf(si, sizeof si, "%d", i);
+    snprintf(sn, sizeof sn, "%d", n);
+    unlink(file);
+    if (fork_child() == 0) {
+        execl(bin, bin, "--listen", "tcp://127.0.0.1:0", "--endpoint-file", file, "--shard", si,
+              "--shards", sn, "--consistency", "asp", "--workers", "1", "--log-level", "warn",
+              (char *)NULL);
+        _exit(127);
+    }
+    for (int t = 0; t < 2000; t++) {
+        FILE *f = fopen(file, "r");
+        if (f != NULL) {
+            int ok = fgets(ep, (int)len, f) != NULL;
+            fclose(f);
+            if (ok) {
+                ep[strcspn(ep, "\n")] = '\0';
+                if (ep[0] != '\0')
+                    return;
+            }
+        }
+        struct timespec ts = {0, 10000000};
+        nanosleep(&ts, NULL);
+    }
+    die("psd", "did not write its endpoint within 20 s");
+}
+
+/* ---- the raw ZeroMQ baseline ---------------------------------------------- */
+
+/* The socket buffers psd and the client library use. */
+static void set_bufs(void *s)
+{
+    int v = PS_SOCKET_BUFFER_BYTES;
+    zmq_setsockopt(s, ZMQ_SNDBUF, &v, sizeof v);
+    zmq_setsockopt(s, ZMQ_RCVBUF, &v, sizeof v);
+}
+
+/* Echo server: [id, hdr(op, bytes), payload?] -> [id, hdr, payload?]. */
+static void raw_server(int fd, size_t max_bytes)
+{
+    void *ctx = zmq_ctx_new();
+    void *s = zmq_socket(ctx, ZMQ_ROUTER);
+    set_bufs(s);
+    if (zmq_bind(s, "tcp://127.0.0.1:*") != 0)
+        _exit(1);
+    char ep[256];
+    size_t len = sizeof ep;
+    zmq_getsockopt(s, ZMQ_LAST_ENDPOINT, ep, &len);
+    if (write(fd, ep, strlen(ep) + 1) < 0)
+        _exit(1);
+    close(fd);
+    unsigned char *pull_buf = xalloc(max_bytes);
+    for (;;) {
+        zmq_msg_t id, hdr, payload;
+        zmq_msg_init(&id);
+        zmq_msg_init(&hdr);
+        zmq_msg_init(&payload);
+        if (zmq_msg_recv(&id, s, 0) < 0 || zmq_msg_recv(&hdr, s, 0) < 0)
+            _exit(1);
+        int has = zmq_msg_more(&hdr);
+        if (has && zmq_msg_recv(&payload, s, 0) < 0)
+            _exit(1);
+        unsigned char op = ((unsigned char *)zmq_msg_data(&hdr))[0];
+        uint64_t bytes = 0;
+        memcpy(&bytes, (unsigned char *)zmq_msg_data(&hdr) + 8, 8);
+        int more = op != OP_PUSH;
+        zmq_msg_send(&id, s, ZMQ_SNDMORE);
+        zmq_msg_send(&hdr, s, more ? ZMQ_SNDMORE : 0);
+        if (op == OP_PUSH_PULL) {
+            zmq_msg_send(&payload, s, 0);
+        } else if (op == OP_PULL) {
+            zmq_msg_t out;
+            zmq_msg_init_data(&out, pull_buf, bytes <= max_bytes ? bytes : max_bytes, NULL, NULL);
+            zmq_msg_send(&out, s, 0);
+        }
+        zmq_msg_close(&payload);
+    }
+}
+
+static void start_raw(size_t max_bytes, char *ep, size_t len)
+{
+    int p[2];
+    if (pipe(p) != 0)
+        die("pipe", strerror(errno));
+    if (fork_child() == 0) {
+        close(p[0]);
+        raw_server(p[1], max_bytes);
+        _exit(0);
+    }
+    close(p[1]);
+    ssize_t n = read(p[0], ep, len - 1);
+    close(p[0]);
+    if (n <= 0)
+        die("raw echo server", "did not start");
+    ep[n] = '\0';
+}
+
+struct raw {
+    void *ctx;
+    void *socks[SHARDS_MAX];
+    int n;
+};
+
+static void raw_connect(struct raw *r, char eps[][256], int n)
+{
+    r->ctx = zmq_ctx_new();
+    r->n = n;
+    for (int i = 0; i < n; i++) {
+        r->socks[i] = zmq_socket(r->ctx, ZMQ_DEALER);
+        int linger = 0;
+        zmq_setsockopt(r->socks[i], ZMQ_LINGER, &linger, sizeof linger);
+        set_bufs(r->socks[i]);
+        if (zmq_connect(r->socks[i], eps[i]) != 0)
+            die("raw connect", zmq_strerror(errno));
+    }
+}
+
+static void raw_close(struct raw *r)
+{
+    for (int i = 0; i < r->n; i++)
+        zmq_close(r->socks[i]);
+    zmq_ctx_term(r->ctx);
+}
+
+static void raw_send(struct raw *r, int s, enum op op, const unsigned char *buf, size_t bytes)
+{
+    unsigned char hdr[HDR_BYTES] = {(unsigned char)op};
+    uint64_t b = bytes;
+    memcpy(hdr + 8, &b, 8);
+    int payload = op != OP_PULL;
+    zmq_send(r->socks[s], hdr, sizeof hdr, payload ? ZMQ_SNDMORE : 0);
+    if (payload) {
+        zmq_msg_t m;
+        zmq_msg_init_data(&m, (void *)buf, bytes, NULL, NULL); /* zero-copy, never freed */
+        zmq_msg_send(&m, r->socks[s], 0);
+    }
+}
+
+static void raw_recv(struct raw *r, int s)
+{
+    zmq_msg_t m;
+    zmq_msg_init(&m);
+    do {
+        if (zmq_msg_recv(&m, r->socks[s], 0) < 0)
+            die("raw recv", zmq_strerror(errno));
+    } while (zmq_msg_more(&m));
+    zmq_msg_close(&m);
+}
+
+/* One request = a part to each shard; window requests outstanding. */
+static double raw_run(struct raw *r, enum op op, size_t bytes, int window, double secs,
+                      const unsigned char *buf, double *lat, int nlat)
+{
+    size_t part = bytes / (size_t)r->n;
+    uint64_t done = 0, sent = 0;
+    double sent_at[WINDOW_MAX];
+    double t0 = now_s(), end = t0 + secs;
+    for (;;) {
+        int issue = sent - done < (uint64_t)window && (lat ? sent < (uint64_t)nlat : now_s() < end);
+        if (issue) {
+            for (int s = 0; s < r->n; s++)
+                raw_send(r, s, op, buf + (size_t)s * part, part);
+            sent_at[sent % WINDOW_MAX] = now_s();
+            sent++;
+            continue;
+        }
+        if (done == sent)
+            break;
+        for (int s = 0; s < r->n; s++)
+            raw_recv(r, s);
+        if (lat)
+            lat[done] = now_s() - sent_at[done % WINDOW_MAX];
+        done++;
+    }
+    return (double)done / (now_s() - t0);
+}
+
+/* ---- through psclient ------------------------------------------------------ */
+
+struct ps {
+    struct psc_client *c;
+    uint32_t t;
+    int n;
+};
+
+static void ps_connect(struct ps *p, char eps[][256], int n, uint64_t size)
+{
+    const char *e[SHARDS_MAX];
+    for (int i = 0; i < n; i++)
+        e[i] = eps[i];
+    struct psc_config cfg = {
+        .servers = e, .nservers = (size_t)n, .worker_id = 0, .connect_timeout_ms = TIMEOUT_MS};
+    char err[512];
+    if (psc_create(&cfg, &p->c, err, sizeof err) != 0)
+        die("psc_create", err);
+    struct psc_table_spec s;
+    psc_table_spec_init(&s, "w", size);
+    s.lr = 1e-6f;
+    if (psc_table_create(p->c, &s, TIMEOUT_MS, &p->t) != 0)
+        die("create", psc_last_error(p->c));
+    p->n = n;
+}
+
+static int ps_issue(struct ps *p, enum op op, uint64_t n, const float *g, float *out, uint64_t *tk)
+{
+    switch (op) {
+    case OP_PUSH:
+        return psc_push(p->c, p->t, 0, n, g, 0, tk);
+    case OP_PULL:
+        return psc_pull(p->c, p->t, 0, n, out, 0, tk);
+    default:
+        return psc_push_pull(p->c, p->t, 0, n, g, out, 0, tk);
+    }
+}
+
+static double ps_run(struct ps *p, enum op op, size_t bytes, int window, double secs,
+                     const float *g, float **outs, double *lat, int nlat)
+{
+    uint64_t n = bytes / 4, done = 0, sent = 0, tk[WINDOW_MAX];
+    double sent_at[WINDOW_MAX];
+    double t0 = now_s(), end = t0 + secs;
+    for (;;) {
+        int issue = sent - done < (uint64_t)window && (lat ? sent < (uint64_t)nlat : now_s() < end);
+        if (issue) {
+            int k = (int)(sent % WINDOW_MAX);
+            if (ps_issue(p, op, n, g, outs[k], &tk[k]) != 0)
+                die(op_names[op], psc_last_error(p->c));
+            sent_at[k] = now_s();
+            sent++;
+            continue;
+        }
+        if (done == sent)
+            break;
+        int k = (int)(done % WINDOW_MAX);
+        if (psc_wait(p->c, tk[k], TIMEOUT_MS) != 0)
+            die(op_names[op], psc_last_error(p->c));
+        if (lat)
+            lat[done] = now_s() - sent_at[k];
+        done++;
+    }
+    return (double)done / (now_s() - t0);
+}
+
+/* ---- report ---------------------------------------------------------------- */
+
+static FILE *json;
+static int json_first = 1;
+
+static void json_row(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+static void json_row(const char *fmt, ...)
+{
+    if (json == NULL)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    fputs(json_first ? "\n  " : ",\n  ", json);
+    vfprintf(json, fmt, ap);
+    va_end(ap);
+    json_first = 0;
+}
+
+static int cmp_d(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double pct(double *v, int n, double q)
+{
+    qsort(v, (size_t)n, sizeof *v, cmp_d);
+    int i = (int)(q * (n - 1) + 0.5);
+    return v[i];
+}
+
+static const char *size_name(size_t b, char *buf, size_t len)
+{
+    if (b >= (1u << 20))
+        snprintf(buf, len, "%zu MiB", b >> 20);
+    else if (b >= 1024)
+        snprintf(buf, len, "%zu KiB", b >> 10);
+    else
+        snprintf(buf, len, "%zu B", b);
+    return buf;
+}
+
+/* ---- sparse ------------------------------------------------------------------ */
+
+/* n strictly increasing keys spread over [0, space): one per stride. */
+static void random_keys(uint64_t *k, size_t n, uint64_t space, unsigned *seed)
+{
+    uint64_t stride = space / n;
+    for (size_t i = 0; i < n; i++)
+        k[i] = i * stride + (uint64_t)rand_r(seed) % stride;
+}
+
+static void sparse_bench(char eps[][256], double secs)
+{
+    const uint64_t space = 10000000;
+    struct {
+        const char *what;
+        size_t nkeys;
+        uint32_t dim;
+        int sparse;
+    } cases[] = {
+        {"keyed push, dense table of 10M", 65536, 1, 0},
+        {"row push, sparse table, keys < 10M", 65536, 1, 1},
+        {"row push, sparse table dim 64", 4096, 64, 1},
+    };
+    printf("\nsparse pushes, 1 shard, window 1\n");
+    printf("%-38s %8s %10s %12s %12s\n", "case", "keys", "floats", "requests/s", "keys/s");
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        const char *e[1] = {eps[0]};
+        struct psc_config cfg = {
+            .servers = e, .nservers = 1, .worker_id = 0, .connect_timeout_ms = TIMEOUT_MS};
+        struct psc_client *c = NULL;
+        char err[512];
+        if (psc_create(&cfg, &c, err, sizeof err) != 0)
+            die("psc_create", err);
+        struct psc_table_spec s;
+        char name[32];
+        snprintf(name, sizeof name, "sp%zu", ci);
+        psc_table_spec_init(&s, name, cases[ci].sparse ? 0 : space);
+        s.sparse = cases[ci].sparse;
+        s.dim = cases[ci].sparse ? cases[ci].dim : 0;
+        s.rows_max = cases[ci].sparse ? space : 0;
+        uint32_t t = 0;
+        if (psc_table_create(c, &s, TIMEOUT_MS, &t) != 0)
+            die("create", psc_last_error(c));
+        size_t n = cases[ci].nkeys, d = cases[ci].dim;
+        enum { SETS = 8 };
+        uint64_t *keys = xalloc(SETS * n * sizeof *keys);
+        float *g = xalloc(n * d * sizeof *g);
+        unsigned seed = 7;
+        for (size_t i = 0; i < n * d; i++)
+            g[i] = 1e-3f;
+        for (int k = 0; k < SETS; k++)
+            random_keys(keys + (size_t)k * n, n, space, &seed);
+        uint64_t done = 0;
+        double t0 = now_s(), end = t0 + secs;
+        while (now_s() < end) {
+            uint64_t tk = 0;
+            const uint64_t *k = keys + (done % SETS) * n;
+            int rc = cases[ci].sparse ? psc_push_rows(c, t, k, n, g, 0, &tk)
+                                      : psc_push_keys(c, t, k, g, n, 0, &tk);
+            if (rc != 0 || psc_wait(c, tk, TIMEOUT_MS) != 0)
+                die("sparse push", psc_last_error(c));
+            done++;
+        }
+        double rps = (double)done / (now_s() - t0);
+        printf("%-38s %8zu %10zu %12.0f %12.0f\n", cases[ci].what, n, n * d, rps, rps * (double)n);
+        json_row("{\"bench\": \"sparse\", \"case\": \"%s\", \"keys\": %zu, \"dim\": %zu, "
+                 "\"requests_per_s\": %.1f}",
+                 cases[ci].what, n, d, rps);
+        free(keys);
+        free(g);
+        psc_destroy(c);
+    }
+}
+
+/* ---- main ---------------------------------------------------------------- */
+
+int main(int argc, char **argv)
+{
+    const char *psd = getenv("PSD_BIN");
+    const char *json_path = NULL;
+    double secs = 0.5;
+    int quick = 0, only = -1;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--psd") == 0 && i + 1 < argc)
+            psd = argv[++i];
+        else if (strcmp(argv[i], "--seconds") == 0 && i + 1 < argc)
+            secs = atof(argv[++i]);
+        else if (strcmp(argv[i], "--json") == 0 && i + 1 < argc)
+            json_path = argv[++i];
+        else if (strcmp(argv[i], "--quick") == 0)
+            quick = 1;
+        else if (strcmp(argv[i], "--only") == 0 && i + 1 < argc) {
+            i++;
+            for (int o = 0; o < 3; o++)
+                if (strcmp(argv[i], op_names[o]) == 0)
+                    only = o;
+            if (strcmp(argv[i], "sparse") == 0)
+                only = 3;
+            if (only < 0)
+                die("--only", "expects push, pull, push-pull or sparse");
+        } else {
+            fprintf(stderr, "usage: bench_wire [--psd PATH] [--seconds S] [--quick] [--only OP] "
+                            "[--json PATH]\n");
+            return 2;
+        }
+    }
+    if (psd == NULL)
+        psd = "build-release/server/psd";
+    if (access(psd, X_OK) != 0)
+        die(psd, "not an executable psd (--psd PATH or PSD_BIN)");
+    if (!(secs > 0 && secs < 600))
+        die("--seconds", "must be in (0, 600)");
+    if (json_path != NULL && (json = fopen(json_path, "w")) == NULL)
+        die(json_path, strerror(errno));
+    if (json)
+        fputs("[", json);
+    atexit(reap_all);
+    signal(SIGPIPE, SIG_IGN);
+    char dir[] = "/tmp/bench-wire-XXXXXX";
+    if (mkdtemp(dir) == NULL)
+        die("mkdtemp", strerror(errno));
+
+    const size_t sizes[] = {4096, 65536, 1u << 20, 16u << 20};
+    const int windows[] = {1, 8};
+    size_t nsizes = quick ? 3 : 4, max_bytes = sizes[nsizes - 1];
+    unsigned char *buf = xalloc(max_bytes);
+    float *outs[WINDOW_MAX];
+    for (int k = 0; k < WINDOW_MAX; k++)
+        outs[k] = xalloc(max_bytes);
+    for (size_t i = 0; i < max_bytes / 4; i++)
+        ((float *)buf)[i] = 1e-3f;
+
+    printf("bench_wire: %.2f s per cell; psd asp 1 worker; raw = ZeroMQ DEALER/ROUTER echo, "
+           "zero-copy\n\n",
+           secs);
+    printf("%-6s %-9s %7s %3s %11s %11s %11s %11s %7s\n", "shards", "op", "size", "win",
+           "psd req/s", "psd GB/s", "raw req/s", "raw GB/s", "ratio");
+    char eps[SHARDS_MAX][256], reps[SHARDS_MAX][256], sb[32];
+    for (int n = 1; n <= (only == 3 ? 1 : SHARDS_MAX); n++) {
+        for (int i = 0; i < n; i++) {
+            start_psd(psd, dir, i, n, eps[i], sizeof eps[i]);
+            start_raw(max_bytes, reps[i], sizeof reps[i]);
+        }
+        struct ps p;
+        struct raw r;
+        ps_connect(&p, eps, n, max_bytes / 4);
+        raw_connect(&r, reps, n);
+        for (int op = 0; op < 3; op++)
+            for (size_t si = 0; si < nsizes && (only < 0 || only == op); si++)
+                for (int wi = 0; wi < 2; wi++) {
+                    size_t b = sizes[si];
+                    int w = windows[wi];
+                    /* warm both paths, then measure them alternately */
+                    ps_run(&p, op, b, w, secs / 10, (const float *)buf, outs, NULL, 0);
+                    raw_run(&r, op, b, w, secs / 10, buf, NULL, 0);
+                    double pr = ps_run(&p, op, b, w, secs, (const float *)buf, outs, NULL, 0);
+                    double rr = raw_run(&r, op, b, w, secs, buf, NULL, 0);
+                    double gb = (double)b / 1e9;
+                    printf("%-6d %-9s %7s %3d %11.0f %11.3f %11.0f %11.3f %6.0f%%\n", n,
+                           op_names[op], size_name(b, sb, sizeof sb), w, pr, pr * gb, rr, rr * gb,
+                           100.0 * pr / rr);
+                    json_row("{\"bench\": \"throughput\", \"shards\": %d, \"op\": \"%s\", "
+                             "\"bytes\": %zu, \"window\": %d, \"psd_rps\": %.1f, "
+                             "\"raw_rps\": %.1f, \"ratio\": %.4f}",
+                             n, op_names[op], b, w, pr, rr, pr / rr);
+                }
+        if (n == 1 && only == 3) {
+            sparse_bench(eps, secs * 2);
+        } else if (n == 1 && only < 0) {
+            printf("\nlatency, push-pull, window 1, 1 shard (microseconds)\n");
+            printf("%7s %10s %10s %10s %10s %7s\n", "size", "psd p50", "psd p99", "raw p50",
+                   "raw p99", "p50 %");
+            static double lp[LAT_MAX], lr[LAT_MAX];
+            const size_t lsizes[] = {64, 1u << 20};
+            for (int li = 0; li < 2; li++) {
+                int cnt = lsizes[li] < 4096 ? LAT_MAX : 400;
+                ps_run(&p, OP_PUSH_PULL, lsizes[li], 1, 0, (const float *)buf, outs, lp, cnt / 4);
+                ps_run(&p, OP_PUSH_PULL, lsizes[li], 1, 0, (const float *)buf, outs, lp, cnt);
+                raw_run(&r, OP_PUSH_PULL, lsizes[li], 1, 0, buf, lr, cnt);
+                double p50 = pct(lp, cnt, 0.5) * 1e6, p99 = pct(lp, cnt, 0.99) * 1e6;
+                double r50 = pct(lr, cnt, 0.5) * 1e6, r99 = pct(lr, cnt, 0.99) * 1e6;
+                printf("%7s %10.1f %10.1f %10.1f %10.1f %6.0f%%\n",
+                       size_name(lsizes[li], sb, sizeof sb), p50, p99, r50, r99, 100.0 * r50 / p50);
+                json_row("{\"bench\": \"latency\", \"bytes\": %zu, \"psd_p50_us\": %.2f, "
+                         "\"psd_p99_us\": %.2f, \"raw_p50_us\": %.2f, \"raw_p99_us\": %.2f}",
+                         lsizes[li], p50, p99, r50, r99);
+            }
+            sparse_bench(eps, secs * 2);
+            printf("\n");
+        }
+        psc_destroy(p.c);
+        raw_close(&r);
+        reap_all();
+    }
+    if (json) {
+        fputs("\n]\n", json);
+        fclose(json);
+    }
+    printf("\nratio = psd requests/s over raw requests/s, same size and window; latency p50 %% = "
+           "raw p50 over psd p50\n");
+    for (int k = 0; k < WINDOW_MAX; k++)
+        free(outs[k]);
+    free(buf);
+    for (int n = 1; n <= SHARDS_MAX; n++)
+        for (int i = 0; i < n; i++) {
+            char file[300];
+            snprintf(file, sizeof file, "%s/ep%d-%d", dir, n, i);
+            unlink(file);
+        }
+    rmdir(dir);
+    return 0;
+}
