@@ -228,8 +228,9 @@ static int check_frames(const Ps__Header *h, size_t nframes, enum ps_wire_dir di
 /* Strictly increasing keys: no duplicates, and a server may merge-walk. */
 static int check_keys(const void *keys, uint64_t count, char *err, size_t errlen)
 {
-    for (uint64_t i = 1; i < count; i++) {
-        uint64_t a = ps_wire_key(keys, i - 1), b = ps_wire_key(keys, i);
+    uint64_t a = count ? ps_wire_key(keys, 0) : 0;
+    for (uint64_t i = 1; i < count; a = ps_wire_key(keys, i), i++) {
+        uint64_t b = ps_wire_key(keys, i);
         if (b <= a)
             return fail(PS_EPROTO, err, errlen,
                         "keys must be strictly increasing: key[%llu]=%llu after %llu",
@@ -392,13 +393,4 @@ int64_t ps_wire_header_pack(const Ps__Header *h, uint8_t *buf, size_t cap)
     if (need > cap || need > PS_HEADER_BYTES_MAX)
         return PS_ELIMIT;
     return (int64_t)ps__header__pack(h, buf);
-}
-
-uint64_t ps_wire_key(const void *keys, size_t i)
-{
-    const unsigned char *p = (const unsigned char *)keys + i * 8u;
-    uint64_t k = 0;
-    for (int b = 7; b >= 0; b--)
-        k = (k << 8) | p[b];
-    return k;
 }

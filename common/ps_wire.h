@@ -18,6 +18,8 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
+#include <endian.h>
 
 struct ps_frame {
     const void *data;
@@ -79,7 +81,13 @@ void ps_wire_header_init(Ps__Header *h, Ps__Op op);
  * packed header would exceed cap or PS_HEADER_BYTES_MAX. */
 int64_t ps_wire_header_pack(const Ps__Header *h, uint8_t *buf, size_t cap);
 
-/* Reads key i of a keys frame (handles unaligned frames). */
-uint64_t ps_wire_key(const void *keys, size_t i);
+/* Reads key i of a keys frame (handles unaligned frames): one load on a
+ * little-endian host. Inline: it runs once per key of every request. */
+static inline uint64_t ps_wire_key(const void *keys, size_t i)
+{
+    uint64_t k;
+    memcpy(&k, (const unsigned char *)keys + i * 8u, sizeof k);
+    return le64toh(k);
+}
 
 #endif

@@ -79,6 +79,9 @@ void psk_optim_apply(const struct psk_optim *o, uint64_t step, float *restrict w
     }
 }
 
+/* How many keys ahead a sparse apply asks for its weight's cache line. */
+#define PREFETCH_AHEAD 16
+
 void psk_optim_apply_sparse(const struct psk_optim *o, uint64_t step, float *w, float *s1,
                             float *s2, const uint64_t *idx, uint64_t base, const float *g, size_t n)
 {
@@ -119,6 +122,8 @@ void psk_optim_apply_sparse(const struct psk_optim *o, uint64_t step, float *w, 
     default:
         for (size_t i = 0; i < n; i++) {
             size_t j = (size_t)(idx[i] - base);
+            if (i + PREFETCH_AHEAD < n) /* keys are far apart: each is a miss */
+                __builtin_prefetch(&w[idx[i + PREFETCH_AHEAD] - base], 1);
             w[j] = psk_sgd(w[j], psk_decay(g[i], w[j], wd), lr);
         }
         break;

@@ -50,6 +50,13 @@ static uint64_t find_slot(const struct psd_sparse *sp, uint64_t key)
     return i;
 }
 
+void psd_sparse_prefetch(const struct psd_sparse *sp, uint64_t key)
+{
+    uint64_t i = ps_mix64(key) & (sp->slots - 1);
+    __builtin_prefetch(&sp->slot_row[i]);
+    __builtin_prefetch(&sp->slot_key[i]);
+}
+
 static int grow_slots(struct psd_sparse *sp)
 {
     uint64_t old = sp->slots;

@@ -36,5 +36,8 @@ void psd_sparse_fini(struct psd_sparse *sp);
  * row index, -1 when absent and not created, PS_ELIMIT at rows_max, or
  * PS_ENOMEM. */
 int64_t psd_sparse_row(struct psd_sparse *sp, uint64_t key, int create);
+/* Asks for the cache lines of key's hash slot: call it for a key some
+ * way ahead of the one looked up (random keys miss the cache each). */
+void psd_sparse_prefetch(const struct psd_sparse *sp, uint64_t key);
 
 #endif

@@ -216,11 +216,16 @@ static int row_error(const struct psd_table *t, int64_t r, uint64_t key, char *e
     return (int)r;
 }
 
+/* How many keys ahead row lookups ask for their hash slots. */
+#define ROWS_PREFETCH_AHEAD 8
+
 int psd_table_pull_rows(struct psd_table *t, const uint64_t *keys, size_t n, float *out, char *err,
                         size_t errlen)
 {
     uint32_t d = t->dim;
     for (size_t i = 0; i < n; i++) {
+        if (i + ROWS_PREFETCH_AHEAD < n)
+            psd_sparse_prefetch(&t->sp, keys[i + ROWS_PREFETCH_AHEAD]);
         int64_t r = psd_sparse_row(&t->sp, keys[i], 1);
         if (r < 0)
             return row_error(t, r, keys[i], err, errlen);
@@ -236,6 +241,8 @@ int psd_table_push_rows(struct psd_table *t, const uint64_t *keys, const float *
     struct psk_optim o = table_optim(t);
     uint32_t d = t->dim;
     for (size_t i = 0; i < n; i++) {
+        if (i + ROWS_PREFETCH_AHEAD < n)
+            psd_sparse_prefetch(&t->sp, keys[i + ROWS_PREFETCH_AHEAD]);
         int64_t r = psd_sparse_row(&t->sp, keys[i], 1);
         if (r < 0)
             return row_error(t, r, keys[i], err, errlen);
