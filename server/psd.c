@@ -639,19 +639,13 @@ static void release_waits(struct psd *s)
 static int defer(struct psd *s, const struct ps_frame *route, const Ps__Header *req, uint64_t clock,
                  struct psd_reply *rep)
 {
-    if (s->send == NULL || s->nwaits >= PS_WAITS_MAX || route->size > PS_ROUTE_ID_MAX) {
-        reply_errorf(s, req, s->send ? PS_ELIMIT : PS_EAGAIN, rep,
-                     "%s: clock %llu is not ready and %s", ps_op_name(req->op),
-                     (unsigned long long)clock,
-                     s->send ? "the wait queue is full" : "this server cannot wait");
-        return 1;
-    }
+    int cannot = s->send == NULL || route->size > PS_ROUTE_ID_MAX;
     uint32_t mine = 0;
     for (uint32_t i = 0; i < s->nwaits; i++) {
         struct psd_wait *o = &s->waits[i];
         if (o->worker_id != req->worker_id)
             continue;
-        if (o->request_id == req->request_id && o->table_id == req->table_id &&
+        if (!cannot && o->request_id == req->request_id && o->table_id == req->table_id &&
             o->offset == req->offset && o->count == req->count && o->op == req->op) {
             /* a retry of a request already waiting: answer it once, on the
              * route the retry came by (a reconnected peer has a new one) */
@@ -661,6 +655,13 @@ static int defer(struct psd *s, const struct ps_frame *route, const Ps__Header *
             return 0;
         }
         mine++;
+    }
+    if (cannot || s->nwaits >= PS_WAITS_MAX) {
+        reply_errorf(s, req, s->send ? PS_ELIMIT : PS_EAGAIN, rep,
+                     "%s: clock %llu is not ready and %s", ps_op_name(req->op),
+                     (unsigned long long)clock,
+                     s->send ? "the wait queue is full" : "this server cannot wait");
+        return 1;
     }
     if (mine >= PS_WAITS_PER_WORKER_MAX) {
         reply_errorf(s, req, PS_ELIMIT, rep,

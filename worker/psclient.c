@@ -204,7 +204,7 @@ static struct slot *slot_lookup(struct psc_client *c, uint64_t id)
     if (e == 0)
         return NULL;
     struct slot *sl = &c->slots[e - 1];
-    return sl->seq == id && id != 0 ? sl : NULL;
+    return sl->seq == id ? sl : NULL;
 }
 
 /* ---- sending ------------------------------------------------------------- */
@@ -460,6 +460,13 @@ static void handle_reply(struct psc_client *c, uint32_t shard, const struct ps_f
         c->bad_replies++; /* stale, duplicate or unattributable: dropped */
         return;
     }
+    if (rc == 0 && m.hdr->op == sl->op && m.hdr->status == PS_EAGAIN && sl->kind != SUB_SYNC &&
+        c->retry_ms > 0) {
+        /* "not yet" (a bsp chunk ahead of one a restart lost): still
+         * unanswered, sent again after retry_ms */
+        sl->sent_ms = now_ms();
+        return;
+    }
     sl->replied[shard / 64] |= UINT64_C(1) << (shard % 64);
     sl->pending--;
     if (rc != 0) {
@@ -470,14 +477,6 @@ static void handle_reply(struct psc_client *c, uint32_t shard, const struct ps_f
     if (h->op != sl->op) {
         slot_fail(sl, PS_EPROTO, "shard %u answered %s to a %s request", shard, ps_op_name(h->op),
                   ps_op_name(sl->op));
-        return;
-    }
-    if (h->status == PS_EAGAIN && sl->kind != SUB_SYNC && c->retry_ms > 0) {
-        /* "not yet" (a bsp chunk ahead of one a restart lost): sent again
-         * after retry_ms, like an unanswered one */
-        sl->replied[shard / 64] &= ~(UINT64_C(1) << (shard % 64));
-        sl->pending++;
-        sl->sent_ms = now_ms();
         return;
     }
     if (h->status != 0) {

@@ -24,7 +24,7 @@ import sys
 import tempfile
 import time
 
-from pstest import check, finish, reap, spawn
+from pstest import check, finish, poll, reap, spawn
 
 PSD = os.environ["PSD_BIN"]
 PSW = os.environ["PSWORKER_BIN"]
@@ -129,13 +129,12 @@ def remove_network():
         subprocess.run(["ip", "netns", "del", n], capture_output=True)
 
 
-def wait_file(path, p, timeout=30.0):
-    deadline = time.monotonic() + timeout
-    while not os.path.exists(path):
-        if p.poll() is not None or time.monotonic() >= deadline:
-            return None
-        time.sleep(0.02)
-    return open(path).read().strip()
+def wait_file(path, p):
+    """The file's text once it exists; None if p exits first or past the
+    deadline."""
+    if not poll(lambda: os.path.exists(path) or p.poll() is not None, path):
+        return None
+    return open(path).read().strip() if os.path.exists(path) else None
 
 
 def run(tmp, name, addrs):

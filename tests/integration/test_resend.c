@@ -40,7 +40,7 @@ struct proxy {
     pthread_t thread;
     atomic_int stop;
     uint64_t drop_offset;
-    int dropped;
+    atomic_int dropped;
     atomic_int pushes_at[N];
 };
 
@@ -84,8 +84,9 @@ static int inspect(struct proxy *p, zmq_msg_t *parts, int n)
     int lose = 0;
     if (h->op == PS__OP__OP_PUSH && h->offset < N) {
         atomic_fetch_add(&p->pushes_at[h->offset], 1);
-        lose = h->offset == p->drop_offset && !p->dropped;
-        p->dropped |= lose;
+        lose = h->offset == p->drop_offset && !atomic_load(&p->dropped);
+        if (lose)
+            atomic_store(&p->dropped, 1);
     }
     ps__header__free_unpacked(h, NULL);
     return lose;
@@ -216,7 +217,7 @@ static void test_lost_push_behind_a_waiting_pull(void **state)
     wait_ok(&f, push, "push of clock 0");
     for (int i = 0; i < N; i++)
         assert_float_equal(w[i], -g[i], 0); /* applied once */
-    assert_true(f.proxy.dropped);
+    assert_true(atomic_load(&f.proxy.dropped));
     assert_int_equal(atomic_load(&f.proxy.pushes_at[0]), 2); /* lost, and re-sent once */
     assert_true(psc_resends(f.c) >= 1);
     teardown(&f);

@@ -2,6 +2,7 @@
  * clock not reached wait; one worker may keep PS_WAITS_PER_WORKER_MAX
  * waiting and no more (at the limit, one past it), and another worker is
  * not affected; a push that completes the round answers them all. */
+#define _GNU_SOURCE /* memmem */
 #include "checkpoint.h"
 #include "psd.h"
 
@@ -13,6 +14,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -108,6 +110,7 @@ static void test_waits_per_worker(void **state)
     for (unsigned i = 0; i < PS_WAITS_PER_WORKER_MAX; i++) /* up to the limit: they wait */
         pull(&s, 0, 10 + i, 1, 0);
     pull(&s, 0, 9999, 0, PS_ELIMIT); /* one past: refused at once */
+    pull(&s, 0, 10, 1, 0);           /* a retry of a waiting one: merged, not refused */
     pull(&s, 1, 5, 1, 0);            /* another worker still waits normally */
     assert_int_equal(s.nwaits, PS_WAITS_PER_WORKER_MAX + 1);
     const float g[4] = {1, 1, 1, 1};
@@ -201,26 +204,37 @@ static void test_retry_of_waiting_request(void **state)
     psd_fini(&s);
 }
 
+/* A checkpoint in dir (path set) of an asp shard whose worker 0 pushed
+ * the ids given, and an empty asp shard r to restore it into. */
+static void checkpoint_and_empty(const uint64_t *ids, size_t n, char *dir, char *path,
+                                 size_t pathlen, struct psd *r, struct ps_log *log)
+{
+    static struct psd s;
+    char err[512];
+    assert_non_null(mkdtemp(dir));
+    start(&s, log, "asp", 1, 77);
+    for (size_t i = 0; i < n; i++)
+        push_id(&s, ids[i]);
+    assert_int_equal(psd_checkpoint_write(&s, dir, path, pathlen, err, sizeof err), 0);
+    psd_fini(&s);
+    struct psd_params p = {
+        .shard = 0, .shards = 1, .value_bytes_max = 1u << 20, .wait_timeout_ms = 3600000};
+    assert_int_equal(psd_cons_parse("asp", &p.cons), 0);
+    p.cons.workers = 1;
+    assert_int_equal(psd_init(r, log, &p), 0);
+}
+
 /* The window of ids applied one by one survives a checkpoint: a request
  * lost before it (id 6, behind 7) is applied when its retry reaches the
  * restored server; the others are not applied twice. */
 static void test_dedup_window_in_checkpoint(void **state)
 {
     (void)state;
-    static struct psd s, r;
+    static struct psd r;
     struct ps_log log;
-    char dir[] = "/tmp/pstest-waits-XXXXXX", path[4200], err[512];
-    assert_non_null(mkdtemp(dir));
-    start(&s, &log, "asp", 1, 77);
-    push_id(&s, 5);
-    push_id(&s, 7); /* 6 lost on the way */
-    assert_int_equal(psd_checkpoint_write(&s, dir, path, sizeof path, err, sizeof err), 0);
-    psd_fini(&s);
-    struct psd_params p = {
-        .shard = 0, .shards = 1, .value_bytes_max = 1u << 20, .wait_timeout_ms = 3600000};
-    assert_int_equal(psd_cons_parse("asp", &p.cons), 0);
-    p.cons.workers = 1;
-    assert_int_equal(psd_init(&r, &log, &p), 0);
+    char dir[] = "/tmp/pstest-waits-XXXXXX", path[4200];
+    const uint64_t ids[] = {5, 7}; /* 6 lost on the way */
+    checkpoint_and_empty(ids, 2, dir, path, sizeof path, &r, &log);
     assert_int_equal(psd_checkpoint_restore(&r, dir, path, sizeof path), 1);
     assert_int_equal(r.tables[0]->steps, 2);
     push_id(&r, 6); /* its retry: applied */
@@ -233,6 +247,37 @@ static void test_dedup_window_in_checkpoint(void **state)
     rmdir(dir);
 }
 
+/* The window read back from a checkpoint is checked: a damaged one (the
+ * JSON state is not under the data's CRC) is refused with a reason. */
+static void test_dedup_window_damaged(void **state)
+{
+    (void)state;
+    static struct psd r;
+    struct ps_log log;
+    char dir[] = "/tmp/pstest-waits-XXXXXX", path[4200], err[512];
+    const uint64_t ids[] = {5};
+    checkpoint_and_empty(ids, 1, dir, path, sizeof path, &r, &log);
+    FILE *f = fopen(path, "r+b");
+    assert_non_null(f);
+    static char buf[1 << 20];
+    size_t n = fread(buf, 1, sizeof buf, f);
+    char *at = memmem(buf, n, "\\\"applied", 9); /* \"applied: not last_applied */
+    assert_non_null(at);
+    at += 9;
+    while (*at == '\\' || *at == '"' || *at == ':')
+        at++;
+    *at = 'z'; /* same length, not a hex digit */
+    assert_int_equal(fseek(f, 0, SEEK_SET), 0);
+    assert_int_equal(fwrite(buf, 1, n, f), n);
+    assert_int_equal(fclose(f), 0);
+    assert_true(psd_checkpoint_load(&r, path, err, sizeof err) != 0);
+    if (strstr(err, "'applied' is not 512 hex digits") == NULL)
+        fail_msg("refused for another reason: %s", err);
+    psd_fini(&r);
+    unlink(path);
+    rmdir(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -240,6 +285,7 @@ int main(void)
         cmocka_unit_test(test_push_retry_out_of_order),
         cmocka_unit_test(test_retry_of_waiting_request),
         cmocka_unit_test(test_dedup_window_in_checkpoint),
+        cmocka_unit_test(test_dedup_window_damaged),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
