@@ -74,7 +74,8 @@ static const struct ps_opt psd_opts[] = {
     OPT("checkpoint-dir", PS_OPT_STR, checkpoint_dir, NULL, 0, 0, "DIR",
         "write checkpoints here, and restore the newest valid one at start"),
     OPT("checkpoint-every", PS_OPT_U64, checkpoint_every, "60", 0, 86400 * 365, "SECONDS",
-        "interval between checkpoints (0: only on SIGTERM)"),
+        "interval between checkpoints, written only when the state changed (0: only on "
+        "SIGTERM)"),
     OPT("curve-secret", PS_OPT_STR, curve_secret, NULL, 0, 0, "FILE",
         "encrypt with CURVE using this key file (psd --keygen); needs --curve-allow"),
     OPT("curve-allow", PS_OPT_STR, curve_allow, NULL, 0, 0, "DIR",
@@ -318,7 +319,6 @@ int main(int argc, char **argv)
     if (cfg.checkpoint_dir != NULL) {
         a.srv.ckpt_dir = cfg.checkpoint_dir;
         a.srv.ckpt_every_ms = cfg.checkpoint_every * 1000u;
-        a.srv.ckpt_last_ms = uv_hrtime() / 1000000u;
         char path[4200];
         if (mkdir(cfg.checkpoint_dir, 0755) != 0 && errno != EEXIST) {
             PS_LOG(&a.log, PS_LOG_ERROR, "S0005", "--checkpoint-dir: cannot create '%s': %s",
@@ -331,6 +331,7 @@ int main(int argc, char **argv)
         else
             PS_LOG(&a.log, PS_LOG_INFO, "S0611", "no valid checkpoint in %s: starting empty",
                    cfg.checkpoint_dir);
+        psd_checkpoint_mark_saved(&a.srv);
     }
     uv_loop_init(&a.loop);
     char err[512];

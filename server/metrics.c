@@ -178,6 +178,8 @@ int psd_metrics_render(const struct psd *s, struct ps_buf *b)
     }
     if (s->ckpt_written) /* absent until there is one */
         ps_prom_metric(b, "psd_checkpoint_age_seconds", "gauge",
-                       "Seconds since the newest checkpoint was written.", psd_checkpoint_age_s(s));
+                       "Seconds since the newest checkpoint was written or last found to hold the "
+                       "shard's current state (an idle shard writes none).",
+                       psd_checkpoint_age_s(s));
     return b->oom ? PS_ENOMEM : 0;
 }

@@ -213,6 +213,7 @@ static void applied_push(struct psd *s, const Ps__Header *req)
     struct psd_peer *p = peer_of(s, req->worker_id, 0);
     if (p == NULL || p->session == 0)
         return;
+    s->changes++;
     uint64_t id = req->request_id;
     if (id > p->last_applied) { /* the ids skipped over are not applied (yet) */
         uint64_t gap = id - p->last_applied;
@@ -366,8 +367,10 @@ static void op_hello(struct psd *s, const Ps__Header *req, struct psd_reply *rep
 {
     if (req->session != 0) { /* a new session (a restarted client) starts afresh */
         struct psd_peer *p = peer_of(s, req->worker_id, 1);
-        if (p != NULL && p->session != req->session)
+        if (p != NULL && p->session != req->session) {
             peer_reset(p, req->session, 0);
+            s->changes++;
+        }
     }
     Ps__Header h;
     reply_init(&h, req);
@@ -445,6 +448,7 @@ static void op_create(struct psd *s, const Ps__Header *req, struct psd_reply *re
                    (unsigned long long)s->prunes[i].end, (unsigned long long)s->prunes[i].every);
         }
         s->tables[s->ntables++] = t;
+        s->changes++;
         PS_LOG(s->log, PS_LOG_INFO, "S0310",
                "created table '%s' id %u: %llu elements, this shard [%llu, %llu), %s lr %g",
                t->name, t->id, (unsigned long long)t->size, (unsigned long long)t->lo,
@@ -909,7 +913,8 @@ static int write_checkpoint(struct psd *s, const char *why, char *out, size_t ou
         return rc;
     }
     s->ckpt_written++;
-    s->ckpt_ok_ms = s->ckpt_last_ms;
+    s->ckpt_ok_ms = s->ckpt_current_ms = s->ckpt_last_ms;
+    s->ckpt_state = psd_state_version(s);
     s->ckpt_pending = 0;
     PS_LOG(s->log, PS_LOG_INFO, "S0600", "checkpoint %s written (%s, %u tables, %llu ms)", path,
            why, s->ntables, (unsigned long long)(s->ckpt_last_ms - t0));
@@ -926,16 +931,39 @@ int psd_checkpoint_now(struct psd *s, const char *why)
     return write_checkpoint(s, why, out, sizeof out);
 }
 
+uint64_t psd_state_version(const struct psd *s)
+{
+    uint64_t v = s->changes; /* each term only grows: a change moves the sum */
+    for (uint32_t i = 0; i < s->ntables; i++)
+        v += s->tables[i]->steps + s->tables[i]->clock;
+    return v;
+}
+
+void psd_checkpoint_mark_saved(struct psd *s)
+{
+    s->ckpt_state = psd_state_version(s);
+    s->ckpt_last_ms = s->ckpt_current_ms = now_ms();
+}
+
 /* Due by the interval: written at the first moment the shard is between
- * rounds (checked after every request and on every tick). */
+ * rounds (checked after every request and on every tick), and only when
+ * the state differs from the newest checkpoint's: an idle shard, or one
+ * that has no tables yet, writes nothing. */
 static void checkpoint_if_due(struct psd *s)
 {
     if (s->ckpt_dir == NULL)
         return;
-    if (s->ckpt_pending)
+    if (s->ckpt_pending) {
         psd_checkpoint_now(s, "asked for");
-    else if (s->ckpt_every_ms > 0 && now_ms() - s->ckpt_last_ms >= s->ckpt_every_ms)
-        psd_checkpoint_now(s, "interval");
+    } else if (s->ckpt_every_ms > 0 && now_ms() - s->ckpt_last_ms >= s->ckpt_every_ms) {
+        if (psd_state_version(s) == s->ckpt_state) {
+            s->ckpt_last_ms = now_ms();
+            if (s->ckpt_written)
+                s->ckpt_current_ms = s->ckpt_last_ms;
+        } else {
+            psd_checkpoint_now(s, "interval");
+        }
+    }
 }
 
 /* psctl checkpoint: now, or (bsp, mid-round) at the end of the round. */
@@ -1014,7 +1042,7 @@ uint64_t psd_worker_clock(const struct psd *s, uint32_t w)
 
 double psd_checkpoint_age_s(const struct psd *s)
 {
-    return s->ckpt_written ? (double)(now_ms() - s->ckpt_ok_ms) / 1e3 : -1.0;
+    return s->ckpt_written ? (double)(now_ms() - s->ckpt_current_ms) / 1e3 : -1.0;
 }
 
 static void op_stats(struct psd *s, const Ps__Header *req, struct psd_reply *rep)

@@ -102,7 +102,10 @@ struct psd {
     /* checkpoints (checkpoint.c); dir NULL: off */
     const char *ckpt_dir;
     uint64_t ckpt_every_ms, ckpt_last_ms, ckpt_written;
-    uint64_t ckpt_ok_ms;  /* when the last one was written */
+    uint64_t ckpt_ok_ms;      /* when the last one was written */
+    uint64_t ckpt_current_ms; /* when the newest was last found to hold the current state */
+    uint64_t ckpt_state;      /* psd_state_version() the newest holds */
+    uint64_t changes;     /* bumped by every change a checkpoint saves (see psd_state_version) */
     int ckpt_pending;     /* asked for (psctl checkpoint) while a round was in progress */
     char ckpt_path[4200]; /* the newest written */
     psd_send_cb send;
@@ -163,8 +166,15 @@ void psd_set_sender(struct psd *s, psd_send_cb send, void *ctx);
 uint32_t psd_live_count(const struct psd *s);
 /* Clocks worker w has pushed, lowest over tables (0 with no tables). */
 uint64_t psd_worker_clock(const struct psd *s, uint32_t w);
-/* Seconds since the last checkpoint was written; -1 when none was. */
+/* Seconds since the newest checkpoint was written or last found to hold
+ * the shard's current state; -1 when none was written. */
 double psd_checkpoint_age_s(const struct psd *s);
+/* A number that changes whenever what a checkpoint saves changes: tables
+ * created, updates applied, rounds closed, workers' applied ids. */
+uint64_t psd_state_version(const struct psd *s);
+/* The state now counts as saved (a checkpoint just restored, or none to
+ * restore): interval checkpoints are written only once it changes. */
+void psd_checkpoint_mark_saved(struct psd *s);
 
 /* A request's op as a counter index: PSD_OPS_COUNT when it has no valid op
  * (it did not decode). */

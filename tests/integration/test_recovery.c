@@ -84,7 +84,8 @@ static double run(const char *tag, int kill_shard)
         w[r] = harness_spawn(argv, logs[r]);
     }
     if (kill_shard) {
-        assert_true(harness_log_wait(p[1].log_path, "S0600", "interval", 120000));
+        /* a checkpoint holding all 4 tables (784,64,10: 2 weights, 2 biases) */
+        assert_true(harness_log_wait(p[1].log_path, "S0600", "interval, 4 tables", 120000));
         kill(p[1].pid, SIGKILL);
         assert_true(harness_wait(p[1].pid, 10000) >= 0);
         p[1].pid = 0;

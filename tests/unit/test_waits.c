@@ -10,6 +10,7 @@
 #include "ps_limits.h"
 #include "ps_log.h"
 
+#include <dirent.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -66,6 +67,23 @@ static void pull(struct psd *s, uint32_t worker, uint64_t id, int expect_wait, i
         assert_int_equal(status, expect_status);
 }
 
+/* Creates table "t" of 4 floats (SGD, lr 1). */
+static void create_t(struct psd *s)
+{
+    Ps__Header h;
+    Ps__TableSpec sp;
+    ps__table_spec__init(&sp);
+    sp.name = "t";
+    sp.size = 4;
+    sp.lr = 1.0f;
+    ps_wire_header_init(&h, PS__OP__OP_CREATE_TABLE);
+    h.spec = &sp;
+    h.request_id = 2;
+    int status = -1;
+    assert_true(send_req(s, &h, NULL, 0, &status));
+    assert_int_equal(status, 0);
+}
+
 /* A shard in mode `mode` with `workers` workers and a table "t" of 4
  * floats; with a session, worker 0 says hello first (exactly-once on). */
 static void start(struct psd *s, struct ps_log *log, const char *mode, uint32_t workers,
@@ -87,16 +105,7 @@ static void start(struct psd *s, struct ps_log *log, const char *mode, uint32_t 
         assert_true(send_req(s, &h, NULL, 0, &status));
         assert_int_equal(status, 0);
     }
-    Ps__TableSpec sp;
-    ps__table_spec__init(&sp);
-    sp.name = "t";
-    sp.size = 4;
-    sp.lr = 1.0f;
-    ps_wire_header_init(&h, PS__OP__OP_CREATE_TABLE);
-    h.spec = &sp;
-    h.request_id = 2;
-    assert_true(send_req(s, &h, NULL, 0, &status));
-    assert_int_equal(status, 0);
+    create_t(s);
 }
 
 static void test_waits_per_worker(void **state)
@@ -278,6 +287,55 @@ static void test_dedup_window_damaged(void **state)
     rmdir(dir);
 }
 
+/* Interval checkpoints are written only when the state changed: none for
+ * a shard with no tables (a restart would restore an empty shard over
+ * nothing), none for an idle one, one after a table is created and one
+ * after an update. */
+static void test_interval_checkpoint_only_on_change(void **state)
+{
+    (void)state;
+    static struct psd s;
+    struct ps_log log;
+    char dir[] = "/tmp/pstest-waits-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    ps_log_init(&log, "test", PS_LOG_ERROR);
+    struct psd_params p = {
+        .shard = 0, .shards = 1, .value_bytes_max = 1u << 20, .wait_timeout_ms = 3600000};
+    assert_int_equal(psd_cons_parse("asp", &p.cons), 0);
+    p.cons.workers = 1;
+    assert_int_equal(psd_init(&s, &log, &p), 0);
+    psd_set_sender(&s, count_sent, NULL);
+    s.ckpt_dir = dir;
+    s.ckpt_every_ms = 1000;
+    psd_checkpoint_mark_saved(&s);
+    const uint64_t written[] = {0, 1, 1, 2, 2};
+    for (int step = 0; step < 5; step++) {
+        if (step == 1)
+            create_t(&s);
+        if (step == 3)
+            push_id(&s, 0);
+        s.ckpt_last_ms = 0; /* the interval has passed */
+        psd_tick(&s);
+        assert_int_equal(s.ckpt_written, written[step]);
+    }
+    assert_true(psd_checkpoint_age_s(&s) >= 0);
+    psd_fini(&s);
+    DIR *d = opendir(dir);
+    assert_non_null(d);
+    int files = 0;
+    for (struct dirent *e; (e = readdir(d)) != NULL;) {
+        if (e->d_name[0] == '.')
+            continue;
+        char path[600];
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        assert_int_equal(unlink(path), 0);
+        files++;
+    }
+    closedir(d);
+    assert_int_equal(rmdir(dir), 0);
+    assert_true(files >= 1); /* the older one may be pruned away */
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -286,6 +344,7 @@ int main(void)
         cmocka_unit_test(test_retry_of_waiting_request),
         cmocka_unit_test(test_dedup_window_in_checkpoint),
         cmocka_unit_test(test_dedup_window_damaged),
+        cmocka_unit_test(test_interval_checkpoint_only_on_change),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
