@@ -33,6 +33,12 @@
 #define PS_VALUE_BYTES_MAX       PS_MESSAGE_BYTES_MAX
 #define PS_DTYPE_BYTES_MAX       4u
 
+/* OP_ROWS pages: rows asked for at most, and value bytes a shard puts in
+ * one reply at most (it answers fewer rows when they are wide). */
+#define PS_ROWS_PAGE_MAX   65536u
+#define PS_ROWS_PAGE_BYTES (UINT64_C(16) << 20)
+_Static_assert(PS_ROWS_PAGE_BYTES >= (uint64_t)PS_SPARSE_DIM_MAX * 4u, "a page holds a row");
+
 /* Decoding arena for one header (protobuf-c unpack allocates from it). */
 #define PS_ARENA_BYTES_SERVER (4u * PS_HEADER_BYTES_MAX)
 

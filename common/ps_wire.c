@@ -92,6 +92,8 @@ const char *ps_op_name(int op)
         return "heartbeat";
     case PS__OP__OP_CHECKPOINT:
         return "checkpoint";
+    case PS__OP__OP_ROWS:
+        return "rows";
     default:
         return "?";
     }
@@ -115,7 +117,7 @@ static int fail(int code, char *err, size_t errlen, const char *fmt, ...)
 
 static int op_known(int op)
 {
-    return op >= PS__OP__OP_HELLO && op <= PS__OP__OP_CHECKPOINT;
+    return op >= PS__OP__OP_HELLO && op <= PS__OP__OP_ROWS;
 }
 
 static int op_moves_data(int op)
@@ -211,6 +213,8 @@ static int check_frames(const Ps__Header *h, size_t nframes, enum ps_wire_dir di
     size_t want = 1;
     if (dir == PS_WIRE_REPLY && h->status != 0)
         want = 1;
+    else if (h->op == PS__OP__OP_ROWS)
+        want = dir == PS_WIRE_REPLY ? 3 : 1; /* reply: keys, values */
     else {
         if (dir == PS_WIRE_REQUEST && op_moves_data(h->op) && h->layout == PS__LAYOUT__LAYOUT_KEYS)
             want++;
@@ -326,6 +330,40 @@ static int check_data(const Ps__Header *h, const struct ps_frame *frames, enum p
     return 0;
 }
 
+/* OP_ROWS: a request asks for 1..PS_ROWS_PAGE_MAX rows; a reply carries
+ * count keys (any order: the shard's) and count x dim f32 values. */
+static int check_rows_page(const Ps__Header *h, const struct ps_frame *frames, enum ps_wire_dir dir,
+                           struct ps_wire_msg *out, char *err, size_t errlen)
+{
+    if (dir == PS_WIRE_REQUEST) {
+        if (h->count == 0 || h->count > PS_ROWS_PAGE_MAX)
+            return fail(PS_ELIMIT, err, errlen, "rows: count %llu outside [1, %u]",
+                        (unsigned long long)h->count, PS_ROWS_PAGE_MAX);
+        return 0;
+    }
+    if (h->count > PS_ROWS_PAGE_MAX)
+        return fail(PS_ELIMIT, err, errlen, "rows reply: %llu rows, at most %u",
+                    (unsigned long long)h->count, PS_ROWS_PAGE_MAX);
+    if (h->dim == 0 || h->dim > PS_SPARSE_DIM_MAX)
+        return fail(PS_ELIMIT, err, errlen, "rows reply: dim %u outside [1, %u]", h->dim,
+                    PS_SPARSE_DIM_MAX);
+    if (h->dtype != PS__DTYPE__DTYPE_F32)
+        return fail(PS_EDTYPE, err, errlen, "rows reply: dtype %s, expected f32",
+                    ps_dtype_name(h->dtype));
+    uint64_t vbytes = h->count * h->dim * 4u;
+    if (frames[1].size != h->count * 8u || frames[2].size != vbytes)
+        return fail(PS_ESIZE, err, errlen,
+                    "rows reply: frames of %zu and %zu bytes, expected %llu keys and %llu value "
+                    "bytes (%llu rows x dim %u)",
+                    frames[1].size, frames[2].size, (unsigned long long)(h->count * 8u),
+                    (unsigned long long)vbytes, (unsigned long long)h->count, h->dim);
+    out->keys = frames[1].data;
+    out->keys_bytes = frames[1].size;
+    out->vals = frames[2].data;
+    out->vals_bytes = frames[2].size;
+    return 0;
+}
+
 static int check_reply_status(const Ps__Header *h, char *err, size_t errlen)
 {
     if (h->status > 0 || (h->status < 0 && !ps_err_known(h->status)))
@@ -372,6 +410,8 @@ int ps_wire_decode(struct ps_arena *arena, const struct ps_frame *frames, size_t
         return rc;
     if (dir == PS_WIRE_REPLY && h->status != 0)
         return 0;
+    if (h->op == PS__OP__OP_ROWS)
+        return check_rows_page(h, frames, dir, out, err, errlen);
     if (op_moves_data(h->op) && (dir == PS_WIRE_REQUEST || op_carries_values(h->op, dir)))
         return check_data(h, frames, dir, value_bytes_max, out, err, errlen);
     if (dir == PS_WIRE_REQUEST && h->op == PS__OP__OP_CREATE_TABLE)

@@ -57,11 +57,7 @@ static size_t collect(const struct psd *s, struct ps_st_tensor *ts)
         const struct psd_table *t = s->tables[i];
         if (t->sparse) {
             const struct psd_sparse *sp = &t->sp;
-            uint64_t *keys = malloc((sp->nrows ? sp->nrows : 1) * sizeof *keys);
-            for (uint64_t k = 0; keys && k < sp->slots; k++) /* keys in row order */
-                if (sp->slot_row[k] != UINT32_MAX)
-                    keys[sp->slot_row[k]] = sp->slot_key[k];
-            add(ts, &n, "keys", t, "U64", keys, 8, sp->nrows, 0);
+            add(ts, &n, "keys", t, "U64", sp->row_key, 8, sp->nrows, 0);
             add(ts, &n, "w", t, "F32", sp->w, 4, sp->nrows, t->dim);
             if (sp->nstate >= 1)
                 add(ts, &n, "s1", t, "F32", sp->s1, 4, sp->nrows, t->dim);
@@ -229,9 +225,6 @@ int psd_checkpoint_write(struct psd *s, const char *dir, char *path, size_t path
     }
     rc = 0;
 out:
-    for (size_t i = 0; ts != NULL && i < TENSORS_MAX; i++)
-        if (ts[i].dtype && strcmp(ts[i].dtype, "U64") == 0)
-            free((void *)ts[i].data); /* the sparse keys were gathered for this */
     free(ts);
     free(state);
     return rc;

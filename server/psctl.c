@@ -294,42 +294,149 @@ static int cmd_checkpoint(struct cluster *k, int json)
 
 /* ---- export ----------------------------------------------------------------- */
 
+/* A sparse table gathered from every shard. */
+struct gathered {
+    uint64_t n, cap;
+    uint64_t *keys;
+    float *vals;
+};
+
+struct key_at {
+    uint64_t key, at;
+};
+
+static int by_key(const void *a, const void *b)
+{
+    uint64_t x = ((const struct key_at *)a)->key, y = ((const struct key_at *)b)->key;
+    return (x > y) - (x < y);
+}
+
+/* Pages every shard's rows of sparse table h (dim d) into g, then sorts
+ * them by key (a key lives on one shard only). 0, or a PS_E* code with
+ * the reason printed. */
+static int gather_rows(struct cluster *k, uint32_t h, const char *name, uint32_t d,
+                       struct gathered *g)
+{
+    for (uint32_t s = 0; s < k->n; s++) {
+        uint64_t off = 0, total = 1;
+        while (off < total) {
+            if (g->cap - g->n < PS_ROWS_PAGE_MAX) {
+                uint64_t cap =
+                    g->cap * 2 > g->n + PS_ROWS_PAGE_MAX ? g->cap * 2 : g->n + PS_ROWS_PAGE_MAX;
+                uint64_t *nk = realloc(g->keys, cap * sizeof *nk);
+                if (nk != NULL)
+                    g->keys = nk;
+                float *nv = nk ? realloc(g->vals, cap * d * sizeof *nv) : NULL;
+                if (nv == NULL) {
+                    fprintf(stderr, "psctl: export: '%s': out of memory at %llu rows\n", name,
+                            (unsigned long long)g->n);
+                    return PS_ENOMEM;
+                }
+                g->vals = nv;
+                g->cap = cap;
+            }
+            uint64_t got = 0;
+            int rc = psc_rows(k->c, h, s, off, PS_ROWS_PAGE_MAX, g->keys + g->n, g->vals + g->n * d,
+                              &got, &total, k->timeout_ms);
+            if (rc != 0) {
+                fprintf(stderr, "psctl: export: '%s': %s\n", name, psc_last_error(k->c));
+                return rc;
+            }
+            if (got == 0 && off < total) {
+                fprintf(stderr, "psctl: export: '%s': shard %u sent no rows at %llu of %llu\n",
+                        name, s, (unsigned long long)off, (unsigned long long)total);
+                return PS_EPROTO;
+            }
+            off += got;
+            g->n += got;
+        }
+    }
+    struct key_at *idx = malloc((g->n ? g->n : 1) * sizeof *idx);
+    uint64_t *keys = malloc((g->n ? g->n : 1) * sizeof *keys);
+    float *vals = malloc((g->n ? g->n : 1) * d * sizeof *vals);
+    if (idx == NULL || keys == NULL || vals == NULL) {
+        free(idx);
+        free(keys);
+        free(vals);
+        fprintf(stderr, "psctl: export: '%s': out of memory sorting %llu rows\n", name,
+                (unsigned long long)g->n);
+        return PS_ENOMEM;
+    }
+    for (uint64_t i = 0; i < g->n; i++)
+        idx[i] = (struct key_at){g->keys[i], i};
+    qsort(idx, g->n, sizeof *idx, by_key);
+    for (uint64_t i = 0; i < g->n; i++) {
+        keys[i] = idx[i].key;
+        memcpy(vals + i * d, g->vals + idx[i].at * d, d * sizeof *vals);
+    }
+    free(idx);
+    free(g->keys);
+    free(g->vals);
+    g->keys = keys;
+    g->vals = vals;
+    return 0;
+}
+
 static int cmd_export(struct cluster *k, const char *path, int json)
 {
     struct psc_table_stats *tl = calloc(PS_TABLES_MAX, sizeof *tl);
-    struct ps_st_tensor *ts = calloc(PS_TABLES_MAX, sizeof *ts);
-    float **bufs = calloc(PS_TABLES_MAX, sizeof *bufs);
+    struct ps_st_tensor *ts = calloc(2 * PS_TABLES_MAX, sizeof *ts);
+    void **bufs = calloc(2 * PS_TABLES_MAX, sizeof *bufs);
     int rc = tl && ts && bufs ? 0 : PS_ENOMEM;
     struct psc_shard_stats st;
     memset(&st, 0, sizeof st);
     if (rc == 0 && (rc = psc_stats_tables(k->c, 0, k->timeout_ms, &st, tl, PS_TABLES_MAX)) != 0)
         fprintf(stderr, "psctl: export: %s\n", psc_last_error(k->c));
-    size_t n = 0, skipped = 0;
+    size_t n = 0, nb = 0, tables = 0, sparse = 0;
     uint64_t bytes = 0;
     for (uint32_t i = 0; rc == 0 && i < st.tables && i < PS_TABLES_MAX; i++) {
-        if (tl[i].sparse) { /* rows are spread by key: not gathered (yet) */
-            fprintf(stderr, "psctl: export: sparse table '%s' left out\n", tl[i].name);
-            skipped++;
+        uint32_t h;
+        if ((rc = psc_table_open(k->c, tl[i].name, k->timeout_ms, &h)) != 0) {
+            fprintf(stderr, "psctl: export: '%s': %s\n", tl[i].name, psc_last_error(k->c));
+            break;
+        }
+        if (tl[i].sparse) { /* rows spread by key: NAME [rows, dim] and NAME.keys [rows] */
+            struct gathered g = {0};
+            rc = gather_rows(k, h, tl[i].name, tl[i].dim, &g);
+            bufs[nb++] = g.keys;
+            bufs[nb++] = g.vals;
+            if (rc != 0)
+                break;
+            char kname[PS_ST_NAME_MAX];
+            snprintf(kname, sizeof kname, "%s.keys", tl[i].name);
+            ps_st_tensor(&ts[n++], tl[i].name, "F32", g.vals, 4, g.n, tl[i].dim);
+            ps_st_tensor(&ts[n++], kname, "U64", g.keys, 8, g.n, 0);
+            bytes += g.n * tl[i].dim * 4;
+            sparse++;
+            tables++;
             continue;
         }
-        uint32_t h;
         uint64_t ticket;
-        bufs[n] = malloc((tl[i].size ? tl[i].size : 1) * sizeof(float));
-        if (bufs[n] == NULL) {
+        float *w = malloc((tl[i].size ? tl[i].size : 1) * sizeof(float));
+        bufs[nb++] = w;
+        if (w == NULL) {
             rc = PS_ENOMEM;
             break;
         }
-        if ((rc = psc_table_open(k->c, tl[i].name, k->timeout_ms, &h)) != 0 ||
-            (rc = psc_pull(k->c, h, 0, tl[i].size, bufs[n], 0, &ticket)) != 0 ||
+        if ((rc = psc_pull(k->c, h, 0, tl[i].size, w, 0, &ticket)) != 0 ||
             (rc = psc_wait(k->c, ticket, k->timeout_ms)) != 0) {
             fprintf(stderr, "psctl: export: '%s': %s\n", tl[i].name, psc_last_error(k->c));
-            n++;
             break;
         }
-        ps_st_tensor(&ts[n], tl[i].name, "F32", bufs[n], 4, tl[i].size, 0);
+        ps_st_tensor(&ts[n++], tl[i].name, "F32", w, 4, tl[i].size, 0);
         bytes += tl[i].size * 4;
-        n++;
+        tables++;
     }
+    for (size_t i = 0; rc == 0 && i < n; i++) /* a table named like another's keys */
+        for (size_t j = i + 1; j < n; j++)
+            if (strcmp(ts[i].name, ts[j].name) == 0) {
+                fprintf(stderr,
+                        "psctl: export: two tensors would be named '%s' (a table and a sparse "
+                        "table's keys)\n",
+                        ts[i].name);
+                rc = PS_EEXIST;
+                break;
+            }
     char err[512];
     const char *meta[] = {"format", "psd-export"};
     if (rc == 0 && (rc = ps_st_write(path, ts, n, meta, 2, err, sizeof err)) != 0)
@@ -337,12 +444,12 @@ static int cmd_export(struct cluster *k, const char *path, int json)
     if (rc == PS_ENOMEM)
         fprintf(stderr, "psctl: export: out of memory\n");
     if (rc == 0 && json)
-        printf("{\"file\": \"%s\", \"tables\": %zu, \"bytes\": %llu, \"skipped\": %zu}\n", path, n,
-               (unsigned long long)bytes, skipped);
+        printf("{\"file\": \"%s\", \"tables\": %zu, \"sparse\": %zu, \"bytes\": %llu}\n", path,
+               tables, sparse, (unsigned long long)bytes);
     else if (rc == 0)
-        printf("wrote %s: %zu tables, %llu bytes of f32 (%zu sparse left out)\n", path, n,
-               (unsigned long long)bytes, skipped);
-    for (size_t i = 0; bufs != NULL && i < n; i++)
+        printf("wrote %s: %zu tables (%zu sparse), %llu bytes of f32\n", path, tables, sparse,
+               (unsigned long long)bytes);
+    for (size_t i = 0; bufs != NULL && i < nb; i++)
         free(bufs[i]);
     free(bufs);
     free(ts);

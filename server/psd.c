@@ -1130,6 +1130,59 @@ static void op_stats(struct psd *s, const Ps__Header *req, struct psd_reply *rep
     free(missing);
 }
 
+/* A page of a sparse table's rows, in the shard's order (rows are only
+ * ever added, at the end, so pages of a live table do not shift): keys,
+ * then their f32 weights. */
+static void op_list_rows(struct psd *s, const Ps__Header *req, struct psd_reply *rep)
+{
+    if (req->table_id >= s->ntables) {
+        reply_errorf(s, req, PS_ENOTABLE, rep, "rows: no table with id %u (this shard has %u)",
+                     req->table_id, s->ntables);
+        return;
+    }
+    const struct psd_table *t = s->tables[req->table_id];
+    const struct psd_sparse *sp = &t->sp;
+    if (!t->sparse) {
+        reply_errorf(s, req, PS_EINVAL, rep, "rows: table '%s' is dense: pull its range", t->name);
+        return;
+    }
+    if (req->offset > sp->nrows) {
+        reply_errorf(s, req, PS_ERANGE, rep, "rows: offset %llu past the %llu rows of '%s'",
+                     (unsigned long long)req->offset, (unsigned long long)sp->nrows, t->name);
+        return;
+    }
+    uint64_t n = sp->nrows - req->offset, wide = PS_ROWS_PAGE_BYTES / (t->dim * 4u);
+    if (n > req->count)
+        n = req->count;
+    if (n > wide)
+        n = wide;
+    rep->mask = malloc(n ? n * 8u : 1);
+    rep->vals = malloc(n ? n * t->dim * 4u : 1);
+    if (rep->mask == NULL || rep->vals == NULL) {
+        psd_reply_drop(rep);
+        reply_errorf(s, req, PS_ENOMEM, rep, "rows: out of memory for %llu rows",
+                     (unsigned long long)n);
+        return;
+    }
+    rep->mask_bytes = n * 8u;
+    rep->vals_bytes = n * t->dim * 4u;
+    unsigned char *k = rep->mask;
+    for (uint64_t i = 0; i < n; i++) { /* little-endian on the wire */
+        uint64_t le = htole64(sp->row_key[req->offset + i]);
+        memcpy(k + i * 8u, &le, 8);
+    }
+    memcpy(rep->vals, sp->w + req->offset * t->dim, rep->vals_bytes);
+    Ps__Header h;
+    reply_init(&h, req);
+    h.offset = req->offset;
+    h.count = n;
+    h.dim = t->dim;
+    h.dtype = PS__DTYPE__DTYPE_F32;
+    h.layout = PS__LAYOUT__LAYOUT_KEYS;
+    h.rows = sp->nrows;
+    reply_header(s, &h, rep);
+}
+
 int psd_dispatch(struct psd *s, const struct ps_frame *route, const struct ps_frame *frames,
                  size_t nframes, struct psd_reply *rep)
 {
@@ -1165,6 +1218,9 @@ int psd_dispatch(struct psd *s, const struct ps_frame *route, const struct ps_fr
             break;
         case PS__OP__OP_CHECKPOINT:
             op_checkpoint(s, req, rep);
+            break;
+        case PS__OP__OP_ROWS:
+            op_list_rows(s, req, rep);
             break;
         case PS__OP__OP_HEARTBEAT:
             now = 0; /* noted by worker_heard; never answered */

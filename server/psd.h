@@ -17,7 +17,7 @@
 
 #include <stdint.h>
 
-#define PSD_OPS_COUNT    9              /* ps.Op values, OP_NONE included */
+#define PSD_OPS_COUNT    10             /* ps.Op values, OP_NONE included */
 #define PSD_ERR_CODES    32             /* room for -PS_E* codes */
 #define PSD_PEERS        PS_WORKERS_MAX /* exactly-once state for this many worker ids */
 #define PSD_DEDUP_WINDOW 2048           /* request ids remembered one by one per worker */
@@ -133,7 +133,8 @@ struct psd {
 struct psd_reply {
     const uint8_t *hdr;
     size_t hdr_len;
-    void *mask; /* LAYOUT_MASK replies: the bitmap of nonzero elements */
+    void *mask; /* the frame before the values: LAYOUT_MASK replies' bitmap of nonzero
+                 * elements, OP_ROWS replies' keys */
     size_t mask_bytes;
     void *vals;
     size_t vals_bytes;

@@ -35,6 +35,7 @@ void psd_sparse_fini(struct psd_sparse *sp)
 {
     free(sp->slot_key);
     free(sp->slot_row);
+    free(sp->row_key);
     free(sp->w);
     free(sp->s1);
     free(sp->s2);
@@ -103,6 +104,10 @@ static int grow_rows(struct psd_sparse *sp)
     if (st == NULL)
         return PS_ENOMEM;
     sp->row_steps = st;
+    uint64_t *rk = realloc(sp->row_key, (size_t)cap * sizeof *rk);
+    if (rk == NULL)
+        return PS_ENOMEM;
+    sp->row_key = rk;
     sp->rows_cap = cap;
     return 0;
 }
@@ -132,5 +137,6 @@ int64_t psd_sparse_row(struct psd_sparse *sp, uint64_t key, int create)
     for (int a = 0; a < sp->nstate; a++)
         memset((a == 0 ? sp->s1 : sp->s2) + r * sp->dim, 0, sp->dim * sizeof(float));
     sp->row_steps[r] = 0;
+    sp->row_key[r] = key;
     return (int64_t)r;
 }

@@ -25,6 +25,7 @@ struct psd_sparse {
     uint64_t *slot_key;
     uint32_t *slot_row;  /* UINT32_MAX: empty */
     float *w, *s1, *s2;  /* rows_cap x dim each */
+    uint64_t *row_key;   /* rows_cap: each row's key (checkpoints, OP_ROWS pages) */
     uint32_t *row_steps; /* optimizer steps per row (Adam's t) */
 };
 

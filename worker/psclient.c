@@ -366,10 +366,43 @@ static void handle_data_reply(struct psc_client *c, uint32_t shard, struct slot 
         ps_half_to_f32_n(c->dtype, m->vals, sl->out + (a - sl->offset), (size_t)(b - a));
 }
 
-static void handle_sync_reply(struct psc_client *c, uint32_t shard, struct slot *sl,
-                              const Ps__Header *h)
+/* What a rows call fills. */
+struct rows_out {
+    uint64_t offset, max;
+    uint32_t dim;
+    uint64_t *keys;
+    float *vals;
+    uint64_t got, total;
+};
+
+static void handle_rows_page(uint32_t shard, struct slot *sl, const struct ps_wire_msg *m)
 {
-    if (sl->op == PS__OP__OP_HELLO) {
+    const Ps__Header *h = m->hdr;
+    struct rows_out *ro = sl->ctx;
+    if (h->offset != ro->offset || h->count > ro->max || h->dim != ro->dim ||
+        h->rows < h->offset + h->count) {
+        slot_fail(sl, PS_EPROTO,
+                  "shard %u answered rows [%llu, +%llu) of dim %u (of %llu), asked for [%llu, "
+                  "+%llu) of dim %u",
+                  shard, (unsigned long long)h->offset, (unsigned long long)h->count, h->dim,
+                  (unsigned long long)h->rows, (unsigned long long)ro->offset,
+                  (unsigned long long)ro->max, ro->dim);
+        return;
+    }
+    for (uint64_t i = 0; i < h->count; i++)
+        ro->keys[i] = ps_wire_key(m->keys, i);
+    memcpy(ro->vals, m->vals, m->vals_bytes);
+    ro->got = h->count;
+    ro->total = h->rows;
+}
+
+static void handle_sync_reply(struct psc_client *c, uint32_t shard, struct slot *sl,
+                              const struct ps_wire_msg *m)
+{
+    const Ps__Header *h = m->hdr;
+    if (sl->op == PS__OP__OP_ROWS) {
+        handle_rows_page(shard, sl, m);
+    } else if (sl->op == PS__OP__OP_HELLO) {
         if (h->shard != shard || h->shards != c->nshards)
             slot_fail(sl, PS_ESTATE,
                       "server %u (%s) says it is shard %u of %u, but was listed as %u of %u: "
@@ -487,7 +520,7 @@ static void handle_reply(struct psc_client *c, uint32_t shard, const struct ps_f
     if (sl->op == PS__OP__OP_PULL || sl->op == PS__OP__OP_PUSH || sl->op == PS__OP__OP_PUSH_PULL)
         handle_data_reply(c, shard, sl, &m);
     else
-        handle_sync_reply(c, shard, sl, h);
+        handle_sync_reply(c, shard, sl, &m);
 }
 
 /* Reads one message from a shard's socket. 0: handled one; <0: none. */
@@ -1041,6 +1074,31 @@ int psc_checkpoint(struct psc_client *c, uint32_t shard, int timeout_ms, char *d
     int rc = call_sync(c, &h, shard, shard, buf, timeout_ms);
     if (detail != NULL && len > 0)
         snprintf(detail, len, "%s", buf);
+    return rc;
+}
+
+int psc_rows(struct psc_client *c, uint32_t table, uint32_t shard, uint64_t offset, uint32_t max,
+             uint64_t *keys, float *vals, uint64_t *got, uint64_t *total, int timeout_ms)
+{
+    if (table >= c->ntables)
+        return set_error(c, PS_ENOTABLE, "rows: no table handle %u", table);
+    const struct table_h *t = c->tables[table];
+    if (!t->sparse)
+        return set_error(c, PS_ENOTABLE, "rows: '%s' is not a sparse table", t->name);
+    if (shard >= c->nshards)
+        return set_error(c, PS_EINVAL, "rows: shard %u of %u", shard, c->nshards);
+    if (max == 0 || max > PS_ROWS_PAGE_MAX)
+        return set_error(c, PS_EINVAL, "rows: page of %u rows, expected 1..%u", max,
+                         PS_ROWS_PAGE_MAX);
+    struct rows_out ro = {.offset = offset, .max = max, .dim = t->dim, .keys = keys, .vals = vals};
+    Ps__Header h;
+    ps_wire_header_init(&h, PS__OP__OP_ROWS);
+    h.table_id = t->ids[shard];
+    h.offset = offset;
+    h.count = max;
+    int rc = call_sync(c, &h, shard, shard, &ro, timeout_ms);
+    *got = ro.got;
+    *total = ro.total;
     return rc;
 }
 

@@ -198,6 +198,15 @@ int psc_stats_tables(struct psc_client *c, uint32_t shard, int timeout_ms,
  * ends); detail gets the file written or why it waits. Synchronous. */
 int psc_checkpoint(struct psc_client *c, uint32_t shard, int timeout_ms, char *detail, size_t len);
 
+/* A page of sparse table `table`'s rows on one shard: rows [offset,
+ * offset+max) in the order the shard created them (new rows are only ever
+ * added at the end). keys gets *got keys and vals *got x dim floats;
+ * *total gets the rows the shard holds now. A page may be shorter than max
+ * (a shard answers at most PS_ROWS_PAGE_BYTES of values): page on until
+ * offset reaches *total. max is 1..PS_ROWS_PAGE_MAX. Synchronous. */
+int psc_rows(struct psc_client *c, uint32_t table, uint32_t shard, uint64_t offset, uint32_t max,
+             uint64_t *keys, float *vals, uint64_t *got, uint64_t *total, int timeout_ms);
+
 /* A handle for a table some worker created, found by name on every shard
  * (a stats call to each). Synchronous. */
 int psc_table_open(struct psc_client *c, const char *name, int timeout_ms, uint32_t *table);

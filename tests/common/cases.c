@@ -408,6 +408,38 @@ static void c_create_conflict(struct case_msg *m)
     create_with(m, e_other_lr);
 }
 
+/* A rows request of count rows of table id table, with a stray frame of
+ * `extra` bytes when extra > 0. */
+static void rows_req(struct case_msg *m, uint64_t count, uint32_t table, size_t extra)
+{
+    Ps__Header h;
+    data_header(&h, PS__OP__OP_ROWS, 0, count);
+    h.table_id = table;
+    put_header(m, &h);
+    if (extra > 0)
+        add_frame(m, extra);
+}
+static void c_rows_count_zero(struct case_msg *m)
+{
+    rows_req(m, 0, 0, 0);
+}
+static void c_rows_page_too_big(struct case_msg *m)
+{
+    rows_req(m, PS_ROWS_PAGE_MAX + 1, 0, 0);
+}
+static void c_rows_with_frame(struct case_msg *m)
+{
+    rows_req(m, 4, 0, 8);
+}
+static void c_rows_of_dense(struct case_msg *m)
+{
+    rows_req(m, 4, 0, 0); /* t0 is dense */
+}
+static void c_rows_unknown_table(struct case_msg *m)
+{
+    rows_req(m, 4, 999, 0);
+}
+
 const struct bad_case bad_cases[] = {
     {"garbage header", PS_EPROTO, 0, c_garbage},
     {"truncated header", PS_EPROTO, 0, c_truncated},
@@ -450,6 +482,11 @@ const struct bad_case bad_cases[] = {
     {"create conflicting spec", PS_EEXIST, 1, c_create_conflict},
     {"heartbeat with a frame", PS_EFRAMES, 0, c_heartbeat_extra_frame},
     {"checkpoint without --checkpoint-dir", PS_ENOTSUP, 1, c_checkpoint_no_dir},
+    {"rows page of 0", PS_ELIMIT, 0, c_rows_count_zero},
+    {"rows page one past the limit", PS_ELIMIT, 0, c_rows_page_too_big},
+    {"rows with a frame", PS_EFRAMES, 0, c_rows_with_frame},
+    {"rows of a dense table", PS_EINVAL, 1, c_rows_of_dense},
+    {"rows of an unknown table", PS_ENOTABLE, 1, c_rows_unknown_table},
 };
 
 const size_t bad_cases_count = sizeof bad_cases / sizeof bad_cases[0];

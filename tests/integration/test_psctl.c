@@ -1,11 +1,13 @@
 /* psctl against a running 2-shard cluster after a short training run:
  * status shows every shard, worker and table (tables and --json); export
- * writes one safetensors file whose tensors hold what the shards hold;
+ * writes one safetensors file whose tensors hold what the shards hold
+ * (sparse tables gathered by key from every shard);
  * checkpoint makes each shard write one; with a shard down, status names
  * it and exits 1. */
 #include "harness.h"
 #include "psclient.h"
 
+#include "ps_err.h"
 #include "ps_limits.h"
 
 #include <jansson.h>
@@ -42,8 +44,10 @@ static int psctl(const struct cluster *k, const char *out, const char *const *ar
 
 static void start(struct cluster *k)
 {
-    char dir[320];
-    harness_tmp(dir, sizeof dir, "ckpt");
+    static int runs;
+    char dir[320], name[32];
+    snprintf(name, sizeof name, "ckpt%d", runs++); /* each cluster starts empty */
+    harness_tmp(dir, sizeof dir, name);
     mkdir(dir, 0755);
     for (int i = 0; i < 2; i++) {
         const char *args[] = {"--shard",
@@ -73,6 +77,19 @@ static void start(struct cluster *k)
     assert_int_equal(rc, 0);
 }
 
+/* A client of the cluster that is no worker (it reads, creates tables). */
+static struct psc_client *observer(const struct cluster *k)
+{
+    const char *eps[2] = {k->p[0].endpoint, k->p[1].endpoint};
+    struct psc_config cfg = {
+        .servers = eps, .nservers = 2, .worker_id = PSC_OBSERVER, .connect_timeout_ms = 10000};
+    struct psc_client *c = NULL;
+    char err[256];
+    if (psc_create(&cfg, &c, err, sizeof err) != 0)
+        fail_msg("client: %s", err);
+    return c;
+}
+
 static json_t *load_json(const char *path)
 {
     json_error_t e;
@@ -82,6 +99,45 @@ static json_t *load_json(const char *path)
         fail_msg("%s: %s", path, e.text);
     }
     return j;
+}
+
+/* Reads tensor `name` of safetensors file path into out (exactly `bytes`,
+ * dtype as given); shape gets its dimensions (0 past its rank). Returns
+ * its rank. */
+static int read_tensor(const char *path, const char *name, const char *dtype, void *out,
+                       size_t bytes, uint64_t shape[2])
+{
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    unsigned char len8[8];
+    assert_int_equal(fread(len8, 1, 8, f), 8);
+    uint64_t hlen = 0;
+    for (int i = 7; i >= 0; i--)
+        hlen = (hlen << 8) | len8[i];
+    char *hdr = calloc(1, hlen + 1);
+    assert_int_equal(fread(hdr, 1, hlen, f), hlen);
+    json_error_t e;
+    json_t *j = json_loads(hdr, 0, &e);
+    assert_non_null(j);
+    json_t *t = json_object_get(j, name);
+    if (t == NULL)
+        fail_msg("%s has no tensor '%s': %s", path, name, hdr);
+    assert_string_equal(json_string_value(json_object_get(t, "dtype")), dtype);
+    json_t *sh = json_object_get(t, "shape");
+    int rank = (int)json_array_size(sh);
+    assert_true(rank >= 1 && rank <= 2);
+    for (int i = 0; i < 2; i++)
+        shape[i] = i < rank ? (uint64_t)json_integer_value(json_array_get(sh, (size_t)i)) : 0;
+    json_t *offs = json_object_get(t, "data_offsets");
+    long a = (long)json_integer_value(json_array_get(offs, 0));
+    long b = (long)json_integer_value(json_array_get(offs, 1));
+    assert_int_equal((size_t)(b - a), bytes);
+    assert_int_equal(fseek(f, (long)(8 + hlen) + a, SEEK_SET), 0);
+    assert_int_equal(fread(out, 1, bytes, f), bytes);
+    fclose(f);
+    free(hdr);
+    json_decref(j);
+    return rank;
 }
 
 static void test_status_export_checkpoint(void **state)
@@ -121,33 +177,11 @@ static void test_status_export_checkpoint(void **state)
     harness_tmp(out, sizeof out, "export.txt");
     const char *ex[] = {"export", "--format", "safetensors", st, NULL};
     assert_int_equal(psctl(&k, out, ex), 0);
-    FILE *f = fopen(st, "rb");
-    assert_non_null(f);
-    unsigned char len8[8];
-    assert_int_equal(fread(len8, 1, 8, f), 8);
-    uint64_t hlen = 0;
-    for (int i = 7; i >= 0; i--)
-        hlen = (hlen << 8) | len8[i];
-    char *hdr = calloc(1, hlen + 1);
-    assert_int_equal(fread(hdr, 1, hlen, f), hlen);
-    json_error_t e;
-    j = json_loads(hdr, 0, &e);
-    assert_non_null(j);
-    json_t *bias = json_object_get(j, "fc2.bias");
-    assert_int_equal(json_integer_value(json_array_get(json_object_get(bias, "shape"), 0)), 10);
-    long off = (long)json_integer_value(json_array_get(json_object_get(bias, "data_offsets"), 0));
     float file_bias[10];
-    assert_int_equal(fseek(f, (long)(8 + hlen) + off, SEEK_SET), 0);
-    assert_int_equal(fread(file_bias, 4, 10, f), 10);
-    fclose(f);
-    free(hdr);
-    json_decref(j);
-    const char *eps[2] = {k.p[0].endpoint, k.p[1].endpoint};
-    struct psc_config cfg = {
-        .servers = eps, .nservers = 2, .worker_id = PSC_OBSERVER, .connect_timeout_ms = 10000};
-    struct psc_client *c = NULL;
-    char err[256];
-    assert_int_equal(psc_create(&cfg, &c, err, sizeof err), 0);
+    uint64_t shape[2];
+    assert_int_equal(read_tensor(st, "fc2.bias", "F32", file_bias, sizeof file_bias, shape), 1);
+    assert_int_equal(shape[0], 10);
+    struct psc_client *c = observer(&k);
     uint32_t t;
     uint64_t ticket;
     float live[10];
@@ -168,7 +202,7 @@ static void test_status_export_checkpoint(void **state)
     assert_true(harness_log_has(out, "shard 1: ", "shard-1-of-2-"));
     /* past the limit (asked again at once): the newest file stands; at it
      * (a second after that one): a new file */
-    assert_int_equal(psc_create(&cfg, &c, err, sizeof err), 0);
+    c = observer(&k);
     char first[PS_ERROR_TEXT_MAX], again[PS_ERROR_TEXT_MAX];
     long long t0 = harness_now_ms();
     assert_int_equal(psc_checkpoint(c, 0, 10000, first, sizeof first), 0);
@@ -207,6 +241,95 @@ static void test_status_export_checkpoint(void **state)
     assert_int_equal(harness_psd_stop(&k.p[0]), 0);
 }
 
+#define NKEYS 300
+#define DIM   3
+
+/* A sparse table's rows, spread over both shards by key: psc_rows pages
+ * each shard's rows (in pages of 7 here), and export gathers them into
+ * NAME [rows, dim] and NAME.keys [rows], sorted by key, equal to what the
+ * shards hold. Rows of a dense table, or past the end, are refused. */
+static void test_export_sparse(void **state)
+{
+    (void)state;
+    struct cluster k;
+    start(&k);
+    struct psc_client *c = observer(&k);
+    struct psc_table_spec sp;
+    psc_table_spec_init(&sp, "emb", 0);
+    sp.sparse = 1;
+    sp.dim = DIM;
+    sp.rows_max = 10000;
+    sp.init = PSC_INIT_UNIFORM;
+    sp.init_scale = 0.5f;
+    sp.seed = 9;
+    uint32_t t;
+    assert_int_equal(psc_table_create(c, &sp, 10000, &t), 0);
+    static uint64_t keys[NKEYS];
+    static float rows[NKEYS * DIM];
+    for (int i = 0; i < NKEYS; i++) /* increasing, spread wide */
+        keys[i] = (uint64_t)i * 2654435761u + 17;
+    uint64_t ticket;
+    assert_int_equal(psc_pull_rows(c, t, keys, NKEYS, rows, 0, &ticket), 0); /* creates them */
+    assert_int_equal(psc_wait(c, ticket, 10000), 0);
+
+    /* paged by hand: every key once, on one shard, with its row */
+    uint64_t seen = 0, per_shard[2] = {0, 0};
+    for (uint32_t s = 0; s < 2; s++) {
+        uint64_t off = 0, total = 1, got;
+        uint64_t pk[7];
+        float pv[7 * DIM];
+        while (off < total) {
+            assert_int_equal(psc_rows(c, t, s, off, 7, pk, pv, &got, &total, 10000), 0);
+            assert_true(got > 0 && got <= 7);
+            for (uint64_t i = 0; i < got; i++) {
+                int at = -1;
+                for (int j = 0; j < NKEYS && at < 0; j++)
+                    at = keys[j] == pk[i] ? j : -1;
+                assert_true(at >= 0);
+                assert_memory_equal(pv + i * DIM, rows + at * DIM, DIM * sizeof(float));
+            }
+            off += got;
+            seen += got;
+        }
+        per_shard[s] = total;
+        uint64_t tot2 = 0;
+        assert_int_equal(psc_rows(c, t, s, total + 1, 7, pk, pv, &got, &tot2, 10000), PS_EREMOTE);
+        assert_non_null(strstr(psc_last_error(c), "past the"));
+    }
+    assert_int_equal(seen, NKEYS);
+    assert_true(per_shard[0] > 0 && per_shard[1] > 0); /* both shards hold some */
+    uint32_t dense;
+    assert_int_equal(psc_table_open(c, "fc2.bias", 10000, &dense), 0);
+    uint64_t pk[1], got, total;
+    float pv[DIM];
+    assert_int_equal(psc_rows(c, dense, 0, 0, 1, pk, pv, &got, &total, 10000), PS_ENOTABLE);
+    psc_destroy(c);
+
+    char st[320], out[320];
+    harness_tmp(st, sizeof st, "sparse.safetensors");
+    harness_tmp(out, sizeof out, "export-sparse.txt");
+    const char *ex[] = {"--json", "export", st, NULL};
+    assert_int_equal(psctl(&k, out, ex), 0);
+    json_error_t e;
+    json_t *j = json_load_file(out, 0, &e);
+    assert_non_null(j);
+    assert_int_equal(json_integer_value(json_object_get(j, "tables")), 5);
+    assert_int_equal(json_integer_value(json_object_get(j, "sparse")), 1);
+    json_decref(j);
+    static uint64_t fkeys[NKEYS];
+    static float frows[NKEYS * DIM];
+    uint64_t shape[2];
+    assert_int_equal(read_tensor(st, "emb.keys", "U64", fkeys, sizeof fkeys, shape), 1);
+    assert_int_equal(shape[0], NKEYS);
+    assert_int_equal(read_tensor(st, "emb", "F32", frows, sizeof frows, shape), 2);
+    assert_int_equal(shape[0], NKEYS);
+    assert_int_equal(shape[1], DIM);
+    assert_memory_equal(fkeys, keys, sizeof keys); /* sorted like ours */
+    assert_memory_equal(frows, rows, sizeof rows);
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(harness_psd_stop(&k.p[i]), 0);
+}
+
 static void test_usage_errors(void **state)
 {
     (void)state;
@@ -230,6 +353,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_status_export_checkpoint),
+        cmocka_unit_test(test_export_sparse),
         cmocka_unit_test(test_usage_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -263,6 +263,51 @@ static void test_masked_replies(void **state)
     case_msg_free(&m);
 }
 
+/* An OP_ROWS reply: count keys, then count x dim f32 values. */
+static int rows_reply(uint64_t count, uint32_t dim, Ps__DType dtype, size_t kbytes, size_t vbytes)
+{
+    struct case_msg m;
+    assert_int_equal(case_msg_alloc(&m), 0);
+    Ps__Header h;
+    ps_wire_header_init(&h, PS__OP__OP_ROWS);
+    h.count = count;
+    h.dim = dim;
+    h.dtype = dtype;
+    h.layout = PS__LAYOUT__LAYOUT_KEYS;
+    m.size[0] = (size_t)ps_wire_header_pack(&h, m.data[0], CASE_FRAME_BYTES_MAX);
+    uint64_t k = 5; /* any order: the shard's */
+    for (size_t i = 0; i + 8 <= kbytes; i += 8, k = k * 7 % 1000)
+        memcpy(m.data[1] + i, &k, 8);
+    m.size[1] = kbytes;
+    m.size[2] = vbytes;
+    m.nframes = 3;
+    struct ps_wire_msg out;
+    char err[256];
+    int rc = decode(&m, PS_WIRE_REPLY, &out, err);
+    if (rc == 0) {
+        assert_ptr_equal(out.keys, m.data[1]);
+        assert_int_equal(out.vals_bytes, vbytes);
+    } else {
+        assert_true(strlen(err) > 0);
+    }
+    case_msg_free(&m);
+    return rc;
+}
+
+static void test_rows_replies(void **state)
+{
+    (void)state;
+    const Ps__DType f32 = PS__DTYPE__DTYPE_F32;
+    assert_int_equal(rows_reply(3, 4, f32, 24, 48), 0);
+    assert_int_equal(rows_reply(0, 4, f32, 0, 0), 0); /* past the last row: empty */
+    assert_int_equal(rows_reply(3, 4, f32, 16, 48), PS_ESIZE);
+    assert_int_equal(rows_reply(3, 4, f32, 24, 44), PS_ESIZE);
+    assert_int_equal(rows_reply(3, 0, f32, 24, 0), PS_ELIMIT);
+    assert_int_equal(rows_reply(3, PS_SPARSE_DIM_MAX + 1, f32, 24, 48), PS_ELIMIT);
+    assert_int_equal(rows_reply(PS_ROWS_PAGE_MAX + 1, 1, f32, 8, 4), PS_ELIMIT);
+    assert_int_equal(rows_reply(3, 4, PS__DTYPE__DTYPE_F16, 24, 24), PS_EDTYPE);
+}
+
 static void test_names(void **state)
 {
     (void)state;
@@ -285,6 +330,7 @@ int main(void)
         cmocka_unit_test(test_arena_exhaustion),
         cmocka_unit_test(test_keys_unaligned),
         cmocka_unit_test(test_masked_replies),
+        cmocka_unit_test(test_rows_replies),
         cmocka_unit_test(test_names),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
