@@ -15,7 +15,7 @@ PKGS=(
   python3 procps libjansson-dev
   libsystemd-dev libinih-dev systemd
   libmicrohttpd-dev prometheus curl
-  iproute2 iptables
+  iproute2 iptables libnetfilter-queue-dev
   podman podman-compose runc golang-github-containernetworking-plugin-dnsname debootstrap
   dataset-fashion-mnist
 )

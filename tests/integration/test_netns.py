@@ -6,16 +6,15 @@ the same configuration and seed within half a point.
 
 Latency and loss: `tc netem` (2 ms, 0.1%) on both ends of every link where
 the kernel has sch_netem. Where it does not (the development VMs' kernel
-is built without it), the same 2 ms each way comes from a delay relay in
-the hub namespace that the workers reach the shards through (every chunk
-it forwards is held 2 ms, in order, as netem holds packets), and the loss
-from iptables' statistic match dropping 0.1% of each node's outgoing
-packets. The test prints which one it used.
+is built without it), the same per-packet delay and loss come from
+`netdelay` (tests/tools, libnetfilter_queue): an iptables NFQUEUE rule
+hands each node's outgoing packets to it, and it holds each 2 ms and lets
+it go in order, dropping 0.1% at random, as netem does. The test prints
+which one it used, and how many packets netdelay held and dropped.
 
 Needs root (ip netns, tc, iptables); exits 77 (skipped) where namespaces
 cannot be made. Everything it creates is named after its pid and removed
 at the end, also on failure."""
-import asyncio
 import json
 import os
 import shutil
@@ -33,8 +32,8 @@ HUB = TAG + "hub"
 NODES = ["s0", "s1", "w0", "w1"]
 NETEM = os.environ.get("PSD_NETEM", "delay 2ms loss 0.1%").split()
 DELAY_MS = float(os.environ.get("PSD_DELAY_MS", "2"))  # the same, where there is no netem
+NETDELAY = os.environ.get("NETDELAY_BIN")
 LOSS = 0.001
-HUB_IP = "10.77.0.100"
 TRAIN = ["--layers", "784,64,10", "--epochs", "1", "--batch", "32", "--lr", "0.05",
          "--device", "cpu", "--seed", "7"]
 def sh(*args, ns=None):
@@ -67,10 +66,8 @@ def make_network():
         sh("ip", "addr", "add", "10.77.0.%d/24" % (i + 1), "dev", there, ns=n)
         sh("ip", "link", "set", there, "up", ns=n)
         sh("ip", "link", "set", "lo", "up", ns=n)
-        if not add_netem(n, there) or not add_netem(HUB, here):
-            sh("iptables", "-A", "OUTPUT", "-m", "statistic", "--mode", "random",
-               "--probability", str(LOSS), "-j", "DROP", ns=n)
-    sh("ip", "addr", "add", HUB_IP + "/24", "dev", "br0", ns=HUB)
+        add_netem(n, there)
+        add_netem(HUB, here)
 
 
 def add_netem(netns, dev):
@@ -84,44 +81,38 @@ def has_netem():
     return "netem" in sh("tc", "qdisc", "show", "dev", "eth0", ns=ns("w0"))
 
 
-async def relay(reader, writer, delay):
-    """Forwards what reader gets to writer, each chunk held `delay` s."""
-    q = asyncio.Queue()
-
-    async def pump():
-        while True:
-            at, data = await q.get()
-            if data is None:
-                writer.close()
-                return
-            wait = at + delay - time.monotonic()
-            if wait > 0:
-                await asyncio.sleep(wait)
-            writer.write(data)
-            await writer.drain()
-    task = asyncio.ensure_future(pump())
-    while True:
-        data = await reader.read(1 << 16)
-        q.put_nowait((time.monotonic(), data or None))
-        if not data:
-            break
-    await task
+def start_netdelay(tmp):
+    """Where there is no netem: each node's outgoing packets go through an
+    NFQUEUE rule to a netdelay in its namespace (--queue-bypass: they pass
+    if it is not there). Returns the netdelay processes and logs."""
+    held = []
+    for i, node in enumerate(NODES):
+        n = ns(node)
+        log = os.path.join(tmp, node + "-netdelay.log")
+        p = spawn([NETDELAY, "--queue", "0", "--delay-ms", str(DELAY_MS), "--loss", str(LOSS),
+                   "--seed", str(i + 1)], log, n)
+        if not poll(lambda: p.poll() is not None or "ready" in open(log).read(), "netdelay"):
+            raise RuntimeError("netdelay did not start in %s" % n)
+        if p.poll() is not None:
+            raise RuntimeError("netdelay: " + open(log).read().strip())
+        sh("iptables", "-A", "OUTPUT", "-o", "eth0", "-j", "NFQUEUE", "--queue-num", "0",
+           "--queue-bypass", ns=n)
+        held.append((p, log))
+    return held
 
 
-async def delay_proxy(delay, out, targets):
-    """Listens on HUB_IP, one port per target; writes the ports to out."""
-    async def serve(target, r, w):
-        host, port = target.rsplit(":", 1)
-        tr, tw = await asyncio.open_connection(host, int(port))
-        await asyncio.gather(relay(r, tw, delay), relay(tr, w, delay), return_exceptions=True)
-    ports = []
-    for t in targets:
-        srv = await asyncio.start_server(lambda r, w, t=t: serve(t, r, w), HUB_IP, 0)
-        ports.append(srv.sockets[0].getsockname()[1])
-    with open(out + ".tmp", "w") as f:
-        f.write(" ".join(map(str, ports)))
-    os.rename(out + ".tmp", out)
-    await asyncio.Event().wait()
+def stop_netdelay(held):
+    """Stops them; returns (packets, dropped) over all nodes."""
+    packets = dropped = 0
+    for p, log in held:
+        p.terminate()
+        p.wait(timeout=10)
+        for line in open(log):
+            if line.startswith("packets "):
+                f = line.split()
+                packets += int(f[1])
+                dropped += int(f[3])
+    return packets, dropped
 
 
 def remove_network():
@@ -152,16 +143,6 @@ def run(tmp, name, addrs):
             check(False, "%s: psd %d listening" % (name, i))
             return None
         eps.append(ep)
-    if addrs["via"] is not None:  # the delay relay, in the hub
-        pf = os.path.join(tmp, name + "-proxy")
-        p = spawn([sys.executable, os.path.abspath(__file__), "--delay-proxy", str(DELAY_MS), pf]
-                  + [e[len("tcp://"):] for e in eps], os.path.join(tmp, name + "-proxy.log"),
-                  addrs["via"])
-        ports = wait_file(pf, p)
-        if ports is None:
-            check(False, "%s: the delay relay started" % name)
-            return None
-        eps = ["tcp://%s:%s" % (HUB_IP, port) for port in ports.split()]
     t0 = time.monotonic()
     ws = []
     for r in (0, 1):
@@ -179,17 +160,20 @@ def run(tmp, name, addrs):
 
 
 def main(tmp):
+    netem = has_netem()
+    if not netem and NETDELAY is None:
+        print("no sch_netem in this kernel and no netdelay (libnetfilter_queue): skipped")
+        sys.exit(77)
     loop = {n: (None, "127.0.0.1") for n in NODES}
-    loop["via"] = None
     base = run(tmp, "loopback", loop)
     hosts = {n: (ns(n), "10.77.0.%d" % (i + 1)) for i, n in enumerate(NODES)}
-    netem = has_netem()
-    hosts["via"] = None if netem else HUB
     how = ("tc netem " + " ".join(NETEM) if netem else
-           "no sch_netem in this kernel: a %g ms delay relay each way and iptables dropping "
-           "%g%% of packets" % (DELAY_MS, LOSS * 100))
+           "no sch_netem in this kernel: netdelay holding every packet %g ms on its way out "
+           "of each node and dropping %g%%" % (DELAY_MS, LOSS * 100))
     print("     links: " + how)
+    held = [] if netem else start_netdelay(tmp)
     multi = run(tmp, "netns", hosts)
+    packets, dropped = stop_netdelay(held)
     if base is None or multi is None:
         return
     a, b = base[0]["test_accuracy"], multi[0]["test_accuracy"]
@@ -202,16 +186,12 @@ def main(tmp):
         check("netem" in sh("tc", "-s", "qdisc", "show", "dev", "eth0", ns=ns("w0")),
               "netem was on the worker's link")
     else:
-        drops = sh("iptables", "-v", "-n", "-x", "-L", "OUTPUT", ns=ns("w0"))
-        lost = sum(int(line.split()[0]) for line in drops.splitlines() if "statistic" in line)
-        print("     packets dropped on w0's way out: %d" % lost)
-        check("statistic" in drops, "the loss rule was on the worker's link")
+        print("     netdelay: %d packets held, %d dropped" % (packets, dropped))
+        check(packets > 1000, "the packets went through netdelay (%d)" % packets)
+        check(dropped > 0, "some were lost (%d)" % dropped)
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["--delay-proxy"]:
-        asyncio.run(delay_proxy(float(sys.argv[2]) / 1e3, sys.argv[3], sys.argv[4:]))
-        sys.exit(0)
     if os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("tc") is None:
         print("needs root, ip and tc: skipped")
         sys.exit(77)
