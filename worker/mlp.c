@@ -134,20 +134,45 @@ int psw_mlp_enable_input_grad(struct psw_mlp *m)
     return dev_alloc(m, (size_t)m->batch_max * m->dims[0], (void **)&m->dx) ? PS_ENOMEM : 0;
 }
 
-int psw_mlp_forward(struct psw_mlp *m, int rows)
+/* Rows of layer l per chunk: the weight (gradient) in pieces of about
+ * PSW_CHUNK_BYTES. Backward sends, and forward waits for, the same pieces. */
+static int chunk_rows(const struct psw_mlp *m, int l)
+{
+    int in = m->dims[l], out = m->dims[l + 1];
+    size_t bytes = (size_t)out * in * sizeof(float);
+    int chunks = (int)((bytes + PSW_CHUNK_BYTES - 1) / PSW_CHUNK_BYTES);
+    return (out + chunks - 1) / chunks;
+}
+
+int psw_mlp_forward_ready(struct psw_mlp *m, int rows, psw_chunk_cb ready, void *arg)
 {
     for (int l = 0; l < m->nlayers; l++) {
         int in = m->dims[l], out = m->dims[l + 1];
-        /* act[l+1] = act[l] W^T + b */
-        int rc = psk_gemm(m->be, 0, 1, rows, out, in, 1.0f, m->act[l], in, m->w[l], in, 0.0f,
-                          m->act[l + 1], out) ||
-                 psk_bias_add(m->be, rows, out, m->b[l], m->act[l + 1]);
-        if (rc == 0 && l + 1 < m->nlayers)
-            rc = psk_relu(m->be, (size_t)rows * out, m->act[l + 1], m->act[l + 1]);
+        int step = ready ? chunk_rows(m, l) : out;
+        /* act[l+1][:, r0:r1] = act[l] W[r0:r1]^T, then + b */
+        for (int r0 = 0; r0 < out; r0 += step) {
+            int r1 = r0 + step < out ? r0 + step : out;
+            int rc = ready ? ready(arg, l, r0, r1) : 0;
+            if (rc != 0)
+                return rc;
+            if (psk_gemm(m->be, 0, 1, rows, r1 - r0, in, 1.0f, m->act[l], in,
+                         m->w[l] + (size_t)r0 * in, in, 0.0f, m->act[l + 1] + r0, out))
+                return PS_EDEVICE;
+        }
+        int rc = ready ? ready(arg, l, out, out) : 0;
         if (rc != 0)
+            return rc;
+        if (psk_bias_add(m->be, rows, out, m->b[l], m->act[l + 1]))
+            return PS_EDEVICE;
+        if (l + 1 < m->nlayers && psk_relu(m->be, (size_t)rows * out, m->act[l + 1], m->act[l + 1]))
             return PS_EDEVICE;
     }
     return 0;
+}
+
+int psw_mlp_forward(struct psw_mlp *m, int rows)
+{
+    return psw_mlp_forward_ready(m, rows, NULL, NULL);
 }
 
 int psw_mlp_loss(struct psw_mlp *m, int rows, const int *labels, double *loss_sum, int *correct)
@@ -175,9 +200,7 @@ static int weight_grad(struct psw_mlp *m, int l, int rows, const float *dz, psw_
                        void *arg)
 {
     int in = m->dims[l], out = m->dims[l + 1];
-    size_t bytes = (size_t)out * in * sizeof(float);
-    int chunks = (int)((bytes + PSW_CHUNK_BYTES - 1) / PSW_CHUNK_BYTES);
-    int step = (out + chunks - 1) / chunks;
+    int step = chunk_rows(m, l);
     for (int r0 = 0; r0 < out; r0 += step) {
         int r1 = r0 + step < out ? r0 + step : out;
         if (psk_gemm(m->be, 1, 0, r1 - r0, in, rows, 1.0f, dz + r0, out, m->act[l], in, 0.0f,

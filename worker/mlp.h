@@ -73,4 +73,11 @@ typedef int (*psw_chunk_cb)(void *arg, int layer, int row0, int row1);
 /* Backward pass after psw_mlp_loss; calls cb for each chunk as it finishes. */
 int psw_mlp_backward(struct psw_mlp *m, int rows, psw_chunk_cb cb, void *arg);
 
+/* psw_mlp_forward, layer by layer in the same row chunks as backward's:
+ * ready(arg, l, r0, r1) is called before rows [r0, r1) of layer l's
+ * weight are used, and ready(arg, l, out, out) (r0 == r1) before its bias,
+ * so weights still arriving can be waited for piece by piece. A nonzero
+ * return stops the pass with it. */
+int psw_mlp_forward_ready(struct psw_mlp *m, int rows, psw_chunk_cb ready, void *arg);
+
 #endif

@@ -137,6 +137,11 @@ struct trainer {
     struct psc_client *c;
     uint32_t th[TABLES_MAX];
     uint64_t pull_tk[TICKETS_MAX]; /* pulls, or push-pulls, in flight */
+    struct pull_range {            /* what each brings: table k's [first, first+n) */
+        int k;                     /* -1: no weights (a top-k push) */
+        uint64_t first, n;
+        int done; /* waited for */
+    } pull_at[TICKETS_MAX];
     int pulls_pending;
     int alias; /* CPU backend: host buffers are the model's own buffers */
     /* standalone */
@@ -278,36 +283,53 @@ static int setup_tables(struct trainer *tr, char *err, size_t errlen)
 
 static void worker_metrics(struct trainer *tr, int force);
 
-static int wait_all(struct trainer *tr, uint64_t *tickets, int *pending, const char *what)
+/* Notes what pull i (a ticket in pull_tk) brings. */
+static void note_pull(struct trainer *tr, int i, int k, uint64_t first, uint64_t n)
+{
+    tr->pull_at[i] = (struct pull_range){k, first, n, 0};
+}
+
+/* Waits for the pulls not yet waited for that bring elements [a, b) of
+ * table k (k < 0: every pull), uploading each range to the device when
+ * upload is set. Returns the first error; waits for the others anyway. */
+static int wait_pulls(struct trainer *tr, int k, uint64_t a, uint64_t b, int upload)
 {
     int first = 0;
-    for (int k = 0; k < *pending; k++) {
+    for (int i = 0; i < tr->pulls_pending; i++) {
+        struct pull_range *p = &tr->pull_at[i];
+        if (p->done || (k >= 0 && (p->k != k || p->first >= b || p->first + p->n <= a)))
+            continue;
+        p->done = 1;
         /* in slices, petting the service watchdog while a round waits */
         int rc = PS_ETIMEDOUT;
         double until = now_s() + (double)tr->cfg.timeout_ms / 1e3;
         while (rc == PS_ETIMEDOUT && now_s() < until) {
-            rc = psc_wait(tr->c, tickets[k], 1000);
+            rc = psc_wait(tr->c, tr->pull_tk[i], 1000);
             ps_notify_watchdog();
             if (rc == PS_ETIMEDOUT)
                 worker_metrics(tr, 0); /* waiting, not stuck: /healthz stays ok */
         }
+        if (rc == PS_ETIMEDOUT)
+            psc_cancel(tr->c, tr->pull_tk[i]);
+        if (rc == 0 && upload && p->k >= 0 &&
+            psk_upload(tr->be, psw_mlp_param(&tr->mlp, p->k) + p->first, tr->hw[p->k] + p->first,
+                       (size_t)p->n * 4))
+            rc = PS_EDEVICE;
         if (rc != 0 && first == 0) {
             first = rc;
-            PS_LOG(&tr->log, PS_LOG_ERROR, "W0300", "%s %d of this step failed: %s%s", what, k,
-                   psc_last_error(tr->c),
+            PS_LOG(&tr->log, PS_LOG_ERROR, "W0300", "pull %d of this step failed: %s%s", i,
+                   rc == PS_EDEVICE ? "device upload" : psc_last_error(tr->c),
                    rc == PS_ETIMEDOUT ? " (the whole --timeout-ms passed)" : "");
         }
-        if (rc == PS_ETIMEDOUT)
-            psc_cancel(tr->c, tickets[k]);
     }
-    *pending = 0;
     return first;
 }
 
 static int pull_table(struct trainer *tr, int k, uint64_t clock)
 {
-    int rc = psc_pull(tr->c, tr->th[k], 0, psw_mlp_table_size(&tr->mlp, k), tr->hw[k], clock,
-                      &tr->pull_tk[k]);
+    uint64_t n = psw_mlp_table_size(&tr->mlp, k);
+    note_pull(tr, k, k, 0, n);
+    int rc = psc_pull(tr->c, tr->th[k], 0, n, tr->hw[k], clock, &tr->pull_tk[k]);
     if (rc != 0)
         PS_LOG(&tr->log, PS_LOG_ERROR, "W0301", "pull: %s", psc_last_error(tr->c));
     return rc;
@@ -319,7 +341,8 @@ static int sync_weights(struct trainer *tr)
     if (tr->fresh)
         return 0;
     if (!tr->cfg.standalone) {
-        int rc = wait_all(tr, tr->pull_tk, &tr->pulls_pending, "pull");
+        int rc = wait_pulls(tr, -1, 0, UINT64_MAX, 0);
+        tr->pulls_pending = 0;
         if (rc != 0)
             return rc;
     }
@@ -329,6 +352,18 @@ static int sync_weights(struct trainer *tr)
             return PS_EDEVICE;
     tr->fresh = 1;
     return 0;
+}
+
+/* Forward's ready callback: the weights of layer l's rows [r0, r1) (its
+ * bias when r0 == r1) have arrived, so the forward pass of the next step
+ * starts on the first rows while the last are still on the wire. */
+static int weights_ready(void *arg, int l, int r0, int r1)
+{
+    struct trainer *tr = arg;
+    if (r0 == r1)
+        return wait_pulls(tr, 2 * l + 1, 0, UINT64_MAX, !tr->alias);
+    uint64_t in = (uint64_t)tr->mlp.dims[l];
+    return wait_pulls(tr, 2 * l, (uint64_t)r0 * in, (uint64_t)r1 * in, !tr->alias);
 }
 
 /* Sends [first, first+n) of table k's gradient as a push-pull: this
@@ -349,6 +384,7 @@ static int send_range(struct trainer *tr, int k, uint64_t first, uint64_t n)
         return 0; /* applied after backward, which still reads the weights */
     if (tr->pulls_pending >= TICKETS_MAX)
         return PS_ELIMIT;
+    note_pull(tr, tr->pulls_pending, k, first, n);
     int rc = psc_push_pull(tr->c, tr->th[k], first, n, tr->hg[k] + first, tr->hw[k] + first,
                            tr->clock, &tr->pull_tk[tr->pulls_pending]);
     if (rc != 0) {
@@ -380,6 +416,8 @@ static int send_topk(struct trainer *tr, int k)
     }
     if (tr->pulls_pending + 2 > TICKETS_MAX)
         return PS_ELIMIT;
+    note_pull(tr, tr->pulls_pending, -1, 0, 0);
+    note_pull(tr, tr->pulls_pending + 1, k, 0, n);
     rc = psc_push_keys(tr->c, tr->th[k], tr->sel_idx[k], tr->sel_val[k], tr->sel_k[k], tr->clock,
                        &tr->pull_tk[tr->pulls_pending]);
     if (rc == 0)
@@ -433,15 +471,28 @@ static double evaluate(struct trainer *tr)
     return (double)correct / tr->test.n;
 }
 
-/* Forward and loss of one micro-batch (index j of this worker's step). */
-static int micro_batch(struct trainer *tr, uint64_t step_in_epoch, uint64_t j, double *loss,
-                       int *correct)
+/* Forward and loss of one micro-batch (index j of this worker's step).
+ * overlap: the weights are still arriving; forward waits for them piece
+ * by piece (weights_ready), then for whatever else is in flight. */
+static int micro_batch(struct trainer *tr, uint64_t step_in_epoch, uint64_t j, int overlap,
+                       double *loss, int *correct)
 {
     int b = (int)tr->cfg.batch;
     uint64_t slot = (step_in_epoch * tr->cfg.accum_steps + j) * tr->cfg.workers + tr->cfg.rank;
     psw_data_batch(&tr->train, tr->perm + slot * (uint64_t)b, b, tr->h_in, tr->h_lab);
-    if (psk_upload(tr->be, tr->mlp.act[0], tr->h_in, (size_t)b * tr->train.pixels * 4) ||
-        psw_mlp_forward(&tr->mlp, b) || psw_mlp_loss(&tr->mlp, b, tr->h_lab, loss, correct))
+    if (psk_upload(tr->be, tr->mlp.act[0], tr->h_in, (size_t)b * tr->train.pixels * 4))
+        return PS_EDEVICE;
+    int rc = overlap ? psw_mlp_forward_ready(&tr->mlp, b, weights_ready, tr)
+                     : psw_mlp_forward(&tr->mlp, b);
+    if (overlap) {
+        int rest = wait_pulls(tr, -1, 0, UINT64_MAX, !tr->alias);
+        tr->pulls_pending = 0;
+        tr->fresh = rc == 0 && rest == 0;
+        rc = rc != 0 ? rc : rest;
+    }
+    if (rc != 0)
+        return rc;
+    if (psw_mlp_loss(&tr->mlp, b, tr->h_lab, loss, correct))
         return PS_EDEVICE;
     return 0;
 }
@@ -478,10 +529,12 @@ static int rejoin(struct trainer *tr)
  * see the same samples as one worker with batch W B N. */
 static int train_step(struct trainer *tr, uint64_t step_in_epoch, double *loss, int *correct)
 {
-    int rc = sync_weights(tr);
+    /* distributed: the first forward pass starts while the weights arrive */
+    int overlap = !tr->cfg.standalone && !tr->fresh;
+    int rc = overlap ? 0 : sync_weights(tr);
     if (rc != 0)
         return rc;
-    if (!tr->cfg.standalone && psc_outside_round(tr->c))
+    if (!overlap && !tr->cfg.standalone && psc_outside_round(tr->c))
         return rejoin(tr);
     int b = (int)tr->cfg.batch;
     uint64_t n_acc = tr->cfg.accum_steps;
@@ -490,8 +543,10 @@ static int train_step(struct trainer *tr, uint64_t step_in_epoch, double *loss, 
     for (uint64_t j = 0; j < n_acc && rc == 0; j++) {
         double l = 0;
         int ok = 0;
-        if ((rc = micro_batch(tr, step_in_epoch, j, &l, &ok)) != 0)
+        if ((rc = micro_batch(tr, step_in_epoch, j, overlap && j == 0, &l, &ok)) != 0)
             break;
+        if (overlap && j == 0 && psc_outside_round(tr->c))
+            return rejoin(tr); /* every pull was waited for: none in flight */
         *loss += l;
         *correct += ok;
         if (j + 1 == n_acc) {
@@ -619,8 +674,8 @@ static int train(struct trainer *tr, double *accuracy)
         uint64_t seen = 0;
         while (tr->clock / steps == e && tr->clock < total) {
             s = tr->clock % steps;
-            double loss;
-            int ok;
+            double loss = 0;
+            int ok = 0;
             rc = train_step(tr, s, &loss, &ok);
             if (rc == STEP_REJOINED) {
                 rc = 0;
