@@ -105,15 +105,6 @@ uint64_t psd_cons_join_clock(const struct psd_cons *c, const struct psd_table *t
     return psd_cons_clock(c, t);
 }
 
-void psd_cons_pulled(const struct psd_cons *c, struct psd_table *t, uint32_t w, uint64_t clock)
-{
-    if (c->mode == PSD_BSP && w < c->workers && !t->member[w] && clock == t->clock &&
-        t->watermark == t->lo) {
-        t->member[w] = 1;
-        t->next[w] = t->lo;
-    }
-}
-
 int psd_cons_ready(const struct psd_cons *c, const struct psd_table *t, uint64_t clock,
                    uint64_t offset, uint64_t count)
 {
@@ -264,6 +255,12 @@ static int bsp_later(const struct psd_table *t, uint32_t w, uint64_t offset, uin
              w, (unsigned long long)offset, (unsigned long long)(offset + count), t->name,
              (unsigned long long)first, (unsigned long long)offset, (unsigned long long)t->clock);
     return PS_EAGAIN;
+}
+
+void psd_cons_pulled(const struct psd_cons *c, struct psd_table *t, uint32_t w, uint64_t clock)
+{
+    if (c->mode == PSD_BSP && w < c->workers)
+        (void)bsp_join(t, w, clock, t->lo); /* as its push of the round's start would */
 }
 
 static int bsp_push(const struct psd_cons *c, struct psd_table *t, uint32_t w, uint64_t clock,

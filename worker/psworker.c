@@ -335,18 +335,31 @@ static int pull_table(struct trainer *tr, int k, uint64_t clock)
     return rc;
 }
 
-/* Makes the device hold the weights for the current clock. */
+/* Pulls every table at `clock` (start, rejoin). */
+static int pull_all(struct trainer *tr, uint64_t clock)
+{
+    int rc = 0;
+    for (int k = 0; k < tr->ntables && rc == 0; k++)
+        rc = pull_table(tr, k, clock);
+    tr->pulls_pending = tr->ntables;
+    return rc;
+}
+
+/* Makes the device hold the weights for the current clock: distributed,
+ * every pull still in flight is waited for and its range uploaded (the
+ * step's pulls cover every table); standalone, the host copies the
+ * optimizer updated are uploaded. */
 static int sync_weights(struct trainer *tr)
 {
     if (tr->fresh)
         return 0;
     if (!tr->cfg.standalone) {
-        int rc = wait_pulls(tr, -1, 0, UINT64_MAX, 0);
+        int rc = wait_pulls(tr, -1, 0, UINT64_MAX, !tr->alias);
         tr->pulls_pending = 0;
         if (rc != 0)
             return rc;
     }
-    for (int k = 0; k < tr->ntables && !tr->alias; k++)
+    for (int k = 0; k < tr->ntables && !tr->alias && tr->cfg.standalone; k++)
         if (psk_upload(tr->be, psw_mlp_param(&tr->mlp, k), tr->hw[k],
                        (size_t)psw_mlp_table_size(&tr->mlp, k) * 4))
             return PS_EDEVICE;
@@ -484,10 +497,8 @@ static int micro_batch(struct trainer *tr, uint64_t step_in_epoch, uint64_t j, i
         return PS_EDEVICE;
     int rc = overlap ? psw_mlp_forward_ready(&tr->mlp, b, weights_ready, tr)
                      : psw_mlp_forward(&tr->mlp, b);
-    if (overlap) {
-        int rest = wait_pulls(tr, -1, 0, UINT64_MAX, !tr->alias);
-        tr->pulls_pending = 0;
-        tr->fresh = rc == 0 && rest == 0;
+    if (overlap) { /* whatever forward did not need: waited for all the same */
+        int rest = sync_weights(tr);
         rc = rc != 0 ? rc : rest;
     }
     if (rc != 0)
@@ -515,9 +526,7 @@ static int rejoin(struct trainer *tr)
            "the servers took this worker out of their rounds at clock %llu (it was silent or "
            "late): rejoining at clock %llu",
            (unsigned long long)was, (unsigned long long)tr->clock);
-    for (int k = 0; k < tr->ntables && rc == 0; k++)
-        rc = pull_table(tr, k, tr->clock);
-    tr->pulls_pending = tr->ntables;
+    rc = pull_all(tr, tr->clock);
     tr->fresh = 0;
     return rc != 0 ? rc : STEP_REJOINED;
 }
@@ -727,7 +736,7 @@ static int save_safetensors(struct trainer *tr, const char *path)
     const char *meta[] = {"format", "pt"};
     int rc = ps_st_write(path, ts, (size_t)tr->ntables, meta, 2, err, sizeof err);
     if (rc != 0)
-        PS_LOG(&tr->log, PS_LOG_ERROR, "W0005", "--save: %s", err);
+        PS_LOG(&tr->log, PS_LOG_ERROR, "W0003", "--save: %s", err);
     return rc;
 }
 
@@ -828,8 +837,6 @@ static int check_config(const struct config *c, char *err, size_t errlen)
                : 0;
 }
 
-/* Fills pc's CURVE fields from --curve-secret / --curve-server-key. */
-/* Splits "a,b,c" into endpoints (pointers into buf). */
 /* Connects the client to --servers (hello to every shard). */
 static int connect_client(struct trainer *tr, int nonzero_pulls, char *err, size_t errlen)
 {
@@ -920,10 +927,7 @@ static int setup(struct trainer *tr, char *err, size_t errlen)
                (unsigned long long)tr->clock, (unsigned long long)(tr->clock / per_epoch + 1),
                (unsigned long long)(tr->clock % per_epoch), (unsigned long long)per_epoch);
     }
-    for (int k = 0; !c->standalone && k < tr->ntables && rc == 0; k++)
-        rc = pull_table(tr, k, tr->clock);
-    tr->pulls_pending = c->standalone ? 0 : tr->ntables;
-    return rc;
+    return c->standalone ? 0 : pull_all(tr, tr->clock);
 }
 
 static void teardown(struct trainer *tr)
@@ -1055,11 +1059,8 @@ int main(int argc, char **argv)
         rc = train(&tr, &acc);
     }
     ps_notify_stopping();
-    if (rc == 0 && tr.cfg.save != NULL && tr.cfg.rank == 0 &&
-        save_safetensors(&tr, tr.cfg.save) != 0) {
-        PS_LOG(&tr.log, PS_LOG_ERROR, "W0003", "--save: cannot write '%s'", tr.cfg.save);
-        rc = PS_EIO;
-    }
+    if (rc == 0 && tr.cfg.save != NULL && tr.cfg.rank == 0)
+        rc = save_safetensors(&tr, tr.cfg.save); /* it logs why it failed */
     if (rc == 0) {
         PS_LOG(&tr.log, PS_LOG_INFO, "W0100",
                "done: %llu steps, test accuracy %.4f, %.0f samples/s", (unsigned long long)tr.done,
