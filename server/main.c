@@ -27,6 +27,7 @@ struct psd_config {
     uint64_t shards;
     uint64_t max_message_bytes;
     uint64_t io_threads;
+    int no_local_ipc;
     const char *consistency;
     uint64_t workers;
     uint64_t wait_timeout_ms;
@@ -57,6 +58,9 @@ static const struct ps_opt psd_opts[] = {
         PS_MESSAGE_BYTES_MAX, "BYTES",
         "largest frame accepted; a peer sending more is disconnected"),
     OPT("io-threads", PS_OPT_U64, io_threads, "1", 1, 16, "N", "ZeroMQ I/O threads"),
+    OPT("no-local-ipc", PS_OPT_FLAG, no_local_ipc, NULL, 0, 0, NULL,
+        "do not also bind the tcp endpoint's same-host Unix socket (ipc://@psd/HOST:PORT), "
+        "which workers on this host switch to"),
     OPT("consistency", PS_OPT_STR, consistency, "asp", 0, 0, "MODE",
         "bsp, ssp:K (no worker more than K clocks ahead) or asp"),
     OPT("workers", PS_OPT_U64, workers, "1", 1, PS_WORKERS_MAX, "W",
@@ -180,12 +184,15 @@ static void on_hup(uv_signal_t *h, int signum)
     a->srv.ckpt_every_ms = n.checkpoint_every * 1000u;
     if (n.workers != o->workers || n.shard != o->shard || n.shards != o->shards ||
         strcmp(n.consistency, o->consistency) != 0 || strcmp(n.listen, o->listen) != 0 ||
+        n.no_local_ipc != o->no_local_ipc ||
         (n.metrics_listen == NULL) != (o->metrics_listen == NULL) ||
         (n.metrics_listen != NULL && strcmp(n.metrics_listen, o->metrics_listen) != 0))
         PS_LOG(&a->log, PS_LOG_WARN, "S0032",
-               "SIGHUP: listen, metrics-listen, shard, shards, workers and consistency change "
+               "SIGHUP: listen, no-local-ipc, metrics-listen, shard, shards, workers and "
+               "consistency change "
                "only with a restart; kept as they were");
     n.listen = o->listen;
+    n.no_local_ipc = o->no_local_ipc;
     n.shard = o->shard;
     n.shards = o->shards;
     n.workers = o->workers;
@@ -358,8 +365,8 @@ int main(int argc, char **argv)
         PS_LOG(&a.log, PS_LOG_INFO, "S0012", "metrics on %s (port %d): GET /metrics, /healthz",
                cfg.metrics_listen, ps_metrics_port(a.metrics));
     }
-    if (psd_net_start(&a.net, &a.srv, &a.loop, cfg.listen, (int)cfg.io_threads, sec, err,
-                      sizeof err) != 0) {
+    if (psd_net_start(&a.net, &a.srv, &a.loop, cfg.listen, (int)cfg.io_threads, !cfg.no_local_ipc,
+                      sec, err, sizeof err) != 0) {
         PS_LOG(&a.log, PS_LOG_ERROR, "S0002", "%s", err);
         ps_metrics_stop(a.metrics);
         psd_fini(&a.srv);
@@ -385,6 +392,8 @@ int main(int argc, char **argv)
            "shard %llu of %llu listening on %s (psd %s, %s, %llu workers)",
            (unsigned long long)cfg.shard, (unsigned long long)cfg.shards, a.net.endpoint,
            PSD_VERSION, cfg.consistency, (unsigned long long)cfg.workers);
+    if (a.net.local[0] != '\0')
+        PS_LOG(&a.log, PS_LOG_INFO, "S0013", "clients on this host may use %s", a.net.local);
     if (cfg.endpoint_file != NULL && write_endpoint_file(cfg.endpoint_file, a.net.endpoint) != 0)
         PS_LOG(&a.log, PS_LOG_ERROR, "S0003", "--endpoint-file: cannot write '%s'",
                cfg.endpoint_file);

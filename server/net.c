@@ -3,6 +3,7 @@
 
 #include "ps_err.h"
 #include "ps_limits.h"
+#include "ps_local.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -89,7 +90,7 @@ static int set_int(void *sock, int opt, int v)
 }
 
 int psd_net_start(struct psd_net *n, struct psd *srv, uv_loop_t *loop, const char *listen,
-                  int io_threads, struct psd_security *sec, char *err, size_t errlen)
+                  int io_threads, int local_ipc, struct psd_security *sec, char *err, size_t errlen)
 {
     memset(n, 0, sizeof *n);
     n->srv = srv;
@@ -127,6 +128,18 @@ int psd_net_start(struct psd_net *n, struct psd *srv, uv_loop_t *loop, const cha
     size_t len = sizeof n->endpoint;
     if (zmq_getsockopt(n->sock, ZMQ_LAST_ENDPOINT, n->endpoint, &len) != 0)
         snprintf(n->endpoint, sizeof n->endpoint, "%s", listen);
+    /* The same socket on the host's abstract Unix name: best effort, tcp
+     * serves every client whatever happens here */
+    if (local_ipc && ps_local_endpoint(n->endpoint, n->local, sizeof n->local) == 0) {
+        if (zmq_bind(n->sock, n->local) == 0) {
+            psd_set_local_endpoint(srv, n->local);
+        } else {
+            PS_LOG(srv->log, PS_LOG_WARN, "S0111",
+                   "cannot bind the same-host endpoint %s (%s): clients on this host use %s",
+                   n->local, zmq_strerror(errno), n->endpoint);
+            n->local[0] = '\0';
+        }
+    }
     psd_set_sender(srv, send_deferred, n);
     int rc = ps_zsock_start(loop, &n->zs, n->sock, on_readable, n);
     if (rc != 0) {

@@ -20,15 +20,19 @@ struct psd_net {
     void *sock;
     struct ps_zsock zs;
     char endpoint[256]; /* actual bound endpoint (port resolved) */
+    char local[256];    /* the same-host ipc:// endpoint also bound, or "" */
     uint64_t send_drops;
     struct psd_security *sec;
 };
 
 /* Binds `listen` and registers on `loop`. io_threads sizes zmq's I/O pool.
+ * local_ipc: when `listen` is tcp://, also bind its same-host endpoint
+ * (ps_local.h) and offer it in hello replies; a failure there is logged.
  * sec, when not NULL (loaded), makes the socket a CURVE server behind the
  * ZAP allow list; it must outlive the transport. */
 int psd_net_start(struct psd_net *n, struct psd *srv, uv_loop_t *loop, const char *listen,
-                  int io_threads, struct psd_security *sec, char *err, size_t errlen);
+                  int io_threads, int local_ipc, struct psd_security *sec, char *err,
+                  size_t errlen);
 /* Deregisters from the loop (handles close on the next uv_run turn). */
 void psd_net_stop(struct psd_net *n);
 /* Closes the socket and terminates the context; after the loop is done. */

@@ -4,6 +4,7 @@
 #include "checkpoint.h"
 #include "ps_err.h"
 #include "ps_half.h"
+#include "ps_local.h"
 #include "ps_shard.h"
 #include "psk_optim.h"
 
@@ -34,6 +35,7 @@ int psd_init(struct psd *s, struct ps_log *log, const struct psd_params *p)
     if (s->nprunes > 0)
         memcpy(s->prunes, p->prunes, s->nprunes * sizeof *s->prunes);
     s->start_ns = uv_hrtime();
+    s->instance = ps_random_id();
     s->arena_buf = malloc(PS_ARENA_BYTES_SERVER);
     s->waits = calloc(PS_WAITS_MAX, sizeof *s->waits);
     s->live = calloc(s->cons.workers, sizeof *s->live);
@@ -50,6 +52,11 @@ void psd_set_sender(struct psd *s, psd_send_cb send, void *ctx)
 {
     s->send = send;
     s->send_ctx = ctx;
+}
+
+void psd_set_local_endpoint(struct psd *s, const char *endpoint)
+{
+    snprintf(s->local_endpoint, sizeof s->local_endpoint, "%s", endpoint ? endpoint : "");
 }
 
 void psd_reset_tables(struct psd *s)
@@ -376,6 +383,8 @@ static void op_hello(struct psd *s, const Ps__Header *req, struct psd_reply *rep
     reply_init(&h, req);
     h.shard = s->shard;
     h.shards = s->shards;
+    h.local_endpoint = s->local_endpoint;
+    h.instance = s->instance;
     h.clock = 0; /* where a worker joining now starts */
     for (uint32_t i = 0; i < s->ntables; i++) {
         uint64_t c = psd_cons_join_clock(&s->cons, s->tables[i], req->worker_id);

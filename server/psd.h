@@ -110,6 +110,10 @@ struct psd {
     char ckpt_path[4200]; /* the newest written */
     psd_send_cb send;
     void *send_ctx;
+    /* hello replies offer local_endpoint (ipc://, "" when none) and this
+     * process's random instance */
+    char local_endpoint[PS_ENDPOINT_MAX];
+    uint64_t instance;
 
     struct psd_table *tables[PS_TABLES_MAX];
     uint32_t ntables;
@@ -156,6 +160,9 @@ void psd_fini(struct psd *s);
 /* Sets where deferred replies go. Without it requests never wait: a pull
  * that is not ready is refused with PS_EAGAIN. */
 void psd_set_sender(struct psd *s, psd_send_cb send, void *ctx);
+/* The ipc:// endpoint hello replies offer to clients on this host ("" or
+ * NULL: none). */
+void psd_set_local_endpoint(struct psd *s, const char *endpoint);
 
 /* Handles one request from `route`. nframes counts every frame after the
  * routing id (it may exceed the array: frames past PS_FRAMES_MAX are

@@ -5,6 +5,7 @@
 #include "ps_err.h"
 #include "ps_half.h"
 #include "ps_limits.h"
+#include "ps_local.h"
 #include "ps_shard.h"
 #include "ps_wire.h"
 #include "ps_zsock.h"
@@ -12,7 +13,6 @@
 #include <errno.h>
 #include <stdarg.h>
 #include <stdatomic.h>
-#include <sys/random.h>
 #include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -96,7 +96,14 @@ struct psc_client {
     size_t esize;
     void *ctx;
     void **socks;
-    char **endpoints;
+    char **endpoints; /* in use: as given, or the shard's same-host one */
+    /* per shard, from its last hello reply: the same-host endpoint it
+     * offers ("" none) and its process instance */
+    struct offer {
+        char local[PS_ENDPOINT_MAX];
+        uint64_t instance;
+    } * offers;
+    uint64_t session;
     zmq_pollitem_t *items;
     struct slot slots[PS_CLIENT_TICKETS_MAX];
     uint16_t free_stack[PS_CLIENT_TICKETS_MAX];
@@ -410,6 +417,12 @@ static void handle_sync_reply(struct psc_client *c, uint32_t shard, struct slot 
                       shard, c->endpoints[shard], h->shard, h->shards, shard, c->nshards);
         if (h->clock > c->start_clock)
             c->start_clock = h->clock;
+        /* only a hint: one that is malformed or out of reach leaves tcp */
+        snprintf(c->offers[shard].local, sizeof c->offers[shard].local, "%s",
+                 h->local_endpoint != NULL && strlen(h->local_endpoint) < PS_ENDPOINT_MAX
+                     ? h->local_endpoint
+                     : "");
+        c->offers[shard].instance = h->instance;
     } else if (sl->op == PS__OP__OP_CREATE_TABLE) {
         struct table_h *t = sl->ctx;
         uint64_t lo, hi;
@@ -1171,6 +1184,41 @@ const char *psc_last_error(const struct psc_client *c)
 
 /* ---- public: lifetime ------------------------------------------------------ */
 
+/* A DEALER connected to ep for shard s, in *out; closed again on failure. */
+static int open_socket(struct psc_client *c, const struct psc_config *cfg, uint32_t s,
+                       const char *ep, void **out, char *err, size_t errlen)
+{
+    void *sock = *out = zmq_socket(c->ctx, ZMQ_DEALER);
+    int linger = 0, buf = PS_SOCKET_BUFFER_BYTES, rc = 0;
+    if (sock == NULL || zmq_setsockopt(sock, ZMQ_LINGER, &linger, sizeof linger) != 0 ||
+        zmq_setsockopt(sock, ZMQ_SNDBUF, &buf, sizeof buf) != 0 ||
+        zmq_setsockopt(sock, ZMQ_RCVBUF, &buf, sizeof buf) != 0) {
+        snprintf(err, errlen, "server %u: cannot create socket: %s", s, zmq_strerror(errno));
+        rc = PS_EZMQ;
+    } else if (cfg->curve_server_key != NULL &&
+               (zmq_setsockopt(sock, ZMQ_CURVE_SERVERKEY, cfg->curve_server_key, 41) != 0 ||
+                zmq_setsockopt(sock, ZMQ_CURVE_PUBLICKEY, cfg->curve_public, 41) != 0 ||
+                zmq_setsockopt(sock, ZMQ_CURVE_SECRETKEY, cfg->curve_secret, 41) != 0)) {
+        snprintf(err, errlen, "server %u: CURVE keys refused by zmq: %s", s, zmq_strerror(errno));
+        rc = PS_EINVAL;
+    } else if (zmq_connect(sock, ep) != 0) {
+        snprintf(err, errlen, "server %u: cannot connect to '%s': %s", s, ep, zmq_strerror(errno));
+        rc = PS_EINVAL;
+    }
+    if (rc != 0 && sock != NULL) {
+        zmq_close(sock);
+        *out = NULL;
+    }
+    return rc;
+}
+
+static void use_socket(struct psc_client *c, uint32_t s, void *sock)
+{
+    c->socks[s] = sock;
+    c->items[s].socket = sock;
+    c->items[s].events = ZMQ_POLLIN;
+}
+
 static int open_sockets(struct psc_client *c, const struct psc_config *cfg, char *err,
                         size_t errlen)
 {
@@ -1181,31 +1229,15 @@ static int open_sockets(struct psc_client *c, const struct psc_config *cfg, char
                      PS_ENDPOINT_MAX - 1);
             return PS_EINVAL;
         }
-        c->endpoints[s] = strdup(ep);
-        c->socks[s] = zmq_socket(c->ctx, ZMQ_DEALER);
-        int linger = 0, buf = PS_SOCKET_BUFFER_BYTES;
-        if (c->endpoints[s] == NULL || c->socks[s] == NULL ||
-            zmq_setsockopt(c->socks[s], ZMQ_LINGER, &linger, sizeof linger) != 0 ||
-            zmq_setsockopt(c->socks[s], ZMQ_SNDBUF, &buf, sizeof buf) != 0 ||
-            zmq_setsockopt(c->socks[s], ZMQ_RCVBUF, &buf, sizeof buf) != 0) {
-            snprintf(err, errlen, "server %u: cannot create socket: %s", s, zmq_strerror(errno));
-            return PS_EZMQ;
+        void *sock = NULL;
+        if ((c->endpoints[s] = strdup(ep)) == NULL) {
+            snprintf(err, errlen, "out of memory");
+            return PS_ENOMEM;
         }
-        if (cfg->curve_server_key != NULL &&
-            (zmq_setsockopt(c->socks[s], ZMQ_CURVE_SERVERKEY, cfg->curve_server_key, 41) != 0 ||
-             zmq_setsockopt(c->socks[s], ZMQ_CURVE_PUBLICKEY, cfg->curve_public, 41) != 0 ||
-             zmq_setsockopt(c->socks[s], ZMQ_CURVE_SECRETKEY, cfg->curve_secret, 41) != 0)) {
-            snprintf(err, errlen, "server %u: CURVE keys refused by zmq: %s", s,
-                     zmq_strerror(errno));
-            return PS_EINVAL;
-        }
-        if (zmq_connect(c->socks[s], ep) != 0) {
-            snprintf(err, errlen, "server %u: cannot connect to '%s': %s", s, ep,
-                     zmq_strerror(errno));
-            return PS_EINVAL;
-        }
-        c->items[s].socket = c->socks[s];
-        c->items[s].events = ZMQ_POLLIN;
+        int rc = open_socket(c, cfg, s, ep, &sock, err, errlen);
+        if (rc != 0)
+            return rc;
+        use_socket(c, s, sock);
     }
     return 0;
 }
@@ -1213,17 +1245,6 @@ static int open_sockets(struct psc_client *c, const struct psc_config *cfg, char
 /* A random, nonzero id for this client's session: servers keep the last
  * request id applied per (worker, session), so a restarted worker (a new
  * session) is not mistaken for a retry of the old one. */
-static uint64_t new_session(void)
-{
-    uint64_t v = 0;
-    if (getrandom(&v, sizeof v, 0) != (ssize_t)sizeof v) {
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        v = ps_mix64((uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 20) ^ (uint64_t)getpid());
-    }
-    return v ? v : 1;
-}
-
 /* Hello to every shard from a new session; the start clock is the
  * furthest any shard names. */
 static int say_hello(struct psc_client *c, int timeout_ms)
@@ -1231,7 +1252,7 @@ static int say_hello(struct psc_client *c, int timeout_ms)
     Ps__Header h;
     ps_wire_header_init(&h, PS__OP__OP_HELLO);
     h.worker_id = c->worker_id;
-    h.session = new_session();
+    h.session = c->session = ps_random_id();
     c->start_clock = 0;
     int rc = call_sync(c, &h, 0, c->nshards - 1, NULL, timeout_ms);
     if (rc != 0) {
@@ -1241,6 +1262,49 @@ static int say_hello(struct psc_client *c, int timeout_ms)
     }
     c->outside = 0;
     return 0;
+}
+
+/* Moves each shard whose hello offered a same-host endpoint this process can
+ * reach onto it (ps_local.h). The switch is checked by a hello in the same
+ * session over the new socket: it must come from the same psd process, or
+ * the shard stays on the endpoint it was given. Runs before any request is
+ * outstanding, so no reply is lost with the old socket. */
+static void go_local(struct psc_client *c, const struct psc_config *cfg, int timeout_ms)
+{
+    for (uint32_t s = 0; s < c->nshards; s++) {
+        struct offer want = c->offers[s];
+        char *ep = strdup(want.local);
+        void *tcp = c->socks[s], *local = NULL;
+        char err[256];
+        if (ep == NULL || !ps_local_reachable(want.local) ||
+            open_socket(c, cfg, s, want.local, &local, err, sizeof err) != 0) {
+            free(ep);
+            continue;
+        }
+        use_socket(c, s, local);
+        uint64_t start_clock = c->start_clock;
+        Ps__Header h;
+        ps_wire_header_init(&h, PS__OP__OP_HELLO);
+        h.session = c->session; /* the same session: not a restart */
+        if (call_sync(c, &h, s, s, NULL, timeout_ms) == 0 &&
+            c->offers[s].instance == want.instance) {
+            zmq_close(tcp);
+            free(c->endpoints[s]);
+            c->endpoints[s] = ep;
+        } else {
+            zmq_close(local);
+            use_socket(c, s, tcp);
+            c->offers[s] = want;
+            c->start_clock = start_clock;
+            free(ep);
+        }
+    }
+    c->last_error[0] = '\0';
+}
+
+const char *psc_endpoint(const struct psc_client *c, uint32_t shard)
+{
+    return shard < c->nshards ? c->endpoints[shard] : NULL;
 }
 
 int psc_outside_round(const struct psc_client *c)
@@ -1292,6 +1356,7 @@ int psc_create(const struct psc_config *cfg, struct psc_client **out, char *err,
     }
     c->socks = calloc(c->nshards, sizeof *c->socks);
     c->endpoints = calloc(c->nshards, sizeof *c->endpoints);
+    c->offers = calloc(c->nshards, sizeof *c->offers);
     c->items = calloc(c->nshards, sizeof *c->items);
     c->last_send_ms = calloc(c->nshards, sizeof *c->last_send_ms);
     c->arena_buf = malloc(CLIENT_ARENA_BYTES);
@@ -1301,8 +1366,8 @@ int psc_create(const struct psc_config *cfg, struct psc_client **out, char *err,
         c->free_stack[i] = (uint16_t)(PS_CLIENT_TICKETS_MAX - 1 - i);
     }
     c->nfree = PS_CLIENT_TICKETS_MAX;
-    if (c->socks == NULL || c->endpoints == NULL || c->items == NULL || c->arena_buf == NULL ||
-        c->last_send_ms == NULL || c->ctx == NULL) {
+    if (c->socks == NULL || c->endpoints == NULL || c->offers == NULL || c->items == NULL ||
+        c->arena_buf == NULL || c->last_send_ms == NULL || c->ctx == NULL) {
         snprintf(err, errlen, "out of memory");
         psc_destroy(c);
         return PS_ENOMEM;
@@ -1313,6 +1378,8 @@ int psc_create(const struct psc_config *cfg, struct psc_client **out, char *err,
         snprintf(err, errlen, "%s", c->last_error);
         if (rc == PS_ETIMEDOUT && cfg->hello_optional)
             rc = 0;
+    } else if (rc == 0 && cfg->local_ipc) {
+        go_local(c, cfg, cfg->connect_timeout_ms);
     }
     if (rc != 0) {
         psc_destroy(c);
@@ -1344,6 +1411,7 @@ void psc_destroy(struct psc_client *c)
     }
     free(c->socks);
     free(c->endpoints);
+    free(c->offers);
     free(c->items);
     free(c->last_send_ms);
     free(c->arena_buf);

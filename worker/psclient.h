@@ -43,6 +43,8 @@ struct psc_config {
     int heartbeat_ms;       /* tell a shard we are alive when nothing else went to it for
                              * this long (0: PSC_HEARTBEAT_MS_DEFAULT, <0: never). Sent
                              * from psc_wait and psc_heartbeat: no thread. */
+    int local_ipc;          /* move to a shard's same-host ipc:// endpoint when its hello
+                             * offers one this process can reach (ps_local.h) */
     /* CURVE (all three, or none): 40-character Z85 keys */
     const char *curve_server_key;            /* the servers' public key */
     const char *curve_public, *curve_secret; /* this client's key pair */
@@ -135,6 +137,10 @@ struct psc_shard_stats {
 int psc_create(const struct psc_config *cfg, struct psc_client **out, char *err, size_t errlen);
 /* Closes the sockets, dropping anything unsent. NULL is a no-op. */
 void psc_destroy(struct psc_client *c);
+
+/* The endpoint shard is reached on: as configured, or its same-host
+ * ipc:// endpoint (local_ipc). NULL for a shard out of range. */
+const char *psc_endpoint(const struct psc_client *c, uint32_t shard);
 
 /* Text of the last failure on this client; "" when none. */
 const char *psc_last_error(const struct psc_client *c);

@@ -45,7 +45,7 @@ struct config {
     const char *optimizer, *device, *lr_schedule, *wire_dtype;
     const char *summary_json, *save, *log_level, *curve_secret, *curve_server_key, *config;
     const char *metrics_listen;
-    int standalone;
+    int standalone, no_local_ipc;
     uint64_t max_steps, log_every, timeout_ms, test_delay_ms, accum_steps, retry_ms, heartbeat_ms;
     int help;
 };
@@ -95,6 +95,9 @@ static const struct ps_opt opts[] = {
         "rank 0 / standalone: write the trained model as safetensors"),
     OPT("standalone", PS_OPT_FLAG, standalone, NULL, 0, 0, NULL,
         "train in this process without servers (the baseline)"),
+    OPT("no-local-ipc", PS_OPT_FLAG, no_local_ipc, NULL, 0, 0, NULL,
+        "stay on the --servers endpoints even where a shard on this host offers its Unix "
+        "socket"),
     OPT("max-steps", PS_OPT_U64, max_steps, "0", 0, UINT64_MAX, "N",
         "stop after N steps (0: none)"),
     OPT("log-every", PS_OPT_U64, log_every, "100", 1, 1000000, "N",
@@ -854,7 +857,8 @@ static int connect_client(struct trainer *tr, int nonzero_pulls, char *err, size
                             .wire_dtype = wire_dtype_of(c->wire_dtype),
                             .nonzero_pulls = nonzero_pulls,
                             .retry_ms = (int)c->retry_ms,
-                            .heartbeat_ms = c->heartbeat_ms ? (int)c->heartbeat_ms : -1};
+                            .heartbeat_ms = c->heartbeat_ms ? (int)c->heartbeat_ms : -1,
+                            .local_ipc = !c->no_local_ipc};
     struct ps_curve_keys mine, server;
     if ((rc = ps_curve_client(c->curve_secret, c->curve_server_key, &mine, &server, err, errlen)) !=
         0)
@@ -864,7 +868,13 @@ static int connect_client(struct trainer *tr, int nonzero_pulls, char *err, size
         pc.curve_public = mine.pub;
         pc.curve_secret = mine.sec;
     }
-    return psc_create(&pc, &tr->c, err, errlen);
+    if ((rc = psc_create(&pc, &tr->c, err, errlen)) != 0)
+        return rc;
+    for (uint32_t s = 0; s < n; s++)
+        if (strcmp(psc_endpoint(tr->c, s), eps[s]) != 0)
+            PS_LOG(&tr->log, PS_LOG_INFO, "W0006", "shard %u (%s) is on this host: using %s", s,
+                   eps[s], psc_endpoint(tr->c, s));
+    return 0;
 }
 
 static int setup(struct trainer *tr, char *err, size_t errlen)

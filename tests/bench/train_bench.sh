@@ -12,6 +12,8 @@
 # runs with OpenBLAS's default threads and with 1; the ratio is taken
 # against the faster of the two. Distributed workers use --blas-threads
 # (default 1: the other core belongs to psd and ZeroMQ's I/O threads).
+# Shards listen on tcp://127.0.0.1; workers switch to each shard's
+# same-host Unix socket as they do by default, and one row stays on tcp.
 #   tests/bench/train_bench.sh [--build-dir DIR] [--steps N] [--batch B] [--device D]
 #                              [--repeat N] [--blas-threads N] [--json PATH]
 set -euo pipefail
@@ -48,9 +50,7 @@ start_shards() { # shards workers consistency -> sets servers
   local n=$1 w=$2 mode=$3
   for ((i = 0; i < n; i++)); do
     rm -f "$run/ep$i"
-    local listen=tcp://127.0.0.1:0
-    [ "$transport" = ipc ] && listen="ipc://$run/psd$i.sock"
-    "$psd" --listen "$listen" --endpoint-file "$run/ep$i" --shard "$i" --shards "$n" \
+    "$psd" --listen tcp://127.0.0.1:0 --endpoint-file "$run/ep$i" --shard "$i" --shards "$n" \
       --consistency "$mode" --workers "$w" 2>"$run/psd$i.log" &
     pids+=($!)
   done
@@ -78,13 +78,6 @@ dist() { # shards workers consistency [psworker options...]
   sps "${files[@]}"
 }
 
-transport=tcp
-ipc() { # dist over Unix-domain sockets (shards on the worker's host)
-  transport=ipc
-  dist "$@"
-  transport=tcp
-}
-
 alone() { # blas-threads (empty: OpenBLAS default)
   if [ -n "${1:-}" ]; then export OPENBLAS_NUM_THREADS=$1; else unset OPENBLAS_NUM_THREADS; fi
   "$psw" --standalone "${common[@]}" --summary-json "$run/alone.json" 2>"$run/alone.log"
@@ -97,7 +90,7 @@ configs=(
   "standalone (default BLAS threads)|standalone|alone"
   "standalone (1 BLAS thread)|standalone_1thread|alone 1"
   "1 shard + 1 worker, $consistency|one_plus_one|dist 1 1 $consistency"
-  "1 shard + 1 worker, $consistency, ipc://|one_plus_one_ipc|ipc 1 1 $consistency"
+  "1+1, $consistency, tcp (--no-local-ipc)|one_plus_one_tcp|dist 1 1 $consistency --no-local-ipc"
   "2 shards + 2 workers, $consistency|two_plus_two|dist 2 2 $consistency"
   "2 shards + 2 workers, asp|two_plus_two_asp|dist 2 2 asp"
   "2+2, $consistency, --topk 0.01|two_plus_two_topk|dist 2 2 $consistency --topk 0.01"

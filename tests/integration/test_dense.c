@@ -7,10 +7,14 @@
 #include "ps_err.h"
 #include "ps_half.h"
 #include "ps_init.h"
+#include "ps_limits.h"
+#include "ps_local.h"
 #include "ps_shard.h"
+#include "ps_wire.h"
 
 #include <math.h>
 
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -18,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <zmq.h>
 
 #include <cmocka.h>
 
@@ -246,18 +251,27 @@ static void test_unreachable_and_misordered(void **state)
     assert_non_null(strstr(err, "nonsense://x"));
 }
 
-static void test_f16_on_the_wire(void **state)
+/* Another client (worker 2) of the fixture's shards. */
+static struct psc_client *other_client(const struct fixture *f, int wire_dtype, int local_ipc)
 {
-    struct fixture *f = *state;
     const char *eps[2] = {f->shard[0].endpoint, f->shard[1].endpoint};
     struct psc_config cfg = {.servers = eps,
                              .nservers = 2,
                              .worker_id = 2,
                              .connect_timeout_ms = TIMEOUT_MS,
-                             .wire_dtype = PSC_F16};
-    struct psc_client *h = NULL;
-    char err[256];
-    assert_int_equal(psc_create(&cfg, &h, err, sizeof err), 0);
+                             .wire_dtype = wire_dtype,
+                             .local_ipc = local_ipc};
+    struct psc_client *c = NULL;
+    char err[512];
+    if (psc_create(&cfg, &c, err, sizeof err) != 0)
+        fail_msg("psc_create: %s", err);
+    return c;
+}
+
+static void test_f16_on_the_wire(void **state)
+{
+    struct fixture *f = *state;
+    struct psc_client *h = other_client(f, PSC_F16, 0);
     struct psc_table_spec s;
     big_spec(&s);
     uint32_t t16;
@@ -355,6 +369,157 @@ static void test_sparse_rows(void **state)
         assert_true(fw[i] == 0.0f);
 }
 
+/* The same-host endpoint a shard bound to tcp://H:P offers: ipc://@psd/H:P. */
+static void local_name(const char *tcp, char *out, size_t len)
+{
+    assert_int_equal(ps_local_endpoint(tcp, out, len), 0);
+    assert_true(strncmp(out, "ipc://@psd/", 11) == 0 && strcmp(out + 11, tcp + 6) == 0);
+}
+
+static void test_local_names(void **state)
+{
+    (void)state;
+    char out[PS_ENDPOINT_MAX], big[200];
+    assert_int_equal(ps_local_endpoint("ipc:///tmp/x", out, sizeof out), -1);
+    assert_int_equal(ps_local_endpoint("tcp://", out, sizeof out), -1);
+    memset(big, 'a', sizeof big - 1);
+    big[sizeof big - 1] = '\0';
+    memcpy(big, "tcp://", 6);
+    assert_int_equal(ps_local_endpoint(big, out, sizeof out), -1); /* over sun_path */
+    /* malformed offers are never reachable, whatever /proc/net/unix holds */
+    const char *bad[] = {"",
+                         "ipc://@psd/",
+                         "ipc:///tmp/psd.sock",
+                         "tcp://@psd/x:1",
+                         "ipc://@psd/a b",
+                         "ipc://@other/x:1",
+                         big};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        assert_false(ps_local_reachable(bad[i]));
+    assert_false(ps_local_reachable("ipc://@psd/127.0.0.1:1")); /* nobody listens there */
+}
+
+/* A client with local_ipc moves to each shard's same-host endpoint and gets
+ * the same answers there; the fixture's client (local_ipc 0) stays on tcp. */
+static void test_local_ipc(void **state)
+{
+    struct fixture *f = *state;
+    const char *eps[2] = {f->shard[0].endpoint, f->shard[1].endpoint};
+    struct psc_client *c = other_client(f, PSC_F32, 1);
+    char want[PS_ENDPOINT_MAX];
+    for (uint32_t s = 0; s < 2; s++) {
+        local_name(eps[s], want, sizeof want);
+        assert_string_equal(psc_endpoint(c, s), want);
+        assert_true(ps_local_reachable(want));
+        assert_string_equal(psc_endpoint(f->c, s), eps[s]);
+    }
+    assert_null(psc_endpoint(c, 2));
+    struct psc_table_spec sp;
+    big_spec(&sp);
+    uint32_t t;
+    assert_int_equal(psc_table_create(c, &sp, TIMEOUT_MS, &t), 0);
+    float *a = malloc(N * sizeof(float)), *b = malloc(N * sizeof(float));
+    uint64_t k;
+    assert_int_equal(psc_pull(c, t, 0, N, a, 0, &k), 0);
+    wait_ok(c, k);
+    assert_int_equal(psc_pull(f->c, f->big, 0, N, b, 0, &k), 0);
+    wait_ok(f->c, k);
+    assert_memory_equal(a, b, N * sizeof(float));
+    free(a);
+    free(b);
+    psc_destroy(c);
+}
+
+/* Answers one hello as shard 0 of 1, offering `offer` as its same-host
+ * endpoint under an instance no psd has. */
+struct fake_shard {
+    void *ctx, *sock;
+    char endpoint[PS_ENDPOINT_MAX];
+    const char *offer;
+    pthread_t thread;
+    int answered;
+};
+
+static void *fake_shard_main(void *arg)
+{
+    struct fake_shard *fs = arg;
+    zmq_pollitem_t it = {fs->sock, 0, ZMQ_POLLIN, 0};
+    uint8_t route[256], hdr[PS_HEADER_BYTES_MAX];
+    if (zmq_poll(&it, 1, TIMEOUT_MS) != 1)
+        return NULL;
+    int rl = zmq_recv(fs->sock, route, sizeof route, 0);
+    int hl = rl > 0 ? zmq_recv(fs->sock, hdr, sizeof hdr, 0) : -1;
+    Ps__Header *req = hl > 0 ? ps__header__unpack(NULL, (size_t)hl, hdr) : NULL;
+    if (req == NULL)
+        return NULL;
+    Ps__Header h;
+    ps_wire_header_init(&h, PS__OP__OP_HELLO);
+    h.request_id = req->request_id;
+    h.worker_id = req->worker_id;
+    h.shard = 0;
+    h.shards = 1;
+    h.local_endpoint = (char *)fs->offer;
+    h.instance = 12345;
+    ps__header__free_unpacked(req, NULL);
+    int64_t len = ps_wire_header_pack(&h, hdr, sizeof hdr);
+    if (len > 0 && zmq_send(fs->sock, route, (size_t)rl, ZMQ_SNDMORE) == rl &&
+        zmq_send(fs->sock, hdr, (size_t)len, 0) == len)
+        fs->answered = 1;
+    return NULL;
+}
+
+/* Where the endpoint offered is not the shard that offered it (another
+ * process answers there), or a shard offers none (--no-local-ipc), the
+ * client stays on the endpoint it was given. */
+static void test_local_ipc_refused(void **state)
+{
+    (void)state;
+    struct psd_proc other, plain;
+    const char *a_other[] = {NULL};
+    const char *a_plain[] = {"--no-local-ipc", NULL};
+    assert_int_equal(harness_psd_start(&other, a_other), 0);
+    assert_int_equal(harness_psd_start(&plain, a_plain), 0);
+    char offer[PS_ENDPOINT_MAX], plain_local[PS_ENDPOINT_MAX];
+    local_name(other.endpoint, offer, sizeof offer);
+    local_name(plain.endpoint, plain_local, sizeof plain_local);
+    assert_true(ps_local_reachable(offer));
+    assert_false(ps_local_reachable(plain_local));
+
+    struct fake_shard fs = {.offer = offer};
+    fs.ctx = zmq_ctx_new();
+    fs.sock = zmq_socket(fs.ctx, ZMQ_ROUTER);
+    int linger = 0;
+    size_t elen = sizeof fs.endpoint;
+    zmq_setsockopt(fs.sock, ZMQ_LINGER, &linger, sizeof linger);
+    assert_int_equal(zmq_bind(fs.sock, "tcp://127.0.0.1:0"), 0);
+    assert_int_equal(zmq_getsockopt(fs.sock, ZMQ_LAST_ENDPOINT, fs.endpoint, &elen), 0);
+    assert_int_equal(pthread_create(&fs.thread, NULL, fake_shard_main, &fs), 0);
+    const char *eps[1] = {fs.endpoint};
+    struct psc_config cfg = {.servers = eps,
+                             .nservers = 1,
+                             .worker_id = 3,
+                             .connect_timeout_ms = TIMEOUT_MS,
+                             .local_ipc = 1};
+    struct psc_client *c = NULL;
+    char err[512];
+    int rc = psc_create(&cfg, &c, err, sizeof err);
+    pthread_join(fs.thread, NULL);
+    if (rc != 0)
+        fail_msg("psc_create: %s", err);
+    assert_true(fs.answered);
+    assert_string_equal(psc_endpoint(c, 0), fs.endpoint); /* another instance answered */
+    psc_destroy(c);
+    zmq_close(fs.sock);
+    zmq_ctx_term(fs.ctx);
+
+    eps[0] = plain.endpoint;
+    assert_int_equal(psc_create(&cfg, &c, err, sizeof err), 0);
+    assert_string_equal(psc_endpoint(c, 0), plain.endpoint);
+    psc_destroy(c);
+    assert_int_equal(harness_psd_stop(&other), 0);
+    assert_int_equal(harness_psd_stop(&plain), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -367,6 +532,9 @@ int main(void)
         cmocka_unit_test(test_f16_on_the_wire),
         cmocka_unit_test(test_sparse_rows),
         cmocka_unit_test(test_unreachable_and_misordered),
+        cmocka_unit_test(test_local_names),
+        cmocka_unit_test(test_local_ipc),
+        cmocka_unit_test(test_local_ipc_refused),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -100,6 +100,10 @@ static double run(const char *tag, int kill_shard)
             fail_msg("worker %d exited with %d", r, rc);
         }
     }
+    /* the workers reached the shards on their same-host Unix sockets, so
+     * the restarted shard was found again there */
+    for (int r = 0; r < 2; r++)
+        assert_true(harness_log_has(logs[r], "W0006", "using ipc://@psd/"));
     if (kill_shard)
         printf("  shard 1 after the restart: %s\n", harness_log_has(p[1].log_path, "S0620", NULL)
                                                         ? "caught up, rounds lost (S0620)"

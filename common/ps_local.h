@@ -1,0 +1,29 @@
+/* Same-host transport: a shard bound to tcp://HOST:PORT also binds the
+ * Linux abstract Unix socket ipc://@psd/HOST:PORT and offers it in its hello
+ * replies. A client that can see that name in /proc/net/unix shares the
+ * shard's network namespace (abstract names live there, as loopback
+ * addresses do) and may switch to it: the same ZeroMQ socket and security,
+ * without TCP's loopback processing. The name follows from the TCP port, so
+ * a shard restarted on the same port is found again on the same name. */
+#ifndef PS_LOCAL_H
+#define PS_LOCAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define PS_LOCAL_PREFIX "ipc://@psd/"
+
+/* The local endpoint for a bound "tcp://HOST:PORT" into out (len bytes).
+ * 0, or -1 when bound is not tcp:// or the name does not fit a Unix socket
+ * address. */
+int ps_local_endpoint(const char *bound, char *out, size_t len);
+
+/* 1 when endpoint is a well-formed local endpoint (PS_LOCAL_PREFIX, then
+ * 1..100 printable characters) whose abstract socket is listening in this
+ * network namespace; 0 otherwise (also where /proc is not mounted). */
+int ps_local_reachable(const char *endpoint);
+
+/* A random nonzero 64-bit id (getrandom, or clock and pid without it). */
+uint64_t ps_random_id(void);
+
+#endif
