@@ -7,34 +7,51 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
-#define EMPTY UINT32_MAX
+#define EMPTY UINT64_MAX
+
+#define HUGE_PAGE (2u << 20)
+
+/* Lookups land on random pages: past a huge page, ask for huge pages so the
+ * TLB covers the slots (transparent huge pages in "madvise" mode). */
+static struct psd_slot *empty_slots(uint64_t n)
+{
+    size_t bytes = n * sizeof(struct psd_slot);
+    struct psd_slot *s;
+    if (bytes >= HUGE_PAGE) {
+        s = aligned_alloc(HUGE_PAGE, bytes);
+        if (s != NULL)
+            madvise(s, bytes, MADV_HUGEPAGE);
+    } else {
+        s = aligned_alloc(64, bytes);
+    }
+    if (s != NULL)
+        memset(s, 0xff, bytes); /* row EMPTY */
+    return s;
+}
 
 int psd_sparse_init(struct psd_sparse *sp, uint32_t dim, uint64_t rows_max, int nstate,
                     int init_kind, float init_scale, uint64_t seed)
 {
     memset(sp, 0, sizeof *sp);
     sp->dim = dim;
-    sp->rows_max = rows_max < EMPTY ? rows_max : EMPTY - 1;
+    sp->rows_max = rows_max < UINT32_MAX ? rows_max : UINT32_MAX - 1;
     sp->nstate = nstate;
     sp->init_kind = init_kind;
     sp->init_scale = init_scale;
     sp->seed = seed;
     sp->slots = 64;
-    sp->slot_key = malloc(sp->slots * sizeof *sp->slot_key);
-    sp->slot_row = malloc(sp->slots * sizeof *sp->slot_row);
-    if (sp->slot_key == NULL || sp->slot_row == NULL) {
+    if ((sp->slot = empty_slots(sp->slots)) == NULL) {
         psd_sparse_fini(sp);
         return PS_ENOMEM;
     }
-    memset(sp->slot_row, 0xff, sp->slots * sizeof *sp->slot_row);
     return 0;
 }
 
 void psd_sparse_fini(struct psd_sparse *sp)
 {
-    free(sp->slot_key);
-    free(sp->slot_row);
+    free(sp->slot);
     free(sp->row_key);
     free(sp->w);
     free(sp->s1);
@@ -46,44 +63,28 @@ void psd_sparse_fini(struct psd_sparse *sp)
 static uint64_t find_slot(const struct psd_sparse *sp, uint64_t key)
 {
     uint64_t mask = sp->slots - 1, i = ps_mix64(key) & mask;
-    while (sp->slot_row[i] != EMPTY && sp->slot_key[i] != key)
+    while (sp->slot[i].row != EMPTY && sp->slot[i].key != key)
         i = (i + 1) & mask;
     return i;
 }
 
 void psd_sparse_prefetch(const struct psd_sparse *sp, uint64_t key)
 {
-    uint64_t i = ps_mix64(key) & (sp->slots - 1);
-    __builtin_prefetch(&sp->slot_row[i]);
-    __builtin_prefetch(&sp->slot_key[i]);
+    __builtin_prefetch(&sp->slot[ps_mix64(key) & (sp->slots - 1)]);
 }
 
 static int grow_slots(struct psd_sparse *sp)
 {
-    uint64_t old = sp->slots;
-    uint64_t *okey = sp->slot_key;
-    uint32_t *orow = sp->slot_row;
-    sp->slots = old * 2;
-    sp->slot_key = malloc(sp->slots * sizeof *sp->slot_key);
-    sp->slot_row = malloc(sp->slots * sizeof *sp->slot_row);
-    if (sp->slot_key == NULL || sp->slot_row == NULL) {
-        free(sp->slot_key);
-        free(sp->slot_row);
-        sp->slots = old;
-        sp->slot_key = okey;
-        sp->slot_row = orow;
+    struct psd_slot *old = sp->slot, *grown = empty_slots(sp->slots * 2);
+    if (grown == NULL)
         return PS_ENOMEM;
-    }
-    memset(sp->slot_row, 0xff, sp->slots * sizeof *sp->slot_row);
-    for (uint64_t i = 0; i < old; i++) {
-        if (orow[i] == EMPTY)
-            continue;
-        uint64_t j = find_slot(sp, okey[i]);
-        sp->slot_key[j] = okey[i];
-        sp->slot_row[j] = orow[i];
-    }
-    free(okey);
-    free(orow);
+    uint64_t n = sp->slots;
+    sp->slot = grown;
+    sp->slots = n * 2;
+    for (uint64_t i = 0; i < n; i++)
+        if (old[i].row != EMPTY)
+            sp->slot[find_slot(sp, old[i].key)] = old[i];
+    free(old);
     return 0;
 }
 
@@ -115,8 +116,8 @@ static int grow_rows(struct psd_sparse *sp)
 int64_t psd_sparse_row(struct psd_sparse *sp, uint64_t key, int create)
 {
     uint64_t i = find_slot(sp, key);
-    if (sp->slot_row[i] != EMPTY)
-        return sp->slot_row[i];
+    if (sp->slot[i].row != EMPTY)
+        return (int64_t)sp->slot[i].row;
     if (!create)
         return -1;
     if (sp->nrows >= sp->rows_max)
@@ -129,8 +130,8 @@ int64_t psd_sparse_row(struct psd_sparse *sp, uint64_t key, int create)
         i = find_slot(sp, key);
     }
     uint64_t r = sp->nrows++;
-    sp->slot_key[i] = key;
-    sp->slot_row[i] = (uint32_t)r;
+    sp->slot[i].key = key;
+    sp->slot[i].row = r;
     float *w = sp->w + r * sp->dim;
     ps_init_fill(w, sp->dim, (enum ps_init_kind)sp->init_kind, sp->init_scale,
                  sp->seed ^ ps_mix64(key), 0);

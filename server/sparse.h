@@ -22,8 +22,11 @@ struct psd_sparse {
 
     uint64_t nrows, rows_cap;
     uint64_t slots; /* power of two */
-    uint64_t *slot_key;
-    uint32_t *slot_row;  /* UINT32_MAX: empty */
+    /* a key and its row side by side: a probe is one cache line */
+    struct psd_slot {
+        uint64_t key;
+        uint64_t row; /* UINT64_MAX: empty */
+    } * slot;
     float *w, *s1, *s2;  /* rows_cap x dim each */
     uint64_t *row_key;   /* rows_cap: each row's key (checkpoints, OP_ROWS pages) */
     uint32_t *row_steps; /* optimizer steps per row (Adam's t) */

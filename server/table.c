@@ -218,6 +218,8 @@ static int row_error(const struct psd_table *t, int64_t r, uint64_t key, char *e
 
 /* How many keys ahead row lookups ask for their hash slots. */
 #define ROWS_PREFETCH_AHEAD 8
+/* Rows a push looks up before it applies them. */
+#define ROWS_BATCH 256
 
 int psd_table_pull_rows(struct psd_table *t, const uint64_t *keys, size_t n, float *out, char *err,
                         size_t errlen)
@@ -240,15 +242,29 @@ int psd_table_push_rows(struct psd_table *t, const uint64_t *keys, const float *
     uint64_t t0 = uv_hrtime();
     struct psk_optim o = table_optim(t);
     uint32_t d = t->dim;
-    for (size_t i = 0; i < n; i++) {
-        if (i + ROWS_PREFETCH_AHEAD < n)
-            psd_sparse_prefetch(&t->sp, keys[i + ROWS_PREFETCH_AHEAD]);
-        int64_t r = psd_sparse_row(&t->sp, keys[i], 1);
-        if (r < 0)
-            return row_error(t, r, keys[i], err, errlen);
-        size_t at = (size_t)r * d;
-        psk_optim_apply(&o, ++t->sp.row_steps[r], t->sp.w + at, t->sp.s1 ? t->sp.s1 + at : NULL,
-                        t->sp.s2 ? t->sp.s2 + at : NULL, g + i * d, d);
+    uint64_t rows[ROWS_BATCH];
+    /* In batches: find the rows (asking for each one's lines as soon as it
+     * is known), then apply, when those lines have had time to arrive. */
+    for (size_t b = 0; b < n; b += ROWS_BATCH) {
+        size_t m = n - b < ROWS_BATCH ? n - b : ROWS_BATCH;
+        for (size_t i = b; i < b + m; i++) {
+            if (i + ROWS_PREFETCH_AHEAD < n)
+                psd_sparse_prefetch(&t->sp, keys[i + ROWS_PREFETCH_AHEAD]);
+            int64_t r = psd_sparse_row(&t->sp, keys[i], 1);
+            if (r < 0)
+                return row_error(t, r, keys[i], err, errlen);
+            rows[i - b] = (uint64_t)r;
+            __builtin_prefetch(t->sp.w + (size_t)r * d, 1);
+            __builtin_prefetch(t->sp.row_steps + r, 1);
+            if (t->sp.s1 != NULL)
+                __builtin_prefetch(t->sp.s1 + (size_t)r * d, 1);
+        }
+        for (size_t i = b; i < b + m; i++) {
+            uint64_t r = rows[i - b];
+            size_t at = (size_t)r * d;
+            psk_optim_apply(&o, ++t->sp.row_steps[r], t->sp.w + at, t->sp.s1 ? t->sp.s1 + at : NULL,
+                            t->sp.s2 ? t->sp.s2 + at : NULL, g + i * d, d);
+        }
     }
     t->steps++;
     apply_took(t, t0);

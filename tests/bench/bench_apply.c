@@ -5,7 +5,9 @@
  * parameter for SGD (read w, read g, write w), 5 for momentum, 7 for Adam;
  * memcpy touches 2 (read, write); the ratio compares bytes per second.
  * Sparse: 1M random sorted keys into a 10M-element table through the
- * keyed-push path, against a plain scatter loop doing the same SGD update.
+ * keyed-push path, and into a sparse table of 10M rows (dim 1, every row
+ * already there: a hash lookup per key), against a plain scatter loop
+ * doing the same SGD update.
  * Median of --repeat runs. Prints a table and the ratios; never fails on
  * numbers. --json PATH writes them for comparison over time. */
 #include "table.h"
@@ -37,12 +39,16 @@ static double median(double *v, int n)
     return v[n / 2];
 }
 
-static struct psd_table *make(const char *name, uint64_t n, Ps__OptimizerKind opt)
+/* n elements dense, or (rows > 0) a sparse table of dim 1 holding rows */
+static struct psd_table *make(const char *name, uint64_t n, Ps__OptimizerKind opt, uint64_t rows)
 {
     Ps__TableSpec s;
     ps__table_spec__init(&s);
     s.name = (char *)name;
     s.size = n;
+    s.sparse = rows > 0;
+    s.dim = rows > 0;
+    s.rows_max = rows;
     s.optimizer = opt;
     s.lr = 0.01f;
     s.momentum = 0.9f;
@@ -87,7 +93,7 @@ int main(int argc, char **argv)
     const int floats_touched[3] = {3, 5, 7};
     struct psd_table *t[3];
     for (int k = 0; k < 3; k++)
-        t[k] = make(names[k], n, kinds[k]);
+        t[k] = make(names[k], n, kinds[k], 0);
     for (int r = 0; r < repeat; r++) { /* interleaved, so drift hits all alike */
         double a = now_s();
         memcpy(dst, g, n * 4);
@@ -113,7 +119,19 @@ int main(int argc, char **argv)
 
     /* sparse: 1M sorted random keys into 10M elements */
     const uint64_t rows = 10000000u, nk = 1u << 20;
-    struct psd_table *st = make("sparse", rows, PS__OPTIMIZER_KIND__OPT_SGD);
+    struct psd_table *st = make("sparse", rows, PS__OPTIMIZER_KIND__OPT_SGD, 0);
+    struct psd_table *rt = make("rows", 0, PS__OPTIMIZER_KIND__OPT_SGD, rows);
+    char err[256];
+    uint64_t *all = malloc(rows * 8);
+    float *zero = calloc(rows, 4);
+    for (uint64_t i = 0; i < rows; i++)
+        all[i] = i;
+    if (psd_table_push_rows(rt, all, zero, rows, err, sizeof err) != 0) {
+        fprintf(stderr, "bench_apply: %s\n", err);
+        return 1;
+    }
+    free(all);
+    free(zero);
     uint64_t *keys = malloc(nk * 8);
     float *plain = malloc(rows * 4);
     memcpy(plain, st->w, rows * 4);
@@ -122,39 +140,47 @@ int main(int argc, char **argv)
         h = ps_mix64(h);
         keys[i] = i * step + h % step;
     }
-    double t_sp[100], t_sc[100];
+    double t_sp[100], t_sc[100], t_rw[100];
     for (int r = 0; r < repeat; r++) {
         double a = now_s();
         psd_table_apply_keys(st, keys, g, nk, (uint64_t)r + 1);
         t_sp[r] = now_s() - a;
         a = now_s();
+        psd_table_push_rows(rt, keys, g, nk, err, sizeof err);
+        t_rw[r] = now_s() - a;
+        a = now_s();
         for (uint64_t i = 0; i < nk; i++) /* the same SGD update, plainly */
             plain[keys[i]] -= 0.01f * g[i];
         t_sc[r] = now_s() - a;
     }
-    double sp = median(t_sp, repeat), sc = median(t_sc, repeat);
+    double sp = median(t_sp, repeat), sc = median(t_sc, repeat), rw = median(t_rw, repeat);
     printf("\nsparse apply of %llu random keys into %llu elements, median of %d\n",
            (unsigned long long)nk, (unsigned long long)rows, repeat);
     printf("%-14s %12s %14s\n", "", "ms", "updates/s");
     printf("%-14s %12.2f %14.3g\n", "scatter loop", sc * 1e3, nk / sc);
     printf("%-14s %12.2f %14.3g\n", "psd (sgd)", sp * 1e3, nk / sp);
+    printf("%-14s %12.2f %14.3g   (sparse table of %llu rows: hash lookup per key)\n", "psd rows",
+           rw * 1e3, nk / rw, (unsigned long long)rows);
     printf("\nratios: sgd %.1f%%, momentum %.1f%%, adam %.1f%% of memcpy's bytes/s; "
-           "sparse %.1f%% of the scatter loop\n",
-           100 * ratio[0], 100 * ratio[1], 100 * ratio[2], 100 * sc / sp);
+           "sparse %.1f%%, rows %.1f%% of the scatter loop\n",
+           100 * ratio[0], 100 * ratio[1], 100 * ratio[2], 100 * sc / sp, 100 * sc / rw);
     if (json != NULL) {
         FILE *f = fopen(json, "w");
         if (f != NULL) {
             fprintf(f,
                     "{\"memcpy_gbps\": %.3f, \"sgd_ratio\": %.4f, \"momentum_ratio\": %.4f, "
                     "\"adam_ratio\": %.4f, \"sparse_updates_per_s\": %.0f, "
-                    "\"scatter_updates_per_s\": %.0f, \"sparse_ratio\": %.4f}\n",
-                    copy_bw / 1e9, ratio[0], ratio[1], ratio[2], nk / sp, nk / sc, sc / sp);
+                    "\"scatter_updates_per_s\": %.0f, \"sparse_ratio\": %.4f, "
+                    "\"rows_updates_per_s\": %.0f, \"rows_ratio\": %.4f}\n",
+                    copy_bw / 1e9, ratio[0], ratio[1], ratio[2], nk / sp, nk / sc, sc / sp, nk / rw,
+                    sc / rw);
             fclose(f);
         }
     }
     for (int k = 0; k < 3; k++)
         psd_table_destroy(t[k]);
     psd_table_destroy(st);
+    psd_table_destroy(rt);
     free(g);
     free(dst);
     free(keys);
