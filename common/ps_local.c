@@ -9,31 +9,26 @@
 #include <time.h>
 #include <unistd.h>
 
-/* sun_path holds 108 bytes; an abstract name uses them all but the first */
-#define NAME_MAX_BYTES 100u
+/* PS_LOCAL_PREFIX, then a name of printable characters, "psd/" and at
+ * least one more, PS_LOCAL_NAME_MAX in all at most: the one rule for names
+ * made and names offered. */
+static int well_formed(const char *endpoint)
+{
+    if (strncmp(endpoint, PS_LOCAL_PREFIX, strlen(PS_LOCAL_PREFIX)) != 0)
+        return 0;
+    size_t n = 0;
+    for (const char *p = endpoint + strlen("ipc://@"); *p != '\0'; p++, n++)
+        if (*p <= ' ' || *p > '~')
+            return 0;
+    return n > strlen("psd/") && n <= PS_LOCAL_NAME_MAX;
+}
 
 int ps_local_endpoint(const char *bound, char *out, size_t len)
 {
     if (strncmp(bound, "tcp://", 6) != 0)
         return -1;
-    const char *name = bound + 6;
-    size_t n = strlen(name);
-    if (n == 0 || n + strlen("psd/") > NAME_MAX_BYTES)
-        return -1;
-    int w = snprintf(out, len, "%s%s", PS_LOCAL_PREFIX, name);
-    return w > 0 && (size_t)w < len ? 0 : -1;
-}
-
-static int well_formed(const char *endpoint)
-{
-    size_t plen = strlen(PS_LOCAL_PREFIX);
-    if (strncmp(endpoint, PS_LOCAL_PREFIX, plen) != 0)
-        return 0;
-    size_t n = 0;
-    for (const char *p = endpoint + strlen("ipc://@"); *p != '\0'; p++, n++)
-        if (*p <= ' ' || *p > '~' || n > NAME_MAX_BYTES)
-            return 0;
-    return n > strlen("psd/");
+    int w = snprintf(out, len, "%s%s", PS_LOCAL_PREFIX, bound + 6);
+    return w > 0 && (size_t)w < len && well_formed(out) ? 0 : -1;
 }
 
 int ps_local_reachable(const char *endpoint)

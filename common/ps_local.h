@@ -12,15 +12,18 @@
 #include <stdint.h>
 
 #define PS_LOCAL_PREFIX "ipc://@psd/"
+/* characters of an abstract name at most (sun_path holds 108 bytes, the
+ * first a NUL for an abstract name) */
+#define PS_LOCAL_NAME_MAX 100u
 
 /* The local endpoint for a bound "tcp://HOST:PORT" into out (len bytes).
- * 0, or -1 when bound is not tcp:// or the name does not fit a Unix socket
- * address. */
+ * 0, or -1 when bound is not tcp:// or the name ("psd/HOST:PORT") is not
+ * 5..PS_LOCAL_NAME_MAX printable characters. */
 int ps_local_endpoint(const char *bound, char *out, size_t len);
 
-/* 1 when endpoint is a well-formed local endpoint (PS_LOCAL_PREFIX, then
- * 1..100 printable characters) whose abstract socket is listening in this
- * network namespace; 0 otherwise (also where /proc is not mounted). */
+/* 1 when endpoint is a well-formed local endpoint (the rule above) whose
+ * abstract socket is listening in this network namespace; 0 otherwise
+ * (also where /proc is not mounted). */
 int ps_local_reachable(const char *endpoint);
 
 /* A random nonzero 64-bit id (getrandom, or clock and pid without it). */

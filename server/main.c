@@ -392,8 +392,9 @@ int main(int argc, char **argv)
            "shard %llu of %llu listening on %s (psd %s, %s, %llu workers)",
            (unsigned long long)cfg.shard, (unsigned long long)cfg.shards, a.net.endpoint,
            PSD_VERSION, cfg.consistency, (unsigned long long)cfg.workers);
-    if (a.net.local[0] != '\0')
-        PS_LOG(&a.log, PS_LOG_INFO, "S0013", "clients on this host may use %s", a.net.local);
+    if (a.srv.local_endpoint[0] != '\0')
+        PS_LOG(&a.log, PS_LOG_INFO, "S0013", "clients on this host may use %s",
+               a.srv.local_endpoint);
     if (cfg.endpoint_file != NULL && write_endpoint_file(cfg.endpoint_file, a.net.endpoint) != 0)
         PS_LOG(&a.log, PS_LOG_ERROR, "S0003", "--endpoint-file: cannot write '%s'",
                cfg.endpoint_file);

@@ -130,15 +130,14 @@ int psd_net_start(struct psd_net *n, struct psd *srv, uv_loop_t *loop, const cha
         snprintf(n->endpoint, sizeof n->endpoint, "%s", listen);
     /* The same socket on the host's abstract Unix name: best effort, tcp
      * serves every client whatever happens here */
-    if (local_ipc && ps_local_endpoint(n->endpoint, n->local, sizeof n->local) == 0) {
-        if (zmq_bind(n->sock, n->local) == 0) {
-            psd_set_local_endpoint(srv, n->local);
-        } else {
+    char local[PS_ENDPOINT_MAX];
+    if (local_ipc && ps_local_endpoint(n->endpoint, local, sizeof local) == 0) {
+        if (zmq_bind(n->sock, local) == 0)
+            psd_set_local_endpoint(srv, local);
+        else
             PS_LOG(srv->log, PS_LOG_WARN, "S0111",
-                   "cannot bind the same-host endpoint %s (%s): clients on this host use %s",
-                   n->local, zmq_strerror(errno), n->endpoint);
-            n->local[0] = '\0';
-        }
+                   "cannot bind the same-host endpoint %s (%s): clients on this host use %s", local,
+                   zmq_strerror(errno), n->endpoint);
     }
     psd_set_sender(srv, send_deferred, n);
     int rc = ps_zsock_start(loop, &n->zs, n->sock, on_readable, n);

@@ -20,7 +20,6 @@ struct psd_net {
     void *sock;
     struct ps_zsock zs;
     char endpoint[256]; /* actual bound endpoint (port resolved) */
-    char local[256];    /* the same-host ipc:// endpoint also bound, or "" */
     uint64_t send_drops;
     struct psd_security *sec;
 };

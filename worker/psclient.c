@@ -1242,10 +1242,9 @@ static int open_sockets(struct psc_client *c, const struct psc_config *cfg, char
     return 0;
 }
 
-/* A random, nonzero id for this client's session: servers keep the last
- * request id applied per (worker, session), so a restarted worker (a new
- * session) is not mistaken for a retry of the old one. */
-/* Hello to every shard from a new session; the start clock is the
+/* Hello to every shard from a new session (a random id: servers keep the
+ * last request id applied per worker and session, so a restarted worker is
+ * not mistaken for a retry of the old one); the start clock is the
  * furthest any shard names. */
 static int say_hello(struct psc_client *c, int timeout_ms)
 {
@@ -1272,12 +1271,13 @@ static int say_hello(struct psc_client *c, int timeout_ms)
 static void go_local(struct psc_client *c, const struct psc_config *cfg, int timeout_ms)
 {
     for (uint32_t s = 0; s < c->nshards; s++) {
+        if (!ps_local_reachable(c->offers[s].local))
+            continue;
         struct offer want = c->offers[s];
         char *ep = strdup(want.local);
         void *tcp = c->socks[s], *local = NULL;
         char err[256];
-        if (ep == NULL || !ps_local_reachable(want.local) ||
-            open_socket(c, cfg, s, want.local, &local, err, sizeof err) != 0) {
+        if (ep == NULL || open_socket(c, cfg, s, want.local, &local, err, sizeof err) != 0) {
             free(ep);
             continue;
         }

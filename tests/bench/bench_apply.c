@@ -47,7 +47,7 @@ static struct psd_table *make(const char *name, uint64_t n, Ps__OptimizerKind op
     s.name = (char *)name;
     s.size = n;
     s.sparse = rows > 0;
-    s.dim = rows > 0;
+    s.dim = rows > 0 ? 1 : 0;
     s.rows_max = rows;
     s.optimizer = opt;
     s.lr = 0.01f;

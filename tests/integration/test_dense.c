@@ -399,6 +399,39 @@ static void test_local_names(void **state)
     assert_false(ps_local_reachable("ipc://@psd/127.0.0.1:1")); /* nobody listens there */
 }
 
+/* Names of PS_LOCAL_NAME_MAX characters are made and found; one more is
+ * neither, even where a socket listens on it. */
+static void test_local_name_limit(void **state)
+{
+    (void)state;
+    char tcp[PS_ENDPOINT_MAX], made[PS_ENDPOINT_MAX], over[PS_ENDPOINT_MAX];
+    size_t host = PS_LOCAL_NAME_MAX - strlen("psd/"); /* "tcp://" + host chars */
+    memcpy(tcp, "tcp://", 6);
+    memset(tcp + 6, 'h', host + 1);
+    tcp[6 + host + 1] = '\0';
+    assert_int_equal(ps_local_endpoint(tcp, made, sizeof made), -1); /* one past */
+    tcp[6 + host] = '\0';
+    assert_int_equal(ps_local_endpoint(tcp, made, sizeof made), 0); /* at the limit */
+    assert_int_equal(strlen(made), strlen("ipc://@") + PS_LOCAL_NAME_MAX);
+    size_t len = strlen(made); /* the same name and one character more */
+    memcpy(over, made, len);
+    over[len] = 'h';
+    over[len + 1] = '\0';
+
+    void *ctx = zmq_ctx_new(), *at = zmq_socket(ctx, ZMQ_ROUTER),
+         *past = zmq_socket(ctx, ZMQ_ROUTER);
+    int linger = 0;
+    zmq_setsockopt(at, ZMQ_LINGER, &linger, sizeof linger);
+    zmq_setsockopt(past, ZMQ_LINGER, &linger, sizeof linger);
+    assert_int_equal(zmq_bind(at, made), 0);
+    assert_int_equal(zmq_bind(past, over), 0); /* the kernel takes it */
+    assert_true(ps_local_reachable(made));
+    assert_false(ps_local_reachable(over));
+    zmq_close(at);
+    zmq_close(past);
+    zmq_ctx_term(ctx);
+}
+
 /* A client with local_ipc moves to each shard's same-host endpoint and gets
  * the same answers there; the fixture's client (local_ipc 0) stays on tcp. */
 static void test_local_ipc(void **state)
@@ -533,6 +566,7 @@ int main(void)
         cmocka_unit_test(test_sparse_rows),
         cmocka_unit_test(test_unreachable_and_misordered),
         cmocka_unit_test(test_local_names),
+        cmocka_unit_test(test_local_name_limit),
         cmocka_unit_test(test_local_ipc),
         cmocka_unit_test(test_local_ipc_refused),
     };
