@@ -461,7 +461,7 @@ static int restore_table(struct psd *s, const struct blob *b, json_t *o, char *e
     t->clock = u64_of(o, "clock");
     t->round_begun = u64_of(o, "round_begun");
     t->pushes = u64_of(o, "pushes");
-    t->restored = 1;
+    t->restored = t->recovering = 1;
     t->pulls = u64_of(o, "pulls");
     for (uint32_t w = 0; w < s->cons.workers; w++)
         t->completed[w] = (uint64_t)json_integer_value(json_array_get(completed, w));

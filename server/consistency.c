@@ -174,6 +174,7 @@ static void round_begin(const struct psd_cons *c, struct psd_table *t)
 
 static void bsp_close_round(const struct psd_cons *c, struct psd_table *t)
 {
+    t->recovering = 0;
     t->clock++;
     t->steps = t->clock;
     t->watermark = t->lo;
@@ -217,18 +218,23 @@ static void bsp_settle(const struct psd_cons *c, struct psd_table *t, int *appli
  * the other shards. The rounds in between cannot be replayed consistently
  * (the other shards applied them), so its first push of a later clock
  * moves it there; the rounds skipped are counted (and logged by psd). */
+static void skip_to(const struct psd_cons *c, struct psd_table *t, uint64_t clock)
+{
+    t->rounds_lost += clock - t->clock;
+    t->clock = clock;
+    t->steps = clock;
+    t->watermark = t->lo;
+    for (uint32_t w = 0; w < c->workers; w++)
+        t->next[w] = t->lo;
+}
+
 static void catch_up(const struct psd_cons *c, struct psd_table *t, uint64_t clock)
 {
     if (!t->restored)
         return;
     t->restored = 0;
-    if (clock <= t->clock || t->watermark != t->lo)
-        return;
-    t->rounds_lost += clock - t->clock;
-    t->clock = clock;
-    t->steps = clock;
-    for (uint32_t w = 0; w < c->workers; w++)
-        t->next[w] = t->lo;
+    if (clock > t->clock && t->watermark == t->lo)
+        skip_to(c, t, clock);
 }
 
 /* A push from a non-member joins the round when nothing of the round has
@@ -268,6 +274,18 @@ static int bsp_push(const struct psd_cons *c, struct psd_table *t, uint32_t w, u
                     size_t errlen)
 {
     catch_up(c, t, clock);
+    if (t->recovering && clock > t->clock && t->member[w] && t->next[w] == t->lo &&
+        t->watermark == t->lo) {
+        /* The first push after the restore set the clock, but w is past it:
+         * the round closed before the restart (this shard applied w's
+         * pushes of it, then lost them), and w will not push it again. Move
+         * on to w's clock, the round lost with what other workers pushed of
+         * it here (their next push of it is stale, and they rejoin). */
+        skip_to(c, t, clock);
+        *applied = 1; /* pulls of the new clock can be answered */
+    }
+    if (t->recovering && clock < t->clock)
+        return PSD_CONS_STALE; /* a round skipped above: not applied */
     if (!bsp_join(t, w, clock, offset)) {
         /* the start of its range for this round may still be on its way
          * (lost in a restart, re-sent later): not stale yet */

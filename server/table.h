@@ -64,6 +64,7 @@ struct psd_table {
     uint64_t watermark;   /* bsp: this round is applied on [lo, watermark) */
     uint64_t round_begun; /* bsp: clock + 1 of the round whose start has run */
     int restored;         /* from a checkpoint, and no push taken since */
+    int recovering;       /* from a checkpoint, and no bsp round closed since */
     uint64_t rounds_lost; /* bsp: rounds skipped when a restored table caught up */
     float **wgrad;        /* bsp: per worker, this round's gradient */
 };

@@ -145,6 +145,37 @@ static void test_bsp_chunk_before_lost_one(void **state)
     drop(&c, b);
 }
 
+/* After a restore, the first push sets the clock; a worker already a round
+ * past it (the old shard closed that round) moves the table on, and the
+ * rest of the skipped round is stale, not an error. */
+static void test_bsp_restored_worker_ahead(void **state)
+{
+    (void)state;
+    struct psd_cons c = {PSD_BSP, 0, 2};
+    float g[N];
+    for (int i = 0; i < N; i++)
+        g[i] = 0.01f * (float)i;
+    struct psd_table *t = make(&c);
+    t->clock = t->steps = 5; /* as a checkpoint restores it */
+    t->restored = t->recovering = 1;
+    assert_int_equal(push(&c, t, 0, 6, 0, 4, g), 0); /* a retry of round 6: catch up to 6 */
+    assert_int_equal(t->clock, 6);
+    int applied = 0;
+    char err[256];
+    assert_int_equal(psd_cons_push(&c, t, 1, 7, 0, N, g, &applied, err, sizeof err), 0);
+    assert_true(applied);
+    assert_int_equal(t->clock, 7);
+    assert_int_equal(t->rounds_lost, 2);
+    assert_true(psd_cons_ready(&c, t, 7, 0, N));
+    assert_int_equal(push(&c, t, 0, 6, 4, 6, g), PSD_CONS_STALE); /* the rest of round 6 */
+    assert_int_equal(push(&c, t, 0, 7, 0, N, g), 0);              /* round 7 closes */
+    assert_int_equal(t->clock, 8);
+    assert_false(t->recovering);
+    /* once a round has closed, a push of an older clock is an error again */
+    assert_int_equal(push(&c, t, 0, 6, 0, N, g), PS_ESTATE);
+    drop(&c, t);
+}
+
 static void test_ssp_and_asp(void **state)
 {
     (void)state;
@@ -315,6 +346,7 @@ int main(void)
         cmocka_unit_test(test_bsp_watermark),
         cmocka_unit_test(test_bsp_refusals),
         cmocka_unit_test(test_bsp_chunk_before_lost_one),
+        cmocka_unit_test(test_bsp_restored_worker_ahead),
         cmocka_unit_test(test_ssp_and_asp),
         cmocka_unit_test(test_keyed_push_equals_dense_zeros),
         cmocka_unit_test(test_parse),
