@@ -89,6 +89,42 @@ static void test_valid_plain_and_gzip(void **state)
     assert_non_null(strstr(err, "label 10"));
 }
 
+/* Batches longer than the rows fetched ahead, of an odd pixel count (the
+ * vector loop's tail): every value is the normalised pixel of the row the
+ * index names, in the order given, with its label. */
+static void test_batch_every_pixel(void **state)
+{
+    (void)state;
+    enum { N = 11, PIXELS = 37 };
+    static uint8_t img[N * PIXELS], lab[N];
+    for (int i = 0; i < N * PIXELS; i++)
+        img[i] = (uint8_t)(i * 7 + 3);
+    for (int i = 0; i < N; i++)
+        lab[i] = (uint8_t)(i % 10);
+    struct psw_split s = {.n = N, .pixels = PIXELS};
+    s.images.data = img;
+    s.labels.data = lab;
+    const uint32_t idx[] = {10, 3, 3, 0, 7, 9, 1, 5, 2};
+    const int rows = (int)(sizeof idx / sizeof idx[0]);
+    float x[9 * PIXELS];
+    int labels[9];
+    for (int rows_used = 0; rows_used <= rows; rows_used += 4) {
+        memset(x, 0xff, sizeof x);
+        psw_data_batch(&s, idx, rows_used, x, labels);
+        for (int r = 0; r < rows_used; r++) {
+            assert_int_equal(labels[r], lab[idx[r]]);
+            for (int p = 0; p < PIXELS; p++)
+                assert_float_equal(x[r * PIXELS + p],
+                                   (img[idx[r] * PIXELS + p] / 255.0f - 0.2860f) / 0.3530f, 1e-5);
+        }
+        for (int i = rows_used * PIXELS; i < rows * PIXELS; i++) { /* nothing past the batch */
+            uint32_t bits;
+            memcpy(&bits, &x[i], sizeof bits);
+            assert_int_equal(bits, 0xffffffffu);
+        }
+    }
+}
+
 static void test_broken_files(void **state)
 {
     (void)state;
@@ -165,6 +201,7 @@ int main(void)
         return 1;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_valid_plain_and_gzip),
+        cmocka_unit_test(test_batch_every_pixel),
         cmocka_unit_test(test_broken_files),
         cmocka_unit_test(test_permutation),
         cmocka_unit_test(test_layers),
