@@ -19,13 +19,14 @@ def check(cond, what):
 
 
 def poll(fn, what, timeout=30.0):
-    """fn() until it returns something true, under a deadline."""
+    """fn() until it returns something true, under a deadline; giving up
+    is a failed check (a test that returns early still fails)."""
     deadline = time.monotonic() + timeout
     while True:
         v = fn()
         if v or time.monotonic() >= deadline:
             if not v:
-                print("FAIL gave up waiting for " + what)
+                check(False, "gave up waiting for " + what)
             return v
         time.sleep(0.02)
 
