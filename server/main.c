@@ -5,6 +5,7 @@
 #include "net.h"
 #include "psd.h"
 
+#include "ps_cpus.h"
 #include "ps_err.h"
 #include "ps_limits.h"
 #include "ps_log.h"
@@ -28,6 +29,7 @@ struct psd_config {
     uint64_t max_message_bytes;
     uint64_t io_threads;
     int no_local_ipc;
+    const char *cpus;
     const char *consistency;
     uint64_t workers;
     uint64_t wait_timeout_ms;
@@ -61,6 +63,9 @@ static const struct ps_opt psd_opts[] = {
     OPT("no-local-ipc", PS_OPT_FLAG, no_local_ipc, NULL, 0, 0, NULL,
         "do not also bind the tcp endpoint's same-host Unix socket (ipc://@psd/HOST:PORT), "
         "which workers on this host switch to"),
+    OPT("cpus", PS_OPT_STR, cpus, NULL, 0, 0, "LIST",
+        "run every psd thread on these CPUs (as taskset -c writes them: 0,2-3); default: "
+        "wherever the scheduler puts them"),
     OPT("consistency", PS_OPT_STR, consistency, "asp", 0, 0, "MODE",
         "bsp, ssp:K (no worker more than K clocks ahead) or asp"),
     OPT("workers", PS_OPT_U64, workers, "1", 1, PS_WORKERS_MAX, "W",
@@ -149,6 +154,12 @@ static void on_signal(uv_signal_t *h, int signum)
     uv_close((uv_handle_t *)&a->sighup, NULL);
 }
 
+/* Both unset, or both set and equal. */
+static int same_str(const char *x, const char *y)
+{
+    return x == NULL || y == NULL ? x == y : strcmp(x, y) == 0;
+}
+
 /* SIGHUP: reads the config (file and flags) again and applies what can
  * change while running; the rest is named as needing a restart. */
 static void on_hup(uv_signal_t *h, int signum)
@@ -184,15 +195,14 @@ static void on_hup(uv_signal_t *h, int signum)
     a->srv.ckpt_every_ms = n.checkpoint_every * 1000u;
     if (n.workers != o->workers || n.shard != o->shard || n.shards != o->shards ||
         strcmp(n.consistency, o->consistency) != 0 || strcmp(n.listen, o->listen) != 0 ||
-        n.no_local_ipc != o->no_local_ipc ||
-        (n.metrics_listen == NULL) != (o->metrics_listen == NULL) ||
-        (n.metrics_listen != NULL && strcmp(n.metrics_listen, o->metrics_listen) != 0))
+        n.no_local_ipc != o->no_local_ipc || !same_str(n.cpus, o->cpus) ||
+        !same_str(n.metrics_listen, o->metrics_listen))
         PS_LOG(&a->log, PS_LOG_WARN, "S0032",
-               "SIGHUP: listen, no-local-ipc, metrics-listen, shard, shards, workers and "
-               "consistency change "
-               "only with a restart; kept as they were");
+               "SIGHUP: listen, no-local-ipc, cpus, metrics-listen, shard, shards, workers and "
+               "consistency change only with a restart; kept as they were");
     n.listen = o->listen;
     n.no_local_ipc = o->no_local_ipc;
+    n.cpus = o->cpus;
     n.shard = o->shard;
     n.shards = o->shards;
     n.workers = o->workers;
@@ -305,6 +315,13 @@ int main(int argc, char **argv)
     size_t nprunes = 0;
     if (parse_prunes(cfg.prune, prunes, &nprunes) != 0)
         return 2;
+    static struct ps_cpus cpus;
+    char cpu_err[512];
+    if (cfg.cpus != NULL && (ps_cpus_parse("--cpus", cfg.cpus, &cpus, cpu_err, sizeof cpu_err) ||
+                             ps_cpus_pin_process(&cpus, cpu_err, sizeof cpu_err))) {
+        fprintf(stderr, "psd: %s\n", cpu_err);
+        return 2;
+    }
 
     static struct app a; /* large (header buffer); static, not on the stack */
     ps_log_init(&a.log, "psd", level);
@@ -395,6 +412,11 @@ int main(int argc, char **argv)
     if (a.srv.local_endpoint[0] != '\0')
         PS_LOG(&a.log, PS_LOG_INFO, "S0013", "clients on this host may use %s",
                a.srv.local_endpoint);
+    if (cpus.n > 0) {
+        char list[256];
+        ps_cpus_format(&cpus, list, sizeof list);
+        PS_LOG(&a.log, PS_LOG_INFO, "S0014", "every thread runs on CPUs %s (--cpus)", list);
+    }
     if (cfg.endpoint_file != NULL && write_endpoint_file(cfg.endpoint_file, a.net.endpoint) != 0)
         PS_LOG(&a.log, PS_LOG_ERROR, "S0003", "--endpoint-file: cannot write '%s'",
                cfg.endpoint_file);

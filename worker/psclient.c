@@ -1373,6 +1373,14 @@ int psc_create(const struct psc_config *cfg, struct psc_client **out, char *err,
         return PS_ENOMEM;
     }
     ps_arena_init(&c->arena, c->arena_buf, CLIENT_ARENA_BYTES);
+    /* before the first socket starts the I/O thread */
+    for (int i = 0; i < cfg->nio_cpus; i++)
+        if (zmq_ctx_set(c->ctx, ZMQ_THREAD_AFFINITY_CPU_ADD, cfg->io_cpus[i]) != 0) {
+            snprintf(err, errlen, "cannot run ZeroMQ's I/O thread on CPU %d: %s", cfg->io_cpus[i],
+                     zmq_strerror(errno));
+            psc_destroy(c);
+            return PS_EINVAL;
+        }
     int rc = open_sockets(c, cfg, err, errlen);
     if (rc == 0 && (rc = say_hello(c, cfg->connect_timeout_ms)) != 0) {
         snprintf(err, errlen, "%s", c->last_error);

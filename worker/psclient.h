@@ -45,6 +45,8 @@ struct psc_config {
                              * from psc_wait and psc_heartbeat: no thread. */
     int local_ipc;          /* move to a shard's same-host ipc:// endpoint when its hello
                              * offers one this process can reach (ps_local.h) */
+    const int *io_cpus;     /* ZeroMQ's I/O thread runs on these CPUs (nio_cpus of them; */
+    int nio_cpus;           /* 0: where the thread creating the client runs) */
     /* CURVE (all three, or none): 40-character Z85 keys */
     const char *curve_server_key;            /* the servers' public key */
     const char *curve_public, *curve_secret; /* this client's key pair */

@@ -12,6 +12,7 @@
 #include "psk.h"
 #include "psk_optim.h"
 
+#include "ps_cpus.h"
 #include "ps_curve.h"
 #include "ps_err.h"
 #include "ps_init.h"
@@ -44,7 +45,7 @@ struct config {
     uint64_t rows_max, embed_dim, embed_hidden;
     const char *optimizer, *device, *lr_schedule, *wire_dtype;
     const char *summary_json, *save, *log_level, *curve_secret, *curve_server_key, *config;
-    const char *metrics_listen;
+    const char *metrics_listen, *cpus, *io_cpus;
     int standalone, no_local_ipc;
     uint64_t max_steps, log_every, timeout_ms, test_delay_ms, accum_steps, retry_ms, heartbeat_ms;
     int help;
@@ -98,6 +99,12 @@ static const struct ps_opt opts[] = {
     OPT("no-local-ipc", PS_OPT_FLAG, no_local_ipc, NULL, 0, 0, NULL,
         "stay on the --servers endpoints even where a shard on this host offers its Unix "
         "socket"),
+    OPT("cpus", PS_OPT_STR, cpus, NULL, 0, 0, "LIST",
+        "run this worker's threads (training, BLAS) on these CPUs (as taskset -c writes them: "
+        "0,2-3); default: wherever the scheduler puts them"),
+    OPT("io-cpus", PS_OPT_STR, io_cpus, NULL, 0, 0, "LIST",
+        "run ZeroMQ's I/O thread on these CPUs instead (e.g. beside a psd on this host, away "
+        "from training)"),
     OPT("max-steps", PS_OPT_U64, max_steps, "0", 0, UINT64_MAX, "N",
         "stop after N steps (0: none)"),
     OPT("log-every", PS_OPT_U64, log_every, "100", 1, 1000000, "N",
@@ -146,7 +153,8 @@ struct trainer {
         int done; /* waited for */
     } pull_at[TICKETS_MAX];
     int pulls_pending;
-    int alias; /* CPU backend: host buffers are the model's own buffers */
+    int alias;                    /* CPU backend: host buffers are the model's own buffers */
+    struct ps_cpus cpus, io_cpus; /* --cpus, --io-cpus (n == 0: not given) */
     /* standalone */
     struct psk_optim opt;
     float *s1[TABLES_MAX], *s2[TABLES_MAX];
@@ -858,7 +866,9 @@ static int connect_client(struct trainer *tr, int nonzero_pulls, char *err, size
                             .nonzero_pulls = nonzero_pulls,
                             .retry_ms = (int)c->retry_ms,
                             .heartbeat_ms = c->heartbeat_ms ? (int)c->heartbeat_ms : -1,
-                            .local_ipc = !c->no_local_ipc};
+                            .local_ipc = !c->no_local_ipc,
+                            .io_cpus = tr->io_cpus.cpu,
+                            .nio_cpus = tr->io_cpus.n};
     struct ps_curve_keys mine, server;
     if ((rc = ps_curve_client(c->curve_secret, c->curve_server_key, &mine, &server, err, errlen)) !=
         0)
@@ -1041,9 +1051,26 @@ int main(int argc, char **argv)
         fprintf(stderr, "psworker: %s\n", err);
         return 2;
     }
+    /* both checked against the CPUs allowed before either is pinned */
+    if ((tr.cfg.cpus != NULL && ps_cpus_parse("--cpus", tr.cfg.cpus, &tr.cpus, err, sizeof err)) ||
+        (tr.cfg.io_cpus != NULL &&
+         ps_cpus_parse("--io-cpus", tr.cfg.io_cpus, &tr.io_cpus, err, sizeof err)) ||
+        (tr.cpus.n > 0 && ps_cpus_pin_process(&tr.cpus, err, sizeof err))) {
+        fprintf(stderr, "psworker: %s\n", err);
+        return 2;
+    }
     char prog[32];
     snprintf(prog, sizeof prog, "psworker.%llu", (unsigned long long)tr.cfg.rank);
     ps_log_init(&tr.log, prog, ps_log_level_parse(tr.cfg.log_level));
+    if (tr.cpus.n > 0 || tr.io_cpus.n > 0) {
+        char on[256] = "any", io[256] = "as the rest";
+        if (tr.cpus.n > 0)
+            ps_cpus_format(&tr.cpus, on, sizeof on);
+        if (tr.io_cpus.n > 0)
+            ps_cpus_format(&tr.io_cpus, io, sizeof io);
+        PS_LOG(&tr.log, PS_LOG_INFO, "W0007", "threads on CPUs %s, ZeroMQ's I/O thread on %s", on,
+               io);
+    }
     if (strcmp(tr.cfg.model, "sparse-lr") == 0)
         return run_sparse_lr(&tr);
     double t0 = now_s(), acc = -1;

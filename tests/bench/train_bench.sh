@@ -14,6 +14,9 @@
 # (default 1: the other core belongs to psd and ZeroMQ's I/O threads).
 # Shards listen on tcp://127.0.0.1; workers switch to each shard's
 # same-host Unix socket as they do by default, and one row stays on tcp.
+# One 1+1 row pins the worker's training thread away from psd and the
+# I/O threads (--cpus, --io-cpus): on a 2-core machine they otherwise take
+# turns on both cores.
 #   tests/bench/train_bench.sh [--build-dir DIR] [--steps N] [--batch B] [--device D]
 #                              [--repeat N] [--blas-threads N] [--json PATH]
 set -euo pipefail
@@ -36,7 +39,7 @@ if [ ! -f "$build/build.ninja" ]; then meson setup "$build" -Dbuildtype=release 
 ninja -C "$build" >/dev/null
 psd="$build/server/psd" psw="$build/worker/psworker"
 run=$(mktemp -d /tmp/psd-bench.XXXXXX)
-pids=()
+pids=() psd_opts=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
 trap cleanup EXIT INT TERM
 
@@ -51,7 +54,7 @@ start_shards() { # shards workers consistency -> sets servers
   for ((i = 0; i < n; i++)); do
     rm -f "$run/ep$i"
     "$psd" --listen tcp://127.0.0.1:0 --endpoint-file "$run/ep$i" --shard "$i" --shards "$n" \
-      --consistency "$mode" --workers "$w" 2>"$run/psd$i.log" &
+      --consistency "$mode" --workers "$w" "${psd_opts[@]}" 2>"$run/psd$i.log" &
     pids+=($!)
   done
   for ((i = 0; i < n; i++)); do
@@ -63,14 +66,18 @@ start_shards() { # shards workers consistency -> sets servers
 
 stop_shards() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; pids=(); }
 
-dist() { # shards workers consistency [psworker options...]
-  local n=$1 w=$2 mode=$3
+dist() { # shards workers consistency [options...]: psd:OPT goes to psd, the rest to psworker
+  local n=$1 w=$2 mode=$3 o
   shift 3
+  psd_opts=() wopts=()
+  for o in "$@"; do
+    if [[ $o == psd:* ]]; then psd_opts+=("${o#psd:}"); else wopts+=("$o"); fi
+  done
   start_shards "$n" "$w" "$mode"
   local files=() wp=()
   for ((r = 0; r < w; r++)); do
     OPENBLAS_NUM_THREADS=$blas "$psw" --servers "$servers" --rank "$r" --workers "$w" "${common[@]}" \
-      "$@" --summary-json "$run/dist.$r.json" 2>"$run/dist.$r.log" &
+      "${wopts[@]}" --summary-json "$run/dist.$r.json" 2>"$run/dist.$r.log" &
     wp+=($!); files+=("$run/dist.$r.json")
   done
   for p in "${wp[@]}"; do wait "$p"; done
@@ -91,6 +98,15 @@ configs=(
   "standalone (1 BLAS thread)|standalone_1thread|alone 1"
   "1 shard + 1 worker, $consistency|one_plus_one|dist 1 1 $consistency"
   "1+1, $consistency, tcp (--no-local-ipc)|one_plus_one_tcp|dist 1 1 $consistency --no-local-ipc"
+)
+# pinned: the worker's training thread on every CPU but the last; psd and
+# the worker's ZeroMQ I/O thread on the last (--cpus, --io-cpus)
+cpus=$(/usr/bin/python3 -c 'import os; print(",".join(map(str, sorted(os.sched_getaffinity(0)))))')
+if [ "${cpus//[^,]/}" != "" ]; then
+  last=${cpus##*,}
+  configs+=("1+1, $consistency, pinned (--cpus)|one_plus_one_pinned|dist 1 1 $consistency psd:--cpus=$last --cpus ${cpus%,*} --io-cpus $last")
+fi
+configs+=(
   "2 shards + 2 workers, $consistency|two_plus_two|dist 2 2 $consistency"
   "2 shards + 2 workers, asp|two_plus_two_asp|dist 2 2 asp"
   "2+2, $consistency, --topk 0.01|two_plus_two_topk|dist 2 2 $consistency --topk 0.01"

@@ -1,5 +1,6 @@
 /* Option table parsing: defaults, bounds at the limit and one past, junk,
  * unknown flags, missing values. */
+#include "ps_cpus.h"
 #include "ps_err.h"
 #include "ps_opts.h"
 
@@ -7,6 +8,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 
 #include <cmocka.h>
@@ -82,11 +84,52 @@ static void test_errors_name_flag_and_value(void **state)
     }
 }
 
+/* CPU lists: ranges, repeats and order folded into one ascending list and
+ * written back in the short form; malformed items and CPUs this process
+ * may not use are refused, naming the flag and the item. */
+static void test_cpu_lists(void **state)
+{
+    (void)state;
+    struct ps_cpus c = {.n = 0};
+    char err[512], buf[64];
+    int lo = -1, hi = -1, outside = -1; /* first and last allowed, one not allowed */
+    for (int i = 0; i < PS_CPUS_MAX; i++) {
+        char one[16];
+        snprintf(one, sizeof one, "%d", i);
+        if (ps_cpus_parse("--cpus", one, &c, err, sizeof err) == 0) {
+            lo = lo < 0 ? i : lo;
+            hi = i;
+        } else if (outside < 0) {
+            outside = i;
+            assert_non_null(strstr(err, "is not one this process may run on"));
+        }
+    }
+    assert_true(lo >= 0);
+    snprintf(buf, sizeof buf, "%d,%d-%d,%d", hi, lo, lo, lo);
+    assert_int_equal(ps_cpus_parse("--cpus", buf, &c, err, sizeof err), 0);
+    assert_int_equal(c.n, lo == hi ? 1 : 2);
+    assert_int_equal(c.cpu[0], lo);
+    assert_int_equal(c.cpu[c.n - 1], hi);
+    const char *bad[] = {"",     ",",  "x",    "1-",          "-1", "3-1",
+                         "1,,2", "0,", "1024", "99999999999", " 0"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        err[0] = '\0';
+        assert_int_equal(ps_cpus_parse("--io-cpus", bad[i], &c, err, sizeof err), PS_EINVAL);
+        assert_non_null(strstr(err, "--io-cpus: "));
+    }
+    struct ps_cpus f = {.n = 6, .cpu = {0, 1, 2, 5, 7, 8}};
+    ps_cpus_format(&f, buf, sizeof buf);
+    assert_string_equal(buf, "0-2,5,7-8");
+    ps_cpus_format(&f, buf, 5); /* truncated at a whole item */
+    assert_string_equal(buf, "0-2");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_defaults_and_values),
         cmocka_unit_test(test_errors_name_flag_and_value),
+        cmocka_unit_test(test_cpu_lists),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
