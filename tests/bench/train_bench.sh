@@ -136,12 +136,13 @@ best=$(awk -v a="${med[standalone]}" -v b="${med[standalone_1thread]}" 'BEGIN{pr
 
 printf '\ntraining throughput: MLP 784-256-128-10, batch %s per worker, %s steps, device %s, %s cores, %s BLAS thread(s) per distributed worker, median of %s\n' \
   "$batch" "$steps" "$device" "$(nproc)" "$blas" "$repeat"
-printf '%-38s %12s %14s  %s\n' configuration samples/s "vs best alone" "runs"
+printf '%-38s %12s %14s %14s  %s\n' configuration samples/s "vs best alone" "vs 1-thread" "runs"
 jrows=""
 for c in "${configs[@]}"; do
   IFS='|' read -r name key how <<<"$c"
   v=${med[$key]}
-  printf '%-38s %12s %13.1f%%  %s\n' "$name" "$v" "$(awk -v a="$v" -v b="$best" 'BEGIN{print 100*a/b}')" "${runs[$key]}"
+  printf '%-38s %12s %13.1f%% %13.1f%%  %s\n' "$name" "$v" "$(awk -v a="$v" -v b="$best" 'BEGIN{print 100*a/b}')" \
+    "$(awk -v a="$v" -v b="${med[standalone_1thread]}" 'BEGIN{print 100*a/b}')" "${runs[$key]}"
   jrows+="${jrows:+, }\"$key\": $v"
 done
 if [ -n "$json" ]; then
