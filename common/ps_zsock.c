@@ -8,29 +8,26 @@
 
 #include <zmq.h>
 
-static int readable(void *sock)
-{
-    int events = 0;
-    size_t len = sizeof events;
-    if (zmq_getsockopt(sock, ZMQ_EVENTS, &events, &len) != 0)
-        return 0;
-    return (events & ZMQ_POLLIN) != 0;
-}
-
 static void on_idle(uv_idle_t *h);
 
+/* Reads until the callback finds nothing waiting, or PS_DRAIN_BATCH_MAX
+ * messages. No ZMQ_EVENTS check: each one is a poll() syscall inside
+ * libzmq (it processes the socket's commands), and a receive that finds
+ * nothing processes them the same way, so the last, failed read leaves
+ * ZMQ_FD armed for the next message as the check would. */
 static void drain(struct ps_zsock *zs)
 {
     if (zs->closing)
         return;
-    for (unsigned i = 0; i < PS_DRAIN_BATCH_MAX && readable(zs->sock); i++) {
-        if (zs->on_readable(zs, zs->arg) < 0 || zs->closing)
-            break;
+    int more = 1;
+    for (unsigned i = 0; i < PS_DRAIN_BATCH_MAX && more; i++) {
+        more = zs->on_readable(zs, zs->arg) == 0;
+        if (zs->closing)
+            return;
     }
-    if (zs->closing)
-        return;
-    /* Keep the loop spinning while input is left, so poll does not block. */
-    if (readable(zs->sock))
+    /* a full batch: keep the loop spinning, so poll does not block on input
+     * already there */
+    if (more)
         uv_idle_start(&zs->idle, on_idle);
     else
         uv_idle_stop(&zs->idle);

@@ -2,10 +2,12 @@
  *
  * ZMQ_FD is edge-triggered and also changes state when the socket *sends*,
  * so "the fd polled readable" is not a reliable signal. The glue therefore
- * (1) watches ZMQ_FD with uv_poll, (2) re-checks ZMQ_EVENTS in a uv_prepare
- * handle before the loop blocks, and (3) drains at most PS_DRAIN_BATCH_MAX
- * messages per turn; when more remain it keeps a uv_idle handle active so
- * the loop does not block while input is pending. All callbacks run on the
+ * (1) watches ZMQ_FD with uv_poll, (2) reads again in a uv_prepare handle
+ * before the loop blocks (a receive that finds nothing processes the
+ * socket's commands as a ZMQ_EVENTS check would, and re-arms ZMQ_FD), and
+ * (3) drains at most PS_DRAIN_BATCH_MAX messages per turn; when more may
+ * remain it keeps a uv_idle handle active so the loop does not block while
+ * input is pending. All callbacks run on the
  * loop thread. Not a message parser: on_readable receives nothing but the
  * socket and must read exactly one multipart message (or none). */
 #ifndef PS_ZSOCK_H
@@ -18,8 +20,9 @@
 
 struct ps_zsock;
 
-/* Called on the loop thread when the socket has input. Reads at most one
- * multipart message; returns 0, or <0 to stop draining for this turn. */
+/* Called on the loop thread when the socket may have input. Reads at most
+ * one multipart message; returns 0 when it read one, <0 when none was
+ * waiting (draining stops for this turn). */
 typedef int (*ps_zsock_read_cb)(struct ps_zsock *zs, void *arg);
 
 struct ps_zsock {
