@@ -27,13 +27,13 @@ void case_msg_free(struct case_msg *m)
         free(m->data[i]);
 }
 
-static void put_header(struct case_msg *m, const Ps__Header *h)
+void case_put_header(struct case_msg *m, const Ps__Header *h)
 {
     m->size[0] = ps__header__pack(h, m->data[0]);
     m->nframes = 1;
 }
 
-static void add_frame(struct case_msg *m, size_t bytes)
+void case_add_frame(struct case_msg *m, size_t bytes)
 {
     m->size[m->nframes] = bytes;
     m->nframes++;
@@ -51,8 +51,8 @@ static void data_header(Ps__Header *h, Ps__Op op, uint64_t offset, uint64_t coun
 
 static void valid_push(struct case_msg *m, Ps__Header *h)
 {
-    put_header(m, h);
-    add_frame(m, h->count * h->dim * ps_dtype_size(h->dtype));
+    case_put_header(m, h);
+    case_add_frame(m, h->count * h->dim * ps_dtype_size(h->dtype));
 }
 
 static void c_garbage(struct case_msg *m)
@@ -79,7 +79,7 @@ static void c_truncated(struct case_msg *m)
     Ps__TableSpec s;
     ps_wire_header_init(&h, PS__OP__OP_CREATE_TABLE);
     h.spec = good_spec(&s);
-    put_header(m, &h);
+    case_put_header(m, &h);
     m->size[0] -= 6; /* cut inside the length-delimited spec */
 }
 
@@ -94,36 +94,36 @@ static void c_version(struct case_msg *m)
     Ps__Header h;
     ps_wire_header_init(&h, PS__OP__OP_HELLO);
     h.version = 2;
-    put_header(m, &h);
+    case_put_header(m, &h);
 }
 
 static void c_op_none(struct case_msg *m)
 {
     Ps__Header h;
     ps_wire_header_init(&h, PS__OP__OP_NONE);
-    put_header(m, &h);
+    case_put_header(m, &h);
 }
 
 static void c_op_unknown(struct case_msg *m)
 {
     Ps__Header h;
     ps_wire_header_init(&h, (Ps__Op)99);
-    put_header(m, &h);
+    case_put_header(m, &h);
 }
 
 static void c_pull_extra_frame(struct case_msg *m)
 {
     Ps__Header h;
     data_header(&h, PS__OP__OP_PULL, 0, 10);
-    put_header(m, &h);
-    add_frame(m, 40);
+    case_put_header(m, &h);
+    case_add_frame(m, 40);
 }
 
 static void c_push_no_values(struct case_msg *m)
 {
     Ps__Header h;
     data_header(&h, PS__OP__OP_PUSH, 0, 10);
-    put_header(m, &h);
+    case_put_header(m, &h);
 }
 
 static void c_push_short_values(struct case_msg *m)
@@ -147,9 +147,9 @@ static void c_too_many_frames(struct case_msg *m)
     Ps__Header h;
     data_header(&h, PS__OP__OP_PUSH, 0, 10);
     valid_push(m, &h);
-    add_frame(m, 8);
-    add_frame(m, 8);
-    add_frame(m, 8);
+    case_add_frame(m, 8);
+    case_add_frame(m, 8);
+    case_add_frame(m, 8);
 }
 
 /* A bare request of op with one frame too many. */
@@ -157,8 +157,8 @@ static void extra_frame(struct case_msg *m, Ps__Op op)
 {
     Ps__Header h;
     ps_wire_header_init(&h, op);
-    put_header(m, &h);
-    add_frame(m, 4);
+    case_put_header(m, &h);
+    case_add_frame(m, 4);
 }
 static void c_hello_extra_frame(struct case_msg *m)
 {
@@ -173,21 +173,21 @@ static void c_checkpoint_no_dir(struct case_msg *m)
 {
     Ps__Header h;
     ps_wire_header_init(&h, PS__OP__OP_CHECKPOINT);
-    put_header(m, &h);
+    case_put_header(m, &h);
 }
 
 static void c_count_zero(struct case_msg *m)
 {
     Ps__Header h;
     data_header(&h, PS__OP__OP_PULL, 0, 0);
-    put_header(m, &h);
+    case_put_header(m, &h);
 }
 
 static void c_offset_overflow(struct case_msg *m)
 {
     Ps__Header h;
     data_header(&h, PS__OP__OP_PULL, UINT64_MAX - 3, 10);
-    put_header(m, &h);
+    case_put_header(m, &h);
 }
 
 static void c_dim_on_range(struct case_msg *m)
@@ -195,7 +195,7 @@ static void c_dim_on_range(struct case_msg *m)
     Ps__Header h;
     data_header(&h, PS__OP__OP_PULL, 0, 10);
     h.dim = 2;
-    put_header(m, &h);
+    case_put_header(m, &h);
 }
 
 static void c_dtype_unknown(struct case_msg *m)
@@ -203,7 +203,7 @@ static void c_dtype_unknown(struct case_msg *m)
     Ps__Header h;
     data_header(&h, PS__OP__OP_PULL, 0, 10);
     h.dtype = (Ps__DType)7;
-    put_header(m, &h);
+    case_put_header(m, &h);
 }
 
 static void c_layout_unknown(struct case_msg *m)
@@ -211,7 +211,7 @@ static void c_layout_unknown(struct case_msg *m)
     Ps__Header h;
     data_header(&h, PS__OP__OP_PULL, 0, 10);
     h.layout = (Ps__Layout)5;
-    put_header(m, &h);
+    case_put_header(m, &h);
 }
 
 static void keyed(struct case_msg *m, Ps__Op op, const uint64_t *keys, size_t n, size_t kbytes)
@@ -219,11 +219,11 @@ static void keyed(struct case_msg *m, Ps__Op op, const uint64_t *keys, size_t n,
     Ps__Header h;
     data_header(&h, op, 0, n);
     h.layout = PS__LAYOUT__LAYOUT_KEYS;
-    put_header(m, &h);
+    case_put_header(m, &h);
     memcpy(m->data[1], keys, n * 8u);
-    add_frame(m, kbytes);
+    case_add_frame(m, kbytes);
     if (op != PS__OP__OP_PULL)
-        add_frame(m, n * 4u);
+        case_add_frame(m, n * 4u);
 }
 
 static void c_keys_unsorted(struct case_msg *m)
@@ -248,7 +248,7 @@ static void c_create_no_spec(struct case_msg *m)
 {
     Ps__Header h;
     ps_wire_header_init(&h, PS__OP__OP_CREATE_TABLE);
-    put_header(m, &h);
+    case_put_header(m, &h);
 }
 
 static void create_with(struct case_msg *m, void (*edit)(Ps__TableSpec *s))
@@ -258,7 +258,7 @@ static void create_with(struct case_msg *m, void (*edit)(Ps__TableSpec *s))
     ps_wire_header_init(&h, PS__OP__OP_CREATE_TABLE);
     h.spec = good_spec(&s);
     edit(&s);
-    put_header(m, &h);
+    case_put_header(m, &h);
 }
 
 static void e_name_empty(Ps__TableSpec *s)
@@ -332,7 +332,7 @@ static void c_header_oversize(struct case_msg *m)
 {
     Ps__Header h;
     ps_wire_header_init(&h, PS__OP__OP_HELLO);
-    put_header(m, &h);
+    case_put_header(m, &h);
     m->size[0] = PS_HEADER_BYTES_MAX + 1; /* valid prefix, then zero padding */
 }
 
@@ -340,15 +340,15 @@ static void c_count_past_limit(struct case_msg *m)
 {
     Ps__Header h;
     data_header(&h, PS__OP__OP_PULL, 0, CASE_MAX_MESSAGE_BYTES / 4 + 1);
-    put_header(m, &h);
+    case_put_header(m, &h);
 }
 
 static void c_count_at_limit_push_short(struct case_msg *m)
 {
     Ps__Header h;
     data_header(&h, PS__OP__OP_PUSH, 0, PS_TABLE_ELEMS_MAX + 1);
-    put_header(m, &h);
-    add_frame(m, 16);
+    case_put_header(m, &h);
+    case_add_frame(m, 16);
 }
 
 /* ---- server-state cases ---- */
@@ -358,7 +358,7 @@ static void c_unknown_table(struct case_msg *m)
     Ps__Header h;
     data_header(&h, PS__OP__OP_PULL, 0, 10);
     h.table_id = 77;
-    put_header(m, &h);
+    case_put_header(m, &h);
 }
 
 static void c_range_past_table(struct case_msg *m)
@@ -373,7 +373,7 @@ static void c_pull_straddles_end(struct case_msg *m)
     Ps__Header h;
     data_header(&h, PS__OP__OP_PULL, 990, 20);
     h.dtype = PS__DTYPE__DTYPE_F16;
-    put_header(m, &h);
+    case_put_header(m, &h);
 }
 
 static void c_keys_on_dense(struct case_msg *m)
@@ -415,9 +415,9 @@ static void rows_req(struct case_msg *m, uint64_t count, uint32_t table, size_t 
     Ps__Header h;
     data_header(&h, PS__OP__OP_ROWS, 0, count);
     h.table_id = table;
-    put_header(m, &h);
+    case_put_header(m, &h);
     if (extra > 0)
-        add_frame(m, extra);
+        case_add_frame(m, extra);
 }
 static void c_rows_count_zero(struct case_msg *m)
 {

@@ -6,6 +6,8 @@
 #ifndef PSTEST_CASES_H
 #define PSTEST_CASES_H
 
+#include "ps.pb-c.h"
+
 #include <stddef.h>
 #include <stdint.h>
 
@@ -31,6 +33,10 @@ extern const size_t bad_cases_count;
 /* Allocates and frees the frame buffers of a case_msg. */
 int case_msg_alloc(struct case_msg *m);
 void case_msg_free(struct case_msg *m);
+/* Frame 0: h packed (the message's only frame so far). */
+void case_put_header(struct case_msg *m, const Ps__Header *h);
+/* Appends a frame of `bytes` (its buffer is the caller's to fill). */
+void case_add_frame(struct case_msg *m, size_t bytes);
 
 /* Value-bytes limit the cases assume (the server runs with this). */
 #define CASE_MAX_MESSAGE_BYTES (1024u * 1024u)

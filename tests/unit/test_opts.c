@@ -1,9 +1,11 @@
 /* Option table parsing: defaults, bounds at the limit and one past, junk,
- * unknown flags, missing values. */
+ * unknown flags, missing values; CPU lists. */
+#define _GNU_SOURCE
 #include "ps_cpus.h"
 #include "ps_err.h"
 #include "ps_opts.h"
 
+#include <sched.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -92,18 +94,32 @@ static void test_cpu_lists(void **state)
     (void)state;
     struct ps_cpus c = {.n = 0};
     char err[512], buf[64];
-    int lo = -1, hi = -1, outside = -1; /* first and last allowed, one not allowed */
-    for (int i = 0; i < PS_CPUS_MAX; i++) {
+    cpu_set_t may; /* what the kernel says, not what the parser says */
+    assert_int_equal(sched_getaffinity(0, sizeof may, &may), 0);
+    int lo = -1, hi = -1;
+    for (int i = 0; i < PS_CPUS_MAX; i++) { /* every CPU number up to the limit */
         char one[16];
         snprintf(one, sizeof one, "%d", i);
-        if (ps_cpus_parse("--cpus", one, &c, err, sizeof err) == 0) {
+        int rc = ps_cpus_parse("--cpus", one, &c, err, sizeof err);
+        if (CPU_ISSET(i, &may)) {
+            assert_int_equal(rc, 0);
+            assert_int_equal(c.n, 1);
+            assert_int_equal(c.cpu[0], i);
             lo = lo < 0 ? i : lo;
             hi = i;
-        } else if (outside < 0) {
-            outside = i;
+        } else {
+            assert_int_equal(rc, PS_EINVAL);
+            snprintf(one, sizeof one, "CPU %d is", i);
+            assert_non_null(strstr(err, one));
             assert_non_null(strstr(err, "is not one this process may run on"));
         }
     }
+    /* one past the limit is not a CPU number at all */
+    char past[16], said[64];
+    snprintf(past, sizeof past, "%d", PS_CPUS_MAX);
+    snprintf(said, sizeof said, "'%s' in '%s' is not a CPU number", past, past);
+    assert_int_equal(ps_cpus_parse("--cpus", past, &c, err, sizeof err), PS_EINVAL);
+    assert_non_null(strstr(err, said));
     assert_true(lo >= 0);
     snprintf(buf, sizeof buf, "%d,%d-%d,%d", hi, lo, lo, lo);
     assert_int_equal(ps_cpus_parse("--cpus", buf, &c, err, sizeof err), 0);

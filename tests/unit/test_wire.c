@@ -222,11 +222,10 @@ static int masked_reply(uint64_t count, const uint8_t *mask, size_t mask_bytes, 
     ps_wire_header_init(&h, PS__OP__OP_PULL);
     h.layout = PS__LAYOUT__LAYOUT_MASK;
     h.count = count;
-    m.size[0] = (size_t)ps_wire_header_pack(&h, m.data[0], CASE_FRAME_BYTES_MAX);
+    case_put_header(&m, &h);
     memcpy(m.data[1], mask, mask_bytes);
-    m.size[1] = mask_bytes;
-    m.size[2] = nvals * 4;
-    m.nframes = 3;
+    case_add_frame(&m, mask_bytes);
+    case_add_frame(&m, nvals * 4);
     struct ps_wire_msg out;
     char err[256];
     int rc = decode(&m, PS_WIRE_REPLY, &out, err);
@@ -255,8 +254,7 @@ static void test_masked_replies(void **state)
     ps_wire_header_init(&h, PS__OP__OP_PULL);
     h.layout = PS__LAYOUT__LAYOUT_MASK;
     h.count = 4;
-    m.size[0] = (size_t)ps_wire_header_pack(&h, m.data[0], CASE_FRAME_BYTES_MAX);
-    m.nframes = 1;
+    case_put_header(&m, &h);
     struct ps_wire_msg out;
     char err[256];
     assert_int_equal(decode(&m, PS_WIRE_REQUEST, &out, err), PS_EPROTO);
@@ -274,13 +272,12 @@ static int rows_reply(uint64_t count, uint32_t dim, Ps__DType dtype, size_t kbyt
     h.dim = dim;
     h.dtype = dtype;
     h.layout = PS__LAYOUT__LAYOUT_KEYS;
-    m.size[0] = (size_t)ps_wire_header_pack(&h, m.data[0], CASE_FRAME_BYTES_MAX);
+    case_put_header(&m, &h);
     uint64_t k = 5; /* any order: the shard's */
     for (size_t i = 0; i + 8 <= kbytes; i += 8, k = k * 7 % 1000)
         memcpy(m.data[1] + i, &k, 8);
-    m.size[1] = kbytes;
-    m.size[2] = vbytes;
-    m.nframes = 3;
+    case_add_frame(&m, kbytes);
+    case_add_frame(&m, vbytes);
     struct ps_wire_msg out;
     char err[256];
     int rc = decode(&m, PS_WIRE_REPLY, &out, err);
