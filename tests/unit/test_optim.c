@@ -120,6 +120,41 @@ static void test_same_spec(void **state)
     psd_table_destroy(t);
 }
 
+/* A keyed push applies to each key what a one-element range push of the
+ * same step would, for every kind; on a shard that does not start at 0,
+ * with more keys than the loops' prefetch distance. */
+static void test_keyed_matches_range(void **state)
+{
+    (void)state;
+    const Ps__OptimizerKind kinds[] = {PS__OPTIMIZER_KIND__OPT_SGD,
+                                       PS__OPTIMIZER_KIND__OPT_MOMENTUM,
+                                       PS__OPTIMIZER_KIND__OPT_ADAGRAD,
+                                       PS__OPTIMIZER_KIND__OPT_ADAM, PS__OPTIMIZER_KIND__OPT_FTRL};
+    enum { SIZE = 20000, N = 1500 };
+    static uint64_t keys[N];
+    static float g[N];
+    for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++) {
+        struct psd_table *a = make(kinds[k], 0.05f, 0.01f, 0, 1, 2, SIZE);
+        struct psd_table *b = make(kinds[k], 0.05f, 0.01f, 0, 1, 2, SIZE);
+        for (uint64_t st = 1; st <= 3; st++) {
+            for (size_t i = 0; i < N; i++) { /* a different spread each step */
+                keys[i] = a->lo + i * 6 + (i * st) % 5;
+                g[i] = 0.01f * (float)((int)((i * 7 + st) % 13) - 6);
+            }
+            psd_table_apply_keys(a, keys, g, N, st);
+            for (size_t i = 0; i < N; i++)
+                psd_table_apply(b, keys[i], 1, &g[i], st);
+        }
+        assert_memory_equal(a->w, b->w, (size_t)(a->hi - a->lo) * sizeof(float));
+        if (a->s1 != NULL)
+            assert_memory_equal(a->s1, b->s1, (size_t)(a->hi - a->lo) * sizeof(float));
+        if (a->s2 != NULL)
+            assert_memory_equal(a->s2, b->s2, (size_t)(a->hi - a->lo) * sizeof(float));
+        psd_table_destroy(a);
+        psd_table_destroy(b);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -129,6 +164,7 @@ int main(void)
         cmocka_unit_test(test_adam),
         cmocka_unit_test(test_shard_part_and_subrange),
         cmocka_unit_test(test_same_spec),
+        cmocka_unit_test(test_keyed_matches_range),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
