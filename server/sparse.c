@@ -70,7 +70,7 @@ static uint64_t find_slot(const struct psd_sparse *sp, uint64_t key)
 
 void psd_sparse_prefetch(const struct psd_sparse *sp, uint64_t key)
 {
-    __builtin_prefetch(&sp->slot[ps_mix64(key) & (sp->slots - 1)]);
+    __builtin_prefetch(&sp->slot[ps_mix64(key) & (sp->slots - 1)], 0, 1);
 }
 
 static int grow_slots(struct psd_sparse *sp)

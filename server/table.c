@@ -217,7 +217,7 @@ static int row_error(const struct psd_table *t, int64_t r, uint64_t key, char *e
 }
 
 /* How many keys ahead row lookups ask for their hash slots. */
-#define ROWS_PREFETCH_AHEAD 8
+#define ROWS_PREFETCH_AHEAD 64
 /* Rows a push looks up before it applies them. */
 #define ROWS_BATCH 256
 
@@ -254,10 +254,10 @@ int psd_table_push_rows(struct psd_table *t, const uint64_t *keys, const float *
             if (r < 0)
                 return row_error(t, r, keys[i], err, errlen);
             rows[i - b] = (uint64_t)r;
-            __builtin_prefetch(t->sp.w + (size_t)r * d, 1);
-            __builtin_prefetch(t->sp.row_steps + r, 1);
+            __builtin_prefetch(t->sp.w + (size_t)r * d, 1, 1);
+            __builtin_prefetch(t->sp.row_steps + r, 1, 1);
             if (t->sp.s1 != NULL)
-                __builtin_prefetch(t->sp.s1 + (size_t)r * d, 1);
+                __builtin_prefetch(t->sp.s1 + (size_t)r * d, 1, 1);
         }
         for (size_t i = b; i < b + m; i++) {
             uint64_t r = rows[i - b];
