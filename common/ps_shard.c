@@ -54,3 +54,16 @@ uint32_t ps_shard_of_key(uint64_t key, uint32_t shards)
 {
     return ps_jump_hash(ps_mix64(key), shards);
 }
+
+size_t ps_keys_below(const uint64_t *keys, size_t n, uint64_t x)
+{
+    size_t lo = 0, hi = n;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (keys[mid] < x)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}

@@ -8,6 +8,7 @@
 #ifndef PS_SHARD_H
 #define PS_SHARD_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 /* Range [*lo, *hi) of shard `shard` for a table of n elements over `shards`.
@@ -25,5 +26,9 @@ uint32_t ps_jump_hash(uint64_t key, uint32_t buckets);
 
 /* Shard of a sparse key: jump hash of the mixed key. */
 uint32_t ps_shard_of_key(uint64_t key, uint32_t shards);
+
+/* How many of the n increasing keys are below x (binary search): where a
+ * shard's range starts in a sorted key list. */
+size_t ps_keys_below(const uint64_t *keys, size_t n, uint64_t x);
 
 #endif

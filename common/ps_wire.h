@@ -90,4 +90,8 @@ static inline uint64_t ps_wire_key(const void *keys, size_t i)
     return le64toh(k);
 }
 
+/* The first i in [1, n) with key i not above key i-1 (keys as a keys
+ * frame lays them out), or n when they strictly increase. */
+size_t ps_wire_keys_unordered(const void *keys, size_t n);
+
 #endif

@@ -701,10 +701,15 @@ static int defer(struct psd *s, const struct ps_frame *route, const Ps__Header *
     return 0;
 }
 
-/* The keys frame as aligned uint64s (frames may be unaligned). */
+/* The keys frame as aligned uint64s: the frame itself where it is aligned
+ * on a little-endian host (zmq's large messages are), else a copy. */
 static const uint64_t *keys_u64(struct psd *s, const struct ps_wire_msg *m)
 {
     size_t n = (size_t)m->hdr->count;
+#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    if (((uintptr_t)m->keys % _Alignof(uint64_t)) == 0)
+        return m->keys;
+#endif
     if (n > s->keys_cap) {
         uint64_t *p = realloc(s->keys_scratch, n * sizeof *p);
         if (p == NULL)

@@ -718,11 +718,7 @@ static int send_sub(struct psc_client *c, struct slot *sl, uint32_t s, int resen
     ps_shard_range(t->size, c->nshards, s, &lo, &hi);
     if (lo == hi)
         return 1; /* this shard holds nothing of the table */
-    size_t i = 0, j;
-    while (i < sl->nkeys && sl->keys[i] < lo)
-        i++;
-    for (j = i; j < sl->nkeys && sl->keys[j] < hi;)
-        j++;
+    size_t i = ps_keys_below(sl->keys, sl->nkeys, lo), j = ps_keys_below(sl->keys, sl->nkeys, hi);
     /* keys are sent as they lie in memory: uint64 little-endian hosts only */
     uint64_t pad_key = lo;
     unsigned char pad_val[4] = {0};
@@ -820,11 +816,13 @@ int psc_push_keys(struct psc_client *c, uint32_t table, const uint64_t *keys, co
         return set_error(c, PS_EINVAL, "push: '%s' is sparse: use psc_push_rows", t->name);
     if (n == 0 || keys == NULL || vals == NULL)
         return set_error(c, PS_EINVAL, "push: no keys");
-    for (size_t i = 0; i < n; i++)
-        if (keys[i] >= t->size || (i > 0 && keys[i] <= keys[i - 1]))
-            return set_error(c, PS_EINVAL,
-                             "push: key[%zu]=%llu must be below %llu and above the one before", i,
-                             (unsigned long long)keys[i], (unsigned long long)t->size);
+    size_t bad = ps_wire_keys_unordered(keys, n); /* increasing: only the last can be too big */
+    if (bad == n && keys[n - 1] >= t->size)
+        bad = n - 1;
+    if (bad < n)
+        return set_error(c, PS_EINVAL,
+                         "push: key[%zu]=%llu must be below %llu and above the one before", bad,
+                         (unsigned long long)keys[bad], (unsigned long long)t->size);
     uint64_t id = 0;
     struct slot *sl = slot_alloc(c, PS__OP__OP_PUSH, &id);
     if (sl == NULL)
@@ -900,10 +898,10 @@ static int start_rows(struct psc_client *c, Ps__Op op, uint32_t table, const uin
     const struct table_h *t = c->tables[table];
     if (n == 0 || n > UINT32_MAX || keys == NULL)
         return set_error(c, PS_EINVAL, "%s: need 1..%u keys", ps_op_name(op), UINT32_MAX);
-    for (size_t i = 1; i < n; i++)
-        if (keys[i] <= keys[i - 1])
-            return set_error(c, PS_EINVAL, "%s: key[%zu]=%llu is not above key[%zu]",
-                             ps_op_name(op), i, (unsigned long long)keys[i], i - 1);
+    size_t bad = ps_wire_keys_unordered(keys, n);
+    if (bad < n)
+        return set_error(c, PS_EINVAL, "%s: key[%zu]=%llu is not above key[%zu]", ps_op_name(op),
+                         bad, (unsigned long long)keys[bad], bad - 1);
     uint64_t id = 0;
     struct slot *sl = slot_alloc(c, op, &id);
     if (sl == NULL)

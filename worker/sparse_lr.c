@@ -6,6 +6,7 @@
 #include "mlp.h"
 
 #include "ps_err.h"
+#include "ps_shard.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -59,19 +60,6 @@ static size_t batch_keys(struct slr *m, const struct psw_svm *d, const uint32_t 
         if (u == 0 || m->keys[i] != m->keys[u - 1])
             m->keys[u++] = m->keys[i];
     return u;
-}
-
-static size_t key_pos(const uint64_t *keys, size_t n, uint64_t key)
-{
-    size_t lo = 0, hi = n;
-    while (lo < hi) {
-        size_t mid = lo + (hi - lo) / 2;
-        if (keys[mid] < key)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    return lo;
 }
 
 static int wait_ok(struct slr *m, uint64_t t, const char *what)
@@ -142,7 +130,7 @@ static double forward_embed(struct slr *m, const struct psw_svm *d, const uint32
         uint32_t e = idx[i];
         m->lab[i] = d->label[e];
         for (uint64_t j = d->row[e]; j < d->row[e + 1]; j++) {
-            const float *row = m->w + key_pos(m->keys, u, d->key[j]) * D;
+            const float *row = m->w + ps_keys_below(m->keys, u, d->key[j]) * D;
             for (uint32_t c = 0; c < D; c++)
                 m->pooled[i * D + c] += d->val[j] * row[c];
         }
@@ -169,7 +157,7 @@ static double forward_embed(struct slr *m, const struct psw_svm *d, const uint32
     for (size_t i = 0; i < n; i++) {
         uint32_t e = idx[i];
         for (uint64_t j = d->row[e]; j < d->row[e + 1]; j++) {
-            float *gr = m->g + key_pos(m->keys, u, d->key[j]) * D;
+            float *gr = m->g + ps_keys_below(m->keys, u, d->key[j]) * D;
             for (uint32_t c = 0; c < D; c++)
                 gr[c] += d->val[j] * m->dxh[i * D + c];
         }
@@ -191,7 +179,7 @@ static double forward(struct slr *m, const struct psw_svm *d, const uint32_t *id
         uint32_t e = idx[i];
         double z = bias;
         for (uint64_t j = d->row[e]; j < d->row[e + 1]; j++)
-            z += (double)m->w[key_pos(m->keys, u, d->key[j])] * d->val[j];
+            z += (double)m->w[ps_keys_below(m->keys, u, d->key[j])] * d->val[j];
         double p = 1.0 / (1.0 + exp(-z));
         int y = d->label[e];
         p = p < 1e-7 ? 1e-7 : (p > 1 - 1e-7 ? 1 - 1e-7 : p);
@@ -201,7 +189,7 @@ static double forward(struct slr *m, const struct psw_svm *d, const uint32_t *id
             continue;
         float dz = (float)((p - y) / (double)n);
         for (uint64_t j = d->row[e]; j < d->row[e + 1]; j++)
-            m->g[key_pos(m->keys, u, d->key[j])] += dz * d->val[j];
+            m->g[ps_keys_below(m->keys, u, d->key[j])] += dz * d->val[j];
         *gbias += dz;
     }
     return loss;

@@ -94,6 +94,25 @@ static void test_init_independent_of_sharding(void **state)
     assert_true(ps_init_value(PS_INIT_ZEROS, 0.25f, 1, 9) == 0.0f);
 }
 
+/* ps_keys_below against a linear count, for every x around every key. */
+static void test_keys_below(void **state)
+{
+    (void)state;
+    const uint64_t k[] = {0, 1, 5, 6, 100, 101, UINT64_MAX - 1};
+    const size_t n = sizeof k / sizeof k[0];
+    assert_int_equal(ps_keys_below(k, 0, 5), 0);
+    for (size_t m = 1; m <= n; m++)
+        for (size_t i = 0; i < m; i++)
+            for (int d = -1; d <= 1; d++) {
+                uint64_t x = k[i] + (uint64_t)(int64_t)d;
+                size_t want = 0;
+                while (want < m && k[want] < x)
+                    want++;
+                assert_int_equal(ps_keys_below(k, m, x), want);
+            }
+    assert_int_equal(ps_keys_below(k, n, UINT64_MAX), n);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -101,6 +120,7 @@ int main(void)
         cmocka_unit_test(test_shard_of_index_inverts_range),
         cmocka_unit_test(test_jump_hash),
         cmocka_unit_test(test_init_independent_of_sharding),
+        cmocka_unit_test(test_keys_below),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -213,6 +213,53 @@ static void test_keys_unaligned(void **state)
     assert_true(ps_wire_key(buf + 1, 0) == k);
 }
 
+/* The key order check, at and around its block boundaries, and through
+ * the decoder (an unordered key past the first block is named). */
+static void test_keys_unordered(void **state)
+{
+    (void)state;
+    enum { N = 9000 };
+    static uint64_t k[N];
+    for (size_t i = 0; i < N; i++)
+        k[i] = 3 * i + 1;
+    assert_int_equal(ps_wire_keys_unordered(k, 0), 0);
+    assert_int_equal(ps_wire_keys_unordered(k, 1), 1);
+    assert_int_equal(ps_wire_keys_unordered(k, N), N);
+    const size_t at[] = {1, 2, 4095, 4096, 4097, 8192, N - 1};
+    for (size_t a = 0; a < sizeof at / sizeof at[0]; a++) {
+        size_t i = at[a];
+        uint64_t keep = k[i];
+        k[i] = k[i - 1]; /* a duplicate */
+        assert_int_equal(ps_wire_keys_unordered(k, N), i);
+        k[i] = k[i - 1] - 1; /* a step back */
+        assert_int_equal(ps_wire_keys_unordered(k, N), i);
+        if (i + 1 < N) { /* a later bad pair is not the first */
+            k[i + 1] = 0;
+            assert_int_equal(ps_wire_keys_unordered(k, N), i);
+            k[i + 1] = 3 * (i + 1) + 1;
+        }
+        k[i] = keep;
+    }
+    assert_int_equal(ps_wire_keys_unordered(k, N), N);
+    k[5000] = k[4999];
+    struct case_msg m;
+    assert_int_equal(case_msg_alloc(&m), 0); /* frames of CASE_FRAME_BYTES_MAX hold N keys */
+    Ps__Header h;
+    ps_wire_header_init(&h, PS__OP__OP_PUSH);
+    h.layout = PS__LAYOUT__LAYOUT_KEYS;
+    h.table_id = 1;
+    h.count = N;
+    case_put_header(&m, &h);
+    memcpy(m.data[1], k, sizeof k);
+    case_add_frame(&m, sizeof k);
+    case_add_frame(&m, N * 4);
+    struct ps_wire_msg out;
+    char err[256];
+    assert_int_equal(decode(&m, PS_WIRE_REQUEST, &out, err), PS_EPROTO);
+    assert_non_null(strstr(err, "key[5000]=14998 after 14998"));
+    case_msg_free(&m);
+}
+
 /* A masked pull reply: bitmap of count bits, then the set bits' values. */
 static int masked_reply(uint64_t count, const uint8_t *mask, size_t mask_bytes, size_t nvals)
 {
@@ -326,6 +373,7 @@ int main(void)
         cmocka_unit_test(test_value_limit_boundary),
         cmocka_unit_test(test_arena_exhaustion),
         cmocka_unit_test(test_keys_unaligned),
+        cmocka_unit_test(test_keys_unordered),
         cmocka_unit_test(test_masked_replies),
         cmocka_unit_test(test_rows_replies),
         cmocka_unit_test(test_names),
