@@ -45,31 +45,38 @@ float psk_optim_lr(const struct psk_optim *o, uint64_t step)
     return (float)(o->lr * 0.5 * (1.0 + cos(3.14159265358979323846 * x)));
 }
 
-void psk_optim_apply(const struct psk_optim *o, uint64_t step, float *restrict w,
-                     float *restrict s1, float *restrict s2, const float *restrict g, size_t n)
+/* The dense loops, built twice (below): the options are read into locals
+ * first, since with -fno-strict-aliasing a store to w may change *o as far
+ * as the compiler knows, and Adam's loop stayed scalar in an AVX2 build
+ * while it read o->beta1 and friends each time. */
+static inline __attribute__((always_inline)) void
+apply_dense(const struct psk_optim *o, uint64_t step, float *restrict w, float *restrict s1,
+            float *restrict s2, const float *restrict g, size_t n)
 {
     const float lr = psk_optim_lr(o, step), wd = o->weight_decay;
+    const float mom = o->momentum, b1 = o->beta1, b2 = o->beta2, eps = o->eps, l1 = o->l1,
+                l2 = o->l2;
+    const int nesterov = o->nesterov;
     switch (o->kind) {
     case PSK_OPT_MOMENTUM:
         for (size_t i = 0; i < n; i++)
-            w[i] =
-                psk_momentum(w[i], psk_decay(g[i], w[i], wd), &s1[i], lr, o->momentum, o->nesterov);
+            w[i] = psk_momentum(w[i], psk_decay(g[i], w[i], wd), &s1[i], lr, mom, nesterov);
         break;
     case PSK_OPT_ADAGRAD:
         for (size_t i = 0; i < n; i++)
-            w[i] = psk_adagrad(w[i], psk_decay(g[i], w[i], wd), &s1[i], lr, o->eps);
+            w[i] = psk_adagrad(w[i], psk_decay(g[i], w[i], wd), &s1[i], lr, eps);
         break;
     case PSK_OPT_ADAM: {
-        float bc1 = (float)(1.0 - pow((double)o->beta1, (double)step));
-        float bc2 = (float)(1.0 - pow((double)o->beta2, (double)step));
+        float bc1 = (float)(1.0 - pow((double)b1, (double)step));
+        float bc2 = (float)(1.0 - pow((double)b2, (double)step));
         for (size_t i = 0; i < n; i++)
-            w[i] = psk_adam(w[i], psk_decay(g[i], w[i], wd), &s1[i], &s2[i], lr, o->beta1, o->beta2,
-                            o->eps, bc1, bc2);
+            w[i] = psk_adam(w[i], psk_decay(g[i], w[i], wd), &s1[i], &s2[i], lr, b1, b2, eps, bc1,
+                            bc2);
         break;
     }
     case PSK_OPT_FTRL:
         for (size_t i = 0; i < n; i++)
-            w[i] = psk_ftrl(w[i], g[i], &s1[i], &s2[i], lr, o->eps, o->l1, o->l2);
+            w[i] = psk_ftrl(w[i], g[i], &s1[i], &s2[i], lr, eps, l1, l2);
         break;
     case PSK_OPT_SGD:
     default:
@@ -77,6 +84,36 @@ void psk_optim_apply(const struct psk_optim *o, uint64_t step, float *restrict w
             w[i] = psk_sgd(w[i], psk_decay(g[i], w[i], wd), lr);
         break;
     }
+}
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define PSK_AVX2_CLONE 1
+/* AVX2 where the CPU has it, the baseline build elsewhere: psd runs on
+ * whatever x86-64 it is deployed to. Both do the same operations on each
+ * element ("avx2" does not include FMA, so nothing is contracted), so the
+ * results are bit for bit the same on any machine (test_optim checks).
+ * 4 KiB of SGD: 145 -> 60 ns, momentum 170 -> 95 ns, Adam 1100 -> 570 ns.
+ * A plain check rather than target_clones: clang 14 (the fuzz build)
+ * names target_clones symbols so that other files cannot link to them. */
+__attribute__((target("avx2"))) static void apply_avx2(const struct psk_optim *o, uint64_t step,
+                                                       float *restrict w, float *restrict s1,
+                                                       float *restrict s2, const float *restrict g,
+                                                       size_t n)
+{
+    apply_dense(o, step, w, s1, s2, g, n);
+}
+#endif
+
+void psk_optim_apply(const struct psk_optim *o, uint64_t step, float *restrict w,
+                     float *restrict s1, float *restrict s2, const float *restrict g, size_t n)
+{
+#ifdef PSK_AVX2_CLONE
+    if (__builtin_cpu_supports("avx2")) {
+        apply_avx2(o, step, w, s1, s2, g, n);
+        return;
+    }
+#endif
+    apply_dense(o, step, w, s1, s2, g, n);
 }
 
 /* How many keys ahead a sparse apply asks for its lines. Keys are far apart,

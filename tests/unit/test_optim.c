@@ -3,7 +3,10 @@
 #include "table.h"
 
 #include "ps_err.h"
+#include "psk_math.h"
+#include "psk_optim.h"
 
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -155,6 +158,65 @@ static void test_keyed_matches_range(void **state)
     }
 }
 
+/* psk_optim_apply (its AVX2 build where the CPU has AVX2) against a plain
+ * loop over the same per-element rules, bit for bit, for every kind, over
+ * an odd length (the vector loop's tail runs) and several steps. */
+static void test_apply_matches_element_rules(void **state)
+{
+    (void)state;
+    const int kinds[] = {PSK_OPT_SGD, PSK_OPT_MOMENTUM, PSK_OPT_ADAGRAD, PSK_OPT_ADAM,
+                         PSK_OPT_FTRL};
+    enum { N = 1031 };
+    static float w[N], s1[N], s2[N], rw[N], r1[N], r2[N], g[N];
+    for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++) {
+        struct psk_optim o = {.kind = kinds[k],
+                              .lr = 0.05f,
+                              .weight_decay = 0.01f,
+                              .momentum = 0.9f,
+                              .beta1 = 0.9f,
+                              .beta2 = 0.999f,
+                              .eps = 1e-6f,
+                              .nesterov = 1,
+                              .l1 = 0.001f,
+                              .l2 = 0.01f};
+        for (size_t i = 0; i < N; i++) {
+            w[i] = rw[i] = 0.5f - 0.001f * (float)i;
+            s1[i] = r1[i] = s2[i] = r2[i] = 0.0f;
+        }
+        for (uint64_t st = 1; st <= 4; st++) {
+            for (size_t i = 0; i < N; i++)
+                g[i] = 0.01f * (float)((int)((i * 7 + st * 3) % 17) - 8);
+            psk_optim_apply(&o, st, w, s1, s2, g, N);
+            float lr = psk_optim_lr(&o, st), wd = o.weight_decay;
+            float bc1 = (float)(1.0 - pow((double)o.beta1, (double)st));
+            float bc2 = (float)(1.0 - pow((double)o.beta2, (double)st));
+            for (size_t i = 0; i < N; i++) {
+                float d = psk_decay(g[i], rw[i], wd);
+                switch (o.kind) {
+                case PSK_OPT_MOMENTUM:
+                    rw[i] = psk_momentum(rw[i], d, &r1[i], lr, o.momentum, o.nesterov);
+                    break;
+                case PSK_OPT_ADAGRAD:
+                    rw[i] = psk_adagrad(rw[i], d, &r1[i], lr, o.eps);
+                    break;
+                case PSK_OPT_ADAM:
+                    rw[i] =
+                        psk_adam(rw[i], d, &r1[i], &r2[i], lr, o.beta1, o.beta2, o.eps, bc1, bc2);
+                    break;
+                case PSK_OPT_FTRL:
+                    rw[i] = psk_ftrl(rw[i], g[i], &r1[i], &r2[i], lr, o.eps, o.l1, o.l2);
+                    break;
+                default:
+                    rw[i] = psk_sgd(rw[i], d, lr);
+                }
+            }
+        }
+        assert_memory_equal(w, rw, sizeof w);
+        assert_memory_equal(s1, r1, sizeof s1);
+        assert_memory_equal(s2, r2, sizeof s2);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -165,6 +227,7 @@ int main(void)
         cmocka_unit_test(test_shard_part_and_subrange),
         cmocka_unit_test(test_same_spec),
         cmocka_unit_test(test_keyed_matches_range),
+        cmocka_unit_test(test_apply_matches_element_rules),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
