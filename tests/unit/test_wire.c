@@ -160,6 +160,51 @@ static void test_header_limit_boundary(void **state)
     case_msg_free(&m);
 }
 
+/* Packing: every scalar at its widest and long strings, into a buffer of
+ * exactly the packed size (packs), one byte less (refused, nothing
+ * written past it), and one far larger (the path without protobuf-c's size
+ * pass); each result unpacks to the same fields. */
+static void test_header_pack_widest(void **state)
+{
+    (void)state;
+    static char error[PS_ERROR_TEXT_MAX], ep[200];
+    memset(error, 'e', sizeof error - 1);
+    memset(ep, 'p', sizeof ep - 1);
+    Ps__Header h;
+    ps_wire_header_init(&h, PS__OP__OP_PUSH_PULL);
+    h.version = UINT32_MAX;
+    h.op = (Ps__Op)-1; /* a negative enum: a 10-byte varint */
+    h.request_id = h.clock = h.offset = h.count = h.session = h.rows = h.instance = UINT64_MAX;
+    h.worker_id = h.table_id = h.dim = h.shard = h.shards = UINT32_MAX;
+    h.dtype = (Ps__DType)-1;
+    h.layout = (Ps__Layout)-1;
+    h.status = INT32_MIN;
+    h.nonzero_only = h.duplicate = h.stale = 1;
+    h.error = error;
+    h.detail = error;
+    h.local_endpoint = ep;
+    size_t need = ps__header__get_packed_size(&h);
+    static uint8_t buf[2 * PS_ERROR_TEXT_MAX + 1024];
+    assert_true(need + 1 < sizeof buf);
+    memset(buf, 0xa5, sizeof buf);
+    assert_int_equal(ps_wire_header_pack(&h, buf, need - 1), PS_ELIMIT);
+    assert_int_equal(buf[0], 0xa5);
+    assert_int_equal(ps_wire_header_pack(&h, buf, need), (int64_t)need);
+    assert_int_equal(buf[need], 0xa5);
+    for (int pass = 0; pass < 2; pass++) {
+        int64_t n = ps_wire_header_pack(&h, buf, pass ? sizeof buf : need);
+        assert_int_equal(n, (int64_t)need);
+        Ps__Header *u = ps__header__unpack(NULL, (size_t)n, buf);
+        assert_non_null(u);
+        assert_true(u->request_id == UINT64_MAX && u->instance == UINT64_MAX);
+        assert_int_equal(u->status, INT32_MIN);
+        assert_int_equal((int)u->op, -1);
+        assert_string_equal(u->error, error);
+        assert_string_equal(u->local_endpoint, ep);
+        ps__header__free_unpacked(u, NULL);
+    }
+}
+
 static void test_value_limit_boundary(void **state)
 {
     (void)state;
@@ -370,6 +415,7 @@ int main(void)
         cmocka_unit_test(test_roundtrip_create_and_reply),
         cmocka_unit_test(test_bad_cases),
         cmocka_unit_test(test_header_limit_boundary),
+        cmocka_unit_test(test_header_pack_widest),
         cmocka_unit_test(test_value_limit_boundary),
         cmocka_unit_test(test_arena_exhaustion),
         cmocka_unit_test(test_keys_unaligned),
