@@ -162,6 +162,47 @@ static void test_window_of_eight(void **state)
     free(ref);
 }
 
+/* Keyed pushes over two shards: keys on both sides of the boundary (the
+ * client finds each shard's part by binary search), keys on one shard only
+ * (the other gets a single zero entry), and the client's refusals. */
+static void test_keyed_push(void **state)
+{
+    struct fixture *f = *state;
+    const uint64_t keys[] = {0, 5, N / 2 - 1, N / 2, N / 2 + 1, N - 1};
+    const uint64_t upper[] = {N / 2 + 7, N / 2 + 8};
+    enum { K = sizeof keys / sizeof keys[0] };
+    float *w0 = malloc(N * 4), *w = malloc(N * 4),
+          g[K] = {0.01f, -0.02f, 0.03f, -0.04f, 0.05f, -0.06f};
+    uint64_t t;
+    assert_int_equal(psc_pull(f->c, f->big, 0, N, w0, 4, &t), 0);
+    wait_ok(f->c, t);
+    assert_int_equal(psc_push_keys(f->c, f->big, keys, g, K, 4, &t), 0);
+    wait_ok(f->c, t);
+    assert_int_equal(psc_push_keys(f->c, f->big, upper, g, 2, 4, &t), 0);
+    wait_ok(f->c, t);
+    assert_int_equal(psc_pull(f->c, f->big, 0, N, w, 4, &t), 0);
+    wait_ok(f->c, t);
+    for (uint64_t i = 0; i < N; i++) {
+        float want = w0[i];
+        for (size_t k = 0; k < K; k++)
+            if (keys[k] == i)
+                want = w0[i] - 0.5f * g[k];
+        for (size_t k = 0; k < 2; k++)
+            if (upper[k] == i)
+                want = w0[i] - 0.5f * g[k];
+        if (w[i] != want)
+            fail_msg("element %llu: %.9g, expected %.9g", (unsigned long long)i, (double)w[i],
+                     (double)want);
+    }
+    const uint64_t dup[] = {1, 2, 3, 3, 9}, past[] = {1, 2, 3, 4, N};
+    assert_int_equal(psc_push_keys(f->c, f->big, dup, g, 5, 4, &t), PS_EINVAL);
+    assert_non_null(strstr(psc_last_error(f->c), "key[3]=3"));
+    assert_int_equal(psc_push_keys(f->c, f->big, past, g, 5, 4, &t), PS_EINVAL);
+    assert_non_null(strstr(psc_last_error(f->c), "key[4]=1048576 must be below 1048576"));
+    free(w0);
+    free(w);
+}
+
 static void test_create_idempotent_and_conflict(void **state)
 {
     struct fixture *f = *state;
@@ -559,6 +600,7 @@ int main(void)
         cmocka_unit_test(test_pull_matches_init),
         cmocka_unit_test(test_push_then_pull_every_element),
         cmocka_unit_test(test_window_of_eight),
+        cmocka_unit_test(test_keyed_push),
         cmocka_unit_test(test_create_idempotent_and_conflict),
         cmocka_unit_test(test_client_side_errors),
         cmocka_unit_test(test_stats),
