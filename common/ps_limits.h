@@ -62,6 +62,9 @@ _Static_assert(PS_ROWS_PAGE_BYTES >= (uint64_t)PS_SPARSE_DIM_MAX * 4u, "a page h
 /* Zero-copy threshold: frames at least this big are handed to zmq without a
  * copy; smaller ones are copied (cheaper than the bookkeeping). */
 #define PS_ZEROCOPY_BYTES_MIN 8192u
+/* Pull replies at least this big are sent from the table itself (psd's
+ * lend_ok); below it, a copy costs less than the table's bookkeeping. */
+#define PS_LEND_BYTES_MIN (64u * 1024u)
 /* SO_SNDBUF/SO_RCVBUF of psd's and the client's sockets (the kernel caps
  * them at net.core.wmem_max/rmem_max). Chosen by measurement: 1+1 MLP
  * training on loopback went from 38-40k to 42-43k samples/s against the

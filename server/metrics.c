@@ -29,7 +29,17 @@ struct scalar {
 };
 
 /* One family over every table. */
-enum table_field { T_CLOCK, T_UPDATES, T_PUSHES, T_PULLS, T_SPARSITY, T_ROWS, T_BYTES };
+enum table_field {
+    T_CLOCK,
+    T_UPDATES,
+    T_PUSHES,
+    T_PULLS,
+    T_SPARSITY,
+    T_ROWS,
+    T_BYTES,
+    T_LENT,
+    T_COW
+};
 
 static double table_value(const struct psd *s, const struct psd_table *t, enum table_field f)
 {
@@ -48,6 +58,10 @@ static double table_value(const struct psd *s, const struct psd_table *t, enum t
         return t->sparse ? (double)t->sp.nrows : (double)(t->hi - t->lo);
     case T_BYTES:
         return (double)psd_table_bytes_held(t);
+    case T_LENT:
+        return (double)t->lent_bytes;
+    case T_COW:
+        return (double)t->cow;
     }
     return 0;
 }
@@ -170,6 +184,12 @@ int psd_metrics_render(const struct psd *s, struct ps_buf *b)
                   "Elements of this shard's range (dense) or rows held (sparse).", T_ROWS);
     tables_family(b, s, "psd_table_held_bytes", "gauge", "Bytes of weights and optimizer state.",
                   T_BYTES);
+    tables_family(b, s, "psd_table_lent_bytes_total", "counter",
+                  "Bytes of pull replies sent from the table's memory without a copy.", T_LENT);
+    tables_family(b, s, "psd_table_copies_on_write_total", "counter",
+                  "Times the table was written while such a reply was in flight, and copied "
+                  "first.",
+                  T_COW);
     ps_prom_family(b, "psd_apply_seconds", "histogram", "Time of one optimizer apply.");
     for (uint32_t i = 0; i < s->ntables; i++) {
         char tl[512];

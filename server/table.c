@@ -105,6 +105,7 @@ int psd_table_prune_step(struct psd_table *t, uint64_t step)
         return 0;
     double s = psd_prune_sparsity_at(&t->prune, step);
     t->prune_target_now = s;
+    psd_table_own(t);
     t->npruned = psd_prune_apply_mask(t->w, t->s1, t->s2, t->mask, (size_t)(t->hi - t->lo), s,
                                       t->prune_scratch);
     t->prune_updates++;
@@ -119,7 +120,11 @@ void psd_table_destroy(struct psd_table *t)
     free(t->prune_scratch);
     if (t->sparse)
         psd_sparse_fini(&t->sp);
-    free(t->w);
+    if (t->lend != NULL)
+        psd_lend_put(t->lend); /* the block goes with its last message */
+    else
+        free(t->w);
+    free(t->spare);
     free(t->s1);
     free(t->s2);
     free(t);
@@ -170,10 +175,52 @@ static void apply_took(struct psd_table *t, uint64_t t0)
     ps_hist_observe(&t->apply_hist, (double)(uv_hrtime() - t0) * 1e-9);
 }
 
+struct psd_lend *psd_table_lend(struct psd_table *t, size_t bytes)
+{
+    if (t->spare == NULL && (t->spare = alloc_floats(t->hi - t->lo, 0)) == NULL)
+        return NULL;
+    if (t->lend == NULL) {
+        if ((t->lend = malloc(sizeof *t->lend)) == NULL)
+            return NULL;
+        atomic_init(&t->lend->refs, 1);
+        t->lend->w = t->w;
+    }
+    atomic_fetch_add_explicit(&t->lend->refs, 1, memory_order_relaxed);
+    t->lent_bytes += bytes;
+    return t->lend;
+}
+
+void psd_lend_put(struct psd_lend *l)
+{
+    /* acq_rel: the sender's reads of the block happen before it is freed
+     * or written, on whichever thread drops the last reference */
+    if (atomic_fetch_sub_explicit(&l->refs, 1, memory_order_acq_rel) == 1) {
+        free(l->w);
+        free(l);
+    }
+}
+
+void psd_table_own(struct psd_table *t)
+{
+    /* Only this thread takes references, so once none but the table's is
+     * left, none can appear while w is written. */
+    if (t->lend == NULL || atomic_load_explicit(&t->lend->refs, memory_order_acquire) == 1)
+        return;
+    memcpy(t->spare, t->w, (size_t)(t->hi - t->lo) * sizeof(float));
+    t->w = t->spare;
+    t->spare = NULL;
+    struct psd_lend *old = t->lend;
+    t->lend = NULL;
+    psd_lend_put(old);
+    t->cow++;
+    t->cow_bytes += (t->hi - t->lo) * sizeof(float);
+}
+
 void psd_table_apply(struct psd_table *t, uint64_t offset, uint64_t count, const float *g,
                      uint64_t step)
 {
     uint64_t t0 = uv_hrtime();
+    psd_table_own(t);
     assert(offset >= t->lo);
     assert(count <= t->hi - offset);
     size_t base = (size_t)(offset - t->lo);
@@ -189,6 +236,7 @@ void psd_table_apply_keys(struct psd_table *t, const uint64_t *keys, const float
                           uint64_t step)
 {
     uint64_t t0 = uv_hrtime();
+    psd_table_own(t);
     struct psk_optim o = table_optim(t);
     assert(n == 0 || (keys[0] >= t->lo && keys[n - 1] < t->hi));
     psk_optim_apply_sparse(&o, step, t->w, t->s1, t->s2, keys, t->lo, g, n);
@@ -279,7 +327,8 @@ double psd_table_sparsity(const struct psd_table *t)
 uint64_t psd_table_bytes_held(const struct psd_table *t)
 {
     uint64_t elems = t->sparse ? t->sp.nrows * t->dim : t->hi - t->lo;
-    return elems * 4u * (1u + (uint64_t)psk_optim_state_arrays((int)t->optimizer));
+    uint64_t arrays = 1u + (uint64_t)psk_optim_state_arrays((int)t->optimizer);
+    return elems * 4u * (arrays + (t->spare != NULL)); /* the spare: see psd_table_lend */
 }
 
 void psd_table_read(const struct psd_table *t, uint64_t offset, uint64_t count, float *out)

@@ -15,8 +15,17 @@
 #include "ps.pb-c.h"
 #include "ps_metrics.h"
 
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
+
+/* A block of weights that zmq is sending from: pull replies go out of the
+ * table without a copy. The I/O thread drops a message's reference when
+ * the message is sent; the last reference frees the block. */
+struct psd_lend {
+    atomic_uint refs; /* one while it is the table's block, plus one per message */
+    float *w;
+};
 
 struct psd_table {
     char name[128 + 1];
@@ -39,10 +48,15 @@ struct psd_table {
     float l1, l2;
     struct psd_sparse sp;
 
-    float *w;       /* hi - lo weights */
-    float *s1;      /* momentum velocity, Adagrad accumulator, Adam first moment */
-    float *s2;      /* Adam second moment */
-    uint64_t steps; /* optimizer steps applied */
+    float *w;              /* hi - lo weights */
+    struct psd_lend *lend; /* w's, once a reply was sent from it; NULL before */
+    float *spare;          /* hi - lo: where w moves when written while lent */
+    uint64_t cow;          /* times w moved so (psd_table_own) */
+    uint64_t cow_bytes;    /* bytes those moves copied */
+    uint64_t lent_bytes;   /* bytes of replies sent from the table */
+    float *s1;             /* momentum velocity, Adagrad accumulator, Adam first moment */
+    float *s2;             /* Adam second moment */
+    uint64_t steps;        /* optimizer steps applied */
 
     uint64_t pushes, pulls;
     struct ps_hist apply_hist; /* seconds per optimizer apply */
@@ -78,6 +92,18 @@ void psd_table_destroy(struct psd_table *t);
 /* 1 when spec describes exactly this table (idempotent create). */
 int psd_table_same_spec(const struct psd_table *t, const Ps__TableSpec *spec);
 
+/* Lends w for a reply of `bytes`: takes a reference for the message on
+ * w's block and returns its lend, or NULL when the spare block the table
+ * would move to cannot be allocated (copy the values instead). A table
+ * that lends keeps that spare: a second copy of its weights. */
+struct psd_lend *psd_table_lend(struct psd_table *t, size_t bytes);
+/* Drops one reference to a lent block (any thread). */
+void psd_lend_put(struct psd_lend *l);
+/* Called before anything writes w: when a message sent from w may still
+ * be in flight, w moves to the spare block (a copy) and the old block is
+ * left to the messages (copy-on-write). Never fails. */
+void psd_table_own(struct psd_table *t);
+
 /* Applies gradients g[0..count) to global elements [offset, offset+count),
  * which must lie in [lo, hi), as optimizer step `step` (1-based: Adam's t
  * and the lr schedule's position). */
@@ -108,7 +134,8 @@ int psd_table_push_rows(struct psd_table *t, const uint64_t *keys, const float *
 /* Copies weights of global elements [offset, offset+count) into out. */
 /* Share of this shard's range pruned to zero. */
 double psd_table_sparsity(const struct psd_table *t);
-/* Bytes of weights and optimizer state held. */
+/* Bytes of weights and optimizer state held, and the spare block of a
+ * table that lends (psd_table_lend). */
 uint64_t psd_table_bytes_held(const struct psd_table *t);
 
 void psd_table_read(const struct psd_table *t, uint64_t offset, uint64_t count, float *out);

@@ -130,6 +130,12 @@ def main(tmp):
     counts = [v for k, v in after.items() if k.startswith("psd_apply_seconds_count{")]
     check(len(counts) == 4 and min(counts) >= 300, "apply histogram counted every update")
     check(after.get('psd_worker_clock{worker="0"}') == 300, "worker 0's clock is 300")
+    # the worker's first pull of fc1.weight (784 x 32 floats, over the
+    # lending threshold) went out from the table's memory
+    lent = after.get('psd_table_lent_bytes_total{table="fc1.weight"}', 0)
+    check(lent >= 784 * 32 * 4, "fc1.weight's first pull was sent from the table (%g bytes)" % lent)
+    cows = [k for k in after if k.startswith("psd_table_copies_on_write_total{")]
+    check(len(cows) == 4, "copies on write listed for 4 tables (%d)" % len(cows))
 
     # an error reply is counted by op and code: a worker asking for the
     # same tables with other sizes

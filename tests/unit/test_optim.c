@@ -217,6 +217,53 @@ static void test_apply_matches_element_rules(void **state)
     }
 }
 
+/* A lent block stays as it was while its reference is held: a write moves
+ * the table to a copy (once), and the block is freed with its last
+ * reference, also after the table is gone. Without a reference held, a
+ * write stays in place. */
+static void test_lend_copy_on_write(void **state)
+{
+    (void)state;
+    enum { SIZE = 1000 };
+    struct psd_table *t = make(PS__OPTIMIZER_KIND__OPT_MOMENTUM, 0.5f, 0.0f, 0, 0, 1, SIZE);
+    float g[SIZE], before[SIZE];
+    for (size_t i = 0; i < SIZE; i++)
+        g[i] = 0.25f;
+    const uint64_t key = 7;
+    struct psd_lend *l = psd_table_lend(t, 4096);
+    assert_non_null(l);
+    assert_ptr_equal(l->w, t->w);
+    memcpy(before, t->w, sizeof before);
+    psd_table_apply(t, 0, SIZE, g, ++t->steps); /* moves */
+    assert_true(t->w != l->w);
+    assert_int_equal(t->cow, 1);
+    assert_memory_equal(l->w, before, sizeof before);
+    assert_true(t->w[0] == 1.0f - 0.5f * 0.25f);
+    psd_table_apply_keys(t, &key, g, 1, ++t->steps); /* no reference on the new block */
+    assert_int_equal(t->cow, 1);
+    psd_lend_put(l); /* the old block goes (ASan: no leak) */
+
+    struct psd_lend *l2 = psd_table_lend(t, 4096), *l3 = psd_table_lend(t, 4096);
+    assert_ptr_equal(l2, l3); /* one block, two messages */
+    psd_lend_put(l2);
+    float *w = t->w;
+    psd_table_apply_keys(t, &key, g, 1, ++t->steps); /* l3 still out: moves */
+    assert_int_equal(t->cow, 2);
+    assert_true(t->w != w);
+    psd_lend_put(l3);
+    w = t->w;
+    struct psd_lend *l4 = psd_table_lend(t, 4096);
+    psd_lend_put(l4); /* back to the table's reference only */
+    psd_table_apply(t, 0, SIZE, g, ++t->steps);
+    assert_ptr_equal(t->w, w); /* in place */
+    assert_int_equal(t->cow, 2);
+    struct psd_lend *l5 = psd_table_lend(t, 4096);
+    memcpy(before, t->w, sizeof before);
+    psd_table_destroy(t); /* with a message still out */
+    assert_memory_equal(l5->w, before, sizeof before);
+    psd_lend_put(l5); /* frees the block (ASan: no use after free, no leak) */
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -228,6 +275,7 @@ int main(void)
         cmocka_unit_test(test_same_spec),
         cmocka_unit_test(test_keyed_matches_range),
         cmocka_unit_test(test_apply_matches_element_rules),
+        cmocka_unit_test(test_lend_copy_on_write),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,115 @@
+/* Pull replies sent from the table itself (psd's lend_ok and the table's
+ * copy on write), through an in-process psd: which replies are lent, that
+ * a held reply keeps its values while the table is written, and that a
+ * table written while its replies are out stops lending. */
+#include "psd.h"
+
+#include "ps_err.h"
+#include "ps_limits.h"
+#include "ps_log.h"
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#define SIZE (2u * PS_LEND_BYTES_MIN / 4u) /* floats: a pull of half is the smallest lent */
+
+static float grad[SIZE];
+
+/* Dispatches a request of op on [offset, +count) (with the gradient for
+ * pushes) and returns its reply, not dropped. */
+static void request(struct psd *s, Ps__Op op, uint64_t offset, uint64_t count, Ps__DType dtype,
+                    struct psd_reply *rep)
+{
+    Ps__Header h;
+    ps_wire_header_init(&h, op);
+    static uint64_t id;
+    h.request_id = ++id; /* pushes are applied once per id */
+    h.table_id = 0;
+    h.offset = offset;
+    h.count = count;
+    h.dtype = dtype;
+    uint8_t buf[512];
+    struct ps_frame f[2] = {{buf, ps__header__pack(&h, buf)}, {grad, count * 4}};
+    struct ps_frame route = {"r", 1};
+    assert_int_equal(psd_dispatch(s, &route, f, op == PS__OP__OP_PULL ? 1 : 2, rep), 1);
+}
+
+static void test_lent_replies(void **state)
+{
+    (void)state;
+    static struct psd s;
+    struct ps_log log;
+    ps_log_init(&log, "test", PS_LOG_ERROR);
+    struct psd_params p = {
+        .shard = 0, .shards = 1, .value_bytes_max = 64u << 20, .wait_timeout_ms = 3600000};
+    assert_int_equal(psd_cons_parse("asp", &p.cons), 0);
+    assert_int_equal(psd_init(&s, &log, &p), 0);
+    Ps__TableSpec sp;
+    ps__table_spec__init(&sp);
+    sp.name = "t";
+    sp.size = SIZE;
+    sp.lr = 1.0f;
+    sp.init = PS__INIT_KIND__INIT_CONSTANT;
+    sp.init_scale = 1.0f;
+    Ps__Header h;
+    ps_wire_header_init(&h, PS__OP__OP_CREATE_TABLE);
+    h.spec = &sp;
+    uint8_t buf[512];
+    struct ps_frame f = {buf, ps__header__pack(&h, buf)};
+    struct ps_frame route = {"r", 1};
+    struct psd_reply rep, held;
+    assert_int_equal(psd_dispatch(&s, &route, &f, 1, &rep), 1);
+    psd_reply_drop(&rep);
+    struct psd_table *t = s.tables[0];
+    for (size_t i = 0; i < SIZE; i++)
+        grad[i] = 0.5f;
+
+    /* not lent: one float short of the size, 16-bit values, a push-pull in asp */
+    request(&s, PS__OP__OP_PULL, 0, SIZE / 2 - 1, PS__DTYPE__DTYPE_F32, &rep);
+    assert_null(rep.lend);
+    assert_true(rep.vals != NULL && rep.vals != (void *)t->w);
+    psd_reply_drop(&rep);
+    request(&s, PS__OP__OP_PULL, 0, SIZE, PS__DTYPE__DTYPE_F16, &rep);
+    assert_null(rep.lend);
+    psd_reply_drop(&rep);
+    request(&s, PS__OP__OP_PUSH_PULL, 0, SIZE, PS__DTYPE__DTYPE_F32, &rep);
+    assert_null(rep.lend);
+    psd_reply_drop(&rep);
+    float now = 1.0f - 0.5f; /* after that push */
+
+    /* lent: the second half, from the table's own memory */
+    request(&s, PS__OP__OP_PULL, SIZE / 2, SIZE / 2, PS__DTYPE__DTYPE_F32, &held);
+    assert_non_null(held.lend);
+    assert_ptr_equal(held.vals, t->w + SIZE / 2);
+    assert_int_equal(held.vals_bytes, SIZE / 2 * 4);
+    /* a push while it is held: the table moves, the reply keeps its values */
+    request(&s, PS__OP__OP_PUSH, 0, SIZE, PS__DTYPE__DTYPE_F32, &rep);
+    assert_int_equal(rep.hdr_len > 0, 1);
+    psd_reply_drop(&rep);
+    assert_int_equal(t->cow, 1);
+    for (size_t i = 0; i < SIZE / 2; i++)
+        if (((const float *)held.vals)[i] != now)
+            fail_msg("held reply element %zu changed to %g", i, (double)((float *)held.vals)[i]);
+    assert_true(t->w[SIZE - 1] == now - 0.5f);
+    /* that copy cost the whole shard for half a shard lent: no more lending */
+    request(&s, PS__OP__OP_PULL, 0, SIZE, PS__DTYPE__DTYPE_F32, &rep);
+    assert_null(rep.lend);
+    assert_true(((const float *)rep.vals)[0] == now - 0.5f);
+    psd_reply_drop(&rep);
+    psd_reply_drop(&held); /* frees the old block (ASan: no leak) */
+    psd_fini(&s);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_lent_replies),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
