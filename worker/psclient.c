@@ -72,6 +72,11 @@ struct slot {
     size_t rows_cap; /* entries order/skeys hold; svals holds rows_cap x dim */
     size_t vals_cap;
     uint32_t *grp; /* shard s holds grouped positions [grp[s], grp[s+1]) */
+    /* psc_pull_view: each shard's reply message, kept (NULL until the
+     * slot's first view; messages are empty when not held) */
+    int view;
+    int held; /* waited for: values readable until psc_view_release */
+    zmq_msg_t *vmsg;
     char error[PS_ERROR_TEXT_MAX + 64];
 };
 
@@ -188,6 +193,7 @@ static struct slot *slot_alloc(struct psc_client *c, Ps__Op op, uint64_t *id)
     sl->status = 0;
     sl->canceled = 0;
     sl->rows = 0;
+    sl->view = 0;
     sl->kind = SUB_SYNC;
     sl->src = NULL;
     sl->keys = NULL;
@@ -198,8 +204,19 @@ static struct slot *slot_alloc(struct psc_client *c, Ps__Op op, uint64_t *id)
     return sl;
 }
 
+/* Lets go of a view's messages (they stay initialised, empty). */
+static void view_drop(struct psc_client *c, struct slot *sl)
+{
+    for (uint32_t s = 0; sl->vmsg != NULL && s < c->nshards; s++) {
+        zmq_msg_close(&sl->vmsg[s]);
+        zmq_msg_init(&sl->vmsg[s]);
+    }
+    sl->held = 0;
+}
+
 static void slot_release(struct psc_client *c, struct slot *sl)
 {
+    view_drop(c, sl);
     c->id_map[sl->seq & (ID_MAP - 1)] = 0;
     sl->seq = 0;
     c->free_stack[c->nfree++] = (uint16_t)(sl - c->slots);
@@ -336,8 +353,29 @@ static void handle_rows_reply(struct psc_client *c, uint32_t shard, struct slot 
     }
 }
 
+/* A view's reply: its values message is kept in the slot, or a copy of
+ * it where the values are not float-aligned in the message. */
+static void view_keep(struct slot *sl, uint32_t shard, const struct ps_wire_msg *m,
+                      zmq_msg_t *vals_msg)
+{
+    zmq_msg_t *dst = &sl->vmsg[shard];
+    if (vals_msg != NULL && zmq_msg_data(vals_msg) == m->vals &&
+        (uintptr_t)m->vals % _Alignof(float) == 0) {
+        zmq_msg_move(dst, vals_msg);
+        return;
+    }
+    zmq_msg_close(dst);
+    if (zmq_msg_init_size(dst, m->vals_bytes) != 0) {
+        zmq_msg_init(dst);
+        slot_fail(sl, PS_ENOMEM, "no memory for %zu bytes of shard %u's values", m->vals_bytes,
+                  shard);
+        return;
+    }
+    memcpy(zmq_msg_data(dst), m->vals, m->vals_bytes);
+}
+
 static void handle_data_reply(struct psc_client *c, uint32_t shard, struct slot *sl,
-                              const struct ps_wire_msg *m)
+                              const struct ps_wire_msg *m, zmq_msg_t *vals_msg)
 {
     const Ps__Header *h = m->hdr;
     c->stale_pushes += h->stale;
@@ -355,7 +393,8 @@ static void handle_data_reply(struct psc_client *c, uint32_t shard, struct slot 
     uint64_t b = sl->offset + sl->count < hi ? sl->offset + sl->count : hi;
     int masked = m->mask != NULL;
     if (h->offset != a || h->count != b - a || h->dtype != c->dtype ||
-        (masked && !c->nonzero_pulls) || (!masked && m->vals_bytes != (b - a) * c->esize)) {
+        (masked && (!c->nonzero_pulls || sl->view)) ||
+        (!masked && m->vals_bytes != (b - a) * c->esize)) {
         slot_fail(sl, PS_EPROTO, "shard %u answered [%llu, +%llu), expected [%llu, +%llu)", shard,
                   (unsigned long long)h->offset, (unsigned long long)h->count,
                   (unsigned long long)a, (unsigned long long)(b - a));
@@ -365,6 +404,10 @@ static void handle_data_reply(struct psc_client *c, uint32_t shard, struct slot 
         return;
     if (masked) {
         expand_masked(c, m, sl->out + (a - sl->offset), (size_t)(b - a));
+        return;
+    }
+    if (sl->view) {
+        view_keep(sl, shard, m, vals_msg);
         return;
     }
     if (c->dtype == PS__DTYPE__DTYPE_F32)
@@ -495,7 +538,7 @@ static void handle_sync_reply(struct psc_client *c, uint32_t shard, struct slot 
 }
 
 static void handle_reply(struct psc_client *c, uint32_t shard, const struct ps_frame *frames,
-                         size_t nframes)
+                         size_t nframes, zmq_msg_t *last)
 {
     struct ps_wire_msg m;
     char err[PS_ERROR_TEXT_MAX];
@@ -531,7 +574,7 @@ static void handle_reply(struct psc_client *c, uint32_t shard, const struct ps_f
         return;
     }
     if (sl->op == PS__OP__OP_PULL || sl->op == PS__OP__OP_PUSH || sl->op == PS__OP__OP_PUSH_PULL)
-        handle_data_reply(c, shard, sl, &m);
+        handle_data_reply(c, shard, sl, &m, last);
     else
         handle_sync_reply(c, shard, sl, &m);
 }
@@ -549,7 +592,7 @@ static int recv_one(struct psc_client *c, uint32_t shard)
         frames[i].data = zmq_msg_data(&parts[i]);
         frames[i].size = zmq_msg_size(&parts[i]);
     }
-    handle_reply(c, shard, frames, total);
+    handle_reply(c, shard, frames, total, kept == total && kept > 0 ? &parts[kept - 1] : NULL);
     for (size_t i = 0; i < kept; i++)
         zmq_msg_close(&parts[i]);
     return 0;
@@ -586,6 +629,10 @@ static int finish(struct psc_client *c, struct slot *sl)
     int rc = sl->status;
     if (rc != 0)
         set_error(c, rc, "%s", sl->error);
+    if (rc == 0 && sl->view && !sl->canceled) {
+        sl->held = 1; /* the caller reads it, then psc_view_release */
+        return 0;
+    }
     slot_release(c, sl);
     return rc;
 }
@@ -593,7 +640,7 @@ static int finish(struct psc_client *c, struct slot *sl)
 int psc_wait(struct psc_client *c, uint64_t ticket, int timeout_ms)
 {
     struct slot *sl = slot_lookup(c, ticket);
-    if (sl == NULL || sl->canceled)
+    if (sl == NULL || sl->canceled || sl->held)
         return set_error(c, PS_EINVAL, "ticket %llu is not outstanding",
                          (unsigned long long)ticket);
     int64_t deadline = now_ms() + (timeout_ms < 0 ? 0 : timeout_ms);
@@ -696,7 +743,7 @@ static int send_sub(struct psc_client *c, struct slot *sl, uint32_t s, int resen
             return 1;
         h.offset = a;
         h.count = b - a;
-        h.nonzero_only = c->nonzero_pulls && sl->op != PS__OP__OP_PUSH;
+        h.nonzero_only = c->nonzero_pulls && sl->op != PS__OP__OP_PUSH && !sl->view;
         const void *vals = sl->src ? sl->src + (a - sl->offset) * c->esize : NULL;
         return send_frames(c, s, &h, NULL, 0, vals, vals ? (b - a) * c->esize : 0, sl, resend);
     }
@@ -770,7 +817,7 @@ static void resend_all_due(struct psc_client *c)
 }
 
 static int start_range(struct psc_client *c, Ps__Op op, uint32_t table, uint64_t offset,
-                       uint64_t count, const float *grad, float *out, uint64_t clock,
+                       uint64_t count, const float *grad, float *out, int view, uint64_t clock,
                        uint64_t *ticket)
 {
     if (table >= c->ntables)
@@ -783,13 +830,24 @@ static int start_range(struct psc_client *c, Ps__Op op, uint32_t table, uint64_t
         return set_error(c, PS_ERANGE, "%s: [%llu, +%llu) is outside table '%s' of %llu",
                          ps_op_name(op), (unsigned long long)offset, (unsigned long long)count,
                          t->name, (unsigned long long)t->size);
-    if ((op != PS__OP__OP_PULL && grad == NULL) || (op != PS__OP__OP_PUSH && out == NULL))
+    if ((op != PS__OP__OP_PULL && grad == NULL) || (op != PS__OP__OP_PUSH && out == NULL && !view))
         return set_error(c, PS_EINVAL, "%s: NULL buffer", ps_op_name(op));
+    if (view && c->dtype != PS__DTYPE__DTYPE_F32)
+        return set_error(c, PS_EINVAL, "pull view: the values must be f32 on the wire");
     uint64_t id = 0;
     struct slot *sl = slot_alloc(c, op, &id);
     if (sl == NULL)
         return set_error(c, PS_EBUSY, "%s: %u requests already outstanding", ps_op_name(op),
                          PS_CLIENT_TICKETS_MAX);
+    if (view && sl->vmsg == NULL) {
+        if ((sl->vmsg = malloc(c->nshards * sizeof *sl->vmsg)) == NULL) {
+            slot_release(c, sl);
+            return set_error(c, PS_ENOMEM, "pull view: no memory");
+        }
+        for (uint32_t s = 0; s < c->nshards; s++)
+            zmq_msg_init(&sl->vmsg[s]);
+    }
+    sl->view = view;
     sl->table = table;
     sl->offset = offset;
     sl->count = count;
@@ -950,19 +1008,68 @@ int psc_push_pull_rows(struct psc_client *c, uint32_t table, const uint64_t *key
 int psc_pull(struct psc_client *c, uint32_t table, uint64_t offset, uint64_t count, float *out,
              uint64_t clock, uint64_t *ticket)
 {
-    return start_range(c, PS__OP__OP_PULL, table, offset, count, NULL, out, clock, ticket);
+    return start_range(c, PS__OP__OP_PULL, table, offset, count, NULL, out, 0, clock, ticket);
 }
 
 int psc_push(struct psc_client *c, uint32_t table, uint64_t offset, uint64_t count,
              const float *grad, uint64_t clock, uint64_t *ticket)
 {
-    return start_range(c, PS__OP__OP_PUSH, table, offset, count, grad, NULL, clock, ticket);
+    return start_range(c, PS__OP__OP_PUSH, table, offset, count, grad, NULL, 0, clock, ticket);
 }
 
 int psc_push_pull(struct psc_client *c, uint32_t table, uint64_t offset, uint64_t count,
                   const float *grad, float *out, uint64_t clock, uint64_t *ticket)
 {
-    return start_range(c, PS__OP__OP_PUSH_PULL, table, offset, count, grad, out, clock, ticket);
+    return start_range(c, PS__OP__OP_PUSH_PULL, table, offset, count, grad, out, 0, clock, ticket);
+}
+
+int psc_pull_view(struct psc_client *c, uint32_t table, uint64_t offset, uint64_t count,
+                  uint64_t clock, uint64_t *ticket)
+{
+    return start_range(c, PS__OP__OP_PULL, table, offset, count, NULL, NULL, 1, clock, ticket);
+}
+
+/* The held view of ticket, or NULL (error set). */
+static struct slot *held_view(struct psc_client *c, uint64_t ticket)
+{
+    struct slot *sl = slot_lookup(c, ticket);
+    if (sl == NULL || !sl->view || !sl->held) {
+        set_error(c, PS_EINVAL, "ticket %llu is not a pull view that was waited for",
+                  (unsigned long long)ticket);
+        return NULL;
+    }
+    return sl;
+}
+
+int psc_view_part(struct psc_client *c, uint64_t ticket, uint32_t i, const float **vals,
+                  uint64_t *offset, uint64_t *count)
+{
+    struct slot *sl = held_view(c, ticket);
+    if (sl == NULL)
+        return PS_EINVAL;
+    const struct table_h *t = c->tables[sl->table];
+    for (uint32_t s = 0, k = 0; s < c->nshards; s++) {
+        uint64_t lo, hi;
+        ps_shard_range(t->size, c->nshards, s, &lo, &hi);
+        uint64_t a = sl->offset > lo ? sl->offset : lo;
+        uint64_t b = sl->offset + sl->count < hi ? sl->offset + sl->count : hi;
+        if (a >= b || k++ != i)
+            continue;
+        *vals = zmq_msg_data(&sl->vmsg[s]);
+        *offset = a;
+        *count = b - a;
+        return 0;
+    }
+    return set_error(c, PS_ERANGE, "pull view %llu has no part %u", (unsigned long long)ticket, i);
+}
+
+int psc_view_release(struct psc_client *c, uint64_t ticket)
+{
+    struct slot *sl = held_view(c, ticket);
+    if (sl == NULL)
+        return PS_EINVAL;
+    slot_release(c, sl);
+    return 0;
 }
 
 /* ---- public: synchronous ops --------------------------------------------- */
@@ -1409,6 +1516,8 @@ void psc_destroy(struct psc_client *c)
     for (uint32_t i = 0; i < c->ntables; i++)
         free(c->tables[i]);
     for (uint32_t i = 0; i < PS_CLIENT_TICKETS_MAX; i++) {
+        view_drop(c, &c->slots[i]);
+        free(c->slots[i].vmsg);
         free(c->slots[i].conv);
         free(c->slots[i].order);
         free(c->slots[i].skeys);

@@ -165,6 +165,20 @@ int psc_push(struct psc_client *c, uint32_t table, uint64_t offset, uint64_t cou
 int psc_push_pull(struct psc_client *c, uint32_t table, uint64_t offset, uint64_t count,
                   const float *grad, float *out, uint64_t clock, uint64_t *ticket);
 
+/* A pull without a copy: the values stay in the messages they arrived in.
+ * Needs f32 on the wire (wire_dtype), and is never a nonzero-only reply.
+ * After psc_wait returns 0 for the ticket, the ticket stays held:
+ * psc_view_part(c, ticket, i, ...) gives part i (i = 0, 1, ... in offset
+ * order, one per shard the range spans) as a pointer to its count floats,
+ * for elements [offset, offset+count), valid until psc_view_release
+ * (which frees the ticket; PS_ERANGE past the last part). A wait that
+ * fails releases the ticket as for any other. */
+int psc_pull_view(struct psc_client *c, uint32_t table, uint64_t offset, uint64_t count,
+                  uint64_t clock, uint64_t *ticket);
+int psc_view_part(struct psc_client *c, uint64_t ticket, uint32_t i, const float **vals,
+                  uint64_t *offset, uint64_t *count);
+int psc_view_release(struct psc_client *c, uint64_t ticket);
+
 /* Sparse push into a dense table: gradient vals[i] for element keys[i],
  * i < n, keys strictly increasing and below the table size. Every shard
  * receives a push (one holding a single zero entry when no key falls in its

@@ -345,6 +345,53 @@ static void test_f16_on_the_wire(void **state)
     free(after);
 }
 
+/* Pull views: a range over both shards comes back as two parts, equal to
+ * a copying pull; the ticket stays held until released (waiting on it
+ * again is refused, a part past the last is refused); views of small
+ * replies, several at once, and a view on an f16 client is refused. */
+static void test_pull_view(void **state)
+{
+    struct fixture *f = *state;
+    enum { OFF = N / 2 - 70000, C = 100000 }; /* 280 KB on shard 0, 120 KB on shard 1 */
+    float *ref = malloc(C * 4);
+    uint64_t t, v, v2;
+    float small[5];
+    assert_int_equal(psc_pull(f->c, f->big, OFF, C, ref, 10, &t), 0);
+    wait_ok(f->c, t);
+    assert_int_equal(psc_pull(f->c, f->big, 3, 5, small, 10, &t), 0);
+    wait_ok(f->c, t);
+    assert_int_equal(psc_pull_view(f->c, f->big, OFF, C, 10, &v), 0);
+    assert_int_equal(psc_pull_view(f->c, f->big, 3, 5, 10, &v2), 0); /* small: one part */
+    wait_ok(f->c, v);
+    wait_ok(f->c, v2);
+    assert_int_equal(psc_wait(f->c, v, 0), PS_EINVAL); /* held, not outstanding */
+    const float *p;
+    uint64_t off, cnt, seen = 0;
+    for (uint32_t i = 0; i < 2; i++) {
+        assert_int_equal(psc_view_part(f->c, v, i, &p, &off, &cnt), 0);
+        assert_int_equal(off, OFF + seen);
+        assert_memory_equal(p, ref + seen, cnt * 4);
+        seen += cnt;
+    }
+    assert_int_equal(seen, C);
+    assert_int_equal(psc_view_part(f->c, v, 2, &p, &off, &cnt), PS_ERANGE);
+    assert_int_equal(psc_view_part(f->c, v2, 0, &p, &off, &cnt), 0);
+    assert_true(off == 3 && cnt == 5);
+    assert_memory_equal(p, small, sizeof small);
+    assert_int_equal(psc_view_release(f->c, v), 0);
+    assert_int_equal(psc_view_release(f->c, v), PS_EINVAL); /* once */
+    assert_int_equal(psc_view_release(f->c, v2), 0);
+    struct psc_client *h = other_client(f, PSC_F16, 0);
+    struct psc_table_spec s;
+    big_spec(&s);
+    uint32_t t16;
+    assert_int_equal(psc_table_create(h, &s, TIMEOUT_MS, &t16), 0);
+    assert_int_equal(psc_pull_view(h, t16, 0, 10, 10, &v), PS_EINVAL);
+    assert_non_null(strstr(psc_last_error(h), "f32 on the wire"));
+    psc_destroy(h);
+    free(ref);
+}
+
 static void test_sparse_rows(void **state)
 {
     struct fixture *f = *state;
@@ -601,6 +648,7 @@ int main(void)
         cmocka_unit_test(test_push_then_pull_every_element),
         cmocka_unit_test(test_window_of_eight),
         cmocka_unit_test(test_keyed_push),
+        cmocka_unit_test(test_pull_view),
         cmocka_unit_test(test_create_idempotent_and_conflict),
         cmocka_unit_test(test_client_side_errors),
         cmocka_unit_test(test_stats),
