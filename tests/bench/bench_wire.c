@@ -8,6 +8,9 @@
  * sends back the message it received, or a preallocated buffer for pulls).
  * push: payload out, header back; pull: header out, payload back;
  * push-pull: payload both ways. With 2 shards each gets half the payload.
+ * pull-view is a pull through psc_pull_view (the values read where they
+ * arrived, then released), beside the same raw pull: psc_pull copies each
+ * reply into the caller's buffer, which the raw client never does.
  *
  * Then latency (p50/p99) of a 64-byte and a 1 MiB push-pull at window 1
  * beside raw, and sparse pushes: 65,536 keys x 1 float into a 10M-element
@@ -16,7 +19,7 @@
  *
  * Reports; never passes or fails on numbers.
  *   bench_wire [--psd PATH] [--seconds S] [--quick] [--only OP] [--json PATH]
- * --only push|pull|push-pull|sparse runs those rows alone (for profiling
+ * --only push|pull|push-pull|pull-view|sparse runs those rows alone (for profiling
  * one path with perf or callgrind). */
 #include "psclient.h"
 
@@ -42,8 +45,9 @@
 #define TIMEOUT_MS 30000
 #define LAT_MAX    4000
 
-enum op { OP_PUSH, OP_PULL, OP_PUSH_PULL };
-static const char *const op_names[] = {"push", "pull", "push-pull"};
+enum op { OP_PUSH, OP_PULL, OP_PUSH_PULL, OP_PULL_VIEW, OPS };
+static const char *const op_names[] = {"push", "pull", "push-pull", "pull-view"};
+#define ONLY_SPARSE OPS /* --only sparse */
 
 static double now_s(void)
 {
@@ -250,6 +254,8 @@ static void raw_recv(struct raw *r, int s)
 static double raw_run(struct raw *r, enum op op, size_t bytes, int window, double secs,
                       const unsigned char *buf, double *lat, int nlat)
 {
+    if (op == OP_PULL_VIEW) /* the raw client never copies */
+        op = OP_PULL;
     size_t part = bytes / (size_t)r->n;
     uint64_t done = 0, sent = 0;
     double sent_at[WINDOW_MAX];
@@ -307,6 +313,8 @@ static int ps_issue(struct ps *p, enum op op, uint64_t n, const float *g, float 
         return psc_push(p->c, p->t, 0, n, g, 0, tk);
     case OP_PULL:
         return psc_pull(p->c, p->t, 0, n, out, 0, tk);
+    case OP_PULL_VIEW:
+        return psc_pull_view(p->c, p->t, 0, n, 0, tk);
     default:
         return psc_push_pull(p->c, p->t, 0, n, g, out, 0, tk);
     }
@@ -331,7 +339,8 @@ static double ps_run(struct ps *p, enum op op, size_t bytes, int window, double 
         if (done == sent)
             break;
         int k = (int)(done % WINDOW_MAX);
-        if (psc_wait(p->c, tk[k], TIMEOUT_MS) != 0)
+        if (psc_wait(p->c, tk[k], TIMEOUT_MS) != 0 ||
+            (op == OP_PULL_VIEW && psc_view_release(p->c, tk[k]) != 0))
             die(op_names[op], psc_last_error(p->c));
         if (lat)
             lat[done] = now_s() - sent_at[k];
@@ -476,13 +485,13 @@ int main(int argc, char **argv)
             quick = 1;
         else if (strcmp(argv[i], "--only") == 0 && i + 1 < argc) {
             i++;
-            for (int o = 0; o < 3; o++)
+            for (int o = 0; o < OPS; o++)
                 if (strcmp(argv[i], op_names[o]) == 0)
                     only = o;
             if (strcmp(argv[i], "sparse") == 0)
-                only = 3;
+                only = ONLY_SPARSE;
             if (only < 0)
-                die("--only", "expects push, pull, push-pull or sparse");
+                die("--only", "expects push, pull, push-pull, pull-view or sparse");
         } else {
             fprintf(stderr, "usage: bench_wire [--psd PATH] [--seconds S] [--quick] [--only OP] "
                             "[--json PATH]\n");
@@ -521,7 +530,7 @@ int main(int argc, char **argv)
     printf("%-6s %-9s %7s %3s %11s %11s %11s %11s %7s\n", "shards", "op", "size", "win",
            "psd req/s", "psd GB/s", "raw req/s", "raw GB/s", "ratio");
     char eps[SHARDS_MAX][256], reps[SHARDS_MAX][256], sb[32];
-    for (int n = 1; n <= (only == 3 ? 1 : SHARDS_MAX); n++) {
+    for (int n = 1; n <= (only == ONLY_SPARSE ? 1 : SHARDS_MAX); n++) {
         for (int i = 0; i < n; i++) {
             start_psd(psd, dir, i, n, eps[i], sizeof eps[i]);
             start_raw(max_bytes, reps[i], sizeof reps[i]);
@@ -530,7 +539,7 @@ int main(int argc, char **argv)
         struct raw r;
         ps_connect(&p, eps, n, max_bytes / 4);
         raw_connect(&r, reps, n);
-        for (int op = 0; op < 3; op++)
+        for (int op = 0; op < OPS; op++)
             for (size_t si = 0; si < nsizes && (only < 0 || only == op); si++)
                 for (int wi = 0; wi < 2; wi++) {
                     size_t b = sizes[si];
@@ -549,7 +558,7 @@ int main(int argc, char **argv)
                              "\"raw_rps\": %.1f, \"ratio\": %.4f}",
                              n, op_names[op], b, w, pr, rr, pr / rr);
                 }
-        if (n == 1 && only == 3) {
+        if (n == 1 && only == ONLY_SPARSE) {
             sparse_bench(eps, secs * 2);
         } else if (n == 1 && only < 0) {
             printf("\nlatency, push-pull, window 1, 1 shard (microseconds)\n");
