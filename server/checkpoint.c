@@ -384,7 +384,7 @@ static int restore_dense(struct psd_table *t, const struct blob *b, json_t *o, c
     const float *w = tensor(b, "w", t->name, "F32", n * 4, err, errlen);
     if (w == NULL)
         return PS_EPROTO;
-    psd_table_own(t);
+    psd_table_own(t, t->lo, t->hi);
     memcpy(t->w, w, n * 4);
     float *st[2] = {t->s1, t->s2};
     for (int a = 0; a < 2; a++) {

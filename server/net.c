@@ -20,23 +20,23 @@ static void free_values(void *data, void *hint)
     free(data);
 }
 
-static void put_lend(void *data, void *hint)
+static void lent_done(void *data, void *hint)
 {
     (void)data;
-    psd_lend_put(hint);
+    psd_lent_done(hint);
 }
 
 /* Hands buf to zmq as the next frame: zero-copy when large (zmq frees it,
- * or drops *lend's reference when buf lies in a lent table block), copied
- * when small. On success the frame owns buf. */
-static int send_frame(struct psd_net *n, void **buf, size_t len, struct psd_lend **lend, int more)
+ * or lets go of *lent when buf lies in a lent table block), copied when
+ * small. On success the frame owns buf. */
+static int send_frame(struct psd_net *n, void **buf, size_t len, struct psd_lent **lent, int more)
 {
     zmq_msg_t m;
     if (len >= PS_ZEROCOPY_BYTES_MIN) {
-        if (zmq_msg_init_data(&m, *buf, len, *lend ? put_lend : free_values, *lend) != 0)
+        if (zmq_msg_init_data(&m, *buf, len, *lent ? lent_done : free_values, *lent) != 0)
             return -1;
         *buf = NULL; /* zmq owns it now, even if the send fails */
-        *lend = NULL;
+        *lent = NULL;
     } else {
         if (zmq_msg_init_size(&m, len) != 0)
             return -1;
@@ -52,13 +52,13 @@ static int send_frame(struct psd_net *n, void **buf, size_t len, struct psd_lend
 static int send_reply(struct psd_net *n, const void *route, size_t route_len, struct psd_reply *rep)
 {
     int rc = 0;
-    struct psd_lend *none = NULL;
+    struct psd_lent *none = NULL;
     /* After the first part is queued, the rest of the message is too. */
     if (zmq_send(n->sock, route, route_len, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
         zmq_send(n->sock, rep->hdr, rep->hdr_len,
                  (rep->mask || rep->vals ? ZMQ_SNDMORE : 0) | ZMQ_DONTWAIT) < 0 ||
         (rep->mask && send_frame(n, &rep->mask, rep->mask_bytes, &none, rep->vals != NULL) != 0) ||
-        (rep->vals && send_frame(n, &rep->vals, rep->vals_bytes, &rep->lend, 0) != 0)) {
+        (rep->vals && send_frame(n, &rep->vals, rep->vals_bytes, &rep->lent, 0) != 0)) {
         n->send_drops++;
         PS_LOG(n->srv->log, PS_LOG_DEBUG, "S0110", "reply dropped: %s", zmq_strerror(errno));
         rc = PS_EAGAIN;

@@ -88,11 +88,11 @@ void psd_fini(struct psd *s)
 void psd_reply_drop(struct psd_reply *rep)
 {
     free(rep->mask);
-    if (rep->lend != NULL)
-        psd_lend_put(rep->lend);
+    if (rep->lent != NULL)
+        psd_lent_done(rep->lent);
     else
         free(rep->vals);
-    rep->lend = NULL;
+    rep->lent = NULL;
     rep->mask = rep->vals = NULL;
     rep->mask_bytes = rep->vals_bytes = 0;
 }
@@ -569,25 +569,20 @@ static int reply_masked(const float *w, size_t n, Ps__DType dtype, struct psd_re
 }
 
 /* Whether a reply of `bytes` f32 values of t goes out from the table
- * itself (psd_table_lend). A write to the table while such a reply is in
- * flight copies the whole shard first (psd_table_own), so only:
+ * itself (psd_table_lend). A write to elements that such a reply carries,
+ * while it is in flight, copies the whole shard first (psd_table_own), so
+ * only:
  * - large replies (a copy of a small one costs less than the bookkeeping);
- * - pulls, or any reply in bsp with several workers (each round's values
- *   go to every worker). In asp a push-pull is followed by the worker's
- *   next push at once, and that push would copy the shard;
  * - while the table's copies on write have cost no more than the copies
- *   lending saved (psd_table_lend counts both). A table written while its
- *   replies are out stops lending, after one copy of the shard at most
- *   beyond what it saved. In 2+2 bsp training (256 KiB chunks, so a round
- *   applies fc1.weight's shard in two pieces and the second piece often
- *   meets the first piece's replies) fc1.weight lent 482 MB and copied
- *   209 MB in 600 steps: it goes on lending. */
-static int lend_ok(const struct psd *s, const Ps__Header *req, const struct psd_table *t,
-                   size_t bytes)
+ *   lending saved (psd_table_lend counts both). A table whose replies are
+ *   overwritten in flight stops lending, after one copy of the shard at
+ *   most beyond what it saved. Writes to other elements do not copy: a
+ *   worker's chunked push-pulls write the next chunk while the last one's
+ *   reply is still going out. */
+static int lend_ok(const struct psd_table *t, const Ps__Header *req, size_t bytes)
 {
     return req->dtype == PS__DTYPE__DTYPE_F32 && bytes >= PS_LEND_BYTES_MIN &&
-           t->cow_bytes <= t->lent_bytes &&
-           (req->op == PS__OP__OP_PULL || (s->cons.mode == PSD_BSP && s->cons.workers > 1));
+           t->cow_bytes <= t->lent_bytes;
 }
 
 static void reply_values(struct psd *s, const Ps__Header *req, struct psd_table *t, uint64_t offset,
@@ -610,7 +605,7 @@ static void reply_values(struct psd *s, const Ps__Header *req, struct psd_table 
         return;
     }
     size_t bytes = (size_t)count * ps_dtype_size(req->dtype);
-    if (lend_ok(s, req, t, bytes) && (rep->lend = psd_table_lend(t, bytes)) != NULL) {
+    if (lend_ok(t, req, bytes) && (rep->lent = psd_table_lend(t, offset, offset + count)) != NULL) {
         rep->vals = (void *)w; /* sent from the table; a later write copies the table first */
         rep->vals_bytes = bytes;
         reply_header(s, &h, rep);

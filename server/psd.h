@@ -142,8 +142,8 @@ struct psd_reply {
     size_t mask_bytes;
     void *vals;
     size_t vals_bytes;
-    struct psd_lend *lend; /* non-NULL: vals point into a table's lent block (one
-                            * reference held), not a buffer of the reply's own */
+    struct psd_lent *lent; /* non-NULL: vals point into a table's lent block (this
+                            * record held), not a buffer of the reply's own */
 };
 
 int psd_init(struct psd *s, struct ps_log *log, const struct psd_params *p);

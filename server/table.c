@@ -105,11 +105,21 @@ int psd_table_prune_step(struct psd_table *t, uint64_t step)
         return 0;
     double s = psd_prune_sparsity_at(&t->prune, step);
     t->prune_target_now = s;
-    psd_table_own(t);
+    psd_table_own(t, t->lo, t->hi);
     t->npruned = psd_prune_apply_mask(t->w, t->s1, t->s2, t->mask, (size_t)(t->hi - t->lo), s,
                                       t->prune_scratch);
     t->prune_updates++;
     return 1;
+}
+
+static void lend_put(struct psd_lend *l)
+{
+    /* acq_rel: the sender's reads of the block happen before it is freed
+     * or written, on whichever thread drops the last reference */
+    if (atomic_fetch_sub_explicit(&l->refs, 1, memory_order_acq_rel) == 1) {
+        free(l->w);
+        free(l);
+    }
 }
 
 void psd_table_destroy(struct psd_table *t)
@@ -121,7 +131,7 @@ void psd_table_destroy(struct psd_table *t)
     if (t->sparse)
         psd_sparse_fini(&t->sp);
     if (t->lend != NULL)
-        psd_lend_put(t->lend); /* the block goes with its last message */
+        lend_put(t->lend); /* the block goes with its last message */
     else
         free(t->w);
     free(t->spare);
@@ -175,43 +185,63 @@ static void apply_took(struct psd_table *t, uint64_t t0)
     ps_hist_observe(&t->apply_hist, (double)(uv_hrtime() - t0) * 1e-9);
 }
 
-struct psd_lend *psd_table_lend(struct psd_table *t, size_t bytes)
+struct psd_lent *psd_table_lend(struct psd_table *t, uint64_t lo, uint64_t hi)
 {
     if (t->spare == NULL && (t->spare = alloc_floats(t->hi - t->lo, 0)) == NULL)
         return NULL;
     if (t->lend == NULL) {
-        if ((t->lend = malloc(sizeof *t->lend)) == NULL)
+        if ((t->lend = calloc(1, sizeof *t->lend)) == NULL)
             return NULL;
         atomic_init(&t->lend->refs, 1);
         t->lend->w = t->w;
+        for (int i = 0; i < PSD_LENT_MAX; i++)
+            atomic_init(&t->lend->rec[i].busy, 0);
     }
+    struct psd_lent *r = NULL;
+    for (int i = 0; i < PSD_LENT_MAX && r == NULL; i++) {
+        struct psd_lent *c = &t->lend->rec[(t->lend_next + i) % PSD_LENT_MAX];
+        if (atomic_load_explicit(&c->busy, memory_order_acquire) == 0)
+            r = c;
+    }
+    if (r == NULL)
+        return NULL;
+    t->lend_next = (uint32_t)(r - t->lend->rec + 1) % PSD_LENT_MAX;
+    r->block = t->lend;
+    r->lo = lo;
+    r->hi = hi;
+    atomic_store_explicit(&r->busy, 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&t->lend->refs, 1, memory_order_relaxed);
-    t->lent_bytes += bytes;
-    return t->lend;
+    t->lent_bytes += (hi - lo) * sizeof(float);
+    return r;
 }
 
-void psd_lend_put(struct psd_lend *l)
+void psd_lent_done(struct psd_lent *r)
 {
-    /* acq_rel: the sender's reads of the block happen before it is freed
-     * or written, on whichever thread drops the last reference */
-    if (atomic_fetch_sub_explicit(&l->refs, 1, memory_order_acq_rel) == 1) {
-        free(l->w);
-        free(l);
-    }
+    struct psd_lend *l = r->block; /* r may be reused (or freed with l) once not busy */
+    atomic_store_explicit(&r->busy, 0, memory_order_release);
+    lend_put(l);
 }
 
-void psd_table_own(struct psd_table *t)
+void psd_table_own(struct psd_table *t, uint64_t lo, uint64_t hi)
 {
     /* Only this thread takes references, so once none but the table's is
-     * left, none can appear while w is written. */
+     * left, none can appear while w is written; a record seen not busy
+     * has been let go of after the sender's last read of its elements. */
     if (t->lend == NULL || atomic_load_explicit(&t->lend->refs, memory_order_acquire) == 1)
+        return;
+    int overlap = 0;
+    for (int i = 0; i < PSD_LENT_MAX && !overlap; i++) {
+        const struct psd_lent *r = &t->lend->rec[i];
+        overlap = atomic_load_explicit(&r->busy, memory_order_acquire) && r->lo < hi && lo < r->hi;
+    }
+    if (!overlap)
         return;
     memcpy(t->spare, t->w, (size_t)(t->hi - t->lo) * sizeof(float));
     t->w = t->spare;
     t->spare = NULL;
     struct psd_lend *old = t->lend;
     t->lend = NULL;
-    psd_lend_put(old);
+    lend_put(old);
     t->cow++;
     t->cow_bytes += (t->hi - t->lo) * sizeof(float);
 }
@@ -220,7 +250,7 @@ void psd_table_apply(struct psd_table *t, uint64_t offset, uint64_t count, const
                      uint64_t step)
 {
     uint64_t t0 = uv_hrtime();
-    psd_table_own(t);
+    psd_table_own(t, offset, offset + count);
     assert(offset >= t->lo);
     assert(count <= t->hi - offset);
     size_t base = (size_t)(offset - t->lo);
@@ -236,7 +266,8 @@ void psd_table_apply_keys(struct psd_table *t, const uint64_t *keys, const float
                           uint64_t step)
 {
     uint64_t t0 = uv_hrtime();
-    psd_table_own(t);
+    if (n > 0)
+        psd_table_own(t, keys[0], keys[n - 1] + 1);
     struct psk_optim o = table_optim(t);
     assert(n == 0 || (keys[0] >= t->lo && keys[n - 1] < t->hi));
     psk_optim_apply_sparse(&o, step, t->w, t->s1, t->s2, keys, t->lo, g, n);

@@ -20,11 +20,21 @@
 #include <stdint.h>
 
 /* A block of weights that zmq is sending from: pull replies go out of the
- * table without a copy. The I/O thread drops a message's reference when
- * the message is sent; the last reference frees the block. */
+ * table without a copy. Each message in flight holds a record (which
+ * elements it carries) and a reference on the block; ZeroMQ's I/O thread
+ * lets go of both when the message is sent, and the last reference frees
+ * the block. */
+#define PSD_LENT_MAX 128 /* messages in flight from one block */
+struct psd_lend;
+struct psd_lent {
+    struct psd_lend *block;
+    uint64_t lo, hi;  /* global elements [lo, hi) of the table */
+    atomic_uint busy; /* 1 from psd_table_lend until psd_lent_done */
+};
 struct psd_lend {
-    atomic_uint refs; /* one while it is the table's block, plus one per message */
+    atomic_uint refs; /* one while it is the table's block, plus one per busy record */
     float *w;
+    struct psd_lent rec[PSD_LENT_MAX];
 };
 
 struct psd_table {
@@ -50,6 +60,7 @@ struct psd_table {
 
     float *w;              /* hi - lo weights */
     struct psd_lend *lend; /* w's, once a reply was sent from it; NULL before */
+    uint32_t lend_next;    /* where psd_table_lend looks for a free record first */
     float *spare;          /* hi - lo: where w moves when written while lent */
     uint64_t cow;          /* times w moved so (psd_table_own) */
     uint64_t cow_bytes;    /* bytes those moves copied */
@@ -92,17 +103,20 @@ void psd_table_destroy(struct psd_table *t);
 /* 1 when spec describes exactly this table (idempotent create). */
 int psd_table_same_spec(const struct psd_table *t, const Ps__TableSpec *spec);
 
-/* Lends w for a reply of `bytes`: takes a reference for the message on
- * w's block and returns its lend, or NULL when the spare block the table
- * would move to cannot be allocated (copy the values instead). A table
- * that lends keeps that spare: a second copy of its weights. */
-struct psd_lend *psd_table_lend(struct psd_table *t, size_t bytes);
-/* Drops one reference to a lent block (any thread). */
-void psd_lend_put(struct psd_lend *l);
-/* Called before anything writes w: when a message sent from w may still
- * be in flight, w moves to the spare block (a copy) and the old block is
- * left to the messages (copy-on-write). Never fails. */
-void psd_table_own(struct psd_table *t);
+/* Lends w's elements [lo, hi) for a reply: returns the message's record
+ * (the reply's pointer is t->w + (lo - t->lo)), or NULL when the spare
+ * block the table would move to cannot be allocated or PSD_LENT_MAX
+ * messages are already out (copy the values instead). A table that lends
+ * keeps that spare: a second copy of its weights. */
+struct psd_lent *psd_table_lend(struct psd_table *t, uint64_t lo, uint64_t hi);
+/* The message of a record is gone (sent, dropped, or never sent): any
+ * thread. */
+void psd_lent_done(struct psd_lent *r);
+/* Called before anything writes elements [lo, hi) of w: when a message in
+ * flight carries any of them, w moves to the spare block (a copy) and the
+ * old block is left to the messages (copy-on-write). Messages carrying
+ * other elements do not stop the write. Never fails. */
+void psd_table_own(struct psd_table *t, uint64_t lo, uint64_t hi);
 
 /* Applies gradients g[0..count) to global elements [offset, offset+count),
  * which must lie in [lo, hi), as optimizer step `step` (1-based: Adam's t

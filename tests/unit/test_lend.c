@@ -1,7 +1,8 @@
 /* Pull replies sent from the table itself (psd's lend_ok and the table's
  * copy on write), through an in-process psd: which replies are lent, that
- * a held reply keeps its values while the table is written, and that a
- * table written while its replies are out stops lending. */
+ * a held reply keeps its values while the table is written, that writes to
+ * other elements do not copy, and that a table whose replies are
+ * overwritten in flight stops lending. */
 #include "psd.h"
 
 #include "ps_err.h"
@@ -17,7 +18,8 @@
 
 #include <cmocka.h>
 
-#define SIZE (2u * PS_LEND_BYTES_MIN / 4u) /* floats: a pull of half is the smallest lent */
+#define SIZE PS_LEND_BYTES_MIN /* floats: a quarter of the table is the smallest lent reply */
+#define Q    (SIZE / 4u)
 
 static float grad[SIZE];
 
@@ -70,37 +72,45 @@ static void test_lent_replies(void **state)
     for (size_t i = 0; i < SIZE; i++)
         grad[i] = 0.5f;
 
-    /* not lent: one float short of the size, 16-bit values, a push-pull in asp */
-    request(&s, PS__OP__OP_PULL, 0, SIZE / 2 - 1, PS__DTYPE__DTYPE_F32, &rep);
-    assert_null(rep.lend);
+    /* not lent: one float short of the size, 16-bit values */
+    request(&s, PS__OP__OP_PULL, 0, Q - 1, PS__DTYPE__DTYPE_F32, &rep);
+    assert_null(rep.lent);
     assert_true(rep.vals != NULL && rep.vals != (void *)t->w);
     psd_reply_drop(&rep);
     request(&s, PS__OP__OP_PULL, 0, SIZE, PS__DTYPE__DTYPE_F16, &rep);
-    assert_null(rep.lend);
+    assert_null(rep.lent);
     psd_reply_drop(&rep);
-    request(&s, PS__OP__OP_PUSH_PULL, 0, SIZE, PS__DTYPE__DTYPE_F32, &rep);
-    assert_null(rep.lend);
+    /* a push-pull's reply is lent; the next push-pull writes other
+     * elements while it is held: no copy */
+    request(&s, PS__OP__OP_PUSH_PULL, 0, Q, PS__DTYPE__DTYPE_F32, &held);
+    assert_non_null(held.lent);
+    assert_ptr_equal(held.vals, t->w);
+    request(&s, PS__OP__OP_PUSH_PULL, Q, Q, PS__DTYPE__DTYPE_F32, &rep);
+    assert_non_null(rep.lent);
+    assert_int_equal(t->cow, 0);
     psd_reply_drop(&rep);
-    float now = 1.0f - 0.5f; /* after that push */
+    psd_reply_drop(&held);
+    float now = 1.0f; /* the last quarter, which those did not touch */
 
-    /* lent: the second half, from the table's own memory */
-    request(&s, PS__OP__OP_PULL, SIZE / 2, SIZE / 2, PS__DTYPE__DTYPE_F32, &held);
-    assert_non_null(held.lend);
-    assert_ptr_equal(held.vals, t->w + SIZE / 2);
-    assert_int_equal(held.vals_bytes, SIZE / 2 * 4);
+    /* lent: the last quarter, from the table's own memory */
+    request(&s, PS__OP__OP_PULL, 3 * Q, Q, PS__DTYPE__DTYPE_F32, &held);
+    assert_non_null(held.lent);
+    assert_ptr_equal(held.vals, t->w + 3 * Q);
+    assert_int_equal(held.vals_bytes, Q * 4);
     /* a push while it is held: the table moves, the reply keeps its values */
     request(&s, PS__OP__OP_PUSH, 0, SIZE, PS__DTYPE__DTYPE_F32, &rep);
     assert_int_equal(rep.hdr_len > 0, 1);
     psd_reply_drop(&rep);
     assert_int_equal(t->cow, 1);
-    for (size_t i = 0; i < SIZE / 2; i++)
+    for (size_t i = 0; i < Q; i++)
         if (((const float *)held.vals)[i] != now)
             fail_msg("held reply element %zu changed to %g", i, (double)((float *)held.vals)[i]);
     assert_true(t->w[SIZE - 1] == now - 0.5f);
-    /* that copy cost the whole shard for half a shard lent: no more lending */
+    /* that copy cost the whole shard, more than the three quarters lent:
+     * no more lending */
     request(&s, PS__OP__OP_PULL, 0, SIZE, PS__DTYPE__DTYPE_F32, &rep);
-    assert_null(rep.lend);
-    assert_true(((const float *)rep.vals)[0] == now - 0.5f);
+    assert_null(rep.lent);
+    assert_true(((const float *)rep.vals)[SIZE - 1] == now - 0.5f);
     psd_reply_drop(&rep);
     psd_reply_drop(&held); /* frees the old block (ASan: no leak) */
     psd_fini(&s);

@@ -217,10 +217,10 @@ static void test_apply_matches_element_rules(void **state)
     }
 }
 
-/* A lent block stays as it was while its reference is held: a write moves
- * the table to a copy (once), and the block is freed with its last
- * reference, also after the table is gone. Without a reference held, a
- * write stays in place. */
+/* A lent block stays as it was while a message carrying its elements is
+ * out: a write to those elements moves the table to a copy (once), a write
+ * to other elements stays in place, and the block is freed with its last
+ * message, also after the table is gone. */
 static void test_lend_copy_on_write(void **state)
 {
     (void)state;
@@ -229,39 +229,46 @@ static void test_lend_copy_on_write(void **state)
     float g[SIZE], before[SIZE];
     for (size_t i = 0; i < SIZE; i++)
         g[i] = 0.25f;
-    const uint64_t key = 7;
-    struct psd_lend *l = psd_table_lend(t, 4096);
+    struct psd_lent *l = psd_table_lend(t, 0, 500);
     assert_non_null(l);
-    assert_ptr_equal(l->w, t->w);
+    float *block = t->w;
     memcpy(before, t->w, sizeof before);
-    psd_table_apply(t, 0, SIZE, g, ++t->steps); /* moves */
-    assert_true(t->w != l->w);
+    psd_table_apply(t, 500, 500, g, ++t->steps); /* other elements: in place */
+    assert_ptr_equal(t->w, block);
+    assert_int_equal(t->cow, 0);
+    const uint64_t key = 499;
+    psd_table_apply_keys(t, &key, g, 1, ++t->steps); /* one of the lent ones: moves */
+    assert_true(t->w != block);
     assert_int_equal(t->cow, 1);
-    assert_memory_equal(l->w, before, sizeof before);
-    assert_true(t->w[0] == 1.0f - 0.5f * 0.25f);
-    psd_table_apply_keys(t, &key, g, 1, ++t->steps); /* no reference on the new block */
+    assert_memory_equal(block, before, 500 * sizeof(float)); /* what the message carries */
+    assert_true(t->w[499] == 1.0f - 0.5f * 0.25f);
+    psd_table_apply(t, 0, SIZE, g, ++t->steps); /* nothing out on the new block */
     assert_int_equal(t->cow, 1);
-    psd_lend_put(l); /* the old block goes (ASan: no leak) */
+    psd_lent_done(l); /* the old block goes (ASan: no leak) */
 
-    struct psd_lend *l2 = psd_table_lend(t, 4096), *l3 = psd_table_lend(t, 4096);
-    assert_ptr_equal(l2, l3); /* one block, two messages */
-    psd_lend_put(l2);
+    struct psd_lent *l2 = psd_table_lend(t, 0, 10), *l3 = psd_table_lend(t, 990, 1000);
+    assert_true(l2 != l3 && l2->block == l3->block); /* two messages, one block */
+    psd_lent_done(l2);
     float *w = t->w;
-    psd_table_apply_keys(t, &key, g, 1, ++t->steps); /* l3 still out: moves */
+    psd_table_apply(t, 0, 10, g, ++t->steps); /* l2's elements, but l2 is done */
+    assert_ptr_equal(t->w, w);
+    psd_table_prune_step(t, 1);                 /* no prune spec: no write */
+    psd_table_apply(t, 985, 10, g, ++t->steps); /* overlaps l3 */
     assert_int_equal(t->cow, 2);
     assert_true(t->w != w);
-    psd_lend_put(l3);
-    w = t->w;
-    struct psd_lend *l4 = psd_table_lend(t, 4096);
-    psd_lend_put(l4); /* back to the table's reference only */
-    psd_table_apply(t, 0, SIZE, g, ++t->steps);
-    assert_ptr_equal(t->w, w); /* in place */
-    assert_int_equal(t->cow, 2);
-    struct psd_lend *l5 = psd_table_lend(t, 4096);
+    psd_lent_done(l3);
+
+    struct psd_lent *many[PSD_LENT_MAX + 1];
+    for (int i = 0; i < PSD_LENT_MAX; i++)
+        assert_non_null(many[i] = psd_table_lend(t, 0, 1));
+    assert_null(psd_table_lend(t, 0, 1)); /* every record out: copy instead */
+    for (int i = 0; i < PSD_LENT_MAX; i++)
+        psd_lent_done(many[i]);
+    struct psd_lent *l5 = psd_table_lend(t, 0, SIZE);
     memcpy(before, t->w, sizeof before);
     psd_table_destroy(t); /* with a message still out */
-    assert_memory_equal(l5->w, before, sizeof before);
-    psd_lend_put(l5); /* frees the block (ASan: no use after free, no leak) */
+    assert_memory_equal(l5->block->w, before, sizeof before);
+    psd_lent_done(l5); /* frees the block (ASan: no use after free, no leak) */
 }
 
 int main(void)
