@@ -28,11 +28,13 @@ static void lent_done(void *data, void *hint)
 
 /* Hands buf to zmq as the next frame: zero-copy when large (zmq frees it,
  * or lets go of *lent when buf lies in a lent table block), copied when
- * small. On success the frame owns buf. */
-static int send_frame(struct psd_net *n, void **buf, size_t len, struct psd_lent **lent, int more)
+ * small or borrowed (a table's memory, not ours to hand over). On success
+ * the frame owns buf. */
+static int send_frame(struct psd_net *n, void **buf, size_t len, struct psd_lent **lent,
+                      int borrowed, int more)
 {
     zmq_msg_t m;
-    if (len >= PS_ZEROCOPY_BYTES_MIN) {
+    if (len >= PS_ZEROCOPY_BYTES_MIN && !borrowed) {
         if (zmq_msg_init_data(&m, *buf, len, *lent ? lent_done : free_values, *lent) != 0)
             return -1;
         *buf = NULL; /* zmq owns it now, even if the send fails */
@@ -57,8 +59,10 @@ static int send_reply(struct psd_net *n, const void *route, size_t route_len, st
     if (zmq_send(n->sock, route, route_len, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
         zmq_send(n->sock, rep->hdr, rep->hdr_len,
                  (rep->mask || rep->vals ? ZMQ_SNDMORE : 0) | ZMQ_DONTWAIT) < 0 ||
-        (rep->mask && send_frame(n, &rep->mask, rep->mask_bytes, &none, rep->vals != NULL) != 0) ||
-        (rep->vals && send_frame(n, &rep->vals, rep->vals_bytes, &rep->lent, 0) != 0)) {
+        (rep->mask &&
+         send_frame(n, &rep->mask, rep->mask_bytes, &none, 0, rep->vals != NULL) != 0) ||
+        (rep->vals &&
+         send_frame(n, &rep->vals, rep->vals_bytes, &rep->lent, rep->vals_borrowed, 0) != 0)) {
         n->send_drops++;
         PS_LOG(n->srv->log, PS_LOG_DEBUG, "S0110", "reply dropped: %s", zmq_strerror(errno));
         rc = PS_EAGAIN;

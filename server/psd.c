@@ -90,9 +90,10 @@ void psd_reply_drop(struct psd_reply *rep)
     free(rep->mask);
     if (rep->lent != NULL)
         psd_lent_done(rep->lent);
-    else
+    else if (!rep->vals_borrowed)
         free(rep->vals);
     rep->lent = NULL;
+    rep->vals_borrowed = 0;
     rep->mask = rep->vals = NULL;
     rep->mask_bytes = rep->vals_bytes = 0;
 }
@@ -605,6 +606,15 @@ static void reply_values(struct psd *s, const Ps__Header *req, struct psd_table 
         return;
     }
     size_t bytes = (size_t)count * ps_dtype_size(req->dtype);
+    if (req->dtype == PS__DTYPE__DTYPE_F32 && bytes < PS_ZEROCOPY_BYTES_MIN) {
+        /* the sender copies a frame this small into the message at once:
+         * no buffer of our own, no second copy */
+        rep->vals = (void *)w;
+        rep->vals_borrowed = 1;
+        rep->vals_bytes = bytes;
+        reply_header(s, &h, rep);
+        return;
+    }
     if (lend_ok(t, req, bytes) && (rep->lent = psd_table_lend(t, offset, offset + count)) != NULL) {
         rep->vals = (void *)w; /* sent from the table; a later write copies the table first */
         rep->vals_bytes = bytes;

@@ -144,6 +144,8 @@ struct psd_reply {
     size_t vals_bytes;
     struct psd_lent *lent; /* non-NULL: vals point into a table's lent block (this
                             * record held), not a buffer of the reply's own */
+    int vals_borrowed;     /* vals point into a table, below PS_ZEROCOPY_BYTES_MIN:
+                            * copied when sent, which is at once, never freed */
 };
 
 int psd_init(struct psd *s, struct ps_log *log, const struct psd_params *p);
