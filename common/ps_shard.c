@@ -38,8 +38,6 @@ uint64_t ps_mix64(uint64_t x)
 uint32_t ps_jump_hash(uint64_t key, uint32_t buckets)
 {
     assert(buckets > 0);
-    if (buckets == 1)
-        return 0; /* what the loop below gives, without its division */
     int64_t b = -1;
     int64_t j = 0;
     while (j < (int64_t)buckets) {

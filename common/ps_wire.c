@@ -459,8 +459,9 @@ int64_t ps_wire_header_pack(const Ps__Header *h, uint8_t *buf, size_t cap)
 {
     /* protobuf-c's size pass costs about as much as packing itself: skip it
      * for the headers of data requests and replies, which fit by a bound */
+    size_t fits = cap < PS_HEADER_BYTES_MAX ? cap : PS_HEADER_BYTES_MAX;
     if (h->spec == NULL && h->stats == NULL && h->base.n_unknown_fields == 0 &&
-        header_bound(h) <= cap && header_bound(h) <= PS_HEADER_BYTES_MAX)
+        header_bound(h) <= fits)
         return (int64_t)ps__header__pack(h, buf);
     size_t need = ps__header__get_packed_size(h);
     if (need > cap || need > PS_HEADER_BYTES_MAX)

@@ -574,16 +574,16 @@ static int reply_masked(const float *w, size_t n, Ps__DType dtype, struct psd_re
  * while it is in flight, copies the whole shard first (psd_table_own), so
  * only:
  * - large replies (a copy of a small one costs less than the bookkeeping);
- * - while the table's copies on write have cost no more than the copies
- *   lending saved (psd_table_lend counts both). A table whose replies are
- *   overwritten in flight stops lending, after one copy of the shard at
- *   most beyond what it saved. Writes to other elements do not copy: a
- *   worker's chunked push-pulls write the next chunk while the last one's
- *   reply is still going out. */
+ * - while the table's copies on write (t->cow, each of the whole shard)
+ *   have cost no more bytes than lending saved (t->lent_bytes). A table
+ *   whose replies are overwritten in flight stops lending, after one copy
+ *   of the shard at most beyond what it saved. Writes to other elements
+ *   do not copy: a worker's chunked push-pulls write the next chunk while
+ *   the last one's reply is still going out. */
 static int lend_ok(const struct psd_table *t, const Ps__Header *req, size_t bytes)
 {
     return req->dtype == PS__DTYPE__DTYPE_F32 && bytes >= PS_LEND_BYTES_MIN &&
-           t->cow_bytes <= t->lent_bytes;
+           t->cow * (t->hi - t->lo) * sizeof(float) <= t->lent_bytes;
 }
 
 static void reply_values(struct psd *s, const Ps__Header *req, struct psd_table *t, uint64_t offset,
@@ -606,17 +606,13 @@ static void reply_values(struct psd *s, const Ps__Header *req, struct psd_table 
         return;
     }
     size_t bytes = (size_t)count * ps_dtype_size(req->dtype);
-    if (req->dtype == PS__DTYPE__DTYPE_F32 && bytes < PS_ZEROCOPY_BYTES_MIN) {
-        /* the sender copies a frame this small into the message at once:
-         * no buffer of our own, no second copy */
+    /* The reply points into the table when the sender copies it at once
+     * (a frame this small), or it is lent (a later write copies the table
+     * first); otherwise it gets a buffer of its own. */
+    rep->vals_borrowed = req->dtype == PS__DTYPE__DTYPE_F32 && bytes < PS_ZEROCOPY_BYTES_MIN;
+    if (rep->vals_borrowed || (lend_ok(t, req, bytes) &&
+                               (rep->lent = psd_table_lend(t, offset, offset + count)) != NULL)) {
         rep->vals = (void *)w;
-        rep->vals_borrowed = 1;
-        rep->vals_bytes = bytes;
-        reply_header(s, &h, rep);
-        return;
-    }
-    if (lend_ok(t, req, bytes) && (rep->lent = psd_table_lend(t, offset, offset + count)) != NULL) {
-        rep->vals = (void *)w; /* sent from the table; a later write copies the table first */
         rep->vals_bytes = bytes;
         reply_header(s, &h, rep);
         return;
@@ -821,7 +817,7 @@ static void op_rows(struct psd *s, struct psd_table *t, const struct ps_wire_msg
         return;
     }
     size_t n = (size_t)req->count;
-    for (size_t i = 0; s->shards > 1 && i < n; i++) { /* one shard owns every key */
+    for (size_t i = 0; i < n; i++) {
         uint32_t owner = ps_shard_of_key(keys[i], s->shards);
         if (owner != s->shard) {
             reply_errorf(s, req, PS_ERANGE, rep, "%s: key %llu of '%s' belongs to shard %u, not %u",

@@ -243,7 +243,6 @@ void psd_table_own(struct psd_table *t, uint64_t lo, uint64_t hi)
     t->lend = NULL;
     lend_put(old);
     t->cow++;
-    t->cow_bytes += (t->hi - t->lo) * sizeof(float);
 }
 
 void psd_table_apply(struct psd_table *t, uint64_t offset, uint64_t count, const float *g,

@@ -62,8 +62,7 @@ struct psd_table {
     struct psd_lend *lend; /* w's, once a reply was sent from it; NULL before */
     uint32_t lend_next;    /* where psd_table_lend looks for a free record first */
     float *spare;          /* hi - lo: where w moves when written while lent */
-    uint64_t cow;          /* times w moved so (psd_table_own) */
-    uint64_t cow_bytes;    /* bytes those moves copied */
+    uint64_t cow;          /* times w moved so (psd_table_own), each a copy of hi - lo */
     uint64_t lent_bytes;   /* bytes of replies sent from the table */
     float *s1;             /* momentum velocity, Adagrad accumulator, Adam first moment */
     float *s2;             /* Adam second moment */
@@ -145,13 +144,13 @@ int psd_table_pull_rows(struct psd_table *t, const uint64_t *keys, size_t n, flo
 int psd_table_push_rows(struct psd_table *t, const uint64_t *keys, const float *g, size_t n,
                         char *err, size_t errlen);
 
-/* Copies weights of global elements [offset, offset+count) into out. */
 /* Share of this shard's range pruned to zero. */
 double psd_table_sparsity(const struct psd_table *t);
 /* Bytes of weights and optimizer state held, and the spare block of a
  * table that lends (psd_table_lend). */
 uint64_t psd_table_bytes_held(const struct psd_table *t);
 
+/* Copies weights of global elements [offset, offset+count) into out. */
 void psd_table_read(const struct psd_table *t, uint64_t offset, uint64_t count, float *out);
 
 /* Optimizer name ("sgd", "momentum", "adagrad", "adam"). */

@@ -353,6 +353,18 @@ static void handle_rows_reply(struct psc_client *c, uint32_t shard, struct slot 
     }
 }
 
+/* The part [*a, *b) of a range ticket's elements that shard s holds;
+ * 0 when it holds none of them. */
+static int range_part(const struct psc_client *c, const struct slot *sl, uint32_t s, uint64_t *a,
+                      uint64_t *b)
+{
+    uint64_t lo, hi;
+    ps_shard_range(c->tables[sl->table]->size, c->nshards, s, &lo, &hi);
+    *a = sl->offset > lo ? sl->offset : lo;
+    *b = sl->offset + sl->count < hi ? sl->offset + sl->count : hi;
+    return *a < *b;
+}
+
 /* A view's reply: its values message is kept in the slot, or a copy of
  * it where the values are not float-aligned in the message. */
 static void view_keep(struct slot *sl, uint32_t shard, const struct ps_wire_msg *m,
@@ -386,18 +398,15 @@ static void handle_data_reply(struct psc_client *c, uint32_t shard, struct slot 
         handle_rows_reply(c, shard, sl, m);
         return;
     }
-    const struct table_h *t = c->tables[sl->table];
-    uint64_t lo, hi;
-    ps_shard_range(t->size, c->nshards, shard, &lo, &hi);
-    uint64_t a = sl->offset > lo ? sl->offset : lo;
-    uint64_t b = sl->offset + sl->count < hi ? sl->offset + sl->count : hi;
+    uint64_t a, b;
+    int asked = range_part(c, sl, shard, &a, &b);
     int masked = m->mask != NULL;
-    if (h->offset != a || h->count != b - a || h->dtype != c->dtype ||
+    if (!asked || h->offset != a || h->count != b - a || h->dtype != c->dtype ||
         (masked && (!c->nonzero_pulls || sl->view)) ||
         (!masked && m->vals_bytes != (b - a) * c->esize)) {
         slot_fail(sl, PS_EPROTO, "shard %u answered [%llu, +%llu), expected [%llu, +%llu)", shard,
                   (unsigned long long)h->offset, (unsigned long long)h->count,
-                  (unsigned long long)a, (unsigned long long)(b - a));
+                  (unsigned long long)a, (unsigned long long)(asked ? b - a : 0));
         return;
     }
     if (sl->canceled)
@@ -735,11 +744,8 @@ static int send_sub(struct psc_client *c, struct slot *sl, uint32_t s, int resen
     Ps__Header h;
     request_header(c, &h, sl->op, id, t, s, sl->clock);
     if (sl->kind == SUB_RANGE) {
-        uint64_t lo, hi;
-        ps_shard_range(t->size, c->nshards, s, &lo, &hi);
-        uint64_t a = sl->offset > lo ? sl->offset : lo;
-        uint64_t b = sl->offset + sl->count < hi ? sl->offset + sl->count : hi;
-        if (a >= b)
+        uint64_t a, b;
+        if (!range_part(c, sl, s, &a, &b))
             return 1;
         h.offset = a;
         h.count = b - a;
@@ -1047,13 +1053,9 @@ int psc_view_part(struct psc_client *c, uint64_t ticket, uint32_t i, const float
     struct slot *sl = held_view(c, ticket);
     if (sl == NULL)
         return PS_EINVAL;
-    const struct table_h *t = c->tables[sl->table];
     for (uint32_t s = 0, k = 0; s < c->nshards; s++) {
-        uint64_t lo, hi;
-        ps_shard_range(t->size, c->nshards, s, &lo, &hi);
-        uint64_t a = sl->offset > lo ? sl->offset : lo;
-        uint64_t b = sl->offset + sl->count < hi ? sl->offset + sl->count : hi;
-        if (a >= b || k++ != i)
+        uint64_t a, b;
+        if (!range_part(c, sl, s, &a, &b) || k++ != i)
             continue;
         *vals = zmq_msg_data(&sl->vmsg[s]);
         *offset = a;

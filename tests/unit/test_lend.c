@@ -7,7 +7,6 @@
 
 #include "ps_err.h"
 #include "ps_limits.h"
-#include "ps_log.h"
 
 #include <setjmp.h>
 #include <stdarg.h>
@@ -17,6 +16,8 @@
 #include <string.h>
 
 #include <cmocka.h>
+
+#include "inproc.h"
 
 #define SIZE PS_LEND_BYTES_MIN /* floats: a quarter of the table is the smallest lent reply */
 #define Q    (SIZE / 4u)
@@ -36,10 +37,7 @@ static void request(struct psd *s, Ps__Op op, uint64_t offset, uint64_t count, P
     h.offset = offset;
     h.count = count;
     h.dtype = dtype;
-    uint8_t buf[512];
-    struct ps_frame f[2] = {{buf, ps__header__pack(&h, buf)}, {grad, count * 4}};
-    struct ps_frame route = {"r", 1};
-    assert_int_equal(psd_dispatch(s, &route, f, op == PS__OP__OP_PULL ? 1 : 2, rep), 1);
+    inproc_request(s, &h, op == PS__OP__OP_PULL ? NULL : grad, count * 4, rep);
 }
 
 static void test_lent_replies(void **state)
@@ -47,11 +45,7 @@ static void test_lent_replies(void **state)
     (void)state;
     static struct psd s;
     struct ps_log log;
-    ps_log_init(&log, "test", PS_LOG_ERROR);
-    struct psd_params p = {
-        .shard = 0, .shards = 1, .value_bytes_max = 64u << 20, .wait_timeout_ms = 3600000};
-    assert_int_equal(psd_cons_parse("asp", &p.cons), 0);
-    assert_int_equal(psd_init(&s, &log, &p), 0);
+    inproc_start(&s, &log);
     Ps__TableSpec sp;
     ps__table_spec__init(&sp);
     sp.name = "t";
@@ -62,11 +56,9 @@ static void test_lent_replies(void **state)
     Ps__Header h;
     ps_wire_header_init(&h, PS__OP__OP_CREATE_TABLE);
     h.spec = &sp;
-    uint8_t buf[512];
-    struct ps_frame f = {buf, ps__header__pack(&h, buf)};
-    struct ps_frame route = {"r", 1};
     struct psd_reply rep, held;
-    assert_int_equal(psd_dispatch(&s, &route, &f, 1, &rep), 1);
+    inproc_request(&s, &h, NULL, 0, &rep);
+    assert_int_equal(rep.hdr_len > 0, 1);
     psd_reply_drop(&rep);
     struct psd_table *t = s.tables[0];
     for (size_t i = 0; i < SIZE; i++)

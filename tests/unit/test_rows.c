@@ -7,7 +7,6 @@
 
 #include "ps_err.h"
 #include "ps_limits.h"
-#include "ps_log.h"
 
 #include <setjmp.h>
 #include <stdarg.h>
@@ -18,9 +17,10 @@
 
 #include <cmocka.h>
 
-#define WIDE   PS_SPARSE_DIM_MAX
-#define NROWS  (PS_ROWS_PAGE_BYTES / (WIDE * 4u) + 1u) /* one more than a page holds */
-#define BIG_MB 64u
+#include "inproc.h"
+
+#define WIDE  PS_SPARSE_DIM_MAX
+#define NROWS (PS_ROWS_PAGE_BYTES / (WIDE * 4u) + 1u) /* one more than a page holds */
 
 static unsigned char reply_arena[PS_ARENA_BYTES_SERVER];
 
@@ -30,11 +30,8 @@ static unsigned char reply_arena[PS_ARENA_BYTES_SERVER];
 static int call(struct psd *s, const Ps__Header *h, const uint64_t *keys, size_t nkeys,
                 uint64_t *count, uint64_t *rows, uint64_t *keys_out)
 {
-    uint8_t buf[512];
-    struct ps_frame f[2] = {{buf, ps__header__pack(h, buf)}, {keys, nkeys * 8}};
-    struct ps_frame route = {"r", 1};
     struct psd_reply rep;
-    assert_int_equal(psd_dispatch(s, &route, f, keys ? 2 : 1, &rep), 1);
+    inproc_request(s, h, keys, nkeys * 8, &rep);
     struct ps_frame r[3] = {{rep.hdr, rep.hdr_len}};
     size_t nr = 1; /* the frames psd's sender sends */
     if (rep.mask != NULL)
@@ -45,7 +42,7 @@ static int call(struct psd *s, const Ps__Header *h, const uint64_t *keys, size_t
     ps_arena_init(&a, reply_arena, sizeof reply_arena);
     struct ps_wire_msg m;
     char err[256];
-    int rc = ps_wire_decode(&a, r, nr, PS_WIRE_REPLY, (uint64_t)BIG_MB << 20, &m, err, sizeof err);
+    int rc = ps_wire_decode(&a, r, nr, PS_WIRE_REPLY, INPROC_VALUE_BYTES_MAX, &m, err, sizeof err);
     if (rc != 0)
         fail_msg("our own reply does not pass the client's checks: %s", err);
     int status = m.hdr->status;
@@ -74,13 +71,7 @@ static void test_page_limits(void **state)
     (void)state;
     static struct psd s;
     struct ps_log log;
-    ps_log_init(&log, "test", PS_LOG_ERROR);
-    struct psd_params p = {.shard = 0,
-                           .shards = 1,
-                           .value_bytes_max = (uint64_t)BIG_MB << 20,
-                           .wait_timeout_ms = 3600000};
-    assert_int_equal(psd_cons_parse("asp", &p.cons), 0);
-    assert_int_equal(psd_init(&s, &log, &p), 0);
+    inproc_start(&s, &log);
     Ps__TableSpec sp;
     ps__table_spec__init(&sp);
     sp.name = "e";
