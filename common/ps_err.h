@@ -31,7 +31,8 @@
     X(EREMOTE, -20, "error reply from server")                                                     \
     X(ENOTSUP, -21, "not supported")                                                               \
     X(ENODEV, -22, "no such device")                                                               \
-    X(EDEVICE, -23, "device error")
+    X(EDEVICE, -23, "device error")                                                                \
+    X(ESHM, -24, "no shared memory region")
 
 enum ps_err {
 #define PS_ERR_ENUM(name, value, text) PS_##name = (value),

@@ -71,6 +71,16 @@ _Static_assert(PS_ROWS_PAGE_BYTES >= (uint64_t)PS_SPARSE_DIM_MAX * 4u, "a page h
  * kernel's autotuning; 4 MiB was no better (tests/bench/README.md). */
 #define PS_SOCKET_BUFFER_BYTES (1 << 20)
 
+/* Shared memory with same-host clients (ps_shm.h): a region's bytes, the
+ * regions one psd maps at once (bound or handed over and not yet bound),
+ * how long a handed-over region waits for its hello, and fd-socket
+ * connections in progress. */
+#define PS_SHM_BYTES_MIN   4096u
+#define PS_SHM_BYTES_MAX   (UINT64_C(1) << 36)
+#define PS_SHM_REGIONS_MAX 64u
+#define PS_SHM_PENDING_MS  10000u
+#define PS_SHM_CONNS_MAX   8u
+
 _Static_assert(PS_ERROR_TEXT_MAX < PS_HEADER_BYTES_MAX, "error text must fit in a header");
 _Static_assert(PS_WAITS_PER_WORKER_MAX <= PS_WAITS_MAX, "a worker's share fits the queue");
 _Static_assert(PS_TABLE_NAME_MAX < PS_HEADER_BYTES_MAX, "table name must fit in a header");

@@ -132,6 +132,38 @@ static int op_carries_values(int op, enum ps_wire_dir dir)
     return op == PS__OP__OP_PULL || op == PS__OP__OP_PUSH_PULL;
 }
 
+/* The message's values lie in a shared region (Header.shm), not a frame. */
+static int values_in_shm(const Ps__Header *h, enum ps_wire_dir dir)
+{
+    return (h->shm & (dir == PS_WIRE_REQUEST ? PS_SHM_IN : PS_SHM_OUT)) != 0;
+}
+
+/* Header.shm: known bits, each on an op that moves those values, a dense
+ * f32 range, and offsets of whole floats. */
+static int check_shm(const Ps__Header *h, enum ps_wire_dir dir, char *err, size_t errlen)
+{
+    if (h->shm == 0)
+        return 0;
+    uint32_t allowed = dir == PS_WIRE_REPLY            ? PS_SHM_OUT
+                       : h->op == PS__OP__OP_PUSH_PULL ? PS_SHM_IN | PS_SHM_OUT
+                       : h->op == PS__OP__OP_PUSH      ? PS_SHM_IN
+                                                       : PS_SHM_OUT;
+    if ((h->shm & ~allowed) != 0)
+        return fail(PS_EPROTO, err, errlen, "%s %s: shm bits 0x%x, this op allows 0x%x",
+                    ps_op_name(h->op), dir == PS_WIRE_REQUEST ? "request" : "reply", h->shm,
+                    allowed);
+    if (h->layout != PS__LAYOUT__LAYOUT_RANGE || h->dtype != PS__DTYPE__DTYPE_F32)
+        return fail(PS_EPROTO, err, errlen,
+                    "%s: values in shared memory need a dense range of f32 (layout %d, dtype %s)",
+                    ps_op_name(h->op), (int)h->layout, ps_dtype_name(h->dtype));
+    if (h->shm_in % 4 != 0 || h->shm_out % 4 != 0)
+        return fail(PS_EPROTO, err, errlen,
+                    "%s: shared-memory offsets %llu and %llu are not multiples of 4",
+                    ps_op_name(h->op), (unsigned long long)h->shm_in,
+                    (unsigned long long)h->shm_out);
+    return 0;
+}
+
 static int name_ok(const char *s, size_t *len)
 {
     size_t n = 0;
@@ -218,7 +250,7 @@ static int check_frames(const Ps__Header *h, size_t nframes, enum ps_wire_dir di
     else {
         if (dir == PS_WIRE_REQUEST && op_moves_data(h->op) && h->layout == PS__LAYOUT__LAYOUT_KEYS)
             want++;
-        if (op_carries_values(h->op, dir))
+        if (op_carries_values(h->op, dir) && !values_in_shm(h, dir))
             want++;
         if (dir == PS_WIRE_REPLY && op_moves_data(h->op) && h->layout == PS__LAYOUT__LAYOUT_MASK)
             want++; /* the bitmap before the values */
@@ -332,7 +364,10 @@ static int check_data(const Ps__Header *h, const struct ps_frame *frames, enum p
         out->mask = mf->data;
         out->mask_bytes = mf->size;
     }
-    if (op_carries_values(h->op, dir)) {
+    int rc = check_shm(h, dir, err, errlen);
+    if (rc != 0)
+        return rc;
+    if (op_carries_values(h->op, dir) && !values_in_shm(h, dir)) {
         const struct ps_frame *vf = &frames[next];
         if (vf->size != vbytes)
             return fail(PS_ESIZE, err, errlen,
@@ -421,6 +456,9 @@ int ps_wire_decode(struct ps_arena *arena, const struct ps_frame *frames, size_t
         if (rc != 0)
             return rc;
     }
+    if (h->shm != 0 && !op_moves_data(h->op))
+        return fail(PS_EPROTO, err, errlen, "%s: shm bits 0x%x on an op that moves no values",
+                    ps_op_name(h->op), h->shm);
     int rc = check_frames(h, nframes, dir, err, errlen);
     if (rc != 0)
         return rc;
@@ -449,7 +487,7 @@ void ps_wire_header_init(Ps__Header *h, Ps__Op op)
 static size_t header_bound(const Ps__Header *h)
 {
     const char *str[3] = {h->error, h->detail, h->local_endpoint};
-    size_t b = 25 * 12;
+    size_t b = 29 * 12;
     for (int i = 0; i < 3; i++)
         b += 7 + (str[i] != NULL ? strlen(str[i]) : 0);
     return b;

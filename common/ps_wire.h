@@ -50,6 +50,11 @@ struct ps_wire_msg {
     size_t mask_bytes;
 };
 
+/* Header.shm bits: values in the client's shared region instead of a frame
+ * (see ps.proto). Dense ranges of f32 only. */
+#define PS_SHM_IN  1u
+#define PS_SHM_OUT 2u
+
 enum ps_wire_dir {
     PS_WIRE_REQUEST = 0,
     PS_WIRE_REPLY = 1,

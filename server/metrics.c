@@ -168,6 +168,15 @@ int psd_metrics_render(const struct psd *s, struct ps_buf *b)
         {"psd_tables", "gauge", "Tables on this shard.", s->ntables},
         {"psd_checkpoints_written_total", "counter", "Checkpoints written.",
          (double)s->ckpt_written},
+        {"psd_shm_regions", "gauge",
+         "Memory regions shared with workers on this host, bound to their connections now.",
+         psd_shm_bound(&s->shm)},
+        {"psd_shm_received_bytes_total", "counter",
+         "Push values read from shared regions (not counted as received bytes).",
+         (double)s->shm.bytes_in},
+        {"psd_shm_sent_bytes_total", "counter",
+         "Pull values written into shared regions (not counted as sent bytes).",
+         (double)s->shm.bytes_out},
     };
     for (size_t i = 0; i < sizeof scalars / sizeof scalars[0]; i++)
         ps_prom_metric(b, scalars[i].name, scalars[i].type, scalars[i].help, scalars[i].v);

@@ -1,12 +1,16 @@
 /* ROUTER transport for psd. */
+#define _GNU_SOURCE
 #include "net.h"
 
 #include "ps_err.h"
 #include "ps_limits.h"
 #include "ps_local.h"
+#include "ps_shm.h"
 
 #include <errno.h>
 #include <stdio.h>
+#include <sys/socket.h>
+#include <unistd.h>
 #include <stdlib.h>
 #include <string.h>
 #include <zmq.h>
@@ -97,6 +101,102 @@ static void send_deferred(void *ctx, const void *route, size_t route_len, struct
     send_reply(ctx, route, route_len, rep);
 }
 
+/* ---- the fd socket: shared regions handed over ---------------------------- */
+
+static void conn_closed(uv_handle_t *h)
+{
+    struct psd_net_conn *c = h->data;
+    close(c->fd);
+    c->fd = -1;
+    c->state = 0;
+}
+
+static void conn_done(struct psd_net_conn *c)
+{
+    uv_poll_stop(&c->poll);
+    uv_close((uv_handle_t *)&c->poll, conn_closed);
+    c->state = 2;
+}
+
+static void on_conn(uv_poll_t *h, int status, int events)
+{
+    (void)events;
+    struct psd_net_conn *c = h->data;
+    struct psd_net *n = c->net;
+    uint64_t token = 0;
+    void *base = NULL;
+    size_t size = 0;
+    char err[200] = "the connection failed";
+    int rc = status < 0 ? PS_EIO : ps_shm_take(c->fd, &token, &base, &size, err, sizeof err);
+    if (rc == 1)
+        return; /* not all there yet */
+    if (rc == 0) {
+        psd_shm_take(n->srv, token, base, size);
+    } else if (n->shm_refused++ < 16 || n->shm_refused % 1024 == 0) {
+        PS_LOG(n->srv->log, PS_LOG_WARN, "S0112",
+               "a shared region handed over was refused (%llu so far): %s",
+               (unsigned long long)n->shm_refused, err);
+    }
+    ps_shm_answer(c->fd, rc == 0);
+    conn_done(c);
+}
+
+/* A free connection slot; when none, those reading for over a second are
+ * closed (they free up once closed) and NULL is returned. */
+static struct psd_net_conn *conn_slot(struct psd_net *n, uint64_t now)
+{
+    for (uint32_t i = 0; i < PS_SHM_CONNS_MAX; i++)
+        if (n->conns[i].state == 0)
+            return &n->conns[i];
+    for (uint32_t i = 0; i < PS_SHM_CONNS_MAX; i++)
+        if (n->conns[i].state == 1 && now - n->conns[i].since_ms > 1000)
+            conn_done(&n->conns[i]);
+    return NULL;
+}
+
+static void on_shm_accept(uv_poll_t *h, int status, int events)
+{
+    (void)status;
+    (void)events;
+    struct psd_net *n = h->data;
+    for (;;) {
+        int fd = accept4(n->shm_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0)
+            return; /* none waiting (or a transient error: the next readiness retries) */
+        uint64_t now = uv_now(h->loop);
+        struct psd_net_conn *c = conn_slot(n, now);
+        if (c == NULL || uv_poll_init(h->loop, &c->poll, fd) != 0) {
+            close(fd); /* the client sees no answer and keeps to frames */
+            n->shm_refused++;
+            continue;
+        }
+        c->fd = fd;
+        c->net = n;
+        c->since_ms = now;
+        c->state = 1;
+        c->poll.data = c;
+        uv_poll_start(&c->poll, UV_READABLE, on_conn);
+    }
+}
+
+/* Listens for shared regions next to the local endpoint: best effort. */
+static void shm_start(struct psd_net *n, uv_loop_t *loop, const char *local)
+{
+    char err[200];
+    int fd = ps_shm_listen(local, err, sizeof err);
+    if (fd < 0 || uv_poll_init(loop, &n->shm_poll, fd) != 0) {
+        PS_LOG(n->srv->log, PS_LOG_WARN, "S0113",
+               "no shared memory for clients on this host (%s): their values go through %s",
+               fd < 0 ? err : "cannot watch the fd socket", local);
+        if (fd >= 0)
+            close(fd);
+        return;
+    }
+    n->shm_fd = fd;
+    n->shm_poll.data = n;
+    uv_poll_start(&n->shm_poll, UV_READABLE, on_shm_accept);
+}
+
 static int set_int(void *sock, int opt, int v)
 {
     return zmq_setsockopt(sock, opt, &v, sizeof v);
@@ -106,6 +206,9 @@ int psd_net_start(struct psd_net *n, struct psd *srv, uv_loop_t *loop, const cha
                   int io_threads, int local_ipc, struct psd_security *sec, char *err, size_t errlen)
 {
     memset(n, 0, sizeof *n);
+    n->shm_fd = -1;
+    for (uint32_t i = 0; i < PS_SHM_CONNS_MAX; i++)
+        n->conns[i].fd = -1;
     n->srv = srv;
     n->sec = sec;
     n->ctx = zmq_ctx_new();
@@ -159,6 +262,8 @@ int psd_net_start(struct psd_net *n, struct psd *srv, uv_loop_t *loop, const cha
         psd_net_fini(n);
         return rc;
     }
+    if (srv->local_endpoint[0] != '\0')
+        shm_start(n, loop, srv->local_endpoint);
     return 0;
 }
 
@@ -166,6 +271,13 @@ void psd_net_stop(struct psd_net *n)
 {
     if (n->sock != NULL)
         ps_zsock_close(&n->zs);
+    if (n->shm_fd >= 0) {
+        uv_poll_stop(&n->shm_poll);
+        uv_close((uv_handle_t *)&n->shm_poll, NULL);
+        for (uint32_t i = 0; i < PS_SHM_CONNS_MAX; i++)
+            if (n->conns[i].state == 1)
+                conn_done(&n->conns[i]);
+    }
     if (n->sec != NULL)
         psd_security_stop(n->sec);
 }
@@ -180,6 +292,9 @@ void psd_net_fini(struct psd_net *n)
         psd_security_fini(n->sec);
     if (n->ctx != NULL)
         zmq_ctx_term(n->ctx);
+    if (n->shm_fd >= 0)
+        close(n->shm_fd);
+    n->shm_fd = -1;
     n->sock = NULL;
     n->ctx = NULL;
 }

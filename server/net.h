@@ -14,6 +14,15 @@
 
 #include <uv.h>
 
+/* A connection to the fd socket, handing a shared region over. */
+struct psd_net_conn {
+    uv_poll_t poll;
+    int fd;
+    int state; /* 0 free, 1 reading, 2 closing */
+    uint64_t since_ms;
+    struct psd_net *net;
+};
+
 struct psd_net {
     struct psd *srv;
     void *ctx;
@@ -22,11 +31,17 @@ struct psd_net {
     char endpoint[256]; /* actual bound endpoint (port resolved) */
     uint64_t send_drops;
     struct psd_security *sec;
+    /* the fd socket next to the local endpoint (ps_shm.h); -1: none */
+    int shm_fd;
+    uv_poll_t shm_poll;
+    struct psd_net_conn conns[PS_SHM_CONNS_MAX];
+    uint64_t shm_refused;
 };
 
 /* Binds `listen` and registers on `loop`. io_threads sizes zmq's I/O pool.
  * local_ipc: when `listen` is tcp://, also bind its same-host endpoint
- * (ps_local.h) and offer it in hello replies; a failure there is logged.
+ * (ps_local.h) and offer it in hello replies, and listen for shared
+ * regions (ps_shm.h) next to it; a failure there is logged.
  * sec, when not NULL (loaded), makes the socket a CURVE server behind the
  * ZAP allow list; it must outlive the transport. */
 int psd_net_start(struct psd_net *n, struct psd *srv, uv_loop_t *loop, const char *listen,

@@ -69,9 +69,15 @@ void psd_reset_tables(struct psd *s)
     memset(s->peers, 0, sizeof s->peers);
 }
 
+void psd_shm_take(struct psd *s, uint64_t token, void *base, size_t size)
+{
+    psd_shm_offer(&s->shm, token, base, size, now_ms());
+}
+
 void psd_fini(struct psd *s)
 {
     psd_reset_tables(s);
+    psd_shm_fini(&s->shm);
     free(s->arena_buf);
     free(s->scratch);
     free(s->keys_scratch);
@@ -347,6 +353,7 @@ void psd_drop_worker(struct psd *s, uint32_t w)
            w, (unsigned long long)(now_ms() - s->live[w].last_ms),
            (unsigned long long)s->worker_timeout_ms, psd_live_count(s), s->cons.workers);
     leave_tables(s, w);
+    psd_shm_drop_worker(&s->shm, w, NULL, 0);
 }
 
 /* Drops workers silent for longer than the worker timeout. */
@@ -375,17 +382,22 @@ static void note_stale(struct psd *s, const Ps__Header *req, const struct psd_ta
     }
 }
 
-static void op_hello(struct psd *s, const Ps__Header *req, struct psd_reply *rep)
+static void op_hello(struct psd *s, const struct ps_frame *route, const Ps__Header *req,
+                     struct psd_reply *rep)
 {
     if (req->session != 0) { /* a new session (a restarted client) starts afresh */
         struct psd_peer *p = peer_of(s, req->worker_id, 1);
         if (p != NULL && p->session != req->session) {
             peer_reset(p, req->session, 0);
             s->changes++;
+            /* the old process's regions */
+            psd_shm_drop_worker(&s->shm, req->worker_id, route->data, route->size);
         }
     }
     Ps__Header h;
     reply_init(&h, req);
+    if (psd_shm_bind(&s->shm, req->shm_token, route->data, route->size, req->worker_id, now_ms()))
+        h.shm_token = req->shm_token;
     h.shard = s->shard;
     h.shards = s->shards;
     h.local_endpoint = s->local_endpoint;
@@ -586,8 +598,11 @@ static int lend_ok(const struct psd_table *t, const Ps__Header *req, size_t byte
            t->cow * (t->hi - t->lo) * sizeof(float) <= t->lent_bytes;
 }
 
+/* dst, when not NULL: the values go there (a client's shared region), and
+ * the reply carries none. */
 static void reply_values(struct psd *s, const Ps__Header *req, struct psd_table *t, uint64_t offset,
-                         uint64_t count, int duplicate, int stale, struct psd_reply *rep)
+                         uint64_t count, int duplicate, int stale, unsigned char *dst,
+                         struct psd_reply *rep)
 {
     Ps__Header h;
     reply_init(&h, req);
@@ -600,6 +615,14 @@ static void reply_values(struct psd *s, const Ps__Header *req, struct psd_table 
     h.clock = psd_cons_clock(&s->cons, t);
     t->pulls++;
     const float *w = t->w + (offset - t->lo);
+    if (dst != NULL) {
+        memcpy(dst, w, (size_t)count * sizeof(float));
+        s->shm.bytes_out += count * sizeof(float);
+        h.shm = PS_SHM_OUT;
+        h.shm_out = req->shm_out;
+        reply_header(s, &h, rep);
+        return;
+    }
     if (req->nonzero_only && t->mask != NULL && reply_masked(w, (size_t)count, req->dtype, rep)) {
         h.layout = PS__LAYOUT__LAYOUT_MASK;
         reply_header(s, &h, rep);
@@ -638,13 +661,13 @@ static void reply_values(struct psd *s, const Ps__Header *req, struct psd_table 
  * at once or after waiting. */
 static void answer_pull(struct psd *s, const Ps__Header *req, struct psd_table *t, uint64_t clock,
                         uint64_t offset, uint64_t count, int duplicate, int stale,
-                        struct psd_reply *rep)
+                        unsigned char *dst, struct psd_reply *rep)
 {
     uint64_t low = psd_cons_clock(&s->cons, t);
     if (s->cons.mode == PSD_SSP && clock > low && clock - low > s->max_staleness)
         s->max_staleness = clock - low;
     psd_cons_pulled(&s->cons, t, req->worker_id, clock);
-    reply_values(s, req, t, offset, count, duplicate, stale, rep);
+    reply_values(s, req, t, offset, count, duplicate, stale, dst, rep);
 }
 
 /* Header of a waiting request, enough for reply_init and error replies. */
@@ -655,8 +678,39 @@ static void wait_header(const struct psd_wait *w, Ps__Header *h)
     h->worker_id = w->worker_id;
     h->table_id = w->table_id;
     h->clock = w->clock;
+    h->offset = w->offset;
+    h->count = w->count;
+    h->shm = w->shm;
+    h->shm_out = w->shm_out;
     h->dtype = w->dtype;
     h->nonzero_only = w->nonzero_only;
+}
+
+/* Where a request's values lie in, or go into, its connection's shared
+ * region: *p, or NULL when shm (the request's bits) lacks `bit`. An error
+ * reply and its code when the connection has no region or the bytes are
+ * past its end. */
+static int shm_part(struct psd *s, const struct ps_frame *route, const Ps__Header *req,
+                    uint32_t shm, uint32_t bit, uint64_t off, unsigned char **p,
+                    struct psd_reply *rep)
+{
+    *p = NULL;
+    if (!(shm & bit))
+        return 0;
+    size_t size = 0;
+    uint64_t bytes = req->count * sizeof(float);
+    int rc = psd_shm_at(&s->shm, route->data, route->size, off, bytes, now_ms(), p, &size);
+    if (rc == PS_ESHM)
+        reply_errorf(s, req, rc, rep,
+                     "%s: this connection has no shared memory region (none was bound, or it was "
+                     "dropped): send the values in frames",
+                     ps_op_name(req->op));
+    else if (rc != 0)
+        reply_errorf(s, req, rc, rep,
+                     "%s: shared-memory %s [%llu, +%llu) is past the end of the region (%zu bytes)",
+                     ps_op_name(req->op), bit == PS_SHM_IN ? "values" : "reply",
+                     (unsigned long long)off, (unsigned long long)bytes, size);
+    return rc;
 }
 
 /* Answers every waiting request that is ready now. */
@@ -673,7 +727,10 @@ static void release_waits(struct psd *s)
         wait_header(w, &h);
         struct psd_reply rep;
         memset(&rep, 0, sizeof rep);
-        answer_pull(s, &h, t, w->clock, w->offset, w->count, 0, 0, &rep);
+        struct ps_frame route = {w->route, w->route_len};
+        unsigned char *dst = NULL;
+        if (shm_part(s, &route, &h, w->shm, PS_SHM_OUT, w->shm_out, &dst, &rep) == 0)
+            answer_pull(s, &h, t, w->clock, w->offset, w->count, 0, 0, dst, &rep);
         s->ctr.bytes_out += rep.hdr_len + rep.mask_bytes + rep.vals_bytes;
         s->send(s->send_ctx, w->route, w->route_len, &rep);
         s->waits[i] = s->waits[--s->nwaits]; /* order of answers does not matter */
@@ -695,6 +752,8 @@ static int defer(struct psd *s, const struct ps_frame *route, const Ps__Header *
              * route the retry came by (a reconnected peer has a new one) */
             memcpy(o->route, route->data, route->size);
             o->route_len = route->size;
+            o->shm = req->shm & PS_SHM_OUT;
+            o->shm_out = req->shm_out;
             s->waits_refreshed++;
             return 0;
         }
@@ -725,6 +784,8 @@ static int defer(struct psd *s, const struct ps_frame *route, const Ps__Header *
     w->count = req->count;
     w->dtype = req->dtype;
     w->nonzero_only = req->nonzero_only;
+    w->shm = req->shm & PS_SHM_OUT;
+    w->shm_out = req->shm_out;
     w->since_ms = now_ms();
     w->deadline_ms = w->since_ms + s->wait_timeout_ms;
     w->logged = 0;
@@ -881,6 +942,12 @@ static int op_data(struct psd *s, const struct ps_frame *route, const struct ps_
     struct psd_table *t = check_range(s, req, rep);
     if (t == NULL)
         return 1;
+    if (t->sparse && req->shm != 0) {
+        reply_errorf(s, req, PS_ENOTSUP, rep,
+                     "%s: values in shared memory are for dense tables; '%s' is sparse",
+                     ps_op_name(req->op), t->name);
+        return 1;
+    }
     if (t->sparse) {
         op_rows(s, t, m, rep);
         return 1;
@@ -889,6 +956,10 @@ static int op_data(struct psd *s, const struct ps_frame *route, const struct ps_
         op_keys(s, t, m, rep);
         return 1;
     }
+    unsigned char *shm_in, *shm_out;
+    if (shm_part(s, route, req, req->shm, PS_SHM_IN, req->shm_in, &shm_in, rep) != 0 ||
+        shm_part(s, route, req, req->shm, PS_SHM_OUT, req->shm_out, &shm_out, rep) != 0)
+        return 1;
     int applied = 0;
     uint64_t prune_updates = t->prune_updates, lost = t->rounds_lost;
     /* a retried push is acknowledged; a retried push-pull is answered again;
@@ -900,7 +971,9 @@ static int op_data(struct psd *s, const struct ps_frame *route, const struct ps_
     }
     int stale = 0;
     if (req->op != PS__OP__OP_PULL && !dup) {
-        const float *g = values_f32(s, m);
+        const float *g = shm_in != NULL ? (const float *)shm_in : values_f32(s, m);
+        if (shm_in != NULL)
+            s->shm.bytes_in += req->count * sizeof(float);
         char err[PS_ERROR_TEXT_MAX];
         int rc = g == NULL ? PS_ENOMEM
                            : psd_cons_push(&s->cons, t, req->worker_id, req->clock, req->offset,
@@ -940,7 +1013,7 @@ static int op_data(struct psd *s, const struct ps_frame *route, const struct ps_
     uint64_t clock = req->op == PS__OP__OP_PUSH_PULL ? req->clock + 1 : req->clock;
     if (!psd_cons_ready(&s->cons, t, clock, req->offset, req->count))
         return defer(s, route, req, clock, rep);
-    answer_pull(s, req, t, clock, req->offset, req->count, dup, stale, rep);
+    answer_pull(s, req, t, clock, req->offset, req->count, dup, stale, shm_out, rep);
     return 1;
 }
 
@@ -1046,6 +1119,7 @@ void psd_tick(struct psd *s)
     checkpoint_if_due(s);
     uint64_t now = now_ms();
     drop_silent(s, now);
+    psd_shm_expire(&s->shm, now);
     for (uint32_t i = 0; i < s->nwaits;) {
         struct psd_wait *w = &s->waits[i];
         struct psd_table *t = s->tables[w->table_id];
@@ -1248,7 +1322,7 @@ int psd_dispatch(struct psd *s, const struct ps_frame *route, const struct ps_fr
         worker_heard(s, req);
         switch (req->op) {
         case PS__OP__OP_HELLO:
-            op_hello(s, req, rep);
+            op_hello(s, route, req, rep);
             break;
         case PS__OP__OP_CREATE_TABLE:
             op_create(s, req, rep);

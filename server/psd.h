@@ -10,6 +10,7 @@
 
 #include "consistency.h"
 #include "ps_log.h"
+#include "shm.h"
 #include "ps_wire.h"
 #include "table.h"
 
@@ -55,6 +56,8 @@ struct psd_wait {
     uint64_t offset, count;
     Ps__DType dtype; /* of the reply's values */
     int nonzero_only;
+    uint32_t shm; /* PS_SHM_OUT: the values go into the route's region at shm_out */
+    uint64_t shm_out;
     uint64_t since_ms, deadline_ms;
     int logged;
 };
@@ -118,6 +121,8 @@ struct psd {
     struct psd_table *tables[PS_TABLES_MAX];
     uint32_t ntables;
 
+    struct psd_shm_set shm; /* regions of clients on this host */
+
     struct psd_counters ctr;
     uint64_t errors_logged; /* rate limit for malformed-request warnings */
 
@@ -167,6 +172,10 @@ void psd_set_sender(struct psd *s, psd_send_cb send, void *ctx);
 /* The ipc:// endpoint hello replies offer to clients on this host ("" or
  * NULL: none). */
 void psd_set_local_endpoint(struct psd *s, const char *endpoint);
+
+/* A region a client on this host handed over (net.c's fd socket), mapped;
+ * psd unmaps it when it goes (server/shm.h). */
+void psd_shm_take(struct psd *s, uint64_t token, void *base, size_t size);
 
 /* Handles one request from `route`. nframes counts every frame after the
  * routing id (it may exceed the array: frames past PS_FRAMES_MAX are

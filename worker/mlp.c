@@ -106,13 +106,28 @@ int psw_mlp_init(struct psw_mlp *m, struct psk_backend *be, const int *dims, int
     return 0;
 }
 
+void psw_mlp_place_grads(struct psw_mlp *m, float *const *g)
+{
+    for (int l = 0; l < m->nlayers; l++) {
+        if (!m->grads_placed) {
+            psk_free(m->be, m->gw[l]);
+            psk_free(m->be, m->gb[l]);
+        }
+        m->gw[l] = g[2 * l];
+        m->gb[l] = g[2 * l + 1];
+    }
+    m->grads_placed = 1;
+}
+
 void psw_mlp_fini(struct psw_mlp *m)
 {
     for (int l = 0; l < PSW_LAYERS_MAX; l++) {
         psk_free(m->be, m->w[l]);
-        psk_free(m->be, m->gw[l]);
         psk_free(m->be, m->b[l]);
-        psk_free(m->be, m->gb[l]);
+        if (!m->grads_placed) {
+            psk_free(m->be, m->gw[l]);
+            psk_free(m->be, m->gb[l]);
+        }
     }
     for (int l = 0; l <= PSW_LAYERS_MAX; l++)
         psk_free(m->be, m->act[l]);

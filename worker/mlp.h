@@ -32,6 +32,7 @@ struct psw_mlp {
     float *dx;     /* d loss / d input (batch_max x dims[0]), when enabled */
     float *h_loss; /* host copies */
     int *h_pred;
+    int grads_placed; /* gw, gb are the caller's (psw_mlp_place_grads) */
 };
 
 /* Parses "784,256,128,10" into dims; returns the number of layers or
@@ -41,6 +42,11 @@ int psw_mlp_parse_layers(const char *s, int *dims, char *err, size_t errlen);
 int psw_mlp_init(struct psw_mlp *m, struct psk_backend *be, const int *dims, int nlayers,
                  int batch_max, char *err, size_t errlen);
 void psw_mlp_fini(struct psw_mlp *m);
+
+/* CPU backend: backward writes table k's gradient into g[k] (host memory
+ * of the caller's that outlives the model, e.g. a region shared with the
+ * servers) from now on, instead of buffers of its own. */
+void psw_mlp_place_grads(struct psw_mlp *m, float *const *g);
 
 /* Makes backward also compute the gradient with respect to the input
  * (into m->dx), for models that train what feeds the MLP (embeddings). */

@@ -7,6 +7,7 @@
 #include "ps_limits.h"
 #include "ps_local.h"
 #include "ps_shard.h"
+#include "ps_shm.h"
 #include "ps_wire.h"
 #include "ps_zsock.h"
 
@@ -62,6 +63,7 @@ struct slot {
     const uint64_t *keys;     /* SUB_KEYS: the caller's keys */
     size_t nkeys;
     uint64_t expected[PS_SHARDS_MAX / 64]; /* shards sent a sub-request */
+    uint64_t via_shm[PS_SHARDS_MAX / 64];  /* ...whose last one named the shared region */
     int64_t sent_ms;
     uint32_t attempts;
     /* row requests: keys grouped by shard, and where each came from */
@@ -109,6 +111,14 @@ struct psc_client {
         uint64_t instance;
     } * offers;
     uint64_t session;
+    /* the region shared with shards on this host (fd -1: none), what of
+     * it psc_shm_alloc handed out, the token it was handed over with, and
+     * per shard whether the shard took it */
+    struct ps_shm shm;
+    size_t shm_used;
+    uint64_t shm_token;
+    unsigned char *shm_on;
+    uint64_t shm_sent, shm_received;
     zmq_pollitem_t *items;
     struct slot slots[PS_CLIENT_TICKETS_MAX];
     uint16_t free_stack[PS_CLIENT_TICKETS_MAX];
@@ -199,6 +209,7 @@ static struct slot *slot_alloc(struct psc_client *c, Ps__Op op, uint64_t *id)
     sl->keys = NULL;
     sl->attempts = 0;
     memset(sl->expected, 0, sizeof sl->expected);
+    memset(sl->via_shm, 0, sizeof sl->via_shm);
     sl->error[0] = '\0';
     *id = seq;
     return sl;
@@ -365,6 +376,15 @@ static int range_part(const struct psc_client *c, const struct slot *sl, uint32_
     return *a < *b;
 }
 
+/* Whether [p, p+bytes) lies in the region and shard s took it (f32 only). */
+static int shm_in_region(const struct psc_client *c, uint32_t s, const void *p, size_t bytes)
+{
+    const unsigned char *q = p;
+    return q != NULL && c->shm_on != NULL && c->shm_on[s] && c->dtype == PS__DTYPE__DTYPE_F32 &&
+           q >= c->shm.base && bytes <= c->shm.size &&
+           q - c->shm.base <= (ptrdiff_t)(c->shm.size - bytes);
+}
+
 /* A view's reply: its values message is kept in the slot, or a copy of
  * it where the values are not float-aligned in the message. */
 static void view_keep(struct slot *sl, uint32_t shard, const struct ps_wire_msg *m,
@@ -401,7 +421,16 @@ static void handle_data_reply(struct psc_client *c, uint32_t shard, struct slot 
     uint64_t a, b;
     int asked = range_part(c, sl, shard, &a, &b);
     int masked = m->mask != NULL;
-    if (!asked || h->offset != a || h->count != b - a || h->dtype != c->dtype ||
+    if (asked && h->shm == PS_SHM_OUT && h->offset == a && h->count == b - a && !sl->view &&
+        sl->out != NULL &&
+        h->shm_out == (uint64_t)((unsigned char *)(sl->out + (a - sl->offset)) - c->shm.base) &&
+        shm_in_region(c, shard, sl->out + (a - sl->offset), (b - a) * sizeof(float))) {
+        /* the shard wrote the values where they belong */
+        c->shm_received += (b - a) * sizeof(float);
+        c->bytes_received += (b - a) * sizeof(float);
+        return;
+    }
+    if (!asked || h->offset != a || h->count != b - a || h->dtype != c->dtype || h->shm != 0 ||
         (masked && (!c->nonzero_pulls || sl->view)) ||
         (!masked && m->vals_bytes != (b - a) * c->esize)) {
         slot_fail(sl, PS_EPROTO, "shard %u answered [%llu, +%llu), expected [%llu, +%llu)", shard,
@@ -475,6 +504,8 @@ static void handle_sync_reply(struct psc_client *c, uint32_t shard, struct slot 
                      ? h->local_endpoint
                      : "");
         c->offers[shard].instance = h->instance;
+        if (c->shm_on != NULL && h->shm_token != 0)
+            c->shm_on[shard] = h->shm_token == c->shm_token;
     } else if (sl->op == PS__OP__OP_CREATE_TABLE) {
         struct table_h *t = sl->ctx;
         uint64_t lo, hi;
@@ -546,6 +577,8 @@ static void handle_sync_reply(struct psc_client *c, uint32_t shard, struct slot 
     }
 }
 
+static int send_sub(struct psc_client *c, struct slot *sl, uint32_t s, int resend);
+
 static void handle_reply(struct psc_client *c, uint32_t shard, const struct ps_frame *frames,
                          size_t nframes, zmq_msg_t *last)
 {
@@ -564,6 +597,13 @@ static void handle_reply(struct psc_client *c, uint32_t shard, const struct ps_f
          * unanswered, sent again after retry_ms */
         sl->sent_ms = now_ms();
         return;
+    }
+    if (rc == 0 && m.hdr->op == sl->op && m.hdr->status == PS_ESHM && sl->kind == SUB_RANGE &&
+        ((sl->via_shm[shard / 64] >> (shard % 64)) & 1u)) {
+        /* the shard lost the region (it restarted): frames from now on */
+        c->shm_on[shard] = 0;
+        if (send_sub(c, sl, shard, 1) == 0)
+            return;
     }
     sl->replied[shard / 64] |= UINT64_C(1) << (shard % 64);
     sl->pending--;
@@ -751,7 +791,23 @@ static int send_sub(struct psc_client *c, struct slot *sl, uint32_t s, int resen
         h.count = b - a;
         h.nonzero_only = c->nonzero_pulls && sl->op != PS__OP__OP_PUSH && !sl->view;
         const void *vals = sl->src ? sl->src + (a - sl->offset) * c->esize : NULL;
-        return send_frames(c, s, &h, NULL, 0, vals, vals ? (b - a) * c->esize : 0, sl, resend);
+        size_t vbytes = (b - a) * c->esize;
+        if (shm_in_region(c, s, vals, vbytes)) {
+            h.shm |= PS_SHM_IN;
+            h.shm_in = (uint64_t)((const unsigned char *)vals - c->shm.base);
+            c->shm_sent += vbytes;
+            c->bytes_sent += vbytes;
+            vals = NULL;
+        }
+        float *out = sl->out && !sl->view ? sl->out + (a - sl->offset) : NULL;
+        if (shm_in_region(c, s, out, vbytes)) {
+            h.shm |= PS_SHM_OUT; /* the shard writes the values there; none need masking */
+            h.shm_out = (uint64_t)((unsigned char *)out - c->shm.base);
+            h.nonzero_only = 0;
+        }
+        uint64_t bit = UINT64_C(1) << (s % 64);
+        sl->via_shm[s / 64] = h.shm ? sl->via_shm[s / 64] | bit : sl->via_shm[s / 64] & ~bit;
+        return send_frames(c, s, &h, NULL, 0, vals, vals ? vbytes : 0, sl, resend);
     }
     h.layout = PS__LAYOUT__LAYOUT_KEYS;
     if (sl->kind == SUB_ROWS) {
@@ -1279,6 +1335,29 @@ void psc_bytes(const struct psc_client *c, uint64_t *sent, uint64_t *received)
     *received = c->bytes_received;
 }
 
+void *psc_shm_alloc(struct psc_client *c, size_t bytes)
+{
+    size_t at = (c->shm_used + 63u) & ~(size_t)63u;
+    if (c->shm.base == NULL || at > c->shm.size || bytes > c->shm.size - at)
+        return NULL;
+    c->shm_used = at + bytes;
+    return c->shm.base + at;
+}
+
+uint32_t psc_shm_shards(const struct psc_client *c)
+{
+    uint32_t n = 0;
+    for (uint32_t s = 0; c->shm_on != NULL && s < c->nshards; s++)
+        n += c->shm_on[s];
+    return n;
+}
+
+void psc_shm_bytes(const struct psc_client *c, uint64_t *sent, uint64_t *received)
+{
+    *sent = c->shm_sent;
+    *received = c->shm_received;
+}
+
 uint32_t psc_shards(const struct psc_client *c)
 {
     return c->nshards;
@@ -1393,6 +1472,9 @@ static void go_local(struct psc_client *c, const struct psc_config *cfg, int tim
         Ps__Header h;
         ps_wire_header_init(&h, PS__OP__OP_HELLO);
         h.session = c->session; /* the same session: not a restart */
+        if (c->shm.fd >= 0 &&
+            ps_shm_hand(want.local, c->shm.fd, c->shm_token, timeout_ms, err, sizeof err) == 0)
+            h.shm_token = c->shm_token; /* bound to this connection by the hello */
         if (call_sync(c, &h, s, s, NULL, timeout_ms) == 0 &&
             c->offers[s].instance == want.instance) {
             zmq_close(tcp);
@@ -1402,6 +1484,8 @@ static void go_local(struct psc_client *c, const struct psc_config *cfg, int tim
             zmq_close(local);
             use_socket(c, s, tcp);
             c->offers[s] = want;
+            if (c->shm_on != NULL)
+                c->shm_on[s] = 0;
             c->start_clock = start_clock;
             free(ep);
         }
@@ -1464,6 +1548,7 @@ int psc_create(const struct psc_config *cfg, struct psc_client **out, char *err,
     c->socks = calloc(c->nshards, sizeof *c->socks);
     c->endpoints = calloc(c->nshards, sizeof *c->endpoints);
     c->offers = calloc(c->nshards, sizeof *c->offers);
+    c->shm.fd = -1;
     c->items = calloc(c->nshards, sizeof *c->items);
     c->last_send_ms = calloc(c->nshards, sizeof *c->last_send_ms);
     c->arena_buf = malloc(CLIENT_ARENA_BYTES);
@@ -1494,6 +1579,11 @@ int psc_create(const struct psc_config *cfg, struct psc_client **out, char *err,
         if (rc == PS_ETIMEDOUT && cfg->hello_optional)
             rc = 0;
     } else if (rc == 0 && cfg->local_ipc) {
+        /* no region is no error: values go in frames */
+        char why[200];
+        if (cfg->shm_bytes > 0 && (c->shm_on = calloc(c->nshards, 1)) != NULL &&
+            ps_shm_create(cfg->shm_bytes, &c->shm, why, sizeof why) == 0)
+            c->shm_token = ps_random_id();
         go_local(c, cfg, cfg->connect_timeout_ms);
     }
     if (rc != 0) {
@@ -1526,6 +1616,8 @@ void psc_destroy(struct psc_client *c)
         free(c->slots[i].svals);
         free(c->slots[i].grp);
     }
+    ps_shm_close(&c->shm);
+    free(c->shm_on);
     free(c->socks);
     free(c->endpoints);
     free(c->offers);

@@ -45,6 +45,8 @@ struct psc_config {
                              * from psc_wait and psc_heartbeat: no thread. */
     int local_ipc;          /* move to a shard's same-host ipc:// endpoint when its hello
                              * offers one this process can reach (ps_local.h) */
+    size_t shm_bytes;       /* with local_ipc: a region this big shared with the shards on
+                             * this host (0: none); see psc_shm_alloc */
     const int *io_cpus;     /* ZeroMQ's I/O thread runs on these CPUs (nio_cpus of them; */
     int nio_cpus;           /* 0: where the thread creating the client runs) */
     /* CURVE (all three, or none): 40-character Z85 keys */
@@ -132,6 +134,25 @@ struct psc_shard_stats {
     uint32_t nworker_clocks;    /* --workers... */
     uint64_t worker_clocks[64]; /* ...the first 64: clocks each pushed (lowest over tables) */
 };
+
+/* Shared memory with shards on this host (cfg.shm_bytes; common/ps_shm.h).
+ * psc_shm_alloc hands out 64-byte aligned buffers of the region (NULL
+ * when there is none or it is full; they live until psc_destroy). A push
+ * whose values lie in such a buffer, or a pull whose output buffer does,
+ * moves those values through the region instead of a socket, on shards
+ * that took the region (f32 on the wire; the others get frames): no copy
+ * on the client's side, one on the shard's. What the caller sees is the
+ * same either way, with one difference: a shard writes a pull's values
+ * into such a buffer when it answers, not inside psc_wait, so the caller
+ * must not read the buffer while the pull is in flight (nor after
+ * psc_cancel: the shard may still answer). A shard that lost the region
+ * (it restarted) refuses such requests, and they are sent again in
+ * frames. */
+void *psc_shm_alloc(struct psc_client *c, size_t bytes);
+/* Shards that took the region. */
+uint32_t psc_shm_shards(const struct psc_client *c);
+/* Value bytes moved through the region so far, included in psc_bytes. */
+void psc_shm_bytes(const struct psc_client *c, uint64_t *sent, uint64_t *received);
 
 /* Connects to every endpoint and says hello; fails if a shard does not
  * answer within connect_timeout_ms or says it is another shard. On failure

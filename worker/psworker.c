@@ -46,7 +46,7 @@ struct config {
     const char *optimizer, *device, *lr_schedule, *wire_dtype;
     const char *summary_json, *save, *log_level, *curve_secret, *curve_server_key, *config;
     const char *metrics_listen, *cpus, *io_cpus;
-    int standalone, no_local_ipc;
+    int standalone, no_local_ipc, no_shm;
     uint64_t max_steps, log_every, timeout_ms, test_delay_ms, accum_steps, retry_ms, heartbeat_ms;
     int help;
 };
@@ -99,6 +99,9 @@ static const struct ps_opt opts[] = {
     OPT("no-local-ipc", PS_OPT_FLAG, no_local_ipc, NULL, 0, 0, NULL,
         "stay on the --servers endpoints even where a shard on this host offers its Unix "
         "socket"),
+    OPT("no-shm", PS_OPT_FLAG, no_shm, NULL, 0, 0, NULL,
+        "send values in ZeroMQ frames even to shards on this host (by default the CPU "
+        "backend shares its gradients and pulled weights with them in memory)"),
     OPT("cpus", PS_OPT_STR, cpus, NULL, 0, 0, "LIST",
         "run this worker's threads (training, BLAS) on these CPUs (as taskset -c writes them: "
         "0,2-3); default: wherever the scheduler puts them"),
@@ -143,6 +146,7 @@ struct trainer {
     int *h_lab;
     int ntables;
     float *hw[TABLES_MAX], *hg[TABLES_MAX]; /* host weights and gradients */
+    float *lw[TABLES_MAX]; /* pulls land here (shared with the shards), then go to hw */
     /* distributed */
     struct psc_client *c;
     uint32_t th[TABLES_MAX];
@@ -294,6 +298,14 @@ static int setup_tables(struct trainer *tr, char *err, size_t errlen)
 
 static void worker_metrics(struct trainer *tr, int force);
 
+/* Where pulls of table k land: the shared landing buffer, copied into hw
+ * when waited for (a shard writes it when it answers, and backward may
+ * still be reading hw then), or hw itself. */
+static float *pull_dst(struct trainer *tr, int k)
+{
+    return tr->lw[k] != NULL ? tr->lw[k] : tr->hw[k];
+}
+
 /* Notes what pull i (a ticket in pull_tk) brings. */
 static void note_pull(struct trainer *tr, int i, int k, uint64_t first, uint64_t n)
 {
@@ -322,6 +334,8 @@ static int wait_pulls(struct trainer *tr, int k, uint64_t a, uint64_t b, int upl
         }
         if (rc == PS_ETIMEDOUT)
             psc_cancel(tr->c, tr->pull_tk[i]);
+        if (rc == 0 && p->k >= 0 && tr->lw[p->k] != NULL) /* the weights backward read */
+            memcpy(tr->hw[p->k] + p->first, tr->lw[p->k] + p->first, (size_t)p->n * 4);
         if (rc == 0 && upload && p->k >= 0 &&
             psk_upload(tr->be, psw_mlp_param(&tr->mlp, p->k) + p->first, tr->hw[p->k] + p->first,
                        (size_t)p->n * 4))
@@ -340,7 +354,7 @@ static int pull_table(struct trainer *tr, int k, uint64_t clock)
 {
     uint64_t n = psw_mlp_table_size(&tr->mlp, k);
     note_pull(tr, k, k, 0, n);
-    int rc = psc_pull(tr->c, tr->th[k], 0, n, tr->hw[k], clock, &tr->pull_tk[k]);
+    int rc = psc_pull(tr->c, tr->th[k], 0, n, pull_dst(tr, k), clock, &tr->pull_tk[k]);
     if (rc != 0)
         PS_LOG(&tr->log, PS_LOG_ERROR, "W0301", "pull: %s", psc_last_error(tr->c));
     return rc;
@@ -409,7 +423,7 @@ static int send_range(struct trainer *tr, int k, uint64_t first, uint64_t n)
     if (tr->pulls_pending >= TICKETS_MAX)
         return PS_ELIMIT;
     note_pull(tr, tr->pulls_pending, k, first, n);
-    int rc = psc_push_pull(tr->c, tr->th[k], first, n, tr->hg[k] + first, tr->hw[k] + first,
+    int rc = psc_push_pull(tr->c, tr->th[k], first, n, tr->hg[k] + first, pull_dst(tr, k) + first,
                            tr->clock, &tr->pull_tk[tr->pulls_pending]);
     if (rc != 0) {
         PS_LOG(&tr->log, PS_LOG_ERROR, "W0302", "push: %s", psc_last_error(tr->c));
@@ -445,7 +459,7 @@ static int send_topk(struct trainer *tr, int k)
     rc = psc_push_keys(tr->c, tr->th[k], tr->sel_idx[k], tr->sel_val[k], tr->sel_k[k], tr->clock,
                        &tr->pull_tk[tr->pulls_pending]);
     if (rc == 0)
-        rc = psc_pull(tr->c, tr->th[k], 0, n, tr->hw[k], tr->clock + 1,
+        rc = psc_pull(tr->c, tr->th[k], 0, n, pull_dst(tr, k), tr->clock + 1,
                       &tr->pull_tk[tr->pulls_pending + 1]);
     if (rc != 0) {
         PS_LOG(&tr->log, PS_LOG_ERROR, "W0303", "top-k push: %s", psc_last_error(tr->c));
@@ -849,6 +863,40 @@ static int check_config(const struct config *c, char *err, size_t errlen)
 }
 
 /* Connects the client to --servers (hello to every shard). */
+/* The region to share with shards on this host: each table's gradient and
+ * pull landing buffer (CPU backend; 0: none). */
+static size_t shm_bytes(const struct trainer *tr)
+{
+    if (!tr->alias || tr->cfg.no_shm)
+        return 0;
+    size_t b = 4096;
+    for (int k = 0; k < psw_mlp_tables(&tr->mlp); k++)
+        b += 2 * ((size_t)psw_mlp_table_size(&tr->mlp, k) * 4 + 64);
+    return b;
+}
+
+/* Puts the gradients and the pull landing buffers in the shared region
+ * when shards took it: their values then move without sockets. */
+static void setup_shm(struct trainer *tr)
+{
+    uint32_t on = psc_shm_shards(tr->c);
+    if (on == 0)
+        return;
+    int n = psw_mlp_tables(&tr->mlp);
+    float *g[TABLES_MAX], *l[TABLES_MAX];
+    for (int k = 0; k < n; k++) {
+        size_t b = (size_t)psw_mlp_table_size(&tr->mlp, k) * 4;
+        if ((g[k] = psc_shm_alloc(tr->c, b)) == NULL || (l[k] = psc_shm_alloc(tr->c, b)) == NULL)
+            return;
+    }
+    psw_mlp_place_grads(&tr->mlp, g);
+    memcpy(tr->lw, l, (size_t)n * sizeof *l);
+    PS_LOG(&tr->log, PS_LOG_INFO, "W0008",
+           "%u of %u shards share memory with this worker: gradients and weights move without "
+           "sockets there",
+           on, psc_shards(tr->c));
+}
+
 static int connect_client(struct trainer *tr, int nonzero_pulls, char *err, size_t errlen)
 {
     const struct config *c = &tr->cfg;
@@ -867,6 +915,7 @@ static int connect_client(struct trainer *tr, int nonzero_pulls, char *err, size
                             .retry_ms = (int)c->retry_ms,
                             .heartbeat_ms = c->heartbeat_ms ? (int)c->heartbeat_ms : -1,
                             .local_ipc = !c->no_local_ipc,
+                            .shm_bytes = shm_bytes(tr),
                             .io_cpus = tr->io_cpus.cpu,
                             .nio_cpus = tr->io_cpus.n};
     struct ps_curve_keys mine, server;
@@ -931,6 +980,8 @@ static int setup(struct trainer *tr, char *err, size_t errlen)
      * them where they save bytes */
     if (!c->standalone && (rc = connect_client(tr, 1, err, errlen)) != 0)
         return rc;
+    if (!c->standalone)
+        setup_shm(tr);
     /* The schedule spans the run's clocks (the server converts its own
      * application count in asp/ssp). Every worker computes the same value,
      * so the table specs agree. */

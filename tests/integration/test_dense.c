@@ -551,6 +551,76 @@ static void test_local_ipc(void **state)
     psc_destroy(c);
 }
 
+/* A client with a shared region: values in psc_shm_alloc buffers move
+ * through it (no bytes on the wire for them), others in frames, and the
+ * answers match the fixture's client on tcp element for element. */
+static void test_shared_memory(void **state)
+{
+    struct fixture *f = *state;
+    const char *eps[2] = {f->shard[0].endpoint, f->shard[1].endpoint};
+    struct psc_config cfg = {.servers = eps,
+                             .nservers = 2,
+                             .worker_id = 3,
+                             .connect_timeout_ms = TIMEOUT_MS,
+                             .local_ipc = 1,
+                             .shm_bytes = 3 * N * sizeof(float)};
+    struct psc_client *c = NULL;
+    char err[512];
+    if (psc_create(&cfg, &c, err, sizeof err) != 0)
+        fail_msg("psc_create: %s", err);
+    assert_int_equal(psc_shm_shards(c), 2);
+    struct psc_table_spec sp;
+    big_spec(&sp);
+    uint32_t t;
+    assert_int_equal(psc_table_create(c, &sp, TIMEOUT_MS, &t), 0);
+    float *w = psc_shm_alloc(c, N * sizeof(float)), *g = psc_shm_alloc(c, N * sizeof(float));
+    float *w2 = psc_shm_alloc(c, N * sizeof(float));
+    assert_non_null(w2);
+    assert_null(psc_shm_alloc(c, N * sizeof(float))); /* full */
+    assert_int_equal((uintptr_t)w % 64, 0);
+    float *ref = malloc(N * sizeof(float)), *plain = malloc(N * sizeof(float));
+    uint64_t k, sent0, recv0, ssent, srecv;
+    psc_bytes(c, &sent0, &recv0);
+    assert_int_equal(psc_pull(c, t, 0, N, w, 9, &k), 0);
+    wait_ok(c, k);
+    assert_int_equal(psc_pull(f->c, f->big, 0, N, ref, 9, &k), 0);
+    wait_ok(f->c, k);
+    assert_memory_equal(w, ref, N * sizeof(float));
+    psc_shm_bytes(c, &ssent, &srecv);
+    assert_int_equal(srecv, N * sizeof(float));
+    memcpy(w2, w, N * sizeof(float)); /* the weights, kept up to date below */
+    /* push-pulls across the shard boundary: both ways shared, the gradient
+     * only, the weights only */
+    uint64_t off = N / 2 - 1000, cnt = 3000;
+    for (int round = 0; round < 3; round++) {
+        float *gp = round == 2 ? plain : g;
+        for (uint64_t i = 0; i < cnt; i++)
+            gp[off + i] = grad_of(off + i, 10 + round);
+        float *out = round == 1 ? ref : w;
+        assert_int_equal(psc_push_pull(c, t, off, cnt, gp + off, out + off, 10, &k), 0);
+        wait_ok(c, k);
+        for (uint64_t i = off; i < off + cnt; i++)
+            if (out[i] != w2[i] - 0.5f * gp[i])
+                fail_msg("round %d, element %llu: %.9g, expected %.9g", round,
+                         (unsigned long long)i, (double)out[i], (double)(w2[i] - 0.5f * gp[i]));
+        memcpy(w2 + off, out + off, cnt * sizeof(float)); /* the weights now */
+        if (round == 0) {                                 /* checked against tcp */
+            assert_int_equal(psc_pull(f->c, f->big, off, cnt, plain, 10, &k), 0);
+            wait_ok(f->c, k);
+            assert_memory_equal(plain, w + off, cnt * sizeof(float));
+        }
+    }
+    psc_shm_bytes(c, &ssent, &srecv);
+    assert_int_equal(ssent, 2 * cnt * sizeof(float));
+    assert_int_equal(srecv, N * sizeof(float) + 2 * cnt * sizeof(float));
+    uint64_t sent, recv;
+    psc_bytes(c, &sent, &recv);
+    assert_true(sent - sent0 >= 3 * cnt * sizeof(float)); /* shared bytes count as moved */
+    free(ref);
+    free(plain);
+    psc_destroy(c);
+}
+
 /* Answers one hello as shard 0 of 1, offering `offer` as its same-host
  * endpoint under an instance no psd has. */
 struct fake_shard {
@@ -655,6 +725,7 @@ int main(void)
         cmocka_unit_test(test_f16_on_the_wire),
         cmocka_unit_test(test_sparse_rows),
         cmocka_unit_test(test_unreachable_and_misordered),
+        cmocka_unit_test(test_shared_memory),
         cmocka_unit_test(test_local_names),
         cmocka_unit_test(test_local_name_limit),
         cmocka_unit_test(test_local_ipc),

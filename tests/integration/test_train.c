@@ -241,7 +241,9 @@ static void test_accumulation_matches_bigger_batch(void **state)
 }
 
 /* Runs one worker for 40 steps against a fresh 2-shard BSP cluster, pruned
- * and/or with --topk when given; reports the bytes it pushed and pulled. */
+ * and/or with --topk when given; reports the bytes it pushed and pulled.
+ * The values go on the wire (--no-shm): what is measured is what pruning
+ * and top-k save there. */
 static void one_worker_run(const char *prune, const char *topk, const char *save,
                            unsigned long long *pushed, unsigned long long *pulled)
 {
@@ -255,7 +257,7 @@ static void one_worker_run(const char *prune, const char *topk, const char *save
                           "1",           "--device",  "cpu",
                           "--save",      save,        "--summary-json",
                           summary,       "--topk",    topk ? topk : "0",
-                          NULL};
+                          "--no-shm",    NULL};
     pid_t pid = harness_spawn(argv, log);
     int rc = harness_wait(pid, WORKER_TIMEOUT_MS);
     if (rc != 0) {

@@ -31,4 +31,22 @@ static inline void inproc_request(struct psd *s, const Ps__Header *h, const void
     assert_int_equal(psd_dispatch(s, &route, f, data != NULL ? 2 : 1, rep), 1);
 }
 
+/* Creates dense table 0, "t": `size` elements, all 1, plain SGD at lr 1. */
+static inline void inproc_create_ones(struct psd *s, uint64_t size)
+{
+    Ps__TableSpec sp;
+    ps__table_spec__init(&sp);
+    sp.name = "t";
+    sp.size = size;
+    sp.lr = 1.0f;
+    sp.init = PS__INIT_KIND__INIT_CONSTANT;
+    sp.init_scale = 1.0f;
+    Ps__Header h;
+    ps_wire_header_init(&h, PS__OP__OP_CREATE_TABLE);
+    h.spec = &sp;
+    struct psd_reply rep;
+    inproc_request(s, &h, NULL, 0, &rep);
+    psd_reply_drop(&rep);
+}
+
 #endif

@@ -1,0 +1,122 @@
+/* psd's shared regions: hand-over, binding, lookup, eviction. */
+#include "shm.h"
+
+#include "ps_err.h"
+
+#include <string.h>
+#include <sys/mman.h>
+
+static void drop(struct psd_shm_set *set, struct psd_shm_region *r)
+{
+    munmap(r->base, r->size);
+    memset(r, 0, sizeof *r);
+    set->dropped_total++;
+}
+
+void psd_shm_offer(struct psd_shm_set *set, uint64_t token, void *base, size_t size,
+                   uint64_t now_ms)
+{
+    psd_shm_expire(set, now_ms);
+    struct psd_shm_region *slot = NULL;
+    for (uint32_t i = 0; i < PS_SHM_REGIONS_MAX; i++) {
+        struct psd_shm_region *r = &set->r[i];
+        if (r->base == NULL) {
+            slot = r;
+            break;
+        }
+        if (slot == NULL || r->used_ms < slot->used_ms)
+            slot = r; /* full: the one used longest ago goes */
+    }
+    if (slot->base != NULL)
+        drop(set, slot);
+    slot->base = base;
+    slot->size = size;
+    slot->token = token;
+    slot->used_ms = now_ms;
+}
+
+static int same_route(const struct psd_shm_region *r, const void *route, size_t len)
+{
+    return r->base != NULL && r->token == 0 && r->route_len == len &&
+           memcmp(r->route, route, len) == 0;
+}
+
+int psd_shm_bind(struct psd_shm_set *set, uint64_t token, const void *route, size_t route_len,
+                 uint32_t worker_id, uint64_t now_ms)
+{
+    if (token == 0 || route_len > PS_ROUTE_ID_MAX)
+        return 0;
+    struct psd_shm_region *found = NULL;
+    for (uint32_t i = 0; i < PS_SHM_REGIONS_MAX && found == NULL; i++)
+        if (set->r[i].base != NULL && set->r[i].token == token)
+            found = &set->r[i];
+    if (found == NULL)
+        return 0;
+    for (uint32_t i = 0; i < PS_SHM_REGIONS_MAX; i++)
+        if (same_route(&set->r[i], route, route_len))
+            drop(set, &set->r[i]);
+    found->token = 0;
+    found->worker_id = worker_id;
+    memcpy(found->route, route, route_len);
+    found->route_len = route_len;
+    found->used_ms = now_ms;
+    set->bound_total++;
+    return 1;
+}
+
+int psd_shm_at(struct psd_shm_set *set, const void *route, size_t route_len, uint64_t off,
+               uint64_t bytes, uint64_t now_ms, unsigned char **p, size_t *size)
+{
+    struct psd_shm_region *r = &set->r[set->last];
+    if (!same_route(r, route, route_len)) {
+        r = NULL;
+        for (uint32_t i = 0; i < PS_SHM_REGIONS_MAX && r == NULL; i++)
+            if (same_route(&set->r[i], route, route_len)) {
+                r = &set->r[i];
+                set->last = i;
+            }
+    }
+    if (r == NULL)
+        return PS_ESHM;
+    *size = r->size;
+    if (off > r->size || bytes > r->size - off)
+        return PS_ERANGE;
+    r->used_ms = now_ms;
+    *p = r->base + off;
+    return 0;
+}
+
+void psd_shm_drop_worker(struct psd_shm_set *set, uint32_t w, const void *route, size_t route_len)
+{
+    for (uint32_t i = 0; i < PS_SHM_REGIONS_MAX; i++) {
+        struct psd_shm_region *r = &set->r[i];
+        if (r->base != NULL && r->token == 0 && r->worker_id == w &&
+            (route == NULL || !same_route(r, route, route_len)))
+            drop(set, r);
+    }
+}
+
+void psd_shm_expire(struct psd_shm_set *set, uint64_t now_ms)
+{
+    for (uint32_t i = 0; i < PS_SHM_REGIONS_MAX; i++) {
+        struct psd_shm_region *r = &set->r[i];
+        if (r->base != NULL && r->token != 0 && now_ms - r->used_ms > PS_SHM_PENDING_MS)
+            drop(set, r);
+    }
+}
+
+uint32_t psd_shm_bound(const struct psd_shm_set *set)
+{
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < PS_SHM_REGIONS_MAX; i++)
+        n += set->r[i].base != NULL && set->r[i].token == 0;
+    return n;
+}
+
+void psd_shm_fini(struct psd_shm_set *set)
+{
+    for (uint32_t i = 0; i < PS_SHM_REGIONS_MAX; i++)
+        if (set->r[i].base != NULL)
+            munmap(set->r[i].base, set->r[i].size);
+    memset(set, 0, sizeof *set);
+}

@@ -1,0 +1,296 @@
+/* Shared regions (common/ps_shm.h, server/shm.h): what a shard takes from
+ * its fd socket, how a hello binds a region to a connection, push values
+ * read from and pull values written into it through an in-process psd,
+ * and the refusals: no region on this connection, bytes past its end, a
+ * sparse table, bits an op does not allow. */
+#define _GNU_SOURCE
+#include "psd.h"
+
+#include "ps_err.h"
+#include "ps_limits.h"
+#include "ps_shm.h"
+
+#include <fcntl.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "inproc.h"
+
+#define REGION (64u * 1024u)
+#define N      1000u /* table elements */
+
+/* Sends 16 bytes (magic + token unless bad_magic) with the given fds over
+ * one end of a socket pair; returns what ps_shm_take makes of it. */
+static int hand(const int *fds, int nfds, int bad_magic, uint64_t *token, void **base, size_t *size)
+{
+    int sp[2];
+    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0, sp), 0);
+    unsigned char msg[16] = {'P', 'S', 'D', 'S', 'H', 'M', '0', '1'};
+    if (bad_magic)
+        msg[0] = 'X';
+    uint64_t t = 0x1234;
+    memcpy(msg + 8, &t, 8);
+    union {
+        struct cmsghdr h;
+        char buf[CMSG_SPACE(4 * sizeof(int))];
+    } ctl;
+    memset(&ctl, 0, sizeof ctl);
+    struct iovec iov = {msg, sizeof msg};
+    struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
+    if (nfds > 0) {
+        mh.msg_control = ctl.buf;
+        mh.msg_controllen = CMSG_SPACE((size_t)nfds * sizeof(int));
+        struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
+        cm->cmsg_level = SOL_SOCKET;
+        cm->cmsg_type = SCM_RIGHTS;
+        cm->cmsg_len = CMSG_LEN((size_t)nfds * sizeof(int));
+        memcpy(CMSG_DATA(cm), fds, (size_t)nfds * sizeof(int));
+    }
+    char err[200];
+    assert_int_equal(ps_shm_take(sp[1], token, base, size, err, sizeof err), 1); /* nothing yet */
+    assert_int_equal(sendmsg(sp[0], &mh, 0), (ssize_t)sizeof msg);
+    int rc = ps_shm_take(sp[1], token, base, size, err, sizeof err);
+    if (rc != 0)
+        print_message("refused: %s\n", err);
+    close(sp[0]);
+    close(sp[1]);
+    return rc;
+}
+
+static void test_take_checks_the_region(void **state)
+{
+    (void)state;
+    struct ps_shm r;
+    char err[200];
+    assert_int_equal(ps_shm_create(REGION, &r, err, sizeof err), 0);
+    assert_int_equal(r.size, REGION);
+    uint64_t token = 0;
+    void *base = NULL;
+    size_t size = 0;
+    assert_int_equal(hand(&r.fd, 1, 0, &token, &base, &size), 0);
+    assert_int_equal(token, 0x1234);
+    assert_int_equal(size, REGION);
+    /* the same memory on both mappings */
+    r.base[100] = 7;
+    assert_int_equal(((unsigned char *)base)[100], 7);
+    munmap(base, size);
+    /* refused: bad magic, no descriptor, two of them */
+    assert_int_equal(hand(&r.fd, 1, 1, &token, &base, &size), PS_EPROTO);
+    assert_int_equal(hand(NULL, 0, 0, &token, &base, &size), PS_EPROTO);
+    int two[2] = {r.fd, r.fd};
+    assert_int_equal(hand(two, 2, 0, &token, &base, &size), PS_EPROTO);
+    /* a file that could shrink under the shard (no seal) */
+    int loose = memfd_create("loose", MFD_CLOEXEC);
+    assert_true(loose >= 0);
+    assert_int_equal(ftruncate(loose, REGION), 0);
+    assert_int_equal(hand(&loose, 1, 0, &token, &base, &size), PS_EPROTO);
+    /* sealed, but too small */
+    int tiny = memfd_create("tiny", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    assert_true(tiny >= 0);
+    assert_int_equal(ftruncate(tiny, 100), 0);
+    assert_int_equal(fcntl(tiny, F_ADD_SEALS, F_SEAL_SHRINK), 0);
+    assert_int_equal(hand(&tiny, 1, 0, &token, &base, &size), PS_ELIMIT);
+    /* not a regular file */
+    int sp[2];
+    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM, 0, sp), 0);
+    assert_int_equal(hand(&sp[0], 1, 0, &token, &base, &size), PS_EPROTO);
+    close(sp[0]);
+    close(sp[1]);
+    close(loose);
+    close(tiny);
+    ps_shm_close(&r);
+    assert_int_equal(ps_shm_create(10, &r, err, sizeof err), PS_ELIMIT);
+}
+
+static void test_set_binds_and_evicts(void **state)
+{
+    (void)state;
+    static struct psd_shm_set set;
+    memset(&set, 0, sizeof set);
+    void *a = mmap(NULL, REGION, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    psd_shm_offer(&set, 11, a, REGION, 1000);
+    unsigned char *p = NULL;
+    size_t size = 0;
+    assert_int_equal(psd_shm_at(&set, "r1", 2, 0, 4, 1000, &p, &size), PS_ESHM); /* not bound */
+    assert_int_equal(psd_shm_bind(&set, 12, "r1", 2, 0, 1000), 0);               /* wrong token */
+    assert_int_equal(psd_shm_bind(&set, 11, "r1", 2, 0, 1000), 1);
+    assert_int_equal(psd_shm_bind(&set, 11, "r2", 2, 0, 1000), 0); /* bound once only */
+    assert_int_equal(psd_shm_at(&set, "r1", 2, REGION - 8, 8, 1001, &p, &size), 0);
+    assert_ptr_equal(p, (unsigned char *)a + REGION - 8);
+    assert_int_equal(psd_shm_at(&set, "r1", 2, REGION - 8, 12, 1001, &p, &size), PS_ERANGE);
+    assert_int_equal(psd_shm_at(&set, "r1", 2, UINT64_MAX - 2, 8, 1001, &p, &size), PS_ERANGE);
+    assert_int_equal(psd_shm_at(&set, "r2", 2, 0, 4, 1001, &p, &size), PS_ESHM);
+    assert_int_equal(psd_shm_bound(&set), 1);
+    /* a hand-over nobody binds expires */
+    void *b = mmap(NULL, REGION, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    psd_shm_offer(&set, 13, b, REGION, 2000);
+    psd_shm_expire(&set, 2000 + PS_SHM_PENDING_MS + 1);
+    assert_int_equal(psd_shm_bind(&set, 13, "r3", 2, 0, 3000), 0);
+    /* a worker's regions go, but for the connection named */
+    psd_shm_drop_worker(&set, 0, "r1", 2);
+    assert_int_equal(psd_shm_bound(&set), 1);
+    psd_shm_drop_worker(&set, 0, NULL, 0);
+    assert_int_equal(psd_shm_bound(&set), 0);
+    /* full: the region used longest ago makes room */
+    for (uint32_t i = 0; i <= PS_SHM_REGIONS_MAX; i++) {
+        void *m =
+            mmap(NULL, PS_SHM_BYTES_MIN, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+        psd_shm_offer(&set, 100 + i, m, PS_SHM_BYTES_MIN, 5000 + i);
+        char route[8];
+        snprintf(route, sizeof route, "w%u", i);
+        assert_int_equal(psd_shm_bind(&set, 100 + i, route, strlen(route), i, 5000 + i), 1);
+    }
+    assert_int_equal(psd_shm_bound(&set), PS_SHM_REGIONS_MAX);
+    assert_int_equal(psd_shm_at(&set, "w0", 2, 0, 4, 9000, &p, &size), PS_ESHM); /* the oldest */
+    assert_int_equal(psd_shm_at(&set, "w1", 2, 0, 4, 9000, &p, &size), 0);
+    psd_shm_fini(&set);
+}
+
+/* A request on connection `route` through the in-process psd. */
+static int request(struct psd *s, const char *route, const Ps__Header *h, const void *vals,
+                   size_t bytes, struct psd_reply *rep)
+{
+    uint8_t buf[512];
+    struct ps_frame f[2] = {{buf, ps__header__pack(h, buf)}, {vals, bytes}};
+    struct ps_frame r = {route, strlen(route)};
+    return psd_dispatch(s, &r, f, vals != NULL ? 2 : 1, rep);
+}
+
+/* The status of a reply. */
+static int status_of(const struct psd_reply *rep)
+{
+    Ps__Header *h = ps__header__unpack(NULL, rep->hdr_len, rep->hdr);
+    assert_non_null(h);
+    int st = h->status;
+    ps__header__free_unpacked(h, NULL);
+    return st;
+}
+
+static void data_header(Ps__Header *h, Ps__Op op, uint64_t id, uint32_t shm, uint64_t in,
+                        uint64_t out)
+{
+    ps_wire_header_init(h, op);
+    h->request_id = id;
+    h->offset = 100;
+    h->count = 200;
+    h->shm = shm;
+    h->shm_in = in;
+    h->shm_out = out;
+}
+
+static void test_requests_through_the_region(void **state)
+{
+    (void)state;
+    static struct psd s;
+    struct ps_log log;
+    inproc_start(&s, &log);
+    inproc_create_ones(&s, N);
+    Ps__Header h;
+    struct psd_reply rep;
+
+    struct ps_shm r;
+    char err[200];
+    assert_int_equal(ps_shm_create(REGION, &r, err, sizeof err), 0);
+    uint64_t token = 0;
+    void *base = NULL;
+    size_t size = 0;
+    assert_int_equal(hand(&r.fd, 1, 0, &token, &base, &size), 0);
+    psd_shm_take(&s, token, base, size);
+    float *g = (float *)r.base, *w = (float *)(r.base + 4096);
+
+    /* no region bound to this connection yet */
+    data_header(&h, PS__OP__OP_PUSH, 1, PS_SHM_IN, 0, 0);
+    assert_int_equal(request(&s, "a", &h, NULL, 0, &rep), 1);
+    assert_int_equal(status_of(&rep), PS_ESHM);
+    psd_reply_drop(&rep);
+
+    /* a hello with the token binds it, and says so */
+    ps_wire_header_init(&h, PS__OP__OP_HELLO);
+    h.shm_token = token;
+    assert_int_equal(request(&s, "a", &h, NULL, 0, &rep), 1);
+    Ps__Header *got = ps__header__unpack(NULL, rep.hdr_len, rep.hdr);
+    assert_int_equal(got->shm_token, token);
+    ps__header__free_unpacked(got, NULL);
+    psd_reply_drop(&rep);
+
+    /* push-pull: gradient read from the region, weights written into it */
+    for (int i = 0; i < 200; i++)
+        g[i] = (float)i;
+    data_header(&h, PS__OP__OP_PUSH_PULL, 2, PS_SHM_IN | PS_SHM_OUT, 0, 4096);
+    assert_int_equal(request(&s, "a", &h, NULL, 0, &rep), 1);
+    got = ps__header__unpack(NULL, rep.hdr_len, rep.hdr);
+    assert_int_equal(got->status, 0);
+    assert_int_equal(got->shm, PS_SHM_OUT);
+    assert_int_equal(got->shm_out, 4096);
+    ps__header__free_unpacked(got, NULL);
+    assert_null(rep.vals); /* no values frame */
+    psd_reply_drop(&rep);
+    for (int i = 0; i < 200; i++)
+        assert_true(w[i] == 1.0f - (float)i); /* sgd, lr 1 */
+    /* a pull in frames agrees with the region */
+    data_header(&h, PS__OP__OP_PULL, 3, 0, 0, 0);
+    assert_int_equal(request(&s, "a", &h, NULL, 0, &rep), 1);
+    assert_int_equal(rep.vals_bytes, 800);
+    assert_memory_equal(rep.vals, w, 800);
+    psd_reply_drop(&rep);
+
+    /* refusals, and the table is left as it was */
+    data_header(&h, PS__OP__OP_PUSH, 4, PS_SHM_IN, REGION - 400, 0);
+    assert_int_equal(request(&s, "a", &h, NULL, 0, &rep), 1);
+    assert_int_equal(status_of(&rep), PS_ERANGE);
+    psd_reply_drop(&rep);
+    data_header(&h, PS__OP__OP_PULL, 5, PS_SHM_OUT, REGION, 0);
+    h.shm_out = REGION;
+    assert_int_equal(request(&s, "a", &h, NULL, 0, &rep), 1);
+    assert_int_equal(status_of(&rep), PS_ERANGE);
+    psd_reply_drop(&rep);
+    data_header(&h, PS__OP__OP_PULL, 6, PS_SHM_IN, 0, 0); /* a pull has no values to read */
+    assert_int_equal(request(&s, "a", &h, NULL, 0, &rep), 1);
+    assert_int_equal(status_of(&rep), PS_EPROTO);
+    psd_reply_drop(&rep);
+    data_header(&h, PS__OP__OP_PUSH, 7, PS_SHM_IN, 2, 0); /* not a whole float */
+    assert_int_equal(request(&s, "a", &h, NULL, 0, &rep), 1);
+    assert_int_equal(status_of(&rep), PS_EPROTO);
+    psd_reply_drop(&rep);
+    data_header(&h, PS__OP__OP_PUSH, 8, PS_SHM_IN, 0, 0); /* another connection */
+    assert_int_equal(request(&s, "b", &h, NULL, 0, &rep), 1);
+    assert_int_equal(status_of(&rep), PS_ESHM);
+    psd_reply_drop(&rep);
+    data_header(&h, PS__OP__OP_PULL, 9, PS_SHM_OUT, 0, 8192);
+    h.shm_out = 8192;
+    assert_int_equal(request(&s, "a", &h, NULL, 0, &rep), 1);
+    assert_memory_equal(w, r.base + 8192, 800); /* unchanged by the refused ones */
+    psd_reply_drop(&rep);
+
+    /* the worker says hello from a new process on another connection: the
+     * old one's region goes */
+    ps_wire_header_init(&h, PS__OP__OP_HELLO);
+    h.session = 77;
+    assert_int_equal(request(&s, "c", &h, NULL, 0, &rep), 1);
+    psd_reply_drop(&rep);
+    data_header(&h, PS__OP__OP_PULL, 10, PS_SHM_OUT, 0, 4096);
+    assert_int_equal(request(&s, "a", &h, NULL, 0, &rep), 1);
+    assert_int_equal(status_of(&rep), PS_ESHM);
+    psd_reply_drop(&rep);
+    psd_fini(&s);
+    ps_shm_close(&r);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_take_checks_the_region),
+        cmocka_unit_test(test_set_binds_and_evicts),
+        cmocka_unit_test(test_requests_through_the_region),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
