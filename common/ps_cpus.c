@@ -137,3 +137,9 @@ int ps_cpus_pin_process(const struct ps_cpus *c, char *err, size_t errlen)
         closedir(d);
     return 0;
 }
+
+int ps_cpus_allowed(void)
+{
+    cpu_set_t set;
+    return sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0 ? CPU_COUNT(&set) : 1;
+}

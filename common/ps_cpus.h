@@ -30,4 +30,7 @@ void ps_cpus_format(const struct ps_cpus *c, char *buf, size_t len);
  * inherit it from the thread that starts them. 0, or PS_EINVAL (err). */
 int ps_cpus_pin_process(const struct ps_cpus *c, char *err, size_t errlen);
 
+/* CPUs the calling thread may run on (1 when that cannot be read). */
+int ps_cpus_allowed(void);
+
 #endif

@@ -90,6 +90,12 @@ enum psk_kind psk_kind_of(const struct psk_backend *b)
     return b->kind;
 }
 
+void psk_set_blas_threads(struct psk_backend *b, int n)
+{
+    if (b->kind == PSK_CPU)
+        psk__cpu_threads(b, n);
+}
+
 const char *psk_describe(const struct psk_backend *b)
 {
     return b->desc;

@@ -5,7 +5,9 @@
  * host memory on the CPU backend). Matrices are row-major. Calls on one
  * backend are ordered; psk_sync waits for all of them. No CUDA type appears
  * here, and kernels never log: errors come back as PS_E* codes with a
- * sentence in psk_last_error(). A backend is used from one thread. */
+ * sentence in psk_last_error(). A backend is used from one thread, with one
+ * exception: the CPU backend's psk_gemm may run on several threads at once
+ * (worker/pool.h shares the pieces of a product with a helper). */
 #ifndef PSK_H
 #define PSK_H
 
@@ -29,6 +31,10 @@ enum psk_kind psk_kind_of(const struct psk_backend *b);
 /* e.g. "cpu (OpenBLAS)" or "cuda:0 (NVIDIA H100 80GB HBM3)". */
 const char *psk_describe(const struct psk_backend *b);
 const char *psk_last_error(const struct psk_backend *b);
+/* CPU backend: threads OpenBLAS uses for one call (1 when a helper thread
+ * shares the pieces of each product instead); the description follows.
+ * No-op on CUDA. */
+void psk_set_blas_threads(struct psk_backend *b, int n);
 /* 1 when this build includes the CUDA backend. */
 int psk_cuda_built(void);
 

@@ -215,6 +215,13 @@ int psk__cpu_open(struct psk_backend *b, char *err, size_t errlen)
     (void)errlen;
     b->ops = &cpu_ops;
     b->kind = PSK_CPU;
-    snprintf(b->desc, sizeof b->desc, "cpu (OpenBLAS, %d threads)", openblas_get_num_threads());
+    psk__cpu_threads(b, 0);
     return 0;
+}
+
+void psk__cpu_threads(struct psk_backend *b, int n)
+{
+    if (n > 0)
+        openblas_set_num_threads(n);
+    snprintf(b->desc, sizeof b->desc, "cpu (OpenBLAS, %d threads)", openblas_get_num_threads());
 }

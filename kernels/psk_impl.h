@@ -38,6 +38,7 @@ struct psk_backend {
 };
 
 int psk__cpu_open(struct psk_backend *b, char *err, size_t errlen);
+void psk__cpu_threads(struct psk_backend *b, int n);
 /* device < 0: first usable device. Returns PS_ENODEV when none is usable. */
 int psk__cuda_open(struct psk_backend *b, int device, char *err, size_t errlen);
 void psk__set_error(struct psk_backend *b, const char *fmt, ...)

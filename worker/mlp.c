@@ -156,23 +156,89 @@ static int chunk_rows(const struct psw_mlp *m, int l)
     int in = m->dims[l], out = m->dims[l + 1];
     size_t bytes = (size_t)out * in * sizeof(float);
     int chunks = (int)((bytes + PSW_CHUNK_BYTES - 1) / PSW_CHUNK_BYTES);
-    return (out + chunks - 1) / chunks;
+    /* whole pieces (see PSW_PIECE_ROWS): a chunk's pieces are the whole
+     * pass's */
+    int r = (out + chunks - 1) / chunks;
+    return (r + PSW_PIECE_ROWS - 1) / PSW_PIECE_ROWS * PSW_PIECE_ROWS;
+}
+
+void psw_mlp_set_pool(struct psw_mlp *m, struct psw_pool *pool)
+{
+    m->pool = pool;
+}
+
+/* One product C = op(A) op(B) cut into pieces of PSW_PIECE_ROWS of C's
+ * columns (cols) or rows, from 0. */
+struct gemm_job {
+    struct psw_mlp *m;
+    int cols;
+    int ta, tb, mm, n, k;
+    const float *a;
+    int lda;
+    const float *b;
+    int ldb;
+    float *c;
+    int ldc;
+};
+
+static int gemm_piece(void *ctx, int i)
+{
+    const struct gemm_job *g = ctx;
+    int end = g->cols ? g->n : g->mm, j0 = i * PSW_PIECE_ROWS;
+    int j1 = j0 + PSW_PIECE_ROWS < end ? j0 + PSW_PIECE_ROWS : end;
+    int rc;
+    if (g->cols) /* C[:, j0:j1] from op(B)'s columns j0..j1 */
+        rc = psk_gemm(g->m->be, g->ta, g->tb, g->mm, j1 - j0, g->k, 1.0f, g->a, g->lda,
+                      g->b + (g->tb ? (size_t)j0 * g->ldb : (size_t)j0), g->ldb, 0.0f, g->c + j0,
+                      g->ldc);
+    else /* C[j0:j1, :] from op(A)'s rows j0..j1 */
+        rc = psk_gemm(g->m->be, g->ta, g->tb, j1 - j0, g->n, g->k, 1.0f,
+                      g->a + (g->ta ? (size_t)j0 : (size_t)j0 * g->lda), g->lda, g->b, g->ldb, 0.0f,
+                      g->c + (size_t)j0 * g->ldc, g->ldc);
+    return rc ? PS_EDEVICE : 0;
+}
+
+/* C = op(A) op(B) (alpha 1, beta 0): in pieces when par (shared with the
+ * helper when there is one), else in one call. */
+static int gemm_cut(struct psw_mlp *m, int par, int cols, int ta, int tb, int mm, int n, int k,
+                    const float *a, int lda, const float *b, int ldb, float *c, int ldc)
+{
+    if (!par)
+        return psk_gemm(m->be, ta, tb, mm, n, k, 1.0f, a, lda, b, ldb, 0.0f, c, ldc) ? PS_EDEVICE
+                                                                                     : 0;
+    struct gemm_job g = {m, cols, ta, tb, mm, n, k, a, lda, b, ldb, c, ldc};
+    return psw_pool_run(m->pool, gemm_piece, &g,
+                        ((cols ? n : mm) + PSW_PIECE_ROWS - 1) / PSW_PIECE_ROWS);
+}
+
+/* Whether a product of mm x n x k goes in pieces: on the CPU backend, when
+ * it is big enough (the GPU takes it in one call). */
+static int in_pieces(const struct psw_mlp *m, uint64_t mm, uint64_t n, uint64_t k)
+{
+    return psk_kind_of(m->be) == PSK_CPU && mm * n * k >= PSW_PAR_MACS_MIN;
+}
+
+/* Whether layer l's weight products go in pieces. Decided per layer, not
+ * per chunk, so that a chunked pass cuts the same pieces as a whole one. */
+static int layer_par(const struct psw_mlp *m, int l, int rows)
+{
+    return in_pieces(m, (uint64_t)rows, (uint64_t)m->dims[l], (uint64_t)m->dims[l + 1]);
 }
 
 int psw_mlp_forward_ready(struct psw_mlp *m, int rows, psw_chunk_cb ready, void *arg)
 {
     for (int l = 0; l < m->nlayers; l++) {
         int in = m->dims[l], out = m->dims[l + 1];
-        int step = ready ? chunk_rows(m, l) : out;
+        int step = ready ? chunk_rows(m, l) : out, par = layer_par(m, l, rows);
         /* act[l+1][:, r0:r1] = act[l] W[r0:r1]^T, then + b */
         for (int r0 = 0; r0 < out; r0 += step) {
             int r1 = r0 + step < out ? r0 + step : out;
             int rc = ready ? ready(arg, l, r0, r1) : 0;
+            if (rc == 0)
+                rc = gemm_cut(m, par, 1, 0, 1, rows, r1 - r0, in, m->act[l], in,
+                              m->w[l] + (size_t)r0 * in, in, m->act[l + 1] + r0, out);
             if (rc != 0)
                 return rc;
-            if (psk_gemm(m->be, 0, 1, rows, r1 - r0, in, 1.0f, m->act[l], in,
-                         m->w[l] + (size_t)r0 * in, in, 0.0f, m->act[l + 1] + r0, out))
-                return PS_EDEVICE;
         }
         int rc = ready ? ready(arg, l, out, out) : 0;
         if (rc != 0)
@@ -215,13 +281,13 @@ static int weight_grad(struct psw_mlp *m, int l, int rows, const float *dz, psw_
                        void *arg)
 {
     int in = m->dims[l], out = m->dims[l + 1];
-    int step = chunk_rows(m, l);
+    int step = chunk_rows(m, l), par = layer_par(m, l, rows);
     for (int r0 = 0; r0 < out; r0 += step) {
         int r1 = r0 + step < out ? r0 + step : out;
-        if (psk_gemm(m->be, 1, 0, r1 - r0, in, rows, 1.0f, dz + r0, out, m->act[l], in, 0.0f,
-                     m->gw[l] + (size_t)r0 * in, in))
-            return PS_EDEVICE;
-        int rc = cb ? cb(arg, l, r0, r1) : 0;
+        int rc = gemm_cut(m, par, 0, 1, 0, r1 - r0, in, rows, dz + r0, out, m->act[l], in,
+                          m->gw[l] + (size_t)r0 * in, in);
+        if (rc == 0 && cb)
+            rc = cb(arg, l, r0, r1);
         if (rc != 0)
             return rc;
     }
@@ -247,8 +313,8 @@ int psw_mlp_backward(struct psw_mlp *m, int rows, psw_chunk_cb cb, void *arg)
             break;
         }
         /* dz_prev = (dz W) * relu'(act[l]) */
-        if (psk_gemm(m->be, 0, 0, rows, in, out, 1.0f, m->dz[cur], out, m->w[l], in, 0.0f,
-                     m->dz[1 - cur], in) ||
+        if (gemm_cut(m, in_pieces(m, (uint64_t)rows, (uint64_t)in, (uint64_t)out), 1, 0, 0, rows,
+                     in, out, m->dz[cur], out, m->w[l], in, m->dz[1 - cur], in) ||
             psk_relu_backward(m->be, (size_t)rows * in, m->act[l], m->dz[1 - cur]))
             return PS_EDEVICE;
         cur = 1 - cur;

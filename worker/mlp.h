@@ -9,6 +9,7 @@
 #ifndef PSW_MLP_H
 #define PSW_MLP_H
 
+#include "pool.h"
 #include "psk.h"
 
 #include <stddef.h>
@@ -32,7 +33,8 @@ struct psw_mlp {
     float *dx;     /* d loss / d input (batch_max x dims[0]), when enabled */
     float *h_loss; /* host copies */
     int *h_pred;
-    int grads_placed; /* gw, gb are the caller's (psw_mlp_place_grads) */
+    int grads_placed;      /* gw, gb are the caller's (psw_mlp_place_grads) */
+    struct psw_pool *pool; /* a helper takes pieces of the big GEMMs, or NULL */
 };
 
 /* Parses "784,256,128,10" into dims; returns the number of layers or
@@ -47,6 +49,17 @@ void psw_mlp_fini(struct psw_mlp *m);
  * of the caller's that outlives the model, e.g. a region shared with the
  * servers) from now on, instead of buffers of its own. */
 void psw_mlp_place_grads(struct psw_mlp *m, float *const *g);
+
+/* On the CPU backend the big GEMMs (PSW_PAR_MACS_MIN multiply-adds and up)
+ * run in pieces of PSW_PIECE_ROWS output rows or columns, always: with a pool
+ * (worker/pool.h, CPU backend) its helper shares them with this thread,
+ * without one (NULL) this thread runs them in turn. The pieces are the
+ * same either way, and so are the results, to the bit. 16 rows balanced
+ * best on a 2-core machine where psd shares the helper's core: 32 and 64
+ * left the training thread waiting for the helper's last piece. */
+#define PSW_PIECE_ROWS   16
+#define PSW_PAR_MACS_MIN (256u * 1024u)
+void psw_mlp_set_pool(struct psw_mlp *m, struct psw_pool *pool);
 
 /* Makes backward also compute the gradient with respect to the input
  * (into m->dx), for models that train what feeds the MLP (embeddings). */

@@ -48,6 +48,7 @@ struct config {
     const char *metrics_listen, *cpus, *io_cpus;
     int standalone, no_local_ipc, no_shm;
     uint64_t max_steps, log_every, timeout_ms, test_delay_ms, accum_steps, retry_ms, heartbeat_ms;
+    uint64_t compute_threads;
     int help;
 };
 
@@ -75,6 +76,10 @@ static const struct ps_opt opts[] = {
     OPT("batch", PS_OPT_U64, batch, "64", 1, 65536, "B", "examples per step on this worker"),
     OPT("accum-steps", PS_OPT_U64, accum_steps, "1", 1, 1024, "N",
         "sum N mini-batch gradients locally, push once (one clock per push)"),
+    OPT("compute-threads", PS_OPT_U64, compute_threads, "0", 0, 2, "N",
+        "CPU backend: 2 has a helper thread share the pieces of each big matrix product with the "
+        "training thread (OpenBLAS then runs 1 thread per call), 1 leaves threading to OpenBLAS, "
+        "0 picks 2 where this process may run on 2 or more CPUs; the results are the same bits"),
     OPT("epochs", PS_OPT_U64, epochs, "5", 1, 100000, "E", "passes over the training set"),
     FOPT("lr", lr, "0.02", 0.0, 100.0, "LR", "learning rate"),
     OPT("optimizer", PS_OPT_STR, optimizer, "momentum", 0, 0, "NAME",
@@ -147,6 +152,7 @@ struct trainer {
     int ntables;
     float *hw[TABLES_MAX], *hg[TABLES_MAX]; /* host weights and gradients */
     float *lw[TABLES_MAX]; /* pulls land here (shared with the shards), then go to hw */
+    struct psw_pool *pool; /* --compute-threads 2 */
     /* distributed */
     struct psc_client *c;
     uint32_t th[TABLES_MAX];
@@ -942,9 +948,19 @@ static int setup(struct trainer *tr, char *err, size_t errlen)
     int rc = psk_open(c->device, &tr->be, err, errlen);
     if (rc != 0)
         return rc;
-    PS_LOG(&tr->log, PS_LOG_INFO, "W0001", "rank %llu of %llu on %s%s", (unsigned long long)c->rank,
-           (unsigned long long)c->workers, psk_describe(tr->be),
-           c->standalone ? " (standalone)" : "");
+    tr->alias = psk_kind_of(tr->be) == PSK_CPU;
+    if (c->compute_threads == 0)
+        c->compute_threads = ps_cpus_allowed() >= 2 ? 2 : 1;
+    if (tr->alias && c->compute_threads > 1) {
+        if (psw_pool_start(&tr->pool, -1) != 0) {
+            snprintf(err, errlen, "--compute-threads: cannot start the helper thread");
+            return PS_ENOMEM;
+        }
+        psk_set_blas_threads(tr->be, 1);
+    }
+    PS_LOG(&tr->log, PS_LOG_INFO, "W0001", "rank %llu of %llu on %s%s%s",
+           (unsigned long long)c->rank, (unsigned long long)c->workers, psk_describe(tr->be),
+           tr->pool ? " and a helper thread" : "", c->standalone ? " (standalone)" : "");
     int dims[PSW_LAYERS_MAX + 1];
     int nl = psw_mlp_parse_layers(c->layers, dims, err, errlen);
     if (nl < 0)
@@ -968,7 +984,7 @@ static int setup(struct trainer *tr, char *err, size_t errlen)
     int bmax = (int)c->batch > EVAL_BATCH ? (int)c->batch : EVAL_BATCH;
     if ((rc = psw_mlp_init(&tr->mlp, tr->be, dims, nl, bmax, err, errlen)) != 0)
         return rc;
-    tr->alias = psk_kind_of(tr->be) == PSK_CPU;
+    psw_mlp_set_pool(&tr->mlp, tr->pool);
     tr->perm = malloc((size_t)tr->train.n * sizeof *tr->perm);
     tr->h_lab = malloc((size_t)bmax * sizeof *tr->h_lab);
     if (tr->perm == NULL || tr->h_lab == NULL ||
@@ -1019,6 +1035,7 @@ static void teardown(struct trainer *tr)
     ps_metrics_stop(tr->metrics);
     ps_buf_free(&tr->mtext);
     psc_destroy(tr->c);
+    psw_pool_stop(tr->pool);
     if (tr->be != NULL) {
         psk_host_free(tr->be, tr->h_in);
         psw_mlp_fini(&tr->mlp);

@@ -9,9 +9,11 @@
 # Noise: on small VMs OpenBLAS with several threads is bimodal run to run
 # (41k-112k samples/s seen on one 2-core machine), so every configuration
 # runs --repeat times, interleaved, and the median is reported. Standalone
-# runs with OpenBLAS's default threads and with 1; the ratio is taken
-# against the faster of the two. Distributed workers use --blas-threads
-# (default 1: the other core belongs to psd and ZeroMQ's I/O threads).
+# runs with OpenBLAS's default threads, with 1, and with psworker's helper
+# thread (the default, --compute-threads); the ratio is taken against the
+# fastest. Distributed workers use --blas-threads (default 1) and, by
+# default, the helper thread: it takes pieces of each product when psd
+# leaves the other core free.
 # Shards listen on tcp://127.0.0.1; workers switch to each shard's
 # same-host Unix socket as they do by default, and one row stays on tcp.
 # One 1+1 row pins the worker's training thread away from psd and the
@@ -85,18 +87,22 @@ dist() { # shards workers consistency [options...]: psd:OPT goes to psd, the res
   sps "${files[@]}"
 }
 
-alone() { # blas-threads (empty: OpenBLAS default)
-  if [ -n "${1:-}" ]; then export OPENBLAS_NUM_THREADS=$1; else unset OPENBLAS_NUM_THREADS; fi
-  "$psw" --standalone "${common[@]}" --summary-json "$run/alone.json" 2>"$run/alone.log"
+alone() { # blas-threads ("-": OpenBLAS default) [psworker options...]
+  if [ "${1:--}" != - ]; then export OPENBLAS_NUM_THREADS=$1; else unset OPENBLAS_NUM_THREADS; fi
+  shift
+  "$psw" --standalone "${common[@]}" "$@" --summary-json "$run/alone.json" 2>"$run/alone.log"
   unset OPENBLAS_NUM_THREADS
   sps "$run/alone.json"
 }
 
 # name | key | how: "alone THREADS" or "dist SHARDS WORKERS MODE [options]"
 configs=(
-  "standalone (default BLAS threads)|standalone|alone"
-  "standalone (1 BLAS thread)|standalone_1thread|alone 1"
+  "standalone (OpenBLAS threads)|standalone|alone - --compute-threads 1"
+  "standalone (1 BLAS thread)|standalone_1thread|alone 1 --compute-threads 1"
+  "standalone (helper thread: default)|standalone_helper|alone -"
   "1 shard + 1 worker, $consistency|one_plus_one|dist 1 1 $consistency"
+  "1+1, $consistency, --compute-threads 1|one_plus_one_1thread|dist 1 1 $consistency --compute-threads 1"
+  "1+1, $consistency, --no-shm, 1 thread|one_plus_one_noshm|dist 1 1 $consistency --no-shm --compute-threads 1"
   "1+1, $consistency, tcp (--no-local-ipc)|one_plus_one_tcp|dist 1 1 $consistency --no-local-ipc"
 )
 # pinned: the worker's training thread on every CPU but the last; psd and
@@ -132,7 +138,7 @@ for c in "${configs[@]}"; do
   # shellcheck disable=SC2086
   med[$key]=$(median ${runs[$key]})
 done
-best=$(awk -v a="${med[standalone]}" -v b="${med[standalone_1thread]}" 'BEGIN{print (a > b) ? a : b}')
+best=$(printf '%s\n' "${med[standalone]}" "${med[standalone_1thread]}" "${med[standalone_helper]}" | sort -g | tail -1)
 
 printf '\ntraining throughput: MLP 784-256-128-10, batch %s per worker, %s steps, device %s, %s cores, %s BLAS thread(s) per distributed worker, median of %s\n' \
   "$batch" "$steps" "$device" "$(nproc)" "$blas" "$repeat"

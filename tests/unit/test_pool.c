@@ -1,0 +1,226 @@
+/* worker/pool.c and the MLP's GEMM pieces: every piece runs exactly once
+ * and errors come back; a model trained with a helper thread gets the same
+ * bits as without one, and both agree with a plain double-precision
+ * forward and backward pass. */
+#include "mlp.h"
+#include "pool.h"
+
+#include "ps_err.h"
+#include "psk.h"
+
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#define PIECES_MAX 1000
+
+struct count {
+    atomic_int hits[PIECES_MAX];
+    int fail_at;
+};
+
+static int count_piece(void *ctx, int i)
+{
+    struct count *c = ctx;
+    atomic_fetch_add(&c->hits[i], 1);
+    return i == c->fail_at ? PS_EDEVICE : 0;
+}
+
+static void test_every_piece_once(void **state)
+{
+    (void)state;
+    struct psw_pool *p = NULL;
+    assert_int_equal(psw_pool_start(&p, -1), 0);
+    static struct count c;
+    const int sizes[] = {1, 2, 7, 64, PIECES_MAX};
+    for (int round = 0; round < 50; round++) {
+        for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++) {
+            memset(&c, 0, sizeof c);
+            c.fail_at = -1;
+            assert_int_equal(psw_pool_run(round % 2 ? p : NULL, count_piece, &c, sizes[s]), 0);
+            for (int i = 0; i < PIECES_MAX; i++)
+                assert_int_equal(atomic_load(&c.hits[i]), i < sizes[s]);
+        }
+    }
+    memset(&c, 0, sizeof c);
+    c.fail_at = 5;
+    assert_int_equal(psw_pool_run(p, count_piece, &c, 64), PS_EDEVICE);
+    for (int i = 0; i < 64; i++) /* the others ran all the same */
+        assert_int_equal(atomic_load(&c.hits[i]), 1);
+    assert_int_equal(psw_pool_run(p, count_piece, &c, 0), 0);
+    psw_pool_stop(p);
+    psw_pool_stop(NULL);
+}
+
+enum { B = 37, L = 3 };
+static const int dims[L + 1] = {301, 203, 70, 10};
+
+static float frand(uint64_t *s)
+{
+    *s = *s * 6364136223846793005ull + 1442695040888963407ull;
+    return (float)((*s >> 40) & 0xffff) / 65536.0f - 0.5f;
+}
+
+/* Forward, loss and backward of one batch; the logits and every gradient
+ * copied out (flat, in table order). */
+static size_t run_model(struct psw_pool *pool, float *out)
+{
+    struct psk_backend *be;
+    char err[256];
+    assert_int_equal(psk_open("cpu", &be, err, sizeof err), 0);
+    struct psw_mlp m;
+    assert_int_equal(psw_mlp_init(&m, be, dims, L, B, err, sizeof err), 0);
+    psw_mlp_set_pool(&m, pool);
+    uint64_t seed = 42;
+    for (int k = 0; k < 2 * L; k++) {
+        float *w = psw_mlp_param(&m, k);
+        for (uint64_t i = 0; i < psw_mlp_table_size(&m, k); i++)
+            w[i] = frand(&seed) * 0.2f;
+    }
+    for (int i = 0; i < B * dims[0]; i++)
+        m.act[0][i] = frand(&seed);
+    int labels[B];
+    for (int r = 0; r < B; r++)
+        labels[r] = r % dims[L];
+    double loss;
+    int ok;
+    assert_int_equal(psw_mlp_forward(&m, B), 0);
+    assert_int_equal(psw_mlp_loss(&m, B, labels, &loss, &ok), 0);
+    assert_int_equal(psw_mlp_backward(&m, B, NULL, NULL), 0);
+    size_t n = 0;
+    memcpy(out, m.act[L], (size_t)B * dims[L] * sizeof(float));
+    n += (size_t)B * dims[L];
+    for (int k = 0; k < 2 * L; k++) {
+        size_t e = (size_t)psw_mlp_table_size(&m, k);
+        memcpy(out + n, psw_mlp_grad(&m, k), e * sizeof(float));
+        n += e;
+    }
+    psw_mlp_fini(&m);
+    psk_close(be);
+    return n;
+}
+
+/* The same model in double precision, plainly: logits and the first two
+ * weight gradients, into the layout run_model writes. */
+static void reference(double *out, size_t *gw0_at, size_t *gw1_at)
+{
+    uint64_t seed = 42;
+    double *w[L], *b[L], *a[L + 1], *z[L + 1], *dz[L + 1];
+    for (int l = 0; l < L; l++) {
+        w[l] = malloc((size_t)dims[l + 1] * dims[l] * sizeof(double));
+        b[l] = malloc((size_t)dims[l + 1] * sizeof(double));
+        for (int i = 0; i < dims[l + 1] * dims[l]; i++)
+            w[l][i] = frand(&seed) * 0.2f;
+        for (int i = 0; i < dims[l + 1]; i++)
+            b[l][i] = frand(&seed) * 0.2f;
+    }
+    for (int l = 0; l <= L; l++) {
+        a[l] = calloc((size_t)B * dims[l], sizeof(double));
+        z[l] = calloc((size_t)B * dims[l], sizeof(double));
+        dz[l] = calloc((size_t)B * dims[l], sizeof(double));
+    }
+    for (int i = 0; i < B * dims[0]; i++)
+        a[0][i] = frand(&seed);
+    for (int l = 0; l < L; l++)
+        for (int r = 0; r < B; r++)
+            for (int j = 0; j < dims[l + 1]; j++) {
+                double s = b[l][j];
+                for (int i = 0; i < dims[l]; i++)
+                    s += a[l][r * dims[l] + i] * w[l][j * dims[l] + i];
+                z[l + 1][r * dims[l + 1] + j] = s;
+                a[l + 1][r * dims[l + 1] + j] = l + 1 < L && s < 0 ? 0 : s;
+            }
+    int c = dims[L];
+    for (int r = 0; r < B; r++) { /* softmax cross-entropy, mean over the batch */
+        double mx = -INFINITY, sum = 0;
+        for (int j = 0; j < c; j++)
+            mx = fmax(mx, z[L][r * c + j]);
+        for (int j = 0; j < c; j++)
+            sum += exp(z[L][r * c + j] - mx);
+        for (int j = 0; j < c; j++)
+            dz[L][r * c + j] = (exp(z[L][r * c + j] - mx) / sum - (j == r % c)) / B;
+    }
+    for (int l = L - 1; l >= 1; l--) /* dz of layers L-1 .. 1 */
+        for (int r = 0; r < B; r++)
+            for (int i = 0; i < dims[l]; i++) {
+                double s = 0;
+                for (int j = 0; j < dims[l + 1]; j++)
+                    s += dz[l + 1][r * dims[l + 1] + j] * w[l][j * dims[l] + i];
+                dz[l][r * dims[l] + i] = z[l][r * dims[l] + i] > 0 ? s : 0;
+            }
+    memcpy(out, z[L], (size_t)B * c * sizeof(double));
+    size_t at = (size_t)B * c;
+    for (int l = 0; l < 2; l++) { /* gW[l] = dz[l+1]^T a[l] */
+        *(l == 0 ? gw0_at : gw1_at) = at;
+        for (int j = 0; j < dims[l + 1]; j++)
+            for (int i = 0; i < dims[l]; i++) {
+                double s = 0;
+                for (int r = 0; r < B; r++)
+                    s += dz[l + 1][r * dims[l + 1] + j] * a[l][r * dims[l] + i];
+                out[at + (size_t)j * dims[l] + i] = s;
+            }
+        at += (size_t)dims[l + 1] * dims[l] + (size_t)dims[l + 1]; /* and the bias */
+    }
+    for (int l = 0; l <= L; l++) {
+        free(a[l]);
+        free(z[l]);
+        free(dz[l]);
+    }
+    for (int l = 0; l < L; l++) {
+        free(w[l]);
+        free(b[l]);
+    }
+}
+
+static void test_model_same_bits_with_a_helper(void **state)
+{
+    (void)state;
+    size_t cap = (size_t)B * dims[L];
+    for (int l = 0; l < L; l++)
+        cap += (size_t)dims[l + 1] * dims[l] + (size_t)dims[l + 1];
+    float *alone = malloc(cap * sizeof(float)), *helped = malloc(cap * sizeof(float));
+    double *ref = calloc(cap, sizeof(double));
+    struct psw_pool *p = NULL;
+    assert_int_equal(psw_pool_start(&p, -1), 0);
+    size_t n = run_model(NULL, alone);
+    assert_int_equal(n, cap);
+    for (int round = 0; round < 5; round++) {
+        assert_int_equal(run_model(p, helped), cap);
+        assert_memory_equal(alone, helped, cap * sizeof(float));
+    }
+    psw_pool_stop(p);
+    size_t gw0, gw1;
+    reference(ref, &gw0, &gw1);
+    /* the logits and the two weight gradients cut into pieces */
+    size_t spans[3][2] = {{0, (size_t)B * dims[L]},
+                          {gw0, gw0 + (size_t)dims[1] * dims[0]},
+                          {gw1, gw1 + (size_t)dims[2] * dims[1]}};
+    for (int s = 0; s < 3; s++) {
+        double big = 1e-6;
+        for (size_t i = spans[s][0]; i < spans[s][1]; i++)
+            big = fmax(big, fabs(ref[i]));
+        for (size_t i = spans[s][0]; i < spans[s][1]; i++)
+            if (fabs(alone[i] - ref[i]) > 1e-4 * big)
+                fail_msg("span %d element %zu: %.9g, the reference %.9g", s, i - spans[s][0],
+                         (double)alone[i], ref[i]);
+    }
+    free(alone);
+    free(helped);
+    free(ref);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_every_piece_once),
+        cmocka_unit_test(test_model_same_bits_with_a_helper),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
