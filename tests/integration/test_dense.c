@@ -621,6 +621,74 @@ static void test_shared_memory(void **state)
     psc_destroy(c);
 }
 
+/* A shard restarted on the same port has lost the region: it refuses the
+ * shared-memory request (PS_ESHM), the client sends it again in frames and
+ * keeps to frames with that shard, and the answer is right. */
+static void test_shared_memory_after_restart(void **state)
+{
+    (void)state;
+    struct psd_proc p;
+    const char *args[] = {"--shard", "0", "--shards", "1", NULL};
+    assert_int_equal(harness_psd_start(&p, args), 0);
+    char ep[256];
+    snprintf(ep, sizeof ep, "%s", p.endpoint);
+    const char *eps[1] = {ep};
+    struct psc_config cfg = {.servers = eps,
+                             .nservers = 1,
+                             .worker_id = 0,
+                             .connect_timeout_ms = TIMEOUT_MS,
+                             .retry_ms = 200,
+                             .local_ipc = 1,
+                             .shm_bytes = 1 << 20};
+    struct psc_client *c = NULL;
+    char err[512];
+    if (psc_create(&cfg, &c, err, sizeof err) != 0)
+        fail_msg("psc_create: %s", err);
+    assert_int_equal(psc_shm_shards(c), 1);
+    struct psc_table_spec sp;
+    psc_table_spec_init(&sp, "small", 1000);
+    sp.lr = 1.0f;
+    sp.init = PSC_INIT_CONSTANT;
+    sp.init_scale = 1.0f;
+    uint32_t t;
+    assert_int_equal(psc_table_create(c, &sp, TIMEOUT_MS, &t), 0);
+    float *g = psc_shm_alloc(c, 1000 * sizeof(float)), *w = psc_shm_alloc(c, 1000 * sizeof(float));
+    for (int i = 0; i < 1000; i++)
+        g[i] = 0.25f;
+    uint64_t k;
+    assert_int_equal(psc_push_pull(c, t, 0, 1000, g, w, 0, &k), 0);
+    wait_ok(c, k);
+    assert_true(w[999] == 0.75f);
+    uint64_t s0, r0;
+    psc_shm_bytes(c, &s0, &r0);
+    assert_int_equal(s0, 4000);
+
+    /* the same port, a new process: no table, no region */
+    assert_int_equal(harness_psd_stop(&p), 0);
+    const char *again[] = {"--shard", "0", "--shards", "1", "--listen", ep, NULL};
+    assert_int_equal(harness_psd_start(&p, again), 0);
+    assert_int_equal(psc_table_create(c, &sp, TIMEOUT_MS, &t), 0);
+    assert_int_equal(psc_push_pull(c, t, 0, 1000, g, w, 1, &k), 0);
+    wait_ok(c, k);
+    for (int i = 0; i < 1000; i++)
+        assert_true(w[i] == 0.75f);
+    assert_int_equal(psc_shm_shards(c), 0); /* frames from now on */
+    uint64_t s1, r1;
+    psc_shm_bytes(c, &s1, &r1);
+    assert_int_equal(s1, 2 * s0); /* the refused try named the region; the re-send did not */
+    assert_int_equal(r1, r0);
+    assert_int_equal(psc_push_pull(c, t, 0, 1000, g, w, 2, &k), 0);
+    wait_ok(c, k);
+    assert_true(w[0] == 0.5f);
+    psc_shm_bytes(c, &s0, &r0);
+    assert_int_equal(s0, s1);
+    struct psc_shard_stats st;
+    assert_int_equal(psc_stats(c, 0, TIMEOUT_MS, &st), 0);
+    assert_int_equal(st.errors, 1); /* the refusal */
+    psc_destroy(c);
+    assert_int_equal(harness_psd_stop(&p), 0);
+}
+
 /* Answers one hello as shard 0 of 1, offering `offer` as its same-host
  * endpoint under an instance no psd has. */
 struct fake_shard {
@@ -726,6 +794,7 @@ int main(void)
         cmocka_unit_test(test_sparse_rows),
         cmocka_unit_test(test_unreachable_and_misordered),
         cmocka_unit_test(test_shared_memory),
+        cmocka_unit_test(test_shared_memory_after_restart),
         cmocka_unit_test(test_local_names),
         cmocka_unit_test(test_local_name_limit),
         cmocka_unit_test(test_local_ipc),
