@@ -9,6 +9,7 @@
 
 #include <errno.h>
 #include <stdio.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <unistd.h>
 #include <stdlib.h>
@@ -130,9 +131,13 @@ static void on_conn(uv_poll_t *h, int status, int events)
     int rc = status < 0 ? PS_EIO : ps_shm_take(c->fd, &token, &base, &size, err, sizeof err);
     if (rc == 1)
         return; /* not all there yet */
-    if (rc == 0) {
-        psd_shm_take(n->srv, token, base, size);
-    } else if (n->shm_refused++ < 16 || n->shm_refused % 1024 == 0) {
+    if (rc == 0 && psd_shm_take(n->srv, token, base, size) != 0) {
+        munmap(base, size);
+        rc = PS_ELIMIT;
+        snprintf(err, sizeof err, "psd maps %u regions already, all of them in use",
+                 PS_SHM_REGIONS_MAX);
+    }
+    if (rc != 0 && (n->shm_refused++ < 16 || n->shm_refused % 1024 == 0)) {
         PS_LOG(n->srv->log, PS_LOG_WARN, "S0112",
                "a shared region handed over was refused (%llu so far): %s",
                (unsigned long long)n->shm_refused, err);

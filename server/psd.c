@@ -69,9 +69,9 @@ void psd_reset_tables(struct psd *s)
     memset(s->peers, 0, sizeof s->peers);
 }
 
-void psd_shm_take(struct psd *s, uint64_t token, void *base, size_t size)
+int psd_shm_take(struct psd *s, uint64_t token, void *base, size_t size)
 {
-    psd_shm_offer(&s->shm, token, base, size, now_ms());
+    return psd_shm_offer(&s->shm, token, base, size, now_ms());
 }
 
 void psd_fini(struct psd *s)

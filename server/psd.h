@@ -174,8 +174,9 @@ void psd_set_sender(struct psd *s, psd_send_cb send, void *ctx);
 void psd_set_local_endpoint(struct psd *s, const char *endpoint);
 
 /* A region a client on this host handed over (net.c's fd socket), mapped;
- * psd unmaps it when it goes (server/shm.h). */
-void psd_shm_take(struct psd *s, uint64_t token, void *base, size_t size);
+ * psd unmaps it when it goes (server/shm.h). PS_ELIMIT when every region
+ * psd may map is bound: the caller unmaps it. */
+int psd_shm_take(struct psd *s, uint64_t token, void *base, size_t size);
 
 /* Handles one request from `route`. nframes counts every frame after the
  * routing id (it may exceed the array: frames past PS_FRAMES_MAX are

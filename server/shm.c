@@ -13,8 +13,7 @@ static void drop(struct psd_shm_set *set, struct psd_shm_region *r)
     set->dropped_total++;
 }
 
-void psd_shm_offer(struct psd_shm_set *set, uint64_t token, void *base, size_t size,
-                   uint64_t now_ms)
+int psd_shm_offer(struct psd_shm_set *set, uint64_t token, void *base, size_t size, uint64_t now_ms)
 {
     psd_shm_expire(set, now_ms);
     struct psd_shm_region *slot = NULL;
@@ -24,15 +23,18 @@ void psd_shm_offer(struct psd_shm_set *set, uint64_t token, void *base, size_t s
             slot = r;
             break;
         }
-        if (slot == NULL || r->used_ms < slot->used_ms)
-            slot = r; /* full: the one used longest ago goes */
+        if (r->token != 0 && (slot == NULL || r->used_ms < slot->used_ms))
+            slot = r; /* full: the oldest hand-over not bound yet goes */
     }
+    if (slot == NULL)
+        return PS_ELIMIT; /* every region is bound: they stay */
     if (slot->base != NULL)
         drop(set, slot);
     slot->base = base;
     slot->size = size;
     slot->token = token;
     slot->used_ms = now_ms;
+    return 0;
 }
 
 static int same_route(const struct psd_shm_region *r, const void *route, size_t len)

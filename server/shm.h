@@ -2,12 +2,13 @@
  * same host, bound by a hello to the connection (routing id) it came on.
  *
  * A region handed over waits PS_SHM_PENDING_MS for its hello. At most
- * PS_SHM_REGIONS_MAX are mapped: a new one pushes out an expired hand-over
- * first, then the region used longest ago. A region goes when its worker
- * is dropped or says hello from a new session on another connection, or
- * when it is pushed out; requests naming it after that are refused with
- * PS_ESHM and the client sends its values in frames again. Owned by the
- * loop thread, like the rest of struct psd. */
+ * PS_SHM_REGIONS_MAX are mapped: a new hand-over pushes out the oldest one
+ * not bound yet, never a bound region (a local process handing over
+ * regions in a loop cannot take them from workers), and is refused when
+ * all are bound. A bound region goes when its worker is dropped or says
+ * hello from a new session on another connection; requests naming it
+ * after that are refused with PS_ESHM and the client sends its values in
+ * frames again. Owned by the loop thread, like the rest of struct psd. */
 #ifndef PSD_SHM_H
 #define PSD_SHM_H
 
@@ -33,9 +34,10 @@ struct psd_shm_set {
     uint64_t bytes_in, bytes_out; /* values read from and written to regions */
 };
 
-/* Takes a mapped region (munmap'd when it goes) handed over with token. */
-void psd_shm_offer(struct psd_shm_set *set, uint64_t token, void *base, size_t size,
-                   uint64_t now_ms);
+/* Takes a mapped region (munmap'd when it goes) handed over with token:
+ * 0, or PS_ELIMIT when every region is bound (the caller unmaps it). */
+int psd_shm_offer(struct psd_shm_set *set, uint64_t token, void *base, size_t size,
+                  uint64_t now_ms);
 /* Binds the region handed over with token to a connection (and drops any
  * other region bound to it). 1 bound, 0 no region waits under token. */
 int psd_shm_bind(struct psd_shm_set *set, uint64_t token, const void *route, size_t route_len,

@@ -2,7 +2,8 @@
  * input gets a fresh server (mode from the first byte: asp, bsp or ssp:1,
  * 2 workers, small limits) holding a dense and a sparse table, then a
  * sequence of messages; with bit 2 of that byte, a worker is dropped from
- * the live set after every fourth message (what --worker-timeout does). Every message must get a
+ * the live set after every fourth message (what --worker-timeout does);
+ * with bit 3, the messages' connection has a shared region bound. Every message must get a
  * reply or wait; nothing may crash, leak or trip a sanitizer; waiting pulls are then expired. */
 #include "fuzz_frames.h"
 
@@ -13,6 +14,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -69,6 +71,21 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     psd_set_sender(&s, sink, NULL);
     create(&s, "dense", 0);
     create(&s, "sparse", 1);
+    /* with bit 3, a shared region of 8 KiB bound to the fuzzed messages'
+     * connection "w" (they name offsets into it; the hello binds it) */
+    if (data[0] & 8) {
+        void *m = mmap(NULL, 8192, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+        if (m != MAP_FAILED && psd_shm_take(&s, 7, m, 8192) != 0)
+            munmap(m, 8192);
+        Ps__Header h;
+        ps_wire_header_init(&h, PS__OP__OP_HELLO);
+        h.shm_token = 7;
+        uint8_t buf[64];
+        struct ps_frame f = {buf, ps__header__pack(&h, buf)}, route = {"w", 1};
+        struct psd_reply rep;
+        if (psd_dispatch(&s, &route, &f, 1, &rep))
+            psd_reply_drop(&rep);
+    }
     size_t pos = 1;
     for (int msgs = 0; pos < size && msgs < 64; msgs++) {
         struct ps_frame frames[FUZZ_FRAMES_MAX], route = {"w", 1};

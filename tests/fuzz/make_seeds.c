@@ -84,6 +84,24 @@ int main(int argc, char **argv)
         buf[0] = (unsigned char)k;
         write_file(argv[1], "dispatch", 100 + (size_t)k, buf, n + 1);
     }
+    /* shared memory (the dispatch target binds an 8 KiB region when bit 3
+     * of the mode byte is set): a push-pull reading and writing the region,
+     * and a pull whose reply would end past it */
+    for (int k = 0; k < 2; k++) {
+        Ps__Header h;
+        ps_wire_header_init(&h, k == 0 ? PS__OP__OP_PUSH_PULL : PS__OP__OP_PULL);
+        h.count = 8;
+        h.offset = 992;
+        h.shm = k == 0 ? PS_SHM_IN | PS_SHM_OUT : PS_SHM_OUT;
+        h.shm_in = 64;
+        h.shm_out = k == 0 ? 4096 : 8192 - 16;
+        m.size[0] = ps__header__pack(&h, m.data[0]);
+        m.nframes = 1;
+        size_t n = frame_bytes(&m, buf + 1);
+        write_file(argv[1], "wire", 110 + (size_t)k, buf + 1, n);
+        buf[0] = (unsigned char)(8 | k);
+        write_file(argv[1], "dispatch", 110 + (size_t)k, buf, n + 1);
+    }
     case_msg_free(&m);
     return 0;
 }

@@ -140,18 +140,28 @@ static void test_set_binds_and_evicts(void **state)
     assert_int_equal(psd_shm_bound(&set), 1);
     psd_shm_drop_worker(&set, 0, NULL, 0);
     assert_int_equal(psd_shm_bound(&set), 0);
-    /* full: the region used longest ago makes room */
-    for (uint32_t i = 0; i <= PS_SHM_REGIONS_MAX; i++) {
-        void *m =
+    /* hand-overs not bound yet push out the oldest of them, never a bound
+     * region; with every region bound a new one is refused */
+    void *m[PS_SHM_REGIONS_MAX + 2];
+    for (uint32_t i = 0; i < PS_SHM_REGIONS_MAX + 2; i++)
+        m[i] =
             mmap(NULL, PS_SHM_BYTES_MIN, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-        psd_shm_offer(&set, 100 + i, m, PS_SHM_BYTES_MIN, 5000 + i);
+    for (uint32_t i = 0; i < PS_SHM_REGIONS_MAX - 1; i++) {
+        assert_int_equal(psd_shm_offer(&set, 100 + i, m[i], PS_SHM_BYTES_MIN, 5000 + i), 0);
         char route[8];
         snprintf(route, sizeof route, "w%u", i);
         assert_int_equal(psd_shm_bind(&set, 100 + i, route, strlen(route), i, 5000 + i), 1);
     }
+    uint32_t last = PS_SHM_REGIONS_MAX - 1;
+    assert_int_equal(psd_shm_offer(&set, 900, m[last], PS_SHM_BYTES_MIN, 6000), 0);
+    assert_int_equal(psd_shm_offer(&set, 901, m[last + 1], PS_SHM_BYTES_MIN, 6001), 0);
+    assert_int_equal(psd_shm_bind(&set, 900, "x", 1, 0, 6002), 0); /* pushed out */
+    assert_int_equal(psd_shm_bound(&set), PS_SHM_REGIONS_MAX - 1);
+    assert_int_equal(psd_shm_at(&set, "w0", 2, 0, 4, 6003, &p, &size), 0); /* still there */
+    assert_int_equal(psd_shm_bind(&set, 901, "x", 1, 0, 6004), 1);
     assert_int_equal(psd_shm_bound(&set), PS_SHM_REGIONS_MAX);
-    assert_int_equal(psd_shm_at(&set, "w0", 2, 0, 4, 9000, &p, &size), PS_ESHM); /* the oldest */
-    assert_int_equal(psd_shm_at(&set, "w1", 2, 0, 4, 9000, &p, &size), 0);
+    assert_int_equal(psd_shm_offer(&set, 902, m[last + 2], PS_SHM_BYTES_MIN, 6005), PS_ELIMIT);
+    munmap(m[last + 2], PS_SHM_BYTES_MIN); /* refused: still the caller's */
     psd_shm_fini(&set);
 }
 
