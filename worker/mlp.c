@@ -106,24 +106,38 @@ int psw_mlp_init(struct psw_mlp *m, struct psk_backend *be, const int *dims, int
     return 0;
 }
 
-void psw_mlp_place_grads(struct psw_mlp *m, float *const *g)
+/* Table pairs (weights w[l], biases b[l]) read from p[2l], p[2l+1] from
+ * now on; the model's own buffers are freed the first time. */
+static void place(struct psw_mlp *m, float **w, float **b, int *placed, float *const *p)
 {
     for (int l = 0; l < m->nlayers; l++) {
-        if (!m->grads_placed) {
-            psk_free(m->be, m->gw[l]);
-            psk_free(m->be, m->gb[l]);
+        if (!*placed) {
+            psk_free(m->be, w[l]);
+            psk_free(m->be, b[l]);
         }
-        m->gw[l] = g[2 * l];
-        m->gb[l] = g[2 * l + 1];
+        w[l] = p[2 * l];
+        b[l] = p[2 * l + 1];
     }
-    m->grads_placed = 1;
+    *placed = 1;
+}
+
+void psw_mlp_place_grads(struct psw_mlp *m, float *const *g)
+{
+    place(m, m->gw, m->gb, &m->grads_placed, g);
+}
+
+void psw_mlp_point_params(struct psw_mlp *m, float *const *p)
+{
+    place(m, m->w, m->b, &m->params_placed, p);
 }
 
 void psw_mlp_fini(struct psw_mlp *m)
 {
     for (int l = 0; l < PSW_LAYERS_MAX; l++) {
-        psk_free(m->be, m->w[l]);
-        psk_free(m->be, m->b[l]);
+        if (!m->params_placed) {
+            psk_free(m->be, m->w[l]);
+            psk_free(m->be, m->b[l]);
+        }
         if (!m->grads_placed) {
             psk_free(m->be, m->gw[l]);
             psk_free(m->be, m->gb[l]);

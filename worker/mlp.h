@@ -34,6 +34,7 @@ struct psw_mlp {
     float *h_loss; /* host copies */
     int *h_pred;
     int grads_placed;      /* gw, gb are the caller's (psw_mlp_place_grads) */
+    int params_placed;     /* w, b are the caller's (psw_mlp_point_params) */
     struct psw_pool *pool; /* a helper takes pieces of the big GEMMs, or NULL */
 };
 
@@ -49,6 +50,10 @@ void psw_mlp_fini(struct psw_mlp *m);
  * of the caller's that outlives the model, e.g. a region shared with the
  * servers) from now on, instead of buffers of its own. */
 void psw_mlp_place_grads(struct psw_mlp *m, float *const *g);
+/* CPU backend: table k's weights are read from p[k] from now on (the
+ * caller's host memory, which outlives the model); may be called again
+ * with other buffers (a worker alternating two sets between steps). */
+void psw_mlp_point_params(struct psw_mlp *m, float *const *p);
 
 /* On the CPU backend the big GEMMs (PSW_PAR_MACS_MIN multiply-adds and up)
  * run in pieces of PSW_PIECE_ROWS output rows or columns, always: with a pool

@@ -151,7 +151,10 @@ struct trainer {
     int *h_lab;
     int ntables;
     float *hw[TABLES_MAX], *hg[TABLES_MAX]; /* host weights and gradients */
-    float *lw[TABLES_MAX]; /* pulls land here (shared with the shards), then go to hw */
+    /* with shared memory: two sets of weights in the region; the model
+     * reads set wcur while the pulls of the next clock land in the other */
+    float *wset[2][TABLES_MAX];
+    int wcur, wsets;
     struct psw_pool *pool; /* --compute-threads 2 */
     /* distributed */
     struct psc_client *c;
@@ -304,12 +307,25 @@ static int setup_tables(struct trainer *tr, char *err, size_t errlen)
 
 static void worker_metrics(struct trainer *tr, int force);
 
-/* Where pulls of table k land: the shared landing buffer, copied into hw
- * when waited for (a shard writes it when it answers, and backward may
- * still be reading hw then), or hw itself. */
+/* Where pulls of table k land: with two sets of weights, the one the
+ * model is not reading (a shard writes it when it answers, and backward
+ * may still be reading the weights then); otherwise hw, which a pull
+ * writes inside psc_wait only. */
 static float *pull_dst(struct trainer *tr, int k)
 {
-    return tr->lw[k] != NULL ? tr->lw[k] : tr->hw[k];
+    return tr->wsets ? tr->wset[1 - tr->wcur][k] : tr->hw[k];
+}
+
+/* The pulls of the next clock are all on their way into the other set:
+ * the model reads that one from now on (forward waits for each piece of
+ * it as before), and the next pulls land in this one. */
+static void next_weights(struct trainer *tr)
+{
+    if (!tr->wsets)
+        return;
+    tr->wcur = 1 - tr->wcur;
+    memcpy(tr->hw, tr->wset[tr->wcur], (size_t)tr->ntables * sizeof *tr->hw);
+    psw_mlp_point_params(&tr->mlp, tr->hw);
 }
 
 /* Notes what pull i (a ticket in pull_tk) brings. */
@@ -340,8 +356,6 @@ static int wait_pulls(struct trainer *tr, int k, uint64_t a, uint64_t b, int upl
         }
         if (rc == PS_ETIMEDOUT)
             psc_cancel(tr->c, tr->pull_tk[i]);
-        if (rc == 0 && p->k >= 0 && tr->lw[p->k] != NULL) /* the weights backward read */
-            memcpy(tr->hw[p->k] + p->first, tr->lw[p->k] + p->first, (size_t)p->n * 4);
         if (rc == 0 && upload && p->k >= 0 &&
             psk_upload(tr->be, psw_mlp_param(&tr->mlp, p->k) + p->first, tr->hw[p->k] + p->first,
                        (size_t)p->n * 4))
@@ -373,6 +387,7 @@ static int pull_all(struct trainer *tr, uint64_t clock)
     for (int k = 0; k < tr->ntables && rc == 0; k++)
         rc = pull_table(tr, k, clock);
     tr->pulls_pending = tr->ntables;
+    next_weights(tr);
     return rc;
 }
 
@@ -611,6 +626,8 @@ static int train_step(struct trainer *tr, uint64_t step_in_epoch, double *loss, 
         psk_optim_apply(&tr->opt, tr->clock + 1, tr->hw[k], tr->s1[k], tr->s2[k], tr->hg[k],
                         (size_t)psw_mlp_table_size(&tr->mlp, k));
     tr->fresh = 0;
+    if (!tr->cfg.standalone)
+        next_weights(tr);
     tr->clock++;
     tr->done++;
     ps_notify_watchdog();
@@ -870,33 +887,37 @@ static int check_config(const struct config *c, char *err, size_t errlen)
 
 /* Connects the client to --servers (hello to every shard). */
 /* The region to share with shards on this host: each table's gradient and
- * pull landing buffer (CPU backend; 0: none). */
+ * two sets of its weights (CPU backend; 0: none). */
 static size_t shm_bytes(const struct trainer *tr)
 {
     if (!tr->alias || tr->cfg.no_shm)
         return 0;
     size_t b = 4096;
     for (int k = 0; k < psw_mlp_tables(&tr->mlp); k++)
-        b += 2 * ((size_t)psw_mlp_table_size(&tr->mlp, k) * 4 + 64);
+        b += 3 * ((size_t)psw_mlp_table_size(&tr->mlp, k) * 4 + 64);
     return b;
 }
 
-/* Puts the gradients and the pull landing buffers in the shared region
- * when shards took it: their values then move without sockets. */
+/* Puts the gradients and two sets of weights in the shared region when
+ * shards took it: their values then move without sockets, and pulled
+ * weights are used where they land. */
 static void setup_shm(struct trainer *tr)
 {
     uint32_t on = psc_shm_shards(tr->c);
     if (on == 0)
         return;
     int n = psw_mlp_tables(&tr->mlp);
-    float *g[TABLES_MAX], *l[TABLES_MAX];
+    float *g[TABLES_MAX];
     for (int k = 0; k < n; k++) {
         size_t b = (size_t)psw_mlp_table_size(&tr->mlp, k) * 4;
-        if ((g[k] = psc_shm_alloc(tr->c, b)) == NULL || (l[k] = psc_shm_alloc(tr->c, b)) == NULL)
+        if ((g[k] = psc_shm_alloc(tr->c, b)) == NULL ||
+            (tr->wset[0][k] = psc_shm_alloc(tr->c, b)) == NULL ||
+            (tr->wset[1][k] = psc_shm_alloc(tr->c, b)) == NULL)
             return;
     }
     psw_mlp_place_grads(&tr->mlp, g);
-    memcpy(tr->lw, l, (size_t)n * sizeof *l);
+    psw_mlp_point_params(&tr->mlp, tr->wset[0]);
+    tr->wsets = 1;
     PS_LOG(&tr->log, PS_LOG_INFO, "W0008",
            "%u of %u shards share memory with this worker: gradients and weights move without "
            "sockets there",

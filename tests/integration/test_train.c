@@ -219,6 +219,40 @@ static void test_bsp_two_workers_match_one_with_double_batch(void **state)
     free(ma2.bytes);
 }
 
+/* The two saved models are the same bytes, and trained: fc1.bias starts
+ * at 0, so it moved. */
+static void assert_same_and_trained(const char *a, const char *b)
+{
+    struct model ma, mb;
+    load_model(a, &ma);
+    load_model(b, &mb);
+    assert_int_equal(ma.len, mb.len);
+    assert_memory_equal(ma.bytes, mb.bytes, ma.len);
+    const float *w = (const float *)(ma.bytes + ma.hdr_end);
+    int moved = 0;
+    for (size_t i = 256 * 784; i < 256 * 784 + 256; i++)
+        moved += w[i] != 0.0f;
+    assert_true(moved > 0);
+    free(ma.bytes);
+    free(mb.bytes);
+}
+
+/* One shard and one worker in BSP apply the standalone run's updates with
+ * the same optimizer code: the weights end the same to the bit. The worker
+ * runs with its defaults on the shard's host: values through shared
+ * memory, pulled weights used where they land (two sets), products in
+ * pieces shared with a helper thread. */
+static void test_one_worker_equals_standalone(void **state)
+{
+    (void)state;
+    char a[320], b[320];
+    harness_tmp(a, sizeof a, "one_bsp.safetensors");
+    harness_tmp(b, sizeof b, "one_alone.safetensors");
+    bsp_run(1, 1, "32", a, NULL);
+    run_standalone("32", b, NULL);
+    assert_same_and_trained(a, b);
+}
+
 static void test_accumulation_matches_bigger_batch(void **state)
 {
     (void)state;
@@ -301,18 +335,7 @@ static void test_topk_sends_little_and_matches_standalone(void **state)
     printf("  topk 0.01: pushed %llu bytes vs %llu dense (%.1fx fewer)\n", tpush, dpush,
            (double)dpush / (double)tpush);
     assert_true(tpush * 30 <= dpush);
-    struct model ma, mc;
-    load_model(a, &ma);
-    load_model(c, &mc);
-    assert_int_equal(ma.len, mc.len); /* the same selection and optimizer code */
-    assert_memory_equal(ma.bytes, mc.bytes, ma.len);
-    const float *w = (const float *)(ma.bytes + ma.hdr_end);
-    int moved = 0; /* fc1.bias starts at 0: it did learn */
-    for (size_t i = 256 * 784; i < 256 * 784 + 256; i++)
-        moved += w[i] != 0.0f;
-    assert_true(moved > 0);
-    free(ma.bytes);
-    free(mc.bytes);
+    assert_same_and_trained(a, c); /* the same selection and optimizer code */
 }
 
 static void test_prune_keeps_zeros_and_shrinks_pulls(void **state)
@@ -386,6 +409,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bsp_two_workers_match_one_with_double_batch),
+        cmocka_unit_test(test_one_worker_equals_standalone),
         cmocka_unit_test(test_accumulation_matches_bigger_batch),
         cmocka_unit_test(test_prune_keeps_zeros_and_shrinks_pulls),
         cmocka_unit_test(test_topk_sends_little_and_matches_standalone),
