@@ -15,6 +15,7 @@
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/time.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -117,6 +118,10 @@ int ps_shm_hand(const char *local, int fd, uint64_t token, int timeout_ms, char 
     memcpy(CMSG_DATA(cm), &fd, sizeof fd);
     unsigned char answer = 0;
     struct pollfd pfd = {s, POLLIN, 0};
+    /* connect and send wait at most timeout_ms too (a Unix socket's
+     * connect waits while the listener's backlog is full) */
+    struct timeval tv = {timeout_ms / 1000, (timeout_ms % 1000) * 1000};
+    setsockopt(s, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
     if (connect(s, (struct sockaddr *)&sa, salen) != 0)
         rc = fail(PS_ECLOSED, err, errlen, "%s/shm: connect: %s", local, strerror(errno));
     else if (sendmsg(s, &mh, MSG_NOSIGNAL) != (ssize_t)sizeof msg)
