@@ -2,6 +2,8 @@
 #include "ps_err.h"
 
 #include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
 
 const char *ps_strerror(int err)
 {
@@ -69,4 +71,15 @@ int ps_err_from_errno(int errnum)
     default:
         return PS_EIO;
     }
+}
+
+int ps_errf(int code, char *err, size_t errlen, const char *fmt, ...)
+{
+    if (err != NULL && errlen > 0) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, errlen, fmt, ap);
+        va_end(ap);
+    }
+    return code;
 }

@@ -8,6 +8,8 @@
 #ifndef PS_ERR_H
 #define PS_ERR_H
 
+#include <stddef.h>
+
 #define PS_ERR_MAP(X)                                                                              \
     X(EINVAL, -1, "invalid argument")                                                              \
     X(ENOMEM, -2, "out of memory")                                                                 \
@@ -48,5 +50,9 @@ const char *ps_err_name(int err);
 int ps_err_from_errno(int errnum);
 /* 1 when err is one of the codes above. */
 int ps_err_known(int err);
+/* Writes a sentence into err (when not NULL and errlen > 0) and returns
+ * code: the one way checks report what was wrong. */
+int ps_errf(int code, char *err, size_t errlen, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
 
 #endif

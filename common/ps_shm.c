@@ -9,7 +9,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -22,18 +21,6 @@
 static const char MAGIC[8] = {'P', 'S', 'D', 'S', 'H', 'M', '0', '1'};
 #define HAND_BYTES 16 /* magic, then the token (host order: same host) */
 
-static int fail(int code, char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static int fail(int code, char *err, size_t errlen, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    if (err != NULL && errlen > 0)
-        vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-    return code;
-}
-
 int ps_shm_create(size_t size, struct ps_shm *out, char *err, size_t errlen)
 {
     out->fd = -1;
@@ -42,19 +29,19 @@ int ps_shm_create(size_t size, struct ps_shm *out, char *err, size_t errlen)
     long page = sysconf(_SC_PAGESIZE);
     size_t p = page > 0 ? (size_t)page : 4096u;
     if (size < PS_SHM_BYTES_MIN || size > PS_SHM_BYTES_MAX)
-        return fail(PS_ELIMIT, err, errlen, "shared region of %zu bytes: outside [%u, %llu]", size,
-                    PS_SHM_BYTES_MIN, (unsigned long long)PS_SHM_BYTES_MAX);
+        return ps_errf(PS_ELIMIT, err, errlen, "shared region of %zu bytes: outside [%u, %llu]",
+                       size, PS_SHM_BYTES_MIN, (unsigned long long)PS_SHM_BYTES_MAX);
     size = (size + p - 1) / p * p;
     int fd = memfd_create("psc-shm", MFD_CLOEXEC | MFD_ALLOW_SEALING);
     if (fd < 0)
-        return fail(PS_EIO, err, errlen, "memfd_create: %s", strerror(errno));
+        return ps_errf(PS_EIO, err, errlen, "memfd_create: %s", strerror(errno));
     void *base = MAP_FAILED;
     if (ftruncate(fd, (off_t)size) != 0 ||
         fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0 ||
         (base = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) == MAP_FAILED) {
         int e = errno;
         close(fd);
-        return fail(PS_EIO, err, errlen, "shared region of %zu bytes: %s", size, strerror(e));
+        return ps_errf(PS_EIO, err, errlen, "shared region of %zu bytes: %s", size, strerror(e));
     }
     out->fd = fd;
     out->base = base;
@@ -95,10 +82,10 @@ int ps_shm_hand(const char *local, int fd, uint64_t token, int timeout_ms, char 
     struct sockaddr_un sa;
     socklen_t salen;
     if (address(local, &sa, &salen) != 0)
-        return fail(PS_EINVAL, err, errlen, "'%s' is not a local endpoint", local);
+        return ps_errf(PS_EINVAL, err, errlen, "'%s' is not a local endpoint", local);
     int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (s < 0)
-        return fail(PS_EIO, err, errlen, "socket: %s", strerror(errno));
+        return ps_errf(PS_EIO, err, errlen, "socket: %s", strerror(errno));
     int rc = 0;
     unsigned char msg[HAND_BYTES];
     memcpy(msg, MAGIC, 8);
@@ -123,13 +110,13 @@ int ps_shm_hand(const char *local, int fd, uint64_t token, int timeout_ms, char 
     struct timeval tv = {timeout_ms / 1000, (timeout_ms % 1000) * 1000};
     setsockopt(s, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
     if (connect(s, (struct sockaddr *)&sa, salen) != 0)
-        rc = fail(PS_ECLOSED, err, errlen, "%s/shm: connect: %s", local, strerror(errno));
+        rc = ps_errf(PS_ECLOSED, err, errlen, "%s/shm: connect: %s", local, strerror(errno));
     else if (sendmsg(s, &mh, MSG_NOSIGNAL) != (ssize_t)sizeof msg)
-        rc = fail(PS_EIO, err, errlen, "%s/shm: send: %s", local, strerror(errno));
+        rc = ps_errf(PS_EIO, err, errlen, "%s/shm: send: %s", local, strerror(errno));
     else if (poll(&pfd, 1, timeout_ms) != 1)
-        rc = fail(PS_ETIMEDOUT, err, errlen, "%s/shm: no answer in %d ms", local, timeout_ms);
+        rc = ps_errf(PS_ETIMEDOUT, err, errlen, "%s/shm: no answer in %d ms", local, timeout_ms);
     else if (recv(s, &answer, 1, 0) != 1 || answer != 1)
-        rc = fail(PS_EREMOTE, err, errlen, "%s/shm: the shard refused the region", local);
+        rc = ps_errf(PS_EREMOTE, err, errlen, "%s/shm: the shard refused the region", local);
     close(s);
     return rc;
 }
@@ -139,14 +126,14 @@ int ps_shm_listen(const char *local, char *err, size_t errlen)
     struct sockaddr_un sa;
     socklen_t salen;
     if (address(local, &sa, &salen) != 0)
-        return fail(PS_EINVAL, err, errlen, "'%s' is not a local endpoint", local);
+        return ps_errf(PS_EINVAL, err, errlen, "'%s' is not a local endpoint", local);
     int s = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (s < 0)
-        return fail(PS_EIO, err, errlen, "socket: %s", strerror(errno));
+        return ps_errf(PS_EIO, err, errlen, "socket: %s", strerror(errno));
     if (bind(s, (struct sockaddr *)&sa, salen) != 0 || listen(s, (int)PS_SHM_CONNS_MAX) != 0) {
         int e = errno;
         close(s);
-        return fail(PS_EIO, err, errlen, "%s/shm: %s", local, strerror(e));
+        return ps_errf(PS_EIO, err, errlen, "%s/shm: %s", local, strerror(e));
     }
     return s;
 }
@@ -175,25 +162,25 @@ int ps_shm_take(int conn, uint64_t *token, void **base, size_t *size, char *err,
     struct stat st;
     int seals = 0, mode = 0;
     if (n < 0)
-        rc = fail(PS_EIO, err, errlen, "receive: %s", strerror(errno));
+        rc = ps_errf(PS_EIO, err, errlen, "receive: %s", strerror(errno));
     else if (n != HAND_BYTES || memcmp(msg, MAGIC, 8) != 0)
-        rc = fail(PS_EPROTO, err, errlen, "a hand-over of %zd bytes without the magic", n);
+        rc = ps_errf(PS_EPROTO, err, errlen, "a hand-over of %zd bytes without the magic", n);
     else if ((mh.msg_flags & MSG_CTRUNC) || nfds != 1)
-        rc = fail(PS_EPROTO, err, errlen, "a hand-over needs exactly one descriptor (%d came%s)",
-                  nfds, (mh.msg_flags & MSG_CTRUNC) ? ", more cut off" : "");
+        rc = ps_errf(PS_EPROTO, err, errlen, "a hand-over needs exactly one descriptor (%d came%s)",
+                     nfds, (mh.msg_flags & MSG_CTRUNC) ? ", more cut off" : "");
     else if (fstat(fds[0], &st) != 0 || !S_ISREG(st.st_mode))
-        rc = fail(PS_EPROTO, err, errlen, "the descriptor is not a regular file");
+        rc = ps_errf(PS_EPROTO, err, errlen, "the descriptor is not a regular file");
     else if (st.st_size < (off_t)PS_SHM_BYTES_MIN || (uint64_t)st.st_size > PS_SHM_BYTES_MAX)
-        rc = fail(PS_ELIMIT, err, errlen, "a region of %lld bytes: outside [%u, %llu]",
-                  (long long)st.st_size, PS_SHM_BYTES_MIN, (unsigned long long)PS_SHM_BYTES_MAX);
+        rc = ps_errf(PS_ELIMIT, err, errlen, "a region of %lld bytes: outside [%u, %llu]",
+                     (long long)st.st_size, PS_SHM_BYTES_MIN, (unsigned long long)PS_SHM_BYTES_MAX);
     else if ((seals = fcntl(fds[0], F_GET_SEALS)) < 0 || !(seals & F_SEAL_SHRINK))
-        rc = fail(PS_EPROTO, err, errlen, "the region is not sealed against shrinking");
+        rc = ps_errf(PS_EPROTO, err, errlen, "the region is not sealed against shrinking");
     else if ((mode = fcntl(fds[0], F_GETFL)) < 0 || (mode & O_ACCMODE) != O_RDWR)
-        rc = fail(PS_EPROTO, err, errlen, "the region is not open for reading and writing");
+        rc = ps_errf(PS_EPROTO, err, errlen, "the region is not open for reading and writing");
     if (rc == 0) {
         void *p = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fds[0], 0);
         if (p == MAP_FAILED)
-            rc = fail(PS_EIO, err, errlen, "cannot map the region: %s", strerror(errno));
+            rc = ps_errf(PS_EIO, err, errlen, "cannot map the region: %s", strerror(errno));
         else {
             memcpy(token, msg + 8, 8);
             *base = p;

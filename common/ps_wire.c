@@ -101,20 +101,6 @@ const char *ps_op_name(int op)
 
 /* ---- validation helpers ---------------------------------------------- */
 
-static int fail(int code, char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-
-static int fail(int code, char *err, size_t errlen, const char *fmt, ...)
-{
-    if (err != NULL && errlen > 0) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return code;
-}
-
 static int op_known(int op)
 {
     return op >= PS__OP__OP_HELLO && op <= PS__OP__OP_ROWS;
@@ -149,18 +135,19 @@ static int check_shm(const Ps__Header *h, enum ps_wire_dir dir, char *err, size_
                        : h->op == PS__OP__OP_PUSH      ? PS_SHM_IN
                                                        : PS_SHM_OUT;
     if ((h->shm & ~allowed) != 0)
-        return fail(PS_EPROTO, err, errlen, "%s %s: shm bits 0x%x, this op allows 0x%x",
-                    ps_op_name(h->op), dir == PS_WIRE_REQUEST ? "request" : "reply", h->shm,
-                    allowed);
+        return ps_errf(PS_EPROTO, err, errlen, "%s %s: shm bits 0x%x, this op allows 0x%x",
+                       ps_op_name(h->op), dir == PS_WIRE_REQUEST ? "request" : "reply", h->shm,
+                       allowed);
     if (h->layout != PS__LAYOUT__LAYOUT_RANGE || h->dtype != PS__DTYPE__DTYPE_F32)
-        return fail(PS_EPROTO, err, errlen,
-                    "%s: values in shared memory need a dense range of f32 (layout %d, dtype %s)",
-                    ps_op_name(h->op), (int)h->layout, ps_dtype_name(h->dtype));
+        return ps_errf(
+            PS_EPROTO, err, errlen,
+            "%s: values in shared memory need a dense range of f32 (layout %d, dtype %s)",
+            ps_op_name(h->op), (int)h->layout, ps_dtype_name(h->dtype));
     if (h->shm_in % 4 != 0 || h->shm_out % 4 != 0)
-        return fail(PS_EPROTO, err, errlen,
-                    "%s: shared-memory offsets %llu and %llu are not multiples of 4",
-                    ps_op_name(h->op), (unsigned long long)h->shm_in,
-                    (unsigned long long)h->shm_out);
+        return ps_errf(PS_EPROTO, err, errlen,
+                       "%s: shared-memory offsets %llu and %llu are not multiples of 4",
+                       ps_op_name(h->op), (unsigned long long)h->shm_in,
+                       (unsigned long long)h->shm_out);
     return 0;
 }
 
@@ -180,62 +167,64 @@ int ps_wire_check_spec(const Ps__TableSpec *spec, char *err, size_t errlen)
 {
     size_t len = 0;
     if (spec == NULL)
-        return fail(PS_EPROTO, err, errlen, "create_table without a table spec");
+        return ps_errf(PS_EPROTO, err, errlen, "create_table without a table spec");
     if (!name_ok(spec->name, &len))
-        return fail(PS_EINVAL, err, errlen,
-                    "table name must be 1..%u printable ASCII characters without spaces",
-                    PS_TABLE_NAME_MAX);
+        return ps_errf(PS_EINVAL, err, errlen,
+                       "table name must be 1..%u printable ASCII characters without spaces",
+                       PS_TABLE_NAME_MAX);
     if (spec->sparse) {
         if (spec->size != 0 || spec->dim == 0 || spec->dim > PS_SPARSE_DIM_MAX ||
             spec->rows_max == 0 || spec->rows_max > PS_SPARSE_ROWS_MAX)
-            return fail(PS_ELIMIT, err, errlen,
-                        "sparse table '%s': needs size 0, dim in [1, %u] and rows_max in [1, "
-                        "%llu] (got %llu, %u, %llu)",
-                        spec->name, PS_SPARSE_DIM_MAX, (unsigned long long)PS_SPARSE_ROWS_MAX,
-                        (unsigned long long)spec->size, spec->dim,
-                        (unsigned long long)spec->rows_max);
+            return ps_errf(PS_ELIMIT, err, errlen,
+                           "sparse table '%s': needs size 0, dim in [1, %u] and rows_max in [1, "
+                           "%llu] (got %llu, %u, %llu)",
+                           spec->name, PS_SPARSE_DIM_MAX, (unsigned long long)PS_SPARSE_ROWS_MAX,
+                           (unsigned long long)spec->size, spec->dim,
+                           (unsigned long long)spec->rows_max);
         if ((uint64_t)spec->dim * spec->rows_max > PS_TABLE_ELEMS_MAX)
-            return fail(PS_ELIMIT, err, errlen, "sparse table '%s': dim x rows_max over %llu",
-                        spec->name, (unsigned long long)PS_TABLE_ELEMS_MAX);
+            return ps_errf(PS_ELIMIT, err, errlen, "sparse table '%s': dim x rows_max over %llu",
+                           spec->name, (unsigned long long)PS_TABLE_ELEMS_MAX);
     } else if (spec->size == 0 || spec->size > PS_TABLE_ELEMS_MAX)
-        return fail(PS_ELIMIT, err, errlen, "table '%s': size %llu outside [1, %llu]", spec->name,
-                    (unsigned long long)spec->size, (unsigned long long)PS_TABLE_ELEMS_MAX);
+        return ps_errf(PS_ELIMIT, err, errlen, "table '%s': size %llu outside [1, %llu]",
+                       spec->name, (unsigned long long)spec->size,
+                       (unsigned long long)PS_TABLE_ELEMS_MAX);
     if ((unsigned)spec->optimizer > PS__OPTIMIZER_KIND__OPT_FTRL)
-        return fail(PS_EINVAL, err, errlen, "table '%s': unknown optimizer %d", spec->name,
-                    (int)spec->optimizer);
+        return ps_errf(PS_EINVAL, err, errlen, "table '%s': unknown optimizer %d", spec->name,
+                       (int)spec->optimizer);
     if (!isfinite(spec->lr) || spec->lr < 0.0f)
-        return fail(PS_EINVAL, err, errlen, "table '%s': lr %g must be finite and >= 0", spec->name,
-                    (double)spec->lr);
+        return ps_errf(PS_EINVAL, err, errlen, "table '%s': lr %g must be finite and >= 0",
+                       spec->name, (double)spec->lr);
     if (!isfinite(spec->weight_decay) || spec->weight_decay < 0.0f)
-        return fail(PS_EINVAL, err, errlen, "table '%s': weight_decay %g must be finite and >= 0",
-                    spec->name, (double)spec->weight_decay);
+        return ps_errf(PS_EINVAL, err, errlen,
+                       "table '%s': weight_decay %g must be finite and >= 0", spec->name,
+                       (double)spec->weight_decay);
     if (!(spec->momentum >= 0.0f && spec->momentum < 1.0f))
-        return fail(PS_EINVAL, err, errlen, "table '%s': momentum %g outside [0, 1)", spec->name,
-                    (double)spec->momentum);
+        return ps_errf(PS_EINVAL, err, errlen, "table '%s': momentum %g outside [0, 1)", spec->name,
+                       (double)spec->momentum);
     if (!(spec->beta1 >= 0.0f && spec->beta1 < 1.0f) ||
         !(spec->beta2 >= 0.0f && spec->beta2 < 1.0f))
-        return fail(PS_EINVAL, err, errlen, "table '%s': beta1 %g / beta2 %g outside [0, 1)",
-                    spec->name, (double)spec->beta1, (double)spec->beta2);
+        return ps_errf(PS_EINVAL, err, errlen, "table '%s': beta1 %g / beta2 %g outside [0, 1)",
+                       spec->name, (double)spec->beta1, (double)spec->beta2);
     int needs_eps = spec->optimizer == PS__OPTIMIZER_KIND__OPT_ADAGRAD ||
                     spec->optimizer == PS__OPTIMIZER_KIND__OPT_ADAM ||
                     spec->optimizer == PS__OPTIMIZER_KIND__OPT_FTRL;
     if (!isfinite(spec->l1) || spec->l1 < 0.0f || !isfinite(spec->l2) || spec->l2 < 0.0f)
-        return fail(PS_EINVAL, err, errlen, "table '%s': l1 %g / l2 %g must be finite and >= 0",
-                    spec->name, (double)spec->l1, (double)spec->l2);
+        return ps_errf(PS_EINVAL, err, errlen, "table '%s': l1 %g / l2 %g must be finite and >= 0",
+                       spec->name, (double)spec->l1, (double)spec->l2);
     if (!isfinite(spec->eps) || spec->eps < 0.0f || (needs_eps && spec->eps == 0.0f))
-        return fail(PS_EINVAL, err, errlen, "table '%s': eps %g must be finite and > 0", spec->name,
-                    (double)spec->eps);
+        return ps_errf(PS_EINVAL, err, errlen, "table '%s': eps %g must be finite and > 0",
+                       spec->name, (double)spec->eps);
     if ((unsigned)spec->init > PS__INIT_KIND__INIT_NORMAL)
-        return fail(PS_EINVAL, err, errlen, "table '%s': unknown init %d", spec->name,
-                    (int)spec->init);
+        return ps_errf(PS_EINVAL, err, errlen, "table '%s': unknown init %d", spec->name,
+                       (int)spec->init);
     if ((unsigned)spec->lr_schedule > PS__LR_SCHEDULE__LR_COSINE)
-        return fail(PS_EINVAL, err, errlen, "table '%s': unknown lr schedule %d", spec->name,
-                    (int)spec->lr_schedule);
+        return ps_errf(PS_EINVAL, err, errlen, "table '%s': unknown lr schedule %d", spec->name,
+                       (int)spec->lr_schedule);
     if (spec->lr_decay_steps > (UINT64_C(1) << 48))
-        return fail(PS_ELIMIT, err, errlen, "table '%s': lr_decay_steps %llu over 2^48", spec->name,
-                    (unsigned long long)spec->lr_decay_steps);
+        return ps_errf(PS_ELIMIT, err, errlen, "table '%s': lr_decay_steps %llu over 2^48",
+                       spec->name, (unsigned long long)spec->lr_decay_steps);
     if (!isfinite(spec->init_scale))
-        return fail(PS_EINVAL, err, errlen, "table '%s': init_scale must be finite", spec->name);
+        return ps_errf(PS_EINVAL, err, errlen, "table '%s': init_scale must be finite", spec->name);
     return 0;
 }
 
@@ -256,8 +245,9 @@ static int check_frames(const Ps__Header *h, size_t nframes, enum ps_wire_dir di
             want++; /* the bitmap before the values */
     }
     if (nframes != want)
-        return fail(PS_EFRAMES, err, errlen, "%s %s: %zu frames, expected %zu", ps_op_name(h->op),
-                    dir == PS_WIRE_REQUEST ? "request" : "reply", nframes, want);
+        return ps_errf(PS_EFRAMES, err, errlen, "%s %s: %zu frames, expected %zu",
+                       ps_op_name(h->op), dir == PS_WIRE_REQUEST ? "request" : "reply", nframes,
+                       want);
     return 0;
 }
 
@@ -284,10 +274,10 @@ static int check_keys(const void *keys, uint64_t count, char *err, size_t errlen
 {
     size_t i = ps_wire_keys_unordered(keys, (size_t)count);
     if (i < count)
-        return fail(PS_EPROTO, err, errlen,
-                    "keys must be strictly increasing: key[%llu]=%llu after %llu",
-                    (unsigned long long)i, (unsigned long long)ps_wire_key(keys, i),
-                    (unsigned long long)ps_wire_key(keys, i - 1));
+        return ps_errf(PS_EPROTO, err, errlen,
+                       "keys must be strictly increasing: key[%llu]=%llu after %llu",
+                       (unsigned long long)i, (unsigned long long)ps_wire_key(keys, i),
+                       (unsigned long long)ps_wire_key(keys, i - 1));
     return 0;
 }
 
@@ -297,15 +287,15 @@ static int check_mask(const struct ps_frame *mf, uint64_t count, uint64_t *vbyte
                       char *err, size_t errlen)
 {
     if (mf->size != (count + 7) / 8)
-        return fail(PS_ESIZE, err, errlen, "mask frame is %zu bytes, expected %llu", mf->size,
-                    (unsigned long long)((count + 7) / 8));
+        return ps_errf(PS_ESIZE, err, errlen, "mask frame is %zu bytes, expected %llu", mf->size,
+                       (unsigned long long)((count + 7) / 8));
     const uint8_t *m = mf->data;
     uint64_t set = 0;
     for (size_t i = 0; i < mf->size; i++)
         set += (uint64_t)__builtin_popcount(m[i]);
     if (count % 8 && (m[mf->size - 1] >> (count % 8)) != 0)
-        return fail(PS_EPROTO, err, errlen, "mask has bits set past element %llu",
-                    (unsigned long long)count);
+        return ps_errf(PS_EPROTO, err, errlen, "mask has bits set past element %llu",
+                       (unsigned long long)count);
     *vbytes = set * esize;
     return 0;
 }
@@ -315,41 +305,42 @@ static int check_data(const Ps__Header *h, const struct ps_frame *frames, enum p
 {
     size_t esize = ps_dtype_size(h->dtype);
     if (esize == 0)
-        return fail(PS_EDTYPE, err, errlen, "unknown dtype %d", (int)h->dtype);
+        return ps_errf(PS_EDTYPE, err, errlen, "unknown dtype %d", (int)h->dtype);
     int masked = h->layout == PS__LAYOUT__LAYOUT_MASK;
     if (h->layout != PS__LAYOUT__LAYOUT_RANGE && h->layout != PS__LAYOUT__LAYOUT_KEYS &&
         !(masked && dir == PS_WIRE_REPLY))
-        return fail(PS_EPROTO, err, errlen, "unknown layout %d", (int)h->layout);
+        return ps_errf(PS_EPROTO, err, errlen, "unknown layout %d", (int)h->layout);
     if (h->count == 0)
-        return fail(PS_EINVAL, err, errlen, "%s: count is 0", ps_op_name(h->op));
+        return ps_errf(PS_EINVAL, err, errlen, "%s: count is 0", ps_op_name(h->op));
     if (h->count > PS_TABLE_ELEMS_MAX)
-        return fail(PS_ELIMIT, err, errlen, "%s: count %llu exceeds %llu", ps_op_name(h->op),
-                    (unsigned long long)h->count, (unsigned long long)PS_TABLE_ELEMS_MAX);
+        return ps_errf(PS_ELIMIT, err, errlen, "%s: count %llu exceeds %llu", ps_op_name(h->op),
+                       (unsigned long long)h->count, (unsigned long long)PS_TABLE_ELEMS_MAX);
     int keyed = h->layout == PS__LAYOUT__LAYOUT_KEYS;
     if (masked && h->count > UINT64_C(8) * PS_MESSAGE_BYTES_MAX)
-        return fail(PS_ELIMIT, err, errlen, "masked reply of %llu elements",
-                    (unsigned long long)h->count);
+        return ps_errf(PS_ELIMIT, err, errlen, "masked reply of %llu elements",
+                       (unsigned long long)h->count);
     if (!keyed && h->dim != 1)
-        return fail(PS_EINVAL, err, errlen, "%s: range layout needs dim 1, got %u",
-                    ps_op_name(h->op), h->dim);
+        return ps_errf(PS_EINVAL, err, errlen, "%s: range layout needs dim 1, got %u",
+                       ps_op_name(h->op), h->dim);
     if (keyed && (h->dim == 0 || h->dim > PS_SPARSE_DIM_MAX))
-        return fail(PS_ELIMIT, err, errlen, "%s: dim %u outside [1, %u]", ps_op_name(h->op), h->dim,
-                    PS_SPARSE_DIM_MAX);
+        return ps_errf(PS_ELIMIT, err, errlen, "%s: dim %u outside [1, %u]", ps_op_name(h->op),
+                       h->dim, PS_SPARSE_DIM_MAX);
     if (!keyed && h->offset > PS_TABLE_ELEMS_MAX - h->count)
-        return fail(PS_ERANGE, err, errlen, "%s: offset %llu + count %llu overflows",
-                    ps_op_name(h->op), (unsigned long long)h->offset, (unsigned long long)h->count);
+        return ps_errf(PS_ERANGE, err, errlen, "%s: offset %llu + count %llu overflows",
+                       ps_op_name(h->op), (unsigned long long)h->offset,
+                       (unsigned long long)h->count);
     /* count <= 2^34 and dim <= 2^12 and esize <= 4: the product fits. */
     uint64_t vbytes = h->count * h->dim * esize;
     if (vbytes > value_bytes_max)
-        return fail(PS_ELIMIT, err, errlen, "%s: %llu value bytes exceed the limit of %llu",
-                    ps_op_name(h->op), (unsigned long long)vbytes,
-                    (unsigned long long)value_bytes_max);
+        return ps_errf(PS_ELIMIT, err, errlen, "%s: %llu value bytes exceed the limit of %llu",
+                       ps_op_name(h->op), (unsigned long long)vbytes,
+                       (unsigned long long)value_bytes_max);
     size_t next = 1;
     if (dir == PS_WIRE_REQUEST && keyed) {
         const struct ps_frame *kf = &frames[next++];
         if (kf->size != h->count * 8u)
-            return fail(PS_ESIZE, err, errlen, "%s: keys frame is %zu bytes, expected %llu",
-                        ps_op_name(h->op), kf->size, (unsigned long long)(h->count * 8u));
+            return ps_errf(PS_ESIZE, err, errlen, "%s: keys frame is %zu bytes, expected %llu",
+                           ps_op_name(h->op), kf->size, (unsigned long long)(h->count * 8u));
         out->keys = kf->data;
         out->keys_bytes = kf->size;
         int rc = check_keys(kf->data, h->count, err, errlen);
@@ -370,11 +361,11 @@ static int check_data(const Ps__Header *h, const struct ps_frame *frames, enum p
     if (op_carries_values(h->op, dir) && !values_in_shm(h, dir)) {
         const struct ps_frame *vf = &frames[next];
         if (vf->size != vbytes)
-            return fail(PS_ESIZE, err, errlen,
-                        "%s: values frame is %zu bytes, expected %llu (count %llu x dim %u x "
-                        "%s)",
-                        ps_op_name(h->op), vf->size, (unsigned long long)vbytes,
-                        (unsigned long long)h->count, h->dim, ps_dtype_name(h->dtype));
+            return ps_errf(PS_ESIZE, err, errlen,
+                           "%s: values frame is %zu bytes, expected %llu (count %llu x dim %u x "
+                           "%s)",
+                           ps_op_name(h->op), vf->size, (unsigned long long)vbytes,
+                           (unsigned long long)h->count, h->dim, ps_dtype_name(h->dtype));
         out->vals = vf->data;
         out->vals_bytes = vf->size;
     }
@@ -388,26 +379,26 @@ static int check_rows_page(const Ps__Header *h, const struct ps_frame *frames, e
 {
     if (dir == PS_WIRE_REQUEST) {
         if (h->count == 0 || h->count > PS_ROWS_PAGE_MAX)
-            return fail(PS_ELIMIT, err, errlen, "rows: count %llu outside [1, %u]",
-                        (unsigned long long)h->count, PS_ROWS_PAGE_MAX);
+            return ps_errf(PS_ELIMIT, err, errlen, "rows: count %llu outside [1, %u]",
+                           (unsigned long long)h->count, PS_ROWS_PAGE_MAX);
         return 0;
     }
     if (h->count > PS_ROWS_PAGE_MAX)
-        return fail(PS_ELIMIT, err, errlen, "rows reply: %llu rows, at most %u",
-                    (unsigned long long)h->count, PS_ROWS_PAGE_MAX);
+        return ps_errf(PS_ELIMIT, err, errlen, "rows reply: %llu rows, at most %u",
+                       (unsigned long long)h->count, PS_ROWS_PAGE_MAX);
     if (h->dim == 0 || h->dim > PS_SPARSE_DIM_MAX)
-        return fail(PS_ELIMIT, err, errlen, "rows reply: dim %u outside [1, %u]", h->dim,
-                    PS_SPARSE_DIM_MAX);
+        return ps_errf(PS_ELIMIT, err, errlen, "rows reply: dim %u outside [1, %u]", h->dim,
+                       PS_SPARSE_DIM_MAX);
     if (h->dtype != PS__DTYPE__DTYPE_F32)
-        return fail(PS_EDTYPE, err, errlen, "rows reply: dtype %s, expected f32",
-                    ps_dtype_name(h->dtype));
+        return ps_errf(PS_EDTYPE, err, errlen, "rows reply: dtype %s, expected f32",
+                       ps_dtype_name(h->dtype));
     uint64_t vbytes = h->count * h->dim * 4u;
     if (frames[1].size != h->count * 8u || frames[2].size != vbytes)
-        return fail(PS_ESIZE, err, errlen,
-                    "rows reply: frames of %zu and %zu bytes, expected %llu keys and %llu value "
-                    "bytes (%llu rows x dim %u)",
-                    frames[1].size, frames[2].size, (unsigned long long)(h->count * 8u),
-                    (unsigned long long)vbytes, (unsigned long long)h->count, h->dim);
+        return ps_errf(PS_ESIZE, err, errlen,
+                       "rows reply: frames of %zu and %zu bytes, expected %llu keys and %llu value "
+                       "bytes (%llu rows x dim %u)",
+                       frames[1].size, frames[2].size, (unsigned long long)(h->count * 8u),
+                       (unsigned long long)vbytes, (unsigned long long)h->count, h->dim);
     out->keys = frames[1].data;
     out->keys_bytes = frames[1].size;
     out->vals = frames[2].data;
@@ -418,10 +409,11 @@ static int check_rows_page(const Ps__Header *h, const struct ps_frame *frames, e
 static int check_reply_status(const Ps__Header *h, char *err, size_t errlen)
 {
     if (h->status > 0 || (h->status < 0 && !ps_err_known(h->status)))
-        return fail(PS_EPROTO, err, errlen, "reply status %d is not a known code", (int)h->status);
+        return ps_errf(PS_EPROTO, err, errlen, "reply status %d is not a known code",
+                       (int)h->status);
     if (strlen(h->error) >= PS_ERROR_TEXT_MAX)
-        return fail(PS_ELIMIT, err, errlen, "reply error text longer than %u bytes",
-                    PS_ERROR_TEXT_MAX - 1);
+        return ps_errf(PS_ELIMIT, err, errlen, "reply error text longer than %u bytes",
+                       PS_ERROR_TEXT_MAX - 1);
     return 0;
 }
 
@@ -433,32 +425,32 @@ int ps_wire_decode(struct ps_arena *arena, const struct ps_frame *frames, size_t
     if (err != NULL && errlen > 0)
         err[0] = '\0';
     if (nframes == 0)
-        return fail(PS_EFRAMES, err, errlen, "empty message");
+        return ps_errf(PS_EFRAMES, err, errlen, "empty message");
     if (frames[0].size > PS_HEADER_BYTES_MAX)
-        return fail(PS_ELIMIT, err, errlen, "header frame is %zu bytes, limit %u", frames[0].size,
-                    PS_HEADER_BYTES_MAX);
+        return ps_errf(PS_ELIMIT, err, errlen, "header frame is %zu bytes, limit %u",
+                       frames[0].size, PS_HEADER_BYTES_MAX);
     ps_arena_reset(arena);
     Ps__Header *h = ps__header__unpack(&arena->pa, frames[0].size, (const uint8_t *)frames[0].data);
     if (h == NULL)
-        return fail(PS_EPROTO, err, errlen, "header frame (%zu bytes) is not a valid ps.Header",
-                    frames[0].size);
+        return ps_errf(PS_EPROTO, err, errlen, "header frame (%zu bytes) is not a valid ps.Header",
+                       frames[0].size);
     out->hdr = h;
     if (h->version != PS_PROTOCOL_VERSION)
-        return fail(PS_EVERSION, err, errlen, "protocol version %u, this side speaks %u",
-                    h->version, PS_PROTOCOL_VERSION);
+        return ps_errf(PS_EVERSION, err, errlen, "protocol version %u, this side speaks %u",
+                       h->version, PS_PROTOCOL_VERSION);
     if (!op_known(h->op))
-        return fail(PS_EOP, err, errlen, "unknown op %d", (int)h->op);
+        return ps_errf(PS_EOP, err, errlen, "unknown op %d", (int)h->op);
     if (nframes > PS_FRAMES_MAX)
-        return fail(PS_EFRAMES, err, errlen, "%s: %zu frames, at most %u", ps_op_name(h->op),
-                    nframes, PS_FRAMES_MAX);
+        return ps_errf(PS_EFRAMES, err, errlen, "%s: %zu frames, at most %u", ps_op_name(h->op),
+                       nframes, PS_FRAMES_MAX);
     if (dir == PS_WIRE_REPLY) {
         int rc = check_reply_status(h, err, errlen);
         if (rc != 0)
             return rc;
     }
     if (h->shm != 0 && !op_moves_data(h->op))
-        return fail(PS_EPROTO, err, errlen, "%s: shm bits 0x%x on an op that moves no values",
-                    ps_op_name(h->op), h->shm);
+        return ps_errf(PS_EPROTO, err, errlen, "%s: shm bits 0x%x on an op that moves no values",
+                       ps_op_name(h->op), h->shm);
     int rc = check_frames(h, nframes, dir, err, errlen);
     if (rc != 0)
         return rc;

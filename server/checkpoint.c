@@ -11,7 +11,6 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <stdarg.h>
 #include <inttypes.h>
 #include <jansson.h>
 #include <stdio.h>
@@ -240,18 +239,6 @@ struct blob {
     size_t dlen;
 };
 
-static int fail(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static int fail(char *err, size_t errlen, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-    return PS_EPROTO;
-}
-
 /* The bytes of tensor prefix/name, checked for dtype and size. */
 static const void *tensor(const struct blob *b, const char *prefix, const char *name,
                           const char *dtype, size_t bytes, char *err, size_t errlen)
@@ -265,7 +252,8 @@ static const void *tensor(const struct blob *b, const char *prefix, const char *
     json_int_t z = json_integer_value(json_array_get(offs, 1));
     if (t == NULL || dt == NULL || strcmp(dt, dtype) != 0 || a < 0 || z < a ||
         (uint64_t)z > b->dlen || (size_t)(z - a) != bytes) {
-        fail(err, errlen, "tensor '%s' is missing or not %zu bytes of %s", key, bytes, dtype);
+        ps_errf(PS_EPROTO, err, errlen, "tensor '%s' is missing or not %zu bytes of %s", key, bytes,
+                dtype);
         return NULL;
     }
     return b->data + a;
@@ -276,28 +264,28 @@ static int load_blob(const char *path, struct blob *b, char *err, size_t errlen)
     memset(b, 0, sizeof *b);
     FILE *f = fopen(path, "rb");
     if (f == NULL)
-        return fail(err, errlen, "cannot open it: %s", strerror(errno));
+        return ps_errf(PS_EPROTO, err, errlen, "cannot open it: %s", strerror(errno));
     struct stat st;
     if (fstat(fileno(f), &st) != 0 || st.st_size < 8) {
         fclose(f);
-        return fail(err, errlen, "shorter than a header");
+        return ps_errf(PS_EPROTO, err, errlen, "shorter than a header");
     }
     b->size = (size_t)st.st_size;
     b->buf = malloc(b->size);
     int ok = b->buf && fread(b->buf, 1, b->size, f) == b->size;
     fclose(f);
     if (!ok)
-        return fail(err, errlen, "cannot read %zu bytes", b->size);
+        return ps_errf(PS_EPROTO, err, errlen, "cannot read %zu bytes", b->size);
     uint64_t n = 0;
     for (int i = 7; i >= 0; i--)
         n = n << 8 | b->buf[i];
     if (n > PSD_CKPT_HEADER_MAX || n > b->size - 8)
-        return fail(err, errlen, "header length %" PRIu64 " does not fit the file (%zu bytes)", n,
-                    b->size);
+        return ps_errf(PS_EPROTO, err, errlen,
+                       "header length %" PRIu64 " does not fit the file (%zu bytes)", n, b->size);
     json_error_t je;
     b->hdr = json_loadb((const char *)b->buf + 8, (size_t)n, 0, &je);
     if (b->hdr == NULL)
-        return fail(err, errlen, "header is not JSON: %s", je.text);
+        return ps_errf(PS_EPROTO, err, errlen, "header is not JSON: %s", je.text);
     b->data = b->buf + 8 + n;
     b->dlen = b->size - 8 - (size_t)n;
     return 0;
@@ -349,7 +337,8 @@ static int restore_rows(struct psd_table *t, const struct blob *b, char *err, si
     uint64_t rows = (uint64_t)json_integer_value(
         json_array_get(json_object_get(json_object_get(b->hdr, key), "shape"), 0));
     if (rows > t->rows_max)
-        return fail(err, errlen, "'%s' has %" PRIu64 " rows, over its rows_max", t->name, rows);
+        return ps_errf(PS_EPROTO, err, errlen, "'%s' has %" PRIu64 " rows, over its rows_max",
+                       t->name, rows);
     size_t d = t->dim;
     const uint64_t *keys = tensor(b, "keys", t->name, "U64", rows * 8, err, errlen);
     const float *w = keys ? tensor(b, "w", t->name, "F32", rows * d * 4, err, errlen) : NULL;
@@ -366,7 +355,8 @@ static int restore_rows(struct psd_table *t, const struct blob *b, char *err, si
         memcpy(&k, (const unsigned char *)keys + r * 8, 8);
         int64_t row = psd_sparse_row(&t->sp, k, 1);
         if (row != (int64_t)r)
-            return fail(err, errlen, "'%s': key %" PRIu64 " twice or out of room", t->name, k);
+            return ps_errf(PS_EPROTO, err, errlen, "'%s': key %" PRIu64 " twice or out of room",
+                           t->name, k);
         memcpy(t->sp.w + r * d, w + r * d, d * 4);
         if (s1)
             memcpy(t->sp.s1 + r * d, s1 + r * d, d * 4);
@@ -421,7 +411,7 @@ static int restore_table(struct psd *s, const struct blob *b, json_t *o, char *e
     ps__table_spec__init(&spec);
     spec.name = (char *)json_string_value(json_object_get(o, "name"));
     if (spec.name == NULL)
-        return fail(err, errlen, "a table without a name");
+        return ps_errf(PS_EPROTO, err, errlen, "a table without a name");
     spec.size = u64_of(o, "size");
     spec.optimizer = (Ps__OptimizerKind)json_integer_value(json_object_get(o, "optimizer"));
     spec.lr = f_of(o, "lr");
@@ -443,11 +433,11 @@ static int restore_table(struct psd *s, const struct blob *b, json_t *o, char *e
     spec.l2 = f_of(o, "l2");
     char why[PS_ERROR_TEXT_MAX];
     if (ps_wire_check_spec(&spec, why, sizeof why) != 0)
-        return fail(err, errlen, "%s", why);
+        return ps_errf(PS_EPROTO, err, errlen, "%s", why);
     json_t *completed = json_object_get(o, "completed");
     if (json_array_size(completed) != s->cons.workers)
-        return fail(err, errlen, "'%s' was saved for %zu workers, this server has %u", spec.name,
-                    json_array_size(completed), s->cons.workers);
+        return ps_errf(PS_EPROTO, err, errlen, "'%s' was saved for %zu workers, this server has %u",
+                       spec.name, json_array_size(completed), s->cons.workers);
     struct psd_table *t = NULL;
     int rc = psd_table_create(&spec, s->ntables, s->shard, s->shards, &t);
     if (rc == 0 && (rc = psd_cons_table_init(&s->cons, t)) == 0)
@@ -457,7 +447,7 @@ static int restore_table(struct psd *s, const struct blob *b, json_t *o, char *e
         psd_table_destroy(t);
     }
     if (rc != 0)
-        return fail(err, errlen, "cannot allocate table '%s'", spec.name);
+        return ps_errf(PS_EPROTO, err, errlen, "cannot allocate table '%s'", spec.name);
     t->steps = u64_of(o, "steps");
     t->clock = u64_of(o, "clock");
     t->round_begun = u64_of(o, "round_begun");
@@ -481,28 +471,31 @@ int psd_checkpoint_load(struct psd *s, const char *path, char *err, size_t errle
     const char *crcs = json_string_value(json_object_get(meta, "crc32"));
     const char *state = json_string_value(json_object_get(meta, "state"));
     if (fmt == NULL || strcmp(fmt, "psd-checkpoint") != 0 || crcs == NULL || state == NULL) {
-        rc = fail(err, errlen, "not a psd checkpoint (metadata format, crc32, state)");
+        rc =
+            ps_errf(PS_EPROTO, err, errlen, "not a psd checkpoint (metadata format, crc32, state)");
         goto out;
     }
     unsigned long want = strtoul(crcs, NULL, 16);
     unsigned long got = crc32_z(crc32(0L, Z_NULL, 0), b.data, b.dlen);
     if (want != got) {
-        rc = fail(err, errlen, "data checksum %08lx, the header says %08lx", got, want);
+        rc = ps_errf(PS_EPROTO, err, errlen, "data checksum %08lx, the header says %08lx", got,
+                     want);
         goto out;
     }
     json_error_t je;
     if ((st = json_loads(state, 0, &je)) == NULL) {
-        rc = fail(err, errlen, "state is not JSON: %s", je.text);
+        rc = ps_errf(PS_EPROTO, err, errlen, "state is not JSON: %s", je.text);
         goto out;
     }
     if (u64_of(st, "shard") != s->shard || u64_of(st, "shards") != s->shards) {
-        rc = fail(err, errlen, "it is shard %" PRIu64 " of %" PRIu64 ", this is %u of %u",
-                  u64_of(st, "shard"), u64_of(st, "shards"), s->shard, s->shards);
+        rc = ps_errf(PS_EPROTO, err, errlen,
+                     "it is shard %" PRIu64 " of %" PRIu64 ", this is %u of %u",
+                     u64_of(st, "shard"), u64_of(st, "shards"), s->shard, s->shards);
         goto out;
     }
     json_t *tables = json_object_get(st, "tables");
     if (json_array_size(tables) > PS_TABLES_MAX) {
-        rc = fail(err, errlen, "more than %u tables", PS_TABLES_MAX);
+        rc = ps_errf(PS_EPROTO, err, errlen, "more than %u tables", PS_TABLES_MAX);
         goto out;
     }
     for (size_t i = 0; rc == 0 && i < json_array_size(tables); i++)
@@ -513,8 +506,8 @@ int psd_checkpoint_load(struct psd *s, const char *path, char *err, size_t errle
         uint64_t bits[PSD_DEDUP_WINDOW / 64];
         const char *hex = json_string_value(json_object_get(p, "applied"));
         if (hex != NULL && parse_bits(hex, bits) != 0) {
-            rc = fail(err, errlen, "peer %zu: 'applied' is not %u hex digits", i,
-                      PSD_DEDUP_WINDOW / 4);
+            rc = ps_errf(PS_EPROTO, err, errlen, "peer %zu: 'applied' is not %u hex digits", i,
+                         PSD_DEDUP_WINDOW / 4);
             break;
         }
         psd_peer_restore(s, (uint32_t)u64_of(p, "worker"), u64_of(p, "session"),

@@ -6,11 +6,10 @@
 #include <string.h>
 #include <sys/mman.h>
 
-static void drop(struct psd_shm_set *set, struct psd_shm_region *r)
+static void drop(struct psd_shm_region *r)
 {
     munmap(r->base, r->size);
     memset(r, 0, sizeof *r);
-    set->dropped_total++;
 }
 
 int psd_shm_offer(struct psd_shm_set *set, uint64_t token, void *base, size_t size, uint64_t now_ms)
@@ -29,7 +28,7 @@ int psd_shm_offer(struct psd_shm_set *set, uint64_t token, void *base, size_t si
     if (slot == NULL)
         return PS_ELIMIT; /* every region is bound: they stay */
     if (slot->base != NULL)
-        drop(set, slot);
+        drop(slot);
     slot->base = base;
     slot->size = size;
     slot->token = token;
@@ -56,13 +55,12 @@ int psd_shm_bind(struct psd_shm_set *set, uint64_t token, const void *route, siz
         return 0;
     for (uint32_t i = 0; i < PS_SHM_REGIONS_MAX; i++)
         if (same_route(&set->r[i], route, route_len))
-            drop(set, &set->r[i]);
+            drop(&set->r[i]);
     found->token = 0;
     found->worker_id = worker_id;
     memcpy(found->route, route, route_len);
     found->route_len = route_len;
     found->used_ms = now_ms;
-    set->bound_total++;
     return 1;
 }
 
@@ -94,7 +92,7 @@ void psd_shm_drop_worker(struct psd_shm_set *set, uint32_t w, const void *route,
         struct psd_shm_region *r = &set->r[i];
         if (r->base != NULL && r->token == 0 && r->worker_id == w &&
             (route == NULL || !same_route(r, route, route_len)))
-            drop(set, r);
+            drop(r);
     }
 }
 
@@ -103,7 +101,7 @@ void psd_shm_expire(struct psd_shm_set *set, uint64_t now_ms)
     for (uint32_t i = 0; i < PS_SHM_REGIONS_MAX; i++) {
         struct psd_shm_region *r = &set->r[i];
         if (r->base != NULL && r->token != 0 && now_ms - r->used_ms > PS_SHM_PENDING_MS)
-            drop(set, r);
+            drop(r);
     }
 }
 

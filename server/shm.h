@@ -29,8 +29,7 @@ struct psd_shm_region {
 
 struct psd_shm_set {
     struct psd_shm_region r[PS_SHM_REGIONS_MAX];
-    uint32_t last; /* the region found last (a worker's requests come in runs) */
-    uint64_t bound_total, dropped_total;
+    uint32_t last;                /* the region found last (a worker's requests come in runs) */
     uint64_t bytes_in, bytes_out; /* values read from and written to regions */
 };
 

@@ -64,7 +64,7 @@ static void *helper_main(void *arg)
     return NULL;
 }
 
-int psw_pool_start(struct psw_pool **out, int cpu)
+int psw_pool_start(struct psw_pool **out)
 {
     struct psw_pool *p = calloc(1, sizeof *p);
     if (p == NULL)
@@ -78,12 +78,6 @@ int psw_pool_start(struct psw_pool **out, int cpu)
         free(p);
         errno = rc;
         return -1;
-    }
-    if (cpu >= 0) {
-        cpu_set_t set;
-        CPU_ZERO(&set);
-        CPU_SET(cpu, &set);
-        pthread_setaffinity_np(p->thread, sizeof set, &set); /* best effort */
     }
     pthread_setname_np(p->thread, "psworker-help");
     *out = p;

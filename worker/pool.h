@@ -17,8 +17,9 @@ struct psw_pool;
 /* fn returns 0 or an error code; the first error is what run returns. */
 typedef int (*psw_piece_fn)(void *ctx, int i);
 
-/* Starts the helper (on cpu when cpu >= 0). 0, or -1 with errno. */
-int psw_pool_start(struct psw_pool **out, int cpu);
+/* Starts the helper (it runs where the calling thread may). 0, or -1 with
+ * errno. */
+int psw_pool_start(struct psw_pool **out);
 /* p NULL: the calling thread runs the pieces in order. */
 int psw_pool_run(struct psw_pool *p, psw_piece_fn fn, void *ctx, int n);
 /* Stops and joins the helper; NULL is fine. */

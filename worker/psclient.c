@@ -385,6 +385,19 @@ static int shm_in_region(const struct psc_client *c, uint32_t s, const void *p, 
            q - c->shm.base <= (ptrdiff_t)(c->shm.size - bytes);
 }
 
+/* Where shard s's part [a, b) of a pull's output lies in the region (*off
+ * bytes in), when it does and the shard took the region: the shard writes
+ * those values there itself. */
+static int shm_out_at(const struct psc_client *c, const struct slot *sl, uint32_t s, uint64_t a,
+                      uint64_t b, uint64_t *off)
+{
+    float *out = sl->out != NULL && !sl->view ? sl->out + (a - sl->offset) : NULL;
+    if (!shm_in_region(c, s, out, (b - a) * sizeof(float)))
+        return 0;
+    *off = (uint64_t)((unsigned char *)out - c->shm.base);
+    return 1;
+}
+
 /* A view's reply: its values message is kept in the slot, or a copy of
  * it where the values are not float-aligned in the message. */
 static void view_keep(struct slot *sl, uint32_t shard, const struct ps_wire_msg *m,
@@ -421,10 +434,9 @@ static void handle_data_reply(struct psc_client *c, uint32_t shard, struct slot 
     uint64_t a, b;
     int asked = range_part(c, sl, shard, &a, &b);
     int masked = m->mask != NULL;
-    if (asked && h->shm == PS_SHM_OUT && h->offset == a && h->count == b - a && !sl->view &&
-        sl->out != NULL &&
-        h->shm_out == (uint64_t)((unsigned char *)(sl->out + (a - sl->offset)) - c->shm.base) &&
-        shm_in_region(c, shard, sl->out + (a - sl->offset), (b - a) * sizeof(float))) {
+    uint64_t off;
+    if (asked && h->shm == PS_SHM_OUT && h->offset == a && h->count == b - a &&
+        shm_out_at(c, sl, shard, a, b, &off) && h->shm_out == off) {
         /* the shard wrote the values where they belong */
         c->shm_received += (b - a) * sizeof(float);
         c->bytes_received += (b - a) * sizeof(float);
@@ -799,10 +811,8 @@ static int send_sub(struct psc_client *c, struct slot *sl, uint32_t s, int resen
             c->bytes_sent += vbytes;
             vals = NULL;
         }
-        float *out = sl->out && !sl->view ? sl->out + (a - sl->offset) : NULL;
-        if (shm_in_region(c, s, out, vbytes)) {
+        if (shm_out_at(c, sl, s, a, b, &h.shm_out)) {
             h.shm |= PS_SHM_OUT; /* the shard writes the values there; none need masking */
-            h.shm_out = (uint64_t)((unsigned char *)out - c->shm.base);
             h.nonzero_only = 0;
         }
         uint64_t bit = UINT64_C(1) << (s % 64);

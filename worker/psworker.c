@@ -886,15 +886,18 @@ static int check_config(const struct config *c, char *err, size_t errlen)
 }
 
 /* Connects the client to --servers (hello to every shard). */
-/* The region to share with shards on this host: each table's gradient and
- * two sets of its weights (CPU backend; 0: none). */
+/* Buffers of a table's size in the shared region: its gradient and two
+ * sets of its weights (setup_shm). */
+#define SHM_BUFFERS 3
+
+/* The region to share with shards on this host (CPU backend; 0: none). */
 static size_t shm_bytes(const struct trainer *tr)
 {
     if (!tr->alias || tr->cfg.no_shm)
         return 0;
     size_t b = 4096;
     for (int k = 0; k < psw_mlp_tables(&tr->mlp); k++)
-        b += 3 * ((size_t)psw_mlp_table_size(&tr->mlp, k) * 4 + 64);
+        b += SHM_BUFFERS * ((size_t)psw_mlp_table_size(&tr->mlp, k) * 4 + 64);
     return b;
 }
 
@@ -973,7 +976,7 @@ static int setup(struct trainer *tr, char *err, size_t errlen)
     if (c->compute_threads == 0)
         c->compute_threads = ps_cpus_allowed() >= 2 ? 2 : 1;
     if (tr->alias && c->compute_threads > 1) {
-        if (psw_pool_start(&tr->pool, -1) != 0) {
+        if (psw_pool_start(&tr->pool) != 0) {
             snprintf(err, errlen, "--compute-threads: cannot start the helper thread");
             return PS_ENOMEM;
         }

@@ -37,7 +37,7 @@ static void test_every_piece_once(void **state)
 {
     (void)state;
     struct psw_pool *p = NULL;
-    assert_int_equal(psw_pool_start(&p, -1), 0);
+    assert_int_equal(psw_pool_start(&p), 0);
     static struct count c;
     const int sizes[] = {1, 2, 7, 64, PIECES_MAX};
     for (int round = 0; round < 50; round++) {
@@ -188,7 +188,7 @@ static void test_model_same_bits_with_a_helper(void **state)
     float *alone = malloc(cap * sizeof(float)), *helped = malloc(cap * sizeof(float));
     double *ref = calloc(cap, sizeof(double));
     struct psw_pool *p = NULL;
-    assert_int_equal(psw_pool_start(&p, -1), 0);
+    assert_int_equal(psw_pool_start(&p), 0);
     size_t n = run_model(NULL, alone);
     assert_int_equal(n, cap);
     for (int round = 0; round < 5; round++) {

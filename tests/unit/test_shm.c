@@ -93,12 +93,20 @@ static void test_take_checks_the_region(void **state)
     assert_true(loose >= 0);
     assert_int_equal(ftruncate(loose, REGION), 0);
     assert_int_equal(hand(&loose, 1, 0, &token, &base, &size), PS_EPROTO);
-    /* sealed, but too small */
+    /* sealed, and one byte short of the smallest region; then exactly it */
     int tiny = memfd_create("tiny", MFD_CLOEXEC | MFD_ALLOW_SEALING);
     assert_true(tiny >= 0);
-    assert_int_equal(ftruncate(tiny, 100), 0);
+    assert_int_equal(ftruncate(tiny, PS_SHM_BYTES_MIN - 1), 0);
     assert_int_equal(fcntl(tiny, F_ADD_SEALS, F_SEAL_SHRINK), 0);
     assert_int_equal(hand(&tiny, 1, 0, &token, &base, &size), PS_ELIMIT);
+    int least = memfd_create("least", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    assert_true(least >= 0);
+    assert_int_equal(ftruncate(least, PS_SHM_BYTES_MIN), 0);
+    assert_int_equal(fcntl(least, F_ADD_SEALS, F_SEAL_SHRINK), 0);
+    assert_int_equal(hand(&least, 1, 0, &token, &base, &size), 0);
+    assert_int_equal(size, PS_SHM_BYTES_MIN);
+    munmap(base, size);
+    close(least);
     /* not a regular file */
     int sp[2];
     assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM, 0, sp), 0);
@@ -108,7 +116,9 @@ static void test_take_checks_the_region(void **state)
     close(loose);
     close(tiny);
     ps_shm_close(&r);
-    assert_int_equal(ps_shm_create(10, &r, err, sizeof err), PS_ELIMIT);
+    assert_int_equal(ps_shm_create(PS_SHM_BYTES_MIN - 1, &r, err, sizeof err), PS_ELIMIT);
+    assert_int_equal(ps_shm_create(PS_SHM_BYTES_MIN, &r, err, sizeof err), 0);
+    ps_shm_close(&r);
 }
 
 static void test_set_binds_and_evicts(void **state)
@@ -130,9 +140,13 @@ static void test_set_binds_and_evicts(void **state)
     assert_int_equal(psd_shm_at(&set, "r1", 2, UINT64_MAX - 2, 8, 1001, &p, &size), PS_ERANGE);
     assert_int_equal(psd_shm_at(&set, "r2", 2, 0, 4, 1001, &p, &size), PS_ESHM);
     assert_int_equal(psd_shm_bound(&set), 1);
-    /* a hand-over nobody binds expires */
+    /* a hand-over nobody binds waits PS_SHM_PENDING_MS, no longer */
     void *b = mmap(NULL, REGION, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    psd_shm_offer(&set, 13, b, REGION, 2000);
+    void *b2 = mmap(NULL, REGION, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    assert_int_equal(psd_shm_offer(&set, 13, b, REGION, 2000), 0);
+    assert_int_equal(psd_shm_offer(&set, 14, b2, REGION, 2000), 0);
+    psd_shm_expire(&set, 2000 + PS_SHM_PENDING_MS);
+    assert_int_equal(psd_shm_bind(&set, 14, "r4", 2, 0, 2000 + PS_SHM_PENDING_MS), 1);
     psd_shm_expire(&set, 2000 + PS_SHM_PENDING_MS + 1);
     assert_int_equal(psd_shm_bind(&set, 13, "r3", 2, 0, 3000), 0);
     /* a worker's regions go, but for the connection named */
