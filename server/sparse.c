@@ -3,29 +3,20 @@
 
 #include "ps_err.h"
 #include "ps_init.h"
+#include "ps_mem.h"
 #include "ps_shard.h"
 
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 
 #define EMPTY UINT64_MAX
-
-#define HUGE_PAGE (2u << 20)
 
 /* Lookups land on random pages: past a huge page, ask for huge pages so the
  * TLB covers the slots (transparent huge pages in "madvise" mode). */
 static struct psd_slot *empty_slots(uint64_t n)
 {
     size_t bytes = n * sizeof(struct psd_slot);
-    struct psd_slot *s;
-    if (bytes >= HUGE_PAGE) {
-        s = aligned_alloc(HUGE_PAGE, bytes);
-        if (s != NULL)
-            madvise(s, bytes, MADV_HUGEPAGE);
-    } else {
-        s = aligned_alloc(64, bytes);
-    }
+    struct psd_slot *s = ps_alloc_big(bytes, 0);
     if (s != NULL)
         memset(s, 0xff, bytes); /* row EMPTY */
     return s;

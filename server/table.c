@@ -5,6 +5,7 @@
 
 #include "ps_err.h"
 #include "ps_init.h"
+#include "ps_mem.h"
 #include "ps_shard.h"
 
 #include <assert.h>
@@ -19,13 +20,11 @@ const char *psd_optimizer_name(int kind)
     return psk_optim_name(kind);
 }
 
+/* Keyed pushes land on random places in big tables: huge pages keep the
+ * TLB from missing on every few keys (ps_alloc_big). */
 static float *alloc_floats(uint64_t n, int zero)
 {
-    size_t bytes = ((size_t)n * sizeof(float) + 63u) & ~(size_t)63u;
-    float *p = aligned_alloc(64, bytes == 0 ? 64 : bytes);
-    if (p != NULL && zero)
-        memset(p, 0, bytes == 0 ? 64 : bytes);
-    return p;
+    return ps_alloc_big((size_t)n * sizeof(float), zero);
 }
 
 int psd_table_create(const Ps__TableSpec *spec, uint32_t id, uint32_t shard, uint32_t shards,

@@ -3,6 +3,7 @@
 #include "table.h"
 
 #include "ps_err.h"
+#include "ps_mem.h"
 #include "psk_math.h"
 #include "psk_optim.h"
 
@@ -11,6 +12,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <cmocka.h>
@@ -271,6 +273,39 @@ static void test_lend_copy_on_write(void **state)
     psd_lent_done(l5); /* frees the block (ASan: no use after free, no leak) */
 }
 
+/* Big arrays (tables, their optimizer state, sparse slots) start on a huge
+ * page and are whole huge pages, so transparent huge pages can back them;
+ * small ones are cache-line aligned. Zeroed to the rounded end. */
+static void test_big_arrays_on_huge_pages(void **state)
+{
+    (void)state;
+    const size_t sizes[] = {0,
+                            100,
+                            PS_HUGE_PAGE_BYTES - 1,
+                            PS_HUGE_PAGE_BYTES,
+                            PS_HUGE_PAGE_BYTES + 4,
+                            3 * PS_HUGE_PAGE_BYTES};
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        size_t n = sizes[i], round = n < PS_HUGE_PAGE_BYTES ? 64 : PS_HUGE_PAGE_BYTES;
+        unsigned char *p = ps_alloc_big(n, 1);
+        assert_non_null(p);
+        assert_int_equal((uintptr_t)p % round, 0);
+        size_t end = n == 0 ? 64 : (n + round - 1) / round * round;
+        for (size_t j = 0; j < end; j += 4093)
+            assert_int_equal(p[j], 0);
+        assert_int_equal(p[end - 1], 0);
+        free(p);
+    }
+    /* a table of 1M floats and its Adam state; its values as initialized */
+    struct psd_table *t = make(PS__OPTIMIZER_KIND__OPT_ADAM, 0.01f, 0, 0, 0, 1, 1u << 20);
+    assert_int_equal((uintptr_t)t->w % PS_HUGE_PAGE_BYTES, 0);
+    assert_int_equal((uintptr_t)t->s1 % PS_HUGE_PAGE_BYTES, 0);
+    assert_int_equal((uintptr_t)t->s2 % PS_HUGE_PAGE_BYTES, 0);
+    assert_true(t->w[0] == 1.0f && t->w[(1u << 20) - 1] == 1.0f);
+    assert_true(t->s2[(1u << 20) - 1] == 0.0f);
+    psd_table_destroy(t);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -283,6 +318,7 @@ int main(void)
         cmocka_unit_test(test_keyed_matches_range),
         cmocka_unit_test(test_apply_matches_element_rules),
         cmocka_unit_test(test_lend_copy_on_write),
+        cmocka_unit_test(test_big_arrays_on_huge_pages),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
