@@ -77,6 +77,7 @@ int psw_mlp_init(struct psw_mlp *m, struct psk_backend *be, const int *dims, int
     m->be = be;
     m->nlayers = nlayers;
     m->batch_max = batch_max;
+    m->chunk_bytes = PSW_CHUNK_BYTES;
     memcpy(m->dims, dims, (size_t)(nlayers + 1) * sizeof *dims);
     int widest = 0, rc = 0;
     for (int l = 0; l <= nlayers; l++)
@@ -164,16 +165,21 @@ int psw_mlp_enable_input_grad(struct psw_mlp *m)
 }
 
 /* Rows of layer l per chunk: the weight (gradient) in pieces of about
- * PSW_CHUNK_BYTES. Backward sends, and forward waits for, the same pieces. */
+ * chunk_bytes. Backward sends, and forward waits for, the same pieces. */
 static int chunk_rows(const struct psw_mlp *m, int l)
 {
     int in = m->dims[l], out = m->dims[l + 1];
     size_t bytes = (size_t)out * in * sizeof(float);
-    int chunks = (int)((bytes + PSW_CHUNK_BYTES - 1) / PSW_CHUNK_BYTES);
+    int chunks = (int)((bytes + m->chunk_bytes - 1) / m->chunk_bytes);
     /* whole pieces (see PSW_PIECE_ROWS): a chunk's pieces are the whole
      * pass's */
     int r = (out + chunks - 1) / chunks;
     return (r + PSW_PIECE_ROWS - 1) / PSW_PIECE_ROWS * PSW_PIECE_ROWS;
+}
+
+void psw_mlp_set_chunk_bytes(struct psw_mlp *m, size_t bytes)
+{
+    m->chunk_bytes = bytes > 0 ? bytes : PSW_CHUNK_BYTES;
 }
 
 void psw_mlp_set_pool(struct psw_mlp *m, struct psw_pool *pool)

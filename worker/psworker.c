@@ -920,6 +920,8 @@ static void setup_shm(struct trainer *tr)
     }
     psw_mlp_place_grads(&tr->mlp, g);
     psw_mlp_point_params(&tr->mlp, tr->wset[0]);
+    if (on == psc_shards(tr->c)) /* nothing of a step on a socket */
+        psw_mlp_set_chunk_bytes(&tr->mlp, PSW_CHUNK_BYTES_SHM);
     tr->wsets = 1;
     PS_LOG(&tr->log, PS_LOG_INFO, "W0008",
            "%u of %u shards share memory with this worker: gradients and weights move without "

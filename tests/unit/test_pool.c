@@ -68,9 +68,30 @@ static float frand(uint64_t *s)
     return (float)((*s >> 40) & 0xffff) / 65536.0f - 0.5f;
 }
 
+/* The chunks a chunked pass reported: (layer, first row, end row). */
+struct chunks {
+    int n;
+    int at[256][3];
+};
+
+static int note_chunk(void *arg, int l, int r0, int r1)
+{
+    struct chunks *c = arg;
+    if (c->n < 256) {
+        c->at[c->n][0] = l;
+        c->at[c->n][1] = r0;
+        c->at[c->n][2] = r1;
+    }
+    c->n++;
+    return 0;
+}
+
 /* Forward, loss and backward of one batch; the logits and every gradient
- * copied out (flat, in table order). */
-static size_t run_model(struct psw_pool *pool, float *out)
+ * copied out (flat, in table order). chunk_bytes > 0: in chunks of about
+ * that size, forward and backward reporting them to *seen (backward's
+ * after forward's). */
+static size_t run_chunked(struct psw_pool *pool, float *out, size_t chunk_bytes,
+                          struct chunks *seen)
 {
     struct psk_backend *be;
     char err[256];
@@ -91,9 +112,14 @@ static size_t run_model(struct psw_pool *pool, float *out)
         labels[r] = r % dims[L];
     double loss;
     int ok;
-    assert_int_equal(psw_mlp_forward(&m, B), 0);
+    if (chunk_bytes > 0) {
+        psw_mlp_set_chunk_bytes(&m, chunk_bytes);
+        assert_int_equal(psw_mlp_forward_ready(&m, B, note_chunk, seen), 0);
+    } else {
+        assert_int_equal(psw_mlp_forward(&m, B), 0);
+    }
     assert_int_equal(psw_mlp_loss(&m, B, labels, &loss, &ok), 0);
-    assert_int_equal(psw_mlp_backward(&m, B, NULL, NULL), 0);
+    assert_int_equal(psw_mlp_backward(&m, B, chunk_bytes > 0 ? note_chunk : NULL, seen), 0);
     size_t n = 0;
     memcpy(out, m.act[L], (size_t)B * dims[L] * sizeof(float));
     n += (size_t)B * dims[L];
@@ -105,6 +131,20 @@ static size_t run_model(struct psw_pool *pool, float *out)
     psw_mlp_fini(&m);
     psk_close(be);
     return n;
+}
+
+/* Floats run_chunked writes: the logits and every gradient. */
+static size_t out_floats(void)
+{
+    size_t n = (size_t)B * dims[L];
+    for (int l = 0; l < L; l++)
+        n += (size_t)dims[l + 1] * dims[l] + (size_t)dims[l + 1];
+    return n;
+}
+
+static size_t run_model(struct psw_pool *pool, float *out)
+{
+    return run_chunked(pool, out, 0, NULL);
 }
 
 /* The same model in double precision, plainly: logits and the first two
@@ -182,9 +222,7 @@ static void reference(double *out, size_t *gw0_at, size_t *gw1_at)
 static void test_model_same_bits_with_a_helper(void **state)
 {
     (void)state;
-    size_t cap = (size_t)B * dims[L];
-    for (int l = 0; l < L; l++)
-        cap += (size_t)dims[l + 1] * dims[l] + (size_t)dims[l + 1];
+    size_t cap = out_floats();
     float *alone = malloc(cap * sizeof(float)), *helped = malloc(cap * sizeof(float));
     double *ref = calloc(cap, sizeof(double));
     struct psw_pool *p = NULL;
@@ -216,11 +254,70 @@ static void test_model_same_bits_with_a_helper(void **state)
     free(ref);
 }
 
+/* Backward's chunks of layer l in *c: in order from row 0 to the last,
+ * whole pieces except the last; returns how many. */
+static int backward_chunks(const struct chunks *c, int l)
+{
+    int n = 0, next = 0;
+    for (int i = 0; i < c->n && i < 256; i++) {
+        if (c->at[i][0] != l || c->at[i][1] == c->at[i][2])
+            continue; /* another layer, or forward's bias */
+        if (next == dims[l + 1])
+            next = 0; /* forward's chunks, then backward's */
+        assert_int_equal(c->at[i][1], next);
+        int rows = c->at[i][2] - c->at[i][1];
+        assert_true(rows > 0);
+        if (c->at[i][2] != dims[l + 1])
+            assert_int_equal(rows % PSW_PIECE_ROWS, 0);
+        next = c->at[i][2];
+        n++;
+    }
+    assert_int_equal(next, dims[l + 1]);
+    return n / 2; /* forward's and backward's are the same */
+}
+
+/* psworker sends larger chunks through shared memory: the chunk size
+ * changes how a pass is cut into chunks, never its results. */
+static void test_chunk_size_same_bits(void **state)
+{
+    (void)state;
+    size_t cap = out_floats();
+    float *whole = malloc(cap * sizeof(float)), *cut = malloc(cap * sizeof(float));
+    struct psw_pool *p = NULL;
+    assert_int_equal(psw_pool_start(&p), 0);
+    assert_int_equal(run_model(NULL, whole), cap);
+    const size_t sizes[] = {4096, 16384, PSW_CHUNK_BYTES, PSW_CHUNK_BYTES_SHM};
+    int before = 1 << 30;
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        for (int helped = 0; helped < 2; helped++) {
+            struct chunks seen = {0};
+            assert_int_equal(run_chunked(helped ? p : NULL, cut, sizes[i], &seen), cap);
+            assert_memory_equal(whole, cut, cap * sizeof(float));
+            assert_true(seen.n <= 256);
+            int n0 = backward_chunks(&seen, 0);
+            for (int l = 1; l < L; l++)
+                (void)backward_chunks(&seen, l);
+            if (helped == 0) { /* smaller chunks, more of them; 244 KB is one */
+                assert_true(n0 <= before);
+                if (sizes[i] >= PSW_CHUNK_BYTES)
+                    assert_int_equal(n0, 1);
+                else
+                    assert_true(n0 > 1);
+                before = n0;
+            }
+        }
+    }
+    psw_pool_stop(p);
+    free(whole);
+    free(cut);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_every_piece_once),
         cmocka_unit_test(test_model_same_bits_with_a_helper),
+        cmocka_unit_test(test_chunk_size_same_bits),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
