@@ -42,9 +42,10 @@ int psd_cons_table_init(const struct psd_cons *c, struct psd_table *t)
     t->sched_div = c->mode == PSD_BSP ? 1 : c->workers;
     t->completed = calloc(c->workers, sizeof *t->completed);
     t->next = calloc(c->workers, sizeof *t->next);
+    t->pass_end = calloc(c->workers ? c->workers : 1, sizeof *t->pass_end);
     t->wgrad = calloc(c->workers, sizeof *t->wgrad);
     t->member = malloc(c->workers ? c->workers : 1);
-    if (!t->completed || !t->next || !t->wgrad || !t->member)
+    if (!t->completed || !t->next || !t->pass_end || !t->wgrad || !t->member)
         return PS_ENOMEM;
     memset(t->member, 1, c->workers);
     for (uint32_t w = 0; w < c->workers; w++)
@@ -59,11 +60,13 @@ void psd_cons_table_fini(const struct psd_cons *c, struct psd_table *t)
         free(t->wgrad[w]);
     free(t->wgrad);
     free(t->next);
+    free(t->pass_end);
     free(t->completed);
     free(t->member);
     t->member = NULL;
     t->wgrad = NULL;
     t->next = NULL;
+    t->pass_end = NULL;
     t->completed = NULL;
 }
 
@@ -346,8 +349,19 @@ int psd_cons_push(const struct psd_cons *c, struct psd_table *t, uint32_t worker
         if (clock + 1 > t->completed[worker])
             t->completed[worker] = clock + 1;
     }
-    psd_table_apply(t, offset, count, g, ++t->steps);
-    if (t->steps % t->sched_div == 0) /* a clock's worth of pushes */
+    /* The optimizer's step (Adam's bias correction, the lr schedule, the
+     * pruning schedule) counts passes over the table, not requests: a
+     * worker sending its gradient in chunks, in order, takes one step, as
+     * it would in one push. A chunk starts the worker's next pass when it
+     * does not lie past the end of its last one. */
+    int pass = worker >= c->workers || t->pass_end[worker] == 0 || offset < t->pass_end[worker] ||
+               t->steps == 0;
+    if (worker < c->workers)
+        t->pass_end[worker] = offset + count;
+    if (pass)
+        t->steps++;
+    psd_table_apply(t, offset, count, g, t->steps);
+    if (pass && t->steps % t->sched_div == 0) /* a clock's worth of passes */
         psd_table_prune_step(t, t->steps / t->sched_div);
     *applied = 1;
     return 0;
@@ -377,6 +391,7 @@ int psd_cons_push_keys(const struct psd_cons *c, struct psd_table *t, uint32_t w
             t->member[worker] = 1;
             if (clock + 1 > t->completed[worker])
                 t->completed[worker] = clock + 1;
+            t->pass_end[worker] = 0; /* a pass of its own (psd_cons_push) */
         }
         psd_table_apply_keys(t, keys, g, n, ++t->steps);
         if (t->steps % t->sched_div == 0)

@@ -85,6 +85,8 @@ struct psd_table {
     uint8_t *member;      /* per worker: 1 when in the rounds (bsp) and the slowest-clock
                            * bound (ssp); a dropped worker is 0 until it rejoins */
     uint64_t *next;       /* bsp: per worker, the next offset it must push this round */
+    uint64_t *pass_end;   /* asp/ssp: per worker, where its last push ended (0: none yet);
+                           * a push below it starts the worker's next pass over the table */
     uint64_t watermark;   /* bsp: this round is applied on [lo, watermark) */
     uint64_t round_begun; /* bsp: clock + 1 of the round whose start has run */
     int restored;         /* from a checkpoint, and no push taken since */

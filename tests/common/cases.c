@@ -490,3 +490,17 @@ const struct bad_case bad_cases[] = {
 };
 
 const size_t bad_cases_count = sizeof bad_cases / sizeof bad_cases[0];
+
+void case_table_spec(Ps__TableSpec *s, const char *name, uint64_t size)
+{
+    ps__table_spec__init(s);
+    s->name = (char *)name;
+    s->size = size;
+    s->lr = 0.5f;
+    s->momentum = 0.9f;
+    s->beta1 = 0.9f;
+    s->beta2 = 0.999f;
+    s->eps = 1e-8f;
+    s->init = PS__INIT_KIND__INIT_CONSTANT;
+    s->init_scale = 1.0f;
+}

@@ -28,6 +28,11 @@ struct bad_case {
 };
 
 extern const struct bad_case bad_cases[];
+
+/* A dense table spec for tests: `size` elements of 1.0 (constant init),
+ * SGD at lr 0.5, momentum 0.9, Adam's betas 0.9/0.999 and eps 1e-8 for
+ * the tests that pick another optimizer. */
+void case_table_spec(Ps__TableSpec *s, const char *name, uint64_t size);
 extern const size_t bad_cases_count;
 
 /* Allocates and frees the frame buffers of a case_msg. */

@@ -85,8 +85,9 @@ static void stop_cluster(struct psd_proc *p, int shards)
 }
 
 /* Runs W workers with the common args plus per-rank flags; all must exit 0. */
-static void run_workers(const char *servers, int W, const char *batch, const char *save,
-                        const char *extra_rank1, const char *accum)
+/* flag, when not NULL: one more flag for every worker (--no-shm) */
+static void run_workers_with(const char *servers, int W, const char *batch, const char *save,
+                             const char *extra_rank1, const char *accum, const char *flag)
 {
     pid_t pids[4];
     char logs[4][320];
@@ -111,6 +112,8 @@ static void run_workers(const char *servers, int W, const char *batch, const cha
             argv[n++] = "--test-delay-ms";
             argv[n++] = extra_rank1;
         }
+        if (flag != NULL)
+            argv[n++] = flag;
         argv[n] = NULL;
         pids[r] = harness_spawn(argv, logs[r]);
         assert_true(pids[r] > 0);
@@ -122,6 +125,12 @@ static void run_workers(const char *servers, int W, const char *batch, const cha
             fail_msg("worker %d exited with %d", r, rc);
         }
     }
+}
+
+static void run_workers(const char *servers, int W, const char *batch, const char *save,
+                        const char *extra_rank1, const char *accum)
+{
+    run_workers_with(servers, W, batch, save, extra_rank1, accum, NULL);
 }
 
 static void run_standalone(const char *batch, const char *save, const char *accum)
@@ -250,6 +259,26 @@ static void test_one_worker_equals_standalone(void **state)
     harness_tmp(b, sizeof b, "one_alone.safetensors");
     bsp_run(1, 1, "32", a, NULL);
     run_standalone("32", b, NULL);
+    assert_same_and_trained(a, b);
+}
+
+/* asp counts the optimizer's steps (read by the cosine schedule, psworker's
+ * default, and Adam's bias correction) by passes over a table, not by
+ * requests: a worker sending 1 MiB chunks through shared memory ends with
+ * the bits of one sending 256 KiB chunks in frames (--no-shm). */
+static void test_asp_shared_memory_equals_frames(void **state)
+{
+    (void)state;
+    char a[320], b[320], servers[600];
+    harness_tmp(a, sizeof a, "asp_shm.safetensors");
+    harness_tmp(b, sizeof b, "asp_frames.safetensors");
+    struct psd_proc p[1];
+    start_cluster(p, 1, "asp", "1", servers, sizeof servers);
+    run_workers(servers, 1, "32", a, NULL, NULL);
+    stop_cluster(p, 1);
+    start_cluster(p, 1, "asp", "1", servers, sizeof servers);
+    run_workers_with(servers, 1, "32", b, NULL, NULL, "--no-shm");
+    stop_cluster(p, 1);
     assert_same_and_trained(a, b);
 }
 
@@ -410,6 +439,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bsp_two_workers_match_one_with_double_batch),
         cmocka_unit_test(test_one_worker_equals_standalone),
+        cmocka_unit_test(test_asp_shared_memory_equals_frames),
         cmocka_unit_test(test_accumulation_matches_bigger_batch),
         cmocka_unit_test(test_prune_keeps_zeros_and_shrinks_pulls),
         cmocka_unit_test(test_topk_sends_little_and_matches_standalone),

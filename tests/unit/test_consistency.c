@@ -1,6 +1,7 @@
 /* Consistency rules in isolation: BSP rounds by watermark (chunked pushes,
  * arrival order irrelevant to the bits, ranges ready as the watermark
  * passes them, refusals), the SSP bound, ASP. */
+#include "cases.h"
 #include "consistency.h"
 #include "table.h"
 
@@ -16,19 +17,26 @@
 
 #define N 10
 
-static struct psd_table *make(const struct psd_cons *c)
+/* A table of N ones; with adam set, Adam with a cosine schedule over 10
+ * steps (both read the optimizer's step), else SGD at a constant 0.5. */
+static struct psd_table *make_opt(const struct psd_cons *c, int adam)
 {
     Ps__TableSpec s;
-    ps__table_spec__init(&s);
-    s.name = "t";
-    s.size = N;
-    s.lr = 0.5f;
-    s.init = PS__INIT_KIND__INIT_CONSTANT;
-    s.init_scale = 1.0f;
+    case_table_spec(&s, "t", N);
+    if (adam) {
+        s.optimizer = PS__OPTIMIZER_KIND__OPT_ADAM;
+        s.lr_schedule = PS__LR_SCHEDULE__LR_COSINE;
+        s.lr_decay_steps = 10;
+    }
     struct psd_table *t = NULL;
     assert_int_equal(psd_table_create(&s, 0, 0, 1, &t), 0);
     assert_int_equal(psd_cons_table_init(c, t), 0);
     return t;
+}
+
+static struct psd_table *make(const struct psd_cons *c)
+{
+    return make_opt(c, 0);
 }
 
 static void drop(const struct psd_cons *c, struct psd_table *t)
@@ -197,6 +205,58 @@ static void test_ssp_and_asp(void **state)
     drop(&a, t);
 }
 
+/* asp/ssp: the optimizer's step counts a worker's passes over the table,
+ * so a gradient sent in chunks (psworker's, in order) takes the step one
+ * push of it would, to the bit (Adam's bias correction and the cosine
+ * schedule read it). */
+static void test_asp_steps_count_passes(void **state)
+{
+    (void)state;
+    struct psd_cons a = {PSD_ASP, 0, 2};
+    float g[3][N];
+    for (int k = 0; k < 3; k++)
+        for (int i = 0; i < N; i++)
+            g[k][i] = 0.1f * (float)(i + 1) - 0.2f * (float)k;
+    struct psd_table *whole = make_opt(&a, 1), *cut = make_opt(&a, 1);
+    for (uint64_t k = 0; k < 3; k++) {
+        assert_int_equal(push(&a, whole, 0, k, 0, N, g[k]), 0);
+        assert_int_equal(push(&a, cut, 0, k, 0, 4, g[k]), 0);
+        assert_int_equal(push(&a, cut, 0, k, 4, 3, g[k]), 0);
+        assert_int_equal(push(&a, cut, 0, k, 7, 3, g[k]), 0);
+    }
+    assert_int_equal(whole->steps, 3);
+    assert_int_equal(cut->steps, 3);
+    assert_memory_equal(whole->w, cut->w, N * sizeof(float));
+    assert_true(whole->w[0] != 1.0f);
+    /* two workers' chunks interleaved, two rounds: a step per pass of each */
+    for (uint64_t k = 0; k < 2; k++) {
+        for (uint32_t w = 0; w < 2; w++)
+            assert_int_equal(push(&a, cut, w, 3 + k, 0, 5, g[0]), 0);
+        for (uint32_t w = 0; w < 2; w++)
+            assert_int_equal(push(&a, cut, w, 3 + k, 5, 5, g[0]), 0);
+    }
+    assert_int_equal(cut->steps, 7);
+    /* the same range again is a new pass; so is a range below the last end */
+    assert_int_equal(push(&a, cut, 0, 9, 5, 5, g[0]), 0);
+    assert_int_equal(cut->steps, 8);
+    assert_int_equal(push(&a, cut, 0, 9, 2, 1, g[0]), 0);
+    assert_int_equal(cut->steps, 9);
+    /* a keyed push is a pass of its own, and the range push after it too */
+    const uint64_t k0[1] = {6};
+    int applied = 0;
+    char err[256];
+    assert_int_equal(psd_cons_push_keys(&a, cut, 0, 9, k0, g[1], 1, &applied, err, sizeof err), 0);
+    assert_int_equal(cut->steps, 10);
+    assert_int_equal(push(&a, cut, 0, 9, 8, 2, g[0]), 0);
+    assert_int_equal(cut->steps, 11);
+    /* a worker id past --workers (asp takes any): every push a pass */
+    assert_int_equal(push(&a, cut, 7, 0, 0, 5, g[0]), 0);
+    assert_int_equal(push(&a, cut, 7, 0, 5, 5, g[0]), 0);
+    assert_int_equal(cut->steps, 13);
+    drop(&a, whole);
+    drop(&a, cut);
+}
+
 static void test_keyed_push_equals_dense_zeros(void **state)
 {
     (void)state;
@@ -348,6 +408,7 @@ int main(void)
         cmocka_unit_test(test_bsp_chunk_before_lost_one),
         cmocka_unit_test(test_bsp_restored_worker_ahead),
         cmocka_unit_test(test_ssp_and_asp),
+        cmocka_unit_test(test_asp_steps_count_passes),
         cmocka_unit_test(test_keyed_push_equals_dense_zeros),
         cmocka_unit_test(test_parse),
         cmocka_unit_test(test_bsp_leave_and_rejoin),

@@ -1,5 +1,6 @@
 /* Server optimizers checked against values computed by hand (the numbers
  * in the comments), on a table shard that starts at constant 1.0. */
+#include "cases.h"
 #include "table.h"
 
 #include "ps_err.h"
@@ -21,19 +22,11 @@ static struct psd_table *make(Ps__OptimizerKind opt, float lr, float wd, int nes
                               uint32_t shard, uint32_t shards, uint64_t size)
 {
     Ps__TableSpec s;
-    ps__table_spec__init(&s);
-    s.name = "t";
-    s.size = size;
+    case_table_spec(&s, "t", size);
     s.optimizer = opt;
     s.lr = lr;
     s.weight_decay = wd;
-    s.momentum = 0.9f;
     s.nesterov = nesterov;
-    s.beta1 = 0.9f;
-    s.beta2 = 0.999f;
-    s.eps = 1e-8f;
-    s.init = PS__INIT_KIND__INIT_CONSTANT;
-    s.init_scale = 1.0f;
     struct psd_table *t = NULL;
     assert_int_equal(psd_table_create(&s, 0, shard, shards, &t), 0);
     return t;
