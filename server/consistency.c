@@ -42,7 +42,7 @@ int psd_cons_table_init(const struct psd_cons *c, struct psd_table *t)
     t->sched_div = c->mode == PSD_BSP ? 1 : c->workers;
     t->completed = calloc(c->workers, sizeof *t->completed);
     t->next = calloc(c->workers, sizeof *t->next);
-    t->pass_end = calloc(c->workers ? c->workers : 1, sizeof *t->pass_end);
+    t->pass_end = calloc(c->workers, sizeof *t->pass_end);
     t->wgrad = calloc(c->workers, sizeof *t->wgrad);
     t->member = malloc(c->workers ? c->workers : 1);
     if (!t->completed || !t->next || !t->pass_end || !t->wgrad || !t->member)

@@ -292,21 +292,28 @@ static void test_unreachable_and_misordered(void **state)
     assert_non_null(strstr(err, "nonsense://x"));
 }
 
-/* Another client (worker 2) of the fixture's shards. */
-static struct psc_client *other_client(const struct fixture *f, int wire_dtype, int local_ipc)
+/* A client with cfg (the endpoints, the worker id and the connect timeout
+ * from the arguments); the test fails when it cannot be created. */
+static struct psc_client *client_or_fail(struct psc_config cfg, const char *const *eps, size_t n,
+                                         uint32_t worker)
 {
-    const char *eps[2] = {f->shard[0].endpoint, f->shard[1].endpoint};
-    struct psc_config cfg = {.servers = eps,
-                             .nservers = 2,
-                             .worker_id = 2,
-                             .connect_timeout_ms = TIMEOUT_MS,
-                             .wire_dtype = wire_dtype,
-                             .local_ipc = local_ipc};
+    cfg.servers = eps;
+    cfg.nservers = n;
+    cfg.worker_id = worker;
+    cfg.connect_timeout_ms = TIMEOUT_MS;
     struct psc_client *c = NULL;
     char err[512];
     if (psc_create(&cfg, &c, err, sizeof err) != 0)
         fail_msg("psc_create: %s", err);
     return c;
+}
+
+/* Another client (worker 2) of the fixture's shards. */
+static struct psc_client *other_client(const struct fixture *f, int wire_dtype, int local_ipc)
+{
+    const char *eps[2] = {f->shard[0].endpoint, f->shard[1].endpoint};
+    return client_or_fail((struct psc_config){.wire_dtype = wire_dtype, .local_ipc = local_ipc},
+                          eps, 2, 2);
 }
 
 static void test_f16_on_the_wire(void **state)
@@ -558,16 +565,8 @@ static void test_shared_memory(void **state)
 {
     struct fixture *f = *state;
     const char *eps[2] = {f->shard[0].endpoint, f->shard[1].endpoint};
-    struct psc_config cfg = {.servers = eps,
-                             .nservers = 2,
-                             .worker_id = 3,
-                             .connect_timeout_ms = TIMEOUT_MS,
-                             .local_ipc = 1,
-                             .shm_bytes = 3 * N * sizeof(float)};
-    struct psc_client *c = NULL;
-    char err[512];
-    if (psc_create(&cfg, &c, err, sizeof err) != 0)
-        fail_msg("psc_create: %s", err);
+    struct psc_client *c = client_or_fail(
+        (struct psc_config){.local_ipc = 1, .shm_bytes = 3 * N * sizeof(float)}, eps, 2, 3);
     assert_int_equal(psc_shm_shards(c), 2);
     struct psc_table_spec sp;
     big_spec(&sp);
@@ -633,17 +632,8 @@ static void test_shared_memory_after_restart(void **state)
     char ep[256];
     snprintf(ep, sizeof ep, "%s", p.endpoint);
     const char *eps[1] = {ep};
-    struct psc_config cfg = {.servers = eps,
-                             .nservers = 1,
-                             .worker_id = 0,
-                             .connect_timeout_ms = TIMEOUT_MS,
-                             .retry_ms = 200,
-                             .local_ipc = 1,
-                             .shm_bytes = 1 << 20};
-    struct psc_client *c = NULL;
-    char err[512];
-    if (psc_create(&cfg, &c, err, sizeof err) != 0)
-        fail_msg("psc_create: %s", err);
+    struct psc_client *c = client_or_fail(
+        (struct psc_config){.retry_ms = 200, .local_ipc = 1, .shm_bytes = 1 << 20}, eps, 1, 0);
     assert_int_equal(psc_shm_shards(c), 1);
     struct psc_table_spec sp;
     psc_table_spec_init(&sp, "small", 1000);

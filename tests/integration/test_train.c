@@ -160,14 +160,22 @@ static void run_standalone(const char *batch, const char *save, const char *accu
     }
 }
 
-static void bsp_run(int shards, int W, const char *batch, const char *save, const char *accum)
+/* W workers against a fresh cluster of `shards` in `mode`; flag as in
+ * run_workers_with. */
+static void cluster_run(const char *mode, int shards, int W, const char *batch, const char *save,
+                        const char *accum, const char *flag)
 {
     struct psd_proc p[2];
     char servers[600], ws[16];
     snprintf(ws, sizeof ws, "%d", W);
-    start_cluster(p, shards, "bsp", ws, servers, sizeof servers);
-    run_workers(servers, W, batch, save, NULL, accum);
+    start_cluster(p, shards, mode, ws, servers, sizeof servers);
+    run_workers_with(servers, W, batch, save, NULL, accum, flag);
     stop_cluster(p, shards);
+}
+
+static void bsp_run(int shards, int W, const char *batch, const char *save, const char *accum)
+{
+    cluster_run("bsp", shards, W, batch, save, accum, NULL);
 }
 
 /* Equal up to float rounding, and trained: fc1.bias (after the 256x784
@@ -269,16 +277,11 @@ static void test_one_worker_equals_standalone(void **state)
 static void test_asp_shared_memory_equals_frames(void **state)
 {
     (void)state;
-    char a[320], b[320], servers[600];
+    char a[320], b[320];
     harness_tmp(a, sizeof a, "asp_shm.safetensors");
     harness_tmp(b, sizeof b, "asp_frames.safetensors");
-    struct psd_proc p[1];
-    start_cluster(p, 1, "asp", "1", servers, sizeof servers);
-    run_workers(servers, 1, "32", a, NULL, NULL);
-    stop_cluster(p, 1);
-    start_cluster(p, 1, "asp", "1", servers, sizeof servers);
-    run_workers_with(servers, 1, "32", b, NULL, NULL, "--no-shm");
-    stop_cluster(p, 1);
+    cluster_run("asp", 1, 1, "32", a, NULL, NULL);
+    cluster_run("asp", 1, 1, "32", b, NULL, "--no-shm");
     assert_same_and_trained(a, b);
 }
 
