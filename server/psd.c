@@ -1290,7 +1290,8 @@ static void op_list_rows(struct psd *s, const Ps__Header *req, struct psd_reply 
         uint64_t le = htole64(sp->row_key[req->offset + i]);
         memcpy(k + i * 8u, &le, 8);
     }
-    memcpy(rep->vals, sp->w + req->offset * t->dim, rep->vals_bytes);
+    if (n > 0) /* a table with no rows yet has no row storage (w is NULL) */
+        memcpy(rep->vals, sp->w + req->offset * t->dim, rep->vals_bytes);
     Ps__Header h;
     reply_init(&h, req);
     h.offset = req->offset;
