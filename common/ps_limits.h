@@ -33,6 +33,10 @@
 #define PS_VALUE_BYTES_MAX       PS_MESSAGE_BYTES_MAX
 #define PS_DTYPE_BYTES_MAX       4u
 
+/* OP_BATCH: requests in one batch, and bytes of its records frame. */
+#define PS_BATCH_MAX       64u
+#define PS_BATCH_BYTES_MAX 16384u
+
 /* OP_ROWS pages: rows asked for at most, and value bytes a shard puts in
  * one reply at most (it answers fewer rows when they are wide). */
 #define PS_ROWS_PAGE_MAX   65536u

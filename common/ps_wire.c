@@ -94,6 +94,8 @@ const char *ps_op_name(int op)
         return "checkpoint";
     case PS__OP__OP_ROWS:
         return "rows";
+    case PS__OP__OP_BATCH:
+        return "batch";
     default:
         return "?";
     }
@@ -103,7 +105,7 @@ const char *ps_op_name(int op)
 
 static int op_known(int op)
 {
-    return op >= PS__OP__OP_HELLO && op <= PS__OP__OP_ROWS;
+    return op >= PS__OP__OP_HELLO && op <= PS__OP__OP_BATCH;
 }
 
 static int op_moves_data(int op)
@@ -236,6 +238,8 @@ static int check_frames(const Ps__Header *h, size_t nframes, enum ps_wire_dir di
         want = 1;
     else if (h->op == PS__OP__OP_ROWS)
         want = dir == PS_WIRE_REPLY ? 3 : 1; /* reply: keys, values */
+    else if (h->op == PS__OP__OP_BATCH)
+        want = 2; /* the records; only error replies (above) answer a batch */
     else {
         if (dir == PS_WIRE_REQUEST && op_moves_data(h->op) && h->layout == PS__LAYOUT__LAYOUT_KEYS)
             want++;
@@ -372,6 +376,58 @@ static int check_data(const Ps__Header *h, const struct ps_frame *frames, enum p
     return 0;
 }
 
+int ps_wire_batch_next(const uint8_t *recs, size_t bytes, size_t *pos, struct ps_frame *out)
+{
+    uint32_t len = 0;
+    if (*pos > bytes || bytes - *pos < sizeof len)
+        return 0;
+    memcpy(&len, recs + *pos, sizeof len);
+    len = le32toh(len);
+    if (len == 0 || len > bytes - *pos - sizeof len)
+        return 0;
+    out->data = recs + *pos + sizeof len;
+    out->size = len;
+    *pos += sizeof len + len;
+    return 1;
+}
+
+int ps_wire_batch_add(uint8_t *buf, size_t cap, size_t *len, const uint8_t *hdr, size_t hdr_len)
+{
+    uint32_t n = htole32((uint32_t)hdr_len);
+    if (hdr_len == 0 || *len > cap || cap - *len < sizeof n || cap - *len - sizeof n < hdr_len)
+        return PS_ELIMIT;
+    memcpy(buf + *len, &n, sizeof n);
+    memcpy(buf + *len + sizeof n, hdr, hdr_len);
+    *len += sizeof n + hdr_len;
+    return 0;
+}
+
+/* OP_BATCH: count in [1, PS_BATCH_MAX] records that fill the records frame
+ * exactly (what each record says is checked when it is handled). */
+static int check_batch(const Ps__Header *h, const struct ps_frame *frames, struct ps_wire_msg *out,
+                       char *err, size_t errlen)
+{
+    if (h->count == 0 || h->count > PS_BATCH_MAX)
+        return ps_errf(PS_ELIMIT, err, errlen, "batch: count %llu outside [1, %u]",
+                       (unsigned long long)h->count, PS_BATCH_MAX);
+    const struct ps_frame *r = &frames[1];
+    if (r->size > PS_BATCH_BYTES_MAX)
+        return ps_errf(PS_ELIMIT, err, errlen, "batch: records frame is %zu bytes, limit %u",
+                       r->size, PS_BATCH_BYTES_MAX);
+    size_t pos = 0, n = 0;
+    struct ps_frame one;
+    while (n < h->count && ps_wire_batch_next(r->data, r->size, &pos, &one))
+        n++;
+    if (n != h->count || pos != r->size)
+        return ps_errf(PS_EFRAMES, err, errlen,
+                       "batch: the records frame (%zu bytes) holds %zu whole records before byte "
+                       "%zu, count says %llu and that they fill it",
+                       r->size, n, pos, (unsigned long long)h->count);
+    out->batch = r->data;
+    out->batch_bytes = r->size;
+    return 0;
+}
+
 /* OP_ROWS: a request asks for 1..PS_ROWS_PAGE_MAX rows; a reply carries
  * count keys (any order: the shard's) and count x dim f32 values. */
 static int check_rows_page(const Ps__Header *h, const struct ps_frame *frames, enum ps_wire_dir dir,
@@ -458,6 +514,10 @@ int ps_wire_decode(struct ps_arena *arena, const struct ps_frame *frames, size_t
         return 0;
     if (h->op == PS__OP__OP_ROWS)
         return check_rows_page(h, frames, dir, out, err, errlen);
+    if (h->op == PS__OP__OP_BATCH)
+        return dir == PS_WIRE_REQUEST
+                   ? check_batch(h, frames, out, err, errlen)
+                   : ps_errf(PS_EPROTO, err, errlen, "batch: answered with status 0");
     if (op_moves_data(h->op) && (dir == PS_WIRE_REQUEST || op_carries_values(h->op, dir)))
         return check_data(h, frames, dir, value_bytes_max, out, err, errlen);
     if (dir == PS_WIRE_REQUEST && h->op == PS__OP__OP_CREATE_TABLE)

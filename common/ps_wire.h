@@ -48,6 +48,8 @@ struct ps_wire_msg {
     size_t vals_bytes;
     const uint8_t *mask; /* LAYOUT_MASK replies: count bits; vals has the set ones */
     size_t mask_bytes;
+    const uint8_t *batch; /* OP_BATCH requests: count records (ps_wire_batch_next) */
+    size_t batch_bytes;
 };
 
 /* Header.shm bits: values in the client's shared region instead of a frame
@@ -85,6 +87,14 @@ void ps_wire_header_init(Ps__Header *h, Ps__Op op);
 /* Packs h into buf[0..cap). Returns bytes written, or PS_ELIMIT when the
  * packed header would exceed cap or PS_HEADER_BYTES_MAX. */
 int64_t ps_wire_header_pack(const Ps__Header *h, uint8_t *buf, size_t cap);
+
+/* OP_BATCH records (ps.proto): the record at *pos of recs[0..bytes) into
+ * *out (pointing into recs), *pos moved past it. 0 when there is no whole
+ * non-empty record there. */
+int ps_wire_batch_next(const uint8_t *recs, size_t bytes, size_t *pos, struct ps_frame *out);
+/* Appends a record of hdr[0..hdr_len) to buf[0..*len) of cap bytes: 0, or
+ * PS_ELIMIT when it does not fit (nothing written). */
+int ps_wire_batch_add(uint8_t *buf, size_t cap, size_t *len, const uint8_t *hdr, size_t hdr_len);
 
 /* Reads key i of a keys frame (handles unaligned frames): one load on a
  * little-endian host. Inline: it runs once per key of every request. */

@@ -1303,12 +1303,29 @@ static void op_list_rows(struct psd *s, const Ps__Header *req, struct psd_reply 
     reply_header(s, &h, rep);
 }
 
-int psd_dispatch(struct psd *s, const struct ps_frame *route, const struct ps_frame *frames,
-                 size_t nframes, struct psd_reply *rep)
+static int dispatch_one(struct psd *s, const struct ps_frame *route, const struct ps_frame *frames,
+                        size_t nframes, struct psd_reply *rep, int in_batch);
+
+/* OP_BATCH: each record handled as a request of its own, in order, and
+ * answered through the sender (a record may wait like any request). */
+static void op_batch(struct psd *s, const struct ps_frame *route, const struct ps_wire_msg *m)
+{
+    const uint8_t *recs = m->batch; /* in the message, not the arena each record reuses */
+    size_t bytes = m->batch_bytes, pos = 0;
+    struct ps_frame one;
+    while (ps_wire_batch_next(recs, bytes, &pos, &one)) {
+        struct psd_reply r;
+        if (dispatch_one(s, route, &one, 1, &r, 1))
+            s->send(s->send_ctx, route->data, route->size, &r);
+    }
+}
+
+static int dispatch_one(struct psd *s, const struct ps_frame *route, const struct ps_frame *frames,
+                        size_t nframes, struct psd_reply *rep, int in_batch)
 {
     memset(rep, 0, sizeof *rep);
     s->ctr.requests++;
-    for (size_t i = 0; i < nframes && i <= PS_FRAMES_MAX; i++)
+    for (size_t i = 0; i < nframes && i <= PS_FRAMES_MAX && !in_batch; i++)
         s->ctr.bytes_in += frames[i].size;
     struct ps_wire_msg m;
     char err[PS_ERROR_TEXT_MAX];
@@ -1318,6 +1335,12 @@ int psd_dispatch(struct psd *s, const struct ps_frame *route, const struct ps_fr
     s->ctr.by_op[psd_op_index(m.hdr)]++;
     if (rc != 0) {
         reply_error(s, m.hdr, rc, err, rep);
+    } else if (in_batch && m.hdr->op != PS__OP__OP_PULL && m.hdr->op != PS__OP__OP_PUSH &&
+               m.hdr->op != PS__OP__OP_PUSH_PULL) {
+        reply_errorf(s, m.hdr, PS_EOP, rep, "%s: only pull, push and push_pull go in a batch",
+                     ps_op_name(m.hdr->op));
+    } else if (m.hdr->op == PS__OP__OP_BATCH && s->send == NULL) {
+        reply_errorf(s, m.hdr, PS_EOP, rep, "batch: this shard cannot answer batches");
     } else {
         const Ps__Header *req = m.hdr;
         worker_heard(s, req);
@@ -1345,6 +1368,10 @@ int psd_dispatch(struct psd *s, const struct ps_frame *route, const struct ps_fr
         case PS__OP__OP_HEARTBEAT:
             now = 0; /* noted by worker_heard; never answered */
             break;
+        case PS__OP__OP_BATCH:
+            op_batch(s, route, &m);
+            now = 0; /* each request in it was answered */
+            break;
         default:
             reply_errorf(s, req, PS_EOP, rep, "unknown op %d", (int)req->op);
             break;
@@ -1352,6 +1379,13 @@ int psd_dispatch(struct psd *s, const struct ps_frame *route, const struct ps_fr
     }
     if (now)
         s->ctr.bytes_out += rep->hdr_len + rep->mask_bytes + rep->vals_bytes;
+    return now;
+}
+
+int psd_dispatch(struct psd *s, const struct ps_frame *route, const struct ps_frame *frames,
+                 size_t nframes, struct psd_reply *rep)
+{
+    int now = dispatch_one(s, route, frames, nframes, rep, 0);
     checkpoint_if_due(s);
     return now;
 }

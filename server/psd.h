@@ -18,7 +18,7 @@
 
 #include <stdint.h>
 
-#define PSD_OPS_COUNT    10             /* ps.Op values, OP_NONE included */
+#define PSD_OPS_COUNT    11             /* ps.Op values, OP_NONE included */
 #define PSD_ERR_CODES    32             /* room for -PS_E* codes */
 #define PSD_PEERS        PS_WORKERS_MAX /* exactly-once state for this many worker ids */
 #define PSD_DEDUP_WINDOW 2048           /* request ids remembered one by one per worker */
@@ -183,7 +183,9 @@ int psd_shm_take(struct psd *s, uint64_t token, void *base, size_t size);
  * counted, not passed). Returns 1 with a reply in *rep, or 0 when there is
  * no reply now: the request waits (its reply goes out later through the
  * sender), or it was a heartbeat (never answered). Replies to
- * other, earlier waiting requests may be sent during the call. */
+ * other, earlier waiting requests may be sent during the call. A batch
+ * (OP_BATCH) is answered through the sender, one reply per request in it,
+ * and returns 0 (1 with an error reply when the batch itself is bad). */
 /* Workers in the live set. */
 uint32_t psd_live_count(const struct psd *s);
 /* Clocks worker w has pushed, lowest over tables (0 with no tables). */

@@ -82,6 +82,15 @@ struct slot {
     char error[PS_ERROR_TEXT_MAX + 64];
 };
 
+/* psc_cork: a shard's header-only data requests held for one message. */
+struct batch_q {
+    uint32_t n;
+    size_t len;     /* bytes of recs used */
+    uint64_t named; /* value bytes the held requests move (through the region) */
+    uint64_t ids[PS_BATCH_MAX];
+    uint8_t recs[PS_BATCH_BYTES_MAX];
+};
+
 /* What a stats call fills. */
 struct stats_out {
     struct psc_shard_stats *st;
@@ -133,6 +142,11 @@ struct psc_client {
     int64_t swept_ms; /* last look for requests due a re-send */
     struct ps_arena arena;
     unsigned char *arena_buf;
+    /* psc_cork: held requests per shard (NULL until first corked) */
+    int corked;
+    uint32_t held;
+    struct batch_q *batches;
+    uint64_t batches_sent;
     uint8_t hdr_buf[2048]; /* requests carry at most a table spec */
     char last_error[512];
 };
@@ -277,13 +291,115 @@ static int send_payload(struct psc_client *c, void *sock, const void *buf, size_
     return 0;
 }
 
-/* Sends header (+ keys) (+ values) to one shard. On failure the slot is
- * failed and nothing is pending for this shard. */
+static void sent_to(struct slot *sl, uint32_t shard)
+{
+    sl->pending++;
+    sl->replied[shard / 64] &= ~(UINT64_C(1) << (shard % 64));
+    sl->expected[shard / 64] |= UINT64_C(1) << (shard % 64);
+}
+
+/* Sends what shard s holds (psc_cork): one request as it is, several as
+ * an OP_BATCH. When it cannot go, each request in it fails. */
+static void flush_shard(struct psc_client *c, uint32_t s)
+{
+    struct batch_q *q = &c->batches[s];
+    if (q->n == 0)
+        return;
+    void *sock = c->socks[s];
+    int rc;
+    size_t bytes = q->len;
+    if (q->n == 1) {
+        bytes = q->len - 4; /* the record's header alone */
+        rc = zmq_send(sock, q->recs + 4, bytes, ZMQ_DONTWAIT);
+    } else {
+        Ps__Header e;
+        uint8_t env[128];
+        ps_wire_header_init(&e, PS__OP__OP_BATCH);
+        e.worker_id = c->worker_id;
+        e.count = q->n;
+        int64_t elen = ps_wire_header_pack(&e, env, sizeof env);
+        /* after the first part is queued the rest of the message is too */
+        rc = elen < 0 ? -1 : zmq_send(sock, env, (size_t)elen, ZMQ_SNDMORE | ZMQ_DONTWAIT);
+        rc = rc < 0 ? rc : zmq_send(sock, q->recs, q->len, ZMQ_DONTWAIT);
+        bytes += elen > 0 ? (size_t)elen : 0;
+        c->batches_sent += rc >= 0;
+    }
+    int e = errno;
+    for (uint32_t i = 0; i < q->n && rc < 0; i++) {
+        struct slot *sl = slot_lookup(c, q->ids[i]);
+        if (sl == NULL || sl->pending == 0)
+            continue;
+        sl->pending--;
+        sl->replied[s / 64] |= UINT64_C(1) << (s % 64);
+        slot_fail(sl, PS_EAGAIN, "shard %u (%s): cannot send: %s", s, c->endpoints[s],
+                  zmq_strerror(e));
+    }
+    if (rc >= 0) {
+        c->bytes_sent += bytes;
+        c->last_send_ms[s] = now_ms();
+    }
+    c->held -= q->n;
+    q->n = 0;
+    q->len = 0;
+    q->named = 0;
+}
+
+static void flush_all(struct psc_client *c)
+{
+    for (uint32_t s = 0; c->held > 0 && s < c->nshards; s++)
+        flush_shard(c, s);
+}
+
+/* Holds h (packed in c->hdr_buf, len bytes) for shard s's next batch:
+ * it counts as sent. Goes out at once when the batch is full or moves a
+ * chunk's worth of values. */
+static int hold(struct psc_client *c, uint32_t s, const Ps__Header *h, size_t len, struct slot *sl)
+{
+    struct batch_q *q = &c->batches[s];
+    if (q->n == PS_BATCH_MAX ||
+        ps_wire_batch_add(q->recs, sizeof q->recs, &q->len, c->hdr_buf, len) != 0) {
+        flush_shard(c, s);
+        if (ps_wire_batch_add(q->recs, sizeof q->recs, &q->len, c->hdr_buf, len) != 0)
+            return 0; /* cannot be held: sent alone */
+    }
+    q->ids[q->n++] = sl->seq;
+    c->held++;
+    q->named += h->count * c->esize;
+    sent_to(sl, s);
+    if (q->named >= PSC_BATCH_FLUSH_BYTES)
+        flush_shard(c, s);
+    return 1;
+}
+
+int psc_cork(struct psc_client *c, int on)
+{
+    if (on && c->batches == NULL && (c->batches = calloc(c->nshards, sizeof *c->batches)) == NULL)
+        return set_error(c, PS_ENOMEM, "cork: no memory for %u batches", c->nshards);
+    c->corked = on;
+    if (!on)
+        flush_all(c);
+    return 0;
+}
+
+uint64_t psc_batches_sent(const struct psc_client *c)
+{
+    return c->batches_sent;
+}
+
+/* Sends header (+ keys) (+ values) to one shard, or holds a header-only
+ * data request for a batch (psc_cork). On failure the slot is failed and
+ * nothing is pending for this shard. */
 static int send_frames(struct psc_client *c, uint32_t shard, const Ps__Header *h, const void *keys,
                        size_t kbytes, const void *vals, size_t vbytes, struct slot *sl, int resend)
 {
     void *sock = c->socks[shard];
     int64_t len = ps_wire_header_pack(h, c->hdr_buf, sizeof c->hdr_buf);
+    if (len > 0 && c->corked && !resend && keys == NULL && vals == NULL &&
+        (h->op == PS__OP__OP_PULL || h->op == PS__OP__OP_PUSH || h->op == PS__OP__OP_PUSH_PULL) &&
+        hold(c, shard, h, (size_t)len, sl))
+        return 0;
+    if (c->held > 0)
+        flush_shard(c, shard); /* whatever this is, it goes after what is held */
     if (len < 0) {
         slot_fail(sl, PS_ELIMIT, "request header too large");
         return PS_ELIMIT;
@@ -303,11 +419,8 @@ static int send_frames(struct psc_client *c, uint32_t shard, const Ps__Header *h
     }
     c->bytes_sent += (uint64_t)len;
     c->last_send_ms[shard] = now_ms();
-    if (!resend) {
-        sl->pending++;
-        sl->replied[shard / 64] &= ~(UINT64_C(1) << (shard % 64));
-        sl->expected[shard / 64] |= UINT64_C(1) << (shard % 64);
-    }
+    if (!resend)
+        sent_to(sl, shard);
     return 0;
 }
 
@@ -705,6 +818,7 @@ int psc_wait(struct psc_client *c, uint64_t ticket, int timeout_ms)
         return set_error(c, PS_EINVAL, "ticket %llu is not outstanding",
                          (unsigned long long)ticket);
     int64_t deadline = now_ms() + (timeout_ms < 0 ? 0 : timeout_ms);
+    flush_all(c);
     for (;;) {
         drain_all(c);
         int64_t left = timeout_ms < 0 ? -1 : deadline - now_ms();
@@ -742,6 +856,7 @@ int psc_cancel(struct psc_client *c, uint64_t ticket)
     if (sl == NULL)
         return set_error(c, PS_EINVAL, "ticket %llu is not outstanding",
                          (unsigned long long)ticket);
+    flush_all(c); /* held requests count as sent: they go, as they would uncorked */
     sl->canceled = 1;
     sl->out = NULL;
     if (atomic_load(&sl->zc_refs) != 0)
@@ -1632,6 +1747,7 @@ void psc_destroy(struct psc_client *c)
     free(c->endpoints);
     free(c->offers);
     free(c->items);
+    free(c->batches);
     free(c->last_send_ms);
     free(c->arena_buf);
     free(c);

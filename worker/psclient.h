@@ -161,6 +161,19 @@ int psc_create(const struct psc_config *cfg, struct psc_client **out, char *err,
 /* Closes the sockets, dropping anything unsent. NULL is a no-op. */
 void psc_destroy(struct psc_client *c);
 
+/* Batching (on: 1). While corked, requests that carry no frames (pulls,
+ * and pushes and push-pulls whose values lie in the shared region) are
+ * held per shard and go out together as one message (OP_BATCH) when the
+ * client is uncorked, waited on (psc_wait, psc_cancel), or before any
+ * other request to that shard; also once a shard's held requests move
+ * PSC_BATCH_FLUSH_BYTES of values, or PS_BATCH_MAX of them are held. The
+ * shard answers each as if it came alone. PS_ENOMEM when the batches
+ * cannot be allocated (requests then go one by one). */
+#define PSC_BATCH_FLUSH_BYTES (UINT64_C(1) << 20)
+int psc_cork(struct psc_client *c, int on);
+/* Batches of two or more requests sent so far. */
+uint64_t psc_batches_sent(const struct psc_client *c);
+
 /* The endpoint shard is reached on: as configured, or its same-host
  * ipc:// endpoint (local_ipc). NULL for a shard out of range. */
 const char *psc_endpoint(const struct psc_client *c, uint32_t shard);

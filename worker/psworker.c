@@ -46,7 +46,7 @@ struct config {
     const char *optimizer, *device, *lr_schedule, *wire_dtype;
     const char *summary_json, *save, *log_level, *curve_secret, *curve_server_key, *config;
     const char *metrics_listen, *cpus, *io_cpus;
-    int standalone, no_local_ipc, no_shm;
+    int standalone, no_local_ipc, no_shm, no_batch;
     uint64_t max_steps, log_every, timeout_ms, test_delay_ms, accum_steps, retry_ms, heartbeat_ms;
     uint64_t compute_threads;
     int help;
@@ -107,6 +107,9 @@ static const struct ps_opt opts[] = {
     OPT("no-shm", PS_OPT_FLAG, no_shm, NULL, 0, 0, NULL,
         "send values in ZeroMQ frames even to shards on this host (by default the CPU "
         "backend shares its gradients and pulled weights with them in memory)"),
+    OPT("no-batch", PS_OPT_FLAG, no_batch, NULL, 0, 0, NULL,
+        "send every request in a message of its own (by default the requests of a step that "
+        "carry no values, such as those through shared memory, go to each shard as one)"),
     OPT("cpus", PS_OPT_STR, cpus, NULL, 0, 0, "LIST",
         "run this worker's threads (training, BLAS) on these CPUs (as taskset -c writes them: "
         "0,2-3); default: wherever the scheduler puts them"),
@@ -380,12 +383,22 @@ static int pull_table(struct trainer *tr, int k, uint64_t clock)
     return rc;
 }
 
+/* Requests from here to cork(tr, 0) go to each shard together where they
+ * can (psc_cork), unless --no-batch. */
+static void cork(struct trainer *tr, int on)
+{
+    if (tr->c != NULL && !tr->cfg.no_batch)
+        (void)psc_cork(tr->c, on); /* PS_ENOMEM: they go one by one */
+}
+
 /* Pulls every table at `clock` (start, rejoin). */
 static int pull_all(struct trainer *tr, uint64_t clock)
 {
     int rc = 0;
+    cork(tr, 1);
     for (int k = 0; k < tr->ntables && rc == 0; k++)
         rc = pull_table(tr, k, clock);
+    cork(tr, 0);
     tr->pulls_pending = tr->ntables;
     next_weights(tr);
     return rc;
@@ -605,7 +618,9 @@ static int train_step(struct trainer *tr, uint64_t step_in_epoch, double *loss, 
         *loss += l;
         *correct += ok;
         if (j + 1 == n_acc) {
+            cork(tr, 1); /* the step's pushes go out as one message per shard */
             rc = psw_mlp_backward(&tr->mlp, b, on_chunk, tr);
+            cork(tr, 0);
             break;
         }
         rc = psw_mlp_backward(&tr->mlp, b, NULL, NULL);
@@ -812,7 +827,7 @@ static int write_summary(struct trainer *tr, const char *path, double acc, doubl
                 "\"bytes_pulled\": %llu, \"bytes_pushed_per_step\": %.0f, "
                 "\"bytes_pulled_per_step\": %.0f, \"rank\": %llu, \"workers\": %llu, "
                 "\"device\": \"%s\", \"start_clock\": %llu, \"stale_pushes\": %llu, "
-                "\"resends\": %llu}\n",
+                "\"resends\": %llu, \"request_batches\": %llu}\n",
                 accs, tr->train_seconds > 0 ? samples / tr->train_seconds : 0.0,
                 (unsigned long long)done, (unsigned long long)tr->cfg.epochs, wall,
                 (unsigned long long)sent, (unsigned long long)recvd,
@@ -820,7 +835,8 @@ static int write_summary(struct trainer *tr, const char *path, double acc, doubl
                 (unsigned long long)tr->cfg.rank, (unsigned long long)tr->cfg.workers,
                 psk_kind_of(tr->be) == PSK_CUDA ? "cuda" : "cpu", (unsigned long long)tr->clock0,
                 (unsigned long long)(tr->c ? psc_stale_pushes(tr->c) : 0),
-                (unsigned long long)(tr->c ? psc_resends(tr->c) : 0)) > 0;
+                (unsigned long long)(tr->c ? psc_resends(tr->c) : 0),
+                (unsigned long long)(tr->c ? psc_batches_sent(tr->c) : 0)) > 0;
     ok = (fclose(f) == 0) && ok;
     if (!ok || rename(tmp, path) != 0) {
         unlink(tmp);

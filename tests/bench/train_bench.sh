@@ -101,6 +101,7 @@ configs=(
   "standalone (1 BLAS thread)|standalone_1thread|alone 1 --compute-threads 1"
   "standalone (helper thread: default)|standalone_helper|alone -"
   "1 shard + 1 worker, $consistency|one_plus_one|dist 1 1 $consistency"
+  "1+1, $consistency, --no-batch|one_plus_one_nobatch|dist 1 1 $consistency --no-batch"
   "1+1, $consistency, --compute-threads 1|one_plus_one_1thread|dist 1 1 $consistency --compute-threads 1"
   "1+1, $consistency, --no-shm, 1 thread|one_plus_one_noshm|dist 1 1 $consistency --no-shm --compute-threads 1"
   "1+1, $consistency, tcp (--no-local-ipc)|one_plus_one_tcp|dist 1 1 $consistency --no-local-ipc"

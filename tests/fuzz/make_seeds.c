@@ -3,6 +3,7 @@
  *   make_seeds DIR   (writes DIR/wire/ and DIR/dispatch/) */
 #include "cases.h"
 
+#include "ps_limits.h"
 #include "ps_wire.h"
 
 #include <stdio.h>
@@ -101,6 +102,40 @@ int main(int argc, char **argv)
         write_file(argv[1], "wire", 110 + (size_t)k, buf + 1, n);
         buf[0] = (unsigned char)(8 | k);
         write_file(argv[1], "dispatch", 110 + (size_t)k, buf, n + 1);
+    }
+    /* batches (OP_BATCH): a push-pull through the region, a pull and a
+     * hello in one; and the same records with a count one short */
+    static uint8_t recs[PS_BATCH_BYTES_MAX];
+    size_t rlen = 0;
+    const Ps__Op bops[3] = {PS__OP__OP_PUSH_PULL, PS__OP__OP_PULL, PS__OP__OP_HELLO};
+    for (int k = 0; k < 3; k++) {
+        Ps__Header h;
+        uint8_t hb[256];
+        ps_wire_header_init(&h, bops[k]);
+        h.request_id = (uint64_t)k + 1;
+        h.count = 8;
+        h.offset = 992;
+        if (k == 0) {
+            h.shm = PS_SHM_IN | PS_SHM_OUT;
+            h.shm_in = 64;
+            h.shm_out = 4096;
+        }
+        size_t hl = ps__header__pack(&h, hb);
+        if (ps_wire_batch_add(recs, sizeof recs, &rlen, hb, hl) != 0)
+            return 1;
+    }
+    for (int k = 0; k < 2; k++) {
+        Ps__Header h;
+        ps_wire_header_init(&h, PS__OP__OP_BATCH);
+        h.count = (uint64_t)(3 - k);
+        m.size[0] = ps__header__pack(&h, m.data[0]);
+        memcpy(m.data[1], recs, rlen);
+        m.size[1] = rlen;
+        m.nframes = 2;
+        size_t n = frame_bytes(&m, buf + 1);
+        write_file(argv[1], "wire", 120 + (size_t)k, buf + 1, n);
+        buf[0] = 8;
+        write_file(argv[1], "dispatch", 120 + (size_t)k, buf, n + 1);
     }
     case_msg_free(&m);
     return 0;

@@ -133,6 +133,17 @@ static void run_workers(const char *servers, int W, const char *batch, const cha
     run_workers_with(servers, W, batch, save, extra_rank1, accum, NULL);
 }
 
+/* Runs one psworker to its end; its log is shown when it fails. */
+static void run_one(const char *const *argv, const char *log)
+{
+    pid_t pid = harness_spawn(argv, log);
+    int rc = harness_wait(pid, WORKER_TIMEOUT_MS);
+    if (rc != 0) {
+        harness_dump_file(log);
+        fail_msg("%s exited with %d", argv[1], rc);
+    }
+}
+
 static void run_standalone(const char *batch, const char *save, const char *accum)
 {
     const char *argv[] = {worker_bin(),
@@ -152,12 +163,7 @@ static void run_standalone(const char *batch, const char *save, const char *accu
                           NULL};
     char log[320];
     harness_tmp(log, sizeof log, "standalone.log");
-    pid_t pid = harness_spawn(argv, log);
-    int rc = harness_wait(pid, WORKER_TIMEOUT_MS);
-    if (rc != 0) {
-        harness_dump_file(log);
-        fail_msg("standalone exited with %d", rc);
-    }
+    run_one(argv, log);
 }
 
 /* W workers against a fresh cluster of `shards` in `mode`; flag as in
@@ -285,6 +291,42 @@ static void test_asp_shared_memory_equals_frames(void **state)
     assert_same_and_trained(a, b);
 }
 
+/* One worker on this host against a fresh 2-shard BSP cluster, values
+ * through shared memory; flag (or NULL) added. Returns the batches of
+ * requests it sent (its summary's request_batches). */
+static double shm_run(const char *flag, const char *save)
+{
+    struct psd_proc p[2];
+    char servers[600], summary[320], log[320];
+    start_cluster(p, 2, "bsp", "1", servers, sizeof servers);
+    harness_tmp(summary, sizeof summary, "batches.json");
+    harness_tmp(log, sizeof log, "batches.log");
+    const char *argv[] = {worker_bin(), "--servers",      servers, "--max-steps", STEPS, "--epochs",
+                          "1",          "--device",       "cpu",   "--batch",     "32",  "--save",
+                          save,         "--summary-json", summary, flag,          NULL};
+    run_one(argv, log);
+    stop_cluster(p, 2);
+    double v = -1;
+    assert_int_equal(harness_json_number(summary, "request_batches", &v), 0);
+    return v;
+}
+
+/* A step's requests through shared memory carry no values: each shard
+ * gets them as one message (OP_BATCH), and answers each as if it came
+ * alone, so the weights end the same to the bit as with --no-batch. */
+static void test_shared_memory_requests_go_in_batches(void **state)
+{
+    (void)state;
+    char a[320], b[320];
+    harness_tmp(a, sizeof a, "batched.safetensors");
+    harness_tmp(b, sizeof b, "unbatched.safetensors");
+    double on = shm_run(NULL, a), off = shm_run("--no-batch", b);
+    printf("  batches sent: %.0f with batching, %.0f without\n", on, off);
+    assert_true(on >= 2 * atof(STEPS)); /* a batch per shard and step at least */
+    assert_true(off == 0);
+    assert_same_and_trained(a, b);
+}
+
 static void test_accumulation_matches_bigger_batch(void **state)
 {
     (void)state;
@@ -324,12 +366,7 @@ static void one_worker_run(const char *prune, const char *topk, const char *save
                           "--save",      save,        "--summary-json",
                           summary,       "--topk",    topk ? topk : "0",
                           "--no-shm",    NULL};
-    pid_t pid = harness_spawn(argv, log);
-    int rc = harness_wait(pid, WORKER_TIMEOUT_MS);
-    if (rc != 0) {
-        harness_dump_file(log);
-        fail_msg("worker exited with %d", rc);
-    }
+    run_one(argv, log);
     stop_cluster(p, 2);
     double v = 0;
     assert_int_equal(harness_json_number(summary, "bytes_pushed", &v), 0);
@@ -359,11 +396,7 @@ static void test_topk_sends_little_and_matches_standalone(void **state)
                           "1",          "--device",     "cpu",         "--save", c,
                           "--topk",     "0.01",         NULL};
     harness_tmp(log, sizeof log, "topk_alone.log");
-    int rc = harness_wait(harness_spawn(argv, log), WORKER_TIMEOUT_MS);
-    if (rc != 0) {
-        harness_dump_file(log);
-        fail_msg("standalone exited with %d", rc);
-    }
+    run_one(argv, log);
     printf("  topk 0.01: pushed %llu bytes vs %llu dense (%.1fx fewer)\n", tpush, dpush,
            (double)dpush / (double)tpush);
     assert_true(tpush * 30 <= dpush);
@@ -443,6 +476,7 @@ int main(void)
         cmocka_unit_test(test_bsp_two_workers_match_one_with_double_batch),
         cmocka_unit_test(test_one_worker_equals_standalone),
         cmocka_unit_test(test_asp_shared_memory_equals_frames),
+        cmocka_unit_test(test_shared_memory_requests_go_in_batches),
         cmocka_unit_test(test_accumulation_matches_bigger_batch),
         cmocka_unit_test(test_prune_keeps_zeros_and_shrinks_pulls),
         cmocka_unit_test(test_topk_sends_little_and_matches_standalone),
