@@ -108,7 +108,7 @@ static int op_known(int op)
     return op >= PS__OP__OP_HELLO && op <= PS__OP__OP_BATCH;
 }
 
-static int op_moves_data(int op)
+int ps_wire_op_moves_data(int op)
 {
     return op == PS__OP__OP_PULL || op == PS__OP__OP_PUSH || op == PS__OP__OP_PUSH_PULL;
 }
@@ -241,11 +241,13 @@ static int check_frames(const Ps__Header *h, size_t nframes, enum ps_wire_dir di
     else if (h->op == PS__OP__OP_BATCH)
         want = 2; /* the records; only error replies (above) answer a batch */
     else {
-        if (dir == PS_WIRE_REQUEST && op_moves_data(h->op) && h->layout == PS__LAYOUT__LAYOUT_KEYS)
+        if (dir == PS_WIRE_REQUEST && ps_wire_op_moves_data(h->op) &&
+            h->layout == PS__LAYOUT__LAYOUT_KEYS)
             want++;
         if (op_carries_values(h->op, dir) && !values_in_shm(h, dir))
             want++;
-        if (dir == PS_WIRE_REPLY && op_moves_data(h->op) && h->layout == PS__LAYOUT__LAYOUT_MASK)
+        if (dir == PS_WIRE_REPLY && ps_wire_op_moves_data(h->op) &&
+            h->layout == PS__LAYOUT__LAYOUT_MASK)
             want++; /* the bitmap before the values */
     }
     if (nframes != want)
@@ -504,7 +506,7 @@ int ps_wire_decode(struct ps_arena *arena, const struct ps_frame *frames, size_t
         if (rc != 0)
             return rc;
     }
-    if (h->shm != 0 && !op_moves_data(h->op))
+    if (h->shm != 0 && !ps_wire_op_moves_data(h->op))
         return ps_errf(PS_EPROTO, err, errlen, "%s: shm bits 0x%x on an op that moves no values",
                        ps_op_name(h->op), h->shm);
     int rc = check_frames(h, nframes, dir, err, errlen);
@@ -518,7 +520,7 @@ int ps_wire_decode(struct ps_arena *arena, const struct ps_frame *frames, size_t
         return dir == PS_WIRE_REQUEST
                    ? check_batch(h, frames, out, err, errlen)
                    : ps_errf(PS_EPROTO, err, errlen, "batch: answered with status 0");
-    if (op_moves_data(h->op) && (dir == PS_WIRE_REQUEST || op_carries_values(h->op, dir)))
+    if (ps_wire_op_moves_data(h->op) && (dir == PS_WIRE_REQUEST || op_carries_values(h->op, dir)))
         return check_data(h, frames, dir, value_bytes_max, out, err, errlen);
     if (dir == PS_WIRE_REQUEST && h->op == PS__OP__OP_CREATE_TABLE)
         return ps_wire_check_spec(h->spec, err, errlen);

@@ -88,6 +88,10 @@ void ps_wire_header_init(Ps__Header *h, Ps__Op op);
  * packed header would exceed cap or PS_HEADER_BYTES_MAX. */
 int64_t ps_wire_header_pack(const Ps__Header *h, uint8_t *buf, size_t cap);
 
+/* 1 for the ops that move values (pull, push, push-pull): the ones whose
+ * requests a batch may carry. */
+int ps_wire_op_moves_data(int op);
+
 /* OP_BATCH records (ps.proto): the record at *pos of recs[0..bytes) into
  * *out (pointing into recs), *pos moved past it. 0 when there is no whole
  * non-empty record there. */

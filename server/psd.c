@@ -1335,8 +1335,7 @@ static int dispatch_one(struct psd *s, const struct ps_frame *route, const struc
     s->ctr.by_op[psd_op_index(m.hdr)]++;
     if (rc != 0) {
         reply_error(s, m.hdr, rc, err, rep);
-    } else if (in_batch && m.hdr->op != PS__OP__OP_PULL && m.hdr->op != PS__OP__OP_PUSH &&
-               m.hdr->op != PS__OP__OP_PUSH_PULL) {
+    } else if (in_batch && !ps_wire_op_moves_data(m.hdr->op)) {
         reply_errorf(s, m.hdr, PS_EOP, rep, "%s: only pull, push and push_pull go in a batch",
                      ps_op_name(m.hdr->op));
     } else if (m.hdr->op == PS__OP__OP_BATCH && s->send == NULL) {

@@ -178,14 +178,6 @@ void psd_set_local_endpoint(struct psd *s, const char *endpoint);
  * psd may map is bound: the caller unmaps it. */
 int psd_shm_take(struct psd *s, uint64_t token, void *base, size_t size);
 
-/* Handles one request from `route`. nframes counts every frame after the
- * routing id (it may exceed the array: frames past PS_FRAMES_MAX are
- * counted, not passed). Returns 1 with a reply in *rep, or 0 when there is
- * no reply now: the request waits (its reply goes out later through the
- * sender), or it was a heartbeat (never answered). Replies to
- * other, earlier waiting requests may be sent during the call. A batch
- * (OP_BATCH) is answered through the sender, one reply per request in it,
- * and returns 0 (1 with an error reply when the batch itself is bad). */
 /* Workers in the live set. */
 uint32_t psd_live_count(const struct psd *s);
 /* Clocks worker w has pushed, lowest over tables (0 with no tables). */
@@ -204,6 +196,14 @@ void psd_checkpoint_mark_saved(struct psd *s);
  * (it did not decode). */
 int psd_op_index(const Ps__Header *h);
 
+/* Handles one request from `route`. nframes counts every frame after the
+ * routing id (it may exceed the array: frames past PS_FRAMES_MAX are
+ * counted, not passed). Returns 1 with a reply in *rep, or 0 when there is
+ * no reply now: the request waits (its reply goes out later through the
+ * sender), or it was a heartbeat (never answered). Replies to
+ * other, earlier waiting requests may be sent during the call. A batch
+ * (OP_BATCH) is answered through the sender, one reply per request in it,
+ * and returns 0 (1 with an error reply when the batch itself is bad). */
 int psd_dispatch(struct psd *s, const struct ps_frame *route, const struct ps_frame *frames,
                  size_t nframes, struct psd_reply *rep);
 

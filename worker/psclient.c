@@ -308,9 +308,9 @@ static void flush_shard(struct psc_client *c, uint32_t s)
     void *sock = c->socks[s];
     int rc;
     size_t bytes = q->len;
-    if (q->n == 1) {
-        bytes = q->len - 4; /* the record's header alone */
-        rc = zmq_send(sock, q->recs + 4, bytes, ZMQ_DONTWAIT);
+    if (q->n == 1) { /* the record's header alone, after its length */
+        bytes = q->len - sizeof(uint32_t);
+        rc = zmq_send(sock, q->recs + sizeof(uint32_t), bytes, ZMQ_DONTWAIT);
     } else {
         Ps__Header e;
         uint8_t env[128];
@@ -395,8 +395,7 @@ static int send_frames(struct psc_client *c, uint32_t shard, const Ps__Header *h
     void *sock = c->socks[shard];
     int64_t len = ps_wire_header_pack(h, c->hdr_buf, sizeof c->hdr_buf);
     if (len > 0 && c->corked && !resend && keys == NULL && vals == NULL &&
-        (h->op == PS__OP__OP_PULL || h->op == PS__OP__OP_PUSH || h->op == PS__OP__OP_PUSH_PULL) &&
-        hold(c, shard, h, (size_t)len, sl))
+        ps_wire_op_moves_data(h->op) && hold(c, shard, h, (size_t)len, sl))
         return 0;
     if (c->held > 0)
         flush_shard(c, shard); /* whatever this is, it goes after what is held */
@@ -747,7 +746,7 @@ static void handle_reply(struct psc_client *c, uint32_t shard, const struct ps_f
                   ps_err_name(h->status));
         return;
     }
-    if (sl->op == PS__OP__OP_PULL || sl->op == PS__OP__OP_PUSH || sl->op == PS__OP__OP_PUSH_PULL)
+    if (ps_wire_op_moves_data(sl->op))
         handle_data_reply(c, shard, sl, &m, last);
     else
         handle_sync_reply(c, shard, sl, &m);

@@ -901,7 +901,6 @@ static int check_config(const struct config *c, char *err, size_t errlen)
                : 0;
 }
 
-/* Connects the client to --servers (hello to every shard). */
 /* Buffers of a table's size in the shared region: its gradient and two
  * sets of its weights (setup_shm). */
 #define SHM_BUFFERS 3
@@ -945,6 +944,7 @@ static void setup_shm(struct trainer *tr)
            on, psc_shards(tr->c));
 }
 
+/* Connects the client to --servers (hello to every shard). */
 static int connect_client(struct trainer *tr, int nonzero_pulls, char *err, size_t errlen)
 {
     const struct config *c = &tr->cfg;

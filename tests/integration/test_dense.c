@@ -620,6 +620,76 @@ static void test_shared_memory(void **state)
     psc_destroy(c);
 }
 
+/* Issues n pulls of 8 elements each from the start of the big table (all
+ * on shard 0) into out[8i..], tickets in tk. */
+static void pulls_of_eight(struct psc_client *c, uint32_t t, int n, float *out, uint64_t *tk)
+{
+    for (int i = 0; i < n; i++)
+        assert_int_equal(psc_pull(c, t, (uint64_t)i * 8, 8, out + i * 8, 9, &tk[i]), 0);
+}
+
+/* psc_cork: requests with no frames go to a shard together, at most
+ * PS_BATCH_MAX of them (the one past it starts the next batch), and once
+ * they move PSC_BATCH_FLUSH_BYTES through the region they go at once;
+ * every answer is the one a request sent alone gets. */
+static void test_cork_batches(void **state)
+{
+    struct fixture *f = *state;
+    enum { MAX = PS_BATCH_MAX };
+    static float out[(MAX + 1) * 8], ref[(MAX + 1) * 8];
+    static uint64_t tk[MAX + 1];
+    uint64_t k;
+    assert_int_equal(psc_pull(f->c, f->big, 0, (MAX + 1) * 8, ref, 9, &k), 0);
+    wait_ok(f->c, k);
+    uint64_t b0 = psc_batches_sent(f->c);
+    assert_int_equal(psc_cork(f->c, 1), 0);
+    pulls_of_eight(f->c, f->big, MAX, out, tk);
+    assert_int_equal(psc_batches_sent(f->c), b0); /* all held: at the limit, not past it */
+    assert_int_equal(psc_cork(f->c, 0), 0);
+    assert_int_equal(psc_batches_sent(f->c), b0 + 1);
+    for (int i = 0; i < MAX; i++)
+        wait_ok(f->c, tk[i]);
+    assert_memory_equal(out, ref, MAX * 8 * sizeof(float));
+
+    memset(out, 0, sizeof out);
+    assert_int_equal(psc_cork(f->c, 1), 0);
+    pulls_of_eight(f->c, f->big, MAX + 1, out, tk);
+    assert_int_equal(psc_batches_sent(f->c), b0 + 2); /* one past: the full batch went */
+    assert_int_equal(psc_cork(f->c, 0), 0);
+    assert_int_equal(psc_batches_sent(f->c), b0 + 2); /* the last one alone */
+    for (int i = 0; i <= MAX; i++)
+        wait_ok(f->c, tk[i]);
+    assert_memory_equal(out, ref, sizeof out);
+
+    /* through the region: held until they move PSC_BATCH_FLUSH_BYTES */
+    const char *eps[2] = {f->shard[0].endpoint, f->shard[1].endpoint};
+    struct psc_client *c = client_or_fail(
+        (struct psc_config){.local_ipc = 1, .shm_bytes = 2 * PSC_BATCH_FLUSH_BYTES}, eps, 2, 4);
+    assert_int_equal(psc_shm_shards(c), 2);
+    struct psc_table_spec sp;
+    big_spec(&sp);
+    uint32_t t;
+    assert_int_equal(psc_table_create(c, &sp, TIMEOUT_MS, &t), 0);
+    const uint64_t floats = PSC_BATCH_FLUSH_BYTES / sizeof(float); /* all on shard 0 */
+    float *w = psc_shm_alloc(c, PSC_BATCH_FLUSH_BYTES);
+    assert_non_null(w);
+    assert_int_equal(psc_cork(c, 1), 0);
+    assert_int_equal(psc_pull(c, t, 0, 1, w, 9, &tk[0]), 0);
+    assert_int_equal(psc_pull(c, t, 1, floats - 2, w + 1, 9, &tk[1]), 0);
+    assert_int_equal(psc_batches_sent(c), 0); /* 4 bytes short of the limit: held */
+    assert_int_equal(psc_pull(c, t, floats - 1, 1, w + floats - 1, 9, &tk[2]), 0);
+    assert_int_equal(psc_batches_sent(c), 1); /* at it: gone while still corked */
+    assert_int_equal(psc_cork(c, 0), 0);
+    for (int i = 0; i < 3; i++)
+        wait_ok(c, tk[i]);
+    float *whole = malloc(PSC_BATCH_FLUSH_BYTES);
+    assert_int_equal(psc_pull(f->c, f->big, 0, floats, whole, 9, &k), 0);
+    wait_ok(f->c, k);
+    assert_memory_equal(w, whole, PSC_BATCH_FLUSH_BYTES);
+    free(whole);
+    psc_destroy(c);
+}
+
 /* A shard restarted on the same port has lost the region: it refuses the
  * shared-memory request (PS_ESHM), the client sends it again in frames and
  * keeps to frames with that shard, and the answer is right. */
@@ -785,6 +855,7 @@ int main(void)
         cmocka_unit_test(test_unreachable_and_misordered),
         cmocka_unit_test(test_shared_memory),
         cmocka_unit_test(test_shared_memory_after_restart),
+        cmocka_unit_test(test_cork_batches),
         cmocka_unit_test(test_local_names),
         cmocka_unit_test(test_local_name_limit),
         cmocka_unit_test(test_local_ipc),

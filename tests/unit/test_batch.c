@@ -1,8 +1,9 @@
-/* OP_BATCH (ps.proto): the records codec, every malformed envelope the
- * decoder refuses, and an in-process psd answering each request of a
- * batch through its sender, in order, as if it came alone: what may not
- * go in a batch (a hello, a batch, a request that needs frames, bytes
- * that are no header) is refused one by one, and the rest is handled. */
+/* OP_BATCH (ps.proto): the records codec, its limits (at and one past),
+ * every malformed envelope the decoder refuses, and an in-process psd
+ * answering each request of a batch through its sender, in order, as if
+ * it came alone: what may not go in a batch (a hello, a batch, a request
+ * that needs frames, bytes that are no header) is refused one by one, and
+ * the rest is handled. */
 #include "psd.h"
 
 #include "ps_err.h"
@@ -135,6 +136,28 @@ static void test_malformed_envelopes(void **state)
     assert_int_equal(decode_batch(3, recs, len + 4, 0, PS_WIRE_REQUEST, err), PS_EFRAMES);
     assert_int_equal(decode_batch(2, recs, PS_BATCH_BYTES_MAX + 1, 0, PS_WIRE_REQUEST, err),
                      PS_ELIMIT);
+    /* at the limits: PS_BATCH_MAX records, and a records frame of
+     * PS_BATCH_BYTES_MAX bytes (one past each is refused above) */
+    len = 0;
+    for (int i = 0; i < (int)PS_BATCH_MAX; i++) {
+        pull(&h, (uint64_t)i + 1, 0, 4);
+        add(recs, &len, &h);
+    }
+    assert_int_equal(decode_batch(PS_BATCH_MAX, recs, len, 0, PS_WIRE_REQUEST, err), 0);
+    const uint8_t big[] = {1};
+    size_t blen = 0;
+    static uint8_t whole[PS_BATCH_BYTES_MAX];
+    memset(whole, 0x7f, sizeof whole);
+    assert_int_equal(ps_wire_batch_add(recs, PS_BATCH_BYTES_MAX, &blen, whole,
+                                       PS_BATCH_BYTES_MAX - sizeof(uint32_t)),
+                     0);
+    assert_int_equal(blen, PS_BATCH_BYTES_MAX);
+    assert_int_equal(ps_wire_batch_add(recs, PS_BATCH_BYTES_MAX, &blen, big, 1), PS_ELIMIT);
+    assert_int_equal(decode_batch(1, recs, blen, 0, PS_WIRE_REQUEST, err), 0);
+    len = 0;
+    pull(&h, 1, 0, 4);
+    add(recs, &len, &h);
+    add(recs, &len, &h);
     /* a batch is never answered as one, except with an error */
     assert_int_equal(decode_batch(2, recs, len, 0, PS_WIRE_REPLY, err), PS_EPROTO);
     /* the records frame is missing */
