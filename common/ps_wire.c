@@ -126,13 +126,16 @@ static int values_in_shm(const Ps__Header *h, enum ps_wire_dir dir)
     return (h->shm & (dir == PS_WIRE_REQUEST ? PS_SHM_IN : PS_SHM_OUT)) != 0;
 }
 
-/* Header.shm: known bits, each on an op that moves those values, a dense
- * f32 range, and offsets of whole floats. */
+/* Header.shm: known bits, each on an op that moves those values: a dense
+ * f32 range, or a keyed push (dim 1) whose keys and f32 values may lie in
+ * the region; offsets of whole elements. */
 static int check_shm(const Ps__Header *h, enum ps_wire_dir dir, char *err, size_t errlen)
 {
     if (h->shm == 0)
         return 0;
+    int keyed = h->layout == PS__LAYOUT__LAYOUT_KEYS;
     uint32_t allowed = dir == PS_WIRE_REPLY            ? PS_SHM_OUT
+                       : keyed                         ? PS_SHM_KEYS | PS_SHM_IN
                        : h->op == PS__OP__OP_PUSH_PULL ? PS_SHM_IN | PS_SHM_OUT
                        : h->op == PS__OP__OP_PUSH      ? PS_SHM_IN
                                                        : PS_SHM_OUT;
@@ -140,16 +143,22 @@ static int check_shm(const Ps__Header *h, enum ps_wire_dir dir, char *err, size_
         return ps_errf(PS_EPROTO, err, errlen, "%s %s: shm bits 0x%x, this op allows 0x%x",
                        ps_op_name(h->op), dir == PS_WIRE_REQUEST ? "request" : "reply", h->shm,
                        allowed);
-    if (h->layout != PS__LAYOUT__LAYOUT_RANGE || h->dtype != PS__DTYPE__DTYPE_F32)
-        return ps_errf(
-            PS_EPROTO, err, errlen,
-            "%s: values in shared memory need a dense range of f32 (layout %d, dtype %s)",
-            ps_op_name(h->op), (int)h->layout, ps_dtype_name(h->dtype));
-    if (h->shm_in % 4 != 0 || h->shm_out % 4 != 0)
+    if (keyed && (dir != PS_WIRE_REQUEST || h->op != PS__OP__OP_PUSH || h->dim != 1))
         return ps_errf(PS_EPROTO, err, errlen,
-                       "%s: shared-memory offsets %llu and %llu are not multiples of 4",
+                       "%s: keys in shared memory are for a keyed push of dim 1 (dim %u)",
+                       ps_op_name(h->op), h->dim);
+    if ((h->layout != PS__LAYOUT__LAYOUT_RANGE && !keyed) ||
+        ((h->shm & ~PS_SHM_KEYS) != 0 && h->dtype != PS__DTYPE__DTYPE_F32))
+        return ps_errf(PS_EPROTO, err, errlen,
+                       "%s: values in shared memory need a dense range or keys, and f32 (layout "
+                       "%d, dtype %s)",
+                       ps_op_name(h->op), (int)h->layout, ps_dtype_name(h->dtype));
+    if (h->shm_in % 4 != 0 || h->shm_out % 4 != 0 || h->shm_keys % 8 != 0)
+        return ps_errf(PS_EPROTO, err, errlen,
+                       "%s: shared-memory offsets %llu, %llu and %llu (values in, out, keys) are "
+                       "not multiples of 4, 4 and 8",
                        ps_op_name(h->op), (unsigned long long)h->shm_in,
-                       (unsigned long long)h->shm_out);
+                       (unsigned long long)h->shm_out, (unsigned long long)h->shm_keys);
     return 0;
 }
 
@@ -242,7 +251,7 @@ static int check_frames(const Ps__Header *h, size_t nframes, enum ps_wire_dir di
         want = 2; /* the records; only error replies (above) answer a batch */
     else {
         if (dir == PS_WIRE_REQUEST && ps_wire_op_moves_data(h->op) &&
-            h->layout == PS__LAYOUT__LAYOUT_KEYS)
+            h->layout == PS__LAYOUT__LAYOUT_KEYS && !(h->shm & PS_SHM_KEYS))
             want++;
         if (op_carries_values(h->op, dir) && !values_in_shm(h, dir))
             want++;
@@ -341,29 +350,29 @@ static int check_data(const Ps__Header *h, const struct ps_frame *frames, enum p
         return ps_errf(PS_ELIMIT, err, errlen, "%s: %llu value bytes exceed the limit of %llu",
                        ps_op_name(h->op), (unsigned long long)vbytes,
                        (unsigned long long)value_bytes_max);
+    int rc = check_shm(h, dir, err, errlen);
+    if (rc != 0)
+        return rc;
     size_t next = 1;
-    if (dir == PS_WIRE_REQUEST && keyed) {
+    if (dir == PS_WIRE_REQUEST && keyed && !(h->shm & PS_SHM_KEYS)) {
         const struct ps_frame *kf = &frames[next++];
         if (kf->size != h->count * 8u)
             return ps_errf(PS_ESIZE, err, errlen, "%s: keys frame is %zu bytes, expected %llu",
                            ps_op_name(h->op), kf->size, (unsigned long long)(h->count * 8u));
         out->keys = kf->data;
         out->keys_bytes = kf->size;
-        int rc = check_keys(kf->data, h->count, err, errlen);
+        rc = check_keys(kf->data, h->count, err, errlen);
         if (rc != 0)
             return rc;
     }
     if (masked) {
         const struct ps_frame *mf = &frames[next++];
-        int rc = check_mask(mf, h->count, &vbytes, esize, err, errlen);
+        rc = check_mask(mf, h->count, &vbytes, esize, err, errlen);
         if (rc != 0)
             return rc;
         out->mask = mf->data;
         out->mask_bytes = mf->size;
     }
-    int rc = check_shm(h, dir, err, errlen);
-    if (rc != 0)
-        return rc;
     if (op_carries_values(h->op, dir) && !values_in_shm(h, dir)) {
         const struct ps_frame *vf = &frames[next];
         if (vf->size != vbytes)

@@ -53,9 +53,14 @@ struct ps_wire_msg {
 };
 
 /* Header.shm bits: values in the client's shared region instead of a frame
- * (see ps.proto). Dense ranges of f32 only. */
-#define PS_SHM_IN  1u
-#define PS_SHM_OUT 2u
+ * (see ps.proto). Dense ranges of f32; and a keyed push into a dense table
+ * (layout keys, dim 1), whose keys (PS_SHM_KEYS) and f32 values
+ * (PS_SHM_IN) may each lie there. The decoder cannot read the region: a
+ * request with PS_SHM_KEYS has keys NULL, and the server checks the keys
+ * once it has copied them out. */
+#define PS_SHM_IN   1u
+#define PS_SHM_OUT  2u
+#define PS_SHM_KEYS 4u
 
 enum ps_wire_dir {
     PS_WIRE_REQUEST = 0,

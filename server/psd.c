@@ -686,10 +686,10 @@ static void wait_header(const struct psd_wait *w, Ps__Header *h)
     h->nonzero_only = w->nonzero_only;
 }
 
-/* Where a request's values lie in, or go into, its connection's shared
- * region: *p, or NULL when shm (the request's bits) lacks `bit`. An error
- * reply and its code when the connection has no region or the bytes are
- * past its end. */
+/* Where a request's values (or keys) lie in, or go into, its connection's
+ * shared region: *p, or NULL when shm (the request's bits) lacks `bit`. An
+ * error reply and its code when the connection has no region or the bytes
+ * are past its end. */
 static int shm_part(struct psd *s, const struct ps_frame *route, const Ps__Header *req,
                     uint32_t shm, uint32_t bit, uint64_t off, unsigned char **p,
                     struct psd_reply *rep)
@@ -698,7 +698,7 @@ static int shm_part(struct psd *s, const struct ps_frame *route, const Ps__Heade
     if (!(shm & bit))
         return 0;
     size_t size = 0;
-    uint64_t bytes = req->count * sizeof(float);
+    uint64_t bytes = req->count * (bit == PS_SHM_KEYS ? sizeof(uint64_t) : sizeof(float));
     int rc = psd_shm_at(&s->shm, route->data, route->size, off, bytes, now_ms(), p, &size);
     if (rc == PS_ESHM)
         reply_errorf(s, req, rc, rep,
@@ -708,7 +708,10 @@ static int shm_part(struct psd *s, const struct ps_frame *route, const Ps__Heade
     else if (rc != 0)
         reply_errorf(s, req, rc, rep,
                      "%s: shared-memory %s [%llu, +%llu) is past the end of the region (%zu bytes)",
-                     ps_op_name(req->op), bit == PS_SHM_IN ? "values" : "reply",
+                     ps_op_name(req->op),
+                     bit == PS_SHM_IN     ? "values"
+                     : bit == PS_SHM_KEYS ? "keys"
+                                          : "reply",
                      (unsigned long long)off, (unsigned long long)bytes, size);
     return rc;
 }
@@ -793,6 +796,19 @@ static int defer(struct psd *s, const struct ps_frame *route, const Ps__Header *
     return 0;
 }
 
+/* n keys into the scratch array (NULL when it cannot grow). */
+static uint64_t *keys_scratch(struct psd *s, size_t n)
+{
+    if (n > s->keys_cap) {
+        uint64_t *p = realloc(s->keys_scratch, n * sizeof *p);
+        if (p == NULL)
+            return NULL;
+        s->keys_scratch = p;
+        s->keys_cap = n;
+    }
+    return s->keys_scratch;
+}
+
 /* The keys frame as aligned uint64s: the frame itself where it is aligned
  * on a little-endian host (zmq's large messages are), else a copy. */
 static const uint64_t *keys_u64(struct psd *s, const struct ps_wire_msg *m)
@@ -802,29 +818,75 @@ static const uint64_t *keys_u64(struct psd *s, const struct ps_wire_msg *m)
     if (((uintptr_t)m->keys % _Alignof(uint64_t)) == 0)
         return m->keys;
 #endif
-    if (n > s->keys_cap) {
-        uint64_t *p = realloc(s->keys_scratch, n * sizeof *p);
-        if (p == NULL)
-            return NULL;
-        s->keys_scratch = p;
-        s->keys_cap = n;
+    uint64_t *k = keys_scratch(s, n);
+    for (size_t i = 0; k != NULL && i < n; i++)
+        k[i] = ps_wire_key(m->keys, i);
+    return k;
+}
+
+/* A keyed push's keys that lie in the client's region (PS_SHM_KEYS): copied
+ * out first, since the client may write the region at any time, then
+ * checked as the decoder checks a keys frame. NULL with an error reply. */
+static const uint64_t *keys_from_region(struct psd *s, const struct ps_frame *route,
+                                        const Ps__Header *req, struct psd_reply *rep)
+{
+    unsigned char *p = NULL;
+    if (shm_part(s, route, req, req->shm, PS_SHM_KEYS, req->shm_keys, &p, rep) != 0)
+        return NULL;
+    size_t n = (size_t)req->count;
+    uint64_t *k = keys_scratch(s, n);
+    if (k == NULL) {
+        reply_errorf(s, req, PS_ENOMEM, rep, "push: out of memory for %zu keys", n);
+        return NULL;
     }
+    /* copied and checked a block at a time, while the block is in L1 */
+    enum { BLOCK = 2048 };
+    size_t bad = n;
+    for (size_t i = 0; i < n && bad == n; i += BLOCK) {
+        size_t m = n - i < BLOCK ? n - i : BLOCK, from = i > 0 ? i - 1 : 0;
+        memcpy(k + i, p + i * sizeof *k, m * sizeof *k);
+        size_t b = ps_wire_keys_unordered(k + from, i + m - from); /* reads little-endian */
+        if (b < i + m - from)
+            bad = from + b;
+    }
+    if (bad < n) {
+        reply_errorf(s, req, PS_EPROTO, rep,
+                     "push: keys in shared memory must be strictly increasing: key[%zu]=%llu "
+                     "after %llu",
+                     bad, (unsigned long long)ps_wire_key(k, bad),
+                     (unsigned long long)ps_wire_key(k, bad - 1));
+        return NULL;
+    }
+#if __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
     for (size_t i = 0; i < n; i++)
-        s->keys_scratch[i] = ps_wire_key(m->keys, i);
-    return s->keys_scratch;
+        k[i] = le64toh(k[i]);
+#endif
+    s->shm.bytes_in += n * sizeof *k;
+    return k;
 }
 
 /* A sparse push into a dense table: element indices as keys. */
-static void op_keys(struct psd *s, struct psd_table *t, const struct ps_wire_msg *m,
-                    struct psd_reply *rep)
+static void op_keys(struct psd *s, struct psd_table *t, const struct ps_frame *route,
+                    const struct ps_wire_msg *m, struct psd_reply *rep)
 {
     const Ps__Header *req = m->hdr;
     if (seen_push(s, req)) {
         reply_duplicate(s, req, rep);
         return;
     }
-    const uint64_t *keys = keys_u64(s, m);
-    const float *g = values_f32(s, m);
+    unsigned char *shm_in = NULL;
+    if (shm_part(s, route, req, req->shm, PS_SHM_IN, req->shm_in, &shm_in, rep) != 0)
+        return;
+    const uint64_t *keys = NULL;
+    if (req->shm & PS_SHM_KEYS) {
+        if ((keys = keys_from_region(s, route, req, rep)) == NULL)
+            return;
+    } else {
+        keys = keys_u64(s, m);
+    }
+    const float *g = shm_in != NULL ? (const float *)shm_in : values_f32(s, m);
+    if (shm_in != NULL)
+        s->shm.bytes_in += req->count * sizeof(float);
     if (keys == NULL || g == NULL) {
         reply_errorf(s, req, PS_ENOMEM, rep, "push: out of memory for %llu keys",
                      (unsigned long long)req->count);
@@ -944,7 +1006,7 @@ static int op_data(struct psd *s, const struct ps_frame *route, const struct ps_
         return 1;
     if (t->sparse && req->shm != 0) {
         reply_errorf(s, req, PS_ENOTSUP, rep,
-                     "%s: values in shared memory are for dense tables; '%s' is sparse",
+                     "%s: values or keys in shared memory are for dense tables; '%s' is sparse",
                      ps_op_name(req->op), t->name);
         return 1;
     }
@@ -953,7 +1015,7 @@ static int op_data(struct psd *s, const struct ps_frame *route, const struct ps_
         return 1;
     }
     if (req->layout == PS__LAYOUT__LAYOUT_KEYS) {
-        op_keys(s, t, m, rep);
+        op_keys(s, t, route, m, rep);
         return 1;
     }
     unsigned char *shm_in, *shm_out;

@@ -364,7 +364,7 @@ static int hold(struct psc_client *c, uint32_t s, const Ps__Header *h, size_t le
     }
     q->ids[q->n++] = sl->seq;
     c->held++;
-    q->named += h->count * c->esize;
+    q->named += h->count * (c->esize + (h->shm & PS_SHM_KEYS ? sizeof(uint64_t) : 0));
     sent_to(sl, s);
     if (q->named >= PSC_BATCH_FLUSH_BYTES)
         flush_shard(c, s);
@@ -488,13 +488,21 @@ static int range_part(const struct psc_client *c, const struct slot *sl, uint32_
     return *a < *b;
 }
 
-/* Whether [p, p+bytes) lies in the region and shard s took it (f32 only). */
-static int shm_in_region(const struct psc_client *c, uint32_t s, const void *p, size_t bytes)
+/* Whether [p, p+bytes) lies in the region, a multiple of align bytes in,
+ * and shard s took the region. */
+static int region_has(const struct psc_client *c, uint32_t s, const void *p, size_t bytes,
+                      size_t align)
 {
     const unsigned char *q = p;
-    return q != NULL && c->shm_on != NULL && c->shm_on[s] && c->dtype == PS__DTYPE__DTYPE_F32 &&
-           q >= c->shm.base && bytes <= c->shm.size &&
-           q - c->shm.base <= (ptrdiff_t)(c->shm.size - bytes);
+    return q != NULL && c->shm_on != NULL && c->shm_on[s] && q >= c->shm.base &&
+           bytes <= c->shm.size && q - c->shm.base <= (ptrdiff_t)(c->shm.size - bytes) &&
+           (size_t)(q - c->shm.base) % align == 0;
+}
+
+/* Whether values [p, p+bytes) may move through the region (f32 only). */
+static int shm_in_region(const struct psc_client *c, uint32_t s, const void *p, size_t bytes)
+{
+    return c->dtype == PS__DTYPE__DTYPE_F32 && region_has(c, s, p, bytes, sizeof(float));
 }
 
 /* Where shard s's part [a, b) of a pull's output lies in the region (*off
@@ -722,7 +730,7 @@ static void handle_reply(struct psc_client *c, uint32_t shard, const struct ps_f
         sl->sent_ms = now_ms();
         return;
     }
-    if (rc == 0 && m.hdr->op == sl->op && m.hdr->status == PS_ESHM && sl->kind == SUB_RANGE &&
+    if (rc == 0 && m.hdr->op == sl->op && m.hdr->status == PS_ESHM && sl->kind != SUB_SYNC &&
         ((sl->via_shm[shard / 64] >> (shard % 64)) & 1u)) {
         /* the shard lost the region (it restarted): frames from now on */
         c->shm_on[shard] = 0;
@@ -901,6 +909,31 @@ static const unsigned char *wire_values(struct psc_client *c, struct slot *sl, c
     return sl->conv;
 }
 
+/* A request's values (PS_SHM_IN) or keys (PS_SHM_KEYS) at p: when they
+ * lie in the region shard s took, h names them there and NULL is
+ * returned (nothing to send in a frame); else p. */
+static const void *via_region(struct psc_client *c, uint32_t s, Ps__Header *h, uint32_t bit,
+                              const void *p, size_t bytes)
+{
+    if (bit == PS_SHM_KEYS ? !region_has(c, s, p, bytes, sizeof(uint64_t))
+                           : !shm_in_region(c, s, p, bytes))
+        return p;
+    uint64_t off = (uint64_t)((const unsigned char *)p - c->shm.base);
+    h->shm |= bit;
+    *(bit == PS_SHM_KEYS ? &h->shm_keys : &h->shm_in) = off;
+    c->shm_sent += bytes;
+    c->bytes_sent += bytes;
+    return NULL;
+}
+
+/* Whether shard s's last send of the slot named the region (a shard that
+ * lost it refuses, and the request goes again in frames). */
+static void mark_via_shm(struct slot *sl, uint32_t s, uint32_t shm)
+{
+    uint64_t bit = UINT64_C(1) << (s % 64);
+    sl->via_shm[s / 64] = shm ? sl->via_shm[s / 64] | bit : sl->via_shm[s / 64] & ~bit;
+}
+
 /* Sends shard s's part of the ticket's request (again, when resend).
  * Returns 0 sent, 1 nothing of it is on s, <0 an error (slot failed). */
 static int send_sub(struct psc_client *c, struct slot *sl, uint32_t s, int resend)
@@ -916,21 +949,14 @@ static int send_sub(struct psc_client *c, struct slot *sl, uint32_t s, int resen
         h.offset = a;
         h.count = b - a;
         h.nonzero_only = c->nonzero_pulls && sl->op != PS__OP__OP_PUSH && !sl->view;
-        const void *vals = sl->src ? sl->src + (a - sl->offset) * c->esize : NULL;
         size_t vbytes = (b - a) * c->esize;
-        if (shm_in_region(c, s, vals, vbytes)) {
-            h.shm |= PS_SHM_IN;
-            h.shm_in = (uint64_t)((const unsigned char *)vals - c->shm.base);
-            c->shm_sent += vbytes;
-            c->bytes_sent += vbytes;
-            vals = NULL;
-        }
+        const void *vals = sl->src ? sl->src + (a - sl->offset) * c->esize : NULL;
+        vals = via_region(c, s, &h, PS_SHM_IN, vals, vbytes);
         if (shm_out_at(c, sl, s, a, b, &h.shm_out)) {
             h.shm |= PS_SHM_OUT; /* the shard writes the values there; none need masking */
             h.nonzero_only = 0;
         }
-        uint64_t bit = UINT64_C(1) << (s % 64);
-        sl->via_shm[s / 64] = h.shm ? sl->via_shm[s / 64] | bit : sl->via_shm[s / 64] & ~bit;
+        mark_via_shm(sl, s, h.shm);
         return send_frames(c, s, &h, NULL, 0, vals, vals ? vbytes : 0, sl, resend);
     }
     h.layout = PS__LAYOUT__LAYOUT_KEYS;
@@ -958,7 +984,11 @@ static int send_sub(struct psc_client *c, struct slot *sl, uint32_t s, int resen
     h.count = j > i ? j - i : 1;
     const void *k = j > i ? (const void *)(sl->keys + i) : &pad_key;
     const void *v = j > i ? (const void *)(sl->src + i * c->esize) : pad_val;
-    return send_frames(c, s, &h, k, h.count * 8, v, h.count * c->esize, sl, resend);
+    size_t kbytes = h.count * sizeof(uint64_t), vbytes = h.count * c->esize;
+    k = via_region(c, s, &h, PS_SHM_KEYS, k, kbytes); /* psd copies them out */
+    v = via_region(c, s, &h, PS_SHM_IN, v, vbytes);
+    mark_via_shm(sl, s, h.shm);
+    return send_frames(c, s, &h, k, k ? kbytes : 0, v, v ? vbytes : 0, sl, resend);
 }
 
 static int send_all(struct psc_client *c, struct slot *sl, uint64_t id, uint64_t *ticket)

@@ -217,7 +217,8 @@ int psc_view_release(struct psc_client *c, uint64_t ticket);
  * i < n, keys strictly increasing and below the table size. Every shard
  * receives a push (one holding a single zero entry when no key falls in its
  * range), so BSP rounds complete. keys and vals follow the buffer rules
- * above. */
+ * above; either may lie in a psc_shm_alloc buffer, and then moves through
+ * the region (the shard copies the keys out before it checks them). */
 int psc_push_keys(struct psc_client *c, uint32_t table, const uint64_t *keys, const float *vals,
                   size_t n, uint64_t clock, uint64_t *ticket);
 

@@ -180,6 +180,7 @@ struct trainer {
     float *resid[TABLES_MAX], *vel[TABLES_MAX];
     uint64_t *sel_idx[TABLES_MAX];
     float *sel_val[TABLES_MAX];
+    int sel_shm[TABLES_MAX]; /* sel_idx and sel_val lie in the shared region */
     size_t sel_k[TABLES_MAX];
     uint64_t decay_steps; /* optimizer steps of the whole run (lr schedule) */
     uint64_t clock;       /* steps done (in the run: a rejoining worker starts later) */
@@ -240,13 +241,26 @@ static void table_spec(const struct trainer *tr, int k, struct psc_table_spec *s
     }
 }
 
-static int setup_topk(struct trainer *tr, int k, size_t n)
+/* Elements --topk sends of a table of n. */
+static size_t topk_count(const struct trainer *tr, size_t n)
 {
     size_t kk = (size_t)ceil(tr->cfg.topk * (double)n);
-    tr->sel_k[k] = kk < 1 ? 1 : (kk > n ? n : kk);
+    return kk < 1 ? 1 : (kk > n ? n : kk);
+}
+
+static int setup_topk(struct trainer *tr, int k, size_t n)
+{
+    size_t kk = tr->sel_k[k] = topk_count(tr, n);
     float *zeros = calloc(n, sizeof *zeros);
-    tr->sel_idx[k] = malloc(tr->sel_k[k] * sizeof *tr->sel_idx[k]);
-    tr->sel_val[k] = malloc(tr->sel_k[k] * sizeof *tr->sel_val[k]);
+    /* in the shared region when shards took it: the keys and values of
+     * the keyed push then move without sockets */
+    tr->sel_shm[k] = tr->c != NULL && psc_shm_shards(tr->c) > 0 &&
+                     (tr->sel_idx[k] = psc_shm_alloc(tr->c, kk * sizeof(uint64_t))) != NULL &&
+                     (tr->sel_val[k] = psc_shm_alloc(tr->c, kk * sizeof(float))) != NULL;
+    if (!tr->sel_shm[k]) {
+        tr->sel_idx[k] = malloc(kk * sizeof *tr->sel_idx[k]);
+        tr->sel_val[k] = malloc(kk * sizeof *tr->sel_val[k]);
+    }
     int rc = zeros == NULL || tr->sel_idx[k] == NULL || tr->sel_val[k] == NULL ||
              psk_alloc(tr->be, n * 4, (void **)&tr->resid[k]) ||
              psk_upload(tr->be, tr->resid[k], zeros, n * 4);
@@ -805,9 +819,11 @@ static int save_safetensors(struct trainer *tr, const char *path)
 
 static int write_summary(struct trainer *tr, const char *path, double acc, double wall)
 {
-    uint64_t sent = 0, recvd = 0;
-    if (tr->c != NULL)
+    uint64_t sent = 0, recvd = 0, ssent = 0, srecvd = 0;
+    if (tr->c != NULL) {
         psc_bytes(tr->c, &sent, &recvd);
+        psc_shm_bytes(tr->c, &ssent, &srecvd);
+    }
     uint64_t done = tr->done;
     uint64_t samples = done * tr->cfg.batch * tr->cfg.accum_steps;
     char tmp[4200];
@@ -827,7 +843,8 @@ static int write_summary(struct trainer *tr, const char *path, double acc, doubl
                 "\"bytes_pulled\": %llu, \"bytes_pushed_per_step\": %.0f, "
                 "\"bytes_pulled_per_step\": %.0f, \"rank\": %llu, \"workers\": %llu, "
                 "\"device\": \"%s\", \"start_clock\": %llu, \"stale_pushes\": %llu, "
-                "\"resends\": %llu, \"request_batches\": %llu}\n",
+                "\"resends\": %llu, \"request_batches\": %llu, \"bytes_pushed_shared\": %llu, "
+                "\"bytes_pulled_shared\": %llu}\n",
                 accs, tr->train_seconds > 0 ? samples / tr->train_seconds : 0.0,
                 (unsigned long long)done, (unsigned long long)tr->cfg.epochs, wall,
                 (unsigned long long)sent, (unsigned long long)recvd,
@@ -836,7 +853,8 @@ static int write_summary(struct trainer *tr, const char *path, double acc, doubl
                 psk_kind_of(tr->be) == PSK_CUDA ? "cuda" : "cpu", (unsigned long long)tr->clock0,
                 (unsigned long long)(tr->c ? psc_stale_pushes(tr->c) : 0),
                 (unsigned long long)(tr->c ? psc_resends(tr->c) : 0),
-                (unsigned long long)(tr->c ? psc_batches_sent(tr->c) : 0)) > 0;
+                (unsigned long long)(tr->c ? psc_batches_sent(tr->c) : 0),
+                (unsigned long long)ssent, (unsigned long long)srecvd) > 0;
     ok = (fclose(f) == 0) && ok;
     if (!ok || rename(tmp, path) != 0) {
         unlink(tmp);
@@ -905,14 +923,19 @@ static int check_config(const struct config *c, char *err, size_t errlen)
  * sets of its weights (setup_shm). */
 #define SHM_BUFFERS 3
 
-/* The region to share with shards on this host (CPU backend; 0: none). */
+/* The region to share with shards on this host (CPU backend; 0: none):
+ * those buffers, and with --topk each table's keys and values. */
 static size_t shm_bytes(const struct trainer *tr)
 {
     if (!tr->alias || tr->cfg.no_shm)
         return 0;
     size_t b = 4096;
-    for (int k = 0; k < psw_mlp_tables(&tr->mlp); k++)
-        b += SHM_BUFFERS * ((size_t)psw_mlp_table_size(&tr->mlp, k) * 4 + 64);
+    for (int k = 0; k < psw_mlp_tables(&tr->mlp); k++) {
+        size_t n = (size_t)psw_mlp_table_size(&tr->mlp, k);
+        b += SHM_BUFFERS * (n * 4 + 64);
+        if (tr->cfg.topk > 0)
+            b += topk_count(tr, n) * (sizeof(uint64_t) + sizeof(float)) + 128;
+    }
     return b;
 }
 
@@ -1071,8 +1094,10 @@ static void teardown(struct trainer *tr)
         psk_free(tr->be, tr->acc[k]);
         psk_free(tr->be, tr->resid[k]);
         psk_free(tr->be, tr->vel[k]);
-        free(tr->sel_idx[k]);
-        free(tr->sel_val[k]);
+        if (!tr->sel_shm[k]) {
+            free(tr->sel_idx[k]);
+            free(tr->sel_val[k]);
+        }
     }
     ps_metrics_stop(tr->metrics);
     ps_buf_free(&tr->mtext);
@@ -1120,9 +1145,11 @@ static int run_sparse_lr(struct trainer *tr)
         rc = psw_slr_train(&sc, tr->c, &tr->log, &res, err, sizeof err);
     if (rc != 0)
         PS_LOG(&tr->log, PS_LOG_ERROR, "W0002", "%s", err);
-    uint64_t sent = 0, recvd = 0;
-    if (tr->c != NULL)
+    uint64_t sent = 0, recvd = 0, ssent = 0, srecvd = 0;
+    if (tr->c != NULL) {
         psc_bytes(tr->c, &sent, &recvd);
+        psc_shm_bytes(tr->c, &ssent, &srecvd);
+    }
     FILE *f = c->summary_json && rc == 0 ? fopen(c->summary_json, "w") : NULL;
     if (f != NULL) {
         fprintf(f,

@@ -402,6 +402,8 @@ static void random_keys(uint64_t *k, size_t n, uint64_t space, unsigned *seed)
         k[i] = i * stride + (uint64_t)rand_r(seed) % stride;
 }
 
+enum via { VIA_TCP, VIA_IPC, VIA_SHM };
+
 static void sparse_bench(char eps[][256], double secs)
 {
     const uint64_t space = 10000000;
@@ -410,21 +412,38 @@ static void sparse_bench(char eps[][256], double secs)
         size_t nkeys;
         uint32_t dim;
         int sparse;
+        enum via via;
     } cases[] = {
-        {"keyed push, dense table of 10M", 65536, 1, 0},
-        {"row push, sparse table, keys < 10M", 65536, 1, 1},
-        {"row push, sparse table dim 64", 4096, 64, 1},
+        {"keyed push, dense table of 10M", 65536, 1, 0, VIA_TCP},
+        {"keyed push, dense 10M, local ipc", 65536, 1, 0, VIA_IPC},
+        {"keyed push, dense 10M, shared memory", 65536, 1, 0, VIA_SHM},
+        {"row push, sparse table, keys < 10M", 65536, 1, 1, VIA_TCP},
+        {"row push, sparse 10M, local ipc", 65536, 1, 1, VIA_IPC},
+        {"row push, sparse table dim 64", 4096, 64, 1, VIA_TCP},
     };
-    printf("\nsparse pushes, 1 shard, window 1\n");
+    enum { SETS = 8 };
+    static const char *via_names[] = {"tcp", "ipc", "shm"};
+    printf("\nsparse pushes, 1 shard, window 1 (tcp loopback unless named; local ipc and shared "
+           "memory are what a worker on the shard's host uses)\n");
     printf("%-38s %8s %10s %12s %12s\n", "case", "keys", "floats", "requests/s", "keys/s");
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
         const char *e[1] = {eps[0]};
-        struct psc_config cfg = {
-            .servers = e, .nservers = 1, .worker_id = 0, .connect_timeout_ms = TIMEOUT_MS};
+        size_t n = cases[ci].nkeys, d = cases[ci].dim;
+        size_t kbytes = SETS * n * sizeof(uint64_t), gbytes = n * d * sizeof(float);
+        struct psc_config cfg = {.servers = e,
+                                 .nservers = 1,
+                                 .worker_id = 0,
+                                 .connect_timeout_ms = TIMEOUT_MS,
+                                 .local_ipc = cases[ci].via != VIA_TCP,
+                                 .shm_bytes = cases[ci].via == VIA_SHM ? kbytes + gbytes + 128 : 0};
         struct psc_client *c = NULL;
         char err[512];
         if (psc_create(&cfg, &c, err, sizeof err) != 0)
             die("psc_create", err);
+        if (cases[ci].via != VIA_TCP && strncmp(psc_endpoint(c, 0), "ipc://", 6) != 0)
+            die(cases[ci].what, "the client did not move to the shard's local endpoint");
+        if (cases[ci].via == VIA_SHM && psc_shm_shards(c) != 1)
+            die(cases[ci].what, "the shard did not take the shared region");
         struct psc_table_spec s;
         char name[32];
         snprintf(name, sizeof name, "sp%zu", ci);
@@ -435,16 +454,18 @@ static void sparse_bench(char eps[][256], double secs)
         uint32_t t = 0;
         if (psc_table_create(c, &s, TIMEOUT_MS, &t) != 0)
             die("create", psc_last_error(c));
-        size_t n = cases[ci].nkeys, d = cases[ci].dim;
-        enum { SETS = 8 };
-        uint64_t *keys = xalloc(SETS * n * sizeof *keys);
-        float *g = xalloc(n * d * sizeof *g);
+        int shm = cases[ci].via == VIA_SHM;
+        uint64_t *keys = shm ? psc_shm_alloc(c, kbytes) : xalloc(kbytes);
+        float *g = shm ? psc_shm_alloc(c, gbytes) : xalloc(gbytes);
+        if (keys == NULL || g == NULL)
+            die(cases[ci].what, "no room in the shared region");
         unsigned seed = 7;
         for (size_t i = 0; i < n * d; i++)
             g[i] = 1e-3f;
         for (int k = 0; k < SETS; k++)
             random_keys(keys + (size_t)k * n, n, space, &seed);
-        uint64_t done = 0;
+        uint64_t done = 0, shm_sent0 = 0, shm_sent = 0, shm_received = 0;
+        psc_shm_bytes(c, &shm_sent0, &shm_received);
         double t0 = now_s(), end = t0 + secs;
         while (now_s() < end) {
             uint64_t tk = 0;
@@ -456,12 +477,17 @@ static void sparse_bench(char eps[][256], double secs)
             done++;
         }
         double rps = (double)done / (now_s() - t0);
+        psc_shm_bytes(c, &shm_sent, &shm_received);
+        if (shm && shm_sent - shm_sent0 != done * n * (sizeof(uint64_t) + sizeof(float)))
+            die(cases[ci].what, "not every key and value went through the region");
         printf("%-38s %8zu %10zu %12.0f %12.0f\n", cases[ci].what, n, n * d, rps, rps * (double)n);
-        json_row("{\"bench\": \"sparse\", \"case\": \"%s\", \"keys\": %zu, \"dim\": %zu, "
-                 "\"requests_per_s\": %.1f}",
-                 cases[ci].what, n, d, rps);
-        free(keys);
-        free(g);
+        json_row("{\"bench\": \"sparse\", \"case\": \"%s\", \"via\": \"%s\", \"keys\": %zu, "
+                 "\"dim\": %zu, \"requests_per_s\": %.1f}",
+                 cases[ci].what, via_names[cases[ci].via], n, d, rps);
+        if (!shm) {
+            free(keys);
+            free(g);
+        }
         psc_destroy(c);
     }
 }

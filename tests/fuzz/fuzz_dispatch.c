@@ -72,9 +72,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     create(&s, "dense", 0);
     create(&s, "sparse", 1);
     /* with bit 3, a shared region of 8 KiB bound to the fuzzed messages'
-     * connection "w" (they name offsets into it; the hello binds it) */
+     * connection "w" (they name offsets into it; the hello binds it); its
+     * first 4 KiB hold the keys 0..511, for keyed pushes to name */
     if (data[0] & 8) {
         void *m = mmap(NULL, 8192, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+        for (uint64_t k = 0; m != MAP_FAILED && k < 512; k++)
+            memcpy((uint8_t *)m + k * 8, &k, 8);
         if (m != MAP_FAILED && psd_shm_take(&s, 7, m, 8192) != 0)
             munmap(m, 8192);
         Ps__Header h;

@@ -103,6 +103,29 @@ int main(int argc, char **argv)
         buf[0] = (unsigned char)(8 | k);
         write_file(argv[1], "dispatch", 110 + (size_t)k, buf, n + 1);
     }
+    /* keyed pushes into the dense table with the keys in the region (the
+     * dispatch target's region starts with the keys 0..511): the values
+     * there too, then the values in a frame */
+    for (int k = 0; k < 2; k++) {
+        Ps__Header h;
+        ps_wire_header_init(&h, PS__OP__OP_PUSH);
+        h.layout = PS__LAYOUT__LAYOUT_KEYS;
+        h.count = 8;
+        h.shm = k == 0 ? PS_SHM_KEYS | PS_SHM_IN : PS_SHM_KEYS;
+        h.shm_keys = 8 * (uint64_t)k;
+        h.shm_in = 4096;
+        m.size[0] = ps__header__pack(&h, m.data[0]);
+        m.nframes = 1;
+        if (k == 1) {
+            memset(m.data[1], 0x3c, 32);
+            m.size[1] = 32;
+            m.nframes = 2;
+        }
+        size_t n = frame_bytes(&m, buf + 1);
+        write_file(argv[1], "wire", 130 + (size_t)k, buf + 1, n);
+        buf[0] = 8;
+        write_file(argv[1], "dispatch", 130 + (size_t)k, buf, n + 1);
+    }
     /* batches (OP_BATCH): a push-pull through the region, a pull and a
      * hello in one; and the same records with a count one short */
     static uint8_t recs[PS_BATCH_BYTES_MAX];

@@ -620,6 +620,65 @@ static void test_shared_memory(void **state)
     psc_destroy(c);
 }
 
+/* Keyed pushes whose keys and values lie in the region (PS_SHM_KEYS,
+ * PS_SHM_IN): nothing but headers on the wire, so corked ones go to each
+ * shard as one batch; a shard none of the keys fall on gets its padding
+ * push in frames; the table ends as frames would leave it (read back over
+ * tcp by the fixture's client). */
+static void test_keyed_push_through_shared_memory(void **state)
+{
+    struct fixture *f = *state;
+    enum { K = 1000 };
+    const char *eps[2] = {f->shard[0].endpoint, f->shard[1].endpoint};
+    struct psc_client *c = client_or_fail(
+        (struct psc_config){.local_ipc = 1, .shm_bytes = 3 * K * 12 + 256}, eps, 2, 5);
+    assert_int_equal(psc_shm_shards(c), 2);
+    struct psc_table_spec sp;
+    big_spec(&sp);
+    uint32_t t;
+    assert_int_equal(psc_table_create(c, &sp, TIMEOUT_MS, &t), 0);
+    float *w = malloc(N * sizeof(float)), *want = malloc(N * sizeof(float));
+    uint64_t tk[3], k;
+    assert_int_equal(psc_pull(f->c, f->big, 0, N, want, 20, &k), 0);
+    wait_ok(f->c, k);
+    uint64_t *keys[3];
+    float *vals[3];
+    for (int p = 0; p < 3; p++) { /* pushes 0 and 1 span both shards, 2 only shard 0 */
+        keys[p] = psc_shm_alloc(c, K * sizeof(uint64_t));
+        vals[p] = psc_shm_alloc(c, K * sizeof(float));
+        assert_non_null(vals[p]);
+        uint64_t stride = (p < 2 ? N : N / 2) / K;
+        for (uint64_t i = 0; i < K; i++) {
+            keys[p][i] = i * stride + (uint64_t)p * 7;
+            vals[p][i] = grad_of(keys[p][i], 30 + p);
+            want[keys[p][i]] -= 0.5f * vals[p][i];
+        }
+    }
+    uint64_t b0 = psc_batches_sent(c), s0, r0;
+    psc_shm_bytes(c, &s0, &r0);
+    assert_int_equal(psc_cork(c, 1), 0);
+    for (int p = 0; p < 2; p++)
+        assert_int_equal(psc_push_keys(c, t, keys[p], vals[p], K, 20, &tk[p]), 0);
+    assert_int_equal(psc_batches_sent(c), b0); /* held: they carry no frames */
+    assert_int_equal(psc_cork(c, 0), 0);
+    assert_int_equal(psc_batches_sent(c), b0 + 2); /* one batch per shard */
+    assert_int_equal(psc_push_keys(c, t, keys[2], vals[2], K, 20, &tk[2]), 0);
+    for (int p = 0; p < 3; p++)
+        wait_ok(c, tk[p]);
+    uint64_t s1, r1;
+    psc_shm_bytes(c, &s1, &r1);
+    assert_int_equal(s1 - s0, 3 * K * (sizeof(uint64_t) + sizeof(float)));
+    assert_int_equal(psc_pull(f->c, f->big, 0, N, w, 20, &k), 0);
+    wait_ok(f->c, k);
+    for (uint64_t i = 0; i < N; i++)
+        if (w[i] != want[i])
+            fail_msg("element %llu: %.9g, expected %.9g", (unsigned long long)i, (double)w[i],
+                     (double)want[i]);
+    free(w);
+    free(want);
+    psc_destroy(c);
+}
+
 /* Issues n pulls of 8 elements each from the start of the big table (all
  * on shard 0) into out[8i..], tickets in tk. */
 static void pulls_of_eight(struct psc_client *c, uint32_t t, int n, float *out, uint64_t *tk)
@@ -855,6 +914,7 @@ int main(void)
         cmocka_unit_test(test_unreachable_and_misordered),
         cmocka_unit_test(test_shared_memory),
         cmocka_unit_test(test_shared_memory_after_restart),
+        cmocka_unit_test(test_keyed_push_through_shared_memory),
         cmocka_unit_test(test_cork_batches),
         cmocka_unit_test(test_local_names),
         cmocka_unit_test(test_local_name_limit),

@@ -350,22 +350,25 @@ static void test_accumulation_matches_bigger_batch(void **state)
 
 /* Runs one worker for 40 steps against a fresh 2-shard BSP cluster, pruned
  * and/or with --topk when given; reports the bytes it pushed and pulled.
- * The values go on the wire (--no-shm): what is measured is what pruning
- * and top-k save there. */
-static void one_worker_run(const char *prune, const char *topk, const char *save,
-                           unsigned long long *pushed, unsigned long long *pulled)
+ * The values go on the wire (--no-shm) unless shm: what is measured is
+ * what pruning and top-k save there; *shared gets the bytes pushed through
+ * shared memory. */
+static void worker_run(const char *prune, const char *topk, const char *save, int shm,
+                       unsigned long long *pushed, unsigned long long *pulled,
+                       unsigned long long *shared)
 {
     struct psd_proc p[2];
     char servers[600], summary[320], log[320];
     start_cluster_with(p, 2, "bsp", "1", prune, servers, sizeof servers);
     harness_tmp(summary, sizeof summary, "one.json");
     harness_tmp(log, sizeof log, "one.log");
+    const char *no_shm = shm ? NULL : "--no-shm";
     const char *argv[] = {worker_bin(),  "--servers", servers,
                           "--max-steps", "40",        "--epochs",
                           "1",           "--device",  "cpu",
                           "--save",      save,        "--summary-json",
                           summary,       "--topk",    topk ? topk : "0",
-                          "--no-shm",    NULL};
+                          no_shm,        NULL};
     run_one(argv, log);
     stop_cluster(p, 2);
     double v = 0;
@@ -373,6 +376,16 @@ static void one_worker_run(const char *prune, const char *topk, const char *save
     *pushed = (unsigned long long)v;
     assert_int_equal(harness_json_number(summary, "bytes_pulled", &v), 0);
     *pulled = (unsigned long long)v;
+    assert_int_equal(harness_json_number(summary, "bytes_pushed_shared", &v), 0);
+    *shared = (unsigned long long)v;
+}
+
+static void one_worker_run(const char *prune, const char *topk, const char *save,
+                           unsigned long long *pushed, unsigned long long *pulled)
+{
+    unsigned long long shared = 0;
+    worker_run(prune, topk, save, 0, pushed, pulled, &shared);
+    assert_true(shared == 0);
 }
 
 static unsigned long long pruned_run(const char *prune, const char *save)
@@ -401,6 +414,16 @@ static void test_topk_sends_little_and_matches_standalone(void **state)
            (double)dpush / (double)tpush);
     assert_true(tpush * 30 <= dpush);
     assert_same_and_trained(a, c); /* the same selection and optimizer code */
+    /* through shared memory: the keyed pushes' keys and values move there
+     * (all but the headers, and the padding push of a shard that no key of
+     * a table fell on), and the weights end the same */
+    char d[320];
+    harness_tmp(d, sizeof d, "topk_shm.safetensors");
+    unsigned long long spush, spull, shared;
+    worker_run(NULL, "0.01", d, 1, &spush, &spull, &shared);
+    printf("  topk 0.01 through shared memory: %llu of %llu bytes pushed\n", shared, spush);
+    assert_true(shared * 10 >= spush * 9);
+    assert_same_and_trained(a, d);
 }
 
 static void test_prune_keeps_zeros_and_shrinks_pulls(void **state)

@@ -211,24 +211,45 @@ static void data_header(Ps__Header *h, Ps__Op op, uint64_t id, uint32_t shm, uin
     h->shm_out = out;
 }
 
+/* An in-process psd with table "t" of N ones and a region r handed to it
+ * (not yet bound); the region's token. */
+static uint64_t start_with_region(struct psd *s, struct ps_log *log, struct ps_shm *r)
+{
+    inproc_start(s, log);
+    inproc_create_ones(s, N);
+    char err[200];
+    assert_int_equal(ps_shm_create(REGION, r, err, sizeof err), 0);
+    uint64_t token = 0;
+    void *base = NULL;
+    size_t size = 0;
+    assert_int_equal(hand(&r->fd, 1, 0, &token, &base, &size), 0);
+    psd_shm_take(s, token, base, size);
+    return token;
+}
+
+/* A hello on connection `route` binds the region of `token` to it. */
+static void bind_region(struct psd *s, const char *route, uint64_t token)
+{
+    Ps__Header h;
+    struct psd_reply rep;
+    ps_wire_header_init(&h, PS__OP__OP_HELLO);
+    h.shm_token = token;
+    assert_int_equal(request(s, route, &h, NULL, 0, &rep), 1);
+    Ps__Header *got = ps__header__unpack(NULL, rep.hdr_len, rep.hdr);
+    assert_int_equal(got->shm_token, token);
+    ps__header__free_unpacked(got, NULL);
+    psd_reply_drop(&rep);
+}
+
 static void test_requests_through_the_region(void **state)
 {
     (void)state;
     static struct psd s;
     struct ps_log log;
-    inproc_start(&s, &log);
-    inproc_create_ones(&s, N);
+    struct ps_shm r;
+    uint64_t token = start_with_region(&s, &log, &r);
     Ps__Header h;
     struct psd_reply rep;
-
-    struct ps_shm r;
-    char err[200];
-    assert_int_equal(ps_shm_create(REGION, &r, err, sizeof err), 0);
-    uint64_t token = 0;
-    void *base = NULL;
-    size_t size = 0;
-    assert_int_equal(hand(&r.fd, 1, 0, &token, &base, &size), 0);
-    psd_shm_take(&s, token, base, size);
     float *g = (float *)r.base, *w = (float *)(r.base + 4096);
 
     /* no region bound to this connection yet */
@@ -238,20 +259,14 @@ static void test_requests_through_the_region(void **state)
     psd_reply_drop(&rep);
 
     /* a hello with the token binds it, and says so */
-    ps_wire_header_init(&h, PS__OP__OP_HELLO);
-    h.shm_token = token;
-    assert_int_equal(request(&s, "a", &h, NULL, 0, &rep), 1);
-    Ps__Header *got = ps__header__unpack(NULL, rep.hdr_len, rep.hdr);
-    assert_int_equal(got->shm_token, token);
-    ps__header__free_unpacked(got, NULL);
-    psd_reply_drop(&rep);
+    bind_region(&s, "a", token);
 
     /* push-pull: gradient read from the region, weights written into it */
     for (int i = 0; i < 200; i++)
         g[i] = (float)i;
     data_header(&h, PS__OP__OP_PUSH_PULL, 2, PS_SHM_IN | PS_SHM_OUT, 0, 4096);
     assert_int_equal(request(&s, "a", &h, NULL, 0, &rep), 1);
-    got = ps__header__unpack(NULL, rep.hdr_len, rep.hdr);
+    Ps__Header *got = ps__header__unpack(NULL, rep.hdr_len, rep.hdr);
     assert_int_equal(got->status, 0);
     assert_int_equal(got->shm, PS_SHM_OUT);
     assert_int_equal(got->shm_out, 4096);
@@ -309,12 +324,127 @@ static void test_requests_through_the_region(void **state)
     ps_shm_close(&r);
 }
 
+/* A keyed push whose keys (at byte kat of the region, when shm has
+ * PS_SHM_KEYS) and values (at vat, with PS_SHM_IN; else `vals` in a frame)
+ * lie in the region; the reply's status. */
+static int keyed_push(struct psd *s, const char *route, uint64_t id, uint32_t shm, uint64_t n,
+                      uint64_t kat, uint64_t vat, const float *vals)
+{
+    Ps__Header h;
+    ps_wire_header_init(&h, PS__OP__OP_PUSH);
+    h.request_id = id;
+    h.layout = PS__LAYOUT__LAYOUT_KEYS;
+    h.count = n;
+    h.shm = shm;
+    h.shm_keys = kat;
+    h.shm_in = vat;
+    struct psd_reply rep;
+    assert_int_equal(request(s, route, &h, vals, vals ? n * sizeof(float) : 0, &rep), 1);
+    int st = status_of(&rep);
+    psd_reply_drop(&rep);
+    return st;
+}
+
+/* The table's N weights, pulled in frames. */
+static void pull_all(struct psd *s, float *out)
+{
+    Ps__Header h;
+    struct psd_reply rep;
+    ps_wire_header_init(&h, PS__OP__OP_PULL);
+    h.count = N;
+    assert_int_equal(request(s, "a", &h, NULL, 0, &rep), 1);
+    assert_int_equal(rep.vals_bytes, N * sizeof(float));
+    memcpy(out, rep.vals, N * sizeof(float));
+    psd_reply_drop(&rep);
+}
+
+/* A keyed push into a dense table with its keys and values in the region
+ * (PS_SHM_KEYS, PS_SHM_IN): applied as from frames; keys that are out of
+ * order, outside the shard or past the region refused, the table kept. */
+static void test_keys_through_the_region(void **state)
+{
+    (void)state;
+    static struct psd s;
+    struct ps_log log;
+    struct ps_shm r;
+    uint64_t token = start_with_region(&s, &log, &r);
+    bind_region(&s, "a", token);
+    enum { KAT = 16384, VAT = 20480, M = 5 };
+    uint64_t *k = (uint64_t *)(r.base + KAT);
+    float *v = (float *)(r.base + VAT), want[N], w[N];
+    const uint64_t keys[M] = {0, 3, 10, 11, N - 1};
+    for (int i = 0; i < M; i++) {
+        k[i] = keys[i];
+        v[i] = (float)(i + 1);
+    }
+    for (uint32_t i = 0; i < N; i++)
+        want[i] = 1.0f;
+
+    /* keys and values in the region, no frames: sgd at lr 1 */
+    assert_int_equal(keyed_push(&s, "a", 1, PS_SHM_KEYS | PS_SHM_IN, M, KAT, VAT, NULL), 0);
+    for (int i = 0; i < M; i++)
+        want[keys[i]] -= (float)(i + 1);
+    pull_all(&s, w);
+    assert_memory_equal(w, want, sizeof w);
+    /* keys in the region, values in a frame */
+    const float fv[M] = {0.5f, 0.5f, 0.5f, 0.5f, 0.5f};
+    assert_int_equal(keyed_push(&s, "a", 2, PS_SHM_KEYS, M, KAT, 0, fv), 0);
+    for (int i = 0; i < M; i++)
+        want[keys[i]] -= 0.5f;
+    pull_all(&s, w);
+    assert_memory_equal(w, want, sizeof w);
+
+    /* refused, and the table stays as it is */
+    k[3] = 10; /* a repeat: keys must increase */
+    assert_int_equal(keyed_push(&s, "a", 3, PS_SHM_KEYS | PS_SHM_IN, M, KAT, VAT, NULL), PS_EPROTO);
+    k[3] = 11;
+    k[4] = N; /* past the table */
+    assert_int_equal(keyed_push(&s, "a", 4, PS_SHM_KEYS | PS_SHM_IN, M, KAT, VAT, NULL), PS_ERANGE);
+    k[4] = N - 1;
+    /* psd copies and checks the keys in blocks of 2,048: a repeat across
+     * the first boundary (keys past the table too, found only later) */
+    enum { BIG = 5000 };
+    static float bigv[BIG];
+    uint64_t *bk = (uint64_t *)(r.base + 8192);
+    for (uint64_t i = 0; i < BIG; i++)
+        bk[i] = i;
+    bk[2048] = 2047;
+    assert_int_equal(keyed_push(&s, "a", 9, PS_SHM_KEYS, BIG, 8192, 0, bigv), PS_EPROTO);
+    bk[2048] = 2048;
+    assert_int_equal(keyed_push(&s, "a", 10, PS_SHM_KEYS, BIG, 8192, 0, bigv), PS_ERANGE);
+    for (int i = 0; i < M; i++)
+        k[i] = keys[i]; /* the big keys ran over them */
+    assert_int_equal(keyed_push(&s, "a", 5, PS_SHM_KEYS, M, REGION - 32, 0, fv), PS_ERANGE);
+    assert_int_equal(keyed_push(&s, "a", 6, PS_SHM_KEYS, M, KAT + 4, 0, fv), PS_EPROTO);
+    assert_int_equal(keyed_push(&s, "b", 7, PS_SHM_KEYS, M, KAT, 0, fv), PS_ESHM);
+    assert_int_equal(keyed_push(&s, "a", 8, PS_SHM_IN, M, KAT, REGION - 8, NULL), PS_EFRAMES);
+    /* bits a keyed request may not carry: the decoder refuses them */
+    Ps__Header h;
+    struct psd_reply rep;
+    ps_wire_header_init(&h, PS__OP__OP_PUSH); /* keys bit on a range push */
+    h.count = M;
+    h.shm = PS_SHM_KEYS | PS_SHM_IN;
+    assert_int_equal(request(&s, "a", &h, NULL, 0, &rep), 1);
+    assert_int_equal(status_of(&rep), PS_EPROTO);
+    psd_reply_drop(&rep);
+    h.layout = PS__LAYOUT__LAYOUT_KEYS; /* on a keyed push of dim 2 */
+    h.dim = 2;
+    assert_int_equal(request(&s, "a", &h, NULL, 0, &rep), 1);
+    assert_int_equal(status_of(&rep), PS_EPROTO);
+    psd_reply_drop(&rep);
+    pull_all(&s, w);
+    assert_memory_equal(w, want, sizeof w);
+    psd_fini(&s);
+    ps_shm_close(&r);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_take_checks_the_region),
         cmocka_unit_test(test_set_binds_and_evicts),
         cmocka_unit_test(test_requests_through_the_region),
+        cmocka_unit_test(test_keys_through_the_region),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
