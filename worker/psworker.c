@@ -531,6 +531,18 @@ static int on_chunk(void *arg, int l, int r0, int r1)
     return rc;
 }
 
+/* Rows idx[0..rows) of split d as the model's input, their labels into
+ * h_lab. On the CPU backend the batch is built in the model's input
+ * buffer itself; a device gets it uploaded from h_in. */
+static int load_batch(struct trainer *tr, const struct psw_split *d, const uint32_t *idx, int rows)
+{
+    if (tr->alias) {
+        psw_data_batch(d, idx, rows, tr->mlp.act[0], tr->h_lab);
+        return 0;
+    }
+    psw_data_batch(d, idx, rows, tr->h_in, tr->h_lab);
+    return psk_upload(tr->be, tr->mlp.act[0], tr->h_in, (size_t)rows * d->pixels * 4);
+}
 /* ---- steps ------------------------------------------------------------------ */
 
 static double evaluate(struct trainer *tr)
@@ -543,14 +555,14 @@ static double evaluate(struct trainer *tr)
         int rows = (int)(tr->test.n - i < EVAL_BATCH ? tr->test.n - i : EVAL_BATCH);
         for (int r = 0; r < rows; r++)
             idx[r] = i + (uint32_t)r;
-        psw_data_batch(&tr->test, idx, rows, tr->h_in, tr->h_lab);
+        int up = load_batch(tr, &tr->test, idx, rows);
         if (tr->c != NULL)
             psc_heartbeat(tr->c); /* evaluation can outlast a heartbeat interval */
         ps_notify_watchdog();
         double loss;
         int ok;
-        if (psk_upload(tr->be, tr->mlp.act[0], tr->h_in, (size_t)rows * tr->test.pixels * 4) ||
-            psw_mlp_forward(&tr->mlp, rows) || psw_mlp_loss(&tr->mlp, rows, tr->h_lab, &loss, &ok))
+        if (up || psw_mlp_forward(&tr->mlp, rows) ||
+            psw_mlp_loss(&tr->mlp, rows, tr->h_lab, &loss, &ok))
             return -1;
         correct += ok;
     }
@@ -565,8 +577,7 @@ static int micro_batch(struct trainer *tr, uint64_t step_in_epoch, uint64_t j, i
 {
     int b = (int)tr->cfg.batch;
     uint64_t slot = (step_in_epoch * tr->cfg.accum_steps + j) * tr->cfg.workers + tr->cfg.rank;
-    psw_data_batch(&tr->train, tr->perm + slot * (uint64_t)b, b, tr->h_in, tr->h_lab);
-    if (psk_upload(tr->be, tr->mlp.act[0], tr->h_in, (size_t)b * tr->train.pixels * 4))
+    if (load_batch(tr, &tr->train, tr->perm + slot * (uint64_t)b, b))
         return PS_EDEVICE;
     int rc = overlap ? psw_mlp_forward_ready(&tr->mlp, b, weights_ready, tr)
                      : psw_mlp_forward(&tr->mlp, b);
