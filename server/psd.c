@@ -796,6 +796,17 @@ static int defer(struct psd *s, const struct ps_frame *route, const Ps__Header *
     return 0;
 }
 
+/* A push's gradient: in the region at shm_in when the request names it
+ * there (shm_part), else its values frame as f32 (NULL: out of memory). */
+static const float *push_values(struct psd *s, const struct ps_wire_msg *m,
+                                const unsigned char *shm_in)
+{
+    if (shm_in == NULL)
+        return values_f32(s, m);
+    s->shm.bytes_in += m->hdr->count * sizeof(float);
+    return (const float *)shm_in;
+}
+
 /* n keys into the scratch array (NULL when it cannot grow). */
 static uint64_t *keys_scratch(struct psd *s, size_t n)
 {
@@ -884,9 +895,7 @@ static void op_keys(struct psd *s, struct psd_table *t, const struct ps_frame *r
     } else {
         keys = keys_u64(s, m);
     }
-    const float *g = shm_in != NULL ? (const float *)shm_in : values_f32(s, m);
-    if (shm_in != NULL)
-        s->shm.bytes_in += req->count * sizeof(float);
+    const float *g = push_values(s, m, shm_in);
     if (keys == NULL || g == NULL) {
         reply_errorf(s, req, PS_ENOMEM, rep, "push: out of memory for %llu keys",
                      (unsigned long long)req->count);
@@ -1033,9 +1042,7 @@ static int op_data(struct psd *s, const struct ps_frame *route, const struct ps_
     }
     int stale = 0;
     if (req->op != PS__OP__OP_PULL && !dup) {
-        const float *g = shm_in != NULL ? (const float *)shm_in : values_f32(s, m);
-        if (shm_in != NULL)
-            s->shm.bytes_in += req->count * sizeof(float);
+        const float *g = push_values(s, m, shm_in);
         char err[PS_ERROR_TEXT_MAX];
         int rc = g == NULL ? PS_ENOMEM
                            : psd_cons_push(&s->cons, t, req->worker_id, req->clock, req->offset,

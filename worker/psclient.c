@@ -86,7 +86,7 @@ struct slot {
 struct batch_q {
     uint32_t n;
     size_t len;     /* bytes of recs used */
-    uint64_t named; /* value bytes the held requests move (through the region) */
+    uint64_t named; /* bytes the held requests move through the region (values, keys) */
     uint64_t ids[PS_BATCH_MAX];
     uint8_t recs[PS_BATCH_BYTES_MAX];
 };

@@ -151,7 +151,8 @@ struct psc_shard_stats {
 void *psc_shm_alloc(struct psc_client *c, size_t bytes);
 /* Shards that took the region. */
 uint32_t psc_shm_shards(const struct psc_client *c);
-/* Value bytes moved through the region so far, included in psc_bytes. */
+/* Bytes moved through the region so far (values, and the keys of keyed
+ * pushes), included in psc_bytes. */
 void psc_shm_bytes(const struct psc_client *c, uint64_t *sent, uint64_t *received);
 
 /* Connects to every endpoint and says hello; fails if a shard does not
@@ -166,7 +167,7 @@ void psc_destroy(struct psc_client *c);
  * held per shard and go out together as one message (OP_BATCH) when the
  * client is uncorked, waited on (psc_wait, psc_cancel), or before any
  * other request to that shard; also once a shard's held requests move
- * PSC_BATCH_FLUSH_BYTES of values, or PS_BATCH_MAX of them are held. The
+ * PSC_BATCH_FLUSH_BYTES through the region, or PS_BATCH_MAX are held. The
  * shard answers each as if it came alone. PS_ENOMEM when the batches
  * cannot be allocated (requests then go one by one). */
 #define PSC_BATCH_FLUSH_BYTES (UINT64_C(1) << 20)

@@ -150,7 +150,7 @@ struct trainer {
     struct psw_mlp mlp;
     struct psw_split train, test;
     uint32_t *perm;
-    float *h_in;
+    float *h_in; /* a device's batch before its upload (NULL on the CPU backend) */
     int *h_lab;
     int ntables;
     float *hw[TABLES_MAX], *hg[TABLES_MAX]; /* host weights and gradients */
@@ -543,6 +543,7 @@ static int load_batch(struct trainer *tr, const struct psw_split *d, const uint3
     psw_data_batch(d, idx, rows, tr->h_in, tr->h_lab);
     return psk_upload(tr->be, tr->mlp.act[0], tr->h_in, (size_t)rows * d->pixels * 4);
 }
+
 /* ---- steps ------------------------------------------------------------------ */
 
 static double evaluate(struct trainer *tr)
@@ -1064,7 +1065,8 @@ static int setup(struct trainer *tr, char *err, size_t errlen)
     tr->perm = malloc((size_t)tr->train.n * sizeof *tr->perm);
     tr->h_lab = malloc((size_t)bmax * sizeof *tr->h_lab);
     if (tr->perm == NULL || tr->h_lab == NULL ||
-        psk_host_alloc(tr->be, (size_t)bmax * tr->train.pixels * 4, (void **)&tr->h_in)) {
+        (!tr->alias && /* the CPU backend builds batches in place (load_batch) */
+         psk_host_alloc(tr->be, (size_t)bmax * tr->train.pixels * 4, (void **)&tr->h_in))) {
         snprintf(err, errlen, "out of memory for batches");
         return PS_ENOMEM;
     }
@@ -1156,11 +1158,9 @@ static int run_sparse_lr(struct trainer *tr)
         rc = psw_slr_train(&sc, tr->c, &tr->log, &res, err, sizeof err);
     if (rc != 0)
         PS_LOG(&tr->log, PS_LOG_ERROR, "W0002", "%s", err);
-    uint64_t sent = 0, recvd = 0, ssent = 0, srecvd = 0;
-    if (tr->c != NULL) {
+    uint64_t sent = 0, recvd = 0;
+    if (tr->c != NULL)
         psc_bytes(tr->c, &sent, &recvd);
-        psc_shm_bytes(tr->c, &ssent, &srecvd);
-    }
     FILE *f = c->summary_json && rc == 0 ? fopen(c->summary_json, "w") : NULL;
     if (f != NULL) {
         fprintf(f,

@@ -403,18 +403,22 @@ static void test_keys_through_the_region(void **state)
     k[4] = N - 1;
     /* psd copies and checks the keys in blocks of 2,048: a repeat across
      * the first boundary (keys past the table too, found only later) */
-    enum { BIG = 5000 };
+    enum { BIG = 5000, BAT = 24576 };
     static float bigv[BIG];
-    uint64_t *bk = (uint64_t *)(r.base + 8192);
+    uint64_t *bk = (uint64_t *)(r.base + BAT);
     for (uint64_t i = 0; i < BIG; i++)
         bk[i] = i;
     bk[2048] = 2047;
-    assert_int_equal(keyed_push(&s, "a", 9, PS_SHM_KEYS, BIG, 8192, 0, bigv), PS_EPROTO);
+    assert_int_equal(keyed_push(&s, "a", 9, PS_SHM_KEYS, BIG, BAT, 0, bigv), PS_EPROTO);
     bk[2048] = 2048;
-    assert_int_equal(keyed_push(&s, "a", 10, PS_SHM_KEYS, BIG, 8192, 0, bigv), PS_ERANGE);
+    assert_int_equal(keyed_push(&s, "a", 10, PS_SHM_KEYS, BIG, BAT, 0, bigv), PS_ERANGE);
+    /* keys that end at the region's end are read; 8 bytes further is past it */
+    memcpy(r.base + REGION - sizeof keys, keys, sizeof keys);
+    assert_int_equal(keyed_push(&s, "a", 11, PS_SHM_KEYS, M, REGION - sizeof keys, 0, fv), 0);
     for (int i = 0; i < M; i++)
-        k[i] = keys[i]; /* the big keys ran over them */
-    assert_int_equal(keyed_push(&s, "a", 5, PS_SHM_KEYS, M, REGION - 32, 0, fv), PS_ERANGE);
+        want[keys[i]] -= 0.5f;
+    assert_int_equal(keyed_push(&s, "a", 5, PS_SHM_KEYS, M, REGION - sizeof keys + 8, 0, fv),
+                     PS_ERANGE);
     assert_int_equal(keyed_push(&s, "a", 6, PS_SHM_KEYS, M, KAT + 4, 0, fv), PS_EPROTO);
     assert_int_equal(keyed_push(&s, "b", 7, PS_SHM_KEYS, M, KAT, 0, fv), PS_ESHM);
     assert_int_equal(keyed_push(&s, "a", 8, PS_SHM_IN, M, KAT, REGION - 8, NULL), PS_EFRAMES);
