@@ -18,9 +18,11 @@
  * a sparse table.
  *
  * Reports; never passes or fails on numbers.
- *   bench_wire [--psd PATH] [--seconds S] [--quick] [--only OP] [--json PATH]
- * --only push|pull|push-pull|pull-view|sparse runs those rows alone (for profiling
- * one path with perf or callgrind). */
+ *   bench_wire [--psd PATH] [--seconds S] [--quick] [--only OP] [--size BYTES]
+ *              [--shards N] [--json PATH]
+ * --only push|pull|push-pull|pull-view|sparse runs those rows alone, --size
+ * (4096, 65536, 1048576 or 16777216) and --shards (1 or 2) only those cells
+ * and no latency rows (for profiling one path with perf or callgrind). */
 #include "psclient.h"
 
 #include "ps_err.h"
@@ -44,6 +46,7 @@
 #define HDR_BYTES  32 /* the raw baseline's header frame, about psd's */
 #define TIMEOUT_MS 30000
 #define LAT_MAX    4000
+#define ROUNDS     5 /* alternating psd and raw rounds a cell */
 
 enum op { OP_PUSH, OP_PULL, OP_PUSH_PULL, OP_PULL_VIEW, OPS };
 static const char *const op_names[] = {"push", "pull", "push-pull", "pull-view"};
@@ -499,7 +502,8 @@ int main(int argc, char **argv)
     const char *psd = getenv("PSD_BIN");
     const char *json_path = NULL;
     double secs = 0.5;
-    int quick = 0, only = -1;
+    int quick = 0, only = -1, shards_only = 0;
+    size_t size_only = 0;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--psd") == 0 && i + 1 < argc)
             psd = argv[++i];
@@ -518,9 +522,18 @@ int main(int argc, char **argv)
                 only = ONLY_SPARSE;
             if (only < 0)
                 die("--only", "expects push, pull, push-pull, pull-view or sparse");
+        } else if (strcmp(argv[i], "--size") == 0 && i + 1 < argc) {
+            size_only = strtoull(argv[++i], NULL, 10);
+            if (size_only != 4096 && size_only != 65536 && size_only != 1u << 20 &&
+                size_only != 16u << 20)
+                die("--size", "expects 4096, 65536, 1048576 or 16777216");
+        } else if (strcmp(argv[i], "--shards") == 0 && i + 1 < argc) {
+            shards_only = atoi(argv[++i]);
+            if (shards_only < 1 || shards_only > SHARDS_MAX)
+                die("--shards", "expects 1 or 2");
         } else {
             fprintf(stderr, "usage: bench_wire [--psd PATH] [--seconds S] [--quick] [--only OP] "
-                            "[--json PATH]\n");
+                            "[--size BYTES] [--shards N] [--json PATH]\n");
             return 2;
         }
     }
@@ -550,13 +563,15 @@ int main(int argc, char **argv)
     for (size_t i = 0; i < max_bytes / 4; i++)
         ((float *)buf)[i] = 1e-3f;
 
-    printf("bench_wire: %.2f s per cell; psd asp 1 worker; raw = ZeroMQ DEALER/ROUTER echo, "
-           "zero-copy\n\n",
-           secs);
+    printf("bench_wire: %.2f s per cell and side, in %d alternating rounds; psd asp 1 worker; "
+           "raw = ZeroMQ DEALER/ROUTER echo, zero-copy\n\n",
+           secs, ROUNDS);
     printf("%-6s %-9s %7s %3s %11s %11s %11s %11s %7s\n", "shards", "op", "size", "win",
            "psd req/s", "psd GB/s", "raw req/s", "raw GB/s", "ratio");
     char eps[SHARDS_MAX][256], reps[SHARDS_MAX][256], sb[32];
     for (int n = 1; n <= (only == ONLY_SPARSE ? 1 : SHARDS_MAX); n++) {
+        if (shards_only && n != shards_only)
+            continue;
         for (int i = 0; i < n; i++) {
             start_psd(psd, dir, i, n, eps[i], sizeof eps[i]);
             start_raw(max_bytes, reps[i], sizeof reps[i]);
@@ -567,26 +582,44 @@ int main(int argc, char **argv)
         raw_connect(&r, reps, n);
         for (int op = 0; op < OPS; op++)
             for (size_t si = 0; si < nsizes && (only < 0 || only == op); si++)
-                for (int wi = 0; wi < 2; wi++) {
+                for (int wi = 0; wi < 2 && (!size_only || sizes[si] == size_only); wi++) {
                     size_t b = sizes[si];
                     int w = windows[wi];
-                    /* warm both paths, then measure them alternately */
+                    /* warm both paths, then measure them in alternating
+                     * rounds (which goes first alternates too): this
+                     * machine's speed drifts over seconds, and a drift
+                     * inside one long run of each moved the ratio of a
+                     * cell by tens of percent between runs */
                     ps_run(&p, op, b, w, secs / 10, (const float *)buf, outs, NULL, 0);
                     raw_run(&r, op, b, w, secs / 10, buf, NULL, 0);
-                    double pr = ps_run(&p, op, b, w, secs, (const float *)buf, outs, NULL, 0);
-                    double rr = raw_run(&r, op, b, w, secs, buf, NULL, 0);
-                    double gb = (double)b / 1e9;
+                    double pr = 0, rr = 0, ratio[ROUNDS];
+                    for (int k = 0; k < ROUNDS; k++) {
+                        double a, c;
+                        if (k % 2 == 0) {
+                            a = ps_run(&p, op, b, w, secs / ROUNDS, (const float *)buf, outs, NULL,
+                                       0);
+                            c = raw_run(&r, op, b, w, secs / ROUNDS, buf, NULL, 0);
+                        } else {
+                            c = raw_run(&r, op, b, w, secs / ROUNDS, buf, NULL, 0);
+                            a = ps_run(&p, op, b, w, secs / ROUNDS, (const float *)buf, outs, NULL,
+                                       0);
+                        }
+                        pr += a / ROUNDS;
+                        rr += c / ROUNDS;
+                        ratio[k] = a / c;
+                    }
+                    double med = pct(ratio, ROUNDS, 0.5), gb = (double)b / 1e9;
                     printf("%-6d %-9s %7s %3d %11.0f %11.3f %11.0f %11.3f %6.0f%%\n", n,
                            op_names[op], size_name(b, sb, sizeof sb), w, pr, pr * gb, rr, rr * gb,
-                           100.0 * pr / rr);
+                           100.0 * med);
                     json_row("{\"bench\": \"throughput\", \"shards\": %d, \"op\": \"%s\", "
                              "\"bytes\": %zu, \"window\": %d, \"psd_rps\": %.1f, "
                              "\"raw_rps\": %.1f, \"ratio\": %.4f}",
-                             n, op_names[op], b, w, pr, rr, pr / rr);
+                             n, op_names[op], b, w, pr, rr, med);
                 }
         if (n == 1 && only == ONLY_SPARSE) {
             sparse_bench(eps, secs * 2);
-        } else if (n == 1 && only < 0) {
+        } else if (n == 1 && only < 0 && !size_only) {
             printf("\nlatency, push-pull, window 1, 1 shard (microseconds)\n");
             printf("%7s %10s %10s %10s %10s %7s\n", "size", "psd p50", "psd p99", "raw p50",
                    "raw p99", "p50 %");
@@ -616,8 +649,9 @@ int main(int argc, char **argv)
         fputs("\n]\n", json);
         fclose(json);
     }
-    printf("\nratio = psd requests/s over raw requests/s, same size and window; latency p50 %% = "
-           "raw p50 over psd p50\n");
+    printf("\nratio = median over the %d rounds of psd requests/s over raw requests/s, same size "
+           "and window; latency p50 %% = raw p50 over psd p50\n",
+           ROUNDS);
     for (int k = 0; k < WINDOW_MAX; k++)
         free(outs[k]);
     free(buf);
