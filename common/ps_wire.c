@@ -266,22 +266,76 @@ static int check_frames(const Ps__Header *h, size_t nframes, enum ps_wire_dir di
     return 0;
 }
 
-size_t ps_wire_keys_unordered(const void *keys, size_t n)
+/* Whether any key j in [i, end) is not above key j-1 (i >= 1). */
+static int block_unordered(const void *keys, size_t i, size_t end)
+{
+    int bad = 0;
+    for (size_t j = i; j < end; j++)
+        bad |= ps_wire_key(keys, j) <= ps_wire_key(keys, j - 1);
+    return bad;
+}
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define PS_WIRE_AVX2 1
+#include <immintrin.h>
+
+/* The same, four keys at a time where the CPU has AVX2 (x86-64 is
+ * little-endian: the keys are read as they lie, unaligned). AVX2 compares
+ * signed 64-bit lanes, so both sides get the top bit flipped first, which
+ * orders them as unsigned. 65,536 keys: 24.5 -> 10 us (an -O3 build; 36
+ * us at -O2, which does not vectorise the plain loop). Intrinsics rather
+ * than a target attribute on the plain loop, so that it is the same code
+ * at every optimisation level, the tests' -O0 build included. */
+__attribute__((target("avx2"))) static int block_unordered_avx2(const void *keys, size_t i,
+                                                                size_t end)
+{
+    const unsigned char *p = keys;
+    const __m256i top = _mm256_set1_epi64x(INT64_MIN), ones = _mm256_set1_epi64x(-1);
+    __m256i above = ones; /* lanes where every key so far was above the one before */
+    size_t j = i;
+    for (; end - j >= 4; j += 4) {
+        __m256i cur = _mm256_loadu_si256((const __m256i *)(const void *)(p + j * 8u));
+        __m256i prev = _mm256_loadu_si256((const __m256i *)(const void *)(p + (j - 1) * 8u));
+        above = _mm256_and_si256(
+            above, _mm256_cmpgt_epi64(_mm256_xor_si256(cur, top), _mm256_xor_si256(prev, top)));
+    }
+    return !_mm256_testc_si256(above, ones) || block_unordered(keys, j, end);
+}
+#endif
+
+static size_t keys_unordered(const void *keys, size_t n, int avx2)
 {
     /* Blocks without an early exit (a flag per block, the position found
      * only in a bad one): a request may hold millions of keys. */
     enum { BLOCK = 4096 };
+    (void)avx2;
     for (size_t i = 1; i < n;) {
         size_t end = n - i > BLOCK ? i + BLOCK : n;
-        int bad = 0;
-        for (size_t j = i; j < end; j++)
-            bad |= ps_wire_key(keys, j) <= ps_wire_key(keys, j - 1);
+#ifdef PS_WIRE_AVX2
+        int bad = avx2 ? block_unordered_avx2(keys, i, end) : block_unordered(keys, i, end);
+#else
+        int bad = block_unordered(keys, i, end);
+#endif
         for (size_t j = i; bad && j < end; j++)
             if (ps_wire_key(keys, j) <= ps_wire_key(keys, j - 1))
                 return j;
         i = end;
     }
     return n;
+}
+
+size_t ps_wire_keys_unordered(const void *keys, size_t n)
+{
+#ifdef PS_WIRE_AVX2
+    return keys_unordered(keys, n, __builtin_cpu_supports("avx2"));
+#else
+    return keys_unordered(keys, n, 0);
+#endif
+}
+
+size_t ps_wire_keys_unordered_plain(const void *keys, size_t n)
+{
+    return keys_unordered(keys, n, 0);
 }
 
 /* Strictly increasing keys: no duplicates, and a server may merge-walk. */

@@ -115,7 +115,10 @@ static inline uint64_t ps_wire_key(const void *keys, size_t i)
 }
 
 /* The first i in [1, n) with key i not above key i-1 (keys as a keys
- * frame lays them out), or n when they strictly increase. */
+ * frame lays them out), or n when they strictly increase. With AVX2 where
+ * the CPU has it; _plain never uses it (the tests hold the two to the same
+ * answers on a machine that has it). */
 size_t ps_wire_keys_unordered(const void *keys, size_t n);
+size_t ps_wire_keys_unordered_plain(const void *keys, size_t n);
 
 #endif

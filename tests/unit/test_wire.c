@@ -258,33 +258,53 @@ static void test_keys_unaligned(void **state)
     assert_true(ps_wire_key(buf + 1, 0) == k);
 }
 
-/* The key order check, at and around its block boundaries, and through
- * the decoder (an unordered key past the first block is named). */
+/* The key order check, at and around its block boundaries and in every
+ * lane of the AVX2 loop, with and without it, keys as unsigned (the top
+ * bit set), and through the decoder (an unordered key past the first
+ * block is named). */
 static void test_keys_unordered(void **state)
 {
     (void)state;
     enum { N = 9000 };
     static uint64_t k[N];
+    static unsigned char odd[N * 8 + 3]; /* the same keys 3 bytes off alignment */
+    size_t (*const check[])(const void *, size_t) = {ps_wire_keys_unordered,
+                                                     ps_wire_keys_unordered_plain};
+    for (size_t f = 0; f < sizeof check / sizeof check[0]; f++) {
+        for (size_t i = 0; i < N; i++)
+            k[i] = 3 * i + 1;
+        assert_int_equal(check[f](k, 0), 0);
+        assert_int_equal(check[f](k, 1), 1);
+        assert_int_equal(check[f](k, N), N);
+        const size_t at[] = {1, 2, 3, 4, 5, 6, 4095, 4096, 4097, 4098, 4099, 8192, N - 2, N - 1};
+        for (size_t a = 0; a < sizeof at / sizeof at[0]; a++) {
+            size_t i = at[a];
+            uint64_t keep = k[i];
+            k[i] = k[i - 1]; /* a duplicate */
+            assert_int_equal(check[f](k, N), i);
+            memcpy(odd + 3, k, sizeof k);
+            assert_int_equal(check[f](odd + 3, N), i);
+            k[i] = k[i - 1] - 1; /* a step back */
+            assert_int_equal(check[f](k, N), i);
+            if (i + 1 < N) { /* a later bad pair is not the first */
+                k[i + 1] = 0;
+                assert_int_equal(check[f](k, N), i);
+                k[i + 1] = 3 * (i + 1) + 1;
+            }
+            k[i] = keep;
+            assert_int_equal(check[f](k + 1, i), i); /* another lane phase, any length */
+        }
+        /* across 2^63: in order as unsigned, out of order as signed */
+        for (size_t i = 0; i < 64; i++)
+            k[i] = (UINT64_C(1) << 63) - 32 + i;
+        assert_int_equal(check[f](k, 64), 64);
+        k[40] = UINT64_MAX;
+        assert_int_equal(check[f](k, 64), 41);
+        k[40] = 5;
+        assert_int_equal(check[f](k, 64), 40);
+    }
     for (size_t i = 0; i < N; i++)
         k[i] = 3 * i + 1;
-    assert_int_equal(ps_wire_keys_unordered(k, 0), 0);
-    assert_int_equal(ps_wire_keys_unordered(k, 1), 1);
-    assert_int_equal(ps_wire_keys_unordered(k, N), N);
-    const size_t at[] = {1, 2, 4095, 4096, 4097, 8192, N - 1};
-    for (size_t a = 0; a < sizeof at / sizeof at[0]; a++) {
-        size_t i = at[a];
-        uint64_t keep = k[i];
-        k[i] = k[i - 1]; /* a duplicate */
-        assert_int_equal(ps_wire_keys_unordered(k, N), i);
-        k[i] = k[i - 1] - 1; /* a step back */
-        assert_int_equal(ps_wire_keys_unordered(k, N), i);
-        if (i + 1 < N) { /* a later bad pair is not the first */
-            k[i + 1] = 0;
-            assert_int_equal(ps_wire_keys_unordered(k, N), i);
-            k[i + 1] = 3 * (i + 1) + 1;
-        }
-        k[i] = keep;
-    }
     assert_int_equal(ps_wire_keys_unordered(k, N), N);
     k[5000] = k[4999];
     struct case_msg m;
