@@ -211,6 +211,9 @@ struct psd_lent *psd_table_lend(struct psd_table *t, uint64_t lo, uint64_t hi)
     atomic_store_explicit(&r->busy, 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&t->lend->refs, 1, memory_order_relaxed);
     t->lent_bytes += (hi - lo) * sizeof(float);
+    t->lent_since += (hi - lo) * sizeof(float);
+    if (t->lent_since >= (t->hi - t->lo) * sizeof(float))
+        t->cow_run = 0; /* lending paid for a copy on write since the last */
     return r;
 }
 
@@ -242,6 +245,10 @@ void psd_table_own(struct psd_table *t, uint64_t lo, uint64_t hi)
     t->lend = NULL;
     lend_put(old);
     t->cow++;
+    t->lend_credit = 0;
+    t->lent_since = 0;
+    if (t->cow_run < PSD_COW_RUN_MAX)
+        t->cow_run++;
 }
 
 void psd_table_apply(struct psd_table *t, uint64_t offset, uint64_t count, const float *g,

@@ -25,6 +25,10 @@
  * lets go of both when the message is sent, and the last reference frees
  * the block. */
 #define PSD_LENT_MAX 128 /* messages in flight from one block */
+/* Copies on write in a row after which a table waits longest before it
+ * lends again: 2^(PSD_COW_RUN_MAX - 1) shards' worth of replies copied
+ * (psd's lend_ok). */
+#define PSD_COW_RUN_MAX 7
 struct psd_lend;
 struct psd_lent {
     struct psd_lend *block;
@@ -64,6 +68,10 @@ struct psd_table {
     float *spare;          /* hi - lo: where w moves when written while lent */
     uint64_t cow;          /* times w moved so (psd_table_own), each a copy of hi - lo */
     uint64_t lent_bytes;   /* bytes of replies sent from the table */
+    uint64_t lend_credit;  /* bytes of replies big enough to lend that were copied
+                            * instead since the last copy on write (psd's lend_ok) */
+    uint64_t lent_since;   /* bytes lent since the last copy on write */
+    uint32_t cow_run;      /* copies on write since lending last saved a shard's worth */
     float *s1;             /* momentum velocity, Adagrad accumulator, Adam first moment */
     float *s2;             /* Adam second moment */
     uint64_t steps;        /* optimizer steps applied */

@@ -2,7 +2,8 @@
  * copy on write), through an in-process psd: which replies are lent, that
  * a held reply keeps its values while the table is written, that writes to
  * other elements do not copy, and that a table whose replies are
- * overwritten in flight stops lending. */
+ * overwritten in flight copies a shard's worth of replies before it lends
+ * again, each time. */
 #include "psd.h"
 
 #include "ps_err.h"
@@ -38,6 +39,30 @@ static void request(struct psd *s, Ps__Op op, uint64_t offset, uint64_t count, P
     h.count = count;
     h.dtype = dtype;
     inproc_request(s, &h, op == PS__OP__OP_PULL ? NULL : grad, count * 4, rep);
+}
+
+/* Whether an f32 pull of [offset, +count) is answered from the table
+ * (the reply is let go of at once). */
+static int pull_lent(struct psd *s, uint64_t offset, uint64_t count)
+{
+    struct psd_reply rep;
+    request(s, PS__OP__OP_PULL, offset, count, PS__DTYPE__DTYPE_F32, &rep);
+    int lent = rep.lent != NULL;
+    psd_reply_drop(&rep);
+    return lent;
+}
+
+/* A quarter of the table pulled (lent) and pushed to while held: the
+ * table's copy on write number `cow`. */
+static void lend_overwrite(struct psd *s, uint64_t cow)
+{
+    struct psd_reply held, rep;
+    request(s, PS__OP__OP_PULL, 0, Q, PS__DTYPE__DTYPE_F32, &held);
+    assert_non_null(held.lent);
+    request(s, PS__OP__OP_PUSH, 0, Q, PS__DTYPE__DTYPE_F32, &rep);
+    psd_reply_drop(&rep);
+    assert_int_equal(s->tables[0]->cow, cow);
+    psd_reply_drop(&held);
 }
 
 static void test_lent_replies(void **state)
@@ -80,6 +105,10 @@ static void test_lent_replies(void **state)
     psd_reply_drop(&rep);
     psd_reply_drop(&held);
     float now = 1.0f; /* the last quarter, which those did not touch */
+    /* lent and let go before any write: eight shards' worth that lending
+     * saved, which must not pay for copies on write later */
+    for (int i = 0; i < 8; i++)
+        assert_true(pull_lent(&s, 0, SIZE));
 
     /* lent: the last quarter, from the table's own memory */
     request(&s, PS__OP__OP_PULL, 3 * Q, Q, PS__DTYPE__DTYPE_F32, &held);
@@ -95,13 +124,37 @@ static void test_lent_replies(void **state)
         if (((const float *)held.vals)[i] != now)
             fail_msg("held reply element %zu changed to %g", i, (double)((float *)held.vals)[i]);
     assert_true(t->w[SIZE - 1] == now - 0.5f);
-    /* that copy cost the whole shard, more than the three quarters lent:
-     * no more lending */
-    request(&s, PS__OP__OP_PULL, 0, SIZE, PS__DTYPE__DTYPE_F32, &rep);
+    /* after that copy of the whole shard, replies are copied until a
+     * shard's worth has been: the whole shard less a float is not enough */
+    request(&s, PS__OP__OP_PULL, 0, SIZE - 1, PS__DTYPE__DTYPE_F32, &rep);
     assert_null(rep.lent);
-    assert_true(((const float *)rep.vals)[SIZE - 1] == now - 0.5f);
+    assert_true(((const float *)rep.vals)[SIZE - 2] == now - 0.5f);
     psd_reply_drop(&rep);
     psd_reply_drop(&held); /* frees the old block (ASan: no leak) */
+    /* copied too, which makes a shard's worth and more */
+    assert_false(pull_lent(&s, 0, 1 + PS_LEND_BYTES_MIN / 4));
+    request(&s, PS__OP__OP_PULL, 0, SIZE, PS__DTYPE__DTYPE_F32, &held);
+    assert_non_null(held.lent); /* lent again */
+    /* overwritten in flight again: a copy, and copies until a shard's worth
+     * more (lending saved before does not pay for it) */
+    request(&s, PS__OP__OP_PUSH, 0, Q, PS__DTYPE__DTYPE_F32, &rep);
+    psd_reply_drop(&rep);
+    assert_int_equal(t->cow, 2);
+    assert_false(pull_lent(&s, 0, SIZE));
+    psd_reply_drop(&held);
+    /* a quarter lent, overwritten in flight: a second copy on write in a
+     * row (lending saved less than a shard between them), so twice a
+     * shard's worth is copied before the next lend */
+    lend_overwrite(&s, 3);
+    for (int i = 0; i < 2; i++) /* 1x, then 2x a shard's worth copied */
+        assert_false(pull_lent(&s, 0, SIZE));
+    assert_true(pull_lent(&s, 0, Q));
+    /* a shard's worth lent ends the run: the next copy on write waits one
+     * shard's worth again */
+    assert_true(pull_lent(&s, 0, SIZE));
+    lend_overwrite(&s, 4);
+    assert_false(pull_lent(&s, 0, SIZE));
+    assert_true(pull_lent(&s, 0, Q));
     psd_fini(&s);
 }
 
