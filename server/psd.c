@@ -581,33 +581,16 @@ static int reply_masked(const float *w, size_t n, Ps__DType dtype, struct psd_re
     return 1;
 }
 
-/* Whether a reply of `bytes` f32 values of t goes out from the table
- * itself (psd_table_lend). A write to elements that such a reply carries,
- * while it is in flight, copies the whole shard first (psd_table_own), so
- * only:
- * - large replies (a copy of a small one costs less than the bookkeeping);
- * - before the table's first copy on write, or once it has copied enough
- *   such replies since its last (t->lend_credit): a shard's worth after
- *   one copy on write, twice that after two in a row, and so on up to
- *   2^(PSD_COW_RUN_MAX - 1) shards' worth; a run ends when lending saves a
- *   shard's worth between two copies. A table whose replies are always
- *   overwritten in flight (pushes to a range while its last reply is still
- *   going out, several ASP workers on the same range) ends up copying its
- *   replies with a copy on write now and then, over any stretch of
- *   requests. (A budget of all the bytes lending ever saved let a table
- *   that had lent for a while copy the whole shard on every push:
- *   bench_wire's 64 KiB push-pull at window 8 after its pull cells ran at
- *   857-1,257 requests/s, 5-7% of raw.) Writes to other elements do not
- *   copy: a worker's chunked push-pulls write the next chunk while the
- *   last one's reply is still going out. */
+/* Whether a reply of `bytes` values of t goes out from the table itself
+ * (psd_table_lend): f32 replies large enough that a copy would cost more
+ * than the bookkeeping, when the table's copy-on-write budget allows
+ * (psd_table_may_lend). Writes to other elements do not copy: a worker's
+ * chunked push-pulls write the next chunk while the last one's reply is
+ * still going out. */
 static int lend_ok(struct psd_table *t, const Ps__Header *req, size_t bytes)
 {
-    if (req->dtype != PS__DTYPE__DTYPE_F32 || bytes < PS_LEND_BYTES_MIN)
-        return 0;
-    if (t->cow_run == 0 || t->lend_credit >= ((t->hi - t->lo) * sizeof(float) << (t->cow_run - 1)))
-        return 1;
-    t->lend_credit += bytes; /* copied (the caller's other way) */
-    return 0;
+    return req->dtype == PS__DTYPE__DTYPE_F32 && bytes >= PS_LEND_BYTES_MIN &&
+           psd_table_may_lend(t, bytes);
 }
 
 /* dst, when not NULL: the values go there (a client's shared region), and

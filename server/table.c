@@ -184,6 +184,14 @@ static void apply_took(struct psd_table *t, uint64_t t0)
     ps_hist_observe(&t->apply_hist, (double)(uv_hrtime() - t0) * 1e-9);
 }
 
+int psd_table_may_lend(struct psd_table *t, size_t bytes)
+{
+    if (t->cow_run == 0 || t->lend_credit >= ((t->hi - t->lo) * sizeof(float) << (t->cow_run - 1)))
+        return 1;
+    t->lend_credit += bytes;
+    return 0;
+}
+
 struct psd_lent *psd_table_lend(struct psd_table *t, uint64_t lo, uint64_t hi)
 {
     if (t->spare == NULL && (t->spare = alloc_floats(t->hi - t->lo, 0)) == NULL)

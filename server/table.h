@@ -27,7 +27,7 @@
 #define PSD_LENT_MAX 128 /* messages in flight from one block */
 /* Copies on write in a row after which a table waits longest before it
  * lends again: 2^(PSD_COW_RUN_MAX - 1) shards' worth of replies copied
- * (psd's lend_ok). */
+ * (psd_table_may_lend). */
 #define PSD_COW_RUN_MAX 7
 struct psd_lend;
 struct psd_lent {
@@ -69,7 +69,7 @@ struct psd_table {
     uint64_t cow;          /* times w moved so (psd_table_own), each a copy of hi - lo */
     uint64_t lent_bytes;   /* bytes of replies sent from the table */
     uint64_t lend_credit;  /* bytes of replies big enough to lend that were copied
-                            * instead since the last copy on write (psd's lend_ok) */
+                            * instead since the last copy on write (psd_table_may_lend) */
     uint64_t lent_since;   /* bytes lent since the last copy on write */
     uint32_t cow_run;      /* copies on write since lending last saved a shard's worth */
     float *s1;             /* momentum velocity, Adagrad accumulator, Adam first moment */
@@ -112,6 +112,22 @@ void psd_table_destroy(struct psd_table *t);
 /* 1 when spec describes exactly this table (idempotent create). */
 int psd_table_same_spec(const struct psd_table *t, const Ps__TableSpec *spec);
 
+/* Whether a reply of `bytes` f32 values may be lent now (psd_table_lend)
+ * rather than copied; when not, the caller copies it, and the copy counts
+ * toward lending again. A write to elements a reply in flight carries
+ * copies the whole shard first (psd_table_own), so a table lends before
+ * its first copy on write, and after one only once it has copied enough
+ * replies since (lend_credit): a shard's worth after one copy on write,
+ * twice that after two in a row, and so on up to 2^(PSD_COW_RUN_MAX - 1)
+ * shards' worth; a run ends when a shard's worth is lent between two
+ * copies. A table whose replies keep being overwritten in flight (pushes
+ * to a range whose last reply is still going out, several asp workers on
+ * one range) then costs little more than copying every reply, over any
+ * stretch of requests. (A budget of all the bytes lending ever saved let
+ * a table that had lent for a while copy the whole shard on every push:
+ * bench_wire's 64 KiB push-pull at window 8, after its pull cells, ran at
+ * 857-1,257 requests/s, 5-7% of raw.) */
+int psd_table_may_lend(struct psd_table *t, size_t bytes);
 /* Lends w's elements [lo, hi) for a reply: returns the message's record
  * (the reply's pointer is t->w + (lo - t->lo)), or NULL when the spare
  * block the table would move to cannot be allocated or PSD_LENT_MAX

@@ -158,10 +158,39 @@ static void test_lent_replies(void **state)
     psd_fini(&s);
 }
 
+/* Quarter-table pulls copied before one is lent again. */
+static int copies_before_lend(struct psd *s)
+{
+    for (int n = 0; n < 4 * 256; n++)
+        if (pull_lent(s, 0, Q))
+            return n;
+    return -1;
+}
+
+/* Copies on write in a row: each doubles the shard's worth of replies
+ * copied before the next lend, up to PSD_COW_RUN_MAX of them, and no
+ * further after that. (Quarter-table replies: lending one never saves a
+ * shard's worth, so the run does not end.) */
+static void test_cow_run_limit(void **state)
+{
+    (void)state;
+    static struct psd s;
+    struct ps_log log;
+    inproc_start(&s, &log);
+    inproc_create_ones(&s, SIZE);
+    for (uint64_t cow = 1; cow <= PSD_COW_RUN_MAX + 2; cow++) {
+        lend_overwrite(&s, cow);
+        uint64_t run = cow < PSD_COW_RUN_MAX ? cow : PSD_COW_RUN_MAX;
+        assert_int_equal(copies_before_lend(&s), 4 << (run - 1)); /* quarters */
+    }
+    psd_fini(&s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_lent_replies),
+        cmocka_unit_test(test_cow_run_limit),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
