@@ -8,12 +8,15 @@
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <time.h>
 
 struct psw_pool {
     pthread_t thread;
     pthread_mutex_t mu;
     pthread_cond_t cv;
     int stop;
+    long spin_ns;         /* how long the helper looks for the next run before it sleeps */
+    unsigned long sleeps; /* times it slept (waited on cv) */
     /* the run in progress, set under mu */
     uint32_t gen;
     psw_piece_fn fn;
@@ -42,14 +45,40 @@ static void work(struct psw_pool *p, uint32_t gen, psw_piece_fn fn, void *ctx, i
     }
 }
 
+static int64_t mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* Before it sleeps, the helper looks for the next run for up to spin_ns,
+ * giving up the core each time it looks (sched_yield: psd, or any thread
+ * that shares the core, runs first). The products of one step follow each
+ * other within microseconds; a wake-up through the condition variable
+ * costs about as long again on these machines. Called without mu held;
+ * returns with it held. */
+static void await_run(struct psw_pool *p, uint32_t seen)
+{
+    if (p->spin_ns > 0) {
+        int64_t until = mono_ns() + p->spin_ns;
+        while (__atomic_load_n(&p->gen, __ATOMIC_RELAXED) == seen &&
+               !__atomic_load_n(&p->stop, __ATOMIC_RELAXED) && mono_ns() < until)
+            sched_yield();
+    }
+    pthread_mutex_lock(&p->mu);
+    while (!p->stop && p->gen == seen) {
+        p->sleeps++;
+        pthread_cond_wait(&p->cv, &p->mu);
+    }
+}
+
 static void *helper_main(void *arg)
 {
     struct psw_pool *p = arg;
     uint32_t seen = 0;
-    pthread_mutex_lock(&p->mu);
     for (;;) {
-        while (!p->stop && p->gen == seen)
-            pthread_cond_wait(&p->cv, &p->mu);
+        await_run(p, seen); /* mu held from here */
         if (p->stop)
             break;
         seen = p->gen;
@@ -58,19 +87,19 @@ static void *helper_main(void *arg)
         int n = p->n;
         pthread_mutex_unlock(&p->mu);
         work(p, seen, fn, ctx, n);
-        pthread_mutex_lock(&p->mu);
     }
     pthread_mutex_unlock(&p->mu);
     return NULL;
 }
 
-int psw_pool_start(struct psw_pool **out)
+int psw_pool_start(struct psw_pool **out, long spin_ns)
 {
     struct psw_pool *p = calloc(1, sizeof *p);
     if (p == NULL)
         return -1;
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->cv, NULL);
+    p->spin_ns = spin_ns;
     int rc = pthread_create(&p->thread, NULL, helper_main, p);
     if (rc != 0) {
         pthread_cond_destroy(&p->cv);
@@ -97,7 +126,8 @@ int psw_pool_run(struct psw_pool *p, psw_piece_fn fn, void *ctx, int n)
         return 0;
     }
     pthread_mutex_lock(&p->mu);
-    uint32_t gen = ++p->gen;
+    uint32_t gen = p->gen + 1;
+    __atomic_store_n(&p->gen, gen, __ATOMIC_RELAXED); /* a spinning helper reads it unlocked */
     p->fn = fn;
     p->ctx = ctx;
     p->n = n;
@@ -113,12 +143,20 @@ int psw_pool_run(struct psw_pool *p, psw_piece_fn fn, void *ctx, int n)
     return atomic_load(&p->err);
 }
 
+unsigned long psw_pool_sleeps(struct psw_pool *p)
+{
+    pthread_mutex_lock(&p->mu);
+    unsigned long n = p->sleeps;
+    pthread_mutex_unlock(&p->mu);
+    return n;
+}
+
 void psw_pool_stop(struct psw_pool *p)
 {
     if (p == NULL)
         return;
     pthread_mutex_lock(&p->mu);
-    p->stop = 1;
+    __atomic_store_n(&p->stop, 1, __ATOMIC_RELAXED);
     pthread_cond_signal(&p->cv);
     pthread_mutex_unlock(&p->mu);
     pthread_join(p->thread, NULL);

@@ -1029,7 +1029,7 @@ static int setup(struct trainer *tr, char *err, size_t errlen)
     if (c->compute_threads == 0)
         c->compute_threads = ps_cpus_allowed() >= 2 ? 2 : 1;
     if (tr->alias && c->compute_threads > 1) {
-        if (psw_pool_start(&tr->pool) != 0) {
+        if (psw_pool_start(&tr->pool, PSW_POOL_SPIN_NS) != 0) {
             snprintf(err, errlen, "--compute-threads: cannot start the helper thread");
             return PS_ENOMEM;
         }

@@ -9,6 +9,7 @@
 #include "psk.h"
 
 #include <math.h>
+#include <sched.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -16,6 +17,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <cmocka.h>
 
@@ -33,11 +35,12 @@ static int count_piece(void *ctx, int i)
     return i == c->fail_at ? PS_EDEVICE : 0;
 }
 
-static void test_every_piece_once(void **state)
+/* With a helper that sleeps at once, one that looks for the next run for
+ * a while (the default), and one that never stops looking. */
+static void every_piece_once(long spin_ns)
 {
-    (void)state;
     struct psw_pool *p = NULL;
-    assert_int_equal(psw_pool_start(&p), 0);
+    assert_int_equal(psw_pool_start(&p, spin_ns), 0);
     static struct count c;
     const int sizes[] = {1, 2, 7, 64, PIECES_MAX};
     for (int round = 0; round < 50; round++) {
@@ -57,6 +60,80 @@ static void test_every_piece_once(void **state)
     assert_int_equal(psw_pool_run(p, count_piece, &c, 0), 0);
     psw_pool_stop(p);
     psw_pool_stop(NULL);
+}
+
+#define SPIN_FOREVER (3600L * 1000000000L)
+
+static void test_every_piece_once(void **state)
+{
+    (void)state;
+    every_piece_once(0);
+    every_piece_once(PSW_POOL_SPIN_NS);
+    every_piece_once(SPIN_FOREVER);
+}
+
+static uint64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+struct meet {
+    atomic_int started;
+};
+
+/* Waits (10 s at most) until the other piece has started too. */
+static int meet_piece(void *ctx, int i)
+{
+    (void)i;
+    struct meet *m = ctx;
+    atomic_fetch_add(&m->started, 1);
+    uint64_t deadline = now_ms() + 10000;
+    while (atomic_load(&m->started) < 2 && now_ms() < deadline)
+        sched_yield();
+    return 0;
+}
+
+/* A helper that looks for the next run before it sleeps joins runs that
+ * follow each other without being woken; one that does not look sleeps
+ * after each run. Stopping a helper that is looking does not wait for the
+ * look to end. */
+static void test_helper_looks_before_it_sleeps(void **state)
+{
+    (void)state;
+    static struct count c;
+    struct psw_pool *p = NULL;
+    assert_int_equal(psw_pool_start(&p, SPIN_FOREVER), 0);
+    for (int run = 0; run < 2000; run++) {
+        memset(&c, 0, sizeof c);
+        c.fail_at = -1;
+        assert_int_equal(psw_pool_run(p, count_piece, &c, 64), 0);
+    }
+    assert_int_equal(psw_pool_sleeps(p), 0);
+    /* a run of two pieces that each wait for the other: the helper took
+     * one, so it looks for a run after this one when stop comes */
+    static struct meet m;
+    atomic_store(&m.started, 0);
+    assert_int_equal(psw_pool_run(p, meet_piece, &m, 2), 0);
+    assert_int_equal(atomic_load(&m.started), 2);
+    psw_pool_stop(p); /* returns: the helper sees stop while it looks */
+
+    assert_int_equal(psw_pool_start(&p, 0), 0);
+    uint64_t deadline = now_ms() + 10000; /* its first sleep, before any run */
+    while (psw_pool_sleeps(p) < 1 && now_ms() < deadline)
+        sched_yield();
+    for (unsigned long run = 0; run < 5; run++) {
+        memset(&c, 0, sizeof c);
+        c.fail_at = -1;
+        assert_int_equal(psw_pool_run(p, count_piece, &c, 64), 0);
+        /* it sleeps after each run (and did once before the first) */
+        deadline = now_ms() + 10000;
+        while (psw_pool_sleeps(p) < run + 2 && now_ms() < deadline)
+            sched_yield();
+        assert_true(psw_pool_sleeps(p) >= run + 2);
+    }
+    psw_pool_stop(p);
 }
 
 enum { B = 37, L = 3 };
@@ -226,7 +303,7 @@ static void test_model_same_bits_with_a_helper(void **state)
     float *alone = malloc(cap * sizeof(float)), *helped = malloc(cap * sizeof(float));
     double *ref = calloc(cap, sizeof(double));
     struct psw_pool *p = NULL;
-    assert_int_equal(psw_pool_start(&p), 0);
+    assert_int_equal(psw_pool_start(&p, PSW_POOL_SPIN_NS), 0);
     size_t n = run_model(NULL, alone);
     assert_int_equal(n, cap);
     for (int round = 0; round < 5; round++) {
@@ -284,7 +361,7 @@ static void test_chunk_size_same_bits(void **state)
     size_t cap = out_floats();
     float *whole = malloc(cap * sizeof(float)), *cut = malloc(cap * sizeof(float));
     struct psw_pool *p = NULL;
-    assert_int_equal(psw_pool_start(&p), 0);
+    assert_int_equal(psw_pool_start(&p, PSW_POOL_SPIN_NS), 0);
     assert_int_equal(run_model(NULL, whole), cap);
     const size_t sizes[] = {4096, 16384, PSW_CHUNK_BYTES, PSW_CHUNK_BYTES_SHM};
     int before = 1 << 30;
@@ -316,6 +393,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_every_piece_once),
+        cmocka_unit_test(test_helper_looks_before_it_sleeps),
         cmocka_unit_test(test_model_same_bits_with_a_helper),
         cmocka_unit_test(test_chunk_size_same_bits),
     };
