@@ -5,6 +5,8 @@
 #include "mlp.h"
 #include "pool.h"
 
+#include "harness.h"
+
 #include "ps_err.h"
 #include "psk.h"
 
@@ -17,7 +19,6 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include <cmocka.h>
 
@@ -72,13 +73,6 @@ static void test_every_piece_once(void **state)
     every_piece_once(SPIN_FOREVER);
 }
 
-static uint64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
-
 struct meet {
     atomic_int started;
 };
@@ -89,8 +83,8 @@ static int meet_piece(void *ctx, int i)
     (void)i;
     struct meet *m = ctx;
     atomic_fetch_add(&m->started, 1);
-    uint64_t deadline = now_ms() + 10000;
-    while (atomic_load(&m->started) < 2 && now_ms() < deadline)
+    long long deadline = harness_now_ms() + 10000;
+    while (atomic_load(&m->started) < 2 && harness_now_ms() < deadline)
         sched_yield();
     return 0;
 }
@@ -120,16 +114,16 @@ static void test_helper_looks_before_it_sleeps(void **state)
     psw_pool_stop(p); /* returns: the helper sees stop while it looks */
 
     assert_int_equal(psw_pool_start(&p, 0), 0);
-    uint64_t deadline = now_ms() + 10000; /* its first sleep, before any run */
-    while (psw_pool_sleeps(p) < 1 && now_ms() < deadline)
+    long long deadline = harness_now_ms() + 10000; /* its first sleep, before any run */
+    while (psw_pool_sleeps(p) < 1 && harness_now_ms() < deadline)
         sched_yield();
     for (unsigned long run = 0; run < 5; run++) {
         memset(&c, 0, sizeof c);
         c.fail_at = -1;
         assert_int_equal(psw_pool_run(p, count_piece, &c, 64), 0);
         /* it sleeps after each run (and did once before the first) */
-        deadline = now_ms() + 10000;
-        while (psw_pool_sleeps(p) < run + 2 && now_ms() < deadline)
+        deadline = harness_now_ms() + 10000;
+        while (psw_pool_sleeps(p) < run + 2 && harness_now_ms() < deadline)
             sched_yield();
         assert_true(psw_pool_sleeps(p) >= run + 2);
     }
