@@ -353,7 +353,10 @@ int psd_cons_push(const struct psd_cons *c, struct psd_table *t, uint32_t worker
      * pruning schedule) counts passes over the table, not requests: a
      * worker sending its gradient in chunks, in order, takes one step, as
      * it would in one push. A chunk starts the worker's next pass when it
-     * does not lie past the end of its last one. */
+     * does not lie past the end of its last one. A table at step 0 always
+     * starts a pass: pass_end is only set after one, so this adds nothing
+     * today, but no later change can then hand the optimizer step 0 (Adam
+     * divides by 1 - beta^step). */
     int pass = worker >= c->workers || t->pass_end[worker] == 0 || offset < t->pass_end[worker] ||
                t->steps == 0;
     if (worker < c->workers)

@@ -2,13 +2,14 @@
 #define _GNU_SOURCE
 #include "pool.h"
 
+#include "ps_clock.h"
+
 #include <errno.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
-#include <time.h>
 
 struct psw_pool {
     pthread_t thread;
@@ -45,13 +46,6 @@ static void work(struct psw_pool *p, uint32_t gen, psw_piece_fn fn, void *ctx, i
     }
 }
 
-static int64_t mono_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
-
 /* Before it sleeps, the helper looks for the next run for up to spin_ns,
  * giving up the core each time it looks (sched_yield: psd, or any thread
  * that shares the core, runs first). The products of one step follow each
@@ -61,9 +55,9 @@ static int64_t mono_ns(void)
 static void await_run(struct psw_pool *p, uint32_t seen)
 {
     if (p->spin_ns > 0) {
-        int64_t until = mono_ns() + p->spin_ns;
+        int64_t until = ps_mono_ns() + p->spin_ns;
         while (__atomic_load_n(&p->gen, __ATOMIC_RELAXED) == seen &&
-               !__atomic_load_n(&p->stop, __ATOMIC_RELAXED) && mono_ns() < until)
+               !__atomic_load_n(&p->stop, __ATOMIC_RELAXED) && ps_mono_ns() < until)
             sched_yield();
     }
     pthread_mutex_lock(&p->mu);

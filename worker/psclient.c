@@ -2,6 +2,7 @@
  * matching by (request id, socket), zero-copy gradient sends. */
 #include "psclient.h"
 
+#include "ps_clock.h"
 #include "ps_err.h"
 #include "ps_half.h"
 #include "ps_limits.h"
@@ -182,13 +183,6 @@ static void slot_fail(struct slot *sl, int code, const char *fmt, ...)
     va_end(ap);
 }
 
-static int64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 static void zc_release(void *data, void *hint)
 {
     (void)data;
@@ -336,7 +330,7 @@ static void flush_shard(struct psc_client *c, uint32_t s)
     }
     if (rc >= 0) {
         c->bytes_sent += bytes;
-        c->last_send_ms[s] = now_ms();
+        c->last_send_ms[s] = ps_mono_ms();
     }
     c->held -= q->n;
     q->n = 0;
@@ -417,7 +411,7 @@ static int send_frames(struct psc_client *c, uint32_t shard, const Ps__Header *h
         return PS_EZMQ;
     }
     c->bytes_sent += (uint64_t)len;
-    c->last_send_ms[shard] = now_ms();
+    c->last_send_ms[shard] = ps_mono_ms();
     if (!resend)
         sent_to(sl, shard);
     return 0;
@@ -727,7 +721,7 @@ static void handle_reply(struct psc_client *c, uint32_t shard, const struct ps_f
         c->retry_ms > 0) {
         /* "not yet" (a bsp chunk ahead of one a restart lost): still
          * unanswered, sent again after retry_ms */
-        sl->sent_ms = now_ms();
+        sl->sent_ms = ps_mono_ms();
         return;
     }
     if (rc == 0 && m.hdr->op == sl->op && m.hdr->status == PS_ESHM && sl->kind != SUB_SYNC &&
@@ -824,11 +818,11 @@ int psc_wait(struct psc_client *c, uint64_t ticket, int timeout_ms)
     if (sl == NULL || sl->canceled || sl->held)
         return set_error(c, PS_EINVAL, "ticket %llu is not outstanding",
                          (unsigned long long)ticket);
-    int64_t deadline = now_ms() + (timeout_ms < 0 ? 0 : timeout_ms);
+    int64_t deadline = ps_mono_ms() + (timeout_ms < 0 ? 0 : timeout_ms);
     flush_all(c);
     for (;;) {
         drain_all(c);
-        int64_t left = timeout_ms < 0 ? -1 : deadline - now_ms();
+        int64_t left = timeout_ms < 0 ? -1 : deadline - ps_mono_ms();
         if (sl->pending == 0) {
             if (atomic_load(&sl->zc_refs) == 0)
                 return finish(c, sl);
@@ -996,7 +990,7 @@ static int send_all(struct psc_client *c, struct slot *sl, uint64_t id, uint64_t
     for (uint32_t s = 0; s < c->nshards; s++)
         if (send_sub(c, sl, s, 0) < 0)
             break;
-    sl->sent_ms = now_ms();
+    sl->sent_ms = ps_mono_ms();
     return issued(c, sl, id, ticket);
 }
 
@@ -1023,7 +1017,7 @@ static void resend_due(struct psc_client *c, struct slot *sl, int64_t now)
  * that an earlier one (a bsp pull) is waiting on. */
 static void resend_all_due(struct psc_client *c)
 {
-    int64_t now = now_ms();
+    int64_t now = ps_mono_ms();
     if (c->retry_ms <= 0 || now - c->swept_ms < (c->retry_ms + 3) / 4)
         return;
     c->swept_ms = now;
@@ -1801,7 +1795,7 @@ void psc_heartbeat(struct psc_client *c)
 {
     if (c->heartbeat_ms <= 0)
         return;
-    int64_t now = now_ms();
+    int64_t now = ps_mono_ms();
     for (uint32_t s = 0; s < c->nshards; s++) {
         if (now - c->last_send_ms[s] < c->heartbeat_ms)
             continue;

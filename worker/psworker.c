@@ -6,6 +6,7 @@
 #include "data.h"
 #include "mlp.h"
 #include "psclient.h"
+#include "ps_clock.h"
 #include "ps_safetensors.h"
 #include "sparse_lr.h"
 
@@ -195,13 +196,6 @@ struct trainer {
     uint64_t m_done;                        /* steps at the last publish */
 };
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 /* The gradient a step sends for table k: backward's own, or the sum of
  * the accumulated micro-batches. */
 static float *grad_src(struct trainer *tr, int k)
@@ -364,8 +358,8 @@ static int wait_pulls(struct trainer *tr, int k, uint64_t a, uint64_t b, int upl
         p->done = 1;
         /* in slices, petting the service watchdog while a round waits */
         int rc = PS_ETIMEDOUT;
-        double until = now_s() + (double)tr->cfg.timeout_ms / 1e3;
-        while (rc == PS_ETIMEDOUT && now_s() < until) {
+        double until = ps_mono_s() + (double)tr->cfg.timeout_ms / 1e3;
+        while (rc == PS_ETIMEDOUT && ps_mono_s() < until) {
             rc = psc_wait(tr->c, tr->pull_tk[i], 1000);
             ps_notify_watchdog();
             if (rc == PS_ETIMEDOUT)
@@ -683,7 +677,7 @@ static int train_step(struct trainer *tr, uint64_t step_in_epoch, double *loss, 
 static void progress(struct trainer *tr, uint64_t epoch, uint64_t step, uint64_t steps, double loss,
                      double t0, int done)
 {
-    double el = now_s() - t0;
+    double el = ps_mono_s() - t0;
     double sps = el > 0 ? (double)(step * tr->cfg.batch * tr->cfg.accum_steps) / el : 0;
     double eta = step > 0 ? el / step * (steps - step) : 0;
     if (isatty(STDERR_FILENO)) {
@@ -708,7 +702,7 @@ static void progress(struct trainer *tr, uint64_t epoch, uint64_t step, uint64_t
 /* Publishes this worker's metrics: at most every 250 ms unless forced. */
 static void worker_metrics(struct trainer *tr, int force)
 {
-    double now = now_s();
+    double now = ps_mono_s();
     if (tr->metrics == NULL || (!force && now - tr->m_at < 0.25))
         return;
     double per_step = (double)(tr->cfg.batch * tr->cfg.accum_steps);
@@ -768,7 +762,7 @@ static int train(struct trainer *tr, double *accuracy)
     while (rc == 0 && tr->clock < total) {
         uint64_t e = tr->clock / steps, s = tr->clock % steps;
         psw_data_permute(tr->perm, tr->train.n, tr->cfg.seed, e);
-        double t0 = now_s(), loss_sum = 0;
+        double t0 = ps_mono_s(), loss_sum = 0;
         uint64_t seen = 0;
         while (tr->clock / steps == e && tr->clock < total) {
             s = tr->clock % steps;
@@ -787,7 +781,7 @@ static int train(struct trainer *tr, double *accuracy)
             tr->m_loss = loss / (double)(tr->cfg.batch * tr->cfg.accum_steps);
             worker_metrics(tr, 0);
         }
-        tr->train_seconds += now_s() - t0;
+        tr->train_seconds += ps_mono_s() - t0;
         if (rc != 0)
             break;
         progress(tr, e, tr->clock / steps == e ? tr->clock % steps : steps, steps,
@@ -1132,7 +1126,7 @@ static int run_sparse_lr(struct trainer *tr)
 {
     const struct config *c = &tr->cfg;
     char err[512];
-    double t0 = now_s();
+    double t0 = ps_mono_s();
     int rc = connect_client(tr, 0, err, sizeof err);
     struct psw_slr_config sc = {
         .data = c->data,
@@ -1170,7 +1164,7 @@ static int run_sparse_lr(struct trainer *tr)
                 "\"rank\": %llu}\n",
                 res.test_accuracy, res.test_logloss,
                 res.train_seconds > 0 ? res.samples / res.train_seconds : 0.0,
-                (unsigned long long)res.steps, (unsigned long long)c->epochs, now_s() - t0,
+                (unsigned long long)res.steps, (unsigned long long)c->epochs, ps_mono_s() - t0,
                 (unsigned long long)sent, (unsigned long long)recvd,
                 res.steps ? (double)res.rows_pulled / (double)res.steps : 0.0,
                 (unsigned long long)c->rank);
@@ -1221,7 +1215,7 @@ int main(int argc, char **argv)
     }
     if (strcmp(tr.cfg.model, "sparse-lr") == 0)
         return run_sparse_lr(&tr);
-    double t0 = now_s(), acc = -1;
+    double t0 = ps_mono_s(), acc = -1;
     tr.m_accuracy = -1;
     tr.m_at = t0;
     if (tr.cfg.metrics_listen != NULL) {
@@ -1254,7 +1248,7 @@ int main(int argc, char **argv)
                                     : 0.0);
     }
     if (tr.cfg.summary_json != NULL && tr.be != NULL &&
-        write_summary(&tr, tr.cfg.summary_json, acc, now_s() - t0) != 0)
+        write_summary(&tr, tr.cfg.summary_json, acc, ps_mono_s() - t0) != 0)
         PS_LOG(&tr.log, PS_LOG_ERROR, "W0004", "--summary-json: cannot write '%s'",
                tr.cfg.summary_json);
     teardown(&tr);

@@ -5,6 +5,7 @@
 #include "libsvm.h"
 #include "mlp.h"
 
+#include "ps_clock.h"
 #include "ps_err.h"
 #include "ps_shard.h"
 
@@ -12,7 +13,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 struct slr {
     const struct psw_slr_config *cfg;
@@ -33,13 +33,6 @@ struct slr {
     uint64_t clock;
     uint64_t rows_pulled;
 };
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static int cmp_u64(const void *a, const void *b)
 {
@@ -379,7 +372,7 @@ int psw_slr_train(const struct psw_slr_config *cfg, struct psc_client *c, struct
     }
     for (uint64_t e = 0; rc == 0 && e < cfg->epochs; e++) {
         psw_data_permute(perm, train.n, cfg->seed, e);
-        double t0 = now_s(), loss_sum = 0;
+        double t0 = ps_mono_s(), loss_sum = 0;
         uint64_t s = 0;
         for (; s < steps && rc == 0; s++) {
             if (cfg->max_steps && m.clock >= cfg->max_steps)
@@ -394,7 +387,7 @@ int psw_slr_train(const struct psw_slr_config *cfg, struct psc_client *c, struct
                        (unsigned long long)e + 1, (unsigned long long)s + 1,
                        (unsigned long long)steps, loss_sum / ((s + 1) * cfg->batch));
         }
-        res->train_seconds += now_s() - t0;
+        res->train_seconds += ps_mono_s() - t0;
         if (cfg->max_steps && m.clock >= cfg->max_steps)
             break;
     }

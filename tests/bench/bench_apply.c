@@ -12,20 +12,13 @@
  * numbers. --json PATH writes them for comparison over time. */
 #include "table.h"
 
+#include "ps_clock.h"
 #include "ps_init.h"
 #include "ps_shard.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static int cmp_d(const void *a, const void *b)
 {
@@ -95,13 +88,13 @@ int main(int argc, char **argv)
     for (int k = 0; k < 3; k++)
         t[k] = make(names[k], n, kinds[k], 0);
     for (int r = 0; r < repeat; r++) { /* interleaved, so drift hits all alike */
-        double a = now_s();
+        double a = ps_mono_s();
         memcpy(dst, g, n * 4);
-        t_copy[r] = now_s() - a;
+        t_copy[r] = ps_mono_s() - a;
         for (int k = 0; k < 3; k++) {
-            a = now_s();
+            a = ps_mono_s();
             psd_table_apply(t[k], 0, n, g, (uint64_t)r + 1);
-            t_opt[k][r] = now_s() - a;
+            t_opt[k][r] = ps_mono_s() - a;
         }
     }
     double copy = median(t_copy, repeat);
@@ -142,16 +135,16 @@ int main(int argc, char **argv)
     }
     double t_sp[100], t_sc[100], t_rw[100];
     for (int r = 0; r < repeat; r++) {
-        double a = now_s();
+        double a = ps_mono_s();
         psd_table_apply_keys(st, keys, g, nk, (uint64_t)r + 1);
-        t_sp[r] = now_s() - a;
-        a = now_s();
+        t_sp[r] = ps_mono_s() - a;
+        a = ps_mono_s();
         psd_table_push_rows(rt, keys, g, nk, err, sizeof err);
-        t_rw[r] = now_s() - a;
-        a = now_s();
+        t_rw[r] = ps_mono_s() - a;
+        a = ps_mono_s();
         for (uint64_t i = 0; i < nk; i++) /* the same SGD update, plainly */
             plain[keys[i]] -= 0.01f * g[i];
-        t_sc[r] = now_s() - a;
+        t_sc[r] = ps_mono_s() - a;
     }
     double sp = median(t_sp, repeat), sc = median(t_sc, repeat), rw = median(t_rw, repeat);
     printf("\nsparse apply of %llu random keys into %llu elements, median of %d\n",

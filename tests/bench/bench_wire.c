@@ -25,6 +25,7 @@
  * and no latency rows (for profiling one path with perf or callgrind). */
 #include "psclient.h"
 
+#include "ps_clock.h"
 #include "ps_err.h"
 #include "ps_limits.h"
 
@@ -51,13 +52,6 @@
 enum op { OP_PUSH, OP_PULL, OP_PUSH_PULL, OP_PULL_VIEW, OPS };
 static const char *const op_names[] = {"push", "pull", "push-pull", "pull-view"};
 #define ONLY_SPARSE OPS /* --only sparse */
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 static void die(const char *what, const char *why)
 {
@@ -262,13 +256,14 @@ static double raw_run(struct raw *r, enum op op, size_t bytes, int window, doubl
     size_t part = bytes / (size_t)r->n;
     uint64_t done = 0, sent = 0;
     double sent_at[WINDOW_MAX];
-    double t0 = now_s(), end = t0 + secs;
+    double t0 = ps_mono_s(), end = t0 + secs;
     for (;;) {
-        int issue = sent - done < (uint64_t)window && (lat ? sent < (uint64_t)nlat : now_s() < end);
+        int issue =
+            sent - done < (uint64_t)window && (lat ? sent < (uint64_t)nlat : ps_mono_s() < end);
         if (issue) {
             for (int s = 0; s < r->n; s++)
                 raw_send(r, s, op, buf + (size_t)s * part, part);
-            sent_at[sent % WINDOW_MAX] = now_s();
+            sent_at[sent % WINDOW_MAX] = ps_mono_s();
             sent++;
             continue;
         }
@@ -277,10 +272,10 @@ static double raw_run(struct raw *r, enum op op, size_t bytes, int window, doubl
         for (int s = 0; s < r->n; s++)
             raw_recv(r, s);
         if (lat)
-            lat[done] = now_s() - sent_at[done % WINDOW_MAX];
+            lat[done] = ps_mono_s() - sent_at[done % WINDOW_MAX];
         done++;
     }
-    return (double)done / (now_s() - t0);
+    return (double)done / (ps_mono_s() - t0);
 }
 
 /* ---- through psclient ------------------------------------------------------ */
@@ -328,14 +323,15 @@ static double ps_run(struct ps *p, enum op op, size_t bytes, int window, double 
 {
     uint64_t n = bytes / 4, done = 0, sent = 0, tk[WINDOW_MAX];
     double sent_at[WINDOW_MAX];
-    double t0 = now_s(), end = t0 + secs;
+    double t0 = ps_mono_s(), end = t0 + secs;
     for (;;) {
-        int issue = sent - done < (uint64_t)window && (lat ? sent < (uint64_t)nlat : now_s() < end);
+        int issue =
+            sent - done < (uint64_t)window && (lat ? sent < (uint64_t)nlat : ps_mono_s() < end);
         if (issue) {
             int k = (int)(sent % WINDOW_MAX);
             if (ps_issue(p, op, n, g, outs[k], &tk[k]) != 0)
                 die(op_names[op], psc_last_error(p->c));
-            sent_at[k] = now_s();
+            sent_at[k] = ps_mono_s();
             sent++;
             continue;
         }
@@ -346,10 +342,10 @@ static double ps_run(struct ps *p, enum op op, size_t bytes, int window, double 
             (op == OP_PULL_VIEW && psc_view_release(p->c, tk[k]) != 0))
             die(op_names[op], psc_last_error(p->c));
         if (lat)
-            lat[done] = now_s() - sent_at[k];
+            lat[done] = ps_mono_s() - sent_at[k];
         done++;
     }
-    return (double)done / (now_s() - t0);
+    return (double)done / (ps_mono_s() - t0);
 }
 
 /* ---- report ---------------------------------------------------------------- */
@@ -469,8 +465,8 @@ static void sparse_bench(char eps[][256], double secs)
             random_keys(keys + (size_t)k * n, n, space, &seed);
         uint64_t done = 0, shm_sent0 = 0, shm_sent = 0, shm_received = 0;
         psc_shm_bytes(c, &shm_sent0, &shm_received);
-        double t0 = now_s(), end = t0 + secs;
-        while (now_s() < end) {
+        double t0 = ps_mono_s(), end = t0 + secs;
+        while (ps_mono_s() < end) {
             uint64_t tk = 0;
             const uint64_t *k = keys + (done % SETS) * n;
             int rc = cases[ci].sparse ? psc_push_rows(c, t, k, n, g, 0, &tk)
@@ -479,7 +475,7 @@ static void sparse_bench(char eps[][256], double secs)
                 die("sparse push", psc_last_error(c));
             done++;
         }
-        double rps = (double)done / (now_s() - t0);
+        double rps = (double)done / (ps_mono_s() - t0);
         psc_shm_bytes(c, &shm_sent, &shm_received);
         if (shm && shm_sent - shm_sent0 != done * n * (sizeof(uint64_t) + sizeof(float)))
             die(cases[ci].what, "not every key and value went through the region");

@@ -1,6 +1,8 @@
 /* Process harness for integration tests. */
 #include "harness.h"
 
+#include "ps_clock.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -18,9 +20,7 @@ static int atexit_set;
 
 long long harness_now_ms(void)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+    return ps_mono_ms();
 }
 
 static void reap_all(void)
