@@ -13,9 +13,9 @@
  * reply into the caller's buffer, which the raw client never does.
  *
  * Then latency (p50/p99) of a 64-byte and a 1 MiB push-pull at window 1
- * beside raw, and sparse pushes: 65,536 keys x 1 float into a 10M-element
- * dense table (keyed push) and a sparse table, 4,096 keys x 64 floats into
- * a sparse table.
+ * beside raw, the two sampled in alternating rounds, and sparse pushes:
+ * 65,536 keys x 1 float into a 10M-element dense table (keyed push) and a
+ * sparse table, 4,096 keys x 64 floats into a sparse table.
  *
  * Reports; never passes or fails on numbers.
  *   bench_wire [--psd PATH] [--seconds S] [--quick] [--only OP] [--size BYTES]
@@ -622,10 +622,21 @@ int main(int argc, char **argv)
             static double lp[LAT_MAX], lr[LAT_MAX];
             const size_t lsizes[] = {64, 1u << 20};
             for (int li = 0; li < 2; li++) {
-                int cnt = lsizes[li] < 4096 ? LAT_MAX : 400;
+                int cnt = lsizes[li] < 4096 ? LAT_MAX : 400, part = cnt / ROUNDS;
                 ps_run(&p, OP_PUSH_PULL, lsizes[li], 1, 0, (const float *)buf, outs, lp, cnt / 4);
-                ps_run(&p, OP_PUSH_PULL, lsizes[li], 1, 0, (const float *)buf, outs, lp, cnt);
-                raw_run(&r, OP_PUSH_PULL, lsizes[li], 1, 0, buf, lr, cnt);
+                raw_run(&r, OP_PUSH_PULL, lsizes[li], 1, 0, buf, lr, cnt / 4);
+                /* in alternating rounds too (see the cells above), the
+                 * percentiles taken over all the rounds' samples */
+                for (int k = 0; k < ROUNDS; k++) {
+                    if (k % 2 == 0)
+                        ps_run(&p, OP_PUSH_PULL, lsizes[li], 1, 0, (const float *)buf, outs,
+                               lp + k * part, part);
+                    raw_run(&r, OP_PUSH_PULL, lsizes[li], 1, 0, buf, lr + k * part, part);
+                    if (k % 2 == 1)
+                        ps_run(&p, OP_PUSH_PULL, lsizes[li], 1, 0, (const float *)buf, outs,
+                               lp + k * part, part);
+                }
+                cnt = part * ROUNDS;
                 double p50 = pct(lp, cnt, 0.5) * 1e6, p99 = pct(lp, cnt, 0.99) * 1e6;
                 double r50 = pct(lr, cnt, 0.5) * 1e6, r99 = pct(lr, cnt, 0.99) * 1e6;
                 printf("%7s %10.1f %10.1f %10.1f %10.1f %6.0f%%\n",
