@@ -16,6 +16,7 @@
 #include "ps_init.h"
 #include "ps_shard.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -61,21 +62,36 @@ static struct psd_table *make(const char *name, uint64_t n, Ps__OptimizerKind op
 int main(int argc, char **argv)
 {
     int repeat = 5;
-    const char *json = NULL;
+    FILE *json = NULL;
     for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--repeat") == 0 && i + 1 < argc)
-            repeat = atoi(argv[++i]);
-        else if (strcmp(argv[i], "--json") == 0 && i + 1 < argc)
-            json = argv[++i];
-        else {
+        if (strcmp(argv[i], "--repeat") == 0 && i + 1 < argc) {
+            char *end = NULL;
+            long v = strtol(argv[++i], &end, 10);
+            if (end == argv[i] || *end != '\0' || v < 1 || v > 100) {
+                fprintf(stderr,
+                        "bench_apply: --repeat must be a whole number from 1 to 100, not '%s'\n",
+                        argv[i]);
+                return 2;
+            }
+            repeat = (int)v;
+        } else if (strcmp(argv[i], "--json") == 0 && i + 1 < argc) {
+            if (json != NULL)
+                fclose(json);
+            if ((json = fopen(argv[++i], "w")) == NULL) {
+                fprintf(stderr, "bench_apply: --json %s: %s\n", argv[i], strerror(errno));
+                return 1;
+            }
+        } else {
             fprintf(stderr, "usage: bench_apply [--repeat N] [--json PATH]\n");
             return 2;
         }
     }
-    if (repeat < 1 || repeat > 100)
-        repeat = 5;
     const uint64_t n = 16u << 20; /* 64 MiB of f32 */
     float *g = malloc(n * 4), *dst = malloc(n * 4);
+    if (g == NULL || dst == NULL) {
+        fprintf(stderr, "bench_apply: cannot allocate 2 x %llu bytes\n", (unsigned long long)n * 4);
+        return 1;
+    }
     ps_init_fill(g, n, PS_INIT_UNIFORM, 0.01f, 2, 0);
     memset(dst, 1, n * 4);
     double t_copy[100], t_opt[3][100];
@@ -158,16 +174,16 @@ int main(int argc, char **argv)
            "sparse %.1f%%, rows %.1f%% of the scatter loop\n",
            100 * ratio[0], 100 * ratio[1], 100 * ratio[2], 100 * sc / sp, 100 * sc / rw);
     if (json != NULL) {
-        FILE *f = fopen(json, "w");
-        if (f != NULL) {
-            fprintf(f,
-                    "{\"memcpy_gbps\": %.3f, \"sgd_ratio\": %.4f, \"momentum_ratio\": %.4f, "
-                    "\"adam_ratio\": %.4f, \"sparse_updates_per_s\": %.0f, "
-                    "\"scatter_updates_per_s\": %.0f, \"sparse_ratio\": %.4f, "
-                    "\"rows_updates_per_s\": %.0f, \"rows_ratio\": %.4f}\n",
-                    copy_bw / 1e9, ratio[0], ratio[1], ratio[2], nk / sp, nk / sc, sc / sp, nk / rw,
-                    sc / rw);
-            fclose(f);
+        fprintf(json,
+                "{\"memcpy_gbps\": %.3f, \"sgd_ratio\": %.4f, \"momentum_ratio\": %.4f, "
+                "\"adam_ratio\": %.4f, \"sparse_updates_per_s\": %.0f, "
+                "\"scatter_updates_per_s\": %.0f, \"sparse_ratio\": %.4f, "
+                "\"rows_updates_per_s\": %.0f, \"rows_ratio\": %.4f}\n",
+                copy_bw / 1e9, ratio[0], ratio[1], ratio[2], nk / sp, nk / sc, sc / sp, nk / rw,
+                sc / rw);
+        if (fclose(json) != 0) {
+            fprintf(stderr, "bench_apply: writing --json: %s\n", strerror(errno));
+            return 1;
         }
     }
     for (int k = 0; k < 3; k++)
