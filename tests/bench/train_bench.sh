@@ -19,14 +19,19 @@
 # One 1+1 row pins the worker's training thread away from psd and the
 # I/O threads (--cpus, --io-cpus): on a 2-core machine they otherwise take
 # turns on both cores.
-#   tests/bench/train_bench.sh [--build-dir DIR] [--steps N] [--batch B] [--device D]
-#                              [--repeat N] [--blas-threads N] [--json PATH]
+#   tests/bench/train_bench.sh [--build-dir DIR] [--no-build] [--steps N] [--batch B]
+#                              [--device D] [--repeat N] [--blas-threads N] [--no-torch]
+#                              [--json PATH]
+# --no-build uses DIR as it is (the tests run it so, on their own build);
+# --no-torch leaves out the PyTorch rows.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 build=build-release steps=600 batch=64 device=cpu consistency=bsp json="" repeat=3 blas=1
+do_build=1 with_torch=1
 while [ $# -gt 0 ]; do
   case "$1" in
     --build-dir) build=$2; shift 2 ;;
+    --no-build) do_build=0; shift ;;
     --steps) steps=$2; shift 2 ;;
     --batch) batch=$2; shift 2 ;;
     --device) device=$2; shift 2 ;;
@@ -34,11 +39,20 @@ while [ $# -gt 0 ]; do
     --json) json=$2; shift 2 ;;
     --repeat) repeat=$2; shift 2 ;;
     --blas-threads) blas=$2; shift 2 ;;
+    --no-torch) with_torch=0; shift ;;
     *) echo "train_bench: unknown option '$1'" >&2; exit 2 ;;
   esac
 done
-if [ ! -f "$build/build.ninja" ]; then meson setup "$build" -Dbuildtype=release >/dev/null; fi
-ninja -C "$build" >/dev/null
+for v in steps batch repeat blas; do
+  if ! [[ ${!v} =~ ^[1-9][0-9]*$ ]]; then
+    echo "train_bench: --${v/blas/blas-threads} must be a positive whole number, not '${!v}'" >&2
+    exit 2
+  fi
+done
+if [ "$do_build" = 1 ]; then
+  if [ ! -f "$build/build.ninja" ]; then meson setup "$build" -Dbuildtype=release >/dev/null; fi
+  ninja -C "$build" >/dev/null
+fi
 psd="$build/server/psd" psw="$build/worker/psworker"
 run=$(mktemp -d /tmp/psd-bench.XXXXXX)
 pids=() psd_opts=()
@@ -76,21 +90,32 @@ dist() { # shards workers consistency [options...]: psd:OPT goes to psd, the res
     if [[ $o == psd:* ]]; then psd_opts+=("${o#psd:}"); else wopts+=("$o"); fi
   done
   start_shards "$n" "$w" "$mode"
-  local files=() wp=()
+  local files=() wp=() failed=0
   for ((r = 0; r < w; r++)); do
+    rm -f "$run/dist.$r.json" # a failed run must not read the last one's
     OPENBLAS_NUM_THREADS=$blas "$psw" --servers "$servers" --rank "$r" --workers "$w" "${common[@]}" \
       "${wopts[@]}" --summary-json "$run/dist.$r.json" 2>"$run/dist.$r.log" &
     wp+=($!); files+=("$run/dist.$r.json")
   done
-  for p in "${wp[@]}"; do wait "$p"; done
+  for p in "${wp[@]}"; do wait "$p" || failed=1; done
   stop_shards
+  if [ "$failed" = 1 ]; then
+    echo "train_bench: a worker failed in 'dist $n $w $mode $*'; the end of its log:" >&2
+    tail -n 5 "$run"/dist.*.log >&2
+    return 1 # the caller's assignment fails, and set -e ends the script
+  fi
   sps "${files[@]}"
 }
 
 alone() { # blas-threads ("-": OpenBLAS default) [psworker options...]
   if [ "${1:--}" != - ]; then export OPENBLAS_NUM_THREADS=$1; else unset OPENBLAS_NUM_THREADS; fi
   shift
-  "$psw" --standalone "${common[@]}" "$@" --summary-json "$run/alone.json" 2>"$run/alone.log"
+  rm -f "$run/alone.json"
+  if ! "$psw" --standalone "${common[@]}" "$@" --summary-json "$run/alone.json" 2>"$run/alone.log"; then
+    echo "train_bench: psworker --standalone $* failed; the end of its log:" >&2
+    tail -n 5 "$run/alone.log" >&2
+    return 1
+  fi
   unset OPENBLAS_NUM_THREADS
   sps "$run/alone.json"
 }
@@ -122,7 +147,7 @@ configs+=(
 torch() { # threads: the same MLP in PyTorch (python3-torch), same BLAS, same batch
   /usr/bin/python3 tests/bench/torch_mlp.py --steps "$steps" --batch "$batch" --threads "$1"
 }
-if [ "$device" = cpu ] && /usr/bin/python3 -c 'import torch' 2>/dev/null; then
+if [ "$with_torch" = 1 ] && [ "$device" = cpu ] && /usr/bin/python3 -c 'import torch' 2>/dev/null; then
   configs+=("pytorch, 1 thread|pytorch_1thread|torch 1" "pytorch, $(nproc) threads|pytorch|torch $(nproc)")
 fi
 declare -A runs=()

@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """The benchmarks still run: `bench_wire --quick` against real psd
 processes (every cell of 1 and 2 shards, the latency rows, the sparse
-pushes over tcp, the Unix socket and shared memory) and `bench_apply
---repeat 1`, each ending with status 0 and a --json file with every row
-and no empty number. Never a check on speed: a number only has to be
+pushes over tcp, the Unix socket and shared memory), `bench_apply
+--repeat 1` and `train_bench.sh --steps 20 --repeat 1` on this build's
+psd and psworker, each ending with status 0 and a --json file with every
+row and no empty number. Never a check on speed: a number only has to be
 there, finite and above zero. In the test build (ASan, UBSan) this also
 runs the client library's windowed, zero-copy and shared-memory paths
 under the sanitizers. Flags a benchmark cannot use are refused, naming
@@ -94,6 +95,27 @@ def apply_(bench, tmp):
           "bench_apply's JSON has every number, above 0 (%s)" % r)
 
 
+def train(script, tmp):
+    out = os.path.join(tmp, "train.json")
+    build = os.path.dirname(os.path.dirname(os.path.abspath(PSD)))
+    if run(["bash", script, "--build-dir", build, "--no-build", "--steps", "20", "--repeat", "1",
+            "--no-torch", "--json", out], "train_bench.sh", 600) is None:
+        return
+    r = load(out, "train_bench.sh")
+    if r is None:
+        return
+    keys = ["standalone", "standalone_1thread", "standalone_helper", "one_plus_one",
+            "one_plus_one_nobatch", "one_plus_one_1thread", "one_plus_one_noshm",
+            "one_plus_one_tcp", "two_plus_two", "two_plus_two_asp", "two_plus_two_topk",
+            "two_plus_two_f16"]
+    if len(os.sched_getaffinity(0)) > 1:
+        keys.append("one_plus_one_pinned")  # only where there is a CPU to pin away from
+    check(isinstance(r, dict) and positive(r, *keys),
+          "train_bench.sh's JSON has samples/s above 0 for every configuration (%s)" % r)
+    check(isinstance(r, dict) and r.get("steps") == 20 and r.get("batch") == 64,
+          "train_bench.sh's JSON names its steps and batch (%s)" % r)
+
+
 def refused(args, flag, what):
     p = subprocess.run(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                        timeout=60)
@@ -103,10 +125,10 @@ def refused(args, flag, what):
 
 
 def main():
-    if len(sys.argv) != 3:
-        print("usage: test_bench.py BENCH_WIRE BENCH_APPLY", file=sys.stderr)
+    if len(sys.argv) != 4:
+        print("usage: test_bench.py BENCH_WIRE BENCH_APPLY TRAIN_BENCH_SH", file=sys.stderr)
         return 2
-    bench_wire, bench_apply = sys.argv[1], sys.argv[2]
+    bench_wire, bench_apply, train_bench = sys.argv[1:4]
     tmp = tempfile.mkdtemp(prefix="psd-bench.")
     refused([bench_apply, "--repeat", "0"], "--repeat", "bench_apply --repeat 0")
     refused([bench_apply, "--repeat", "5x"], "--repeat", "bench_apply --repeat 5x")
@@ -114,8 +136,11 @@ def main():
             "bench_apply --json in a missing directory")
     refused([bench_wire, "--psd", PSD, "--size", "1000"], "--size", "bench_wire --size 1000")
     refused([bench_wire, "--psd", PSD, "--seconds", "0"], "--seconds", "bench_wire --seconds 0")
+    refused(["bash", train_bench, "--no-build", "--repeat", "0"], "--repeat",
+            "train_bench.sh --repeat 0")
     wire(bench_wire, tmp)
     apply_(bench_apply, tmp)
+    train(train_bench, tmp)
     finish(tmp)
 
 
