@@ -284,9 +284,9 @@ static int block_unordered(const void *keys, size_t i, size_t end)
  * signed 64-bit lanes, so both sides get the top bit flipped first, which
  * orders them as unsigned. 65,536 keys: 24.2 -> 9.1 us in the release
  * build, 36 -> 9.1 us at -O2 (which does not vectorise the plain loop).
- * Intrinsics rather
- * than a target attribute on the plain loop, so that it is the same code
- * at every optimisation level, the tests' -O0 build included. */
+ * Intrinsics rather than a target attribute on the plain loop, so that it
+ * is the same code at every optimisation level, the tests' -O0 build
+ * included. */
 __attribute__((target("avx2"))) static int block_unordered_avx2(const void *keys, size_t i,
                                                                 size_t end)
 {

@@ -6,13 +6,13 @@
 #include "data.h"
 #include "mlp.h"
 #include "psclient.h"
-#include "ps_clock.h"
 #include "ps_safetensors.h"
 #include "sparse_lr.h"
 
 #include "psk.h"
 #include "psk_optim.h"
 
+#include "ps_clock.h"
 #include "ps_cpus.h"
 #include "ps_curve.h"
 #include "ps_err.h"

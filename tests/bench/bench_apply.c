@@ -14,12 +14,15 @@
 
 #include "ps_clock.h"
 #include "ps_init.h"
+#include "ps_opts.h"
 #include "ps_shard.h"
 
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#define REPEAT_MAX 100 /* --repeat: the timings kept of each */
 
 static int cmp_d(const void *a, const void *b)
 {
@@ -65,12 +68,11 @@ int main(int argc, char **argv)
     FILE *json = NULL;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--repeat") == 0 && i + 1 < argc) {
-            char *end = NULL;
-            long v = strtol(argv[++i], &end, 10);
-            if (end == argv[i] || *end != '\0' || v < 1 || v > 100) {
+            uint64_t v = 0;
+            if (ps_parse_u64(argv[++i], 1, REPEAT_MAX, &v) != 0) {
                 fprintf(stderr,
-                        "bench_apply: --repeat must be a whole number from 1 to 100, not '%s'\n",
-                        argv[i]);
+                        "bench_apply: --repeat must be a whole number from 1 to %d, not '%s'\n",
+                        REPEAT_MAX, argv[i]);
                 return 2;
             }
             repeat = (int)v;
@@ -94,7 +96,7 @@ int main(int argc, char **argv)
     }
     ps_init_fill(g, n, PS_INIT_UNIFORM, 0.01f, 2, 0);
     memset(dst, 1, n * 4);
-    double t_copy[100], t_opt[3][100];
+    double t_copy[REPEAT_MAX], t_opt[3][REPEAT_MAX];
     const Ps__OptimizerKind kinds[3] = {PS__OPTIMIZER_KIND__OPT_SGD,
                                         PS__OPTIMIZER_KIND__OPT_MOMENTUM,
                                         PS__OPTIMIZER_KIND__OPT_ADAM};
@@ -149,7 +151,7 @@ int main(int argc, char **argv)
         h = ps_mix64(h);
         keys[i] = i * step + h % step;
     }
-    double t_sp[100], t_sc[100], t_rw[100];
+    double t_sp[REPEAT_MAX], t_sc[REPEAT_MAX], t_rw[REPEAT_MAX];
     for (int r = 0; r < repeat; r++) {
         double a = ps_mono_s();
         psd_table_apply_keys(st, keys, g, nk, (uint64_t)r + 1);

@@ -28,6 +28,7 @@
 #include "ps_clock.h"
 #include "ps_err.h"
 #include "ps_limits.h"
+#include "ps_opts.h"
 
 #include <errno.h>
 #include <signal.h>
@@ -348,6 +349,35 @@ static double ps_run(struct ps *p, enum op op, size_t bytes, int window, double 
     return (double)done / (ps_mono_s() - t0);
 }
 
+/* What a measurement runs on: psd through the client, and raw. */
+struct sides {
+    struct ps *p;
+    struct raw *r;
+    const unsigned char *buf; /* the values sent */
+    float **outs;             /* psd's pull buffers */
+};
+
+/* One measurement of a cell on both sides, psd's first when k is even and
+ * raw's first when it is odd: this machine's speed drifts over seconds,
+ * and a drift inside one long run of each side moved a cell's ratio by
+ * tens of percent between runs. A timed run of secs each, requests/s into
+ * *pr and *rr (when not NULL); or, with nlat, that many round trips each,
+ * their latencies into lp and lr. */
+static void both_sides(const struct sides *sd, int k, enum op op, size_t bytes, int window,
+                       double secs, double *lp, double *lr, int nlat, double *pr, double *rr)
+{
+    double a = 0, c = 0;
+    if (k % 2 == 0)
+        a = ps_run(sd->p, op, bytes, window, secs, (const float *)sd->buf, sd->outs, lp, nlat);
+    c = raw_run(sd->r, op, bytes, window, secs, sd->buf, lr, nlat);
+    if (k % 2 != 0)
+        a = ps_run(sd->p, op, bytes, window, secs, (const float *)sd->buf, sd->outs, lp, nlat);
+    if (pr != NULL)
+        *pr = a;
+    if (rr != NULL)
+        *rr = c;
+}
+
 /* ---- report ---------------------------------------------------------------- */
 
 static FILE *json;
@@ -503,9 +533,10 @@ int main(int argc, char **argv)
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--psd") == 0 && i + 1 < argc)
             psd = argv[++i];
-        else if (strcmp(argv[i], "--seconds") == 0 && i + 1 < argc)
-            secs = atof(argv[++i]);
-        else if (strcmp(argv[i], "--json") == 0 && i + 1 < argc)
+        else if (strcmp(argv[i], "--seconds") == 0 && i + 1 < argc) {
+            if (ps_parse_f64(argv[++i], 0, 600, &secs) != 0)
+                die("--seconds", "must be a number in (0, 600)");
+        } else if (strcmp(argv[i], "--json") == 0 && i + 1 < argc)
             json_path = argv[++i];
         else if (strcmp(argv[i], "--quick") == 0)
             quick = 1;
@@ -519,14 +550,16 @@ int main(int argc, char **argv)
             if (only < 0)
                 die("--only", "expects push, pull, push-pull, pull-view or sparse");
         } else if (strcmp(argv[i], "--size") == 0 && i + 1 < argc) {
-            size_only = strtoull(argv[++i], NULL, 10);
-            if (size_only != 4096 && size_only != 65536 && size_only != 1u << 20 &&
-                size_only != 16u << 20)
+            uint64_t v = 0;
+            if (ps_parse_u64(argv[++i], 1, 16u << 20, &v) != 0 ||
+                (v != 4096 && v != 65536 && v != 1u << 20 && v != 16u << 20))
                 die("--size", "expects 4096, 65536, 1048576 or 16777216");
+            size_only = (size_t)v;
         } else if (strcmp(argv[i], "--shards") == 0 && i + 1 < argc) {
-            shards_only = atoi(argv[++i]);
-            if (shards_only < 1 || shards_only > SHARDS_MAX)
+            uint64_t v = 0;
+            if (ps_parse_u64(argv[++i], 1, SHARDS_MAX, &v) != 0)
                 die("--shards", "expects 1 or 2");
+            shards_only = (int)v;
         } else {
             fprintf(stderr, "usage: bench_wire [--psd PATH] [--seconds S] [--quick] [--only OP] "
                             "[--size BYTES] [--shards N] [--json PATH]\n");
@@ -576,30 +609,18 @@ int main(int argc, char **argv)
         struct raw r;
         ps_connect(&p, eps, n, max_bytes / 4);
         raw_connect(&r, reps, n);
+        const struct sides sd = {&p, &r, buf, outs};
         for (int op = 0; op < OPS; op++)
             for (size_t si = 0; si < nsizes && (only < 0 || only == op); si++)
                 for (int wi = 0; wi < 2 && (!size_only || sizes[si] == size_only); wi++) {
                     size_t b = sizes[si];
                     int w = windows[wi];
-                    /* warm both paths, then measure them in alternating
-                     * rounds (which goes first alternates too): this
-                     * machine's speed drifts over seconds, and a drift
-                     * inside one long run of each moved the ratio of a
-                     * cell by tens of percent between runs */
-                    ps_run(&p, op, b, w, secs / 10, (const float *)buf, outs, NULL, 0);
-                    raw_run(&r, op, b, w, secs / 10, buf, NULL, 0);
+                    /* warm both paths, then measure them in rounds */
+                    both_sides(&sd, 0, op, b, w, secs / 10, NULL, NULL, 0, NULL, NULL);
                     double pr = 0, rr = 0, ratio[ROUNDS];
                     for (int k = 0; k < ROUNDS; k++) {
                         double a, c;
-                        if (k % 2 == 0) {
-                            a = ps_run(&p, op, b, w, secs / ROUNDS, (const float *)buf, outs, NULL,
-                                       0);
-                            c = raw_run(&r, op, b, w, secs / ROUNDS, buf, NULL, 0);
-                        } else {
-                            c = raw_run(&r, op, b, w, secs / ROUNDS, buf, NULL, 0);
-                            a = ps_run(&p, op, b, w, secs / ROUNDS, (const float *)buf, outs, NULL,
-                                       0);
-                        }
+                        both_sides(&sd, k, op, b, w, secs / ROUNDS, NULL, NULL, 0, &a, &c);
                         pr += a / ROUNDS;
                         rr += c / ROUNDS;
                         ratio[k] = a / c;
@@ -623,19 +644,12 @@ int main(int argc, char **argv)
             const size_t lsizes[] = {64, 1u << 20};
             for (int li = 0; li < 2; li++) {
                 int cnt = lsizes[li] < 4096 ? LAT_MAX : 400, part = cnt / ROUNDS;
-                ps_run(&p, OP_PUSH_PULL, lsizes[li], 1, 0, (const float *)buf, outs, lp, cnt / 4);
-                raw_run(&r, OP_PUSH_PULL, lsizes[li], 1, 0, buf, lr, cnt / 4);
-                /* in alternating rounds too (see the cells above), the
-                 * percentiles taken over all the rounds' samples */
-                for (int k = 0; k < ROUNDS; k++) {
-                    if (k % 2 == 0)
-                        ps_run(&p, OP_PUSH_PULL, lsizes[li], 1, 0, (const float *)buf, outs,
-                               lp + k * part, part);
-                    raw_run(&r, OP_PUSH_PULL, lsizes[li], 1, 0, buf, lr + k * part, part);
-                    if (k % 2 == 1)
-                        ps_run(&p, OP_PUSH_PULL, lsizes[li], 1, 0, (const float *)buf, outs,
-                               lp + k * part, part);
-                }
+                /* warmed, then in rounds as the cells above; the
+                 * percentiles over all the rounds' samples */
+                both_sides(&sd, 0, OP_PUSH_PULL, lsizes[li], 1, 0, lp, lr, cnt / 4, NULL, NULL);
+                for (int k = 0; k < ROUNDS; k++)
+                    both_sides(&sd, k, OP_PUSH_PULL, lsizes[li], 1, 0, lp + k * part, lr + k * part,
+                               part, NULL, NULL);
                 cnt = part * ROUNDS;
                 double p50 = pct(lp, cnt, 0.5) * 1e6, p99 = pct(lp, cnt, 0.99) * 1e6;
                 double r50 = pct(lr, cnt, 0.5) * 1e6, r99 = pct(lr, cnt, 0.99) * 1e6;

@@ -131,11 +131,15 @@ def main():
     bench_wire, bench_apply, train_bench = sys.argv[1:4]
     tmp = tempfile.mkdtemp(prefix="psd-bench.")
     refused([bench_apply, "--repeat", "0"], "--repeat", "bench_apply --repeat 0")
+    refused([bench_apply, "--repeat", "101"], "--repeat", "bench_apply --repeat 101")
     refused([bench_apply, "--repeat", "5x"], "--repeat", "bench_apply --repeat 5x")
     refused([bench_apply, "--json", os.path.join(tmp, "no", "such", "dir.json")], "--json",
             "bench_apply --json in a missing directory")
     refused([bench_wire, "--psd", PSD, "--size", "1000"], "--size", "bench_wire --size 1000")
+    refused([bench_wire, "--psd", PSD, "--size", "4096x"], "--size", "bench_wire --size 4096x")
+    refused([bench_wire, "--psd", PSD, "--shards", "3"], "--shards", "bench_wire --shards 3")
     refused([bench_wire, "--psd", PSD, "--seconds", "0"], "--seconds", "bench_wire --seconds 0")
+    refused([bench_wire, "--psd", PSD, "--seconds", "1x"], "--seconds", "bench_wire --seconds 1x")
     refused(["bash", train_bench, "--no-build", "--repeat", "0"], "--repeat",
             "train_bench.sh --repeat 0")
     wire(bench_wire, tmp)
