@@ -5,6 +5,7 @@
 
 #include "ps_err.h"
 #include "ps_limits.h"
+#include "ps_header.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -552,7 +553,11 @@ int ps_wire_decode(struct ps_arena *arena, const struct ps_frame *frames, size_t
         return ps_errf(PS_ELIMIT, err, errlen, "header frame is %zu bytes, limit %u",
                        frames[0].size, PS_HEADER_BYTES_MAX);
     ps_arena_reset(arena);
-    Ps__Header *h = ps__header__unpack(&arena->pa, frames[0].size, (const uint8_t *)frames[0].data);
+    const uint8_t *hbytes = frames[0].data;
+    /* the data path's headers are flat; protobuf-c unpacks the rest */
+    Ps__Header *h = ps_header_unpack_fast(&arena->pa, frames[0].size, hbytes);
+    if (h == NULL)
+        h = ps__header__unpack(&arena->pa, frames[0].size, hbytes);
     if (h == NULL)
         return ps_errf(PS_EPROTO, err, errlen, "header frame (%zu bytes) is not a valid ps.Header",
                        frames[0].size);
@@ -599,28 +604,14 @@ void ps_wire_header_init(Ps__Header *h, Ps__Op op)
     h->dim = 1;
 }
 
-/* Bytes a header without nested messages packs to at most: every scalar
- * field at its widest (a 2-byte tag and a 10-byte varint), and each string
- * with a 2-byte tag and a 5-byte length. NULL-safe for the strings. */
-static size_t header_bound(const Ps__Header *h)
-{
-    const char *str[3] = {h->error, h->detail, h->local_endpoint};
-    size_t b = 29 * 12;
-    for (int i = 0; i < 3; i++)
-        b += 7 + (str[i] != NULL ? strlen(str[i]) : 0);
-    return b;
-}
-
 int64_t ps_wire_header_pack(const Ps__Header *h, uint8_t *buf, size_t cap)
 {
-    /* protobuf-c's size pass costs about as much as packing itself: skip it
-     * for the headers of data requests and replies, which fit by a bound */
     size_t fits = cap < PS_HEADER_BYTES_MAX ? cap : PS_HEADER_BYTES_MAX;
-    if (h->spec == NULL && h->stats == NULL && h->base.n_unknown_fields == 0 &&
-        header_bound(h) <= fits)
-        return (int64_t)ps__header__pack(h, buf);
+    int64_t n = ps_header_pack_fast(h, buf, fits);
+    if (n >= 0)
+        return n;
     size_t need = ps__header__get_packed_size(h);
-    if (need > cap || need > PS_HEADER_BYTES_MAX)
+    if (need > fits)
         return PS_ELIMIT;
     return (int64_t)ps__header__pack(h, buf);
 }

@@ -90,7 +90,8 @@ int ps_wire_check_spec(const Ps__TableSpec *spec, char *err, size_t errlen);
 void ps_wire_header_init(Ps__Header *h, Ps__Op op);
 
 /* Packs h into buf[0..cap). Returns bytes written, or PS_ELIMIT when the
- * packed header would exceed cap or PS_HEADER_BYTES_MAX. */
+ * packed header would exceed cap or PS_HEADER_BYTES_MAX (nothing is
+ * written then). */
 int64_t ps_wire_header_pack(const Ps__Header *h, uint8_t *buf, size_t cap);
 
 /* 1 for the ops that move values (pull, push, push-pull): the ones whose

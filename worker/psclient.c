@@ -5,6 +5,7 @@
 #include "ps_clock.h"
 #include "ps_err.h"
 #include "ps_half.h"
+#include "ps_header.h"
 #include "ps_limits.h"
 #include "ps_local.h"
 #include "ps_shard.h"
@@ -307,7 +308,7 @@ static void flush_shard(struct psc_client *c, uint32_t s)
         rc = zmq_send(sock, q->recs + sizeof(uint32_t), bytes, ZMQ_DONTWAIT);
     } else {
         Ps__Header e;
-        uint8_t env[128];
+        uint8_t env[PS_HEADER_SCALARS_BYTES_MAX + 8];
         ps_wire_header_init(&e, PS__OP__OP_BATCH);
         e.worker_id = c->worker_id;
         e.count = q->n;

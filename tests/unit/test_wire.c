@@ -1,9 +1,11 @@
 /* Wire codec: round trips, every malformed case of the shared table, and
  * boundaries (at a limit and one past it). */
 #include "cases.h"
+#include "header_diff.h"
 
 #include "ps_err.h"
 #include "ps_limits.h"
+#include "ps_header.h"
 #include "ps_wire.h"
 
 #include <setjmp.h>
@@ -203,6 +205,216 @@ static void test_header_pack_widest(void **state)
         assert_string_equal(u->local_endpoint, ep);
         ps__header__free_unpacked(u, NULL);
     }
+}
+
+/* ---- the header fast path against protobuf-c ---------------------------- */
+
+static uint64_t rng_next(uint64_t *x)
+{
+    *x ^= *x << 13;
+    *x ^= *x >> 7;
+    *x ^= *x << 17;
+    return *x;
+}
+
+/* A value for a field: often zero (not sent), small, the widest, or any. */
+static uint64_t rng_field(uint64_t *x)
+{
+    switch (rng_next(x) % 5) {
+    case 0:
+    case 1:
+        return 0;
+    case 2:
+        return rng_next(x) % 300;
+    case 3:
+        return UINT64_MAX;
+    default:
+        return rng_next(x) >> (rng_next(x) % 64);
+    }
+}
+
+/* A header with every scalar field random, set through protobuf-c's
+ * descriptor (so a field added to ps.proto is covered, and fails the
+ * tests until the fast path knows it); strings only when `strings`. */
+static void random_header(Ps__Header *h, uint64_t *x, int strings, char str[][24])
+{
+    ps_wire_header_init(h, PS__OP__OP_NONE);
+    const ProtobufCMessageDescriptor *d = &ps__header__descriptor;
+    int nstr = 0;
+    for (unsigned i = 0; i < d->n_fields; i++) {
+        const ProtobufCFieldDescriptor *f = &d->fields[i];
+        char *member = (char *)h + f->offset;
+        uint64_t v = rng_field(x);
+        switch (f->type) {
+        case PROTOBUF_C_TYPE_MESSAGE:
+            break;
+        case PROTOBUF_C_TYPE_STRING: {
+            assert_true(nstr < 4);
+            char *s = str[nstr++];
+            size_t len = rng_next(x) % 24;
+            for (size_t j = 0; j < len; j++)
+                s[j] = (char)('a' + rng_next(x) % 26);
+            s[len] = '\0';
+            if (strings)
+                *(char **)member = rng_next(x) % 4 == 0 ? NULL : s;
+            break;
+        }
+        case PROTOBUF_C_TYPE_BOOL: /* 2: still true */
+            *(protobuf_c_boolean *)member = (protobuf_c_boolean)(v % 3);
+            break;
+        case PROTOBUF_C_TYPE_UINT64:
+        case PROTOBUF_C_TYPE_INT64:
+        case PROTOBUF_C_TYPE_SINT64:
+            memcpy(member, &v, 8);
+            break;
+        case PROTOBUF_C_TYPE_UINT32:
+        case PROTOBUF_C_TYPE_INT32:
+        case PROTOBUF_C_TYPE_SINT32:
+        case PROTOBUF_C_TYPE_ENUM: { /* negative enums too */
+            uint32_t w = (uint32_t)v;
+            memcpy(member, &w, 4);
+            break;
+        }
+        default:
+            fail_msg("ps.Header field %s has a type this test does not set", f->name);
+        }
+    }
+}
+
+/* Packing: the fast path writes protobuf-c's bytes, for any scalars and
+ * strings, and declines a buffer that might be too small, writing nothing. */
+static void test_header_fast_pack_same_bytes(void **state)
+{
+    (void)state;
+    uint64_t x = 0x9e3779b97f4a7c15u;
+    static uint8_t fast[PS_HEADER_BYTES_MAX], ref[PS_HEADER_BYTES_MAX];
+    char str[4][24];
+    for (int it = 0; it < 20000; it++) {
+        Ps__Header h;
+        random_header(&h, &x, it % 2, str);
+        size_t need = ps__header__get_packed_size(&h);
+        assert_int_equal(ps__header__pack(&h, ref), need);
+        assert_int_equal(ps_header_pack_fast(&h, fast, sizeof fast), (int64_t)need);
+        assert_memory_equal(fast, ref, need);
+        size_t cap = rng_next(&x) % (need + 1);
+        memset(fast, 0xa5, sizeof fast);
+        int64_t n = ps_header_pack_fast(&h, fast, cap);
+        assert_true(n == -1 || n == (int64_t)need);
+        for (size_t i = n == -1 ? 0 : (size_t)n; i < sizeof fast; i++)
+            assert_int_equal(fast[i], 0xa5);
+    }
+    /* declined: a nested message (protobuf-c packs those) */
+    Ps__Header h;
+    Ps__TableSpec spec;
+    ps_wire_header_init(&h, PS__OP__OP_CREATE_TABLE);
+    case_table_spec(&spec, "t", 10);
+    h.spec = &spec;
+    assert_int_equal(ps_header_pack_fast(&h, fast, sizeof fast), -1);
+}
+
+/* Unpacking: every header it packs, the fast path unpacks to protobuf-c's
+ * fields; then the same bytes broken in random ways: whatever the fast
+ * path takes, protobuf-c takes and reads the same. Both the taken and the
+ * declined branches must be exercised. */
+static void test_header_fast_unpack_same_fields(void **state)
+{
+    (void)state;
+    static unsigned char abuf[PS_ARENA_BYTES_SERVER];
+    struct ps_arena a;
+    ps_arena_init(&a, abuf, sizeof abuf);
+    uint64_t x = 0x2545f4914f6cdd1du;
+    uint8_t buf[PS_HEADER_BYTES_MAX + 64];
+    char str[4][24];
+    int taken_total = 0, declined_valid = 0;
+    for (int it = 0; it < 20000; it++) {
+        Ps__Header h;
+        random_header(&h, &x, it % 4 == 0, str);
+        size_t n = ps__header__pack(&h, buf);
+        int taken;
+        assert_int_equal(header_diff(&a, buf, n, &taken), 0);
+        if (it % 4 != 0)
+            assert_true(taken); /* no strings: the fast path's own output */
+        /* break it: flip a byte, cut it short, or append a field */
+        size_t m = n;
+        switch (rng_next(&x) % 4) {
+        case 0:
+            if (n > 0)
+                buf[rng_next(&x) % n] ^= (uint8_t)(1u << rng_next(&x) % 8);
+            break;
+        case 1:
+            m = n > 0 ? rng_next(&x) % n : 0;
+            break;
+        case 2: /* a field again or an unknown one, with a long varint, maybe cut */
+            buf[n] = (uint8_t)(rng_next(&x) % 256);
+            for (int i = 1; i < 10; i++)
+                buf[n + i] = 0xff;
+            buf[n + 10] = (uint8_t)(rng_next(&x) % 0x80);
+            m = n + 11 - rng_next(&x) % 10;
+            break;
+        default:
+            for (size_t i = 0; i < 4; i++)
+                buf[n + i] = (uint8_t)rng_next(&x);
+            m = n + 4;
+            break;
+        }
+        assert_int_equal(header_diff(&a, buf, m, &taken), 0);
+        taken_total += taken;
+        if (!taken) {
+            Ps__Header *ref = ps__header__unpack(NULL, m, buf);
+            declined_valid += ref != NULL;
+            if (ref != NULL)
+                ps__header__free_unpacked(ref, NULL);
+        }
+    }
+    assert_true(taken_total > 1000);
+    assert_true(declined_valid > 100);
+}
+
+/* Bytes the fast path declines although protobuf-c takes them, each by
+ * design (protobuf-c's answer is the one used). */
+static void test_header_fast_declines(void **state)
+{
+    (void)state;
+    static unsigned char abuf[PS_ARENA_BYTES_SERVER];
+    struct ps_arena a;
+    ps_arena_init(&a, abuf, sizeof abuf);
+    static const struct {
+        const char *name;
+        uint8_t bytes[16];
+        size_t len;
+    } cases[] = {
+        {"a field twice (protobuf-c: the last wins)", {0x08, 0x01, 0x08, 0x02}, 4},
+        {"a string field", {0x6a, 0x01, 'x'}, 3},
+        {"an unknown field number", {0xf8, 0x03, 0x01}, 3},
+        {"a 10-byte varint past 64 bits",
+         {0x18, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f},
+         11},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        ps_arena_reset(&a);
+        assert_null(ps_header_unpack_fast(&a.pa, cases[i].len, cases[i].bytes));
+        assert_int_equal(a.used, 0); /* nothing allocated when declining */
+        Ps__Header *ref = ps__header__unpack(NULL, cases[i].len, cases[i].bytes);
+        if (ref == NULL)
+            fail_msg("protobuf-c refused the case \"%s\"", cases[i].name);
+        ps__header__free_unpacked(ref, NULL);
+    }
+    /* a tag in more bytes than it needs: both read field 1 */
+    static const uint8_t long_tag[] = {0x88, 0x00, 0x05};
+    int taken;
+    assert_int_equal(header_diff(&a, long_tag, sizeof long_tag, &taken), 0);
+    assert_true(taken);
+    /* and what it takes, as a request through the decoder */
+    uint8_t push[] = {0x08, PS_PROTOCOL_VERSION, 0x10, PS__OP__OP_PULL, 0x50, 0x04, 0x58, 0x01};
+    struct ps_frame f = {push, sizeof push};
+    struct ps_wire_msg out;
+    char err[256];
+    assert_int_equal(ps_wire_decode(&a, &f, 1, PS_WIRE_REQUEST, 1u << 20, &out, err, sizeof err),
+                     0);
+    assert_int_equal(out.hdr->op, PS__OP__OP_PULL);
+    assert_int_equal(out.hdr->count, 4);
+    assert_string_equal(out.hdr->error, "");
+    assert_null(out.hdr->spec);
 }
 
 static void test_value_limit_boundary(void **state)
@@ -436,6 +648,9 @@ int main(void)
         cmocka_unit_test(test_bad_cases),
         cmocka_unit_test(test_header_limit_boundary),
         cmocka_unit_test(test_header_pack_widest),
+        cmocka_unit_test(test_header_fast_pack_same_bytes),
+        cmocka_unit_test(test_header_fast_unpack_same_fields),
+        cmocka_unit_test(test_header_fast_declines),
         cmocka_unit_test(test_value_limit_boundary),
         cmocka_unit_test(test_arena_exhaustion),
         cmocka_unit_test(test_keys_unaligned),
