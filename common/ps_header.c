@@ -10,12 +10,66 @@
 /* A varint is at most 10 bytes; a tag (a 32-bit number) at most 5. */
 #define VARINT_BYTES_MAX 10u
 #define TAG_BYTES_MAX    5u
-/* Fields of ps.Header this codec knows: 1..HEADER_FIELD_MAX. */
-#define HEADER_FIELD_MAX 30u
-_Static_assert(PS_HEADER_SCALARS_BYTES_MAX == HEADER_FIELD_MAX * (2 + VARINT_BYTES_MAX),
+
+/* The fields this codec packs and unpacks, in number order: (number,
+ * member, kind). Both directions expand this one list. 14 (spec) and 15
+ * (stats) are nested messages: packing declines a header that sets them,
+ * and unpacking declines their numbers. Kinds: u32, u64, i32 (int32 and
+ * enums: a negative one is sign-extended to 10 bytes), s32 (zigzag), bool,
+ * str (packed; unpacking declines it). */
+#define HEADER_FIELDS(X)                                                                           \
+    X(1, version, u32)                                                                             \
+    X(2, op, i32)                                                                                  \
+    X(3, request_id, u64)                                                                          \
+    X(4, worker_id, u32)                                                                           \
+    X(5, table_id, u32)                                                                            \
+    X(6, clock, u64)                                                                               \
+    X(7, dtype, i32)                                                                               \
+    X(8, layout, i32)                                                                              \
+    X(9, offset, u64)                                                                              \
+    X(10, count, u64)                                                                              \
+    X(11, dim, u32)                                                                                \
+    X(12, status, s32)                                                                             \
+    X(13, error, str)                                                                              \
+    X(16, shard, u32)                                                                              \
+    X(17, shards, u32)                                                                             \
+    X(18, nonzero_only, bool)                                                                      \
+    X(19, session, u64)                                                                            \
+    X(20, duplicate, bool)                                                                         \
+    X(21, stale, bool)                                                                             \
+    X(22, detail, str)                                                                             \
+    X(23, rows, u64)                                                                               \
+    X(24, local_endpoint, str)                                                                     \
+    X(25, instance, u64)                                                                           \
+    X(26, shm_token, u64)                                                                          \
+    X(27, shm, u32)                                                                                \
+    X(28, shm_in, u64)                                                                             \
+    X(29, shm_out, u64)                                                                            \
+    X(30, shm_keys, u64)
+
+/* Field numbers this codec may see: 1..HEADER_ID_MAX (a bit each in the
+ * unpacker's mask of fields seen). */
+#define HEADER_ID_MAX 30u
+
+/* Each field's tag and varint (or string length) fit in 12 bytes, which
+ * PS_HEADER_FIELDS_BYTES_MAX gives every number up to HEADER_ID_MAX. */
+_Static_assert(PS_HEADER_FIELDS_BYTES_MAX == HEADER_ID_MAX * (2 + VARINT_BYTES_MAX),
                "a field: a tag of up to 2 bytes, a varint of up to 10");
-/* A string: a 2-byte tag, a length of at most 5 bytes, the bytes. */
-#define STRING_OVERHEAD_MAX 7u
+/* Each field's number is within that, and its member has the width its
+ * kind reads and writes. */
+#define WIDTH_u32  4
+#define WIDTH_i32  4
+#define WIDTH_s32  4
+#define WIDTH_bool 4
+#define WIDTH_u64  8
+#define WIDTH_str  sizeof(char *)
+#define CHECK_FIELD(id, name, kind)                                                                \
+    _Static_assert(id >= 1 && id <= HEADER_ID_MAX, #name ": a number the codec knows");            \
+    _Static_assert(sizeof(((Ps__Header *)0)->name) == WIDTH_##kind, #name " is " #kind);
+HEADER_FIELDS(CHECK_FIELD)
+#undef CHECK_FIELD
+
+/* ---- packing ------------------------------------------------------------- */
 
 static inline uint8_t *put_varint(uint8_t *p, uint64_t v)
 {
@@ -27,7 +81,7 @@ static inline uint8_t *put_varint(uint8_t *p, uint64_t v)
     return p;
 }
 
-static inline uint8_t *put_field(uint8_t *p, uint32_t id, uint64_t v)
+static inline uint8_t *put_u64(uint8_t *p, uint32_t id, uint64_t v)
 {
     if (v == 0)
         return p;
@@ -35,19 +89,34 @@ static inline uint8_t *put_field(uint8_t *p, uint32_t id, uint64_t v)
     return put_varint(p, v);
 }
 
-/* int32 and enum fields: a negative value is sign-extended to 10 bytes. */
-static inline uint64_t i32_wire(int32_t v)
+static inline uint8_t *put_u32(uint8_t *p, uint32_t id, uint32_t v)
 {
-    return (uint64_t)(int64_t)v;
+    return put_u64(p, id, v);
 }
 
-static inline uint64_t s32_wire(int32_t v)
+static inline uint8_t *put_i32(uint8_t *p, uint32_t id, int32_t v)
 {
-    return ((uint32_t)v << 1) ^ (uint32_t)(v >> 31);
+    return put_u64(p, id, (uint64_t)(int64_t)v);
 }
 
-static inline uint8_t *put_string(uint8_t *p, uint32_t id, const char *s, size_t len)
+static inline uint8_t *put_s32(uint8_t *p, uint32_t id, int32_t v)
 {
+    return put_u64(p, id, ((uint32_t)v << 1) ^ (uint32_t)(v >> 31));
+}
+
+static inline uint8_t *put_bool(uint8_t *p, uint32_t id, protobuf_c_boolean v)
+{
+    return put_u64(p, id, v != 0);
+}
+
+static inline size_t len_str(const char *s)
+{
+    return s == NULL || s[0] == '\0' ? 0 : strlen(s); /* most are empty */
+}
+
+static inline uint8_t *put_str(uint8_t *p, uint32_t id, const char *s)
+{
+    size_t len = len_str(s);
     if (len == 0)
         return p;
     p = put_varint(p, (uint64_t)id << 3 | PROTOBUF_C_WIRE_TYPE_LENGTH_PREFIXED);
@@ -56,54 +125,31 @@ static inline uint8_t *put_string(uint8_t *p, uint32_t id, const char *s, size_t
     return p + len;
 }
 
-static inline size_t str_len(const char *s)
-{
-    return s != NULL ? strlen(s) : 0;
-}
+/* Bytes a field's contents add beyond its 12 (a string's). */
+#define EXTRA_u32(x)  0
+#define EXTRA_u64(x)  0
+#define EXTRA_i32(x)  0
+#define EXTRA_s32(x)  0
+#define EXTRA_bool(x) 0
+#define EXTRA_str(x)  len_str(x)
 
 int64_t ps_header_pack_fast(const Ps__Header *h, uint8_t *buf, size_t cap)
 {
     if (h->spec != NULL || h->stats != NULL || h->base.n_unknown_fields != 0 ||
         h->base.descriptor != &ps__header__descriptor)
         return -1;
-    size_t error_len = str_len(h->error), detail_len = str_len(h->detail),
-           endpoint_len = str_len(h->local_endpoint);
-    size_t bound = PS_HEADER_SCALARS_BYTES_MAX + 3 * STRING_OVERHEAD_MAX + error_len + detail_len +
-                   endpoint_len;
-    if (bound > cap)
+#define EXTRA(id, name, kind) +EXTRA_##kind(h->name)
+    if (PS_HEADER_FIELDS_BYTES_MAX HEADER_FIELDS(EXTRA) > cap)
         return -1;
+#undef EXTRA
     uint8_t *p = buf;
-    p = put_field(p, 1, h->version);
-    p = put_field(p, 2, i32_wire((int32_t)h->op));
-    p = put_field(p, 3, h->request_id);
-    p = put_field(p, 4, h->worker_id);
-    p = put_field(p, 5, h->table_id);
-    p = put_field(p, 6, h->clock);
-    p = put_field(p, 7, i32_wire((int32_t)h->dtype));
-    p = put_field(p, 8, i32_wire((int32_t)h->layout));
-    p = put_field(p, 9, h->offset);
-    p = put_field(p, 10, h->count);
-    p = put_field(p, 11, h->dim);
-    p = put_field(p, 12, s32_wire(h->status));
-    p = put_string(p, 13, h->error, error_len);
-    /* 14 spec and 15 stats: unset (declined above otherwise) */
-    p = put_field(p, 16, h->shard);
-    p = put_field(p, 17, h->shards);
-    p = put_field(p, 18, h->nonzero_only != 0);
-    p = put_field(p, 19, h->session);
-    p = put_field(p, 20, h->duplicate != 0);
-    p = put_field(p, 21, h->stale != 0);
-    p = put_string(p, 22, h->detail, detail_len);
-    p = put_field(p, 23, h->rows);
-    p = put_string(p, 24, h->local_endpoint, endpoint_len);
-    p = put_field(p, 25, h->instance);
-    p = put_field(p, 26, h->shm_token);
-    p = put_field(p, 27, h->shm);
-    p = put_field(p, 28, h->shm_in);
-    p = put_field(p, 29, h->shm_out);
-    p = put_field(p, 30, h->shm_keys);
+#define PACK(id, name, kind) p = put_##kind(p, id, h->name);
+    HEADER_FIELDS(PACK)
+#undef PACK
     return (int64_t)(p - buf);
 }
+
+/* ---- unpacking ----------------------------------------------------------- */
 
 /* Reads a varint of at most max bytes at p[0..n). Returns its length, or
  * 0 when it runs past n or max, or sets bits past 64 (declined: protobuf-c
@@ -133,88 +179,27 @@ static inline int32_t s32_value(uint64_t v)
     return (int32_t)((z >> 1) ^ (0u - (z & 1u)));
 }
 
-/* Stores field id's value as protobuf-c does (32-bit fields keep the low
- * 32 bits). Returns -1 for a field this codec does not unpack. */
+/* A decoded varint into a member, as protobuf-c stores it (32-bit fields
+ * keep the low 32 bits): 0, or -1 for a string (declined). */
+#define GET_u32(m, v)  ((m) = (uint32_t)(v), 0)
+#define GET_u64(m, v)  ((m) = (v), 0)
+#define GET_i32(m, v)  ((m) = (int32_t)(uint32_t)(v), 0)
+#define GET_s32(m, v)  ((m) = s32_value(v), 0)
+#define GET_bool(m, v) ((m) = (v) != 0, 0)
+#define GET_str(m, v)  (-1)
+
+/* Stores field id's value. Returns -1 for a field this codec does not
+ * unpack: strings, messages, numbers it does not know. */
 static int store(Ps__Header *h, uint64_t id, uint64_t v)
 {
     switch (id) {
-    case 1:
-        h->version = (uint32_t)v;
-        return 0;
-    case 2:
-        h->op = (Ps__Op)(int32_t)(uint32_t)v;
-        return 0;
-    case 3:
-        h->request_id = v;
-        return 0;
-    case 4:
-        h->worker_id = (uint32_t)v;
-        return 0;
-    case 5:
-        h->table_id = (uint32_t)v;
-        return 0;
-    case 6:
-        h->clock = v;
-        return 0;
-    case 7:
-        h->dtype = (Ps__DType)(int32_t)(uint32_t)v;
-        return 0;
-    case 8:
-        h->layout = (Ps__Layout)(int32_t)(uint32_t)v;
-        return 0;
-    case 9:
-        h->offset = v;
-        return 0;
-    case 10:
-        h->count = v;
-        return 0;
-    case 11:
-        h->dim = (uint32_t)v;
-        return 0;
-    case 12:
-        h->status = s32_value(v);
-        return 0;
-    case 16:
-        h->shard = (uint32_t)v;
-        return 0;
-    case 17:
-        h->shards = (uint32_t)v;
-        return 0;
-    case 18:
-        h->nonzero_only = v != 0;
-        return 0;
-    case 19:
-        h->session = v;
-        return 0;
-    case 20:
-        h->duplicate = v != 0;
-        return 0;
-    case 21:
-        h->stale = v != 0;
-        return 0;
-    case 23:
-        h->rows = v;
-        return 0;
-    case 25:
-        h->instance = v;
-        return 0;
-    case 26:
-        h->shm_token = v;
-        return 0;
-    case 27:
-        h->shm = (uint32_t)v;
-        return 0;
-    case 28:
-        h->shm_in = v;
-        return 0;
-    case 29:
-        h->shm_out = v;
-        return 0;
-    case 30:
-        h->shm_keys = v;
-        return 0;
+#define STORE(id, name, kind)                                                                      \
+    case id:                                                                                       \
+        return GET_##kind(h->name, v);
+        HEADER_FIELDS(STORE)
+#undef STORE
     default:
-        return -1; /* strings, messages, numbers it does not know */
+        return -1;
     }
 }
 
@@ -229,7 +214,7 @@ Ps__Header *ps_header_unpack_fast(ProtobufCAllocator *a, size_t len, const uint8
         if (n == 0 || (tag & 7) != PROTOBUF_C_WIRE_TYPE_VARINT)
             return NULL;
         uint64_t id = tag >> 3;
-        if (id == 0 || id > HEADER_FIELD_MAX || (seen >> id & 1) != 0)
+        if (id == 0 || id > HEADER_ID_MAX || (seen >> id & 1) != 0)
             return NULL;
         pos += n;
         n = get_varint(data + pos, len - pos, VARINT_BYTES_MAX, &v);

@@ -308,7 +308,7 @@ static void flush_shard(struct psc_client *c, uint32_t s)
         rc = zmq_send(sock, q->recs + sizeof(uint32_t), bytes, ZMQ_DONTWAIT);
     } else {
         Ps__Header e;
-        uint8_t env[PS_HEADER_SCALARS_BYTES_MAX + 8];
+        uint8_t env[PS_HEADER_FIELDS_BYTES_MAX]; /* no strings: the fast path */
         ps_wire_header_init(&e, PS__OP__OP_BATCH);
         e.worker_id = c->worker_id;
         e.count = q->n;

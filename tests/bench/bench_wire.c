@@ -534,7 +534,7 @@ int main(int argc, char **argv)
         if (strcmp(argv[i], "--psd") == 0 && i + 1 < argc)
             psd = argv[++i];
         else if (strcmp(argv[i], "--seconds") == 0 && i + 1 < argc) {
-            if (ps_parse_f64(argv[++i], 0, 600, &secs) != 0)
+            if (ps_parse_f64(argv[++i], 0, 600, &secs) != 0 || secs == 0 || secs == 600)
                 die("--seconds", "must be a number in (0, 600)");
         } else if (strcmp(argv[i], "--json") == 0 && i + 1 < argc)
             json_path = argv[++i];
@@ -570,8 +570,6 @@ int main(int argc, char **argv)
         psd = "build-release/server/psd";
     if (access(psd, X_OK) != 0)
         die(psd, "not an executable psd (--psd PATH or PSD_BIN)");
-    if (!(secs > 0 && secs < 600))
-        die("--seconds", "must be in (0, 600)");
     if (json_path != NULL && (json = fopen(json_path, "w")) == NULL)
         die(json_path, strerror(errno));
     if (json)

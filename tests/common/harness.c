@@ -18,11 +18,6 @@
 static pid_t live[LIVE_MAX]; /* test-process bookkeeping for the atexit reaper */
 static int atexit_set;
 
-long long harness_now_ms(void)
-{
-    return ps_mono_ms();
-}
-
 static void reap_all(void)
 {
     for (int i = 0; i < LIVE_MAX; i++) {
@@ -114,9 +109,9 @@ int harness_log_number(const char *path, const char *a, const char *before, doub
 
 int harness_log_wait(const char *path, const char *a, const char *b, int timeout_ms)
 {
-    long long deadline = harness_now_ms() + timeout_ms;
+    long long deadline = ps_mono_ms() + timeout_ms;
     while (!harness_log_has(path, a, b)) {
-        if (harness_now_ms() >= deadline)
+        if (ps_mono_ms() >= deadline)
             return 0;
         harness_pause_ms(10);
     }
@@ -177,10 +172,10 @@ pid_t harness_spawn(const char *const *argv, const char *log_path)
 
 int harness_wait(pid_t pid, int timeout_ms)
 {
-    long long deadline = harness_now_ms() + timeout_ms;
+    long long deadline = ps_mono_ms() + timeout_ms;
     int status = 0;
     pid_t r = 0;
-    while ((r = waitpid(pid, &status, WNOHANG)) == 0 && harness_now_ms() < deadline)
+    while ((r = waitpid(pid, &status, WNOHANG)) == 0 && ps_mono_ms() < deadline)
         harness_pause_ms(5);
     if (r == 0) {
         kill(pid, SIGKILL);
@@ -247,8 +242,8 @@ int harness_psd_start(struct psd_proc *p, const char *const *args)
         exec_child(p, bin, ep_file, args);
     p->pid = pid;
     track(pid, 1);
-    long long deadline = harness_now_ms() + 20000;
-    while (harness_now_ms() < deadline) {
+    long long deadline = ps_mono_ms() + 20000;
+    while (ps_mono_ms() < deadline) {
         if (read_endpoint(ep_file, p->endpoint, sizeof p->endpoint) == 0)
             return 0;
         int status = 0;

@@ -45,7 +45,5 @@ int harness_log_number(const char *path, const char *a, const char *before, doub
 int harness_log_wait(const char *path, const char *a, const char *b, int timeout_ms);
 /* Sleeps ms milliseconds: only between polls of a state, under a deadline. */
 void harness_pause_ms(long ms);
-/* Monotonic milliseconds. */
-long long harness_now_ms(void);
 
 #endif

@@ -139,6 +139,7 @@ def main():
     refused([bench_wire, "--psd", PSD, "--size", "4096x"], "--size", "bench_wire --size 4096x")
     refused([bench_wire, "--psd", PSD, "--shards", "3"], "--shards", "bench_wire --shards 3")
     refused([bench_wire, "--psd", PSD, "--seconds", "0"], "--seconds", "bench_wire --seconds 0")
+    refused([bench_wire, "--psd", PSD, "--seconds", "600"], "--seconds", "bench_wire --seconds 600")
     refused([bench_wire, "--psd", PSD, "--seconds", "1x"], "--seconds", "bench_wire --seconds 1x")
     refused(["bash", train_bench, "--no-build", "--repeat", "0"], "--repeat",
             "train_bench.sh --repeat 0")

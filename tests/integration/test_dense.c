@@ -4,6 +4,7 @@
 #include "harness.h"
 #include "psclient.h"
 
+#include "ps_clock.h"
 #include "ps_err.h"
 #include "ps_half.h"
 #include "ps_init.h"
@@ -275,9 +276,9 @@ static void test_unreachable_and_misordered(void **state)
     struct psc_config cfg = {.servers = dead, .nservers = 1, .connect_timeout_ms = 300};
     struct psc_client *c = NULL;
     char err[512];
-    long long t0 = harness_now_ms();
+    long long t0 = ps_mono_ms();
     assert_int_equal(psc_create(&cfg, &c, err, sizeof err), PS_ETIMEDOUT);
-    assert_true(harness_now_ms() - t0 < 5000);
+    assert_true(ps_mono_ms() - t0 < 5000);
     assert_non_null(strstr(err, "tcp://127.0.0.1:1"));
     assert_null(c);
     /* Endpoints listed in the wrong order: hello says which is which. */

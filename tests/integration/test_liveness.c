@@ -6,6 +6,8 @@
 #include "harness.h"
 #include "psclient.h"
 
+#include "ps_clock.h"
+
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -96,8 +98,8 @@ static void start(struct cluster *k, const char *tag)
         harness_tmp(k->logs[r], sizeof k->logs[r], name);
         k->w[r] = start_worker(k, r, k->logs[r]);
     }
-    long long deadline = harness_now_ms() + 60000;
-    while (worker_clock(k, 1) < 100 && harness_now_ms() < deadline)
+    long long deadline = ps_mono_ms() + 60000;
+    while (worker_clock(k, 1) < 100 && ps_mono_ms() < deadline)
         harness_pause_ms(20);
     assert_true(worker_clock(k, 1) >= 100);
 }
@@ -121,7 +123,7 @@ static void test_killed_worker_is_dropped_and_rejoins(void **state)
     start(&k, "kill");
 
     kill(k.w[1], SIGKILL);
-    long long t_kill = harness_now_ms();
+    long long t_kill = ps_mono_ms();
     assert_true(harness_wait(k.w[1], 10000) >= 0);
     /* Worker 0 is held by the round worker 1 left open until psd drops
      * worker 1: in every stats snapshot taken before the drop, worker 0 is
@@ -135,7 +137,7 @@ static void test_killed_worker_is_dropped_and_rejoins(void **state)
     int looks = 0;
     for (;;) {
         stats(&k, &st);
-        if (st.workers_dropped != 0 || harness_now_ms() >= deadline)
+        if (st.workers_dropped != 0 || ps_mono_ms() >= deadline)
             break;
         held = st.worker_clocks[0];
         assert_true(held <= dead + 1);
@@ -147,10 +149,10 @@ static void test_killed_worker_is_dropped_and_rejoins(void **state)
     assert_int_equal(harness_log_number(k.psd.log_path, "S0330", "silent for ", &silent), 0);
     assert_true(silent >= WORKER_TIMEOUT_MS);
     /* then it goes on within a step or so */
-    deadline = harness_now_ms() + 10000;
-    while (worker_clock(&k, 0) < dead + 3 && harness_now_ms() < deadline)
+    deadline = ps_mono_ms() + 10000;
+    while (worker_clock(&k, 0) < dead + 3 && ps_mono_ms() < deadline)
         harness_pause_ms(10);
-    long long t_on = harness_now_ms();
+    long long t_on = ps_mono_ms();
     stats(&k, &st);
     printf("  worker 0 held at clock %llu (%d looks; dead worker at %llu); psd dropped worker 1 "
            "after %.0f ms silent; worker 0 went on %lld ms after the kill (timeout %d ms)\n",
@@ -169,10 +171,10 @@ static void test_killed_worker_is_dropped_and_rejoins(void **state)
     harness_tmp(relog, sizeof relog, "kill-w1-restarted.log");
     k.w[1] = start_worker(&k, 1, relog);
     assert_true(harness_log_wait(relog, "W0011", "rejoining", 30000));
-    deadline = harness_now_ms() + 30000; /* live again once it is heard */
+    deadline = ps_mono_ms() + 30000; /* live again once it is heard */
     for (;;) {
         stats(&k, &st);
-        if (st.live_workers == 2 || harness_now_ms() >= deadline)
+        if (st.live_workers == 2 || ps_mono_ms() >= deadline)
             break;
         harness_pause_ms(10);
     }
@@ -207,15 +209,15 @@ static void test_stalled_worker_rejoins(void **state)
     struct cluster k;
     start(&k, "stall");
     kill(k.w[1], SIGSTOP);
-    long long deadline = harness_now_ms() + WORKER_TIMEOUT_MS + 10000;
+    long long deadline = ps_mono_ms() + WORKER_TIMEOUT_MS + 10000;
     struct psc_shard_stats st;
     do {
         harness_pause_ms(20);
         stats(&k, &st);
-    } while (st.workers_dropped == 0 && harness_now_ms() < deadline);
+    } while (st.workers_dropped == 0 && ps_mono_ms() < deadline);
     uint64_t at = worker_clock(&k, 0);
-    deadline = harness_now_ms() + 10000; /* worker 0 goes on without it */
-    while (worker_clock(&k, 0) < at + 10 && harness_now_ms() < deadline)
+    deadline = ps_mono_ms() + 10000; /* worker 0 goes on without it */
+    while (worker_clock(&k, 0) < at + 10 && ps_mono_ms() < deadline)
         harness_pause_ms(10);
     kill(k.w[1], SIGCONT);
     assert_int_equal(st.workers_dropped, 1);

@@ -5,6 +5,7 @@
 #include "harness.h"
 #include "psclient.h"
 
+#include "ps_clock.h"
 #include "ps_err.h"
 
 #include <pthread.h>
@@ -66,7 +67,7 @@ static void *run(void *arg)
     float g[ELEMS], out[ELEMS];
     for (int i = 0; i < ELEMS; i++)
         g[i] = 1e-6f;
-    while (harness_now_ms() < w->until_ms) {
+    while (ps_mono_ms() < w->until_ms) {
         uint64_t tk;
         int rc = psc_push_pull(c, t, (uint64_t)w->id * ELEMS, ELEMS, g, out, w->requests, &tk);
         if (rc == 0)
@@ -97,7 +98,7 @@ static void test_memory_stays_flat(void **state)
     assert_int_equal(harness_psd_start(&p, NULL), 0);
     struct worker w[CLIENTS];
     pthread_t th[CLIENTS];
-    long long start = harness_now_ms();
+    long long start = ps_mono_ms();
     for (int i = 0; i < CLIENTS; i++) {
         w[i] = (struct worker){
             .endpoint = p.endpoint, .id = (uint32_t)i, .until_ms = start + seconds * 1000};
@@ -105,10 +106,10 @@ static void test_memory_stays_flat(void **state)
     }
     /* warm-up: a tenth of the run, at least 2 s */
     long long warm = start + (seconds * 1000 / 10 > 2000 ? seconds * 100 : 2000);
-    while (harness_now_ms() < warm)
+    while (ps_mono_ms() < warm)
         harness_pause_ms(50);
     long rss_warm = rss_kb(p.pid), rss_peak = rss_warm;
-    while (harness_now_ms() < start + seconds * 1000) {
+    while (ps_mono_ms() < start + seconds * 1000) {
         harness_pause_ms(250);
         long r = rss_kb(p.pid);
         rss_peak = r > rss_peak ? r : rss_peak;

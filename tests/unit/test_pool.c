@@ -5,8 +5,7 @@
 #include "mlp.h"
 #include "pool.h"
 
-#include "harness.h"
-
+#include "ps_clock.h"
 #include "ps_err.h"
 #include "psk.h"
 
@@ -83,8 +82,8 @@ static int meet_piece(void *ctx, int i)
     (void)i;
     struct meet *m = ctx;
     atomic_fetch_add(&m->started, 1);
-    long long deadline = harness_now_ms() + 10000;
-    while (atomic_load(&m->started) < 2 && harness_now_ms() < deadline)
+    long long deadline = ps_mono_ms() + 10000;
+    while (atomic_load(&m->started) < 2 && ps_mono_ms() < deadline)
         sched_yield();
     return 0;
 }
@@ -114,16 +113,16 @@ static void test_helper_looks_before_it_sleeps(void **state)
     psw_pool_stop(p); /* returns: the helper sees stop while it looks */
 
     assert_int_equal(psw_pool_start(&p, 0), 0);
-    long long deadline = harness_now_ms() + 10000; /* its first sleep, before any run */
-    while (psw_pool_sleeps(p) < 1 && harness_now_ms() < deadline)
+    long long deadline = ps_mono_ms() + 10000; /* its first sleep, before any run */
+    while (psw_pool_sleeps(p) < 1 && ps_mono_ms() < deadline)
         sched_yield();
     for (unsigned long run = 0; run < 5; run++) {
         memset(&c, 0, sizeof c);
         c.fail_at = -1;
         assert_int_equal(psw_pool_run(p, count_piece, &c, 64), 0);
         /* it sleeps after each run (and did once before the first) */
-        deadline = harness_now_ms() + 10000;
-        while (psw_pool_sleeps(p) < run + 2 && harness_now_ms() < deadline)
+        deadline = ps_mono_ms() + 10000;
+        while (psw_pool_sleeps(p) < run + 2 && ps_mono_ms() < deadline)
             sched_yield();
         assert_true(psw_pool_sleeps(p) >= run + 2);
     }

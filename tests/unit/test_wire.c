@@ -312,6 +312,34 @@ static void test_header_fast_pack_same_bytes(void **state)
     assert_int_equal(ps_header_pack_fast(&h, fast, sizeof fast), -1);
 }
 
+/* The fast path's bound: a buffer of PS_HEADER_FIELDS_BYTES_MAX plus the
+ * strings' lengths takes the header, one byte less declines it (and
+ * ps_wire_header_pack then packs it through protobuf-c, to the same
+ * bytes). Without strings, and with them. */
+static void test_header_fast_bound(void **state)
+{
+    (void)state;
+    static uint8_t buf[PS_HEADER_BYTES_MAX], ref[PS_HEADER_BYTES_MAX];
+    Ps__Header h;
+    ps_wire_header_init(&h, PS__OP__OP_BATCH); /* as the client's batch envelope */
+    h.worker_id = 7;
+    h.count = 3;
+    for (int strings = 0; strings < 2; strings++) {
+        if (strings) {
+            h.error = "what was wrong";
+            h.local_endpoint = "ipc:///run/psd/0";
+        }
+        size_t cap =
+            PS_HEADER_FIELDS_BYTES_MAX + (strings ? strlen(h.error) + strlen(h.local_endpoint) : 0);
+        size_t need = ps__header__pack(&h, ref);
+        assert_int_equal(ps_header_pack_fast(&h, buf, cap), (int64_t)need);
+        assert_memory_equal(buf, ref, need);
+        assert_int_equal(ps_header_pack_fast(&h, buf, cap - 1), -1);
+        assert_int_equal(ps_wire_header_pack(&h, buf, cap - 1), (int64_t)need);
+        assert_memory_equal(buf, ref, need);
+    }
+}
+
 /* Unpacking: every header it packs, the fast path unpacks to protobuf-c's
  * fields; then the same bytes broken in random ways: whatever the fast
  * path takes, protobuf-c takes and reads the same. Both the taken and the
@@ -649,6 +677,7 @@ int main(void)
         cmocka_unit_test(test_header_limit_boundary),
         cmocka_unit_test(test_header_pack_widest),
         cmocka_unit_test(test_header_fast_pack_same_bytes),
+        cmocka_unit_test(test_header_fast_bound),
         cmocka_unit_test(test_header_fast_unpack_same_fields),
         cmocka_unit_test(test_header_fast_declines),
         cmocka_unit_test(test_value_limit_boundary),
