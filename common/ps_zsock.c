@@ -75,7 +75,7 @@ int ps_zsock_start(uv_loop_t *loop, struct ps_zsock *zs, void *sock, ps_zsock_re
     return 0;
 }
 
-int ps_zsock_recv(void *sock, zmq_msg_t *parts, size_t max, size_t *kept, size_t *total,
+int ps_zsock_recv(void *sock, int flags, zmq_msg_t *parts, size_t max, size_t *kept, size_t *total,
                   uint64_t *bytes)
 {
     zmq_msg_t extra;
@@ -85,7 +85,7 @@ int ps_zsock_recv(void *sock, zmq_msg_t *parts, size_t max, size_t *kept, size_t
     while (more) {
         zmq_msg_t *m = *kept < max ? &parts[*kept] : &extra;
         zmq_msg_init(m);
-        if (zmq_msg_recv(m, sock, ZMQ_DONTWAIT) < 0) {
+        if (zmq_msg_recv(m, sock, *total == 0 ? flags : ZMQ_DONTWAIT) < 0) {
             zmq_msg_close(m);
             for (size_t i = 0; i < *kept; i++)
                 zmq_msg_close(&parts[i]);

@@ -44,13 +44,14 @@ int ps_zsock_start(uv_loop_t *loop, struct ps_zsock *zs, void *sock, ps_zsock_re
 /* Drains pending input now (call after sending, which can swallow the edge). */
 void ps_zsock_kick(struct ps_zsock *zs);
 
-/* Receives one whole multipart message without blocking. Keeps the first
+/* Receives one whole multipart message. flags ZMQ_DONTWAIT: without
+ * blocking; 0: the first part waits up to the socket's ZMQ_RCVTIMEO. Keeps the first
  * `max` parts in parts[] (initialised; the caller closes *kept of them),
  * receives and drops any further parts, and counts every part in *total and
  * their bytes in *bytes (when not NULL). Returns 0, or -1 when no message
- * was waiting (nothing is kept then). Multipart delivery is atomic in zmq,
+ * came (nothing is kept then). Multipart delivery is atomic in zmq,
  * so after the first part the rest are already there. */
-int ps_zsock_recv(void *sock, zmq_msg_t *parts, size_t max, size_t *kept, size_t *total,
+int ps_zsock_recv(void *sock, int flags, zmq_msg_t *parts, size_t max, size_t *kept, size_t *total,
                   uint64_t *bytes);
 
 /* Stops and closes the handles. The zmq socket is left to the caller.

@@ -81,7 +81,7 @@ static int on_readable(struct ps_zsock *zs, void *arg)
     struct psd_net *n = arg;
     zmq_msg_t parts[PARTS_MAX];
     size_t kept = 0, total = 0;
-    if (ps_zsock_recv(zs->sock, parts, PARTS_MAX, &kept, &total, NULL) != 0)
+    if (ps_zsock_recv(zs->sock, ZMQ_DONTWAIT, parts, PARTS_MAX, &kept, &total, NULL) != 0)
         return -1; /* nothing to read */
     struct ps_frame frames[PARTS_MAX];
     for (size_t i = 1; i < kept; i++) {

@@ -45,7 +45,7 @@ static int on_zap(struct ps_zsock *zs, void *arg)
     struct psd_security *sec = arg;
     zmq_msg_t parts[ZAP_PARTS];
     size_t kept = 0, total = 0;
-    if (ps_zsock_recv(zs->sock, parts, ZAP_PARTS, &kept, &total, NULL) != 0)
+    if (ps_zsock_recv(zs->sock, ZMQ_DONTWAIT, parts, ZAP_PARTS, &kept, &total, NULL) != 0)
         return -1;
     const char *status = "400", *text = "malformed ZAP request";
     char user[PS_CURVE_KEY_LEN + 1] = "", addr[64] = "?";
@@ -98,7 +98,7 @@ static int on_monitor(struct ps_zsock *zs, void *arg)
     struct psd_security *sec = arg;
     zmq_msg_t parts[2];
     size_t kept = 0, total = 0;
-    if (ps_zsock_recv(zs->sock, parts, 2, &kept, &total, NULL) != 0)
+    if (ps_zsock_recv(zs->sock, ZMQ_DONTWAIT, parts, 2, &kept, &total, NULL) != 0)
         return -1;
     if (kept == 2 && zmq_msg_size(&parts[0]) >= 6) {
         const uint8_t *d = zmq_msg_data(&parts[0]);

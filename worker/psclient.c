@@ -14,6 +14,8 @@
 #include "ps_zsock.h"
 
 #include <errno.h>
+#include <limits.h>
+#include <poll.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <unistd.h>
@@ -130,7 +132,8 @@ struct psc_client {
     uint64_t shm_token;
     unsigned char *shm_on;
     uint64_t shm_sent, shm_received;
-    zmq_pollitem_t *items;
+    struct pollfd *pfds; /* the sockets' ZMQ_FDs, for waiting on several */
+    int rcvtimeo_ms;     /* socks[0]'s ZMQ_RCVTIMEO as last set; INT_MIN: unknown */
     struct slot slots[PS_CLIENT_TICKETS_MAX];
     uint16_t free_stack[PS_CLIENT_TICKETS_MAX];
     uint16_t id_map[ID_MAP]; /* id % ID_MAP -> slot index + 1; 0: none */
@@ -756,12 +759,12 @@ static void handle_reply(struct psc_client *c, uint32_t shard, const struct ps_f
 }
 
 /* Reads one message from a shard's socket. 0: handled one; <0: none. */
-static int recv_one(struct psc_client *c, uint32_t shard)
+static int recv_one(struct psc_client *c, uint32_t shard, int flags)
 {
     zmq_msg_t parts[REPLY_PARTS_MAX];
     size_t kept = 0, total = 0;
-    if (ps_zsock_recv(c->socks[shard], parts, REPLY_PARTS_MAX, &kept, &total, &c->bytes_received) !=
-        0)
+    if (ps_zsock_recv(c->socks[shard], flags, parts, REPLY_PARTS_MAX, &kept, &total,
+                      &c->bytes_received) != 0)
         return -1;
     struct ps_frame frames[REPLY_PARTS_MAX];
     for (size_t i = 0; i < kept; i++) {
@@ -774,11 +777,40 @@ static int recv_one(struct psc_client *c, uint32_t shard)
     return 0;
 }
 
-static void drain_all(struct psc_client *c)
+/* Receives replies: what is waiting, or else the first to come within
+ * wait_ms (-1: no limit). Returns how many it received. Waiting costs what a plain zmq client's
+ * costs:
+ * - one shard: a blocking receive, as a raw zmq client does (a poll and an
+ *   eventfd read a wake-up; zmq_poll took five polls and an EAGAIN receive);
+ * - several: each socket is read until EAGAIN, which leaves its commands
+ *   processed and its ZMQ_FD armed (zmq's rule for polling ZMQ_FD), then
+ *   one poll() on those fds. Nothing may touch a socket between its EAGAIN
+ *   and the poll: a send can swallow the fd's edge. */
+static unsigned await_replies(struct psc_client *c, const struct slot *sl, long wait_ms)
 {
-    for (uint32_t s = 0; s < c->nshards; s++)
-        for (unsigned i = 0; i < 4u * PS_DRAIN_BATCH_MAX && recv_one(c, s) == 0; i++)
-            ;
+    int ms = wait_ms < 0 ? -1 : wait_ms > INT_MAX ? INT_MAX : (int)wait_ms;
+    if (c->nshards == 1) {
+        if (ms != c->rcvtimeo_ms && zmq_setsockopt(c->socks[0], ZMQ_RCVTIMEO, &ms, sizeof ms) == 0)
+            c->rcvtimeo_ms = ms;
+        if (c->rcvtimeo_ms == ms)
+            return recv_one(c, 0, 0) == 0;
+    }
+    int armed = 1;
+    unsigned got = 0;
+    for (uint32_t s = 0; s < c->nshards; s++) {
+        unsigned i = 0;
+        while (i < 4u * PS_DRAIN_BATCH_MAX && recv_one(c, s, ZMQ_DONTWAIT) == 0)
+            i++;
+        got += i;
+        size_t len = sizeof c->pfds[s].fd;
+        if (i == 4u * PS_DRAIN_BATCH_MAX ||
+            zmq_getsockopt(c->socks[s], ZMQ_FD, &c->pfds[s].fd, &len) != 0)
+            armed = 0; /* more may be waiting, or no fd: come back without sleeping */
+        c->pfds[s].events = POLLIN;
+    }
+    if (armed && sl->pending != 0 && ms != 0)
+        poll(c->pfds, c->nshards, ms);
+    return got;
 }
 
 static void describe_missing(struct psc_client *c, const struct slot *sl, uint32_t s0, uint32_t s1,
@@ -821,8 +853,7 @@ int psc_wait(struct psc_client *c, uint64_t ticket, int timeout_ms)
                          (unsigned long long)ticket);
     int64_t deadline = ps_mono_ms() + (timeout_ms < 0 ? 0 : timeout_ms);
     flush_all(c);
-    for (;;) {
-        drain_all(c);
+    for (unsigned got = 1;;) {
         int64_t left = timeout_ms < 0 ? -1 : deadline - ps_mono_ms();
         if (sl->pending == 0) {
             if (atomic_load(&sl->zc_refs) == 0)
@@ -835,16 +866,16 @@ int psc_wait(struct psc_client *c, uint64_t ticket, int timeout_ms)
             nanosleep(&ts, NULL);
             continue;
         }
-        if (timeout_ms >= 0 && left <= 0)
-            break;
+        if (got == 0 && timeout_ms >= 0 && left <= 0)
+            break; /* time is up only once nothing more is waiting (so 0 takes what came) */
         resend_all_due(c);
         psc_heartbeat(c);
-        long wait = left;
+        long wait = timeout_ms < 0 ? -1 : left > 0 ? (long)left : 0;
         if (c->retry_ms > 0 && (wait < 0 || wait > c->retry_ms))
             wait = c->retry_ms;
         if (c->heartbeat_ms > 0 && (wait < 0 || wait > c->heartbeat_ms))
             wait = c->heartbeat_ms;
-        zmq_poll(c->items, (int)c->nshards, wait);
+        got = await_replies(c, sl, wait);
     }
     char missing[256];
     describe_missing(c, sl, 0, c->nshards - 1, missing, sizeof missing);
@@ -1550,8 +1581,8 @@ static int open_socket(struct psc_client *c, const struct psc_config *cfg, uint3
 static void use_socket(struct psc_client *c, uint32_t s, void *sock)
 {
     c->socks[s] = sock;
-    c->items[s].socket = sock;
-    c->items[s].events = ZMQ_POLLIN;
+    if (s == 0)
+        c->rcvtimeo_ms = INT_MIN; /* a new socket: its timeout is zmq's default */
 }
 
 static int open_sockets(struct psc_client *c, const struct psc_config *cfg, char *err,
@@ -1698,7 +1729,7 @@ int psc_create(const struct psc_config *cfg, struct psc_client **out, char *err,
     c->endpoints = calloc(c->nshards, sizeof *c->endpoints);
     c->offers = calloc(c->nshards, sizeof *c->offers);
     c->shm.fd = -1;
-    c->items = calloc(c->nshards, sizeof *c->items);
+    c->pfds = calloc(c->nshards, sizeof *c->pfds);
     c->last_send_ms = calloc(c->nshards, sizeof *c->last_send_ms);
     c->arena_buf = malloc(CLIENT_ARENA_BYTES);
     c->ctx = zmq_ctx_new();
@@ -1707,7 +1738,7 @@ int psc_create(const struct psc_config *cfg, struct psc_client **out, char *err,
         c->free_stack[i] = (uint16_t)(PS_CLIENT_TICKETS_MAX - 1 - i);
     }
     c->nfree = PS_CLIENT_TICKETS_MAX;
-    if (c->socks == NULL || c->endpoints == NULL || c->offers == NULL || c->items == NULL ||
+    if (c->socks == NULL || c->endpoints == NULL || c->offers == NULL || c->pfds == NULL ||
         c->arena_buf == NULL || c->last_send_ms == NULL || c->ctx == NULL) {
         snprintf(err, errlen, "out of memory");
         psc_destroy(c);
@@ -1770,7 +1801,7 @@ void psc_destroy(struct psc_client *c)
     free(c->socks);
     free(c->endpoints);
     free(c->offers);
-    free(c->items);
+    free(c->pfds);
     free(c->batches);
     free(c->last_send_ms);
     free(c->arena_buf);

@@ -163,6 +163,70 @@ static void test_window_of_eight(void **state)
     free(ref);
 }
 
+/* Polling: psc_wait with a timeout of 0 takes the replies that came and
+ * never blocks; called again and again it completes each ticket, with the
+ * pulled values right. Run on the fixture's two shards (poll() on their
+ * ZMQ_FDs) and on a one-shard client (a blocking receive with a timeout). */
+static void poll_window(struct psc_client *c, uint32_t table, uint64_t size)
+{
+    enum { W = 8, C = 4096 };
+    float *out = malloc(W * C * 4), *ref = malloc(C * 4);
+    uint64_t t[W];
+    for (int i = 0; i < W; i++)
+        assert_int_equal(psc_pull(c, table, (uint64_t)i * (size / W), C, out + i * C, 0, &t[i]), 0);
+    unsigned polls = 0;
+    for (int i = 0; i < W; i++) {
+        int rc = PS_ETIMEDOUT;
+        int64_t until = ps_mono_ms() + TIMEOUT_MS;
+        while (rc == PS_ETIMEDOUT && ps_mono_ms() < until) {
+            int64_t t0 = ps_mono_ms();
+            rc = psc_wait(c, t[i], 0);
+            if (ps_mono_ms() - t0 > 1000)
+                fail_msg("psc_wait(0) blocked %lld ms", (long long)(ps_mono_ms() - t0));
+            polls++;
+        }
+        if (rc != 0)
+            fail_msg("ticket %d: %s: %s", i, ps_err_name(rc), psc_last_error(c));
+    }
+    assert_true(polls >= W);
+    for (int i = 0; i < W; i++) {
+        uint64_t tt;
+        assert_int_equal(psc_pull(c, table, (uint64_t)i * (size / W), C, ref, 0, &tt), 0);
+        wait_ok(c, tt);
+        assert_memory_equal(ref, out + i * C, C * 4);
+    }
+    free(out);
+    free(ref);
+}
+
+static void test_wait_zero_polls(void **state)
+{
+    struct fixture *f = *state;
+    poll_window(f->c, f->big, N);
+
+    struct psd_proc one;
+    const char *a[] = {NULL};
+    assert_int_equal(harness_psd_start(&one, a), 0);
+    const char *eps[1] = {one.endpoint};
+    struct psc_config cfg = {
+        .servers = eps, .nservers = 1, .worker_id = 2, .connect_timeout_ms = TIMEOUT_MS};
+    char err[512];
+    struct psc_client *c = NULL;
+    int rc = psc_create(&cfg, &c, err, sizeof err);
+    if (rc == 0) {
+        struct psc_table_spec sp;
+        big_spec(&sp);
+        uint32_t t;
+        rc = psc_table_create(c, &sp, TIMEOUT_MS, &t);
+        if (rc == 0)
+            poll_window(c, t, N);
+        psc_destroy(c);
+    }
+    int stopped = harness_psd_stop(&one);
+    assert_int_equal(rc, 0);
+    assert_int_equal(stopped, 0);
+}
+
 /* Keyed pushes over two shards: keys on both sides of the boundary (the
  * client finds each shard's part by binary search), keys on one shard only
  * (the other gets a single zero entry), and the client's refusals. */
@@ -905,6 +969,7 @@ int main(void)
         cmocka_unit_test(test_pull_matches_init),
         cmocka_unit_test(test_push_then_pull_every_element),
         cmocka_unit_test(test_window_of_eight),
+        cmocka_unit_test(test_wait_zero_polls),
         cmocka_unit_test(test_keyed_push),
         cmocka_unit_test(test_pull_view),
         cmocka_unit_test(test_create_idempotent_and_conflict),
