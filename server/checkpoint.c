@@ -440,6 +440,8 @@ static int restore_table(struct psd *s, const struct blob *b, json_t *o, char *e
                        spec.name, json_array_size(completed), s->cons.workers);
     struct psd_table *t = NULL;
     int rc = psd_table_create(&spec, s->ntables, s->shard, s->shards, &t);
+    if (rc == 0)
+        t->pool = s->pool;
     if (rc == 0 && (rc = psd_cons_table_init(&s->cons, t)) == 0)
         s->tables[s->ntables++] = t; /* psd_fini frees it if what follows fails */
     else if (t != NULL) {

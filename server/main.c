@@ -28,6 +28,7 @@ struct psd_config {
     uint64_t shards;
     uint64_t max_message_bytes;
     uint64_t io_threads;
+    uint64_t apply_threads;
     int no_local_ipc;
     const char *cpus;
     const char *consistency;
@@ -60,6 +61,10 @@ static const struct ps_opt psd_opts[] = {
         PS_MESSAGE_BYTES_MAX, "BYTES",
         "largest frame accepted; a peer sending more is disconnected"),
     OPT("io-threads", PS_OPT_U64, io_threads, "1", 1, 16, "N", "ZeroMQ I/O threads"),
+    OPT("apply-threads", PS_OPT_U64, apply_threads, "0", 0, 2, "N",
+        "2: a helper thread takes pieces of each large apply (a dense push of 128 Ki "
+        "elements or more, a keyed one of 16 Ki keys or more) while a core is free; 1: "
+        "none; 0 (default): 2 where psd may run on 2 or more CPUs"),
     OPT("no-local-ipc", PS_OPT_FLAG, no_local_ipc, NULL, 0, 0, NULL,
         "do not also bind the tcp endpoint's same-host Unix socket (ipc://@psd/HOST:PORT), "
         "which workers on this host switch to"),
@@ -196,11 +201,12 @@ static void on_hup(uv_signal_t *h, int signum)
     if (n.workers != o->workers || n.shard != o->shard || n.shards != o->shards ||
         strcmp(n.consistency, o->consistency) != 0 || strcmp(n.listen, o->listen) != 0 ||
         n.no_local_ipc != o->no_local_ipc || !same_str(n.cpus, o->cpus) ||
-        !same_str(n.metrics_listen, o->metrics_listen))
+        !same_str(n.metrics_listen, o->metrics_listen) || n.apply_threads != o->apply_threads)
         PS_LOG(&a->log, PS_LOG_WARN, "S0032",
-               "SIGHUP: listen, no-local-ipc, cpus, metrics-listen, shard, shards, workers and "
-               "consistency change only with a restart; kept as they were");
+               "SIGHUP: listen, no-local-ipc, cpus, apply-threads, metrics-listen, shard, shards, "
+               "workers and consistency change only with a restart; kept as they were");
     n.listen = o->listen;
+    n.apply_threads = o->apply_threads;
     n.no_local_ipc = o->no_local_ipc;
     n.cpus = o->cpus;
     n.shard = o->shard;
@@ -335,9 +341,13 @@ int main(int argc, char **argv)
         .nprunes = nprunes,
         .table_bytes_max = cfg.max_table_bytes,
         .worker_timeout_ms = (uint64_t)(cfg.worker_timeout * 1000.0 + 0.5),
+        .apply_threads = cfg.apply_threads != 0   ? (unsigned)cfg.apply_threads
+                         : ps_cpus_allowed() >= 2 ? 2u
+                                                  : 1u,
     };
     if (psd_init(&a.srv, &a.log, &params) != 0) {
-        PS_LOG(&a.log, PS_LOG_ERROR, "S0001", "out of memory at start");
+        PS_LOG(&a.log, PS_LOG_ERROR, "S0001",
+               "out of memory at start (or, with --apply-threads 2, no thread for the helper)");
         return 1;
     }
     if (cfg.checkpoint_dir != NULL) {

@@ -6,6 +6,7 @@
 #include "table.h"
 
 #include "ps_err.h"
+#include "ps_pool.h"
 #include "ps_wire.h"
 
 #include <stdio.h>
@@ -166,6 +167,9 @@ int psd_metrics_render(const struct psd *s, struct ps_buf *b)
          "Times a dropped or restarted worker joined the rounds again.",
          (double)s->workers_rejoined},
         {"psd_tables", "gauge", "Tables on this shard.", s->ntables},
+        {"psd_apply_helper_pieces_total", "counter",
+         "Pieces of large applies run by the helper thread (--apply-threads 2).",
+         (double)ps_pool_helped(s->pool)},
         {"psd_checkpoints_written_total", "counter", "Checkpoints written.",
          (double)s->ckpt_written},
         {"psd_shm_regions", "gauge",

@@ -5,6 +5,7 @@
 #include "ps_err.h"
 #include "ps_half.h"
 #include "ps_local.h"
+#include "ps_pool.h"
 #include "ps_shard.h"
 #include "psk_optim.h"
 
@@ -45,6 +46,12 @@ int psd_init(struct psd *s, struct ps_log *log, const struct psd_params *p)
         return PS_ENOMEM;
     }
     ps_arena_init(&s->arena, s->arena_buf, PS_ARENA_BYTES_SERVER);
+    /* no spin after a run (ps_pool_start): on a small machine the helper's
+     * look would take the core from ZeroMQ's I/O threads */
+    if (p->apply_threads >= 2 && ps_pool_start(&s->pool, 0, "psd-apply") != 0) {
+        psd_fini(s);
+        return PS_ENOMEM;
+    }
     return 0;
 }
 
@@ -77,6 +84,8 @@ int psd_shm_take(struct psd *s, uint64_t token, void *base, size_t size)
 void psd_fini(struct psd *s)
 {
     psd_reset_tables(s);
+    ps_pool_stop(s->pool);
+    s->pool = NULL;
     psd_shm_fini(&s->shm);
     free(s->arena_buf);
     free(s->scratch);
@@ -449,6 +458,8 @@ static void op_create(struct psd *s, const Ps__Header *req, struct psd_reply *re
             return;
         }
         int rc = psd_table_create(spec, s->ntables, s->shard, s->shards, &t);
+        if (rc == 0)
+            t->pool = s->pool;
         if (rc == 0 && (rc = psd_cons_table_init(&s->cons, t)) != 0) {
             psd_cons_table_fini(&s->cons, t);
             psd_table_destroy(t);

@@ -43,6 +43,7 @@ struct psd_params {
     size_t nprunes;
     uint64_t table_bytes_max;   /* weights + optimizer state of one table; 0: default */
     uint64_t worker_timeout_ms; /* drop a worker silent this long; 0: never */
+    unsigned apply_threads;     /* 2: a helper takes pieces of big applies; else none */
 };
 
 /* A request waiting for a clock: what is needed to answer it later. */
@@ -68,6 +69,7 @@ typedef void (*psd_send_cb)(void *ctx, const void *route, size_t route_len, stru
 
 struct psd {
     struct ps_log *log;
+    struct ps_pool *pool; /* the apply helper (psd_params.apply_threads 2), or NULL */
     uint32_t shard, shards;
     uint64_t value_bytes_max;
     uint64_t start_ns;

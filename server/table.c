@@ -6,6 +6,7 @@
 #include "ps_err.h"
 #include "ps_init.h"
 #include "ps_mem.h"
+#include "ps_pool.h"
 #include "ps_shard.h"
 
 #include <assert.h>
@@ -259,6 +260,64 @@ void psd_table_own(struct psd_table *t, uint64_t lo, uint64_t hi)
         t->cow_run++;
 }
 
+/* One apply, cut into pieces (psd_table_apply: elements [a, a + n) of
+ * the shard's arrays; psd_table_apply_keys: keys[0..n)). */
+struct apply_job {
+    const struct psd_table *t;
+    struct psk_optim o;
+    uint64_t step;
+    size_t base, n;
+    const uint64_t *keys; /* NULL: dense */
+    const float *g;
+};
+
+static size_t piece_span(const struct apply_job *j, int i, size_t piece, size_t *len)
+{
+    size_t a = (size_t)i * piece;
+    *len = j->n - a < piece ? j->n - a : piece;
+    return a;
+}
+
+static int dense_piece(void *ctx, int i)
+{
+    const struct apply_job *j = ctx;
+    const struct psd_table *t = j->t;
+    size_t n, a = j->base + piece_span(j, i, PSD_APPLY_PIECE, &n);
+    float *s1 = t->s1 ? t->s1 + a : NULL, *s2 = t->s2 ? t->s2 + a : NULL;
+    psk_optim_apply(&j->o, j->step, t->w + a, s1, s2, j->g + (a - j->base), n);
+    if (t->mask != NULL) /* pruned weights take no update */
+        psd_prune_enforce(t->w + a, s1, s2, t->mask + a, n);
+    return 0;
+}
+
+static int keys_piece(void *ctx, int i)
+{
+    const struct apply_job *j = ctx;
+    const struct psd_table *t = j->t;
+    size_t n, a = piece_span(j, i, PSD_APPLY_KEYS_PIECE, &n);
+    const uint64_t *keys = j->keys + a;
+    psk_optim_apply_sparse(&j->o, j->step, t->w, t->s1, t->s2, keys, t->lo, j->g + a, n);
+    for (size_t k = 0; k < n && t->mask != NULL; k++) { /* pruned entries take no update */
+        size_t e = (size_t)(keys[k] - t->lo);
+        if (t->mask[e]) {
+            t->w[e] = 0.0f;
+            if (t->s1 != NULL)
+                t->s1[e] = 0.0f;
+            if (t->s2 != NULL)
+                t->s2[e] = 0.0f;
+        }
+    }
+    return 0;
+}
+
+/* Runs job j in pieces of `piece`: on the pool when there are two or more
+ * (the helper takes what it can), on this thread otherwise. */
+static void apply_run(const struct psd_table *t, struct apply_job *j, ps_piece_fn fn, size_t piece)
+{
+    int pieces = (int)((j->n + piece - 1) / piece);
+    ps_pool_run(pieces >= 2 ? t->pool : NULL, fn, j, pieces);
+}
+
 void psd_table_apply(struct psd_table *t, uint64_t offset, uint64_t count, const float *g,
                      uint64_t step)
 {
@@ -266,12 +325,13 @@ void psd_table_apply(struct psd_table *t, uint64_t offset, uint64_t count, const
     psd_table_own(t, offset, offset + count);
     assert(offset >= t->lo);
     assert(count <= t->hi - offset);
-    size_t base = (size_t)(offset - t->lo);
-    struct psk_optim o = table_optim(t);
-    float *s1 = t->s1 ? t->s1 + base : NULL, *s2 = t->s2 ? t->s2 + base : NULL;
-    psk_optim_apply(&o, step, t->w + base, s1, s2, g, (size_t)count);
-    if (t->mask != NULL) /* pruned weights take no update */
-        psd_prune_enforce(t->w + base, s1, s2, t->mask + base, (size_t)count);
+    struct apply_job j = {.t = t,
+                          .o = table_optim(t),
+                          .step = step,
+                          .base = (size_t)(offset - t->lo),
+                          .n = count,
+                          .g = g};
+    apply_run(t, &j, dense_piece, PSD_APPLY_PIECE);
     apply_took(t, t0);
 }
 
@@ -281,19 +341,9 @@ void psd_table_apply_keys(struct psd_table *t, const uint64_t *keys, const float
     uint64_t t0 = uv_hrtime();
     if (n > 0)
         psd_table_own(t, keys[0], keys[n - 1] + 1);
-    struct psk_optim o = table_optim(t);
     assert(n == 0 || (keys[0] >= t->lo && keys[n - 1] < t->hi));
-    psk_optim_apply_sparse(&o, step, t->w, t->s1, t->s2, keys, t->lo, g, n);
-    for (size_t i = 0; i < n && t->mask != NULL; i++) { /* pruned entries take no update */
-        size_t j = (size_t)(keys[i] - t->lo);
-        if (t->mask[j]) {
-            t->w[j] = 0.0f;
-            if (t->s1 != NULL)
-                t->s1[j] = 0.0f;
-            if (t->s2 != NULL)
-                t->s2[j] = 0.0f;
-        }
-    }
+    struct apply_job j = {.t = t, .o = table_optim(t), .step = step, .n = n, .keys = keys, .g = g};
+    apply_run(t, &j, keys_piece, PSD_APPLY_KEYS_PIECE);
     apply_took(t, t0);
 }
 

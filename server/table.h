@@ -30,6 +30,7 @@
  * (psd_table_may_lend). */
 #define PSD_COW_RUN_MAX 7
 struct psd_lend;
+struct ps_pool;
 struct psd_lent {
     struct psd_lend *block;
     uint64_t lo, hi;  /* global elements [lo, hi) of the table */
@@ -78,6 +79,7 @@ struct psd_table {
 
     uint64_t pushes, pulls;
     struct ps_hist apply_hist; /* seconds per optimizer apply */
+    struct ps_pool *pool;      /* psd's apply helper (--apply-threads 2), or NULL */
 
     /* pruning (prune.c), when a --prune spec names this table: */
     uint8_t *mask; /* 1 = pruned; NULL when not pruned */
@@ -142,6 +144,14 @@ void psd_lent_done(struct psd_lent *r);
  * old block is left to the messages (copy-on-write). Messages carrying
  * other elements do not stop the write. Never fails. */
 void psd_table_own(struct psd_table *t, uint64_t lo, uint64_t hi);
+
+/* A dense apply goes in pieces of PSD_APPLY_PIECE elements, a keyed one
+ * in pieces of PSD_APPLY_KEYS_PIECE keys; when there are two or more,
+ * t->pool's helper takes some while this thread takes the rest. Each
+ * element gets the same operations in any piece, so the results are the
+ * same bits with and without the helper (test_optim). */
+#define PSD_APPLY_PIECE      (1u << 16)
+#define PSD_APPLY_KEYS_PIECE (1u << 13)
 
 /* Applies gradients g[0..count) to global elements [offset, offset+count),
  * which must lie in [lo, hi), as optimizer step `step` (1-based: Adam's t

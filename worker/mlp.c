@@ -182,7 +182,7 @@ void psw_mlp_set_chunk_bytes(struct psw_mlp *m, size_t bytes)
     m->chunk_bytes = bytes > 0 ? bytes : PSW_CHUNK_BYTES;
 }
 
-void psw_mlp_set_pool(struct psw_mlp *m, struct psw_pool *pool)
+void psw_mlp_set_pool(struct psw_mlp *m, struct ps_pool *pool)
 {
     m->pool = pool;
 }
@@ -227,8 +227,8 @@ static int gemm_cut(struct psw_mlp *m, int par, int cols, int ta, int tb, int mm
         return psk_gemm(m->be, ta, tb, mm, n, k, 1.0f, a, lda, b, ldb, 0.0f, c, ldc) ? PS_EDEVICE
                                                                                      : 0;
     struct gemm_job g = {m, cols, ta, tb, mm, n, k, a, lda, b, ldb, c, ldc};
-    return psw_pool_run(m->pool, gemm_piece, &g,
-                        ((cols ? n : mm) + PSW_PIECE_ROWS - 1) / PSW_PIECE_ROWS);
+    return ps_pool_run(m->pool, gemm_piece, &g,
+                       ((cols ? n : mm) + PSW_PIECE_ROWS - 1) / PSW_PIECE_ROWS);
 }
 
 /* Whether a product of mm x n x k goes in pieces: on the CPU backend, when

@@ -9,7 +9,7 @@
 #ifndef PSW_MLP_H
 #define PSW_MLP_H
 
-#include "pool.h"
+#include "ps_pool.h"
 #include "psk.h"
 
 #include <stddef.h>
@@ -33,10 +33,10 @@ struct psw_mlp {
     float *dx;     /* d loss / d input (batch_max x dims[0]), when enabled */
     float *h_loss; /* host copies */
     int *h_pred;
-    int grads_placed;      /* gw, gb are the caller's (psw_mlp_place_grads) */
-    int params_placed;     /* w, b are the caller's (psw_mlp_point_params) */
-    struct psw_pool *pool; /* a helper takes pieces of the big GEMMs, or NULL */
-    size_t chunk_bytes;    /* psw_mlp_set_chunk_bytes */
+    int grads_placed;     /* gw, gb are the caller's (psw_mlp_place_grads) */
+    int params_placed;    /* w, b are the caller's (psw_mlp_point_params) */
+    struct ps_pool *pool; /* a helper takes pieces of the big GEMMs, or NULL */
+    size_t chunk_bytes;   /* psw_mlp_set_chunk_bytes */
 };
 
 /* Parses "784,256,128,10" into dims; returns the number of layers or
@@ -65,7 +65,7 @@ void psw_mlp_point_params(struct psw_mlp *m, float *const *p);
  * left the training thread waiting for the helper's last piece. */
 #define PSW_PIECE_ROWS   16
 #define PSW_PAR_MACS_MIN (256u * 1024u)
-void psw_mlp_set_pool(struct psw_mlp *m, struct psw_pool *pool);
+void psw_mlp_set_pool(struct psw_mlp *m, struct ps_pool *pool);
 
 /* Makes backward also compute the gradient with respect to the input
  * (into m->dx), for models that train what feeds the MLP (embeddings). */

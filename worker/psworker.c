@@ -159,7 +159,7 @@ struct trainer {
      * reads set wcur while the pulls of the next clock land in the other */
     float *wset[2][TABLES_MAX];
     int wcur, wsets;
-    struct psw_pool *pool; /* --compute-threads 2 */
+    struct ps_pool *pool; /* --compute-threads 2 */
     /* distributed */
     struct psc_client *c;
     uint32_t th[TABLES_MAX];
@@ -1023,7 +1023,7 @@ static int setup(struct trainer *tr, char *err, size_t errlen)
     if (c->compute_threads == 0)
         c->compute_threads = ps_cpus_allowed() >= 2 ? 2 : 1;
     if (tr->alias && c->compute_threads > 1) {
-        if (psw_pool_start(&tr->pool, PSW_POOL_SPIN_NS) != 0) {
+        if (ps_pool_start(&tr->pool, PS_POOL_SPIN_NS, "psworker-help") != 0) {
             snprintf(err, errlen, "--compute-threads: cannot start the helper thread");
             return PS_ENOMEM;
         }
@@ -1109,7 +1109,7 @@ static void teardown(struct trainer *tr)
     ps_metrics_stop(tr->metrics);
     ps_buf_free(&tr->mtext);
     psc_destroy(tr->c);
-    psw_pool_stop(tr->pool);
+    ps_pool_stop(tr->pool);
     if (tr->be != NULL) {
         psk_host_free(tr->be, tr->h_in);
         psw_mlp_fini(&tr->mlp);

@@ -3,7 +3,9 @@
 #include "cases.h"
 #include "table.h"
 
+#include "ps_cpus.h"
 #include "ps_err.h"
+#include "ps_pool.h"
 #include "ps_mem.h"
 #include "psk_math.h"
 #include "psk_optim.h"
@@ -17,6 +19,10 @@
 #include <string.h>
 
 #include <cmocka.h>
+
+static const Ps__OptimizerKind all_kinds[] = {
+    PS__OPTIMIZER_KIND__OPT_SGD, PS__OPTIMIZER_KIND__OPT_MOMENTUM, PS__OPTIMIZER_KIND__OPT_ADAGRAD,
+    PS__OPTIMIZER_KIND__OPT_ADAM, PS__OPTIMIZER_KIND__OPT_FTRL};
 
 static struct psd_table *make(Ps__OptimizerKind opt, float lr, float wd, int nesterov,
                               uint32_t shard, uint32_t shards, uint64_t size)
@@ -124,16 +130,12 @@ static void test_same_spec(void **state)
 static void test_keyed_matches_range(void **state)
 {
     (void)state;
-    const Ps__OptimizerKind kinds[] = {PS__OPTIMIZER_KIND__OPT_SGD,
-                                       PS__OPTIMIZER_KIND__OPT_MOMENTUM,
-                                       PS__OPTIMIZER_KIND__OPT_ADAGRAD,
-                                       PS__OPTIMIZER_KIND__OPT_ADAM, PS__OPTIMIZER_KIND__OPT_FTRL};
     enum { SIZE = 20000, N = 1500 };
     static uint64_t keys[N];
     static float g[N];
-    for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++) {
-        struct psd_table *a = make(kinds[k], 0.05f, 0.01f, 0, 1, 2, SIZE);
-        struct psd_table *b = make(kinds[k], 0.05f, 0.01f, 0, 1, 2, SIZE);
+    for (size_t k = 0; k < sizeof all_kinds / sizeof all_kinds[0]; k++) {
+        struct psd_table *a = make(all_kinds[k], 0.05f, 0.01f, 0, 1, 2, SIZE);
+        struct psd_table *b = make(all_kinds[k], 0.05f, 0.01f, 0, 1, 2, SIZE);
         for (uint64_t st = 1; st <= 3; st++) {
             for (size_t i = 0; i < N; i++) { /* a different spread each step */
                 keys[i] = a->lo + i * 6 + (i * st) % 5;
@@ -151,6 +153,59 @@ static void test_keyed_matches_range(void **state)
         psd_table_destroy(a);
         psd_table_destroy(b);
     }
+}
+
+/* Big applies go in pieces that psd's helper thread shares: a table with
+ * the helper ends with the same bits as one applied in calls too small to
+ * be cut (1,000 elements or keys each), for every kind, over
+ * a range that starts and ends off the pieces' edges, keyed pushes of
+ * more than two pieces, and pruned elements. Repeated until the helper
+ * has run pieces (with 2 or more CPUs; one CPU may never let it). */
+static void test_pieces_same_bits(void **state)
+{
+    (void)state;
+    enum { SIZE = 3 * PSD_APPLY_PIECE + 1234, NK = 2 * PSD_APPLY_KEYS_PIECE + 77, C = 1000 };
+    static float g[SIZE];
+    static uint64_t keys[NK];
+    struct ps_pool *pool = NULL;
+    assert_int_equal(ps_pool_start(&pool, PS_POOL_SPIN_NS, "test-apply"), 0);
+    struct psd_prune_spec ps = {.target = 0.5, .start = 1, .end = 2, .every = 1};
+    int rounds = 0;
+    do {
+        for (size_t k = 0; k < sizeof all_kinds / sizeof all_kinds[0]; k++) {
+            struct psd_table *a = make(all_kinds[k], 0.05f, 0.01f, 0, 1, 2, 2 * SIZE);
+            struct psd_table *b = make(all_kinds[k], 0.05f, 0.01f, 0, 1, 2, 2 * SIZE);
+            a->pool = pool;
+            assert_int_equal(psd_table_enable_prune(a, &ps), 0);
+            assert_int_equal(psd_table_enable_prune(b, &ps), 0);
+            for (uint64_t i = 0; i < SIZE; i += 7)
+                a->mask[i] = b->mask[i] = 1;
+            for (uint64_t st = 1; st <= 3; st++) {
+                for (size_t i = 0; i < SIZE; i++)
+                    g[i] = 0.01f * (float)((int)((i * 7 + st + (size_t)rounds) % 13) - 6);
+                for (size_t i = 0; i < NK; i++)
+                    keys[i] = a->lo + i * 2 + (i * st) % 2;
+                psd_table_apply(a, a->lo + 5, SIZE - 9, g, 2 * st - 1);
+                psd_table_apply_keys(a, keys, g, NK, 2 * st);
+                for (size_t i = 0; i < SIZE - 9; i += C) /* calls of one piece each */
+                    psd_table_apply(b, b->lo + 5 + i, i + C < SIZE - 9 ? C : SIZE - 9 - i, g + i,
+                                    2 * st - 1);
+                for (size_t i = 0; i < NK; i += C)
+                    psd_table_apply_keys(b, keys + i, g + i, i + C < NK ? C : NK - i, 2 * st);
+            }
+            size_t bytes = (size_t)(a->hi - a->lo) * sizeof(float);
+            assert_memory_equal(a->w, b->w, bytes);
+            if (a->s1 != NULL)
+                assert_memory_equal(a->s1, b->s1, bytes);
+            if (a->s2 != NULL)
+                assert_memory_equal(a->s2, b->s2, bytes);
+            psd_table_destroy(a);
+            psd_table_destroy(b);
+        }
+    } while (ps_pool_helped(pool) == 0 && ps_cpus_allowed() >= 2 && ++rounds < 50);
+    if (ps_cpus_allowed() >= 2)
+        assert_true(ps_pool_helped(pool) > 0);
+    ps_pool_stop(pool);
 }
 
 /* psk_optim_apply (its AVX2 build where the CPU has AVX2) against a plain
@@ -309,6 +364,7 @@ int main(void)
         cmocka_unit_test(test_shard_part_and_subrange),
         cmocka_unit_test(test_same_spec),
         cmocka_unit_test(test_keyed_matches_range),
+        cmocka_unit_test(test_pieces_same_bits),
         cmocka_unit_test(test_apply_matches_element_rules),
         cmocka_unit_test(test_lend_copy_on_write),
         cmocka_unit_test(test_big_arrays_on_huge_pages),

@@ -3,7 +3,7 @@
  * bits as without one, and both agree with a plain double-precision
  * forward and backward pass. */
 #include "mlp.h"
-#include "pool.h"
+#include "ps_pool.h"
 
 #include "ps_clock.h"
 #include "ps_err.h"
@@ -39,27 +39,27 @@ static int count_piece(void *ctx, int i)
  * a while (the default), and one that never stops looking. */
 static void every_piece_once(long spin_ns)
 {
-    struct psw_pool *p = NULL;
-    assert_int_equal(psw_pool_start(&p, spin_ns), 0);
+    struct ps_pool *p = NULL;
+    assert_int_equal(ps_pool_start(&p, spin_ns, "test-pool"), 0);
     static struct count c;
     const int sizes[] = {1, 2, 7, 64, PIECES_MAX};
     for (int round = 0; round < 50; round++) {
         for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++) {
             memset(&c, 0, sizeof c);
             c.fail_at = -1;
-            assert_int_equal(psw_pool_run(round % 2 ? p : NULL, count_piece, &c, sizes[s]), 0);
+            assert_int_equal(ps_pool_run(round % 2 ? p : NULL, count_piece, &c, sizes[s]), 0);
             for (int i = 0; i < PIECES_MAX; i++)
                 assert_int_equal(atomic_load(&c.hits[i]), i < sizes[s]);
         }
     }
     memset(&c, 0, sizeof c);
     c.fail_at = 5;
-    assert_int_equal(psw_pool_run(p, count_piece, &c, 64), PS_EDEVICE);
+    assert_int_equal(ps_pool_run(p, count_piece, &c, 64), PS_EDEVICE);
     for (int i = 0; i < 64; i++) /* the others ran all the same */
         assert_int_equal(atomic_load(&c.hits[i]), 1);
-    assert_int_equal(psw_pool_run(p, count_piece, &c, 0), 0);
-    psw_pool_stop(p);
-    psw_pool_stop(NULL);
+    assert_int_equal(ps_pool_run(p, count_piece, &c, 0), 0);
+    ps_pool_stop(p);
+    ps_pool_stop(NULL);
 }
 
 #define SPIN_FOREVER (3600L * 1000000000L)
@@ -68,7 +68,7 @@ static void test_every_piece_once(void **state)
 {
     (void)state;
     every_piece_once(0);
-    every_piece_once(PSW_POOL_SPIN_NS);
+    every_piece_once(PS_POOL_SPIN_NS);
     every_piece_once(SPIN_FOREVER);
 }
 
@@ -96,37 +96,37 @@ static void test_helper_looks_before_it_sleeps(void **state)
 {
     (void)state;
     static struct count c;
-    struct psw_pool *p = NULL;
-    assert_int_equal(psw_pool_start(&p, SPIN_FOREVER), 0);
+    struct ps_pool *p = NULL;
+    assert_int_equal(ps_pool_start(&p, SPIN_FOREVER, "test-pool"), 0);
     for (int run = 0; run < 2000; run++) {
         memset(&c, 0, sizeof c);
         c.fail_at = -1;
-        assert_int_equal(psw_pool_run(p, count_piece, &c, 64), 0);
+        assert_int_equal(ps_pool_run(p, count_piece, &c, 64), 0);
     }
-    assert_int_equal(psw_pool_sleeps(p), 0);
+    assert_int_equal(ps_pool_sleeps(p), 0);
     /* a run of two pieces that each wait for the other: the helper took
      * one, so it looks for a run after this one when stop comes */
     static struct meet m;
     atomic_store(&m.started, 0);
-    assert_int_equal(psw_pool_run(p, meet_piece, &m, 2), 0);
+    assert_int_equal(ps_pool_run(p, meet_piece, &m, 2), 0);
     assert_int_equal(atomic_load(&m.started), 2);
-    psw_pool_stop(p); /* returns: the helper sees stop while it looks */
+    ps_pool_stop(p); /* returns: the helper sees stop while it looks */
 
-    assert_int_equal(psw_pool_start(&p, 0), 0);
+    assert_int_equal(ps_pool_start(&p, 0, "test-pool"), 0);
     long long deadline = ps_mono_ms() + 10000; /* its first sleep, before any run */
-    while (psw_pool_sleeps(p) < 1 && ps_mono_ms() < deadline)
+    while (ps_pool_sleeps(p) < 1 && ps_mono_ms() < deadline)
         sched_yield();
     for (unsigned long run = 0; run < 5; run++) {
         memset(&c, 0, sizeof c);
         c.fail_at = -1;
-        assert_int_equal(psw_pool_run(p, count_piece, &c, 64), 0);
+        assert_int_equal(ps_pool_run(p, count_piece, &c, 64), 0);
         /* it sleeps after each run (and did once before the first) */
         deadline = ps_mono_ms() + 10000;
-        while (psw_pool_sleeps(p) < run + 2 && ps_mono_ms() < deadline)
+        while (ps_pool_sleeps(p) < run + 2 && ps_mono_ms() < deadline)
             sched_yield();
-        assert_true(psw_pool_sleeps(p) >= run + 2);
+        assert_true(ps_pool_sleeps(p) >= run + 2);
     }
-    psw_pool_stop(p);
+    ps_pool_stop(p);
 }
 
 enum { B = 37, L = 3 };
@@ -160,8 +160,7 @@ static int note_chunk(void *arg, int l, int r0, int r1)
  * copied out (flat, in table order). chunk_bytes > 0: in chunks of about
  * that size, forward and backward reporting them to *seen (backward's
  * after forward's). */
-static size_t run_chunked(struct psw_pool *pool, float *out, size_t chunk_bytes,
-                          struct chunks *seen)
+static size_t run_chunked(struct ps_pool *pool, float *out, size_t chunk_bytes, struct chunks *seen)
 {
     struct psk_backend *be;
     char err[256];
@@ -212,7 +211,7 @@ static size_t out_floats(void)
     return n;
 }
 
-static size_t run_model(struct psw_pool *pool, float *out)
+static size_t run_model(struct ps_pool *pool, float *out)
 {
     return run_chunked(pool, out, 0, NULL);
 }
@@ -295,15 +294,15 @@ static void test_model_same_bits_with_a_helper(void **state)
     size_t cap = out_floats();
     float *alone = malloc(cap * sizeof(float)), *helped = malloc(cap * sizeof(float));
     double *ref = calloc(cap, sizeof(double));
-    struct psw_pool *p = NULL;
-    assert_int_equal(psw_pool_start(&p, PSW_POOL_SPIN_NS), 0);
+    struct ps_pool *p = NULL;
+    assert_int_equal(ps_pool_start(&p, PS_POOL_SPIN_NS, "test-pool"), 0);
     size_t n = run_model(NULL, alone);
     assert_int_equal(n, cap);
     for (int round = 0; round < 5; round++) {
         assert_int_equal(run_model(p, helped), cap);
         assert_memory_equal(alone, helped, cap * sizeof(float));
     }
-    psw_pool_stop(p);
+    ps_pool_stop(p);
     size_t gw0, gw1;
     reference(ref, &gw0, &gw1);
     /* the logits and the two weight gradients cut into pieces */
@@ -353,8 +352,8 @@ static void test_chunk_size_same_bits(void **state)
     (void)state;
     size_t cap = out_floats();
     float *whole = malloc(cap * sizeof(float)), *cut = malloc(cap * sizeof(float));
-    struct psw_pool *p = NULL;
-    assert_int_equal(psw_pool_start(&p, PSW_POOL_SPIN_NS), 0);
+    struct ps_pool *p = NULL;
+    assert_int_equal(ps_pool_start(&p, PS_POOL_SPIN_NS, "test-pool"), 0);
     assert_int_equal(run_model(NULL, whole), cap);
     const size_t sizes[] = {4096, 16384, PSW_CHUNK_BYTES, PSW_CHUNK_BYTES_SHM};
     int before = 1 << 30;
@@ -377,7 +376,7 @@ static void test_chunk_size_same_bits(void **state)
             }
         }
     }
-    psw_pool_stop(p);
+    ps_pool_stop(p);
     free(whole);
     free(cut);
 }

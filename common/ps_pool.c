@@ -1,6 +1,6 @@
-/* psw_pool: one helper thread, pieces taken from a shared counter. */
+/* ps_pool: one helper thread, pieces taken from a shared counter. */
 #define _GNU_SOURCE
-#include "pool.h"
+#include "ps_pool.h"
 
 #include "ps_clock.h"
 
@@ -11,16 +11,17 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-struct psw_pool {
+struct ps_pool {
     pthread_t thread;
     pthread_mutex_t mu;
     pthread_cond_t cv;
     int stop;
     long spin_ns;         /* how long the helper looks for the next run before it sleeps */
     unsigned long sleeps; /* times it slept (waited on cv) */
+    atomic_ulong helped;  /* pieces the helper ran */
     /* the run in progress, set under mu */
     uint32_t gen;
-    psw_piece_fn fn;
+    ps_piece_fn fn;
     void *ctx;
     int n;
     /* run number << 32 | next piece: a thread still inside an earlier run
@@ -29,9 +30,10 @@ struct psw_pool {
     atomic_int done, err;
 };
 
-/* Takes pieces of run gen until none is left. */
-static void work(struct psw_pool *p, uint32_t gen, psw_piece_fn fn, void *ctx, int n)
+/* Takes pieces of run gen until none is left; returns how many it took. */
+static unsigned long work(struct ps_pool *p, uint32_t gen, ps_piece_fn fn, void *ctx, int n)
 {
+    unsigned long took = 0;
     uint64_t t = atomic_load(&p->ticket);
     while ((uint32_t)(t >> 32) == gen && (uint32_t)t < (uint32_t)n) {
         if (!atomic_compare_exchange_weak(&p->ticket, &t, t + 1))
@@ -42,8 +44,10 @@ static void work(struct psw_pool *p, uint32_t gen, psw_piece_fn fn, void *ctx, i
             atomic_compare_exchange_strong(&p->err, &zero, rc);
         }
         atomic_fetch_add(&p->done, 1);
+        took++;
         t = atomic_load(&p->ticket);
     }
+    return took;
 }
 
 /* Before it sleeps, the helper looks for the next run for up to spin_ns,
@@ -52,7 +56,7 @@ static void work(struct psw_pool *p, uint32_t gen, psw_piece_fn fn, void *ctx, i
  * other within microseconds; a wake-up through the condition variable
  * costs about as long again on these machines. Called without mu held;
  * returns with it held. */
-static void await_run(struct psw_pool *p, uint32_t seen)
+static void await_run(struct ps_pool *p, uint32_t seen)
 {
     if (p->spin_ns > 0) {
         int64_t until = ps_mono_ns() + p->spin_ns;
@@ -69,26 +73,26 @@ static void await_run(struct psw_pool *p, uint32_t seen)
 
 static void *helper_main(void *arg)
 {
-    struct psw_pool *p = arg;
+    struct ps_pool *p = arg;
     uint32_t seen = 0;
     for (;;) {
         await_run(p, seen); /* mu held from here */
         if (p->stop)
             break;
         seen = p->gen;
-        psw_piece_fn fn = p->fn;
+        ps_piece_fn fn = p->fn;
         void *ctx = p->ctx;
         int n = p->n;
         pthread_mutex_unlock(&p->mu);
-        work(p, seen, fn, ctx, n);
+        atomic_fetch_add(&p->helped, work(p, seen, fn, ctx, n));
     }
     pthread_mutex_unlock(&p->mu);
     return NULL;
 }
 
-int psw_pool_start(struct psw_pool **out, long spin_ns)
+int ps_pool_start(struct ps_pool **out, long spin_ns, const char *name)
 {
-    struct psw_pool *p = calloc(1, sizeof *p);
+    struct ps_pool *p = calloc(1, sizeof *p);
     if (p == NULL)
         return -1;
     pthread_mutex_init(&p->mu, NULL);
@@ -102,12 +106,12 @@ int psw_pool_start(struct psw_pool **out, long spin_ns)
         errno = rc;
         return -1;
     }
-    pthread_setname_np(p->thread, "psworker-help");
+    pthread_setname_np(p->thread, name); /* ERANGE past 15 characters: the name stays */
     *out = p;
     return 0;
 }
 
-int psw_pool_run(struct psw_pool *p, psw_piece_fn fn, void *ctx, int n)
+int ps_pool_run(struct ps_pool *p, ps_piece_fn fn, void *ctx, int n)
 {
     if (n <= 0)
         return 0;
@@ -137,7 +141,12 @@ int psw_pool_run(struct psw_pool *p, psw_piece_fn fn, void *ctx, int n)
     return atomic_load(&p->err);
 }
 
-unsigned long psw_pool_sleeps(struct psw_pool *p)
+unsigned long ps_pool_helped(struct ps_pool *p)
+{
+    return p == NULL ? 0 : atomic_load(&p->helped);
+}
+
+unsigned long ps_pool_sleeps(struct ps_pool *p)
 {
     pthread_mutex_lock(&p->mu);
     unsigned long n = p->sleeps;
@@ -145,7 +154,7 @@ unsigned long psw_pool_sleeps(struct psw_pool *p)
     return n;
 }
 
-void psw_pool_stop(struct psw_pool *p)
+void ps_pool_stop(struct ps_pool *p)
 {
     if (p == NULL)
         return;
