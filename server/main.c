@@ -62,7 +62,7 @@ static const struct ps_opt psd_opts[] = {
         "largest frame accepted; a peer sending more is disconnected"),
     OPT("io-threads", PS_OPT_U64, io_threads, "1", 1, 16, "N", "ZeroMQ I/O threads"),
     OPT("apply-threads", PS_OPT_U64, apply_threads, "0", 0, 2, "N",
-        "2: a helper thread takes pieces of each large apply (a dense push of 128 Ki "
+        "2: a helper thread takes pieces of each large apply (a dense push of 1 Mi "
         "elements or more, a keyed one of 16 Ki keys or more) while a core is free; 1: "
         "none; 0 (default): 2 where psd may run on 2 or more CPUs"),
     OPT("no-local-ipc", PS_OPT_FLAG, no_local_ipc, NULL, 0, 0, NULL,

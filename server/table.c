@@ -310,12 +310,12 @@ static int keys_piece(void *ctx, int i)
     return 0;
 }
 
-/* Runs job j in pieces of `piece`: on the pool when there are two or more
- * (the helper takes what it can), on this thread otherwise. */
-static void apply_run(const struct psd_table *t, struct apply_job *j, ps_piece_fn fn, size_t piece)
+/* Runs job j in pieces of `piece`: on the pool when it has min elements
+ * or keys or more (the helper takes what it can), on this thread otherwise. */
+static void apply_run(const struct psd_table *t, struct apply_job *j, ps_piece_fn fn, size_t min,
+                      size_t piece)
 {
-    int pieces = (int)((j->n + piece - 1) / piece);
-    ps_pool_run(pieces >= 2 ? t->pool : NULL, fn, j, pieces);
+    ps_pool_run(j->n >= min ? t->pool : NULL, fn, j, (int)((j->n + piece - 1) / piece));
 }
 
 void psd_table_apply(struct psd_table *t, uint64_t offset, uint64_t count, const float *g,
@@ -331,7 +331,7 @@ void psd_table_apply(struct psd_table *t, uint64_t offset, uint64_t count, const
                           .base = (size_t)(offset - t->lo),
                           .n = count,
                           .g = g};
-    apply_run(t, &j, dense_piece, PSD_APPLY_PIECE);
+    apply_run(t, &j, dense_piece, PSD_APPLY_MIN, PSD_APPLY_PIECE);
     apply_took(t, t0);
 }
 
@@ -343,7 +343,7 @@ void psd_table_apply_keys(struct psd_table *t, const uint64_t *keys, const float
         psd_table_own(t, keys[0], keys[n - 1] + 1);
     assert(n == 0 || (keys[0] >= t->lo && keys[n - 1] < t->hi));
     struct apply_job j = {.t = t, .o = table_optim(t), .step = step, .n = n, .keys = keys, .g = g};
-    apply_run(t, &j, keys_piece, PSD_APPLY_KEYS_PIECE);
+    apply_run(t, &j, keys_piece, PSD_APPLY_KEYS_MIN, PSD_APPLY_KEYS_PIECE);
     apply_took(t, t0);
 }
 

@@ -145,12 +145,17 @@ void psd_lent_done(struct psd_lent *r);
  * other elements do not stop the write. Never fails. */
 void psd_table_own(struct psd_table *t, uint64_t lo, uint64_t hi);
 
-/* A dense apply goes in pieces of PSD_APPLY_PIECE elements, a keyed one
- * in pieces of PSD_APPLY_KEYS_PIECE keys; when there are two or more,
- * t->pool's helper takes some while this thread takes the rest. Each
- * element gets the same operations in any piece, so the results are the
- * same bits with and without the helper (test_optim). */
+/* A dense apply of PSD_APPLY_MIN elements or more goes in pieces of
+ * PSD_APPLY_PIECE, a keyed one of PSD_APPLY_KEYS_MIN keys or more in
+ * pieces of PSD_APPLY_KEYS_PIECE; t->pool's helper takes some while this
+ * thread takes the rest. Each element gets the same operations in any
+ * piece, so the results are the same bits with and without the helper
+ * (test_optim). The dense bound is high: a 4 MiB apply takes about 250 us
+ * here, against a wake-up of the helper; and in 1+1 training (chunks of
+ * 1 MiB at most) the helper took a core the worker was using. */
+#define PSD_APPLY_MIN        (1u << 20)
 #define PSD_APPLY_PIECE      (1u << 16)
+#define PSD_APPLY_KEYS_MIN   (1u << 14)
 #define PSD_APPLY_KEYS_PIECE (1u << 13)
 
 /* Applies gradients g[0..count) to global elements [offset, offset+count),

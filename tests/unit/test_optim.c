@@ -164,7 +164,11 @@ static void test_keyed_matches_range(void **state)
 static void test_pieces_same_bits(void **state)
 {
     (void)state;
-    enum { SIZE = 3 * PSD_APPLY_PIECE + 1234, NK = 2 * PSD_APPLY_KEYS_PIECE + 77, C = 1000 };
+    enum {
+        SIZE = PSD_APPLY_MIN + 3 * PSD_APPLY_PIECE + 1234,
+        NK = PSD_APPLY_KEYS_MIN + 77,
+        C = 1000
+    };
     static float g[SIZE];
     static uint64_t keys[NK];
     struct ps_pool *pool = NULL;
