@@ -7,9 +7,9 @@
  * Which thread runs a piece changes from run to run; what a piece computes
  * must not depend on it (the model's GEMMs and psd's applies are cut into
  * fixed pieces, so results are the same bits whoever computes them). When
- * the helper is busy elsewhere (its core is psd's too), the calling thread simply takes
- * more pieces: nothing waits for a thread that is not running, unlike a
- * BLAS split into fixed halves. */
+ * the helper is busy elsewhere (its core is psd's too), the calling thread
+ * simply takes more pieces: nothing waits for a thread that is not
+ * running, unlike a BLAS split into fixed halves. */
 #ifndef PS_POOL_H
 #define PS_POOL_H
 

@@ -439,17 +439,9 @@ static int restore_table(struct psd *s, const struct blob *b, json_t *o, char *e
         return ps_errf(PS_EPROTO, err, errlen, "'%s' was saved for %zu workers, this server has %u",
                        spec.name, json_array_size(completed), s->cons.workers);
     struct psd_table *t = NULL;
-    int rc = psd_table_create(&spec, s->ntables, s->shard, s->shards, &t);
-    if (rc == 0)
-        t->pool = s->pool;
-    if (rc == 0 && (rc = psd_cons_table_init(&s->cons, t)) == 0)
-        s->tables[s->ntables++] = t; /* psd_fini frees it if what follows fails */
-    else if (t != NULL) {
-        psd_cons_table_fini(&s->cons, t);
-        psd_table_destroy(t);
-    }
-    if (rc != 0)
+    if (psd_table_new(s, &spec, &t) != 0)
         return ps_errf(PS_EPROTO, err, errlen, "cannot allocate table '%s'", spec.name);
+    s->tables[s->ntables++] = t; /* psd_fini frees it if what follows fails */
     t->steps = u64_of(o, "steps");
     t->clock = u64_of(o, "clock");
     t->round_begun = u64_of(o, "round_begun");

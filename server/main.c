@@ -11,6 +11,7 @@
 #include "ps_log.h"
 #include "ps_notify.h"
 #include "ps_opts.h"
+#include "ps_pool.h"
 #include "ps_zsock.h"
 
 #include <stddef.h>
@@ -341,13 +342,18 @@ int main(int argc, char **argv)
         .nprunes = nprunes,
         .table_bytes_max = cfg.max_table_bytes,
         .worker_timeout_ms = (uint64_t)(cfg.worker_timeout * 1000.0 + 0.5),
-        .apply_threads = cfg.apply_threads != 0   ? (unsigned)cfg.apply_threads
-                         : ps_cpus_allowed() >= 2 ? 2u
-                                                  : 1u,
     };
+    if (cfg.apply_threads == 0)
+        cfg.apply_threads = ps_cpus_allowed() >= 2 ? 2 : 1;
+    /* no spin after a run: on a small machine the helper's look would take
+     * the core from ZeroMQ's I/O threads */
+    if (cfg.apply_threads > 1 && ps_pool_start(&params.pool, 0, "psd-apply") != 0) {
+        PS_LOG(&a.log, PS_LOG_ERROR, "S0001", "--apply-threads: cannot start the helper thread: %s",
+               strerror(errno));
+        return 1;
+    }
     if (psd_init(&a.srv, &a.log, &params) != 0) {
-        PS_LOG(&a.log, PS_LOG_ERROR, "S0001",
-               "out of memory at start (or, with --apply-threads 2, no thread for the helper)");
+        PS_LOG(&a.log, PS_LOG_ERROR, "S0001", "out of memory at start");
         return 1;
     }
     if (cfg.checkpoint_dir != NULL) {

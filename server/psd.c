@@ -24,6 +24,7 @@ int psd_init(struct psd *s, struct ps_log *log, const struct psd_params *p)
 {
     memset(s, 0, sizeof *s);
     s->log = log;
+    s->pool = p->pool;
     s->shard = p->shard;
     s->shards = p->shards;
     s->value_bytes_max = p->value_bytes_max;
@@ -46,12 +47,6 @@ int psd_init(struct psd *s, struct ps_log *log, const struct psd_params *p)
         return PS_ENOMEM;
     }
     ps_arena_init(&s->arena, s->arena_buf, PS_ARENA_BYTES_SERVER);
-    /* no spin after a run (ps_pool_start): on a small machine the helper's
-     * look would take the core from ZeroMQ's I/O threads */
-    if (p->apply_threads >= 2 && ps_pool_start(&s->pool, 0, "psd-apply") != 0) {
-        psd_fini(s);
-        return PS_ENOMEM;
-    }
     return 0;
 }
 
@@ -74,6 +69,22 @@ void psd_reset_tables(struct psd *s)
     }
     s->ntables = 0;
     memset(s->peers, 0, sizeof s->peers);
+}
+
+int psd_table_new(struct psd *s, const Ps__TableSpec *spec, struct psd_table **out)
+{
+    struct psd_table *t = NULL;
+    int rc = psd_table_create(spec, s->ntables, s->shard, s->shards, &t);
+    if (rc != 0)
+        return rc;
+    t->pool = s->pool;
+    if ((rc = psd_cons_table_init(&s->cons, t)) != 0) {
+        psd_cons_table_fini(&s->cons, t);
+        psd_table_destroy(t);
+        return rc;
+    }
+    *out = t;
+    return 0;
 }
 
 int psd_shm_take(struct psd *s, uint64_t token, void *base, size_t size)
@@ -457,13 +468,7 @@ static void op_create(struct psd *s, const Ps__Header *req, struct psd_reply *re
             reply_errorf(s, req, PS_ELIMIT, rep, "table limit of %u reached", PS_TABLES_MAX);
             return;
         }
-        int rc = psd_table_create(spec, s->ntables, s->shard, s->shards, &t);
-        if (rc == 0)
-            t->pool = s->pool;
-        if (rc == 0 && (rc = psd_cons_table_init(&s->cons, t)) != 0) {
-            psd_cons_table_fini(&s->cons, t);
-            psd_table_destroy(t);
-        }
+        int rc = psd_table_new(s, spec, &t);
         if (rc != 0) {
             reply_errorf(s, req, rc, rep, "cannot allocate table '%s' of %llu elements", spec->name,
                          (unsigned long long)spec->size);

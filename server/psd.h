@@ -43,7 +43,8 @@ struct psd_params {
     size_t nprunes;
     uint64_t table_bytes_max;   /* weights + optimizer state of one table; 0: default */
     uint64_t worker_timeout_ms; /* drop a worker silent this long; 0: never */
-    unsigned apply_threads;     /* 2: a helper takes pieces of big applies; else none */
+    struct ps_pool *pool;       /* a helper for big applies (--apply-threads 2), or NULL;
+                                 * psd_init takes it over, even when it fails */
 };
 
 /* A request waiting for a clock: what is needed to answer it later. */
@@ -69,7 +70,7 @@ typedef void (*psd_send_cb)(void *ctx, const void *route, size_t route_len, stru
 
 struct psd {
     struct ps_log *log;
-    struct ps_pool *pool; /* the apply helper (psd_params.apply_threads 2), or NULL */
+    struct ps_pool *pool; /* psd_params.pool, stopped by psd_fini */
     uint32_t shard, shards;
     uint64_t value_bytes_max;
     uint64_t start_ns;
@@ -163,6 +164,10 @@ int psd_init(struct psd *s, struct ps_log *log, const struct psd_params *p);
 void psd_peer_restore(struct psd *s, uint32_t worker_id, uint64_t session, uint64_t last_applied,
                       const uint64_t *bits);
 void psd_reset_tables(struct psd *s);
+/* A new table of this shard (spec checked), with the consistency mode's
+ * state and the apply helper; the caller adds it to s->tables. 0, or an
+ * error with nothing left allocated. */
+int psd_table_new(struct psd *s, const Ps__TableSpec *spec, struct psd_table **out);
 
 /* Frees a reply's buffers (what dispatch handed over and was not sent). */
 void psd_reply_drop(struct psd_reply *rep);

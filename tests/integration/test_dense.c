@@ -17,6 +17,7 @@
 
 #include <pthread.h>
 #include <setjmp.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -161,70 +162,6 @@ static void test_window_of_eight(void **state)
     }
     free(out);
     free(ref);
-}
-
-/* Polling: psc_wait with a timeout of 0 takes the replies that came and
- * never blocks; called again and again it completes each ticket, with the
- * pulled values right. Run on the fixture's two shards (poll() on their
- * ZMQ_FDs) and on a one-shard client (a blocking receive with a timeout). */
-static void poll_window(struct psc_client *c, uint32_t table, uint64_t size)
-{
-    enum { W = 8, C = 4096 };
-    float *out = malloc(W * C * 4), *ref = malloc(C * 4);
-    uint64_t t[W];
-    for (int i = 0; i < W; i++)
-        assert_int_equal(psc_pull(c, table, (uint64_t)i * (size / W), C, out + i * C, 0, &t[i]), 0);
-    unsigned polls = 0;
-    for (int i = 0; i < W; i++) {
-        int rc = PS_ETIMEDOUT;
-        int64_t until = ps_mono_ms() + TIMEOUT_MS;
-        while (rc == PS_ETIMEDOUT && ps_mono_ms() < until) {
-            int64_t t0 = ps_mono_ms();
-            rc = psc_wait(c, t[i], 0);
-            if (ps_mono_ms() - t0 > 1000)
-                fail_msg("psc_wait(0) blocked %lld ms", (long long)(ps_mono_ms() - t0));
-            polls++;
-        }
-        if (rc != 0)
-            fail_msg("ticket %d: %s: %s", i, ps_err_name(rc), psc_last_error(c));
-    }
-    assert_true(polls >= W);
-    for (int i = 0; i < W; i++) {
-        uint64_t tt;
-        assert_int_equal(psc_pull(c, table, (uint64_t)i * (size / W), C, ref, 0, &tt), 0);
-        wait_ok(c, tt);
-        assert_memory_equal(ref, out + i * C, C * 4);
-    }
-    free(out);
-    free(ref);
-}
-
-static void test_wait_zero_polls(void **state)
-{
-    struct fixture *f = *state;
-    poll_window(f->c, f->big, N);
-
-    struct psd_proc one;
-    const char *a[] = {NULL};
-    assert_int_equal(harness_psd_start(&one, a), 0);
-    const char *eps[1] = {one.endpoint};
-    struct psc_config cfg = {
-        .servers = eps, .nservers = 1, .worker_id = 2, .connect_timeout_ms = TIMEOUT_MS};
-    char err[512];
-    struct psc_client *c = NULL;
-    int rc = psc_create(&cfg, &c, err, sizeof err);
-    if (rc == 0) {
-        struct psc_table_spec sp;
-        big_spec(&sp);
-        uint32_t t;
-        rc = psc_table_create(c, &sp, TIMEOUT_MS, &t);
-        if (rc == 0)
-            poll_window(c, t, N);
-        psc_destroy(c);
-    }
-    int stopped = harness_psd_stop(&one);
-    assert_int_equal(rc, 0);
-    assert_int_equal(stopped, 0);
 }
 
 /* Keyed pushes over two shards: keys on both sides of the boundary (the
@@ -379,6 +316,73 @@ static struct psc_client *other_client(const struct fixture *f, int wire_dtype, 
     const char *eps[2] = {f->shard[0].endpoint, f->shard[1].endpoint};
     return client_or_fail((struct psc_config){.wire_dtype = wire_dtype, .local_ipc = local_ipc},
                           eps, 2, 2);
+}
+
+/* Polling: psc_wait with a timeout of 0 never blocks: with the shard that
+ * holds element 0 stopped (SIGSTOP: it cannot answer), it returns
+ * PS_ETIMEDOUT each time (a wait that blocked would hang the test until
+ * meson's timeout). And it takes the replies that came: called again and
+ * again it completes each ticket, with the pulled values right. Run on
+ * the fixture's two shards (poll() on their ZMQ_FDs) and on a one-shard
+ * client (a blocking receive with a timeout). */
+static void poll_window(struct psc_client *c, uint32_t table, uint64_t size, pid_t first)
+{
+    enum { W = 8, C = 4096 };
+    float *out = malloc(W * C * 4), *ref = malloc(C * 4);
+    uint64_t t[W];
+    assert_int_equal(kill(first, SIGSTOP), 0);
+    assert_int_equal(psc_pull(c, table, 0, C, ref, 0, &t[0]), 0);
+    for (int k = 0; k < 3; k++)
+        assert_int_equal(psc_wait(c, t[0], 0), PS_ETIMEDOUT);
+    assert_int_equal(kill(first, SIGCONT), 0);
+    wait_ok(c, t[0]);
+    for (int i = 0; i < W; i++)
+        assert_int_equal(psc_pull(c, table, (uint64_t)i * (size / W), C, out + i * C, 0, &t[i]), 0);
+    unsigned polls = 0;
+    for (int i = 0; i < W; i++) {
+        int rc = PS_ETIMEDOUT;
+        int64_t until = ps_mono_ms() + TIMEOUT_MS;
+        while (rc == PS_ETIMEDOUT && ps_mono_ms() < until) {
+            rc = psc_wait(c, t[i], 0);
+            polls++;
+        }
+        if (rc != 0)
+            fail_msg("ticket %d: %s: %s", i, ps_err_name(rc), psc_last_error(c));
+    }
+    assert_true(polls >= W);
+    for (int i = 0; i < W; i++) {
+        uint64_t tt;
+        assert_int_equal(psc_pull(c, table, (uint64_t)i * (size / W), C, ref, 0, &tt), 0);
+        wait_ok(c, tt);
+        assert_memory_equal(ref, out + i * C, C * 4);
+    }
+    free(out);
+    free(ref);
+}
+
+static void test_wait_zero_polls(void **state)
+{
+    struct fixture *f = *state;
+    /* no heartbeat: it would end a wait that wrongly blocked after 1 s */
+    const struct psc_config quiet = {.heartbeat_ms = -1};
+    const char *eps[2] = {f->shard[0].endpoint, f->shard[1].endpoint};
+    struct psc_client *c = client_or_fail(quiet, eps, 2, 2);
+    struct psc_table_spec sp;
+    big_spec(&sp);
+    uint32_t t;
+    assert_int_equal(psc_table_create(c, &sp, TIMEOUT_MS, &t), 0);
+    poll_window(c, t, N, f->shard[0].pid);
+    psc_destroy(c);
+
+    struct psd_proc one;
+    const char *a[] = {NULL};
+    assert_int_equal(harness_psd_start(&one, a), 0);
+    const char *ep1[1] = {one.endpoint};
+    c = client_or_fail(quiet, ep1, 1, 2);
+    assert_int_equal(psc_table_create(c, &sp, TIMEOUT_MS, &t), 0);
+    poll_window(c, t, N, one.pid);
+    psc_destroy(c);
+    assert_int_equal(harness_psd_stop(&one), 0);
 }
 
 static void test_f16_on_the_wire(void **state)

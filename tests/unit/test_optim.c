@@ -209,6 +209,18 @@ static void test_pieces_same_bits(void **state)
     } while (ps_pool_helped(pool) == 0 && ps_cpus_allowed() >= 2 && ++rounds < 50);
     if (ps_cpus_allowed() >= 2)
         assert_true(ps_pool_helped(pool) > 0);
+    /* one element or key under the bounds: this thread alone, whatever the helper does */
+    struct psd_table *a = make(PS__OPTIMIZER_KIND__OPT_SGD, 0.05f, 0.0f, 0, 0, 1, SIZE);
+    a->pool = pool;
+    for (size_t i = 0; i < NK; i++)
+        keys[i] = 2 * i;
+    unsigned long helped = ps_pool_helped(pool);
+    for (int r = 0; r < 20; r++) {
+        psd_table_apply(a, 0, PSD_APPLY_MIN - 1, g, 1);
+        psd_table_apply_keys(a, keys, g, PSD_APPLY_KEYS_MIN - 1, 1);
+    }
+    assert_int_equal(ps_pool_helped(pool), helped);
+    psd_table_destroy(a);
     ps_pool_stop(pool);
 }
 
