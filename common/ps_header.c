@@ -45,11 +45,13 @@
     X(27, shm, u32)                                                                                \
     X(28, shm_in, u64)                                                                             \
     X(29, shm_out, u64)                                                                            \
-    X(30, shm_keys, u64)
+    X(30, shm_keys, u64)                                                                           \
+    X(31, continues, bool)
 
 /* Field numbers this codec may see: 1..HEADER_ID_MAX (a bit each in the
  * unpacker's mask of fields seen). */
-#define HEADER_ID_MAX 30u
+#define HEADER_ID_MAX 31u
+_Static_assert(HEADER_ID_MAX < 32, "the unpacker's mask of fields seen is 32 bits");
 
 /* Each field's tag and varint (or string length) fit in 12 bytes, which
  * PS_HEADER_FIELDS_BYTES_MAX gives every number up to HEADER_ID_MAX. */

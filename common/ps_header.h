@@ -25,11 +25,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* The most a header's fields 1..30 pack to, not counting the bytes of its
+/* The most a header's fields 1..31 pack to, not counting the bytes of its
  * strings: a tag of up to 2 bytes and a varint (a value, or a string's
  * length) of up to 10 each. A buffer of this plus the strings' lengths
  * takes the fast path. */
-#define PS_HEADER_FIELDS_BYTES_MAX (30u * 12u)
+#define PS_HEADER_FIELDS_BYTES_MAX (31u * 12u)
 
 /* Packs h into buf[0..cap). Returns the bytes written, or -1 when it
  * declines h or h might not fit in cap; nothing is written then, and the

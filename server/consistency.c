@@ -332,8 +332,8 @@ static int bsp_push(const struct psd_cons *c, struct psd_table *t, uint32_t w, u
 }
 
 int psd_cons_push(const struct psd_cons *c, struct psd_table *t, uint32_t worker, uint64_t clock,
-                  uint64_t offset, uint64_t count, const float *g, int *applied, char *err,
-                  size_t errlen)
+                  uint64_t offset, uint64_t count, const float *g, int continues, int *applied,
+                  char *err, size_t errlen)
 {
     *applied = 0;
     if (worker >= c->workers) {
@@ -356,9 +356,11 @@ int psd_cons_push(const struct psd_cons *c, struct psd_table *t, uint32_t worker
      * does not lie past the end of its last one. A table at step 0 always
      * starts a pass: pass_end is only set after one, so this adds nothing
      * today, but no later change can then hand the optimizer step 0 (Adam
-     * divides by 1 - beta^step). */
-    int pass = worker >= c->workers || t->pass_end[worker] == 0 || offset < t->pass_end[worker] ||
-               t->steps == 0;
+     * divides by 1 - beta^step). A piece that continues a request (the
+     * client says so) never starts one, even out of order (a piece sent
+     * again after a restart) or from an untracked worker. */
+    int pass = t->steps == 0 || (!continues && (worker >= c->workers || t->pass_end[worker] == 0 ||
+                                                offset < t->pass_end[worker]));
     if (worker < c->workers)
         t->pass_end[worker] = offset + count;
     if (pass)

@@ -57,14 +57,18 @@ void psd_cons_table_fini(const struct psd_cons *c, struct psd_table *t);
 #define PSD_CONS_STALE 1
 
 /* Takes a push of gradient g (count elements at offset) from worker w at
- * clock. Applies it now (asp/ssp) or at the end of the round (bsp). On a
+ * clock. Applies it now (asp/ssp) or at the end of the round (bsp). In
+ * asp/ssp, continues (the header's: a piece of one request, after one to
+ * this shard) keeps it in the optimizer pass of the piece before, for any
+ * worker id; without it, a tracked worker's chunks in order make one pass
+ * and each push of an untracked one (id >= workers) is a pass. On a
  * refused push returns a PS_E* code with a sentence in err (PS_EAGAIN: a
  * bsp chunk came before the chunks it follows; the worker sends it again);
  * PSD_CONS_STALE when dropped (see membership above). *applied is set
  * when weights changed (waiting pulls may now be answerable). */
 int psd_cons_push(const struct psd_cons *c, struct psd_table *t, uint32_t worker, uint64_t clock,
-                  uint64_t offset, uint64_t count, const float *g, int *applied, char *err,
-                  size_t errlen);
+                  uint64_t offset, uint64_t count, const float *g, int continues, int *applied,
+                  char *err, size_t errlen);
 
 /* Takes a sparse push: gradient g[i] for element keys[i] (strictly
  * increasing, inside the shard). In bsp it is the worker's whole shard

@@ -1055,9 +1055,10 @@ static int op_data(struct psd *s, const struct ps_frame *route, const struct ps_
     if (req->op != PS__OP__OP_PULL && !dup) {
         const float *g = push_values(s, m, shm_in);
         char err[PS_ERROR_TEXT_MAX];
-        int rc = g == NULL ? PS_ENOMEM
-                           : psd_cons_push(&s->cons, t, req->worker_id, req->clock, req->offset,
-                                           req->count, g, &applied, err, sizeof err);
+        int rc = g == NULL
+                     ? PS_ENOMEM
+                     : psd_cons_push(&s->cons, t, req->worker_id, req->clock, req->offset,
+                                     req->count, g, req->continues, &applied, err, sizeof err);
         if (rc < 0) {
             reply_error(s, req, rc, g == NULL ? "out of memory" : err, rep);
             return 1;

@@ -45,12 +45,19 @@ static void drop(const struct psd_cons *c, struct psd_table *t)
     psd_table_destroy(t);
 }
 
-static int push(const struct psd_cons *c, struct psd_table *t, uint32_t w, uint64_t clock,
-                uint64_t off, uint64_t n, const float *g)
+/* A push whose header says it continues a request (a client's piece). */
+static int piece(const struct psd_cons *c, struct psd_table *t, uint32_t w, uint64_t clock,
+                 uint64_t off, uint64_t n, const float *g, int continues)
 {
     int applied = 0;
     char err[256];
-    return psd_cons_push(c, t, w, clock, off, n, g + off, &applied, err, sizeof err);
+    return psd_cons_push(c, t, w, clock, off, n, g + off, continues, &applied, err, sizeof err);
+}
+
+static int push(const struct psd_cons *c, struct psd_table *t, uint32_t w, uint64_t clock,
+                uint64_t off, uint64_t n, const float *g)
+{
+    return piece(c, t, w, clock, off, n, g, 0);
 }
 
 static void test_bsp_watermark(void **state)
@@ -170,7 +177,7 @@ static void test_bsp_restored_worker_ahead(void **state)
     assert_int_equal(t->clock, 6);
     int applied = 0;
     char err[256];
-    assert_int_equal(psd_cons_push(&c, t, 1, 7, 0, N, g, &applied, err, sizeof err), 0);
+    assert_int_equal(psd_cons_push(&c, t, 1, 7, 0, N, g, 0, &applied, err, sizeof err), 0);
     assert_true(applied);
     assert_int_equal(t->clock, 7);
     assert_int_equal(t->rounds_lost, 2);
@@ -253,6 +260,19 @@ static void test_asp_steps_count_passes(void **state)
     assert_int_equal(push(&a, cut, 7, 0, 0, 5, g[0]), 0);
     assert_int_equal(push(&a, cut, 7, 0, 5, 5, g[0]), 0);
     assert_int_equal(cut->steps, 13);
+    /* unless its pieces say they continue one request: a pass each */
+    for (int k = 0; k < 2; k++) {
+        assert_int_equal(piece(&a, cut, 7, 0, 0, 4, g[0], 0), 0);
+        assert_int_equal(piece(&a, cut, 7, 0, 4, 3, g[0], 1), 0);
+        assert_int_equal(piece(&a, cut, 7, 0, 7, 3, g[0], 1), 0);
+    }
+    assert_int_equal(cut->steps, 15);
+    /* a tracked worker's piece sent again out of order (after a restart)
+     * stays in its pass too */
+    assert_int_equal(piece(&a, cut, 1, 0, 0, 4, g[0], 0), 0);
+    assert_int_equal(piece(&a, cut, 1, 0, 7, 3, g[0], 1), 0);
+    assert_int_equal(piece(&a, cut, 1, 0, 4, 3, g[0], 1), 0);
+    assert_int_equal(cut->steps, 16);
     drop(&a, whole);
     drop(&a, cut);
 }
