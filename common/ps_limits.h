@@ -74,6 +74,15 @@ _Static_assert(PS_ROWS_PAGE_BYTES >= (uint64_t)PS_SPARSE_DIM_MAX * 4u, "a page h
  * training on loopback went from 38-40k to 42-43k samples/s against the
  * kernel's autotuning; 4 MiB was no better (tests/bench/README.md). */
 #define PS_SOCKET_BUFFER_BYTES (1 << 20)
+/* ZMQ_SNDHWM/ZMQ_RCVHWM of the client's sockets (messages queued per
+ * shard): above what a client may have outstanding, a message per request
+ * and per reply, so a send is never refused for a full queue (that fails
+ * its request) and replies never wait in psd for the client's queue.
+ * ZeroMQ's default, 1,000, refused 520 sends (8 requests of 16 MiB in 64
+ * pieces) to a shard that read slower than they were sent. psd keeps the
+ * default: its queues per client stay bounded against a client that
+ * floods it or never reads. */
+#define PS_SOCKET_HWM (4 * PS_CLIENT_TICKETS_MAX)
 
 /* Shared memory with same-host clients (ps_shm.h): a region's bytes, the
  * regions one psd maps at once (bound or handed over and not yet bound),

@@ -39,10 +39,11 @@ struct table_h {
 };
 
 enum sub_kind {
-    SUB_SYNC = 0,  /* hello, create, stats: never re-sent */
-    SUB_RANGE = 1, /* pull / push / push-pull of a dense range */
-    SUB_KEYS = 2,  /* keyed push into a dense table */
-    SUB_ROWS = 3,  /* rows of a sparse table */
+    SUB_SYNC = 0,   /* hello, create, stats: never re-sent */
+    SUB_RANGE = 1,  /* pull / push / push-pull of a dense range */
+    SUB_KEYS = 2,   /* keyed push into a dense table */
+    SUB_ROWS = 3,   /* rows of a sparse table */
+    SUB_PIECES = 4, /* a dense range sent as pieces: the tickets in kids */
 };
 
 struct slot {
@@ -82,6 +83,10 @@ struct slot {
     int view;
     int held; /* waited for: values readable until psc_view_release */
     zmq_msg_t *vmsg;
+    /* SUB_PIECES: the pieces' tickets, 0 once waited for or canceled */
+    uint64_t *kids;
+    int continues; /* a piece after one to the same shard (Header.continues) */
+    uint32_t nkids, kids_cap;
     char error[PS_ERROR_TEXT_MAX + 64];
 };
 
@@ -105,6 +110,7 @@ struct psc_client {
     uint32_t nshards;
     uint32_t worker_id;
     Ps__DType dtype; /* on the wire */
+    size_t piece_bytes;
     int retry_ms;
     int heartbeat_ms;      /* <= 0: never */
     int64_t *last_send_ms; /* per shard */
@@ -215,6 +221,8 @@ static struct slot *slot_alloc(struct psc_client *c, Ps__Op op, uint64_t *id)
     sl->rows = 0;
     sl->view = 0;
     sl->kind = SUB_SYNC;
+    sl->nkids = 0;
+    sl->continues = 0;
     sl->src = NULL;
     sl->keys = NULL;
     sl->attempts = 0;
@@ -484,15 +492,21 @@ static int range_part(const struct psc_client *c, const struct slot *sl, uint32_
     return *a < *b;
 }
 
+/* Whether [p, p+bytes) lies in the shared region. */
+static int in_region(const struct psc_client *c, const void *p, size_t bytes)
+{
+    const unsigned char *q = p;
+    return q != NULL && c->shm.base != NULL && q >= c->shm.base && bytes <= c->shm.size &&
+           q - c->shm.base <= (ptrdiff_t)(c->shm.size - bytes);
+}
+
 /* Whether [p, p+bytes) lies in the region, a multiple of align bytes in,
  * and shard s took the region. */
 static int region_has(const struct psc_client *c, uint32_t s, const void *p, size_t bytes,
                       size_t align)
 {
-    const unsigned char *q = p;
-    return q != NULL && c->shm_on != NULL && c->shm_on[s] && q >= c->shm.base &&
-           bytes <= c->shm.size && q - c->shm.base <= (ptrdiff_t)(c->shm.size - bytes) &&
-           (size_t)(q - c->shm.base) % align == 0;
+    return c->shm_on != NULL && c->shm_on[s] && in_region(c, p, bytes) &&
+           (size_t)((const unsigned char *)p - c->shm.base) % align == 0;
 }
 
 /* Whether values [p, p+bytes) may move through the region (f32 only). */
@@ -807,13 +821,20 @@ static unsigned await_replies(struct psc_client *c, const struct slot *sl, int w
     return got;
 }
 
-static void describe_missing(struct psc_client *c, const struct slot *sl, uint32_t s0, uint32_t s1,
-                             char *buf, size_t len)
+/* Adds the shards sl was sent to and has no reply from to the mask m. */
+static void add_missing(const struct slot *sl, uint64_t *m)
+{
+    for (uint32_t i = 0; i < PS_SHARDS_MAX / 64; i++)
+        m[i] |= sl->expected[i] & ~sl->replied[i];
+}
+
+/* The shards of mask m, with their endpoints, into buf. */
+static void describe_missing(struct psc_client *c, const uint64_t *m, char *buf, size_t len)
 {
     size_t used = 0;
     buf[0] = '\0';
-    for (uint32_t s = s0; s <= s1 && used + 1 < len; s++) {
-        if (shard_replied(sl, s) || !((sl->expected[s / 64] >> (s % 64)) & 1u))
+    for (uint32_t s = 0; s < c->nshards && used + 1 < len; s++) {
+        if (!((m[s / 64] >> (s % 64)) & 1u))
             continue;
         int n = snprintf(buf + used, len - used, "%s%u (%s)", used ? ", " : "", s, c->endpoints[s]);
         if (n < 0)
@@ -839,14 +860,54 @@ static int finish(struct psc_client *c, struct slot *sl)
     return rc;
 }
 
+/* The error of a wait for an op that ran out (the caller's timeout_ms),
+ * naming the shards of mask m that did not answer (none: zmq still holds
+ * a zero-copy buffer). */
+static int timed_out(struct psc_client *c, const uint64_t *m, Ps__Op op, int timeout_ms)
+{
+    char missing[256];
+    describe_missing(c, m, missing, sizeof missing);
+    return set_error(c, PS_ETIMEDOUT, "%s: no reply within %d ms from shard %s", ps_op_name(op),
+                     timeout_ms, missing[0] ? missing : "(zero-copy buffer still held)");
+}
+
+/* psc_wait for a request sent as pieces: each piece in turn, within the
+ * one deadline. A failed piece fails the ticket, once every piece is in
+ * (until then the library still owns the caller's buffers). */
+static int wait_pieces(struct psc_client *c, struct slot *sl, int timeout_ms)
+{
+    int64_t deadline = ps_mono_ms() + (timeout_ms < 0 ? 0 : timeout_ms);
+    for (uint32_t i = 0; i < sl->nkids; i++) {
+        if (sl->kids[i] == 0)
+            continue;
+        int64_t left = deadline - ps_mono_ms();
+        int rc = psc_wait(c, sl->kids[i], timeout_ms < 0 ? -1 : left > 0 ? (int)left : 0);
+        if (rc == PS_ETIMEDOUT) { /* every shard a piece still waits for */
+            uint64_t m[PS_SHARDS_MAX / 64] = {0};
+            for (uint32_t j = i; j < sl->nkids; j++) {
+                const struct slot *k = sl->kids[j] ? slot_lookup(c, sl->kids[j]) : NULL;
+                if (k != NULL)
+                    add_missing(k, m);
+            }
+            return timed_out(c, m, sl->op, timeout_ms);
+        }
+        sl->kids[i] = 0;
+        if (rc != 0)
+            slot_fail(sl, rc, "%s", c->last_error);
+    }
+    return finish(c, sl);
+}
+
 int psc_wait(struct psc_client *c, uint64_t ticket, int timeout_ms)
 {
     struct slot *sl = slot_lookup(c, ticket);
     if (sl == NULL || sl->canceled || sl->held)
         return set_error(c, PS_EINVAL, "ticket %llu is not outstanding",
                          (unsigned long long)ticket);
-    int64_t deadline = ps_mono_ms() + (timeout_ms < 0 ? 0 : timeout_ms);
     flush_all(c);
+    if (sl->kind == SUB_PIECES)
+        return wait_pieces(c, sl, timeout_ms);
+    int64_t deadline = ps_mono_ms() + (timeout_ms < 0 ? 0 : timeout_ms);
     for (unsigned got = 1;;) {
         int64_t left = timeout_ms < 0 ? -1 : deadline - ps_mono_ms();
         if (sl->pending == 0) {
@@ -871,10 +932,9 @@ int psc_wait(struct psc_client *c, uint64_t ticket, int timeout_ms)
             wait = c->heartbeat_ms;
         got = await_replies(c, sl, wait);
     }
-    char missing[256];
-    describe_missing(c, sl, 0, c->nshards - 1, missing, sizeof missing);
-    return set_error(c, PS_ETIMEDOUT, "%s: no reply within %d ms from shard %s", ps_op_name(sl->op),
-                     timeout_ms, sl->pending ? missing : "(zero-copy buffer still held)");
+    uint64_t m[PS_SHARDS_MAX / 64] = {0};
+    add_missing(sl, m);
+    return timed_out(c, m, sl->op, timeout_ms);
 }
 
 int psc_cancel(struct psc_client *c, uint64_t ticket)
@@ -886,7 +946,13 @@ int psc_cancel(struct psc_client *c, uint64_t ticket)
     flush_all(c); /* held requests count as sent: they go, as they would uncorked */
     sl->canceled = 1;
     sl->out = NULL;
-    if (atomic_load(&sl->zc_refs) != 0)
+    int busy = atomic_load(&sl->zc_refs) != 0;
+    for (uint32_t i = 0; i < sl->nkids; i++) {
+        if (sl->kids[i] != 0 && psc_cancel(c, sl->kids[i]) != PS_EBUSY)
+            sl->kids[i] = 0;
+        busy |= sl->kids[i] != 0;
+    }
+    if (busy)
         return set_error(c, PS_EBUSY, "ticket %llu: zmq still holds its gradient buffer",
                          (unsigned long long)ticket);
     slot_release(c, sl);
@@ -968,6 +1034,7 @@ static int send_sub(struct psc_client *c, struct slot *sl, uint32_t s, int resen
             return 1;
         h.offset = a;
         h.count = b - a;
+        h.continues = sl->continues && sl->op != PS__OP__OP_PULL;
         h.nonzero_only = c->nonzero_pulls && sl->op != PS__OP__OP_PUSH && !sl->view;
         size_t vbytes = (b - a) * c->esize;
         const void *vals = sl->src ? sl->src + (a - sl->offset) * c->esize : NULL;
@@ -1052,6 +1119,87 @@ static void resend_all_due(struct psc_client *c)
             resend_due(c, &c->slots[i], now);
 }
 
+/* Sends a checked range request as one ticket (continues: see
+ * Header.continues). */
+static int range_ticket(struct psc_client *c, Ps__Op op, uint32_t table, uint64_t offset,
+                        uint64_t count, const float *grad, float *out, int view, int continues,
+                        uint64_t clock, uint64_t *ticket);
+
+/* Elements a piece of a count-element request holds: 0 when it goes whole
+ * (see PSC_PIECE_BYTES_DEFAULT). */
+static uint64_t piece_elems(const struct psc_client *c, uint64_t count, const float *grad,
+                            const float *out, int view)
+{
+    if (view || count <= c->piece_bytes / c->esize || in_region(c, grad, count * sizeof(float)) ||
+        in_region(c, out, count * sizeof(float)))
+        return 0;
+    uint64_t per = c->piece_bytes / c->esize, least = (count + PSC_PIECES_MAX - 1) / PSC_PIECES_MAX;
+    return per > least ? per : least;
+}
+
+/* Where the piece that starts at a ends: per elements on, or sooner at the
+ * end of a's shard or at end. */
+static uint64_t piece_end(const struct psc_client *c, const struct table_h *t, uint64_t a,
+                          uint64_t end, uint64_t per)
+{
+    uint64_t lo, hi;
+    ps_shard_range(t->size, c->nshards, ps_shard_of_index(t->size, c->nshards, a), &lo, &hi);
+    uint64_t b = end - a > per ? a + per : end;
+    return b < hi ? b : hi;
+}
+
+/* Sends a checked range request as pieces of per elements, each its own
+ * ticket, under one more. Sends it whole when the tickets or the memory to
+ * list them are short. */
+static int start_pieces(struct psc_client *c, Ps__Op op, uint32_t table, uint64_t offset,
+                        uint64_t count, const float *grad, float *out, uint64_t clock, uint64_t per,
+                        uint64_t *ticket)
+{
+    const struct table_h *t = c->tables[table];
+    uint64_t end = offset + count;
+    uint32_t n = 0;
+    for (uint64_t a = offset; a < end; n++)
+        a = piece_end(c, t, a, end, per);
+    uint64_t id = 0;
+    struct slot *sl = c->nfree > n ? slot_alloc(c, op, &id) : NULL;
+    if (sl != NULL && sl->kids_cap < n) {
+        uint64_t *k = realloc(sl->kids, n * sizeof *k);
+        if (k != NULL) {
+            sl->kids = k;
+            sl->kids_cap = n;
+        }
+    }
+    if (sl == NULL || sl->kids_cap < n) {
+        if (sl != NULL)
+            slot_release(c, sl);
+        return range_ticket(c, op, table, offset, count, grad, out, 0, 0, clock, ticket);
+    }
+    sl->kind = SUB_PIECES;
+    sl->table = table;
+    sl->offset = offset;
+    sl->count = count;
+    for (uint64_t a = offset, b; a < end; a = b) {
+        b = piece_end(c, t, a, end, per);
+        uint64_t kid = 0;
+        /* the first piece to each shard starts the request's pass there */
+        int first = a == offset || ps_shard_of_index(t->size, c->nshards, a) !=
+                                       ps_shard_of_index(t->size, c->nshards, a - 1);
+        int rc = range_ticket(c, op, table, a, b - a, grad ? grad + (a - offset) : NULL,
+                              out ? out + (a - offset) : NULL, 0, !first, clock, &kid);
+        if (rc != 0 && sl->nkids == 0) {
+            slot_release(c, sl);
+            return rc; /* nothing went: as a request sent whole */
+        }
+        if (rc != 0) { /* fails at wait, after the pieces that went */
+            slot_fail(sl, rc, "%s", c->last_error);
+            break;
+        }
+        sl->kids[sl->nkids++] = kid;
+    }
+    *ticket = id;
+    return 0;
+}
+
 static int start_range(struct psc_client *c, Ps__Op op, uint32_t table, uint64_t offset,
                        uint64_t count, const float *grad, float *out, int view, uint64_t clock,
                        uint64_t *ticket)
@@ -1070,6 +1218,16 @@ static int start_range(struct psc_client *c, Ps__Op op, uint32_t table, uint64_t
         return set_error(c, PS_EINVAL, "%s: NULL buffer", ps_op_name(op));
     if (view && c->dtype != PS__DTYPE__DTYPE_F32)
         return set_error(c, PS_EINVAL, "pull view: the values must be f32 on the wire");
+    uint64_t per = piece_elems(c, count, grad, out, view);
+    if (per != 0)
+        return start_pieces(c, op, table, offset, count, grad, out, clock, per, ticket);
+    return range_ticket(c, op, table, offset, count, grad, out, view, 0, clock, ticket);
+}
+
+static int range_ticket(struct psc_client *c, Ps__Op op, uint32_t table, uint64_t offset,
+                        uint64_t count, const float *grad, float *out, int view, int continues,
+                        uint64_t clock, uint64_t *ticket)
+{
     uint64_t id = 0;
     struct slot *sl = slot_alloc(c, op, &id);
     if (sl == NULL)
@@ -1095,6 +1253,7 @@ static int start_range(struct psc_client *c, Ps__Op op, uint32_t table, uint64_t
                          (unsigned long long)count);
     }
     sl->kind = SUB_RANGE;
+    sl->continues = continues;
     sl->clock = clock;
     sl->src = src;
     return send_all(c, sl, id, ticket);
@@ -1549,8 +1708,10 @@ static int open_socket(struct psc_client *c, const struct psc_config *cfg, uint3
                        const char *ep, void **out, char *err, size_t errlen)
 {
     void *sock = *out = zmq_socket(c->ctx, ZMQ_DEALER);
-    int linger = 0, buf = PS_SOCKET_BUFFER_BYTES, rc = 0;
+    int linger = 0, buf = PS_SOCKET_BUFFER_BYTES, hwm = PS_SOCKET_HWM, rc = 0;
     if (sock == NULL || zmq_setsockopt(sock, ZMQ_LINGER, &linger, sizeof linger) != 0 ||
+        zmq_setsockopt(sock, ZMQ_SNDHWM, &hwm, sizeof hwm) != 0 ||
+        zmq_setsockopt(sock, ZMQ_RCVHWM, &hwm, sizeof hwm) != 0 ||
         zmq_setsockopt(sock, ZMQ_SNDBUF, &buf, sizeof buf) != 0 ||
         zmq_setsockopt(sock, ZMQ_RCVBUF, &buf, sizeof buf) != 0) {
         snprintf(err, errlen, "server %u: cannot create socket: %s", s, zmq_strerror(errno));
@@ -1712,6 +1873,12 @@ int psc_create(const struct psc_config *cfg, struct psc_client **out, char *err,
         free(c);
         return PS_EINVAL;
     }
+    c->piece_bytes = cfg->piece_bytes == 0 ? PSC_PIECE_BYTES_DEFAULT : cfg->piece_bytes;
+    if (c->piece_bytes < PSC_PIECE_BYTES_MIN) {
+        snprintf(err, errlen, "piece_bytes %zu is below %u", cfg->piece_bytes, PSC_PIECE_BYTES_MIN);
+        free(c);
+        return PS_EINVAL;
+    }
     c->socks = calloc(c->nshards, sizeof *c->socks);
     c->endpoints = calloc(c->nshards, sizeof *c->endpoints);
     c->offers = calloc(c->nshards, sizeof *c->offers);
@@ -1782,6 +1949,7 @@ void psc_destroy(struct psc_client *c)
         free(c->slots[i].skeys);
         free(c->slots[i].svals);
         free(c->slots[i].grp);
+        free(c->slots[i].kids);
     }
     ps_shm_close(&c->shm);
     free(c->shm_on);

@@ -19,10 +19,12 @@
  *
  * Reports; never passes or fails on numbers.
  *   bench_wire [--psd PATH] [--seconds S] [--quick] [--only OP] [--size BYTES]
- *              [--shards N] [--json PATH]
+ *              [--shards N] [--piece-bytes N|whole] [--json PATH]
  * --only push|pull|push-pull|pull-view|sparse runs those rows alone, --size
  * (4096, 65536, 1048576 or 16777216) and --shards (1 or 2) only those cells
- * and no latency rows (for profiling one path with perf or callgrind). */
+ * and no latency rows (for profiling one path with perf or callgrind).
+ * --piece-bytes sets the client's piece_bytes (whole: large requests are
+ * not cut into pieces), to compare with the default in alternating runs. */
 #include "psclient.h"
 
 #include "ps_clock.h"
@@ -287,13 +289,18 @@ struct ps {
     int n;
 };
 
+static size_t piece_bytes; /* --piece-bytes; 0: the client's default */
+
 static void ps_connect(struct ps *p, char eps[][256], int n, uint64_t size)
 {
     const char *e[SHARDS_MAX];
     for (int i = 0; i < n; i++)
         e[i] = eps[i];
-    struct psc_config cfg = {
-        .servers = e, .nservers = (size_t)n, .worker_id = 0, .connect_timeout_ms = TIMEOUT_MS};
+    struct psc_config cfg = {.servers = e,
+                             .nservers = (size_t)n,
+                             .worker_id = 0,
+                             .connect_timeout_ms = TIMEOUT_MS,
+                             .piece_bytes = piece_bytes};
     char err[512];
     if (psc_create(&cfg, &p->c, err, sizeof err) != 0)
         die("psc_create", err);
@@ -560,9 +567,15 @@ int main(int argc, char **argv)
             if (ps_parse_u64(argv[++i], 1, SHARDS_MAX, &v) != 0)
                 die("--shards", "expects 1 or 2");
             shards_only = (int)v;
+        } else if (strcmp(argv[i], "--piece-bytes") == 0 && i + 1 < argc) {
+            uint64_t v = SIZE_MAX;
+            if (strcmp(argv[++i], "whole") != 0 &&
+                ps_parse_u64(argv[i], PSC_PIECE_BYTES_MIN, 1u << 30, &v) != 0)
+                die("--piece-bytes", "expects whole or a size in bytes, 4096 to 1 GiB");
+            piece_bytes = (size_t)v;
         } else {
             fprintf(stderr, "usage: bench_wire [--psd PATH] [--seconds S] [--quick] [--only OP] "
-                            "[--size BYTES] [--shards N] [--json PATH]\n");
+                            "[--size BYTES] [--shards N] [--piece-bytes N|whole] [--json PATH]\n");
             return 2;
         }
     }
@@ -590,9 +603,14 @@ int main(int argc, char **argv)
     for (size_t i = 0; i < max_bytes / 4; i++)
         ((float *)buf)[i] = 1e-3f;
 
+    char pb[32];
+    if (piece_bytes == SIZE_MAX)
+        snprintf(pb, sizeof pb, "whole");
+    else
+        size_name(piece_bytes ? piece_bytes : PSC_PIECE_BYTES_DEFAULT, pb, sizeof pb);
     printf("bench_wire: %.2f s per cell and side, in %d alternating rounds; psd asp 1 worker; "
-           "raw = ZeroMQ DEALER/ROUTER echo, zero-copy\n\n",
-           secs, ROUNDS);
+           "client pieces: %s; raw = ZeroMQ DEALER/ROUTER echo, zero-copy\n\n",
+           secs, ROUNDS, pb);
     printf("%-6s %-9s %7s %3s %11s %11s %11s %11s %7s\n", "shards", "op", "size", "win",
            "psd req/s", "psd GB/s", "raw req/s", "raw GB/s", "ratio");
     char eps[SHARDS_MAX][256], reps[SHARDS_MAX][256], sb[32];
@@ -629,8 +647,8 @@ int main(int argc, char **argv)
                            100.0 * med);
                     json_row("{\"bench\": \"throughput\", \"shards\": %d, \"op\": \"%s\", "
                              "\"bytes\": %zu, \"window\": %d, \"psd_rps\": %.1f, "
-                             "\"raw_rps\": %.1f, \"ratio\": %.4f}",
-                             n, op_names[op], b, w, pr, rr, med);
+                             "\"raw_rps\": %.1f, \"ratio\": %.4f, \"pieces\": \"%s\"}",
+                             n, op_names[op], b, w, pr, rr, med, pb);
                 }
         if (n == 1 && only == ONLY_SPARSE) {
             sparse_bench(eps, secs * 2);

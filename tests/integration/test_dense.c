@@ -76,6 +76,8 @@ static int teardown(void **state)
 {
     struct fixture *f = *state;
     psc_destroy(f->c);
+    for (int i = 0; i < 2; i++) /* a test that failed with a shard stopped */
+        kill(f->shard[i].pid, SIGCONT);
     int rc0 = harness_psd_stop(&f->shard[0]);
     int rc1 = harness_psd_stop(&f->shard[1]);
     if (rc0 != 0 || rc1 != 0) { /* a clean SIGTERM shutdown exits 0 */
@@ -382,6 +384,263 @@ static void test_wait_zero_polls(void **state)
     assert_int_equal(psc_table_create(c, &sp, TIMEOUT_MS, &t), 0);
     poll_window(c, t, N, one.pid);
     psc_destroy(c);
+    assert_int_equal(harness_psd_stop(&one), 0);
+}
+
+/* Table `name` as shard s reports it (the test fails when it does not). */
+static struct psc_table_stats shard_table(struct psc_client *c, uint32_t s, const char *name)
+{
+    struct psc_shard_stats st;
+    struct psc_table_stats list[16];
+    int rc = psc_stats_tables(c, s, TIMEOUT_MS, &st, list, 16);
+    if (rc != 0)
+        fail_msg("stats of shard %u: %s", s, psc_last_error(c));
+    for (uint32_t i = 0; i < st.tables && i < 16; i++)
+        if (strcmp(list[i].name, name) == 0)
+            return list[i];
+    fail_msg("shard %u has no table '%s'", s, name);
+    return list[0];
+}
+
+static uint32_t adam_table(struct psc_client *c, const char *name, uint64_t size)
+{
+    struct psc_table_spec s;
+    psc_table_spec_init(&s, name, size);
+    s.optimizer = PSC_ADAM;
+    s.lr = 0.01f;
+    s.init = PSC_INIT_UNIFORM;
+    s.init_scale = 0.1f;
+    s.seed = 11;
+    uint32_t t = 0;
+    if (psc_table_create(c, &s, TIMEOUT_MS, &t) != 0)
+        fail_msg("create '%s': %s", name, psc_last_error(c));
+    return t;
+}
+
+/* Requests over piece_bytes go as pieces (PSC_PIECE_BYTES_DEFAULT), here
+ * of 4 KiB over a table of 40,003 elements on two shards: pulls, pushes
+ * and push-pulls give the bits whole requests give; a pass in pieces is
+ * one optimizer step, though the workers (2 and 3) are past psd's
+ * --workers and so untracked: the pieces say they continue a request
+ * (Adam's bias correction would differ otherwise: the weights are compared
+ * bit for bit with a table pushed whole), while the shards count each
+ * piece as a push; a wait that runs out while a shard
+ * is stopped names it, and the ticket completes once it goes on; a cancel
+ * takes every piece; an f16 wire cuts pieces of as many bytes; a
+ * piece_bytes below the least is refused. */
+static void test_pieces(void **state)
+{
+    struct fixture *f = *state;
+    enum { M = 40003, OFF = 17, C = M - 40, PER_SHARD_MIN = 19 }; /* 19,978 / 1,024 > 19 */
+    const char *eps[2] = {f->shard[0].endpoint, f->shard[1].endpoint};
+    struct psc_client *p = client_or_fail(
+        (struct psc_config){.piece_bytes = PSC_PIECE_BYTES_MIN, .heartbeat_ms = -1}, eps, 2, 2);
+    struct psc_client *w = client_or_fail((struct psc_config){.piece_bytes = SIZE_MAX}, eps, 2, 3);
+    uint32_t tp = adam_table(p, "adam_pieces", M), tw = adam_table(w, "adam_whole", M);
+    float *g = malloc(M * 4), *a = malloc(M * 4), *b = malloc(M * 4);
+    uint64_t t;
+    for (int round = 0; round < 2; round++) {
+        for (uint64_t i = 0; i < C; i++)
+            g[i] = grad_of(OFF + i, round);
+        assert_int_equal(psc_push(p, tp, OFF, C, g, 0, &t), 0);
+        wait_ok(p, t);
+        assert_int_equal(psc_push(w, tw, OFF, C, g, 0, &t), 0);
+        wait_ok(w, t);
+    }
+    for (uint64_t i = 0; i < C; i++)
+        g[i] = grad_of(OFF + i, 5);
+    assert_int_equal(psc_push_pull(p, tp, OFF, C, g, a, 0, &t), 0);
+    wait_ok(p, t);
+    assert_int_equal(psc_push_pull(w, tw, OFF, C, g, b, 0, &t), 0);
+    wait_ok(w, t);
+    assert_memory_equal(a, b, (size_t)C * 4);
+    assert_int_equal(psc_pull(p, tw, 0, M, a, 0, &t), 0); /* the whole table, in pieces */
+    wait_ok(p, t);
+    assert_int_equal(psc_pull(w, tp, 0, M, b, 0, &t), 0);
+    wait_ok(w, t);
+    assert_memory_equal(a, b, (size_t)M * 4);
+    for (uint32_t s = 0; s < 2; s++) {
+        struct psc_table_stats sp = shard_table(w, s, "adam_pieces");
+        struct psc_table_stats sw = shard_table(w, s, "adam_whole");
+        assert_int_equal(sp.updates, 3);
+        assert_int_equal(sw.updates, 3);
+        assert_int_equal(sw.pushes, 3);
+        assert_true(sp.pushes >= 3 * PER_SHARD_MIN);
+    }
+
+    /* shard 1 stopped: no piece of it answers, and the wait says which
+     * (checked once it goes on again: a failed check would leave it
+     * stopped) */
+    assert_int_equal(kill(f->shard[1].pid, SIGSTOP), 0);
+    int rc = psc_pull(p, tp, 0, M, a, 0, &t);
+    int rc0 = rc == 0 ? psc_wait(p, t, 0) : rc;
+    char msg0[512], msg1[512];
+    snprintf(msg0, sizeof msg0, "%s", psc_last_error(p));
+    int rc1 = rc == 0 ? psc_wait(p, t, 20) : rc;
+    snprintf(msg1, sizeof msg1, "%s", psc_last_error(p));
+    assert_int_equal(kill(f->shard[1].pid, SIGCONT), 0);
+    assert_int_equal(rc, 0);
+    assert_int_equal(rc0, PS_ETIMEDOUT);
+    assert_int_equal(rc1, PS_ETIMEDOUT);
+    assert_non_null(strstr(msg0, f->shard[1].endpoint));
+    assert_non_null(strstr(msg1, f->shard[1].endpoint));
+    assert_non_null(strstr(msg1, "within 20 ms"));
+    wait_ok(p, t);
+    assert_memory_equal(a, b, (size_t)M * 4);
+    /* canceled: the ticket is gone, late replies are dropped, the next
+     * request goes through */
+    assert_int_equal(kill(f->shard[1].pid, SIGSTOP), 0);
+    rc = psc_pull(p, tp, 0, M, a, 0, &t);
+    rc0 = rc;
+    int64_t until = ps_mono_ms() + TIMEOUT_MS;
+    while (rc == 0 && (rc0 = psc_cancel(p, t)) == PS_EBUSY && ps_mono_ms() < until)
+        ;
+    rc1 = rc == 0 ? psc_wait(p, t, 0) : rc;
+    assert_int_equal(kill(f->shard[1].pid, SIGCONT), 0);
+    assert_int_equal(rc, 0);
+    assert_int_equal(rc0, 0);
+    assert_int_equal(rc1, PS_EINVAL);
+    memset(a, 0, (size_t)M * 4);
+    assert_int_equal(psc_pull(p, tp, 0, M, a, 0, &t), 0);
+    wait_ok(p, t);
+    assert_memory_equal(a, b, (size_t)M * 4);
+
+    /* f16 on the wire: pieces of 2,048 elements, the same values */
+    struct psc_client *h = client_or_fail(
+        (struct psc_config){.wire_dtype = PSC_F16, .piece_bytes = PSC_PIECE_BYTES_MIN}, eps, 2, 4);
+    struct psc_client *hw = client_or_fail(
+        (struct psc_config){.wire_dtype = PSC_F16, .piece_bytes = SIZE_MAX}, eps, 2, 5);
+    uint32_t th = adam_table(h, "adam_whole", M), thw = adam_table(hw, "adam_whole", M);
+    struct psc_table_stats before = shard_table(w, 0, "adam_whole");
+    assert_int_equal(psc_pull(h, th, 0, M, a, 0, &t), 0);
+    wait_ok(h, t);
+    assert_int_equal(psc_pull(hw, thw, 0, M, b, 0, &t), 0);
+    wait_ok(hw, t);
+    assert_memory_equal(a, b, (size_t)M * 4);
+    assert_true(shard_table(w, 0, "adam_whole").pulls - before.pulls > (M / 2) / 2048);
+    psc_destroy(h);
+    psc_destroy(hw);
+
+    struct psc_client *bad = NULL;
+    char err[512];
+    struct psc_config small = {.servers = eps, .nservers = 2, .piece_bytes = 100};
+    assert_int_equal(psc_create(&small, &bad, err, sizeof err), PS_EINVAL);
+    assert_non_null(strstr(err, "piece_bytes 100"));
+    assert_null(bad);
+    psc_destroy(p);
+    psc_destroy(w);
+    free(g);
+    free(a);
+    free(b);
+}
+
+/* Requests queued for one shard near ZeroMQ's default high-water mark
+ * (1,000 messages): with the shard stopped, 30 pushes of 32 pieces (990 of
+ * the 1,024 tickets) wait in the client's queue (the kernel's buffers take
+ * a few dozen), and none is refused (PS_SOCKET_HWM); once it goes on, each
+ * is applied. Two pushes go first: ZeroMQ's sender learns what its queue's
+ * reader took in steps of half the mark, so a queue that has moved 67
+ * messages since holds 67 fewer (with the default mark, this test's sends
+ * were then refused: tried). */
+static void test_queue_past_default_hwm(void **state)
+{
+    struct fixture *f = *state;
+    enum { K = 30, H = N / 2 }; /* shard 1's half, in pieces of 64 KiB: 32 */
+    const char *eps[2] = {f->shard[0].endpoint, f->shard[1].endpoint};
+    struct psc_client *c = client_or_fail(
+        (struct psc_config){.piece_bytes = 64 * 1024, .heartbeat_ms = -1}, eps, 2, 2);
+    struct psc_table_spec s;
+    big_spec(&s);
+    s.name = "queued";
+    uint32_t t;
+    assert_int_equal(psc_table_create(c, &s, TIMEOUT_MS, &t), 0);
+    float *w0 = malloc(H * 4), *w = malloc(H * 4), *g = malloc(H * 4);
+    uint64_t tk[K];
+    assert_int_equal(psc_pull(c, t, H, H, w0, 0, &tk[0]), 0);
+    wait_ok(c, tk[0]);
+    for (uint64_t i = 0; i < H; i++)
+        g[i] = grad_of(i, 3);
+    for (int k = 0; k < 2; k++) {
+        assert_int_equal(psc_push(c, t, H, H, g, 0, &tk[k]), 0);
+        wait_ok(c, tk[k]);
+    }
+    assert_int_equal(kill(f->shard[1].pid, SIGSTOP), 0);
+    int sent = 0;
+    while (sent < K && psc_push(c, t, H, H, g, 0, &tk[sent]) == 0)
+        sent++;
+    assert_int_equal(kill(f->shard[1].pid, SIGCONT), 0);
+    if (sent < K)
+        fail_msg("push %d of %d refused: %s", sent, K, psc_last_error(c));
+    for (int k = 0; k < K; k++)
+        wait_ok(c, tk[k]);
+    assert_int_equal(psc_pull(c, t, H, H, w, 0, &tk[0]), 0);
+    wait_ok(c, tk[0]);
+    for (uint64_t i = 0; i < H; i++) {
+        float e = w0[i];
+        for (int k = 0; k < K + 2; k++)
+            e -= 0.5f * g[i];
+        if (w[i] != e)
+            fail_msg("element %llu: %.9g, expected %.9g", (unsigned long long)(H + i), (double)w[i],
+                     (double)e);
+    }
+    assert_true(shard_table(c, 1, "queued").pushes >= (K + 2) * 32);
+    psc_destroy(c);
+    free(w0);
+    free(w);
+    free(g);
+}
+
+/* BSP with two workers pushing the table in pieces, interleaved on one
+ * shard: the round applies their mean once every piece of both is in, and
+ * a pull of the next clock in pieces reads it. */
+static void test_pieces_bsp(void **state)
+{
+    (void)state;
+    enum { M = 100003 };
+    struct psd_proc one;
+    const char *args[] = {"--consistency", "bsp", "--workers", "2", NULL};
+    assert_int_equal(harness_psd_start(&one, args), 0);
+    const char *eps[1] = {one.endpoint};
+    struct psc_client *c[2];
+    uint32_t t[2];
+    float *g[2], *w0 = malloc(M * 4), *w1 = malloc(M * 4);
+    struct psc_table_spec s;
+    psc_table_spec_init(&s, "bsp_pieces", M);
+    s.lr = 0.5f;
+    s.init = PSC_INIT_UNIFORM;
+    s.init_scale = 0.1f;
+    for (int k = 0; k < 2; k++) {
+        c[k] = client_or_fail((struct psc_config){.piece_bytes = PSC_PIECE_BYTES_MIN}, eps, 1,
+                              (uint32_t)k);
+        assert_int_equal(psc_table_create(c[k], &s, TIMEOUT_MS, &t[k]), 0);
+        g[k] = malloc(M * 4);
+        for (uint64_t i = 0; i < M; i++)
+            g[k][i] = grad_of(i, k);
+    }
+    uint64_t tk[2];
+    assert_int_equal(psc_pull(c[0], t[0], 0, M, w0, 0, &tk[0]), 0);
+    wait_ok(c[0], tk[0]);
+    for (int k = 0; k < 2; k++)
+        assert_int_equal(psc_push(c[k], t[k], 0, M, g[k], 0, &tk[k]), 0);
+    for (int k = 0; k < 2; k++)
+        wait_ok(c[k], tk[k]);
+    assert_int_equal(psc_pull(c[1], t[1], 0, M, w1, 1, &tk[1]), 0);
+    wait_ok(c[1], tk[1]);
+    for (uint64_t i = 0; i < M; i++) {
+        float mean = (g[0][i] + g[1][i]) * 0.5f;
+        if (w1[i] != w0[i] - 0.5f * mean)
+            fail_msg("element %llu: %.9g, expected %.9g", (unsigned long long)i, (double)w1[i],
+                     (double)(w0[i] - 0.5f * mean));
+    }
+    struct psc_table_stats ts = shard_table(c[0], 0, "bsp_pieces");
+    assert_int_equal(ts.clock, 1);
+    assert_true(ts.pushes >= 2 * PSC_PIECES_MAX); /* 100,003 elements: 64 pieces */
+    for (int k = 0; k < 2; k++) {
+        psc_destroy(c[k]);
+        free(g[k]);
+    }
+    free(w0);
+    free(w1);
     assert_int_equal(harness_psd_stop(&one), 0);
 }
 
@@ -974,6 +1233,9 @@ int main(void)
         cmocka_unit_test(test_push_then_pull_every_element),
         cmocka_unit_test(test_window_of_eight),
         cmocka_unit_test(test_wait_zero_polls),
+        cmocka_unit_test(test_pieces),
+        cmocka_unit_test(test_pieces_bsp),
+        cmocka_unit_test(test_queue_past_default_hwm),
         cmocka_unit_test(test_keyed_push),
         cmocka_unit_test(test_pull_view),
         cmocka_unit_test(test_create_idempotent_and_conflict),
