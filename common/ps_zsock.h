@@ -45,12 +45,12 @@ int ps_zsock_start(uv_loop_t *loop, struct ps_zsock *zs, void *sock, ps_zsock_re
 void ps_zsock_kick(struct ps_zsock *zs);
 
 /* Receives one whole multipart message. flags ZMQ_DONTWAIT: without
- * blocking; 0: the first part waits up to the socket's ZMQ_RCVTIMEO. Keeps the first
- * `max` parts in parts[] (initialised; the caller closes *kept of them),
- * receives and drops any further parts, and counts every part in *total and
- * their bytes in *bytes (when not NULL). Returns 0, or -1 when no message
- * came (nothing is kept then). Multipart delivery is atomic in zmq,
- * so after the first part the rest are already there. */
+ * blocking; 0: the first part waits up to the socket's ZMQ_RCVTIMEO.
+ * Keeps the first `max` parts in parts[] (initialised; the caller closes
+ * *kept of them), receives and drops any further parts, and counts every
+ * part in *total and their bytes in *bytes (when not NULL). Returns 0, or
+ * -1 when no message came (nothing is kept then). Multipart delivery is
+ * atomic in zmq, so after the first part the rest are already there. */
 int ps_zsock_recv(void *sock, int flags, zmq_msg_t *parts, size_t max, size_t *kept, size_t *total,
                   uint64_t *bytes);
 

@@ -85,7 +85,7 @@ struct slot {
     zmq_msg_t *vmsg;
     /* SUB_PIECES: the pieces' tickets, 0 once waited for or canceled */
     uint64_t *kids;
-    int continues; /* a piece after one to the same shard (Header.continues) */
+    int continues; /* a push piece after one to the same shard (Header.continues) */
     uint32_t nkids, kids_cap;
     char error[PS_ERROR_TEXT_MAX + 64];
 };
@@ -1034,7 +1034,7 @@ static int send_sub(struct psc_client *c, struct slot *sl, uint32_t s, int resen
             return 1;
         h.offset = a;
         h.count = b - a;
-        h.continues = sl->continues && sl->op != PS__OP__OP_PULL;
+        h.continues = sl->continues;
         h.nonzero_only = c->nonzero_pulls && sl->op != PS__OP__OP_PUSH && !sl->view;
         size_t vbytes = (b - a) * c->esize;
         const void *vals = sl->src ? sl->src + (a - sl->offset) * c->esize : NULL;
@@ -1138,12 +1138,13 @@ static uint64_t piece_elems(const struct psc_client *c, uint64_t count, const fl
 }
 
 /* Where the piece that starts at a ends: per elements on, or sooner at the
- * end of a's shard or at end. */
+ * end of a's shard or at end. *shard_start: a is where a's shard begins. */
 static uint64_t piece_end(const struct psc_client *c, const struct table_h *t, uint64_t a,
-                          uint64_t end, uint64_t per)
+                          uint64_t end, uint64_t per, int *shard_start)
 {
     uint64_t lo, hi;
     ps_shard_range(t->size, c->nshards, ps_shard_of_index(t->size, c->nshards, a), &lo, &hi);
+    *shard_start = a == lo;
     uint64_t b = end - a > per ? a + per : end;
     return b < hi ? b : hi;
 }
@@ -1158,8 +1159,9 @@ static int start_pieces(struct psc_client *c, Ps__Op op, uint32_t table, uint64_
     const struct table_h *t = c->tables[table];
     uint64_t end = offset + count;
     uint32_t n = 0;
+    int shard_start;
     for (uint64_t a = offset; a < end; n++)
-        a = piece_end(c, t, a, end, per);
+        a = piece_end(c, t, a, end, per, &shard_start);
     uint64_t id = 0;
     struct slot *sl = c->nfree > n ? slot_alloc(c, op, &id) : NULL;
     if (sl != NULL && sl->kids_cap < n) {
@@ -1175,17 +1177,14 @@ static int start_pieces(struct psc_client *c, Ps__Op op, uint32_t table, uint64_
         return range_ticket(c, op, table, offset, count, grad, out, 0, 0, clock, ticket);
     }
     sl->kind = SUB_PIECES;
-    sl->table = table;
-    sl->offset = offset;
-    sl->count = count;
     for (uint64_t a = offset, b; a < end; a = b) {
-        b = piece_end(c, t, a, end, per);
+        b = piece_end(c, t, a, end, per, &shard_start);
         uint64_t kid = 0;
-        /* the first piece to each shard starts the request's pass there */
-        int first = a == offset || ps_shard_of_index(t->size, c->nshards, a) !=
-                                       ps_shard_of_index(t->size, c->nshards, a - 1);
+        /* the first piece to each shard starts the request's pass there
+         * (pieces end at shard ends, so a later one starts its shard) */
+        int continues = op != PS__OP__OP_PULL && a != offset && !shard_start;
         int rc = range_ticket(c, op, table, a, b - a, grad ? grad + (a - offset) : NULL,
-                              out ? out + (a - offset) : NULL, 0, !first, clock, &kid);
+                              out ? out + (a - offset) : NULL, 0, continues, clock, &kid);
         if (rc != 0 && sl->nkids == 0) {
             slot_release(c, sl);
             return rc; /* nothing went: as a request sent whole */

@@ -426,8 +426,9 @@ static uint32_t adam_table(struct psc_client *c, const char *name, uint64_t size
  * bit for bit with a table pushed whole), while the shards count each
  * piece as a push; a wait that runs out while a shard
  * is stopped names it, and the ticket completes once it goes on; a cancel
- * takes every piece; an f16 wire cuts pieces of as many bytes; a
- * piece_bytes below the least is refused. */
+ * takes every piece; a request of piece_bytes goes whole and one element
+ * more in two pieces; an f16 wire cuts pieces of as many bytes; a
+ * piece_bytes one below the least is refused. */
 static void test_pieces(void **state)
 {
     struct fixture *f = *state;
@@ -505,6 +506,18 @@ static void test_pieces(void **state)
     wait_ok(p, t);
     assert_memory_equal(a, b, (size_t)M * 4);
 
+    /* at the bound: 1,024 elements (4 KiB) go whole, 1,025 in two pieces */
+    struct psc_table_spec es;
+    psc_table_spec_init(&es, "piece_edge", M);
+    uint32_t te;
+    assert_int_equal(psc_table_create(p, &es, TIMEOUT_MS, &te), 0);
+    for (uint64_t n = 1024; n <= 1025; n++) {
+        uint64_t before_pushes = shard_table(w, 0, "piece_edge").pushes;
+        assert_int_equal(psc_push(p, te, 0, n, g, 0, &t), 0);
+        wait_ok(p, t);
+        assert_int_equal(shard_table(w, 0, "piece_edge").pushes - before_pushes, n - 1023);
+    }
+
     /* f16 on the wire: pieces of 2,048 elements, the same values */
     struct psc_client *h = client_or_fail(
         (struct psc_config){.wire_dtype = PSC_F16, .piece_bytes = PSC_PIECE_BYTES_MIN}, eps, 2, 4);
@@ -523,9 +536,10 @@ static void test_pieces(void **state)
 
     struct psc_client *bad = NULL;
     char err[512];
-    struct psc_config small = {.servers = eps, .nservers = 2, .piece_bytes = 100};
+    struct psc_config small = {
+        .servers = eps, .nservers = 2, .piece_bytes = PSC_PIECE_BYTES_MIN - 1};
     assert_int_equal(psc_create(&small, &bad, err, sizeof err), PS_EINVAL);
-    assert_non_null(strstr(err, "piece_bytes 100"));
+    assert_non_null(strstr(err, "piece_bytes 4095"));
     assert_null(bad);
     psc_destroy(p);
     psc_destroy(w);
@@ -634,7 +648,8 @@ static void test_pieces_bsp(void **state)
     }
     struct psc_table_stats ts = shard_table(c[0], 0, "bsp_pieces");
     assert_int_equal(ts.clock, 1);
-    assert_true(ts.pushes >= 2 * PSC_PIECES_MAX); /* 100,003 elements: 64 pieces */
+    /* 100,003 elements in pieces of 1,024 would be 98: the cap makes 64 */
+    assert_int_equal(ts.pushes, 2 * PSC_PIECES_MAX);
     for (int k = 0; k < 2; k++) {
         psc_destroy(c[k]);
         free(g[k]);
