@@ -51,6 +51,7 @@ int psd_table_create(const Ps__TableSpec *spec, uint32_t id, uint32_t shard, uin
     t->init_scale = spec->init_scale;
     t->seed = spec->seed;
     t->lr_schedule = (int)spec->lr_schedule;
+    t->lr_decay_steps = spec->lr_decay_steps;
     t->l1 = spec->l1;
     t->l2 = spec->l2;
     if (spec->sparse) {
@@ -68,7 +69,6 @@ int psd_table_create(const Ps__TableSpec *spec, uint32_t id, uint32_t shard, uin
         *out = t;
         return 0;
     }
-    t->lr_decay_steps = spec->lr_decay_steps;
     uint64_t n = t->hi - t->lo;
     int ns = psk_optim_state_arrays((int)t->optimizer);
     t->w = alloc_floats(n, 0);
