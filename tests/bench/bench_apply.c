@@ -6,8 +6,9 @@
  * memcpy touches 2 (read, write); the ratio compares bytes per second.
  * Sparse: 1M random sorted keys into a 10M-element table through the
  * keyed-push path, and into a sparse table of 10M rows (dim 1, every row
- * already there: a hash lookup per key), against a plain scatter loop
- * doing the same SGD update.
+ * already there, created in random order: a hash lookup per key), against a plain scatter loop
+ * doing the same SGD update; and a pull of the same rows against a plain
+ * gather loop reading the same values.
  * Median of --repeat runs. Prints a table and the ratios; never fails on
  * numbers. --json PATH writes them for comparison over time. */
 #include "table.h"
@@ -137,6 +138,14 @@ int main(int argc, char **argv)
     float *zero = calloc(rows, 4);
     for (uint64_t i = 0; i < rows; i++)
         all[i] = i;
+    /* rows created in a random order, as a table's first touches make them:
+     * then rows next in key order are not next in memory */
+    for (uint64_t i = rows - 1, h = 3; i > 0; i--) {
+        h = ps_mix64(h);
+        uint64_t j = h % (i + 1), x = all[i];
+        all[i] = all[j];
+        all[j] = x;
+    }
     if (psd_table_push_rows(rt, all, zero, rows, err, sizeof err) != 0) {
         fprintf(stderr, "bench_apply: %s\n", err);
         return 1;
@@ -151,7 +160,8 @@ int main(int argc, char **argv)
         h = ps_mix64(h);
         keys[i] = i * step + h % step;
     }
-    double t_sp[REPEAT_MAX], t_sc[REPEAT_MAX], t_rw[REPEAT_MAX];
+    double t_sp[REPEAT_MAX], t_sc[REPEAT_MAX], t_rw[REPEAT_MAX], t_rp[REPEAT_MAX], t_ga[REPEAT_MAX];
+    float *out = malloc(nk * 4);
     for (int r = 0; r < repeat; r++) {
         double a = ps_mono_s();
         psd_table_apply_keys(st, keys, g, nk, (uint64_t)r + 1);
@@ -163,8 +173,18 @@ int main(int argc, char **argv)
         for (uint64_t i = 0; i < nk; i++) /* the same SGD update, plainly */
             plain[keys[i]] -= 0.01f * g[i];
         t_sc[r] = ps_mono_s() - a;
+        a = ps_mono_s();
+        psd_table_pull_rows(rt, keys, nk, out, err, sizeof err);
+        t_rp[r] = ps_mono_s() - a;
+        a = ps_mono_s();
+        for (uint64_t i = 0; i < nk; i++) /* the same values read, plainly */
+            out[i] = plain[keys[i]];
+        t_ga[r] = ps_mono_s() - a;
+        if (out[nk / 2] != plain[keys[nk / 2]]) /* keeps the loop */
+            fprintf(stderr, "bench_apply: the gather loop read %g\n", (double)out[nk / 2]);
     }
-    double sp = median(t_sp, repeat), sc = median(t_sc, repeat), rw = median(t_rw, repeat);
+    double sp = median(t_sp, repeat), sc = median(t_sc, repeat), rw = median(t_rw, repeat),
+           rp = median(t_rp, repeat), ga = median(t_ga, repeat);
     printf("\nsparse apply of %llu random keys into %llu elements, median of %d\n",
            (unsigned long long)nk, (unsigned long long)rows, repeat);
     printf("%-14s %12s %14s\n", "", "ms", "updates/s");
@@ -172,17 +192,21 @@ int main(int argc, char **argv)
     printf("%-14s %12.2f %14.3g\n", "psd (sgd)", sp * 1e3, nk / sp);
     printf("%-14s %12.2f %14.3g   (sparse table of %llu rows: hash lookup per key)\n", "psd rows",
            rw * 1e3, nk / rw, (unsigned long long)rows);
+    printf("%-14s %12.2f %14.3g\n", "gather loop", ga * 1e3, nk / ga);
+    printf("%-14s %12.2f %14.3g   (the same rows read)\n", "psd row pull", rp * 1e3, nk / rp);
     printf("\nratios: sgd %.1f%%, momentum %.1f%%, adam %.1f%% of memcpy's bytes/s; "
-           "sparse %.1f%%, rows %.1f%% of the scatter loop\n",
-           100 * ratio[0], 100 * ratio[1], 100 * ratio[2], 100 * sc / sp, 100 * sc / rw);
+           "sparse %.1f%%, rows %.1f%% of the scatter loop; row pull %.1f%% of the gather loop\n",
+           100 * ratio[0], 100 * ratio[1], 100 * ratio[2], 100 * sc / sp, 100 * sc / rw,
+           100 * ga / rp);
     if (json != NULL) {
         fprintf(json,
                 "{\"memcpy_gbps\": %.3f, \"sgd_ratio\": %.4f, \"momentum_ratio\": %.4f, "
                 "\"adam_ratio\": %.4f, \"sparse_updates_per_s\": %.0f, "
                 "\"scatter_updates_per_s\": %.0f, \"sparse_ratio\": %.4f, "
-                "\"rows_updates_per_s\": %.0f, \"rows_ratio\": %.4f}\n",
+                "\"rows_updates_per_s\": %.0f, \"rows_ratio\": %.4f, "
+                "\"row_pulls_per_s\": %.0f, \"gather_per_s\": %.0f, \"row_pull_ratio\": %.4f}\n",
                 copy_bw / 1e9, ratio[0], ratio[1], ratio[2], nk / sp, nk / sc, sc / sp, nk / rw,
-                sc / rw);
+                sc / rw, nk / rp, nk / ga, ga / rp);
         if (fclose(json) != 0) {
             fprintf(stderr, "bench_apply: writing --json: %s\n", strerror(errno));
             return 1;
@@ -196,5 +220,6 @@ int main(int argc, char **argv)
     free(dst);
     free(keys);
     free(plain);
+    free(out);
     return 0;
 }

@@ -90,7 +90,8 @@ def apply_(bench, tmp):
     if r is None:
         return
     keys = ["memcpy_gbps", "sgd_ratio", "momentum_ratio", "adam_ratio", "sparse_updates_per_s",
-            "scatter_updates_per_s", "sparse_ratio", "rows_updates_per_s", "rows_ratio"]
+            "scatter_updates_per_s", "sparse_ratio", "rows_updates_per_s", "rows_ratio",
+            "row_pulls_per_s", "gather_per_s", "row_pull_ratio"]
     check(isinstance(r, dict) and positive(r, *keys),
           "bench_apply's JSON has every number, above 0 (%s)" % r)
 
