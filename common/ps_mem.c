@@ -19,3 +19,14 @@ void *ps_alloc_big(size_t bytes, int zero)
         memset(p, 0, bytes);
     return p;
 }
+
+void *ps_grow_big(void *p, size_t old_bytes, size_t bytes)
+{
+    void *q = ps_alloc_big(bytes, 0);
+    if (q == NULL)
+        return NULL;
+    if (p != NULL)
+        memcpy(q, p, old_bytes < bytes ? old_bytes : bytes);
+    free(p);
+    return q;
+}

@@ -12,5 +12,9 @@
  * accesses do not miss the TLB on every page; zeroed when zero is set.
  * NULL when out of memory; free() releases it. */
 void *ps_alloc_big(size_t bytes, int zero);
+/* p (from ps_alloc_big, or NULL) grown to bytes the same way: its first
+ * old_bytes copied over, then freed. NULL when out of memory, and p is
+ * left as it was. */
+void *ps_grow_big(void *p, size_t old_bytes, size_t bytes);
 
 #endif

@@ -27,14 +27,6 @@ uint32_t ps_shard_of_index(uint64_t n, uint32_t shards, uint64_t index)
     return (uint32_t)(rem + (index - big) / base);
 }
 
-uint64_t ps_mix64(uint64_t x)
-{
-    x += UINT64_C(0x9e3779b97f4a7c15);
-    x = (x ^ (x >> 30)) * UINT64_C(0xbf58476d1ce4e5b9);
-    x = (x ^ (x >> 27)) * UINT64_C(0x94d049bb133111eb);
-    return x ^ (x >> 31);
-}
-
 uint32_t ps_jump_hash(uint64_t key, uint32_t buckets)
 {
     assert(buckets > 0);

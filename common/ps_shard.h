@@ -18,8 +18,15 @@ void ps_shard_range(uint64_t n, uint32_t shards, uint32_t shard, uint64_t *lo, u
 /* Shard that owns element `index` of an n-element table. index < n. */
 uint32_t ps_shard_of_index(uint64_t n, uint32_t shards, uint64_t index);
 
-/* 64-bit finaliser (splitmix64): spreads nearby keys over the whole range. */
-uint64_t ps_mix64(uint64_t x);
+/* 64-bit finaliser (splitmix64): spreads nearby keys over the whole range.
+ * Inline: psd hashes every key of a sparse request with it. */
+static inline uint64_t ps_mix64(uint64_t x)
+{
+    x += UINT64_C(0x9e3779b97f4a7c15);
+    x = (x ^ (x >> 30)) * UINT64_C(0xbf58476d1ce4e5b9);
+    x = (x ^ (x >> 27)) * UINT64_C(0x94d049bb133111eb);
+    return x ^ (x >> 31);
+}
 
 /* Jump consistent hash of a raw 64-bit key into [0, buckets). buckets > 0. */
 uint32_t ps_jump_hash(uint64_t key, uint32_t buckets);

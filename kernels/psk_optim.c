@@ -132,59 +132,93 @@ static inline void prefetch_key(const float *a, const uint64_t *idx, uint64_t ba
         __builtin_prefetch(&a[idx[i + PREFETCH_AHEAD] - base], 1, 1);
 }
 
-void psk_optim_apply_sparse(const struct psk_optim *o, uint64_t step, float *w, float *s1,
-                            float *s2, const uint64_t *idx, uint64_t base, const float *g, size_t n)
+/* The scattered loops: d elements from (idx[i] - base) * d on, with
+ * gradients from g + i * d. ahead: ask for the lines of the index
+ * PREFETCH_AHEAD on (the keyed applies; a sparse table's rows are asked
+ * for by the caller, which finds them). Same per-element rules as the
+ * dense loops; the kind, rate and bias corrections are decided once, not
+ * per element. */
+/* The lines of the weight and of `states` state arrays for the index
+ * PREFETCH_AHEAD on, when asked to. */
+static inline __attribute__((always_inline)) void
+prefetch_lines(int ahead, int states, const float *w, const float *s1, const float *s2,
+               const uint64_t *idx, uint64_t base, size_t i, size_t n)
 {
-    /* Same per-element rules as the dense loops; the kind, rate and bias
-     * corrections are decided once, not per element. */
+    if (!ahead)
+        return;
+    prefetch_key(w, idx, base, i, n);
+    if (states >= 1)
+        prefetch_key(s1, idx, base, i, n);
+    if (states >= 2)
+        prefetch_key(s2, idx, base, i, n);
+}
+
+static inline __attribute__((always_inline)) void
+apply_scattered(const struct psk_optim *o, uint64_t step, float *w, float *s1, float *s2,
+                const uint64_t *idx, uint64_t base, size_t d, const float *g, size_t n, int ahead)
+{
     const float lr = psk_optim_lr(o, step), wd = o->weight_decay;
     switch (o->kind) {
     case PSK_OPT_MOMENTUM:
-        for (size_t i = 0; i < n; i++) {
-            size_t j = (size_t)(idx[i] - base);
-            prefetch_key(w, idx, base, i, n);
-            prefetch_key(s1, idx, base, i, n);
-            w[j] =
-                psk_momentum(w[j], psk_decay(g[i], w[j], wd), &s1[j], lr, o->momentum, o->nesterov);
+        for (size_t i = 0; i < n; i++, g += d) {
+            prefetch_lines(ahead, 1, w, s1, s2, idx, base, i, n);
+            for (size_t e = 0, j = (size_t)(idx[i] - base) * d; e < d; e++, j++)
+                w[j] = psk_momentum(w[j], psk_decay(g[e], w[j], wd), &s1[j], lr, o->momentum,
+                                    o->nesterov);
         }
         break;
     case PSK_OPT_ADAGRAD:
-        for (size_t i = 0; i < n; i++) {
-            size_t j = (size_t)(idx[i] - base);
-            prefetch_key(w, idx, base, i, n);
-            prefetch_key(s1, idx, base, i, n);
-            w[j] = psk_adagrad(w[j], psk_decay(g[i], w[j], wd), &s1[j], lr, o->eps);
+        for (size_t i = 0; i < n; i++, g += d) {
+            prefetch_lines(ahead, 1, w, s1, s2, idx, base, i, n);
+            for (size_t e = 0, j = (size_t)(idx[i] - base) * d; e < d; e++, j++)
+                w[j] = psk_adagrad(w[j], psk_decay(g[e], w[j], wd), &s1[j], lr, o->eps);
         }
         break;
     case PSK_OPT_ADAM: {
         float bc1 = (float)(1.0 - pow((double)o->beta1, (double)step));
         float bc2 = (float)(1.0 - pow((double)o->beta2, (double)step));
-        for (size_t i = 0; i < n; i++) {
-            size_t j = (size_t)(idx[i] - base);
-            prefetch_key(w, idx, base, i, n);
-            prefetch_key(s1, idx, base, i, n);
-            prefetch_key(s2, idx, base, i, n);
-            w[j] = psk_adam(w[j], psk_decay(g[i], w[j], wd), &s1[j], &s2[j], lr, o->beta1, o->beta2,
-                            o->eps, bc1, bc2);
+        for (size_t i = 0; i < n; i++, g += d) {
+            prefetch_lines(ahead, 2, w, s1, s2, idx, base, i, n);
+            for (size_t e = 0, j = (size_t)(idx[i] - base) * d; e < d; e++, j++)
+                w[j] = psk_adam(w[j], psk_decay(g[e], w[j], wd), &s1[j], &s2[j], lr, o->beta1,
+                                o->beta2, o->eps, bc1, bc2);
         }
         break;
     }
     case PSK_OPT_FTRL:
-        for (size_t i = 0; i < n; i++) {
-            size_t j = (size_t)(idx[i] - base);
-            prefetch_key(w, idx, base, i, n);
-            prefetch_key(s1, idx, base, i, n);
-            prefetch_key(s2, idx, base, i, n);
-            w[j] = psk_ftrl(w[j], g[i], &s1[j], &s2[j], lr, o->eps, o->l1, o->l2);
+        for (size_t i = 0; i < n; i++, g += d) {
+            prefetch_lines(ahead, 2, w, s1, s2, idx, base, i, n);
+            for (size_t e = 0, j = (size_t)(idx[i] - base) * d; e < d; e++, j++)
+                w[j] = psk_ftrl(w[j], g[e], &s1[j], &s2[j], lr, o->eps, o->l1, o->l2);
         }
         break;
     case PSK_OPT_SGD:
     default:
-        for (size_t i = 0; i < n; i++) {
-            size_t j = (size_t)(idx[i] - base);
-            prefetch_key(w, idx, base, i, n);
-            w[j] = psk_sgd(w[j], psk_decay(g[i], w[j], wd), lr);
+        for (size_t i = 0; i < n; i++, g += d) {
+            prefetch_lines(ahead, 0, w, s1, s2, idx, base, i, n);
+            for (size_t e = 0, j = (size_t)(idx[i] - base) * d; e < d; e++, j++)
+                w[j] = psk_sgd(w[j], psk_decay(g[e], w[j], wd), lr);
         }
         break;
     }
+}
+
+void psk_optim_apply_sparse(const struct psk_optim *o, uint64_t step, float *w, float *s1,
+                            float *s2, const uint64_t *idx, uint64_t base, const float *g, size_t n)
+{
+    apply_scattered(o, step, w, s1, s2, idx, base, 1, g, n, 1);
+}
+
+int psk_optim_uses_step(const struct psk_optim *o)
+{
+    return o->kind == PSK_OPT_ADAM || (o->schedule == PSK_LR_COSINE && o->decay_steps != 0);
+}
+
+void psk_optim_apply_rows(const struct psk_optim *o, uint64_t step, float *w, float *s1, float *s2,
+                          const uint64_t *rows, size_t d, const float *g, size_t n)
+{
+    if (d == 1) /* the loop with the row width known: embeddings of one value, dim 1 */
+        apply_scattered(o, step, w, s1, s2, rows, 0, 1, g, n, 0);
+    else
+        apply_scattered(o, step, w, s1, s2, rows, 0, d, g, n, 0);
 }

@@ -56,4 +56,15 @@ void psk_optim_apply_sparse(const struct psk_optim *o, uint64_t step, float *w, 
                             float *s2, const uint64_t *idx, uint64_t base, const float *g,
                             size_t n);
 
+/* Whether the update depends on its step (Adam's bias corrections, a
+ * learning-rate schedule): where it does not, rows that have taken
+ * different numbers of steps can be updated in one call. */
+int psk_optim_uses_step(const struct psk_optim *o);
+
+/* The same update on rows of d elements: w[rows[i] * d + e] with gradient
+ * g[i * d + e] for i < n, e < d, all as step `step`. The caller asks for
+ * the rows' cache lines. */
+void psk_optim_apply_rows(const struct psk_optim *o, uint64_t step, float *w, float *s1, float *s2,
+                          const uint64_t *rows, size_t d, const float *g, size_t n);
+
 #endif

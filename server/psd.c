@@ -992,20 +992,20 @@ static void op_rows(struct psd *s, struct psd_table *t, const struct ps_wire_msg
     h.duplicate = dup;
     if (req->op != PS__OP__OP_PUSH) {
         size_t elems = n * t->dim, esize = ps_dtype_size(req->dtype);
-        float *rows = malloc(elems * sizeof(float));
+        /* f32 rows go straight into the reply; halves through a buffer */
+        int f32 = req->dtype == PS__DTYPE__DTYPE_F32;
         void *out = aligned_alloc(64, (elems * esize + 63u) & ~(size_t)63u);
+        float *rows = f32 ? out : malloc(elems * sizeof(float));
         int rc = rows && out ? psd_table_pull_rows(t, keys, n, rows, err, sizeof err) : PS_ENOMEM;
-        if (rc != 0) {
+        if (rc == 0 && !f32)
+            ps_f32_to_half_n(req->dtype, rows, out, elems);
+        if (!f32)
             free(rows);
+        if (rc != 0) {
             free(out);
             reply_error(s, req, rc, rc == PS_ENOMEM && !(rows && out) ? "out of memory" : err, rep);
             return;
         }
-        if (req->dtype == PS__DTYPE__DTYPE_F32)
-            memcpy(out, rows, elems * sizeof(float));
-        else
-            ps_f32_to_half_n(req->dtype, rows, out, elems);
-        free(rows);
         t->pulls++;
         h.layout = PS__LAYOUT__LAYOUT_KEYS;
         h.count = req->count;

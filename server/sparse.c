@@ -51,17 +51,12 @@ void psd_sparse_fini(struct psd_sparse *sp)
     memset(sp, 0, sizeof *sp);
 }
 
-static uint64_t find_slot(const struct psd_sparse *sp, uint64_t key)
+static uint64_t find_slot(const struct psd_sparse *sp, uint64_t key, uint64_t hash)
 {
-    uint64_t mask = sp->slots - 1, i = ps_mix64(key) & mask;
+    uint64_t mask = sp->slots - 1, i = hash & mask;
     while (sp->slot[i].row != EMPTY && sp->slot[i].key != key)
         i = (i + 1) & mask;
     return i;
-}
-
-void psd_sparse_prefetch(const struct psd_sparse *sp, uint64_t key)
-{
-    __builtin_prefetch(&sp->slot[ps_mix64(key) & (sp->slots - 1)], 0, 1);
 }
 
 static int grow_slots(struct psd_sparse *sp)
@@ -74,39 +69,41 @@ static int grow_slots(struct psd_sparse *sp)
     sp->slots = n * 2;
     for (uint64_t i = 0; i < n; i++)
         if (old[i].row != EMPTY)
-            sp->slot[find_slot(sp, old[i].key)] = old[i];
+            sp->slot[find_slot(sp, old[i].key, ps_mix64(old[i].key))] = old[i];
     free(old);
     return 0;
 }
 
+/* The row arrays are read at random places too: huge pages past 2 MiB. */
 static int grow_rows(struct psd_sparse *sp)
 {
     uint64_t cap = sp->rows_cap ? sp->rows_cap * 2 : 64;
     if (cap > sp->rows_max)
         cap = sp->rows_max;
-    size_t bytes = (size_t)cap * sp->dim * sizeof(float);
-    float **arr[3] = {&sp->w, &sp->s1, &sp->s2};
-    for (int a = 0; a < 1 + sp->nstate; a++) {
-        float *p = realloc(*arr[a], bytes);
+    size_t row = (size_t)sp->dim * sizeof(float), n = sp->nrows;
+    void **arr[5] = {(void **)&sp->w, (void **)&sp->s1, (void **)&sp->s2, (void **)&sp->row_steps,
+                     (void **)&sp->row_key};
+    size_t each[5] = {row, row, row, sizeof *sp->row_steps, sizeof *sp->row_key};
+    for (int a = 0; a < 5; a++) {
+        if (a >= 1 && a <= 2 && a > sp->nstate)
+            continue;
+        void *p = ps_grow_big(*arr[a], n * each[a], (size_t)cap * each[a]);
         if (p == NULL)
             return PS_ENOMEM;
         *arr[a] = p;
     }
-    uint32_t *st = realloc(sp->row_steps, (size_t)cap * sizeof *st);
-    if (st == NULL)
-        return PS_ENOMEM;
-    sp->row_steps = st;
-    uint64_t *rk = realloc(sp->row_key, (size_t)cap * sizeof *rk);
-    if (rk == NULL)
-        return PS_ENOMEM;
-    sp->row_key = rk;
     sp->rows_cap = cap;
     return 0;
 }
 
 int64_t psd_sparse_row(struct psd_sparse *sp, uint64_t key, int create)
 {
-    uint64_t i = find_slot(sp, key);
+    return psd_sparse_row_hashed(sp, key, ps_mix64(key), create);
+}
+
+int64_t psd_sparse_row_hashed(struct psd_sparse *sp, uint64_t key, uint64_t hash, int create)
+{
+    uint64_t i = find_slot(sp, key, hash);
     if (sp->slot[i].row != EMPTY)
         return (int64_t)sp->slot[i].row;
     if (!create)
@@ -118,7 +115,7 @@ int64_t psd_sparse_row(struct psd_sparse *sp, uint64_t key, int create)
     if (2 * (sp->nrows + 1) > sp->slots) {
         if (grow_slots(sp) != 0)
             return PS_ENOMEM;
-        i = find_slot(sp, key);
+        i = find_slot(sp, key, hash);
     }
     uint64_t r = sp->nrows++;
     sp->slot[i].key = key;

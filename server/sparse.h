@@ -29,7 +29,8 @@ struct psd_sparse {
     } * slot;
     float *w, *s1, *s2;  /* rows_cap x dim each */
     uint64_t *row_key;   /* rows_cap: each row's key (checkpoints, OP_ROWS pages) */
-    uint32_t *row_steps; /* optimizer steps per row (Adam's t) */
+    uint32_t *row_steps; /* optimizer steps per row (Adam's t), counted only where
+                          * the update uses them (psk_optim_uses_step) */
 };
 
 int psd_sparse_init(struct psd_sparse *sp, uint32_t dim, uint64_t rows_max, int nstate,
@@ -40,8 +41,18 @@ void psd_sparse_fini(struct psd_sparse *sp);
  * row index, -1 when absent and not created, PS_ELIMIT at rows_max, or
  * PS_ENOMEM. */
 int64_t psd_sparse_row(struct psd_sparse *sp, uint64_t key, int create);
-/* Asks for the cache lines of key's hash slot: call it for a key some
- * way ahead of the one looked up (random keys miss the cache each). */
-void psd_sparse_prefetch(const struct psd_sparse *sp, uint64_t key);
+/* The same with the key's hash, ps_mix64(key), already computed (by a
+ * caller that asked for its slot's line ahead of time). */
+int64_t psd_sparse_row_hashed(struct psd_sparse *sp, uint64_t key, uint64_t hash, int create);
+
+/* Asks for the cache line of the slot a key with this hash starts at:
+ * for a key some way ahead of the one looked up (random keys miss the
+ * cache each). To L2 only, as the keyed applies do (kernels/psk_optim.c).
+ * always_inline: see prefetch_row in table.c. */
+static inline __attribute__((always_inline)) void
+psd_sparse_prefetch_hash(const struct psd_sparse *sp, uint64_t hash)
+{
+    __builtin_prefetch(&sp->slot[hash & (sp->slots - 1)], 0, 1);
+}
 
 #endif

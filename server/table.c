@@ -159,7 +159,7 @@ int psd_table_same_spec(const struct psd_table *t, const Ps__TableSpec *spec)
            feq(t->l2, spec->l2);
 }
 
-static struct psk_optim table_optim(const struct psd_table *t)
+struct psk_optim psd_table_optim(const struct psd_table *t)
 {
     struct psk_optim o = {
         .kind = (int)t->optimizer,
@@ -326,7 +326,7 @@ void psd_table_apply(struct psd_table *t, uint64_t offset, uint64_t count, const
     assert(offset >= t->lo);
     assert(count <= t->hi - offset);
     struct apply_job j = {.t = t,
-                          .o = table_optim(t),
+                          .o = psd_table_optim(t),
                           .step = step,
                           .base = (size_t)(offset - t->lo),
                           .n = count,
@@ -342,7 +342,8 @@ void psd_table_apply_keys(struct psd_table *t, const uint64_t *keys, const float
     if (n > 0)
         psd_table_own(t, keys[0], keys[n - 1] + 1);
     assert(n == 0 || (keys[0] >= t->lo && keys[n - 1] < t->hi));
-    struct apply_job j = {.t = t, .o = table_optim(t), .step = step, .n = n, .keys = keys, .g = g};
+    struct apply_job j = {
+        .t = t, .o = psd_table_optim(t), .step = step, .n = n, .keys = keys, .g = g};
     apply_run(t, &j, keys_piece, PSD_APPLY_KEYS_MIN, PSD_APPLY_KEYS_PIECE);
     apply_took(t, t0);
 }
@@ -358,19 +359,93 @@ static int row_error(const struct psd_table *t, int64_t r, uint64_t key, char *e
     return (int)r;
 }
 
-/* How many keys ahead row lookups ask for their hash slots. */
-#define ROWS_PREFETCH_AHEAD 64
-/* Rows a push looks up before it applies them. */
-#define ROWS_BATCH 256
+/* Rows are found ahead of their use, in two steps, so that one key's cache
+ * misses wait alongside other keys' work instead of one after the other:
+ * ROWS_SLOT_AHEAD keys ahead a key is hashed and its slot's line asked
+ * for; ROWS_ROW_AHEAD keys ahead its slot is read (the row found or
+ * created) and the row's lines asked for. Random keys miss the cache at
+ * each step. */
+#define ROWS_SLOT_AHEAD 32
+#define ROWS_ROW_AHEAD  16
+#define ROWS_RING       64 /* > ROWS_SLOT_AHEAD, a power of two */
+/* Rows a push updates in one call where the update does not depend on a
+ * row's step (psk_optim_apply_rows): about half the time a key took with
+ * a call per row (psk_optim_apply) for rows of one value. */
+#define ROWS_APPLY 64
+
+struct rows_walk {
+    struct psd_table *t;
+    const uint64_t *keys;
+    size_t n;
+    size_t hashed, found; /* keys [0, hashed) hashed, [0, found) rows known */
+    size_t fail_at;       /* n, or the key whose row could not be had */
+    int64_t fail;         /* its error */
+    uint64_t hash[ROWS_RING], row[ROWS_RING];
+};
+
+static void rows_walk_init(struct rows_walk *w, struct psd_table *t, const uint64_t *keys, size_t n)
+{
+    w->t = t;
+    w->keys = keys;
+    w->n = w->fail_at = n;
+    w->hashed = w->found = 0;
+    w->fail = 0;
+}
+
+/* always_inline: GCC 12 finds a function that only prefetches free of
+ * effects and drops the calls to it where it was not inlined first. */
+static inline __attribute__((always_inline)) void prefetch_row(const struct psd_sparse *sp,
+                                                               uint64_t r, int write)
+{
+    size_t at = (size_t)r * sp->dim;
+    if (write) {
+        __builtin_prefetch(sp->w + at, 1, 1);
+        if (write > 1)
+            __builtin_prefetch(sp->row_steps + r, 1, 1);
+        if (sp->s1 != NULL)
+            __builtin_prefetch(sp->s1 + at, 1, 1);
+        if (sp->s2 != NULL)
+            __builtin_prefetch(sp->s2 + at, 1, 1);
+    } else {
+        __builtin_prefetch(sp->w + at, 0, 1);
+    }
+}
+
+/* Row of key i (keys before i taken in order), or <0 when key i's row
+ * could not be had (rows_walk.fail; keys past it are not looked up). */
+static inline int64_t rows_walk_at(struct rows_walk *w, size_t i, int write)
+{
+    struct psd_sparse *sp = &w->t->sp;
+    size_t end = w->fail_at;
+    for (size_t to = i + ROWS_SLOT_AHEAD < end ? i + ROWS_SLOT_AHEAD + 1 : end; w->hashed < to;
+         w->hashed++) {
+        uint64_t h = ps_mix64(w->keys[w->hashed]);
+        w->hash[w->hashed % ROWS_RING] = h;
+        psd_sparse_prefetch_hash(sp, h);
+    }
+    for (size_t to = i + ROWS_ROW_AHEAD < end ? i + ROWS_ROW_AHEAD + 1 : end; w->found < to;
+         w->found++) {
+        size_t k = w->found;
+        int64_t r = psd_sparse_row_hashed(sp, w->keys[k], w->hash[k % ROWS_RING], 1);
+        if (r < 0) {
+            w->fail_at = k;
+            w->fail = r;
+            break;
+        }
+        w->row[k % ROWS_RING] = (uint64_t)r;
+        prefetch_row(sp, (uint64_t)r, write);
+    }
+    return i < w->fail_at ? (int64_t)w->row[i % ROWS_RING] : w->fail;
+}
 
 int psd_table_pull_rows(struct psd_table *t, const uint64_t *keys, size_t n, float *out, char *err,
                         size_t errlen)
 {
     uint32_t d = t->dim;
+    struct rows_walk w;
+    rows_walk_init(&w, t, keys, n);
     for (size_t i = 0; i < n; i++) {
-        if (i + ROWS_PREFETCH_AHEAD < n)
-            psd_sparse_prefetch(&t->sp, keys[i + ROWS_PREFETCH_AHEAD]);
-        int64_t r = psd_sparse_row(&t->sp, keys[i], 1);
+        int64_t r = rows_walk_at(&w, i, 0);
         if (r < 0)
             return row_error(t, r, keys[i], err, errlen);
         memcpy(out + i * d, t->sp.w + (size_t)r * d, d * sizeof(float));
@@ -382,31 +457,27 @@ int psd_table_push_rows(struct psd_table *t, const uint64_t *keys, const float *
                         char *err, size_t errlen)
 {
     uint64_t t0 = uv_hrtime();
-    struct psk_optim o = table_optim(t);
+    struct psk_optim o = psd_table_optim(t);
+    struct psd_sparse *sp = &t->sp;
     uint32_t d = t->dim;
-    uint64_t rows[ROWS_BATCH];
-    /* In batches: find the rows (asking for each one's lines as soon as it
-     * is known), then apply, when those lines have had time to arrive. */
-    for (size_t b = 0; b < n; b += ROWS_BATCH) {
-        size_t m = n - b < ROWS_BATCH ? n - b : ROWS_BATCH;
-        for (size_t i = b; i < b + m; i++) {
-            if (i + ROWS_PREFETCH_AHEAD < n)
-                psd_sparse_prefetch(&t->sp, keys[i + ROWS_PREFETCH_AHEAD]);
-            int64_t r = psd_sparse_row(&t->sp, keys[i], 1);
-            if (r < 0)
-                return row_error(t, r, keys[i], err, errlen);
+    struct rows_walk w;
+    rows_walk_init(&w, t, keys, n);
+    uint64_t rows[ROWS_APPLY];
+    int one_call = !psk_optim_uses_step(&o);
+    for (size_t b = 0; b < n; b += ROWS_APPLY) {
+        size_t m = n - b < ROWS_APPLY ? n - b : ROWS_APPLY, i = b;
+        int64_t r = 0;
+        for (; i < b + m && (r = rows_walk_at(&w, i, one_call ? 1 : 2)) >= 0; i++) {
             rows[i - b] = (uint64_t)r;
-            __builtin_prefetch(t->sp.w + (size_t)r * d, 1, 1);
-            __builtin_prefetch(t->sp.row_steps + r, 1, 1);
-            if (t->sp.s1 != NULL)
-                __builtin_prefetch(t->sp.s1 + (size_t)r * d, 1, 1);
+            if (!one_call) /* each row at its own step */
+                psk_optim_apply(&o, ++sp->row_steps[r], sp->w + (size_t)r * d,
+                                sp->s1 ? sp->s1 + (size_t)r * d : NULL,
+                                sp->s2 ? sp->s2 + (size_t)r * d : NULL, g + i * d, d);
         }
-        for (size_t i = b; i < b + m; i++) {
-            uint64_t r = rows[i - b];
-            size_t at = (size_t)r * d;
-            psk_optim_apply(&o, ++t->sp.row_steps[r], t->sp.w + at, t->sp.s1 ? t->sp.s1 + at : NULL,
-                            t->sp.s2 ? t->sp.s2 + at : NULL, g + i * d, d);
-        }
+        if (one_call) /* the rows found so far, in order: all of them but on a failure */
+            psk_optim_apply_rows(&o, 1, sp->w, sp->s1, sp->s2, rows, d, g + b * d, i - b);
+        if (r < 0)
+            return row_error(t, r, keys[i], err, errlen);
     }
     t->steps++;
     apply_took(t, t0);

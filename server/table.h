@@ -14,6 +14,7 @@
 
 #include "ps.pb-c.h"
 #include "ps_metrics.h"
+#include "psk_optim.h"
 
 #include <stdatomic.h>
 #include <stddef.h>
@@ -176,10 +177,14 @@ int psd_table_prune_step(struct psd_table *t, uint64_t step);
 void psd_table_apply_keys(struct psd_table *t, const uint64_t *keys, const float *g, size_t n,
                           uint64_t step);
 
+/* The table's optimizer settings, as its applies use them. */
+struct psk_optim psd_table_optim(const struct psd_table *t);
+
 /* Sparse tables: copies the rows of keys[0..n) into out (n x dim),
  * creating missing rows; applies gradients g (n x dim) to the rows of
- * keys. 0, or PS_ELIMIT / PS_ENOMEM with a sentence in err (rows touched
- * before the failing one stay). */
+ * keys. 0, or PS_ELIMIT / PS_ENOMEM with a sentence in err naming the
+ * key whose row could not be had: the keys before it are done (rows
+ * created, gradients applied), none after it. */
 int psd_table_pull_rows(struct psd_table *t, const uint64_t *keys, size_t n, float *out, char *err,
                         size_t errlen);
 int psd_table_push_rows(struct psd_table *t, const uint64_t *keys, const float *g, size_t n,

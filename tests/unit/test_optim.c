@@ -283,6 +283,140 @@ static void test_apply_matches_element_rules(void **state)
     }
 }
 
+/* A sparse table's rows of spec s (sparse), both created; b is updated a
+ * row at a time by the caller. */
+static void make_row_pair(const Ps__TableSpec *s, struct psd_table **a, struct psd_table **b)
+{
+    assert_int_equal(psd_table_create(s, 0, 0, 1, a), 0);
+    assert_int_equal(psd_table_create(s, 0, 0, 1, b), 0);
+}
+
+/* A push of keys the plain way: each row found (or created) in turn and
+ * updated alone at its own step (counted where the update uses it). */
+static void push_row_by_row(struct psd_table *b, const uint64_t *keys, const float *g, size_t n)
+{
+    struct psk_optim o = psd_table_optim(b);
+    struct psd_sparse *sp = &b->sp;
+    size_t d = sp->dim;
+    for (size_t i = 0; i < n; i++) {
+        int64_t r = psd_sparse_row(sp, keys[i], 1);
+        assert_true(r >= 0);
+        size_t at = (size_t)r * d;
+        uint32_t st = psk_optim_uses_step(&o) ? ++sp->row_steps[r] : 1;
+        psk_optim_apply(&o, st, sp->w + at, sp->s1 ? sp->s1 + at : NULL,
+                        sp->s2 ? sp->s2 + at : NULL, g + i * d, d);
+    }
+}
+
+static void assert_rows_equal(const struct psd_table *a, const struct psd_table *b)
+{
+    const struct psd_sparse *x = &a->sp, *y = &b->sp;
+    size_t bytes = (size_t)x->nrows * x->dim * sizeof(float);
+    assert_int_equal(x->nrows, y->nrows);
+    assert_memory_equal(x->row_key, y->row_key, (size_t)x->nrows * sizeof *x->row_key);
+    assert_memory_equal(x->row_steps, y->row_steps, (size_t)x->nrows * sizeof *x->row_steps);
+    assert_memory_equal(x->w, y->w, bytes);
+    if (x->s1 != NULL)
+        assert_memory_equal(x->s1, y->s1, bytes);
+    if (x->s2 != NULL)
+        assert_memory_equal(x->s2, y->s2, bytes);
+}
+
+/* A sparse table's push finds its rows some keys ahead of their update,
+ * and updates up to 64 rows in one call where the step does not matter
+ * (psk_optim_uses_step): it ends with the same bits as each row updated
+ * alone at its own step, for every kind, with a constant rate and a cosine
+ * schedule (rows at different steps then take different rates; a sparse
+ * table used to drop its schedule's length, so kept a constant rate), rows of 1
+ * and 3 values, over pushes of 1, 63, 64, 65 and 700 keys that create
+ * rows and come back to them. A pull reads them back. */
+static void test_rows_match_row_by_row(void **state)
+{
+    (void)state;
+    enum { KEYS = 3000, N = 700, DMAX = 3 };
+    static uint64_t keys[N];
+    static float g[N * DMAX], out[N * DMAX];
+    const size_t sizes[] = {1, 63, 64, 65, N, 65, N};
+    for (size_t k = 0; k < sizeof all_kinds / sizeof all_kinds[0]; k++)
+        for (uint32_t d = 1; d <= DMAX; d += DMAX - 1)
+            for (int cosine = 0; cosine <= 1; cosine++) {
+                Ps__TableSpec s;
+                case_table_spec(&s, "rows", 0);
+                s.sparse = 1;
+                s.dim = d;
+                s.rows_max = KEYS;
+                s.optimizer = all_kinds[k];
+                s.lr = 0.05f;
+                s.weight_decay = 0.01f;
+                s.l1 = 0.001f;
+                s.l2 = 0.01f;
+                s.init = PS__INIT_KIND__INIT_UNIFORM;
+                s.init_scale = 0.1f;
+                s.lr_schedule = cosine ? PS__LR_SCHEDULE__LR_COSINE : PS__LR_SCHEDULE__LR_CONSTANT;
+                s.lr_decay_steps = cosine ? 6 : 0;
+                struct psd_table *a, *b;
+                make_row_pair(&s, &a, &b);
+                assert_true(psd_table_same_spec(a, &s)); /* its schedule kept too */
+                char err[256];
+                for (size_t p = 0; p < sizeof sizes / sizeof sizes[0]; p++) {
+                    size_t n = sizes[p], gap = KEYS / n;
+                    for (size_t i = 0; i < n; i++) { /* sorted; a different spread each push */
+                        keys[i] = i * gap + (i * 13 + p * 7) % gap;
+                        for (size_t e = 0; e < d; e++)
+                            g[i * d + e] = 0.01f * (float)((int)((i * 7 + e + p * 3) % 17) - 8);
+                    }
+                    assert_int_equal(psd_table_push_rows(a, keys, g, n, err, sizeof err), 0);
+                    push_row_by_row(b, keys, g, n);
+                    assert_rows_equal(a, b);
+                    assert_int_equal(psd_table_pull_rows(a, keys, n, out, err, sizeof err), 0);
+                    for (size_t i = 0; i < n; i++) {
+                        int64_t r = psd_sparse_row(&b->sp, keys[i], 0);
+                        assert_memory_equal(out + i * d, b->sp.w + (size_t)r * d, d * 4);
+                    }
+                }
+                psd_table_destroy(a);
+                psd_table_destroy(b);
+            }
+}
+
+/* A push that runs out of rows stops at the key that found none: the keys
+ * before it have their rows and their update, none after it has a row. */
+static void test_rows_full_midway(void **state)
+{
+    (void)state;
+    enum { MAX = 100, N = 150 };
+    static uint64_t keys[N];
+    static float g[N];
+    for (size_t i = 0; i < N; i++) {
+        keys[i] = 1000 + 3 * i;
+        g[i] = 0.01f * (float)(i % 7 + 1);
+    }
+    for (size_t k = 0; k < sizeof all_kinds / sizeof all_kinds[0]; k++) {
+        Ps__TableSpec s;
+        case_table_spec(&s, "rows", 0);
+        s.sparse = 1;
+        s.dim = 1;
+        s.rows_max = MAX;
+        s.optimizer = all_kinds[k];
+        struct psd_table *a, *b;
+        make_row_pair(&s, &a, &b);
+        char err[256];
+        assert_int_equal(psd_table_push_rows(a, keys, g, N, err, sizeof err), PS_ELIMIT);
+        assert_non_null(strstr(err, "is full"));
+        assert_non_null(strstr(err, "key 1300")); /* keys[MAX] */
+        push_row_by_row(b, keys, g, MAX);
+        assert_rows_equal(a, b);
+        assert_int_equal(psd_sparse_row(&a->sp, keys[MAX], 0), -1);
+        /* a pull stops there too, and creates nothing */
+        static float out[N];
+        assert_int_equal(psd_table_pull_rows(a, keys, N, out, err, sizeof err), PS_ELIMIT);
+        assert_int_equal(a->sp.nrows, MAX);
+        assert_memory_equal(out, a->sp.w, MAX * sizeof(float));
+        psd_table_destroy(a);
+        psd_table_destroy(b);
+    }
+}
+
 /* A lent block stays as it was while a message carrying its elements is
  * out: a write to those elements moves the table to a copy (once), a write
  * to other elements stays in place, and the block is freed with its last
@@ -360,6 +494,34 @@ static void test_big_arrays_on_huge_pages(void **state)
         assert_int_equal(p[end - 1], 0);
         free(p);
     }
+    /* grown: the old bytes kept, the new block aligned the same way */
+    unsigned char *p = ps_grow_big(NULL, 0, 100);
+    assert_non_null(p);
+    for (int j = 0; j < 100; j++)
+        p[j] = (unsigned char)j;
+    p = ps_grow_big(p, 100, 3 * PS_HUGE_PAGE_BYTES);
+    assert_non_null(p);
+    assert_int_equal((uintptr_t)p % PS_HUGE_PAGE_BYTES, 0);
+    for (int j = 0; j < 100; j++)
+        assert_int_equal(p[j], j);
+    free(p);
+    /* a sparse table's rows grow onto huge pages too (1M rows of 1 value) */
+    Ps__TableSpec s;
+    case_table_spec(&s, "rows", 0);
+    s.sparse = 1;
+    s.dim = 1;
+    s.rows_max = 1u << 20;
+    s.optimizer = PS__OPTIMIZER_KIND__OPT_ADAM;
+    struct psd_table *rt = NULL;
+    assert_int_equal(psd_table_create(&s, 0, 0, 1, &rt), 0);
+    for (uint64_t k = 0; k < (1u << 20); k++)
+        assert_true(psd_sparse_row(&rt->sp, k * 7, 1) == (int64_t)k);
+    const void *arrays[] = {rt->sp.w, rt->sp.s1, rt->sp.s2, rt->sp.row_steps, rt->sp.row_key};
+    for (size_t a = 0; a < sizeof arrays / sizeof arrays[0]; a++)
+        assert_int_equal((uintptr_t)arrays[a] % PS_HUGE_PAGE_BYTES, 0);
+    assert_int_equal(rt->sp.row_key[12345], 12345u * 7);
+    assert_int_equal(psd_sparse_row(&rt->sp, 12345u * 7, 0), 12345);
+    psd_table_destroy(rt);
     /* a table of 1M floats and its Adam state; its values as initialized */
     struct psd_table *t = make(PS__OPTIMIZER_KIND__OPT_ADAM, 0.01f, 0, 0, 0, 1, 1u << 20);
     assert_int_equal((uintptr_t)t->w % PS_HUGE_PAGE_BYTES, 0);
@@ -382,6 +544,8 @@ int main(void)
         cmocka_unit_test(test_keyed_matches_range),
         cmocka_unit_test(test_pieces_same_bits),
         cmocka_unit_test(test_apply_matches_element_rules),
+        cmocka_unit_test(test_rows_match_row_by_row),
+        cmocka_unit_test(test_rows_full_midway),
         cmocka_unit_test(test_lend_copy_on_write),
         cmocka_unit_test(test_big_arrays_on_huge_pages),
     };
