@@ -1320,10 +1320,20 @@ static int rows_reserve(struct psc_client *c, struct slot *sl, size_t n, size_t 
     return 0;
 }
 
-/* Groups keys (and values) by owning shard, stably. */
+/* Groups keys (and values) by owning shard, stably. With one shard the
+ * group is the caller's order: the keys are copied at once, and the values
+ * are sent from the caller's buffer (vals NULL here). */
 static void rows_group(struct psc_client *c, struct slot *sl, const uint64_t *keys,
                        const float *vals, size_t n, size_t dim)
 {
+    if (c->nshards == 1) {
+        sl->grp[0] = 0;
+        sl->grp[1] = (uint32_t)n;
+        for (size_t i = 0; i < n; i++)
+            sl->order[i] = (uint32_t)i;
+        memcpy(sl->skeys, keys, n * sizeof *keys);
+        return;
+    }
     uint32_t *cursor = sl->grp + c->nshards + 1;
     memset(sl->grp, 0, (c->nshards + 1) * sizeof *sl->grp);
     for (size_t i = 0; i < n; i++)
@@ -1360,9 +1370,10 @@ static int start_rows(struct psc_client *c, Ps__Op op, uint32_t table, const uin
         return set_error(c, PS_EBUSY, "%s: too many requests outstanding", ps_op_name(op));
     size_t d = t->dim;
     const unsigned char *src = NULL;
-    if (rows_reserve(c, sl, n, grads ? d : 0) != 0 ||
-        (rows_group(c, sl, keys, grads, n, d),
-         grads && (src = wire_values(c, sl, sl->svals, n * d)) == NULL)) {
+    int grouped = c->nshards > 1; /* else the gradients go from grads (buffer rules) */
+    if (rows_reserve(c, sl, n, grads && grouped ? d : 0) != 0 ||
+        (rows_group(c, sl, keys, grouped ? grads : NULL, n, d),
+         grads && (src = wire_values(c, sl, grouped ? sl->svals : grads, n * d)) == NULL)) {
         slot_release(c, sl);
         return set_error(c, PS_ENOMEM, "%s: out of memory for %zu rows", ps_op_name(op), n);
     }

@@ -244,8 +244,9 @@ int psc_push_keys(struct psc_client *c, uint32_t table, const uint64_t *keys, co
                   size_t n, uint64_t clock, uint64_t *ticket);
 
 /* Rows of a sparse table by key: keys[0..n) strictly increasing; out and
- * grads hold n x dim floats in the order of keys. Each key goes to the
- * shard its jump hash names; rows are created on first touch. */
+ * grads hold n x dim floats in the order of keys and follow the buffer
+ * rules above (keys are copied). Each key goes to the shard its jump hash
+ * names; rows are created on first touch. */
 int psc_pull_rows(struct psc_client *c, uint32_t table, const uint64_t *keys, size_t n, float *out,
                   uint64_t clock, uint64_t *ticket);
 int psc_push_rows(struct psc_client *c, uint32_t table, const uint64_t *keys, size_t n,

@@ -807,6 +807,71 @@ static void test_sparse_rows(void **state)
         assert_true(fw[i] == 0.0f);
 }
 
+/* Rows through a client of one shard, whose keys need no grouping: they
+ * go in the caller's order and the gradients from the caller's buffer.
+ * Pulls land in the caller's order; a push and a push-pull take two SGD
+ * steps; an f16 client's push arrives as its halves. */
+static void test_sparse_rows_one_shard(void **state)
+{
+    (void)state;
+    enum { K = 1000, D = 3 };
+    struct psd_proc one;
+    const char *args[] = {NULL};
+    assert_int_equal(harness_psd_start(&one, args), 0);
+    const char *eps[1] = {one.endpoint};
+    struct psc_client *c = client_or_fail((struct psc_config){0}, eps, 1, 0);
+    struct psc_client *h = client_or_fail((struct psc_config){.wire_dtype = PSC_F16}, eps, 1, 1);
+    struct psc_table_spec s;
+    psc_table_spec_init(&s, "emb1", 0);
+    s.sparse = 1;
+    s.dim = D;
+    s.rows_max = 4 * K;
+    s.lr = 0.5f;
+    s.init = PSC_INIT_UNIFORM;
+    s.init_scale = 0.1f;
+    s.seed = 5;
+    uint32_t t, th;
+    assert_int_equal(psc_table_create(c, &s, TIMEOUT_MS, &t), 0);
+    assert_int_equal(psc_table_create(h, &s, TIMEOUT_MS, &th), 0);
+    static uint64_t keys[K];
+    static float w[K * D], w2[K * D], g[K * D], g2[K * D];
+    for (uint64_t i = 0; i < K; i++)
+        keys[i] = i * 977 + (ps_mix64(i) & 511);
+    uint64_t tk;
+    assert_int_equal(psc_pull_rows(c, t, keys, K, w, 0, &tk), 0);
+    wait_ok(c, tk);
+    for (size_t i = 0; i < K; i++)
+        for (size_t j = 0; j < D; j++)
+            assert_true(w[i * D + j] ==
+                        ps_init_value(PS_INIT_UNIFORM, 0.1f, 5 ^ ps_mix64(keys[i]), j));
+    for (size_t i = 0; i < K * D; i++) {
+        g[i] = 0.001f * (float)(i % 97);
+        g2[i] = -0.002f * (float)(i % 13);
+    }
+    assert_int_equal(psc_push_rows(c, t, keys, K, g, 0, &tk), 0);
+    wait_ok(c, tk);
+    assert_int_equal(psc_push_pull_rows(c, t, keys, K, g2, w2, 0, &tk), 0);
+    wait_ok(c, tk);
+    for (size_t i = 0; i < K * D; i++) {
+        float want = (w[i] - 0.5f * g[i]) - 0.5f * g2[i];
+        if (w2[i] != want)
+            fail_msg("row %zu value %zu: %.9g, expected %.9g", i / D, i % D, (double)w2[i],
+                     (double)want);
+    }
+    /* halves: gradients of whole 64ths are exact in f16 */
+    for (size_t i = 0; i < K * D; i++)
+        g[i] = (float)((int)(i % 9) - 4) / 64.0f;
+    assert_int_equal(psc_push_rows(h, th, keys, K, g, 0, &tk), 0);
+    wait_ok(h, tk);
+    assert_int_equal(psc_pull_rows(c, t, keys, K, w, 0, &tk), 0);
+    wait_ok(c, tk);
+    for (size_t i = 0; i < K * D; i++)
+        assert_true(w[i] == w2[i] - 0.5f * g[i]);
+    psc_destroy(c);
+    psc_destroy(h);
+    assert_int_equal(harness_psd_stop(&one), 0);
+}
+
 /* The same-host endpoint a shard bound to tcp://H:P offers: ipc://@psd/H:P. */
 static void local_name(const char *tcp, char *out, size_t len)
 {
@@ -1258,6 +1323,7 @@ int main(void)
         cmocka_unit_test(test_stats),
         cmocka_unit_test(test_f16_on_the_wire),
         cmocka_unit_test(test_sparse_rows),
+        cmocka_unit_test(test_sparse_rows_one_shard),
         cmocka_unit_test(test_unreachable_and_misordered),
         cmocka_unit_test(test_shared_memory),
         cmocka_unit_test(test_shared_memory_after_restart),
