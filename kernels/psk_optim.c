@@ -132,12 +132,6 @@ static inline void prefetch_key(const float *a, const uint64_t *idx, uint64_t ba
         __builtin_prefetch(&a[idx[i + PREFETCH_AHEAD] - base], 1, 1);
 }
 
-/* The scattered loops: d elements from (idx[i] - base) * d on, with
- * gradients from g + i * d. ahead: ask for the lines of the index
- * PREFETCH_AHEAD on (the keyed applies; a sparse table's rows are asked
- * for by the caller, which finds them). Same per-element rules as the
- * dense loops; the kind, rate and bias corrections are decided once, not
- * per element. */
 /* The lines of the weight and of `states` state arrays for the index
  * PREFETCH_AHEAD on, when asked to. */
 static inline __attribute__((always_inline)) void
@@ -153,6 +147,12 @@ prefetch_lines(int ahead, int states, const float *w, const float *s1, const flo
         prefetch_key(s2, idx, base, i, n);
 }
 
+/* The scattered loops: d elements from (idx[i] - base) * d on, with
+ * gradients from g + i * d. ahead: ask for the lines of the index
+ * PREFETCH_AHEAD on (the keyed applies; a sparse table's rows are asked
+ * for by the caller, which finds them). Same per-element rules as the
+ * dense loops; the kind, rate and bias corrections are decided once, not
+ * per element. */
 static inline __attribute__((always_inline)) void
 apply_scattered(const struct psk_optim *o, uint64_t step, float *w, float *s1, float *s2,
                 const uint64_t *idx, uint64_t base, size_t d, const float *g, size_t n, int ahead)

@@ -80,18 +80,22 @@ static int grow_rows(struct psd_sparse *sp)
     uint64_t cap = sp->rows_cap ? sp->rows_cap * 2 : 64;
     if (cap > sp->rows_max)
         cap = sp->rows_max;
-    size_t row = (size_t)sp->dim * sizeof(float), n = sp->nrows;
-    void **arr[5] = {(void **)&sp->w, (void **)&sp->s1, (void **)&sp->s2, (void **)&sp->row_steps,
-                     (void **)&sp->row_key};
-    size_t each[5] = {row, row, row, sizeof *sp->row_steps, sizeof *sp->row_key};
-    for (int a = 0; a < 5; a++) {
-        if (a >= 1 && a <= 2 && a > sp->nstate)
-            continue;
-        void *p = ps_grow_big(*arr[a], n * each[a], (size_t)cap * each[a]);
+    size_t n = sp->nrows, row = (size_t)sp->dim * sizeof(float);
+    float **arr[3] = {&sp->w, &sp->s1, &sp->s2};
+    for (int a = 0; a < 1 + sp->nstate; a++) {
+        float *p = ps_grow_big(*arr[a], n * row, cap * row);
         if (p == NULL)
             return PS_ENOMEM;
         *arr[a] = p;
     }
+    uint32_t *st = ps_grow_big(sp->row_steps, n * sizeof *st, cap * sizeof *st);
+    if (st == NULL)
+        return PS_ENOMEM;
+    sp->row_steps = st;
+    uint64_t *rk = ps_grow_big(sp->row_key, n * sizeof *rk, cap * sizeof *rk);
+    if (rk == NULL)
+        return PS_ENOMEM;
+    sp->row_key = rk;
     sp->rows_cap = cap;
     return 0;
 }

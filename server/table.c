@@ -373,69 +373,74 @@ static int row_error(const struct psd_table *t, int64_t r, uint64_t key, char *e
  * a call per row (psk_optim_apply) for rows of one value. */
 #define ROWS_APPLY 64
 
+/* What a walk's user does with the rows, so which lines to ask for. */
+enum rows_use {
+    ROWS_READ,         /* the weights */
+    ROWS_UPDATE,       /* weights and state */
+    ROWS_UPDATE_STEPS, /* and the row's step count (psk_optim_uses_step) */
+};
+
 struct rows_walk {
-    struct psd_table *t;
+    struct psd_sparse *sp;
     const uint64_t *keys;
-    size_t n;
     size_t hashed, found; /* keys [0, hashed) hashed, [0, found) rows known */
-    size_t fail_at;       /* n, or the key whose row could not be had */
+    size_t end;           /* n, or the key whose row could not be had */
     int64_t fail;         /* its error */
     uint64_t hash[ROWS_RING], row[ROWS_RING];
 };
 
 static void rows_walk_init(struct rows_walk *w, struct psd_table *t, const uint64_t *keys, size_t n)
 {
-    w->t = t;
+    w->sp = &t->sp;
     w->keys = keys;
-    w->n = w->fail_at = n;
     w->hashed = w->found = 0;
+    w->end = n;
     w->fail = 0;
 }
 
 /* always_inline: GCC 12 finds a function that only prefetches free of
  * effects and drops the calls to it where it was not inlined first. */
 static inline __attribute__((always_inline)) void prefetch_row(const struct psd_sparse *sp,
-                                                               uint64_t r, int write)
+                                                               uint64_t r, enum rows_use use)
 {
     size_t at = (size_t)r * sp->dim;
-    if (write) {
-        __builtin_prefetch(sp->w + at, 1, 1);
-        if (write > 1)
-            __builtin_prefetch(sp->row_steps + r, 1, 1);
-        if (sp->s1 != NULL)
-            __builtin_prefetch(sp->s1 + at, 1, 1);
-        if (sp->s2 != NULL)
-            __builtin_prefetch(sp->s2 + at, 1, 1);
-    } else {
+    if (use == ROWS_READ) {
         __builtin_prefetch(sp->w + at, 0, 1);
+        return;
     }
+    __builtin_prefetch(sp->w + at, 1, 1);
+    if (use == ROWS_UPDATE_STEPS)
+        __builtin_prefetch(sp->row_steps + r, 1, 1);
+    if (sp->s1 != NULL)
+        __builtin_prefetch(sp->s1 + at, 1, 1);
+    if (sp->s2 != NULL)
+        __builtin_prefetch(sp->s2 + at, 1, 1);
 }
 
 /* Row of key i (keys before i taken in order), or <0 when key i's row
  * could not be had (rows_walk.fail; keys past it are not looked up). */
-static inline int64_t rows_walk_at(struct rows_walk *w, size_t i, int write)
+static inline int64_t rows_walk_at(struct rows_walk *w, size_t i, enum rows_use use)
 {
-    struct psd_sparse *sp = &w->t->sp;
-    size_t end = w->fail_at;
-    for (size_t to = i + ROWS_SLOT_AHEAD < end ? i + ROWS_SLOT_AHEAD + 1 : end; w->hashed < to;
-         w->hashed++) {
+    struct psd_sparse *sp = w->sp;
+    for (size_t to = i + ROWS_SLOT_AHEAD < w->end ? i + ROWS_SLOT_AHEAD + 1 : w->end;
+         w->hashed < to; w->hashed++) {
         uint64_t h = ps_mix64(w->keys[w->hashed]);
         w->hash[w->hashed % ROWS_RING] = h;
         psd_sparse_prefetch_hash(sp, h);
     }
-    for (size_t to = i + ROWS_ROW_AHEAD < end ? i + ROWS_ROW_AHEAD + 1 : end; w->found < to;
+    for (size_t to = i + ROWS_ROW_AHEAD < w->end ? i + ROWS_ROW_AHEAD + 1 : w->end; w->found < to;
          w->found++) {
         size_t k = w->found;
         int64_t r = psd_sparse_row_hashed(sp, w->keys[k], w->hash[k % ROWS_RING], 1);
         if (r < 0) {
-            w->fail_at = k;
+            w->end = k;
             w->fail = r;
             break;
         }
         w->row[k % ROWS_RING] = (uint64_t)r;
-        prefetch_row(sp, (uint64_t)r, write);
+        prefetch_row(sp, (uint64_t)r, use);
     }
-    return i < w->fail_at ? (int64_t)w->row[i % ROWS_RING] : w->fail;
+    return i < w->end ? (int64_t)w->row[i % ROWS_RING] : w->fail;
 }
 
 int psd_table_pull_rows(struct psd_table *t, const uint64_t *keys, size_t n, float *out, char *err,
@@ -445,7 +450,7 @@ int psd_table_pull_rows(struct psd_table *t, const uint64_t *keys, size_t n, flo
     struct rows_walk w;
     rows_walk_init(&w, t, keys, n);
     for (size_t i = 0; i < n; i++) {
-        int64_t r = rows_walk_at(&w, i, 0);
+        int64_t r = rows_walk_at(&w, i, ROWS_READ);
         if (r < 0)
             return row_error(t, r, keys[i], err, errlen);
         memcpy(out + i * d, t->sp.w + (size_t)r * d, d * sizeof(float));
@@ -467,7 +472,9 @@ int psd_table_push_rows(struct psd_table *t, const uint64_t *keys, const float *
     for (size_t b = 0; b < n; b += ROWS_APPLY) {
         size_t m = n - b < ROWS_APPLY ? n - b : ROWS_APPLY, i = b;
         int64_t r = 0;
-        for (; i < b + m && (r = rows_walk_at(&w, i, one_call ? 1 : 2)) >= 0; i++) {
+        for (; i < b + m &&
+               (r = rows_walk_at(&w, i, one_call ? ROWS_UPDATE : ROWS_UPDATE_STEPS)) >= 0;
+             i++) {
             rows[i - b] = (uint64_t)r;
             if (!one_call) /* each row at its own step */
                 psk_optim_apply(&o, ++sp->row_steps[r], sp->w + (size_t)r * d,

@@ -471,6 +471,13 @@ static void handle_rows_reply(struct psc_client *c, uint32_t shard, struct slot 
         return;
     const unsigned char *v = m->vals;
     size_t d = t->dim, rowb = d * c->esize;
+    if (c->nshards == 1) { /* in the caller's order already (rows_group) */
+        if (c->dtype == PS__DTYPE__DTYPE_F32)
+            memcpy(sl->out, v, (size_t)(b - a) * rowb);
+        else
+            ps_half_to_f32_n(c->dtype, v, sl->out, (size_t)(b - a) * d);
+        return;
+    }
     for (uint32_t i = a; i < b; i++) {
         float *dst = sl->out + (size_t)sl->order[i] * d;
         if (c->dtype == PS__DTYPE__DTYPE_F32)
@@ -1320,17 +1327,17 @@ static int rows_reserve(struct psc_client *c, struct slot *sl, size_t n, size_t 
     return 0;
 }
 
-/* Groups keys (and values) by owning shard, stably. With one shard the
- * group is the caller's order: the keys are copied at once, and the values
- * are sent from the caller's buffer (vals NULL here). */
+/* Groups keys (and values) by owning shard, stably, with each grouped
+ * row's place in the caller's order. With one shard the group is the
+ * caller's order: the keys are copied at once, the values are sent from
+ * the caller's buffer (vals NULL here), and a reply lands as it comes
+ * (order is not filled). */
 static void rows_group(struct psc_client *c, struct slot *sl, const uint64_t *keys,
                        const float *vals, size_t n, size_t dim)
 {
     if (c->nshards == 1) {
         sl->grp[0] = 0;
         sl->grp[1] = (uint32_t)n;
-        for (size_t i = 0; i < n; i++)
-            sl->order[i] = (uint32_t)i;
         memcpy(sl->skeys, keys, n * sizeof *keys);
         return;
     }

@@ -809,8 +809,9 @@ static void test_sparse_rows(void **state)
 
 /* Rows through a client of one shard, whose keys need no grouping: they
  * go in the caller's order and the gradients from the caller's buffer.
- * Pulls land in the caller's order; a push and a push-pull take two SGD
- * steps; an f16 client's push arrives as its halves. */
+ * Pulls land in the caller's order, as f32 and as halves; a push and a
+ * push-pull take two SGD steps; an f16 client's push arrives as its
+ * halves. */
 static void test_sparse_rows_one_shard(void **state)
 {
     (void)state;
@@ -867,6 +868,13 @@ static void test_sparse_rows_one_shard(void **state)
     wait_ok(c, tk);
     for (size_t i = 0; i < K * D; i++)
         assert_true(w[i] == w2[i] - 0.5f * g[i]);
+    /* and an f16 client's pull reads the same rows as halves */
+    static uint16_t half[K * D];
+    ps_f32_to_half_n(PS__DTYPE__DTYPE_F16, w, half, K * D);
+    ps_half_to_f32_n(PS__DTYPE__DTYPE_F16, half, w2, K * D);
+    assert_int_equal(psc_pull_rows(h, th, keys, K, w, 0, &tk), 0);
+    wait_ok(h, tk);
+    assert_memory_equal(w, w2, sizeof w);
     psc_destroy(c);
     psc_destroy(h);
     assert_int_equal(harness_psd_stop(&one), 0);
