@@ -747,8 +747,13 @@ static void handle_reply(struct psc_client *c, uint32_t shard, const struct ps_f
         sl->sent_ms = ps_mono_ms();
         return;
     }
-    if (rc == 0 && m.hdr->op == sl->op && m.hdr->status == PS_ESHM && sl->kind != SUB_SYNC &&
-        ((sl->via_shm[shard / 64] >> (shard % 64)) & 1u)) {
+    if (rc == 0 && m.hdr->op == sl->op && m.hdr->status == PS_ESHM && sl->kind != SUB_SYNC) {
+        if (!((sl->via_shm[shard / 64] >> (shard % 64)) & 1u)) {
+            /* the refusal of a copy sent before the one in frames (copies
+             * queue up while a shard is down): that one will answer */
+            c->bad_replies++;
+            return;
+        }
         /* the shard lost the region (it restarted): frames from now on */
         c->shm_on[shard] = 0;
         if (send_sub(c, sl, shard, 1) == 0)

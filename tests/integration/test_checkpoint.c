@@ -3,7 +3,8 @@
  * and clock, and still knows which pushes it applied (a re-sent push is a
  * duplicate). Training on from there gives bit for bit what a shard that
  * never stopped gives. A corrupted newest checkpoint is named in the log
- * and the one before it is restored. */
+ * and the one before it is restored. A client re-sends to a restarted
+ * shard what it lost, in frames where the shard lost the shared region. */
 #include "harness.h"
 #include "psclient.h"
 #include "raw.h"
@@ -180,6 +181,45 @@ static void test_restart_restores_and_skips_corrupt(void **state)
     zmq_ctx_term(ctx);
 }
 
+/* A psd of the default (async) mode checkpointing into dir on SIGTERM
+ * only, in a new directory `name` (NULL: the same one), on listen (NULL: a
+ * free port). */
+static void start_async(struct psd_proc *p, const char *name, const char *listen)
+{
+    if (name != NULL) {
+        harness_tmp(dir, sizeof dir, name);
+        mkdir(dir, 0755);
+    }
+    const char *args[] = {"--checkpoint-dir",
+                          dir,
+                          "--checkpoint-every",
+                          "0",
+                          listen ? "--listen" : NULL,
+                          listen,
+                          NULL};
+    assert_int_equal(harness_psd_start(p, args), 0);
+}
+
+static char first_ep[256]; /* where start_and_connect's psd listens */
+
+/* start_async's first psd in directory `name`, and a client of it with
+ * cfg's other settings. */
+static struct psc_client *start_and_connect(struct psd_proc *p, const char *name,
+                                            struct psc_config cfg)
+{
+    start_async(p, name, NULL);
+    snprintf(first_ep, sizeof first_ep, "%s", p->endpoint);
+    static const char *eps[1] = {first_ep};
+    cfg.servers = eps;
+    cfg.nservers = 1;
+    cfg.connect_timeout_ms = 10000;
+    struct psc_client *c = NULL;
+    char err[256];
+    if (psc_create(&cfg, &c, err, sizeof err) != 0)
+        fail_msg("client: %s", err);
+    return c;
+}
+
 /* A push lost with a server that died (frozen with SIGSTOP so the push is
  * stuck in its socket, then SIGKILLed) is re-sent by psc_wait to the
  * restarted server, which restored its checkpoint: applied exactly once.
@@ -188,23 +228,11 @@ static void test_restart_restores_and_skips_corrupt(void **state)
 static void test_client_resends_to_restarted_server(void **state)
 {
     (void)state;
-    harness_tmp(dir, sizeof dir, "ckpt-resend");
-    mkdir(dir, 0755);
     struct psd_proc a;
-    const char *args[] = {"--checkpoint-dir", dir, "--checkpoint-every", "0", NULL};
-    assert_int_equal(harness_psd_start(&a, args), 0);
-    char listen[256];
-    snprintf(listen, sizeof listen, "%s", a.endpoint);
-    const char *eps[1] = {listen};
     const char *retry = getenv("PSD_TEST_RETRY_MS");
-    struct psc_config cfg = {.servers = eps,
-                             .nservers = 1,
-                             .worker_id = 4,
-                             .connect_timeout_ms = 10000,
-                             .retry_ms = retry ? atoi(retry) : 200};
-    struct psc_client *c = NULL;
-    char err[256];
-    assert_int_equal(psc_create(&cfg, &c, err, sizeof err), 0);
+    struct psc_client *c = start_and_connect(
+        &a, "ckpt-resend",
+        (struct psc_config){.worker_id = 4, .retry_ms = retry ? atoi(retry) : 200});
     struct psc_table_spec spec;
     psc_table_spec_init(&spec, "r", 100);
     spec.lr = 1.0f;
@@ -218,10 +246,8 @@ static void test_client_resends_to_restarted_server(void **state)
     assert_int_equal(psc_wait(c, tk, 10000), 0);
     assert_int_equal(harness_psd_stop(&a), 0); /* checkpoint: w = -1 */
 
-    const char *args2[] = {
-        "--checkpoint-dir", dir, "--checkpoint-every", "0", "--listen", listen, NULL};
     struct psd_proc b;
-    assert_int_equal(harness_psd_start(&b, args2), 0);
+    start_async(&b, NULL, first_ep);
     assert_int_equal(psc_pull(c, t, 0, 100, w, 0, &tk), 0); /* reconnected, restored */
     assert_int_equal(psc_wait(c, tk, 10000), 0);
     assert_true(w[0] == -1.0f);
@@ -231,7 +257,7 @@ static void test_client_resends_to_restarted_server(void **state)
     assert_true(harness_wait(b.pid, 10000) >= 0);
     b.pid = 0;
     struct psd_proc e;
-    assert_int_equal(harness_psd_start(&e, args2), 0); /* restores w = -1 again */
+    start_async(&e, NULL, first_ep); /* restores w = -1 again */
     int rc = psc_wait(c, tk, 20000);
     if (rc != 0)
         fail_msg("the lost push was not re-sent: %s", psc_last_error(c));
@@ -242,11 +268,62 @@ static void test_client_resends_to_restarted_server(void **state)
     assert_int_equal(harness_psd_stop(&e), 0);
 }
 
+/* Copies of one shared-memory push-pull queue up while its shard is down
+ * (the first try and the client's re-sends). The restarted shard has no
+ * region and refuses each copy (PS_ESHM): the first refusal sends the
+ * request again in frames, and the later ones, answers to copies already
+ * replaced, are dropped, not taken as the request's answer. The push is
+ * applied once. */
+static void test_shared_memory_copies_to_restarted_server(void **state)
+{
+    (void)state;
+    struct psd_proc a;
+    struct psc_client *c = start_and_connect(
+        &a, "ckpt-shm",
+        (struct psc_config){.worker_id = 5, .retry_ms = 100, .local_ipc = 1, .shm_bytes = 1 << 20});
+    assert_int_equal(psc_shm_shards(c), 1);
+    struct psc_table_spec spec;
+    psc_table_spec_init(&spec, "m", 100);
+    spec.lr = 1.0f;
+    uint32_t t;
+    assert_int_equal(psc_table_create(c, &spec, 10000, &t), 0);
+    float *g = psc_shm_alloc(c, 100 * sizeof(float)), *w = psc_shm_alloc(c, 100 * sizeof(float));
+    assert_non_null(g);
+    assert_non_null(w);
+    for (int i = 0; i < 100; i++)
+        g[i] = 1.0f;
+    uint64_t tk;
+    assert_int_equal(psc_push_pull(c, t, 0, 100, g, w, 0, &tk), 0);
+    assert_int_equal(psc_wait(c, tk, 10000), 0);
+    assert_true(w[0] == -1.0f);
+    assert_int_equal(harness_psd_stop(&a), 0); /* checkpoint: w = -1 */
+
+    assert_int_equal(psc_push_pull(c, t, 0, 100, g, w, 1, &tk), 0);
+    /* no shard: the try and its re-sends (after 100, 200, 400 ms) queue up */
+    assert_int_equal(psc_wait(c, tk, 800), PS_ETIMEDOUT);
+    struct psd_proc b;
+    start_async(&b, NULL, first_ep);
+    int rc = psc_wait(c, tk, 10000);
+    if (rc != 0)
+        fail_msg("the push-pull failed: %s", psc_last_error(c));
+    for (int i = 0; i < 100; i++)
+        assert_true(w[i] == -2.0f);         /* applied once */
+    assert_int_equal(psc_shm_shards(c), 0); /* frames from now on */
+    struct psc_shard_stats st;
+    assert_int_equal(psc_stats(c, 0, 10000, &st), 0);
+    if (st.errors < 2)
+        fail_msg("only %llu refusal(s): the copies did not queue up",
+                 (unsigned long long)st.errors);
+    psc_destroy(c);
+    assert_int_equal(harness_psd_stop(&b), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_restart_restores_and_skips_corrupt),
         cmocka_unit_test(test_client_resends_to_restarted_server),
+        cmocka_unit_test(test_shared_memory_copies_to_restarted_server),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
