@@ -136,6 +136,12 @@ struct psc_client {
     size_t shm_used;
     uint64_t shm_token;
     unsigned char *shm_on;
+    /* per shard, the hello that binds the region again after the shard
+     * lost it (0: none under way), and when it went */
+    struct rebind {
+        uint64_t id;
+        int64_t sent_ms;
+    } * rebind;
     uint64_t shm_sent, shm_received;
     struct pollfd *pfds; /* the sockets' ZMQ_FDs, for waiting on several */
     struct slot slots[PS_CLIENT_TICKETS_MAX];
@@ -728,6 +734,50 @@ static void handle_sync_reply(struct psc_client *c, uint32_t shard, struct slot 
 
 static int send_sub(struct psc_client *c, struct slot *sl, uint32_t s, int resend);
 
+enum { REBIND_WAIT_MS = 1000 };
+
+/* Hands the region again to shard s, which refused it (it restarted, or
+ * dropped this worker), and sends a hello in this session that binds it
+ * to the connection; the hello's reply (rebound) turns it back on. No slot
+ * of the caller's: the hello's id is kept in c->rebind. One at a time per
+ * shard; anything that fails leaves the shard on frames. */
+static void rebind_region(struct psc_client *c, uint32_t s)
+{
+    struct rebind *rb = &c->rebind[s];
+    int64_t now = ps_mono_ms();
+    if (rb->id != 0 && now - rb->sent_ms < REBIND_WAIT_MS)
+        return;
+    rb->id = 0;
+    char err[256];
+    if (ps_shm_hand(c->endpoints[s], c->shm.fd, c->shm_token, REBIND_WAIT_MS, err, sizeof err) != 0)
+        return;
+    Ps__Header h;
+    ps_wire_header_init(&h, PS__OP__OP_HELLO);
+    h.request_id = ++c->next_seq; /* an id no slot will have */
+    h.worker_id = c->worker_id;
+    h.session = c->session;
+    h.shm_token = c->shm_token;
+    int64_t len = ps_wire_header_pack(&h, c->hdr_buf, sizeof c->hdr_buf);
+    if (len > 0 && zmq_send(c->socks[s], c->hdr_buf, (size_t)len, ZMQ_DONTWAIT) == len) {
+        rb->id = h.request_id;
+        rb->sent_ms = now;
+        c->bytes_sent += (uint64_t)len;
+        c->last_send_ms[s] = now;
+    }
+}
+
+/* Whether h answers shard s's rebind hello; if so, the region is on again
+ * when the shard took it. */
+static int rebound(struct psc_client *c, uint32_t s, const Ps__Header *h)
+{
+    if (c->rebind == NULL || c->rebind[s].id == 0 || h->request_id != c->rebind[s].id ||
+        h->op != PS__OP__OP_HELLO)
+        return 0;
+    c->rebind[s].id = 0;
+    c->shm_on[s] = h->status == 0 && h->shm_token == c->shm_token;
+    return 1;
+}
+
 static void handle_reply(struct psc_client *c, uint32_t shard, const struct ps_frame *frames,
                          size_t nframes, zmq_msg_t *last)
 {
@@ -736,6 +786,8 @@ static void handle_reply(struct psc_client *c, uint32_t shard, const struct ps_f
     int rc = ps_wire_decode(&c->arena, frames, nframes, PS_WIRE_REPLY, PS_MESSAGE_BYTES_MAX, &m,
                             err, sizeof err);
     struct slot *sl = m.hdr ? slot_lookup(c, m.hdr->request_id) : NULL;
+    if (sl == NULL && rc == 0 && rebound(c, shard, m.hdr))
+        return;
     if (sl == NULL || shard_replied(sl, shard) || sl->pending == 0) {
         c->bad_replies++; /* stale, duplicate or unattributable: dropped */
         return;
@@ -754,9 +806,12 @@ static void handle_reply(struct psc_client *c, uint32_t shard, const struct ps_f
             c->bad_replies++;
             return;
         }
-        /* the shard lost the region (it restarted): frames from now on */
+        /* the shard lost the region (it restarted): frames until it
+         * takes the region again */
         c->shm_on[shard] = 0;
-        if (send_sub(c, sl, shard, 1) == 0)
+        int sent = send_sub(c, sl, shard, 1) == 0;
+        rebind_region(c, shard);
+        if (sent)
             return;
     }
     sl->replied[shard / 64] |= UINT64_C(1) << (shard % 64);
@@ -1938,6 +1993,7 @@ int psc_create(const struct psc_config *cfg, struct psc_client **out, char *err,
         /* no region is no error: values go in frames */
         char why[200];
         if (cfg->shm_bytes > 0 && (c->shm_on = calloc(c->nshards, 1)) != NULL &&
+            (c->rebind = calloc(c->nshards, sizeof *c->rebind)) != NULL &&
             ps_shm_create(cfg->shm_bytes, &c->shm, why, sizeof why) == 0)
             c->shm_token = ps_random_id();
         go_local(c, cfg, cfg->connect_timeout_ms);
@@ -1975,6 +2031,7 @@ void psc_destroy(struct psc_client *c)
     }
     ps_shm_close(&c->shm);
     free(c->shm_on);
+    free(c->rebind);
     free(c->socks);
     free(c->endpoints);
     free(c->offers);

@@ -167,7 +167,8 @@ struct psc_shard_stats {
  * must not read the buffer while the pull is in flight (nor after
  * psc_cancel: the shard may still answer). A shard that lost the region
  * (it restarted) refuses such requests, and they are sent again in
- * frames. */
+ * frames; the client hands the region over again (a hello in the same
+ * session binds it), and the requests after that hello's reply use it. */
 void *psc_shm_alloc(struct psc_client *c, size_t bytes);
 /* Shards that took the region. */
 uint32_t psc_shm_shards(const struct psc_client *c);

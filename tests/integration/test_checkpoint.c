@@ -4,7 +4,8 @@
  * duplicate). Training on from there gives bit for bit what a shard that
  * never stopped gives. A corrupted newest checkpoint is named in the log
  * and the one before it is restored. A client re-sends to a restarted
- * shard what it lost, in frames where the shard lost the shared region. */
+ * shard what it lost, in frames where the shard lost the shared region,
+ * and hands the region over again. */
 #include "harness.h"
 #include "psclient.h"
 #include "raw.h"
@@ -273,7 +274,7 @@ static void test_client_resends_to_restarted_server(void **state)
  * region and refuses each copy (PS_ESHM): the first refusal sends the
  * request again in frames, and the later ones, answers to copies already
  * replaced, are dropped, not taken as the request's answer. The push is
- * applied once. */
+ * applied once, and the region is handed over again and used. */
 static void test_shared_memory_copies_to_restarted_server(void **state)
 {
     (void)state;
@@ -307,13 +308,20 @@ static void test_shared_memory_copies_to_restarted_server(void **state)
     if (rc != 0)
         fail_msg("the push-pull failed: %s", psc_last_error(c));
     for (int i = 0; i < 100; i++)
-        assert_true(w[i] == -2.0f);         /* applied once */
-    assert_int_equal(psc_shm_shards(c), 0); /* frames from now on */
+        assert_true(w[i] == -2.0f); /* applied once */
     struct psc_shard_stats st;
     assert_int_equal(psc_stats(c, 0, 10000, &st), 0);
     if (st.errors < 2)
         fail_msg("only %llu refusal(s): the copies did not queue up",
                  (unsigned long long)st.errors);
+    assert_int_equal(psc_shm_shards(c), 1); /* handed over again */
+    uint64_t sent0, sent1, got;
+    psc_shm_bytes(c, &sent0, &got);
+    assert_int_equal(psc_push_pull(c, t, 0, 100, g, w, 2, &tk), 0);
+    assert_int_equal(psc_wait(c, tk, 10000), 0);
+    assert_true(w[99] == -3.0f);
+    psc_shm_bytes(c, &sent1, &got);
+    assert_int_equal(sent1, sent0 + 400);
     psc_destroy(c);
     assert_int_equal(harness_psd_stop(&b), 0);
 }
