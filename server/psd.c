@@ -416,8 +416,12 @@ static void op_hello(struct psd *s, const struct ps_frame *route, const Ps__Head
     }
     Ps__Header h;
     reply_init(&h, req);
-    if (psd_shm_bind(&s->shm, req->shm_token, route->data, route->size, req->worker_id, now_ms()))
+    if (psd_shm_bind(&s->shm, req->shm_token, route->data, route->size, req->worker_id, now_ms())) {
         h.shm_token = req->shm_token;
+        PS_LOG(s->log, PS_LOG_INFO, "S0301",
+               "worker %u shares a memory region with this shard (%u regions bound)",
+               req->worker_id, psd_shm_bound(&s->shm));
+    }
     h.shard = s->shard;
     h.shards = s->shards;
     h.local_endpoint = s->local_endpoint;

@@ -2,7 +2,8 @@
  * started again on the same port: it restores its newest checkpoint, the
  * workers re-send what it lost, a table that restored an older clock
  * catches up with them, and the run completes with a test accuracy within
- * 1 point of the same run uninterrupted. */
+ * 1 point of the same run uninterrupted. The workers share memory with the
+ * restarted shard again. */
 #include "harness.h"
 
 #include <math.h>
@@ -104,6 +105,10 @@ static double run(const char *tag, int kill_shard)
      * the restarted shard was found again there */
     for (int r = 0; r < 2; r++)
         assert_true(harness_log_has(logs[r], "W0006", "using ipc://@psd/"));
+    /* ...and handed their shared regions to it again (the restart lost them) */
+    for (int r = 0; kill_shard && r < 2; r++)
+        if (!harness_log_has(p[1].log_path, "S0301", r ? "worker 1 shares" : "worker 0 shares"))
+            fail_msg("worker %d did not share memory with the restarted shard again", r);
     if (kill_shard)
         printf("  shard 1 after the restart: %s\n", harness_log_has(p[1].log_path, "S0620", NULL)
                                                         ? "caught up, rounds lost (S0620)"
