@@ -5,6 +5,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -78,17 +79,30 @@ int harness_json_number(const char *path, const char *key, double *out)
     return 0;
 }
 
-/* Copies the first line of the file holding a (and b, when not NULL) into
- * line; 1 when there is one. */
-static int log_line(const char *path, const char *a, const char *b, char *line, size_t len)
+/* Counts the lines of the file holding a (and b, when not NULL), up to
+ * want; when it reaches want, line holds the want-th. */
+static int log_lines(const char *path, const char *a, const char *b, char *line, size_t len,
+                     int want)
 {
     FILE *f = fopen(path, "r");
     int found = 0;
-    while (f != NULL && !found && fgets(line, (int)len, f) != NULL)
-        found = strstr(line, a) != NULL && (b == NULL || strstr(line, b) != NULL);
+    while (f != NULL && found < want && fgets(line, (int)len, f) != NULL)
+        found += strstr(line, a) != NULL && (b == NULL || strstr(line, b) != NULL);
     if (f != NULL)
         fclose(f);
     return found;
+}
+
+/* The first line holding a (and b): 1 when there is one. */
+static int log_line(const char *path, const char *a, const char *b, char *line, size_t len)
+{
+    return log_lines(path, a, b, line, len, 1);
+}
+
+int harness_log_count(const char *path, const char *a, const char *b)
+{
+    char line[1024];
+    return log_lines(path, a, b, line, sizeof line, INT_MAX);
 }
 
 int harness_log_has(const char *path, const char *a, const char *b)

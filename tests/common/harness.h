@@ -38,6 +38,8 @@ char *harness_tmp(char *out, size_t len, const char *name);
 int harness_json_number(const char *path, const char *key, double *out);
 /* 1 when a line of the file holds a (and b, when not NULL). */
 int harness_log_has(const char *path, const char *a, const char *b);
+/* How many lines of the file hold a (and b, when not NULL). */
+int harness_log_count(const char *path, const char *a, const char *b);
 /* The number that follows `before` on the first line holding a and before;
  * -1 when there is none. */
 int harness_log_number(const char *path, const char *a, const char *before, double *out);

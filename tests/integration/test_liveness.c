@@ -202,7 +202,8 @@ static void test_killed_worker_is_dropped_and_rejoins(void **state)
 }
 
 /* A worker stopped (SIGSTOP) past the timeout is dropped; when it goes on
- * (SIGCONT), its pushes are outside the rounds, and it rejoins by itself. */
+ * (SIGCONT), its pushes are outside the rounds, and it rejoins by itself
+ * (and shares memory with the shard again). */
 static void test_stalled_worker_rejoins(void **state)
 {
     (void)state;
@@ -233,6 +234,9 @@ static void test_stalled_worker_rejoins(void **state)
     assert_true(stale > 0);
     assert_true(st.workers_rejoined >= 1);
     assert_int_equal(worker_clock(&k, 1), (uint64_t)steps0); /* in the last round again */
+    /* psd dropped its region with it; it handed the region over again */
+    if (harness_log_count(k.psd.log_path, "S0301", "worker 1 shares") < 2)
+        fail_msg("worker 1 did not share memory with the shard again after the stall");
     psc_destroy(k.observer);
     assert_int_equal(harness_psd_stop(&k.psd), 0);
 }
