@@ -43,8 +43,9 @@ if [ "$fuzz_seconds" -gt 0 ] && command -v clang >/dev/null; then
       -Db_sanitize=address,undefined -Db_lundef=false >"${TMPDIR:-/tmp}/psd-fuzz-setup.log" 2>&1 ||
       { cat "${TMPDIR:-/tmp}/psd-fuzz-setup.log" >&2; }
   fi
-  if ninja -C "$FUZZ_BUILD" tests/fuzz_wire tests/fuzz_dispatch tests/fuzz_checkpoint >/dev/null; then
-    for t in wire dispatch checkpoint; do
+  if ninja -C "$FUZZ_BUILD" tests/fuzz_wire tests/fuzz_dispatch tests/fuzz_checkpoint \
+    tests/fuzz_replies >/dev/null; then
+    for t in wire dispatch checkpoint replies; do
       corpus="$FUZZ_BUILD/corpus-$t"
       rm -rf "$corpus" && mkdir -p "$corpus" && cp tests/fuzz/corpus/$t/* "$corpus/"
       log="$FUZZ_BUILD/fuzz_$t.log"
@@ -62,10 +63,10 @@ if [ "$fuzz_seconds" -gt 0 ] && command -v clang >/dev/null; then
     done
   else
     echo "run.sh: building the fuzz targets failed" >&2
-    fuzz_fail=$((fuzz_fail + 3))
+    fuzz_fail=$((fuzz_fail + 4))
   fi
 else
-  fuzz_skip=3
+  fuzz_skip=4
 fi
 
 # Count from meson's machine-readable log, not from its exit code alone.

@@ -1,6 +1,6 @@
 /* Writes the seed corpus of the fuzz targets: every malformed case of the
  * shared table plus valid requests, in the framing of fuzz_frames.h.
- *   make_seeds DIR   (writes DIR/wire/ and DIR/dispatch/) */
+ *   make_seeds DIR   (writes DIR/wire/, DIR/dispatch/ and DIR/replies/) */
 #include "cases.h"
 
 #include "ps_limits.h"
@@ -159,6 +159,86 @@ int main(int argc, char **argv)
         write_file(argv[1], "wire", 120 + (size_t)k, buf + 1, n);
         buf[0] = 8;
         write_file(argv[1], "dispatch", 120 + (size_t)k, buf, n + 1);
+    }
+    /* fuzz_replies: the answer each of its requests (the first byte)
+     * expects from a shard, right; the target gives it the request's id */
+    snprintf(path, sizeof path, "%s/replies", argv[1]);
+    mkdir(path, 0755);
+    for (int k = 0; k < 13; k++) {
+        Ps__Header h;
+        Ps__Stats st;
+        Ps__TableStats ts, *tsp = &ts;
+        ps_wire_header_init(&h, PS__OP__OP_PULL);
+        m.nframes = 1;
+        size_t floats = 0, nkeys = 0;
+        if (k <= 3) { /* dense pull, push, push-pull, view: [0, 16) or [100, +16) */
+            h.offset = k == 1 ? 100 : 0;
+            h.count = 16;
+            floats = k == 1 ? 0 : 16;
+        } else if (k == 4) { /* keyed push */
+            h.layout = PS__LAYOUT__LAYOUT_KEYS;
+        } else if (k <= 7) { /* rows of dim 4: pull, push, push-pull of 2 keys */
+            h.layout = PS__LAYOUT__LAYOUT_KEYS;
+            h.count = 2;
+            h.dim = 4;
+            floats = k == 6 ? 0 : 8;
+        } else if (k == 8) { /* a page of 2 rows of 20 */
+            h.layout = PS__LAYOUT__LAYOUT_KEYS;
+            h.count = 2;
+            h.dim = 4;
+            h.rows = 20;
+            nkeys = 2;
+            floats = 8;
+        } else if (k == 9 || k == 10 || k == 12) { /* stats, with one table */
+            ps__stats__init(&st);
+            ps__table_stats__init(&ts);
+            ts.name = "dense";
+            ts.optimizer = "sgd";
+            ts.size = 1000;
+            ts.hi = 1000;
+            ts.id = 1;
+            st.consistency = "asp";
+            st.shards = 1;
+            st.n_tables = 1;
+            st.tables = &tsp;
+            h.stats = &st;
+        } else { /* a checkpoint written */
+            h.detail = "shard-0-of-1-0000000000000001.safetensors";
+        }
+        m.size[0] = ps__header__pack(&h, m.data[0]);
+        if (nkeys > 0) {
+            for (size_t i = 0; i < nkeys; i++) {
+                uint64_t key = 10 * i + 3;
+                memcpy(m.data[m.nframes] + 8 * i, &key, 8);
+            }
+            m.size[m.nframes++] = 8 * nkeys;
+        }
+        if (floats > 0) {
+            memset(m.data[m.nframes], 0x3f, 4 * floats);
+            m.size[m.nframes++] = 4 * floats;
+        }
+        buf[0] = (unsigned char)k;
+        size_t n = frame_bytes(&m, buf + 1);
+        write_file(argv[1], "replies", (size_t)k, buf, n + 1);
+    }
+    /* answers with twice what was asked, consistent in themselves: a pull
+     * of 16 answered with 32 values, a row pull of 2 with 4 rows (the
+     * client's buffers are of the asked size) */
+    for (int k = 0; k < 2; k++) {
+        Ps__Header h;
+        ps_wire_header_init(&h, PS__OP__OP_PULL);
+        h.count = k == 0 ? 32 : 4;
+        if (k == 1) {
+            h.layout = PS__LAYOUT__LAYOUT_KEYS;
+            h.dim = 4;
+        }
+        m.size[0] = ps__header__pack(&h, m.data[0]);
+        memset(m.data[1], 0x3f, 128);
+        m.size[1] = 128;
+        m.nframes = 2;
+        buf[0] = (unsigned char)(k == 0 ? 0 : 5);
+        size_t n = frame_bytes(&m, buf + 1);
+        write_file(argv[1], "replies", 13 + (size_t)k, buf, n + 1);
     }
     case_msg_free(&m);
     return 0;
