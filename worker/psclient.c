@@ -188,8 +188,8 @@ static void slot_fail(struct slot *sl, int code, const char *fmt, ...)
 
 static void slot_fail(struct slot *sl, int code, const char *fmt, ...)
 {
-    if (sl->status != 0)
-        return; /* keep the first error */
+    if (sl == NULL || sl->status != 0)
+        return; /* no ticket's (send_frames), or keep the first error */
     sl->status = code;
     va_list ap;
     va_start(ap, fmt);
@@ -398,7 +398,8 @@ uint64_t psc_batches_sent(const struct psc_client *c)
 
 /* Sends header (+ keys) (+ values) to one shard, or holds a header-only
  * data request for a batch (psc_cork). On failure the slot is failed and
- * nothing is pending for this shard. */
+ * nothing is pending for this shard. sl NULL: a header of no ticket's
+ * (rebind_region), sent with resend set. */
 static int send_frames(struct psc_client *c, uint32_t shard, const Ps__Header *h, const void *keys,
                        size_t kbytes, const void *vals, size_t vbytes, struct slot *sl, int resend)
 {
@@ -757,12 +758,9 @@ static void rebind_region(struct psc_client *c, uint32_t s)
     h.worker_id = c->worker_id;
     h.session = c->session;
     h.shm_token = c->shm_token;
-    int64_t len = ps_wire_header_pack(&h, c->hdr_buf, sizeof c->hdr_buf);
-    if (len > 0 && zmq_send(c->socks[s], c->hdr_buf, (size_t)len, ZMQ_DONTWAIT) == len) {
+    if (send_frames(c, s, &h, NULL, 0, NULL, 0, NULL, 1) == 0) {
         rb->id = h.request_id;
         rb->sent_ms = now;
-        c->bytes_sent += (uint64_t)len;
-        c->last_send_ms[s] = now;
     }
 }
 
