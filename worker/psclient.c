@@ -2004,6 +2004,11 @@ int psc_create(const struct psc_config *cfg, struct psc_client **out, char *err,
     return 0;
 }
 
+void psc_malloc_tune(void)
+{
+    ps_malloc_tune();
+}
+
 void psc_destroy(struct psc_client *c)
 {
     if (c == NULL)

@@ -176,6 +176,16 @@ uint32_t psc_shm_shards(const struct psc_client *c);
  * pushes), included in psc_bytes. */
 void psc_shm_bytes(const struct psc_client *c, uint64_t *sent, uint64_t *received);
 
+/* Call once, first in main(), in a program that pulls or pushes 128 KiB
+ * or more per request (psworker does the same). ZeroMQ allocates every
+ * message it receives; above glibc's mmap threshold each such buffer is a
+ * fresh mmap, so every 4 KiB page of it faults as the kernel fills it, and
+ * glibc raises that threshold only now and then on its own. This fixes the
+ * threshold at 64 MiB for the whole process (mallopt): bench_wire's 1 MiB
+ * pulls took 156-296k page faults before, 49k after. It changes how this
+ * process's malloc behaves everywhere, so the library never calls it. */
+void psc_malloc_tune(void);
+
 /* Connects to every endpoint and says hello; fails if a shard does not
  * answer within connect_timeout_ms or says it is another shard. On failure
  * returns a PS_E* code, writes why into err and sets *out to NULL. */

@@ -19,20 +19,26 @@
  *
  * Reports; never passes or fails on numbers.
  *   bench_wire [--psd PATH] [--seconds S] [--quick] [--only OP] [--size BYTES]
- *              [--shards N] [--piece-bytes N|whole] [--json PATH]
+ *              [--shards N] [--piece-bytes N|whole] [--pin] [--json PATH]
  * --only push|pull|push-pull|pull-view|sparse runs those rows alone, --size
  * (4096, 65536, 1048576 or 16777216) and --shards (1 or 2) only those cells
  * and no latency rows (for profiling one path with perf or callgrind).
  * --piece-bytes sets the client's piece_bytes (whole: large requests are
- * not cut into pieces), to compare with the default in alternating runs. */
+ * not cut into pieces), to compare with the default in alternating runs.
+ * --pin gives each side of the wire its own cores, as two hosts would have:
+ * this process (both clients, their ZeroMQ I/O threads) on the last CPU it
+ * may use, every server (psd and the raw echo) on the others. */
+#define _GNU_SOURCE
 #include "psclient.h"
 
 #include "ps_clock.h"
+#include "ps_cpus.h"
 #include "ps_err.h"
 #include "ps_limits.h"
 #include "ps_opts.h"
 
 #include <errno.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -85,14 +91,42 @@ static void reap_all(void)
     nchildren = 0;
 }
 
+/* --pin: the servers' CPUs (n 0: not pinned) and the clients' one. */
+static struct ps_cpus server_cpus;
+static int client_cpu = -1;
+
+/* --pin: splits the CPUs this process may use into the clients' (the last)
+ * and the servers' (the rest), and moves this process to its own. */
+static void pin_sides(void)
+{
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) != 0)
+        die("--pin", strerror(errno));
+    for (int c = 0; c < CPU_SETSIZE && c < PS_CPUS_MAX; c++)
+        if (CPU_ISSET(c, &set))
+            server_cpus.cpu[server_cpus.n++] = c;
+    if (server_cpus.n < 2)
+        die("--pin", "needs at least 2 CPUs to split between clients and servers");
+    client_cpu = server_cpus.cpu[--server_cpus.n];
+    struct ps_cpus mine = {.n = 1, .cpu = {client_cpu}};
+    char err[256];
+    if (ps_cpus_pin_process(&mine, err, sizeof err) != 0)
+        die("--pin", err);
+}
+
 static pid_t fork_child(void)
 {
     pid_t pid = fork();
     if (pid < 0)
         die("fork", strerror(errno));
-    if (pid == 0)
+    char err[256];
+    if (pid == 0) {
         prctl(PR_SET_PDEATHSIG, SIGKILL);
-    else
+        if (server_cpus.n > 0 && ps_cpus_pin_process(&server_cpus, err, sizeof err) != 0) {
+            fprintf(stderr, "bench_wire: --pin: %s\n", err); /* not die: its atexit reaps */
+            _exit(1);
+        }
+    } else
         children[nchildren++] = pid;
     return pid;
 }
@@ -532,10 +566,11 @@ static void sparse_bench(char eps[][256], double secs)
 
 int main(int argc, char **argv)
 {
+    psc_malloc_tune(); /* as psworker does; raw shares the process */
     const char *psd = getenv("PSD_BIN");
     const char *json_path = NULL;
     double secs = 0.5;
-    int quick = 0, only = -1, shards_only = 0;
+    int quick = 0, only = -1, shards_only = 0, pin = 0;
     size_t size_only = 0;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--psd") == 0 && i + 1 < argc)
@@ -547,6 +582,8 @@ int main(int argc, char **argv)
             json_path = argv[++i];
         else if (strcmp(argv[i], "--quick") == 0)
             quick = 1;
+        else if (strcmp(argv[i], "--pin") == 0)
+            pin = 1;
         else if (strcmp(argv[i], "--only") == 0 && i + 1 < argc) {
             i++;
             for (int o = 0; o < OPS; o++)
@@ -574,8 +611,9 @@ int main(int argc, char **argv)
                 die("--piece-bytes", "expects whole or a size in bytes, 4096 to 1 GiB");
             piece_bytes = (size_t)v;
         } else {
-            fprintf(stderr, "usage: bench_wire [--psd PATH] [--seconds S] [--quick] [--only OP] "
-                            "[--size BYTES] [--shards N] [--piece-bytes N|whole] [--json PATH]\n");
+            fprintf(stderr,
+                    "usage: bench_wire [--psd PATH] [--seconds S] [--quick] [--only OP] "
+                    "[--size BYTES] [--shards N] [--piece-bytes N|whole] [--pin] [--json PATH]\n");
             return 2;
         }
     }
@@ -589,6 +627,8 @@ int main(int argc, char **argv)
         fputs("[", json);
     atexit(reap_all);
     signal(SIGPIPE, SIG_IGN);
+    if (pin)
+        pin_sides();
     char dir[] = "/tmp/bench-wire-XXXXXX";
     if (mkdtemp(dir) == NULL)
         die("mkdtemp", strerror(errno));
@@ -608,9 +648,16 @@ int main(int argc, char **argv)
         snprintf(pb, sizeof pb, "whole");
     else
         size_name(piece_bytes ? piece_bytes : PSC_PIECE_BYTES_DEFAULT, pb, sizeof pb);
+    char where[PS_CPUS_MAX * 4 + 64] = "";
+    if (pin) {
+        char list[PS_CPUS_MAX * 4];
+        ps_cpus_format(&server_cpus, list, sizeof list);
+        snprintf(where, sizeof where, "; clients on CPU %d, servers on CPU%s %s", client_cpu,
+                 server_cpus.n > 1 ? "s" : "", list);
+    }
     printf("bench_wire: %.2f s per cell and side, in %d alternating rounds; psd asp 1 worker; "
-           "client pieces: %s; raw = ZeroMQ DEALER/ROUTER echo, zero-copy\n\n",
-           secs, ROUNDS, pb);
+           "client pieces: %s; raw = ZeroMQ DEALER/ROUTER echo, zero-copy%s\n\n",
+           secs, ROUNDS, pb, where);
     printf("%-6s %-9s %7s %3s %11s %11s %11s %11s %7s\n", "shards", "op", "size", "win",
            "psd req/s", "psd GB/s", "raw req/s", "raw GB/s", "ratio");
     char eps[SHARDS_MAX][256], reps[SHARDS_MAX][256], sb[32];
@@ -647,8 +694,9 @@ int main(int argc, char **argv)
                            100.0 * med);
                     json_row("{\"bench\": \"throughput\", \"shards\": %d, \"op\": \"%s\", "
                              "\"bytes\": %zu, \"window\": %d, \"psd_rps\": %.1f, "
-                             "\"raw_rps\": %.1f, \"ratio\": %.4f, \"pieces\": \"%s\"}",
-                             n, op_names[op], b, w, pr, rr, med, pb);
+                             "\"raw_rps\": %.1f, \"ratio\": %.4f, \"pieces\": \"%s\", "
+                             "\"pinned\": %s}",
+                             n, op_names[op], b, w, pr, rr, med, pb, pin ? "true" : "false");
                 }
         if (n == 1 && only == ONLY_SPARSE) {
             sparse_bench(eps, secs * 2);

@@ -80,6 +80,32 @@ def wire(bench, tmp):
           % sorted({str(r.get("via")) for r in sparse}))
     check(all(positive(r, "requests_per_s", "keys", "dim") for r in sparse),
           "every sparse row has requests/s above 0")
+    check(all(r.get("pinned") is False for r in cells.values()),
+          "throughput rows of a run without --pin say pinned: false")
+
+
+def pinned(bench, tmp):
+    """--pin: this process on its last CPU, the servers on the others."""
+    args = [bench, "--psd", PSD, "--only", "push", "--size", "4096", "--shards", "1",
+            "--seconds", "0.05", "--pin"]
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        refused(args, "--pin", "bench_wire --pin on one CPU")
+        return
+    out = os.path.join(tmp, "pinned.json")
+    p = run(args + ["--json", out], "bench_wire --pin", 120)
+    if p is None:
+        return
+    text = p.stdout
+    where = "clients on CPU %d, servers on CPU" % cpus[-1]
+    check(where in text, "bench_wire --pin says where each side runs (%r in %r)"
+          % (where, text.splitlines()[:1]))
+    rows = load(out, "bench_wire --pin")
+    if rows is None:
+        return
+    check(len(rows) == 2 and all(r.get("pinned") is True and positive(r, "psd_rps", "raw_rps")
+                                 for r in rows),
+          "bench_wire --pin: two rows, pinned: true, requests/s above 0 (%s)" % rows)
 
 
 def apply_(bench, tmp):
@@ -145,6 +171,7 @@ def main():
     refused(["bash", train_bench, "--no-build", "--repeat", "0"], "--repeat",
             "train_bench.sh --repeat 0")
     wire(bench_wire, tmp)
+    pinned(bench_wire, tmp)
     apply_(bench_apply, tmp)
     train(train_bench, tmp)
     finish(tmp)
