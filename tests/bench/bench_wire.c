@@ -19,7 +19,7 @@
  *
  * Reports; never passes or fails on numbers.
  *   bench_wire [--psd PATH] [--seconds S] [--quick] [--only OP] [--size BYTES]
- *              [--shards N] [--piece-bytes N|whole] [--pin] [--json PATH]
+ *              [--shards N] [--piece-bytes N|whole] [--pin] [--rounds N] [--json PATH]
  * --only push|pull|push-pull|pull-view|sparse runs those rows alone, --size
  * (4096, 65536, 1048576 or 16777216) and --shards (1 or 2) only those cells
  * and no latency rows (for profiling one path with perf or callgrind).
@@ -27,7 +27,10 @@
  * not cut into pieces), to compare with the default in alternating runs.
  * --pin gives each side of the wire its own cores, as two hosts would have:
  * this process (both clients, their ZeroMQ I/O threads) on the last CPU it
- * may use, every server (psd and the raw echo) on the others. */
+ * may use, every server (psd and the raw echo) on the others. --rounds
+ * (5) sets how many alternating rounds a cell's time is cut into: its
+ * ratio is their median, so more rounds ride out more of a noisy
+ * machine's bad seconds. */
 #define _GNU_SOURCE
 #include "psclient.h"
 
@@ -56,7 +59,7 @@
 #define HDR_BYTES  32 /* the raw baseline's header frame, about psd's */
 #define TIMEOUT_MS 30000
 #define LAT_MAX    4000
-#define ROUNDS     5 /* alternating psd and raw rounds a cell */
+#define ROUNDS_MAX 99 /* alternating psd and raw rounds a cell: --rounds, 5 unless told */
 
 enum op { OP_PUSH, OP_PULL, OP_PUSH_PULL, OP_PULL_VIEW, OPS };
 static const char *const op_names[] = {"push", "pull", "push-pull", "pull-view"};
@@ -570,7 +573,7 @@ int main(int argc, char **argv)
     const char *psd = getenv("PSD_BIN");
     const char *json_path = NULL;
     double secs = 0.5;
-    int quick = 0, only = -1, shards_only = 0, pin = 0;
+    int quick = 0, only = -1, shards_only = 0, pin = 0, rounds = 5;
     size_t size_only = 0;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--psd") == 0 && i + 1 < argc)
@@ -584,7 +587,12 @@ int main(int argc, char **argv)
             quick = 1;
         else if (strcmp(argv[i], "--pin") == 0)
             pin = 1;
-        else if (strcmp(argv[i], "--only") == 0 && i + 1 < argc) {
+        else if (strcmp(argv[i], "--rounds") == 0 && i + 1 < argc) {
+            uint64_t v = 0;
+            if (ps_parse_u64(argv[++i], 1, ROUNDS_MAX, &v) != 0)
+                die("--rounds", "expects a whole number from 1 to 99");
+            rounds = (int)v;
+        } else if (strcmp(argv[i], "--only") == 0 && i + 1 < argc) {
             i++;
             for (int o = 0; o < OPS; o++)
                 if (strcmp(argv[i], op_names[o]) == 0)
@@ -611,9 +619,9 @@ int main(int argc, char **argv)
                 die("--piece-bytes", "expects whole or a size in bytes, 4096 to 1 GiB");
             piece_bytes = (size_t)v;
         } else {
-            fprintf(stderr,
-                    "usage: bench_wire [--psd PATH] [--seconds S] [--quick] [--only OP] "
-                    "[--size BYTES] [--shards N] [--piece-bytes N|whole] [--pin] [--json PATH]\n");
+            fprintf(stderr, "usage: bench_wire [--psd PATH] [--seconds S] [--quick] [--only OP] "
+                            "[--size BYTES] [--shards N] [--piece-bytes N|whole] [--pin] [--rounds "
+                            "N] [--json PATH]\n");
             return 2;
         }
     }
@@ -657,7 +665,7 @@ int main(int argc, char **argv)
     }
     printf("bench_wire: %.2f s per cell and side, in %d alternating rounds; psd asp 1 worker; "
            "client pieces: %s; raw = ZeroMQ DEALER/ROUTER echo, zero-copy%s\n\n",
-           secs, ROUNDS, pb, where);
+           secs, rounds, pb, where);
     printf("%-6s %-9s %7s %3s %11s %11s %11s %11s %7s\n", "shards", "op", "size", "win",
            "psd req/s", "psd GB/s", "raw req/s", "raw GB/s", "ratio");
     char eps[SHARDS_MAX][256], reps[SHARDS_MAX][256], sb[32];
@@ -680,23 +688,24 @@ int main(int argc, char **argv)
                     int w = windows[wi];
                     /* warm both paths, then measure them in rounds */
                     both_sides(&sd, 0, op, b, w, secs / 10, NULL, NULL, 0, NULL, NULL);
-                    double pr = 0, rr = 0, ratio[ROUNDS];
-                    for (int k = 0; k < ROUNDS; k++) {
+                    double pr = 0, rr = 0, ratio[ROUNDS_MAX];
+                    for (int k = 0; k < rounds; k++) {
                         double a, c;
-                        both_sides(&sd, k, op, b, w, secs / ROUNDS, NULL, NULL, 0, &a, &c);
-                        pr += a / ROUNDS;
-                        rr += c / ROUNDS;
+                        both_sides(&sd, k, op, b, w, secs / rounds, NULL, NULL, 0, &a, &c);
+                        pr += a / rounds;
+                        rr += c / rounds;
                         ratio[k] = a / c;
                     }
-                    double med = pct(ratio, ROUNDS, 0.5), gb = (double)b / 1e9;
+                    double med = pct(ratio, rounds, 0.5), gb = (double)b / 1e9;
                     printf("%-6d %-9s %7s %3d %11.0f %11.3f %11.0f %11.3f %6.0f%%\n", n,
                            op_names[op], size_name(b, sb, sizeof sb), w, pr, pr * gb, rr, rr * gb,
                            100.0 * med);
                     json_row("{\"bench\": \"throughput\", \"shards\": %d, \"op\": \"%s\", "
                              "\"bytes\": %zu, \"window\": %d, \"psd_rps\": %.1f, "
                              "\"raw_rps\": %.1f, \"ratio\": %.4f, \"pieces\": \"%s\", "
-                             "\"pinned\": %s}",
-                             n, op_names[op], b, w, pr, rr, med, pb, pin ? "true" : "false");
+                             "\"pinned\": %s, \"rounds\": %d}",
+                             n, op_names[op], b, w, pr, rr, med, pb, pin ? "true" : "false",
+                             rounds);
                 }
         if (n == 1 && only == ONLY_SPARSE) {
             sparse_bench(eps, secs * 2);
@@ -707,14 +716,14 @@ int main(int argc, char **argv)
             static double lp[LAT_MAX], lr[LAT_MAX];
             const size_t lsizes[] = {64, 1u << 20};
             for (int li = 0; li < 2; li++) {
-                int cnt = lsizes[li] < 4096 ? LAT_MAX : 400, part = cnt / ROUNDS;
+                int cnt = lsizes[li] < 4096 ? LAT_MAX : 400, part = cnt / rounds;
                 /* warmed, then in rounds as the cells above; the
                  * percentiles over all the rounds' samples */
                 both_sides(&sd, 0, OP_PUSH_PULL, lsizes[li], 1, 0, lp, lr, cnt / 4, NULL, NULL);
-                for (int k = 0; k < ROUNDS; k++)
+                for (int k = 0; k < rounds; k++)
                     both_sides(&sd, k, OP_PUSH_PULL, lsizes[li], 1, 0, lp + k * part, lr + k * part,
                                part, NULL, NULL);
-                cnt = part * ROUNDS;
+                cnt = part * rounds;
                 double p50 = pct(lp, cnt, 0.5) * 1e6, p99 = pct(lp, cnt, 0.99) * 1e6;
                 double r50 = pct(lr, cnt, 0.5) * 1e6, r99 = pct(lr, cnt, 0.99) * 1e6;
                 printf("%7s %10.1f %10.1f %10.1f %10.1f %6.0f%%\n",
@@ -736,7 +745,7 @@ int main(int argc, char **argv)
     }
     printf("\nratio = median over the %d rounds of psd requests/s over raw requests/s, same size "
            "and window; latency p50 %% = raw p50 over psd p50\n",
-           ROUNDS);
+           rounds);
     for (int k = 0; k < WINDOW_MAX; k++)
         free(outs[k]);
     free(buf);

@@ -80,14 +80,14 @@ def wire(bench, tmp):
           % sorted({str(r.get("via")) for r in sparse}))
     check(all(positive(r, "requests_per_s", "keys", "dim") for r in sparse),
           "every sparse row has requests/s above 0")
-    check(all(r.get("pinned") is False for r in cells.values()),
-          "throughput rows of a run without --pin say pinned: false")
+    check(all(r.get("pinned") is False and r.get("rounds") == 5 for r in cells.values()),
+          "throughput rows of a run without --pin or --rounds say pinned: false, rounds: 5")
 
 
 def pinned(bench, tmp):
     """--pin: this process on its last CPU, the servers on the others."""
     args = [bench, "--psd", PSD, "--only", "push", "--size", "4096", "--shards", "1",
-            "--seconds", "0.05", "--pin"]
+            "--seconds", "0.05", "--pin", "--rounds", "3"]
     cpus = sorted(os.sched_getaffinity(0))
     if len(cpus) < 2:
         refused(args, "--pin", "bench_wire --pin on one CPU")
@@ -103,9 +103,12 @@ def pinned(bench, tmp):
     rows = load(out, "bench_wire --pin")
     if rows is None:
         return
-    check(len(rows) == 2 and all(r.get("pinned") is True and positive(r, "psd_rps", "raw_rps")
-                                 for r in rows),
-          "bench_wire --pin: two rows, pinned: true, requests/s above 0 (%s)" % rows)
+    check(len(rows) == 2 and all(r.get("pinned") is True and r.get("rounds") == 3 and
+                                 positive(r, "psd_rps", "raw_rps") for r in rows),
+          "bench_wire --pin --rounds 3: two rows, pinned: true, rounds: 3, requests/s above 0 "
+          "(%s)" % rows)
+    check("median over the 3 rounds" in text, "bench_wire --rounds 3 says its ratio is a median "
+          "over 3 rounds")
 
 
 def apply_(bench, tmp):
@@ -168,6 +171,8 @@ def main():
     refused([bench_wire, "--psd", PSD, "--seconds", "0"], "--seconds", "bench_wire --seconds 0")
     refused([bench_wire, "--psd", PSD, "--seconds", "600"], "--seconds", "bench_wire --seconds 600")
     refused([bench_wire, "--psd", PSD, "--seconds", "1x"], "--seconds", "bench_wire --seconds 1x")
+    refused([bench_wire, "--psd", PSD, "--rounds", "0"], "--rounds", "bench_wire --rounds 0")
+    refused([bench_wire, "--psd", PSD, "--rounds", "100"], "--rounds", "bench_wire --rounds 100")
     refused(["bash", train_bench, "--no-build", "--repeat", "0"], "--repeat",
             "train_bench.sh --repeat 0")
     wire(bench_wire, tmp)
