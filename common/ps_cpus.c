@@ -138,6 +138,16 @@ int ps_cpus_pin_process(const struct ps_cpus *c, char *err, size_t errlen)
     return 0;
 }
 
+void ps_cpus_allowed_list(struct ps_cpus *out)
+{
+    unsigned char on[PS_CPUS_MAX];
+    allowed(on);
+    out->n = 0;
+    for (int i = 0; i < PS_CPUS_MAX; i++)
+        if (on[i])
+            out->cpu[out->n++] = i;
+}
+
 int ps_cpus_allowed(void)
 {
     cpu_set_t set;

@@ -33,4 +33,7 @@ int ps_cpus_pin_process(const struct ps_cpus *c, char *err, size_t errlen);
 /* CPUs the calling thread may run on (1 when that cannot be read). */
 int ps_cpus_allowed(void);
 
+/* The list of them, ascending (n 0 when it cannot be read). */
+void ps_cpus_allowed_list(struct ps_cpus *out);
+
 #endif

@@ -36,6 +36,7 @@ test_rc=$?
 # that takes over 10 s fails it. PSD_FUZZ_SECONDS=0 skips this phase.
 fuzz_seconds=${PSD_FUZZ_SECONDS:-60}
 fuzz_pass=0 fuzz_fail=0 fuzz_skip=0
+fuzz_targets=(wire dispatch checkpoint replies)
 if [ "$fuzz_seconds" -gt 0 ] && command -v clang >/dev/null; then
   FUZZ_BUILD=${PSD_FUZZ_BUILD_DIR:-build-fuzz}
   if [ ! -f "$FUZZ_BUILD/build.ninja" ]; then
@@ -43,9 +44,8 @@ if [ "$fuzz_seconds" -gt 0 ] && command -v clang >/dev/null; then
       -Db_sanitize=address,undefined -Db_lundef=false >"${TMPDIR:-/tmp}/psd-fuzz-setup.log" 2>&1 ||
       { cat "${TMPDIR:-/tmp}/psd-fuzz-setup.log" >&2; }
   fi
-  if ninja -C "$FUZZ_BUILD" tests/fuzz_wire tests/fuzz_dispatch tests/fuzz_checkpoint \
-    tests/fuzz_replies >/dev/null; then
-    for t in wire dispatch checkpoint replies; do
+  if ninja -C "$FUZZ_BUILD" "${fuzz_targets[@]/#/tests/fuzz_}" >/dev/null; then
+    for t in "${fuzz_targets[@]}"; do
       corpus="$FUZZ_BUILD/corpus-$t"
       rm -rf "$corpus" && mkdir -p "$corpus" && cp tests/fuzz/corpus/$t/* "$corpus/"
       log="$FUZZ_BUILD/fuzz_$t.log"
@@ -63,10 +63,10 @@ if [ "$fuzz_seconds" -gt 0 ] && command -v clang >/dev/null; then
     done
   else
     echo "run.sh: building the fuzz targets failed" >&2
-    fuzz_fail=$((fuzz_fail + 4))
+    fuzz_fail=$((fuzz_fail + ${#fuzz_targets[@]}))
   fi
 else
-  fuzz_skip=4
+  fuzz_skip=${#fuzz_targets[@]}
 fi
 
 # Count from meson's machine-readable log, not from its exit code alone.

@@ -31,7 +31,6 @@
  * (5) sets how many alternating rounds a cell's time is cut into: its
  * ratio is their median, so more rounds ride out more of a noisy
  * machine's bad seconds. */
-#define _GNU_SOURCE
 #include "psclient.h"
 
 #include "ps_clock.h"
@@ -41,7 +40,6 @@
 #include "ps_opts.h"
 
 #include <errno.h>
-#include <sched.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -102,12 +100,7 @@ static int client_cpu = -1;
  * and the servers' (the rest), and moves this process to its own. */
 static void pin_sides(void)
 {
-    cpu_set_t set;
-    if (sched_getaffinity(0, sizeof set, &set) != 0)
-        die("--pin", strerror(errno));
-    for (int c = 0; c < CPU_SETSIZE && c < PS_CPUS_MAX; c++)
-        if (CPU_ISSET(c, &set))
-            server_cpus.cpu[server_cpus.n++] = c;
+    ps_cpus_allowed_list(&server_cpus);
     if (server_cpus.n < 2)
         die("--pin", "needs at least 2 CPUs to split between clients and servers");
     client_cpu = server_cpus.cpu[--server_cpus.n];

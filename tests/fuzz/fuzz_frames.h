@@ -12,6 +12,10 @@
 
 #define FUZZ_FRAMES_MAX 6
 
+/* fuzz_replies: the requests an input's first byte names (make_seeds
+ * writes a right answer to each). */
+#define FUZZ_REPLY_REQUESTS 13
+
 /* Reads one message at *pos; returns the number of frames (<= max). */
 static inline size_t fuzz_message(const uint8_t *data, size_t size, size_t *pos,
                                   struct ps_frame *frames, size_t max)

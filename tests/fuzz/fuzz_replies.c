@@ -213,7 +213,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     struct psc_table_stats ts[4];
     uint64_t total = 0, got = 0;
     uint32_t t = 0;
-    switch ((data[0] & 0x7f) % 13) {
+    switch ((data[0] & 0x7f) % FUZZ_REPLY_REQUESTS) {
     case 0:
         rc = psc_pull(g.c, g.dense, 0, N, out, 0, &tk);
         break;

@@ -2,6 +2,7 @@
  * shared table plus valid requests, in the framing of fuzz_frames.h.
  *   make_seeds DIR   (writes DIR/wire/, DIR/dispatch/ and DIR/replies/) */
 #include "cases.h"
+#include "fuzz_frames.h"
 
 #include "ps_limits.h"
 #include "ps_wire.h"
@@ -164,7 +165,7 @@ int main(int argc, char **argv)
      * expects from a shard, right; the target gives it the request's id */
     snprintf(path, sizeof path, "%s/replies", argv[1]);
     mkdir(path, 0755);
-    for (int k = 0; k < 13; k++) {
+    for (int k = 0; k < FUZZ_REPLY_REQUESTS; k++) {
         Ps__Header h;
         Ps__Stats st;
         Ps__TableStats ts, *tsp = &ts;
@@ -238,7 +239,7 @@ int main(int argc, char **argv)
         m.nframes = 2;
         buf[0] = (unsigned char)(k == 0 ? 0 : 5);
         size_t n = frame_bytes(&m, buf + 1);
-        write_file(argv[1], "replies", 13 + (size_t)k, buf, n + 1);
+        write_file(argv[1], "replies", FUZZ_REPLY_REQUESTS + (size_t)k, buf, n + 1);
     }
     case_msg_free(&m);
     return 0;

@@ -88,7 +88,8 @@ static void test_errors_name_flag_and_value(void **state)
 
 /* CPU lists: ranges, repeats and order folded into one ascending list and
  * written back in the short form; malformed items and CPUs this process
- * may not use are refused, naming the flag and the item. */
+ * may not use are refused, naming the flag and the item; the list of CPUs
+ * it may use is the kernel's. */
 static void test_cpu_lists(void **state)
 {
     (void)state;
@@ -121,6 +122,14 @@ static void test_cpu_lists(void **state)
     assert_int_equal(ps_cpus_parse("--cpus", past, &c, err, sizeof err), PS_EINVAL);
     assert_non_null(strstr(err, said));
     assert_true(lo >= 0);
+    struct ps_cpus all; /* the same CPUs as a list, ascending */
+    ps_cpus_allowed_list(&all);
+    assert_int_equal(all.n, CPU_COUNT(&may));
+    assert_int_equal(all.n, ps_cpus_allowed());
+    for (int i = 0; i < all.n; i++)
+        assert_true(CPU_ISSET(all.cpu[i], &may) && (i == 0 || all.cpu[i] > all.cpu[i - 1]));
+    assert_int_equal(all.cpu[0], lo);
+    assert_int_equal(all.cpu[all.n - 1], hi);
     snprintf(buf, sizeof buf, "%d,%d-%d,%d", hi, lo, lo, lo);
     assert_int_equal(ps_cpus_parse("--cpus", buf, &c, err, sizeof err), 0);
     assert_int_equal(c.n, lo == hi ? 1 : 2);
