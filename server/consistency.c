@@ -331,9 +331,31 @@ static int bsp_push(const struct psd_cons *c, struct psd_table *t, uint32_t w, u
     return 0;
 }
 
+void psd_cons_apply_later(const struct psd_cons_later *l)
+{
+    if (l->t == NULL)
+        return;
+    if (l->keys != NULL)
+        psd_table_apply_keys(l->t, l->keys, l->g, (size_t)l->count, l->step);
+    else
+        psd_table_apply(l->t, l->offset, l->count, l->g, l->step);
+    if (l->prune_step != 0)
+        psd_table_prune_step(l->t, l->prune_step);
+}
+
+/* An asp/ssp push's step: handed to the caller to apply after its reply,
+ * or applied now. */
+static void take(const struct psd_cons_later *l, struct psd_cons_later *later)
+{
+    if (later != NULL)
+        *later = *l;
+    else
+        psd_cons_apply_later(l);
+}
+
 int psd_cons_push(const struct psd_cons *c, struct psd_table *t, uint32_t worker, uint64_t clock,
                   uint64_t offset, uint64_t count, const float *g, int continues, int *applied,
-                  char *err, size_t errlen)
+                  char *err, size_t errlen, struct psd_cons_later *later)
 {
     *applied = 0;
     if (worker >= c->workers) {
@@ -365,9 +387,15 @@ int psd_cons_push(const struct psd_cons *c, struct psd_table *t, uint32_t worker
         t->pass_end[worker] = offset + count;
     if (pass)
         t->steps++;
-    psd_table_apply(t, offset, count, g, t->steps);
-    if (pass && t->steps % t->sched_div == 0) /* a clock's worth of passes */
-        psd_table_prune_step(t, t->steps / t->sched_div);
+    struct psd_cons_later l = {
+        .t = t,
+        .g = g,
+        .offset = offset,
+        .count = count,
+        .step = t->steps,
+        /* a clock's worth of passes */
+        .prune_step = pass && t->steps % t->sched_div == 0 ? t->steps / t->sched_div : 0};
+    take(&l, later);
     *applied = 1;
     return 0;
 }
@@ -383,7 +411,7 @@ static int check_worker(const struct psd_cons *c, uint32_t worker, char *err, si
 
 int psd_cons_push_keys(const struct psd_cons *c, struct psd_table *t, uint32_t worker,
                        uint64_t clock, const uint64_t *keys, const float *g, size_t n, int *applied,
-                       char *err, size_t errlen)
+                       char *err, size_t errlen, struct psd_cons_later *later)
 {
     *applied = 0;
     int rc = check_worker(c, worker, err, errlen);
@@ -398,9 +426,15 @@ int psd_cons_push_keys(const struct psd_cons *c, struct psd_table *t, uint32_t w
                 t->completed[worker] = clock + 1;
             t->pass_end[worker] = 0; /* a pass of its own (psd_cons_push) */
         }
-        psd_table_apply_keys(t, keys, g, n, ++t->steps);
-        if (t->steps % t->sched_div == 0)
-            psd_table_prune_step(t, t->steps / t->sched_div);
+        t->steps++;
+        struct psd_cons_later l = {.t = t,
+                                   .keys = keys,
+                                   .g = g,
+                                   .count = n,
+                                   .step = t->steps,
+                                   .prune_step =
+                                       t->steps % t->sched_div == 0 ? t->steps / t->sched_div : 0};
+        take(&l, later);
         *applied = 1;
         return 0;
     }

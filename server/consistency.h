@@ -52,6 +52,8 @@ void psd_cons_name(const struct psd_cons *c, char *buf, size_t len);
 int psd_cons_table_init(const struct psd_cons *c, struct psd_table *t);
 void psd_cons_table_fini(const struct psd_cons *c, struct psd_table *t);
 
+struct psd_cons_later;
+
 /* psd_cons_push and psd_cons_push_keys: the push came from a worker that
  * is not a member of the round and could not join it; not applied. */
 #define PSD_CONS_STALE 1
@@ -68,14 +70,31 @@ void psd_cons_table_fini(const struct psd_cons *c, struct psd_table *t);
  * when weights changed (waiting pulls may now be answerable). */
 int psd_cons_push(const struct psd_cons *c, struct psd_table *t, uint32_t worker, uint64_t clock,
                   uint64_t offset, uint64_t count, const float *g, int continues, int *applied,
-                  char *err, size_t errlen);
+                  char *err, size_t errlen, struct psd_cons_later *later);
 
 /* Takes a sparse push: gradient g[i] for element keys[i] (strictly
  * increasing, inside the shard). In bsp it is the worker's whole shard
  * range for the clock (elements not listed have gradient 0). */
 int psd_cons_push_keys(const struct psd_cons *c, struct psd_table *t, uint32_t worker,
                        uint64_t clock, const uint64_t *keys, const float *g, size_t n, int *applied,
-                       char *err, size_t errlen);
+                       char *err, size_t errlen, struct psd_cons_later *later);
+
+/* The optimizer step of a push that was taken (asp/ssp) but not applied
+ * yet. psd_cons_push and psd_cons_push_keys fill *later instead of
+ * applying when later is not NULL and the mode applies on arrival (t stays
+ * NULL otherwise: applied already, or held for the round): psd answers
+ * such a push first and applies it next, so the next request crosses the
+ * wire while it does. The table's bookkeeping (clocks, steps) is already
+ * done; g and keys must stay valid, and nothing may touch the table, until
+ * psd_cons_apply_later runs. */
+struct psd_cons_later {
+    struct psd_table *t;
+    const uint64_t *keys; /* NULL: count elements from offset */
+    const float *g;
+    uint64_t offset, count, step;
+    uint64_t prune_step; /* 0: the pruning schedule does not move */
+};
+void psd_cons_apply_later(const struct psd_cons_later *l);
 
 /* 1 when a pull of [offset, offset+count) of t at `clock` may be answered. */
 int psd_cons_ready(const struct psd_cons *c, const struct psd_table *t, uint64_t clock,

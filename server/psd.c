@@ -891,22 +891,48 @@ static const uint64_t *keys_from_region(struct psd *s, const struct ps_frame *ro
     return k;
 }
 
-/* A sparse push into a dense table: element indices as keys. */
-static void op_keys(struct psd *s, struct psd_table *t, const struct ps_frame *route,
-                    const struct ps_wire_msg *m, struct psd_reply *rep)
+/* Where a push that applies on arrival (asp/ssp) may be answered before
+ * its optimizer step: its values are in the message, which stays psd's
+ * until the dispatch returns, and not in the client's region, which the
+ * client may write again once answered. The step then runs while the
+ * answer crosses the wire and the client's next request comes in; no
+ * request sees the table before it is done, since the loop runs one at a
+ * time. */
+static struct psd_cons_later *ack_first(struct psd *s, const Ps__Header *req,
+                                        struct psd_cons_later *later)
+{
+    return s->send != NULL && !(req->shm & PS_SHM_IN) ? later : NULL;
+}
+
+/* Sends a push's reply now and runs its optimizer step after it (see
+ * ack_first). Returns 0: nothing left for the dispatch to send. */
+static int answer_then_apply(struct psd *s, const struct ps_frame *route,
+                             const struct psd_cons_later *later, struct psd_reply *rep)
+{
+    s->ctr.bytes_out += rep->hdr_len;
+    s->send(s->send_ctx, route->data, route->size, rep);
+    psd_cons_apply_later(later);
+    release_waits(s);
+    return 0;
+}
+
+/* A sparse push into a dense table: element indices as keys. Returns
+ * psd_dispatch's "reply now". */
+static int op_keys(struct psd *s, struct psd_table *t, const struct ps_frame *route,
+                   const struct ps_wire_msg *m, struct psd_reply *rep)
 {
     const Ps__Header *req = m->hdr;
     if (seen_push(s, req)) {
         reply_duplicate(s, req, rep);
-        return;
+        return 1;
     }
     unsigned char *shm_in = NULL;
     if (shm_part(s, route, req, req->shm, PS_SHM_IN, req->shm_in, &shm_in, rep) != 0)
-        return;
+        return 1;
     const uint64_t *keys = NULL;
     if (req->shm & PS_SHM_KEYS) {
         if ((keys = keys_from_region(s, route, req, rep)) == NULL)
-            return;
+            return 1;
     } else {
         keys = keys_u64(s, m);
     }
@@ -914,7 +940,7 @@ static void op_keys(struct psd *s, struct psd_table *t, const struct ps_frame *r
     if (keys == NULL || g == NULL) {
         reply_errorf(s, req, PS_ENOMEM, rep, "push: out of memory for %llu keys",
                      (unsigned long long)req->count);
-        return;
+        return 1;
     }
     uint64_t first = keys[0], last = keys[req->count - 1];
     if (first < t->lo || last >= t->hi) {
@@ -922,28 +948,31 @@ static void op_keys(struct psd *s, struct psd_table *t, const struct ps_frame *r
                      "push: keys %llu..%llu are outside shard %u's range [%llu, %llu) of '%s'",
                      (unsigned long long)first, (unsigned long long)last, s->shard,
                      (unsigned long long)t->lo, (unsigned long long)t->hi, t->name);
-        return;
+        return 1;
     }
     int applied = 0;
     char err[PS_ERROR_TEXT_MAX];
-    int rc = psd_cons_push_keys(&s->cons, t, req->worker_id, req->clock, keys, g,
-                                (size_t)req->count, &applied, err, sizeof err);
+    struct psd_cons_later later = {0};
+    int rc =
+        psd_cons_push_keys(&s->cons, t, req->worker_id, req->clock, keys, g, (size_t)req->count,
+                           &applied, err, sizeof err, ack_first(s, req, &later));
     if (rc < 0) {
         reply_error(s, req, rc, err, rep);
-        return;
+        return 1;
     }
     t->pushes++;
     if (rc == PSD_CONS_STALE)
         note_stale(s, req, t);
     else
         applied_push(s, req);
-    if (applied)
+    if (applied && later.t == NULL)
         release_waits(s);
     Ps__Header h;
     reply_init(&h, req);
     h.stale = rc == PSD_CONS_STALE;
     h.clock = psd_cons_clock(&s->cons, t);
     reply_header(s, &h, rep);
+    return later.t != NULL ? answer_then_apply(s, route, &later, rep) : 1;
 }
 
 /* Pull, push or push-pull of rows of a sparse table. Sparse tables apply
@@ -1021,6 +1050,23 @@ static void op_rows(struct psd *s, struct psd_table *t, const struct ps_wire_msg
     reply_header(s, &h, rep);
 }
 
+/* What a dense push did beyond its update, for the log: rounds a restored
+ * table lost catching up, a pruning step. */
+static void log_push(struct psd *s, const struct psd_table *t, uint64_t prune_updates,
+                     uint64_t lost)
+{
+    if (t->rounds_lost != lost)
+        PS_LOG(s->log, PS_LOG_WARN, "S0620",
+               "'%s' restored at an older clock caught up with its workers at clock %llu: %llu "
+               "round(s) of its updates were lost",
+               t->name, (unsigned long long)t->clock, (unsigned long long)(t->rounds_lost - lost));
+    if (t->prune_updates != prune_updates)
+        PS_LOG(s->log, PS_LOG_INFO, "S0320",
+               "pruned '%s' at step %llu: %llu of %llu weights (target now %.4f)", t->name,
+               (unsigned long long)t->steps, (unsigned long long)t->npruned,
+               (unsigned long long)(t->hi - t->lo), t->prune_target_now);
+}
+
 static int op_data(struct psd *s, const struct ps_frame *route, const struct ps_wire_msg *m,
                    struct psd_reply *rep)
 {
@@ -1038,10 +1084,8 @@ static int op_data(struct psd *s, const struct ps_frame *route, const struct ps_
         op_rows(s, t, m, rep);
         return 1;
     }
-    if (req->layout == PS__LAYOUT__LAYOUT_KEYS) {
-        op_keys(s, t, route, m, rep);
-        return 1;
-    }
+    if (req->layout == PS__LAYOUT__LAYOUT_KEYS)
+        return op_keys(s, t, route, m, rep);
     unsigned char *shm_in, *shm_out;
     if (shm_part(s, route, req, req->shm, PS_SHM_IN, req->shm_in, &shm_in, rep) != 0 ||
         shm_part(s, route, req, req->shm, PS_SHM_OUT, req->shm_out, &shm_out, rep) != 0)
@@ -1056,13 +1100,15 @@ static int op_data(struct psd *s, const struct ps_frame *route, const struct ps_
         return 1;
     }
     int stale = 0;
+    struct psd_cons_later later = {0};
     if (req->op != PS__OP__OP_PULL && !dup) {
         const float *g = push_values(s, m, shm_in);
         char err[PS_ERROR_TEXT_MAX];
         int rc = g == NULL
                      ? PS_ENOMEM
                      : psd_cons_push(&s->cons, t, req->worker_id, req->clock, req->offset,
-                                     req->count, g, req->continues, &applied, err, sizeof err);
+                                     req->count, g, req->continues, &applied, err, sizeof err,
+                                     req->op == PS__OP__OP_PUSH ? ack_first(s, req, &later) : NULL);
         if (rc < 0) {
             reply_error(s, req, rc, g == NULL ? "out of memory" : err, rep);
             return 1;
@@ -1074,25 +1120,22 @@ static int op_data(struct psd *s, const struct ps_frame *route, const struct ps_
         else
             applied_push(s, req);
     }
-    if (t->rounds_lost != lost)
-        PS_LOG(s->log, PS_LOG_WARN, "S0620",
-               "'%s' restored at an older clock caught up with its workers at clock %llu: %llu "
-               "round(s) of its updates were lost",
-               t->name, (unsigned long long)t->clock, (unsigned long long)(t->rounds_lost - lost));
-    if (t->prune_updates != prune_updates)
-        PS_LOG(s->log, PS_LOG_INFO, "S0320",
-               "pruned '%s' at step %llu: %llu of %llu weights (target now %.4f)", t->name,
-               (unsigned long long)t->steps, (unsigned long long)t->npruned,
-               (unsigned long long)(t->hi - t->lo), t->prune_target_now);
-    if (applied)
-        release_waits(s);
+    if (later.t == NULL) {
+        log_push(s, t, prune_updates, lost);
+        if (applied)
+            release_waits(s);
+    }
     if (req->op == PS__OP__OP_PUSH) {
         Ps__Header h;
         reply_init(&h, req);
         h.clock = psd_cons_clock(&s->cons, t);
         h.stale = stale != 0;
         reply_header(s, &h, rep);
-        return 1;
+        if (later.t == NULL)
+            return 1;
+        answer_then_apply(s, route, &later, rep);
+        log_push(s, t, prune_updates, lost);
+        return 0;
     }
     /* push-pull asks for the weights after its own clock's update */
     uint64_t clock = req->op == PS__OP__OP_PUSH_PULL ? req->clock + 1 : req->clock;

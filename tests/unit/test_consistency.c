@@ -51,7 +51,8 @@ static int piece(const struct psd_cons *c, struct psd_table *t, uint32_t w, uint
 {
     int applied = 0;
     char err[256];
-    return psd_cons_push(c, t, w, clock, off, n, g + off, continues, &applied, err, sizeof err);
+    return psd_cons_push(c, t, w, clock, off, n, g + off, continues, &applied, err, sizeof err,
+                         NULL);
 }
 
 static int push(const struct psd_cons *c, struct psd_table *t, uint32_t w, uint64_t clock,
@@ -177,7 +178,7 @@ static void test_bsp_restored_worker_ahead(void **state)
     assert_int_equal(t->clock, 6);
     int applied = 0;
     char err[256];
-    assert_int_equal(psd_cons_push(&c, t, 1, 7, 0, N, g, 0, &applied, err, sizeof err), 0);
+    assert_int_equal(psd_cons_push(&c, t, 1, 7, 0, N, g, 0, &applied, err, sizeof err, NULL), 0);
     assert_true(applied);
     assert_int_equal(t->clock, 7);
     assert_int_equal(t->rounds_lost, 2);
@@ -252,7 +253,8 @@ static void test_asp_steps_count_passes(void **state)
     const uint64_t k0[1] = {6};
     int applied = 0;
     char err[256];
-    assert_int_equal(psd_cons_push_keys(&a, cut, 0, 9, k0, g[1], 1, &applied, err, sizeof err), 0);
+    assert_int_equal(
+        psd_cons_push_keys(&a, cut, 0, 9, k0, g[1], 1, &applied, err, sizeof err, NULL), 0);
     assert_int_equal(cut->steps, 10);
     assert_int_equal(push(&a, cut, 0, 9, 8, 2, g[0]), 0);
     assert_int_equal(cut->steps, 11);
@@ -292,15 +294,17 @@ static void test_keyed_push_equals_dense_zeros(void **state)
     const float v0[2] = {0.5f, -1.0f}, v1[1] = {0.25f};
     int applied = 0;
     char err[256];
-    assert_int_equal(psd_cons_push_keys(&c, keyed, 1, 0, k1, v1, 1, &applied, err, sizeof err), 0);
+    assert_int_equal(
+        psd_cons_push_keys(&c, keyed, 1, 0, k1, v1, 1, &applied, err, sizeof err, NULL), 0);
     assert_false(applied); /* waits for worker 0 */
-    assert_int_equal(psd_cons_push_keys(&c, keyed, 0, 0, k0, v0, 2, &applied, err, sizeof err), 0);
+    assert_int_equal(
+        psd_cons_push_keys(&c, keyed, 0, 0, k0, v0, 2, &applied, err, sizeof err, NULL), 0);
     assert_true(applied);
     assert_int_equal(keyed->clock, 1);
     assert_memory_equal(dense->w, keyed->w, N * sizeof(float));
     /* a second keyed push in the same clock is refused */
-    assert_int_equal(psd_cons_push_keys(&c, keyed, 0, 0, k0, v0, 2, &applied, err, sizeof err),
-                     PS_ESTATE);
+    assert_int_equal(
+        psd_cons_push_keys(&c, keyed, 0, 0, k0, v0, 2, &applied, err, sizeof err, NULL), PS_ESTATE);
     drop(&c, dense);
     drop(&c, keyed);
 }

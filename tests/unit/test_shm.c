@@ -442,6 +442,76 @@ static void test_keys_through_the_region(void **state)
     ps_shm_close(&r);
 }
 
+/* Weights when a reply went through the sender (ctx: the psd). */
+static float w_at_send[2];
+static unsigned sends;
+
+static void note_send(void *ctx, const void *route, size_t route_len, struct psd_reply *rep)
+{
+    const struct psd *s = ctx;
+    (void)route;
+    (void)route_len;
+    memcpy(w_at_send, s->tables[0]->w + 100, sizeof w_at_send);
+    sends++;
+    psd_reply_drop(rep);
+}
+
+/* A push whose values lie in the region is answered after its step, as
+ * the dispatch's reply: once answered, the client may write the region
+ * again. The same push from a frame is answered first, through the
+ * sender (asp applies on arrival). Keys alone in the region are copied
+ * out, so such a push is answered first too. */
+static void test_region_values_answered_after_the_step(void **state)
+{
+    (void)state;
+    static struct psd s;
+    struct ps_log log;
+    struct ps_shm r;
+    uint64_t token = start_with_region(&s, &log, &r);
+    psd_set_sender(&s, note_send, &s);
+    bind_region(&s, "a", token);
+    float *g = (float *)r.base;
+    for (int i = 0; i < 200; i++)
+        g[i] = 1.0f;
+    Ps__Header h;
+    struct psd_reply rep;
+    sends = 0;
+    data_header(&h, PS__OP__OP_PUSH, 1, PS_SHM_IN, 0, 0);
+    assert_int_equal(request(&s, "a", &h, NULL, 0, &rep), 1);
+    assert_int_equal(status_of(&rep), 0);
+    psd_reply_drop(&rep);
+    assert_int_equal(sends, 0);
+    assert_true(s.tables[0]->w[100] == 0.0f); /* 1 - 1 */
+
+    data_header(&h, PS__OP__OP_PUSH, 2, 0, 0, 0);
+    assert_int_equal(request(&s, "a", &h, g, 200 * sizeof(float), &rep), 0);
+    assert_int_equal(sends, 1);
+    assert_true(w_at_send[0] == 0.0f);         /* answered before the step */
+    assert_true(s.tables[0]->w[100] == -1.0f); /* done by the return */
+
+    enum { KAT = 16384, VAT = 20480 };
+    uint64_t *k = (uint64_t *)(r.base + KAT);
+    k[0] = 100;
+    k[1] = 101;
+    float *v = (float *)(r.base + VAT);
+    v[0] = v[1] = 1.0f;
+    assert_int_equal(keyed_push(&s, "a", 3, PS_SHM_KEYS | PS_SHM_IN, 2, KAT, VAT, NULL), 0);
+    assert_int_equal(sends, 1);
+    assert_true(s.tables[0]->w[100] == -2.0f);
+    ps_wire_header_init(&h, PS__OP__OP_PUSH);
+    h.request_id = 4;
+    h.layout = PS__LAYOUT__LAYOUT_KEYS;
+    h.count = 2;
+    h.shm = PS_SHM_KEYS;
+    h.shm_keys = KAT;
+    assert_int_equal(request(&s, "a", &h, v, 2 * sizeof(float), &rep), 0);
+    assert_int_equal(sends, 2);
+    assert_true(w_at_send[0] == -2.0f && w_at_send[1] == -2.0f);
+    assert_true(s.tables[0]->w[100] == -3.0f && s.tables[0]->w[101] == -3.0f);
+    psd_fini(&s);
+    ps_shm_close(&r);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -449,6 +519,7 @@ int main(void)
         cmocka_unit_test(test_set_binds_and_evicts),
         cmocka_unit_test(test_requests_through_the_region),
         cmocka_unit_test(test_keys_through_the_region),
+        cmocka_unit_test(test_region_values_answered_after_the_step),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

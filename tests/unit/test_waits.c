@@ -1,7 +1,8 @@
-/* Waiting requests in an in-process psd (bsp, 2 workers): pulls for a
- * clock not reached wait; one worker may keep PS_WAITS_PER_WORKER_MAX
- * waiting and no more (at the limit, one past it), and another worker is
- * not affected; a push that completes the round answers them all. */
+/* Replies through the sender in an in-process psd. Waiting requests (bsp,
+ * 2 workers): pulls for a clock not reached wait; one worker may keep
+ * PS_WAITS_PER_WORKER_MAX waiting and no more (at the limit, one past it),
+ * and another worker is not affected; a push that completes the round
+ * answers them all. Pushes in asp/ssp answered before their step. */
 #define _GNU_SOURCE /* memmem */
 #include "checkpoint.h"
 #include "psd.h"
@@ -22,14 +23,33 @@
 
 #include <cmocka.h>
 
+/* Replies that went through the sender, in order: each one's request id,
+ * status and values, and table 0's first 4 weights when it was sent. */
+#define SENT_MAX 16
 static unsigned sent;
+static struct sent_reply {
+    uint64_t request_id;
+    int status;
+    float vals[4], w[4];
+} sent_log[SENT_MAX];
 
 static void count_sent(void *ctx, const void *route, size_t route_len, struct psd_reply *rep)
 {
-    (void)ctx;
+    const struct psd *s = ctx;
     (void)route;
     (void)route_len;
-    sent++;
+    struct sent_reply *r = &sent_log[sent++ % SENT_MAX];
+    memset(r, 0, sizeof *r);
+    Ps__Header *h = ps__header__unpack(NULL, rep->hdr_len, rep->hdr);
+    assert_non_null(h);
+    r->request_id = h->request_id;
+    r->status = h->status;
+    ps__header__free_unpacked(h, NULL);
+    if (rep->vals != NULL)
+        memcpy(r->vals, rep->vals,
+               rep->vals_bytes < sizeof r->vals ? rep->vals_bytes : sizeof r->vals);
+    if (s->ntables > 0)
+        memcpy(r->w, s->tables[0]->w, sizeof r->w);
     psd_reply_drop(rep);
 }
 
@@ -50,6 +70,23 @@ static int send_req(struct psd *s, const Ps__Header *h, const void *vals, size_t
         psd_reply_drop(&rep);
     }
     return now;
+}
+
+/* Dispatches h as send_req does; 1 when it was answered, at once or
+ * through the sender during the call (a push answered before its step),
+ * with the status in *status. */
+static int answered(struct psd *s, const Ps__Header *h, const void *vals, size_t vbytes,
+                    int *status)
+{
+    unsigned before = sent;
+    if (send_req(s, h, vals, vbytes, status))
+        return 1;
+    for (unsigned i = before; i < sent; i++)
+        if (sent_log[i % SENT_MAX].request_id == h->request_id) {
+            *status = sent_log[i % SENT_MAX].status;
+            return 1;
+        }
+    return 0;
 }
 
 static void pull(struct psd *s, uint32_t worker, uint64_t id, int expect_wait, int expect_status)
@@ -95,7 +132,7 @@ static void start(struct psd *s, struct ps_log *log, const char *mode, uint32_t 
     assert_int_equal(psd_cons_parse(mode, &p.cons), 0);
     p.cons.workers = workers;
     assert_int_equal(psd_init(s, log, &p), 0);
-    psd_set_sender(s, count_sent, NULL);
+    psd_set_sender(s, count_sent, s);
     Ps__Header h;
     int status = -1;
     if (session != 0) {
@@ -143,7 +180,7 @@ static void push_id(struct psd *s, uint64_t id)
     h.request_id = id;
     h.count = 4;
     int status = -1;
-    assert_true(send_req(s, &h, g, sizeof g, &status));
+    assert_true(answered(s, &h, g, sizeof g, &status));
     assert_int_equal(status, 0);
 }
 
@@ -210,6 +247,97 @@ static void test_retry_of_waiting_request(void **state)
     assert_int_equal(sent, 1); /* worker 0's, once */
     for (int i = 0; i < 4; i++)
         assert_float_equal(s.tables[0]->w[i], -1.0f, 0); /* the mean of two pushes of 1 */
+    psd_fini(&s);
+}
+
+static void assert_weights(const float *w, float a, float b, float c, float d)
+{
+    const float want[4] = {a, b, c, d};
+    for (int i = 0; i < 4; i++)
+        assert_float_equal(w[i], want[i], 0);
+}
+
+/* Pushes that apply on arrival (ssp, asp) are answered through the sender
+ * before their optimizer step, and the step is done when the dispatch
+ * returns. A pull that waited for the push is answered after the step,
+ * with its result. */
+static void test_push_answered_before_its_step(void **state)
+{
+    (void)state;
+    static struct psd s;
+    struct ps_log log;
+    start(&s, &log, "ssp:0", 2, 0);
+    sent = 0;
+    Ps__Header h;
+    ps_wire_header_init(&h, PS__OP__OP_PUSH);
+    h.worker_id = 1;
+    h.request_id = 1;
+    h.count = 4;
+    const float g[4] = {1, 2, 3, 4};
+    int status = -1;
+    assert_false(send_req(&s, &h, g, sizeof g, &status)); /* answered through the sender */
+    assert_int_equal(sent, 1);
+    assert_int_equal(sent_log[0].request_id, 1);
+    assert_int_equal(sent_log[0].status, 0);
+    assert_weights(sent_log[0].w, 0, 0, 0, 0);      /* before the step */
+    assert_weights(s.tables[0]->w, -1, -2, -3, -4); /* after it */
+    pull(&s, 1, 2, 1, 0);                           /* clock 1 waits for worker 0's clock 0 */
+
+    /* worker 0's keyed push of clock 0: its answer, its step, then the pull */
+    ps_wire_header_init(&h, PS__OP__OP_PUSH);
+    h.request_id = 3;
+    h.layout = PS__LAYOUT__LAYOUT_KEYS;
+    h.count = 2;
+    const uint64_t keys[2] = {0, 2};
+    const float kg[2] = {10, 20};
+    uint8_t buf[512];
+    struct ps_frame f[3] = {{buf, ps__header__pack(&h, buf)}, {keys, sizeof keys}, {kg, sizeof kg}};
+    struct ps_frame route = {"r", 1};
+    struct psd_reply rep;
+    assert_int_equal(psd_dispatch(&s, &route, f, 3, &rep), 0);
+    assert_int_equal(sent, 3);
+    assert_int_equal(sent_log[1].request_id, 3);
+    assert_int_equal(sent_log[1].status, 0);
+    assert_weights(sent_log[1].w, -1, -2, -3, -4);
+    assert_int_equal(sent_log[2].request_id, 2);
+    assert_int_equal(sent_log[2].status, 0);
+    assert_weights(sent_log[2].vals, -11, -2, -23, -4);
+    assert_weights(s.tables[0]->w, -11, -2, -23, -4);
+    assert_int_equal(s.nwaits, 0);
+    psd_fini(&s);
+}
+
+/* Answered after the step, as the dispatch's reply: a push-pull (its
+ * answer holds the weights), and a bsp push (applied with its round). */
+static void test_answered_after_the_step(void **state)
+{
+    (void)state;
+    static struct psd s;
+    struct ps_log log;
+    const float g[4] = {1, 2, 3, 4};
+    Ps__Header h;
+    struct ps_frame route = {"r", 1};
+    uint8_t buf[512];
+    struct psd_reply rep;
+    start(&s, &log, "asp", 1, 0);
+    sent = 0;
+    ps_wire_header_init(&h, PS__OP__OP_PUSH_PULL);
+    h.count = 4;
+    struct ps_frame f[2] = {{buf, ps__header__pack(&h, buf)}, {g, sizeof g}};
+    assert_int_equal(psd_dispatch(&s, &route, f, 2, &rep), 1);
+    assert_int_equal(rep.vals_bytes, sizeof g);
+    assert_weights(rep.vals, -1, -2, -3, -4);
+    psd_reply_drop(&rep);
+    psd_fini(&s);
+
+    start(&s, &log, "bsp", 1, 0);
+    ps_wire_header_init(&h, PS__OP__OP_PUSH);
+    h.count = 4;
+    f[0].size = ps__header__pack(&h, buf);
+    assert_int_equal(psd_dispatch(&s, &route, f, 2, &rep), 1);
+    psd_reply_drop(&rep);
+    assert_weights(s.tables[0]->w, -1, -2, -3, -4);
+    assert_int_equal(sent, 0);
     psd_fini(&s);
 }
 
@@ -304,7 +432,7 @@ static void test_interval_checkpoint_only_on_change(void **state)
     assert_int_equal(psd_cons_parse("asp", &p.cons), 0);
     p.cons.workers = 1;
     assert_int_equal(psd_init(&s, &log, &p), 0);
-    psd_set_sender(&s, count_sent, NULL);
+    psd_set_sender(&s, count_sent, &s);
     s.ckpt_dir = dir;
     s.ckpt_every_ms = 1000;
     psd_checkpoint_mark_saved(&s);
@@ -342,6 +470,8 @@ int main(void)
         cmocka_unit_test(test_waits_per_worker),
         cmocka_unit_test(test_push_retry_out_of_order),
         cmocka_unit_test(test_retry_of_waiting_request),
+        cmocka_unit_test(test_push_answered_before_its_step),
+        cmocka_unit_test(test_answered_after_the_step),
         cmocka_unit_test(test_dedup_window_in_checkpoint),
         cmocka_unit_test(test_dedup_window_damaged),
         cmocka_unit_test(test_interval_checkpoint_only_on_change),
