@@ -731,6 +731,13 @@ static int shm_part(struct psd *s, const struct ps_frame *route, const Ps__Heade
     return rc;
 }
 
+/* Sends a reply through the sender at once, counting its bytes. */
+static void send_now(struct psd *s, const void *route, size_t route_len, struct psd_reply *rep)
+{
+    s->ctr.bytes_out += rep->hdr_len + rep->mask_bytes + rep->vals_bytes;
+    s->send(s->send_ctx, route, route_len, rep);
+}
+
 /* Answers every waiting request that is ready now. */
 static void release_waits(struct psd *s)
 {
@@ -749,8 +756,7 @@ static void release_waits(struct psd *s)
         unsigned char *dst = NULL;
         if (shm_part(s, &route, &h, w->shm, PS_SHM_OUT, w->shm_out, &dst, &rep) == 0)
             answer_pull(s, &h, t, w->clock, w->offset, w->count, 0, 0, dst, &rep);
-        s->ctr.bytes_out += rep.hdr_len + rep.mask_bytes + rep.vals_bytes;
-        s->send(s->send_ctx, w->route, w->route_len, &rep);
+        send_now(s, w->route, w->route_len, &rep);
         s->waits[i] = s->waits[--s->nwaits]; /* order of answers does not matter */
     }
 }
@@ -898,10 +904,20 @@ static const uint64_t *keys_from_region(struct psd *s, const struct ps_frame *ro
  * answer crosses the wire and the client's next request comes in; no
  * request sees the table before it is done, since the loop runs one at a
  * time. */
-static struct psd_cons_later *ack_first(struct psd *s, const Ps__Header *req,
-                                        struct psd_cons_later *later)
+static int ack_first(const struct psd *s, const Ps__Header *req)
 {
-    return s->send != NULL && !(req->shm & PS_SHM_IN) ? later : NULL;
+    return s->send != NULL && !(req->shm & PS_SHM_IN);
+}
+
+/* A push's reply: its clock, and whether it was dropped as stale. */
+static void push_reply(struct psd *s, const Ps__Header *req, struct psd_table *t, int stale,
+                       struct psd_reply *rep)
+{
+    Ps__Header h;
+    reply_init(&h, req);
+    h.stale = stale != 0;
+    h.clock = psd_cons_clock(&s->cons, t);
+    reply_header(s, &h, rep);
 }
 
 /* Sends a push's reply now and runs its optimizer step after it (see
@@ -909,8 +925,7 @@ static struct psd_cons_later *ack_first(struct psd *s, const Ps__Header *req,
 static int answer_then_apply(struct psd *s, const struct ps_frame *route,
                              const struct psd_cons_later *later, struct psd_reply *rep)
 {
-    s->ctr.bytes_out += rep->hdr_len;
-    s->send(s->send_ctx, route->data, route->size, rep);
+    send_now(s, route->data, route->size, rep);
     psd_cons_apply_later(later);
     release_waits(s);
     return 0;
@@ -955,7 +970,7 @@ static int op_keys(struct psd *s, struct psd_table *t, const struct ps_frame *ro
     struct psd_cons_later later = {0};
     int rc =
         psd_cons_push_keys(&s->cons, t, req->worker_id, req->clock, keys, g, (size_t)req->count,
-                           &applied, err, sizeof err, ack_first(s, req, &later));
+                           &applied, err, sizeof err, ack_first(s, req) ? &later : NULL);
     if (rc < 0) {
         reply_error(s, req, rc, err, rep);
         return 1;
@@ -967,11 +982,7 @@ static int op_keys(struct psd *s, struct psd_table *t, const struct ps_frame *ro
         applied_push(s, req);
     if (applied && later.t == NULL)
         release_waits(s);
-    Ps__Header h;
-    reply_init(&h, req);
-    h.stale = rc == PSD_CONS_STALE;
-    h.clock = psd_cons_clock(&s->cons, t);
-    reply_header(s, &h, rep);
+    push_reply(s, req, t, rc == PSD_CONS_STALE, rep);
     return later.t != NULL ? answer_then_apply(s, route, &later, rep) : 1;
 }
 
@@ -1104,11 +1115,11 @@ static int op_data(struct psd *s, const struct ps_frame *route, const struct ps_
     if (req->op != PS__OP__OP_PULL && !dup) {
         const float *g = push_values(s, m, shm_in);
         char err[PS_ERROR_TEXT_MAX];
-        int rc = g == NULL
-                     ? PS_ENOMEM
-                     : psd_cons_push(&s->cons, t, req->worker_id, req->clock, req->offset,
-                                     req->count, g, req->continues, &applied, err, sizeof err,
-                                     req->op == PS__OP__OP_PUSH ? ack_first(s, req, &later) : NULL);
+        int rc = g == NULL ? PS_ENOMEM
+                           : psd_cons_push(&s->cons, t, req->worker_id, req->clock, req->offset,
+                                           req->count, g, req->continues, &applied, err, sizeof err,
+                                           req->op == PS__OP__OP_PUSH && ack_first(s, req) ? &later
+                                                                                           : NULL);
         if (rc < 0) {
             reply_error(s, req, rc, g == NULL ? "out of memory" : err, rep);
             return 1;
@@ -1120,22 +1131,18 @@ static int op_data(struct psd *s, const struct ps_frame *route, const struct ps_
         else
             applied_push(s, req);
     }
-    if (later.t == NULL) {
-        log_push(s, t, prune_updates, lost);
-        if (applied)
-            release_waits(s);
-    }
-    if (req->op == PS__OP__OP_PUSH) {
-        Ps__Header h;
-        reply_init(&h, req);
-        h.clock = psd_cons_clock(&s->cons, t);
-        h.stale = stale != 0;
-        reply_header(s, &h, rep);
-        if (later.t == NULL)
-            return 1;
+    if (later.t != NULL) { /* a push answered before its step */
+        push_reply(s, req, t, 0, rep);
         answer_then_apply(s, route, &later, rep);
         log_push(s, t, prune_updates, lost);
         return 0;
+    }
+    log_push(s, t, prune_updates, lost);
+    if (applied)
+        release_waits(s);
+    if (req->op == PS__OP__OP_PUSH) {
+        push_reply(s, req, t, stale, rep);
+        return 1;
     }
     /* push-pull asks for the weights after its own clock's update */
     uint64_t clock = req->op == PS__OP__OP_PUSH_PULL ? req->clock + 1 : req->clock;

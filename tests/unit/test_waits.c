@@ -333,9 +333,9 @@ static void test_answered_after_the_step(void **state)
     start(&s, &log, "bsp", 1, 0);
     ps_wire_header_init(&h, PS__OP__OP_PUSH);
     h.count = 4;
-    f[0].size = ps__header__pack(&h, buf);
-    assert_int_equal(psd_dispatch(&s, &route, f, 2, &rep), 1);
-    psd_reply_drop(&rep);
+    int status = -1;
+    assert_true(send_req(&s, &h, g, sizeof g, &status));
+    assert_int_equal(status, 0);
     assert_weights(s.tables[0]->w, -1, -2, -3, -4);
     assert_int_equal(sent, 0);
     psd_fini(&s);
