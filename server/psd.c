@@ -1270,7 +1270,7 @@ void psd_tick(struct psd *s)
                          ps_op_name(w->op), t->name, (unsigned long long)w->clock,
                          (unsigned long long)(now - w->since_ms), missing);
             s->wait_timeouts++;
-            s->send(s->send_ctx, w->route, w->route_len, &rep);
+            send_now(s, w->route, w->route_len, &rep);
             s->waits[i] = s->waits[--s->nwaits];
             continue;
         }

@@ -2,11 +2,13 @@
  * 2 workers): pulls for a clock not reached wait; one worker may keep
  * PS_WAITS_PER_WORKER_MAX waiting and no more (at the limit, one past it),
  * and another worker is not affected; a push that completes the round
- * answers them all. Pushes in asp/ssp answered before their step. */
+ * answers them all, and one that waits too long is answered with a
+ * timeout. Pushes in asp/ssp answered before their step. */
 #define _GNU_SOURCE /* memmem */
 #include "checkpoint.h"
 #include "psd.h"
 
+#include "ps_clock.h"
 #include "ps_err.h"
 #include "ps_limits.h"
 #include "ps_log.h"
@@ -24,12 +26,14 @@
 #include <cmocka.h>
 
 /* Replies that went through the sender, in order: each one's request id,
- * status and values, and table 0's first 4 weights when it was sent. */
+ * status, bytes and values, and table 0's first 4 weights when it was
+ * sent. */
 #define SENT_MAX 16
 static unsigned sent;
 static struct sent_reply {
     uint64_t request_id;
     int status;
+    size_t bytes; /* header, mask and values */
     float vals[4], w[4];
 } sent_log[SENT_MAX];
 
@@ -44,6 +48,7 @@ static void count_sent(void *ctx, const void *route, size_t route_len, struct ps
     assert_non_null(h);
     r->request_id = h->request_id;
     r->status = h->status;
+    r->bytes = rep->hdr_len + rep->mask_bytes + rep->vals_bytes;
     ps__header__free_unpacked(h, NULL);
     if (rep->vals != NULL)
         memcpy(r->vals, rep->vals,
@@ -169,6 +174,32 @@ static void test_waits_per_worker(void **state)
     }
     assert_int_equal(s.nwaits, 0);
     assert_int_equal(sent, PS_WAITS_PER_WORKER_MAX + 1); /* every waiting pull answered */
+    psd_fini(&s);
+}
+
+/* A pull that waits past psd's wait timeout: psd_tick answers it with
+ * PS_ETIMEDOUT through the sender and counts the reply's bytes as sent. */
+static void test_wait_times_out(void **state)
+{
+    (void)state;
+    static struct psd s;
+    struct ps_log log;
+    start(&s, &log, "bsp", 2, 0);
+    s.wait_timeout_ms = 1;
+    pull(&s, 0, 77, 1, 0);
+    unsigned before = sent;
+    uint64_t out = s.ctr.bytes_out;
+    int64_t give_up = ps_mono_ms() + 5000;
+    while (sent == before && ps_mono_ms() < give_up)
+        psd_tick(&s);
+    assert_int_equal(sent, before + 1);
+    const struct sent_reply *r = &sent_log[before % SENT_MAX];
+    assert_int_equal(r->request_id, 77);
+    assert_int_equal(r->status, PS_ETIMEDOUT);
+    assert_int_equal(s.wait_timeouts, 1);
+    assert_int_equal(s.nwaits, 0);
+    assert_true(r->bytes > 0);
+    assert_int_equal(s.ctr.bytes_out - out, r->bytes);
     psd_fini(&s);
 }
 
@@ -468,6 +499,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_waits_per_worker),
+        cmocka_unit_test(test_wait_times_out),
         cmocka_unit_test(test_push_retry_out_of_order),
         cmocka_unit_test(test_retry_of_waiting_request),
         cmocka_unit_test(test_push_answered_before_its_step),
