@@ -223,7 +223,10 @@ int psc_table_create(struct psc_client *c, const struct psc_table_spec *spec, in
                      uint32_t *table);
 
 /* Asynchronous range operations on elements [offset, offset+count) of a
- * table. Return 0 and a ticket, or an error (nothing in flight then). */
+ * table. Return 0 and a ticket, or an error (nothing in flight then).
+ * psc_pull and psc_push_pull copy each reply into out; for large pulls
+ * that copy is what psc_pull_view saves (about 30 us a MiB here,
+ * tests/bench/README.md 42.). */
 int psc_pull(struct psc_client *c, uint32_t table, uint64_t offset, uint64_t count, float *out,
              uint64_t clock, uint64_t *ticket);
 int psc_push(struct psc_client *c, uint32_t table, uint64_t offset, uint64_t count,
