@@ -920,15 +920,16 @@ static void push_reply(struct psd *s, const Ps__Header *req, struct psd_table *t
     reply_header(s, &h, rep);
 }
 
-/* Sends a push's reply now and runs its optimizer step after it (see
- * ack_first). Returns 0: nothing left for the dispatch to send. */
-static int answer_then_apply(struct psd *s, const struct ps_frame *route,
-                             const struct psd_cons_later *later, struct psd_reply *rep)
+/* Answers a push taken for later (never stale) through the sender, then
+ * runs its optimizer step (see ack_first). The caller releases waits
+ * after it and returns 0: nothing is left for the dispatch to send. */
+static void answer_first(struct psd *s, const struct ps_frame *route, const Ps__Header *req,
+                         struct psd_table *t, const struct psd_cons_later *later,
+                         struct psd_reply *rep)
 {
+    push_reply(s, req, t, 0, rep);
     send_now(s, route->data, route->size, rep);
     psd_cons_apply_later(later);
-    release_waits(s);
-    return 0;
 }
 
 /* A sparse push into a dense table: element indices as keys. Returns
@@ -980,10 +981,14 @@ static int op_keys(struct psd *s, struct psd_table *t, const struct ps_frame *ro
         note_stale(s, req, t);
     else
         applied_push(s, req);
-    if (applied && later.t == NULL)
-        release_waits(s);
+    if (later.t != NULL)
+        answer_first(s, route, req, t, &later, rep);
+    if (applied)
+        release_waits(s); /* before this reply's header: both are packed in s->hdr_buf */
+    if (later.t != NULL)
+        return 0;
     push_reply(s, req, t, rc == PSD_CONS_STALE, rep);
-    return later.t != NULL ? answer_then_apply(s, route, &later, rep) : 1;
+    return 1;
 }
 
 /* Pull, push or push-pull of rows of a sparse table. Sparse tables apply
@@ -1131,15 +1136,13 @@ static int op_data(struct psd *s, const struct ps_frame *route, const struct ps_
         else
             applied_push(s, req);
     }
-    if (later.t != NULL) { /* a push answered before its step */
-        push_reply(s, req, t, 0, rep);
-        answer_then_apply(s, route, &later, rep);
-        log_push(s, t, prune_updates, lost);
-        return 0;
-    }
+    if (later.t != NULL)
+        answer_first(s, route, req, t, &later, rep);
     log_push(s, t, prune_updates, lost);
     if (applied)
-        release_waits(s);
+        release_waits(s); /* before this reply's header: both are packed in s->hdr_buf */
+    if (later.t != NULL)
+        return 0;
     if (req->op == PS__OP__OP_PUSH) {
         push_reply(s, req, t, stale, rep);
         return 1;

@@ -327,17 +327,25 @@ static void test_requests_through_the_region(void **state)
 /* A keyed push whose keys (at byte kat of the region, when shm has
  * PS_SHM_KEYS) and values (at vat, with PS_SHM_IN; else `vals` in a frame)
  * lie in the region; the reply's status. */
+/* The header of a keyed push of n keys (keys at kat, values at vat in the
+ * region where shm says). */
+static void keyed_header(Ps__Header *h, uint64_t id, uint32_t shm, uint64_t n, uint64_t kat,
+                         uint64_t vat)
+{
+    ps_wire_header_init(h, PS__OP__OP_PUSH);
+    h->request_id = id;
+    h->layout = PS__LAYOUT__LAYOUT_KEYS;
+    h->count = n;
+    h->shm = shm;
+    h->shm_keys = kat;
+    h->shm_in = vat;
+}
+
 static int keyed_push(struct psd *s, const char *route, uint64_t id, uint32_t shm, uint64_t n,
                       uint64_t kat, uint64_t vat, const float *vals)
 {
     Ps__Header h;
-    ps_wire_header_init(&h, PS__OP__OP_PUSH);
-    h.request_id = id;
-    h.layout = PS__LAYOUT__LAYOUT_KEYS;
-    h.count = n;
-    h.shm = shm;
-    h.shm_keys = kat;
-    h.shm_in = vat;
+    keyed_header(&h, id, shm, n, kat, vat);
     struct psd_reply rep;
     assert_int_equal(request(s, route, &h, vals, vals ? n * sizeof(float) : 0, &rep), 1);
     int st = status_of(&rep);
@@ -498,12 +506,7 @@ static void test_region_values_answered_after_the_step(void **state)
     assert_int_equal(keyed_push(&s, "a", 3, PS_SHM_KEYS | PS_SHM_IN, 2, KAT, VAT, NULL), 0);
     assert_int_equal(sends, 1);
     assert_true(s.tables[0]->w[100] == -2.0f);
-    ps_wire_header_init(&h, PS__OP__OP_PUSH);
-    h.request_id = 4;
-    h.layout = PS__LAYOUT__LAYOUT_KEYS;
-    h.count = 2;
-    h.shm = PS_SHM_KEYS;
-    h.shm_keys = KAT;
+    keyed_header(&h, 4, PS_SHM_KEYS, 2, KAT, 0);
     assert_int_equal(request(&s, "a", &h, v, 2 * sizeof(float), &rep), 0);
     assert_int_equal(sends, 2);
     assert_true(w_at_send[0] == -2.0f && w_at_send[1] == -2.0f);
