@@ -55,6 +55,26 @@ _Static_assert(PS_ROWS_PAGE_BYTES >= (uint64_t)PS_SPARSE_DIM_MAX * 4u, "a page h
  * an ask sooner is answered with the newest file. */
 #define PS_CHECKPOINT_ASK_MIN_MS 1000u
 
+/* Reply bytes psd has handed to ZeroMQ that their peer has not read yet:
+ * per connection (routing id) and in all, defaults of --max-unread-bytes
+ * and --max-unread-bytes-total. A reply with values that would pass either
+ * is refused with PS_ELIMIT; while a connection has nothing unread, one
+ * reply of any size fits its own bound. Frames of at most
+ * PS_UNREAD_INLINE_BYTES live inside ZeroMQ's queue entries, which its
+ * send high-water mark (1,000 messages a connection) bounds, and are not
+ * counted. PS_UNREAD_PEERS_MAX connections may hold unread bytes at once. */
+#define PS_UNREAD_BYTES_DEFAULT       (UINT64_C(256) << 20)
+#define PS_UNREAD_BYTES_TOTAL_DEFAULT (UINT64_C(4) << 30)
+#define PS_UNREAD_BYTES_MIN           (UINT64_C(1) << 20)
+#define PS_UNREAD_PEERS_MAX           4096u
+#define PS_UNREAD_INLINE_BYTES        33u /* ZeroMQ's max_vsm_size on 64-bit hosts */
+
+/* The metrics endpoint (HTTP): connections at once, from one address, and
+ * the seconds a silent one is kept. */
+#define PS_METRICS_CONNS_MAX          256u
+#define PS_METRICS_CONNS_PER_ADDR_MAX 8u
+#define PS_METRICS_IDLE_S             10u
+
 /* Event loop fairness: messages handled per readiness callback. */
 #define PS_DRAIN_BATCH_MAX 64u
 
@@ -93,6 +113,9 @@ _Static_assert(PS_ROWS_PAGE_BYTES >= (uint64_t)PS_SPARSE_DIM_MAX * 4u, "a page h
 #define PS_SHM_REGIONS_MAX 64u
 #define PS_SHM_PENDING_MS  10000u
 #define PS_SHM_CONNS_MAX   8u
+/* A connection there that has not handed its region over this long is
+ * closed once another one waits for its slot. */
+#define PS_SHM_CONN_IDLE_MS 200u
 
 _Static_assert(PS_ERROR_TEXT_MAX < PS_HEADER_BYTES_MAX, "error text must fit in a header");
 _Static_assert(PS_WAITS_PER_WORKER_MAX <= PS_WAITS_MAX, "a worker's share fits the queue");
@@ -102,6 +125,7 @@ _Static_assert(PS_MESSAGE_BYTES_DEFAULT >= PS_MESSAGE_BYTES_MIN, "default below 
 _Static_assert(PS_MESSAGE_BYTES_DEFAULT <= PS_MESSAGE_BYTES_MAX, "default above maximum");
 _Static_assert(PS_CLIENT_TICKETS_MAX <= 65536u, "ticket slot must fit in 16 bits");
 _Static_assert((PS_CLIENT_TICKETS_MAX & (PS_CLIENT_TICKETS_MAX - 1)) == 0, "power of two");
+_Static_assert(PS_UNREAD_BYTES_DEFAULT <= PS_UNREAD_BYTES_TOTAL_DEFAULT, "a peer's share fits");
 _Static_assert(PS_SHARDS_MAX <= UINT32_MAX, "shard ids are uint32 on the wire");
 _Static_assert(PS_TABLE_ELEMS_MAX *PS_DTYPE_BYTES_MAX > PS_TABLE_ELEMS_MAX, "no overflow");
 

@@ -28,6 +28,13 @@ struct ps_log {
             ps_log_write((lg), (lvl), (id), __VA_ARGS__);                                          \
     } while (0)
 
+/* Whether the nth occurrence (counting from 1) of a message a peer can
+ * repeat at will is logged: the first 20, then every 1,000th. */
+static inline int ps_log_sampled(unsigned long long nth)
+{
+    return nth <= 20 || nth % 1000 == 0;
+}
+
 void ps_log_init(struct ps_log *lg, const char *prog, int level);
 void ps_log_write(const struct ps_log *lg, int level, const char *id, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));

@@ -2,6 +2,8 @@
  * (libmicrohttpd, its own polling thread). */
 #include "ps_metrics.h"
 
+#include "ps_limits.h"
+
 #include "ps_err.h"
 
 #include <arpa/inet.h>
@@ -286,10 +288,14 @@ int ps_metrics_start(struct ps_metrics **out, const char *listen, char *err, siz
     }
     pthread_mutex_init(&m->mu, NULL);
     m->published_ms = mono_ms();
-    m->d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | (v6 ? MHD_USE_IPv6 : 0), 0, NULL,
-                            NULL, on_request, m, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
-                            MHD_OPTION_CONNECTION_LIMIT, 64u, MHD_OPTION_CONNECTION_TIMEOUT, 10u,
-                            MHD_OPTION_END);
+    /* One address cannot take every connection (a slow client holding
+     * them would fail the orchestrator's /healthz), and a connection
+     * silent for PS_METRICS_IDLE_S is closed. */
+    m->d = MHD_start_daemon(
+        MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL | (v6 ? MHD_USE_IPv6 : 0), 0, NULL, NULL,
+        on_request, m, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa, MHD_OPTION_CONNECTION_LIMIT,
+        PS_METRICS_CONNS_MAX, MHD_OPTION_PER_IP_CONNECTION_LIMIT, PS_METRICS_CONNS_PER_ADDR_MAX,
+        MHD_OPTION_CONNECTION_TIMEOUT, PS_METRICS_IDLE_S, MHD_OPTION_END);
     if (m->d == NULL) {
         snprintf(err, errlen, "--metrics-listen '%s': cannot listen there (%s)", listen,
                  errno ? strerror(errno) : "libmicrohttpd refused");

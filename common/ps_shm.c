@@ -168,6 +168,10 @@ int ps_shm_take(int conn, uint64_t *token, void **base, size_t *size, char *err,
     else if ((mh.msg_flags & MSG_CTRUNC) || nfds != 1)
         rc = ps_errf(PS_EPROTO, err, errlen, "a hand-over needs exactly one descriptor (%d came%s)",
                      nfds, (mh.msg_flags & MSG_CTRUNC) ? ", more cut off" : "");
+    else if (memcmp(msg + 8, &(uint64_t){0}, 8) == 0)
+        rc = ps_errf(PS_EPROTO, err, errlen,
+                     "a hand-over under token 0 (a region is handed over under the non-zero token "
+                     "its hello names)");
     else if (fstat(fds[0], &st) != 0 || !S_ISREG(st.st_mode))
         rc = ps_errf(PS_EPROTO, err, errlen, "the descriptor is not a regular file");
     else if (st.st_size < (off_t)PS_SHM_BYTES_MIN || (uint64_t)st.st_size > PS_SHM_BYTES_MAX)

@@ -99,6 +99,15 @@ uint64_t psd_cons_clock(const struct psd_cons *c, const struct psd_table *t)
     return slowest_member(c, t, &none);
 }
 
+int psd_cons_reachable(const struct psd_cons *c, const struct psd_table *t, uint64_t clock)
+{
+    if (c->mode == PSD_ASP || t->restored || t->recovering)
+        return 1;
+    uint64_t now = psd_cons_clock(c, t),
+             reach = c->mode == PSD_BSP ? 2 : (uint64_t)c->staleness + 2;
+    return clock <= now || clock - now <= reach;
+}
+
 uint64_t psd_cons_join_clock(const struct psd_cons *c, const struct psd_table *t, uint32_t w)
 {
     if (c->mode == PSD_ASP)

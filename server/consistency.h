@@ -100,6 +100,13 @@ void psd_cons_apply_later(const struct psd_cons_later *l);
 int psd_cons_ready(const struct psd_cons *c, const struct psd_table *t, uint64_t clock,
                    uint64_t offset, uint64_t count);
 
+/* 1 when a member's pull may wait for `clock` now: in bsp up to two
+ * rounds past those applied (a rejoining worker starts two ahead), in ssp
+ * up to K + 2 past the slowest member, anything while a table restored
+ * from a checkpoint has not caught up with the workers. A pull for a
+ * clock past that is refused rather than queued. */
+int psd_cons_reachable(const struct psd_cons *c, const struct psd_table *t, uint64_t clock);
+
 /* bsp: rounds applied; ssp/asp: the lowest worker clock. */
 uint64_t psd_cons_clock(const struct psd_cons *c, const struct psd_table *t);
 

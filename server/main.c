@@ -41,6 +41,7 @@ struct psd_config {
     const char *checkpoint_dir;
     uint64_t checkpoint_every;
     uint64_t max_table_bytes;
+    uint64_t max_unread_bytes, max_unread_bytes_total;
     const char *log_level;
     const char *config;
     const char *endpoint_file;
@@ -83,6 +84,13 @@ static const struct ps_opt psd_opts[] = {
          "it rejoins (0: never)"),
     OPT("max-table-bytes", PS_OPT_U64, max_table_bytes, "17179869184", 4096, UINT64_C(1) << 40,
         "BYTES", "largest table (weights + optimizer state) a peer may create on this shard"),
+    OPT("max-unread-bytes", PS_OPT_U64, max_unread_bytes, "268435456", PS_UNREAD_BYTES_MIN,
+        UINT64_C(1) << 40, "BYTES",
+        "reply bytes one connection may leave unread in psd's queue; a pull past it is refused "
+        "(one reply of any size fits while nothing is unread)"),
+    OPT("max-unread-bytes-total", PS_OPT_U64, max_unread_bytes_total, "4294967296",
+        PS_UNREAD_BYTES_MIN, UINT64_C(1) << 40, "BYTES",
+        "reply bytes all connections together may leave unread; a pull past it is refused"),
     OPT("prune", PS_OPT_STR, prune, NULL, 0, 0, "SPEC[,SPEC]",
         "gradual magnitude pruning, SPEC = TABLE:TARGET[:START:END:EVERY] (steps; defaults "
         "200:2000:100)"),
@@ -132,6 +140,9 @@ static void publish_metrics(struct app *a)
     if (a->metrics == NULL)
         return;
     psd_metrics_render(&a->srv, &a->metrics_text);
+    if (a->net.sock != NULL) /* started */
+        psd_metrics_render_net(&a->net, a->cfg.curve_secret != NULL ? &a->sec : NULL,
+                               &a->metrics_text);
     ps_metrics_publish(a->metrics, &a->metrics_text);
 }
 
@@ -342,6 +353,8 @@ int main(int argc, char **argv)
         .nprunes = nprunes,
         .table_bytes_max = cfg.max_table_bytes,
         .worker_timeout_ms = (uint64_t)(cfg.worker_timeout * 1000.0 + 0.5),
+        .unread_bytes_max = cfg.max_unread_bytes,
+        .unread_bytes_total_max = cfg.max_unread_bytes_total,
     };
     if (cfg.apply_threads == 0)
         cfg.apply_threads = ps_cpus_allowed() >= 2 ? 2 : 1;

@@ -141,10 +141,18 @@ int psd_metrics_render(const struct psd *s, struct ps_buf *b)
     ps_prom_metric(b, "psd_uptime_seconds", "gauge", "Seconds since start.",
                    (double)(uv_hrtime() - s->start_ns) / 1e9);
     requests(b, s);
+    uint64_t unread_peer = 0, unread_total = 0;
+    if (s->unread != NULL)
+        s->unread(s->send_ctx, "", 0, &unread_peer, &unread_total);
     const struct scalar scalars[] = {
         {"psd_received_bytes_total", "counter", "Bytes of requests received.",
          (double)s->ctr.bytes_in},
         {"psd_sent_bytes_total", "counter", "Bytes of replies sent.", (double)s->ctr.bytes_out},
+        {"psd_unread_bytes", "gauge",
+         "Reply bytes queued that their connections have not read yet.", (double)unread_total},
+        {"psd_unread_refused_total", "counter",
+         "Replies refused because their connection, or all, had too many bytes unread.",
+         (double)s->unread_refused},
         {"psd_waiting_requests", "gauge", "Pulls (and push-pulls) waiting for their clock now.",
          (double)s->nwaits},
         {"psd_deferred_requests_total", "counter", "Requests that had to wait for their clock.",
@@ -215,4 +223,27 @@ int psd_metrics_render(const struct psd *s, struct ps_buf *b)
                        "shard's current state (an idle shard writes none).",
                        psd_checkpoint_age_s(s));
     return b->oom ? PS_ENOMEM : 0;
+}
+
+void psd_metrics_render_net(const struct psd_net *n, const struct psd_security *sec,
+                            struct ps_buf *b)
+{
+    const struct scalar scalars[] = {
+        {"psd_replies_dropped_total", "counter",
+         "Replies dropped at send: the connection's queue was full, or it was gone.",
+         (double)n->send_drops},
+        {"psd_shm_refused_total", "counter",
+         "Shared regions handed over and refused (bad hand-over, or every region bound).",
+         (double)n->shm_refused},
+        {"psd_shm_idle_closed_total", "counter",
+         "Connections to the hand-over socket closed for sending nothing while others waited.",
+         (double)n->shm_idle_closed},
+        {"psd_handshakes_admitted_total", "counter", "CURVE clients admitted.",
+         sec != NULL ? (double)sec->admitted : 0},
+        {"psd_handshakes_refused_total", "counter",
+         "Connections refused at the handshake (key not listed, plaintext, garbage).",
+         sec != NULL ? (double)sec->refused : 0},
+    };
+    for (size_t i = 0; i < sizeof scalars / sizeof scalars[0]; i++)
+        ps_prom_metric(b, scalars[i].name, scalars[i].type, scalars[i].help, scalars[i].v);
 }

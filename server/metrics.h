@@ -3,11 +3,16 @@
 #ifndef PSD_METRICS_H
 #define PSD_METRICS_H
 
+#include "net.h"
 #include "psd.h"
 
 #include "ps_metrics.h"
 
 /* Appends the whole exposition to b. 0, or PS_ENOMEM. */
 int psd_metrics_render(const struct psd *s, struct ps_buf *b);
+/* Appends the transport's counters (n started; sec NULL when CURVE is
+ * off). */
+void psd_metrics_render_net(const struct psd_net *n, const struct psd_security *sec,
+                            struct ps_buf *b);
 
 #endif

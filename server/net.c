@@ -19,61 +19,44 @@
 /* routing id + up to PS_FRAMES_MAX frames + one more to detect excess */
 #define PARTS_MAX (PS_FRAMES_MAX + 2u)
 
-static void free_values(void *data, void *hint)
+/* Sends [route][header][mask?][values?] to a peer without blocking; every
+ * frame but the routing id is counted as unread (unread.h) until ZeroMQ
+ * frees it. Large values go out without a copy (ZeroMQ frees them, or
+ * lets go of a lent table block); small or borrowed ones (a table's
+ * memory below PS_ZEROCOPY_BYTES_MIN) are copied. */
+static int send_reply(struct psd_net *n, const void *route, size_t route_len, struct psd_reply *rep)
 {
-    (void)hint;
-    free(data);
-}
-
-static void lent_done(void *data, void *hint)
-{
-    (void)data;
-    psd_lent_done(hint);
-}
-
-/* Hands buf to zmq as the next frame: zero-copy when large (zmq frees it,
- * or lets go of *lent when buf lies in a lent table block), copied when
- * small or borrowed (a table's memory, not ours to hand over). On success
- * the frame owns buf. */
-static int send_frame(struct psd_net *n, void **buf, size_t len, struct psd_lent **lent,
-                      int borrowed, int more)
-{
-    zmq_msg_t m;
-    if (len >= PS_ZEROCOPY_BYTES_MIN && !borrowed) {
-        if (zmq_msg_init_data(&m, *buf, len, *lent ? lent_done : free_values, *lent) != 0)
-            return -1;
-        *buf = NULL; /* zmq owns it now, even if the send fails */
-        *lent = NULL;
-    } else {
-        if (zmq_msg_init_size(&m, len) != 0)
-            return -1;
-        memcpy(zmq_msg_data(&m), *buf, len);
+    struct psd_unread_peer *p = psd_unread_peer(&n->unread, route, route_len);
+    struct psd_lent *none = NULL;
+    void *hdr = (void *)rep->hdr;
+    int own_vals = rep->vals_bytes >= PS_ZEROCOPY_BYTES_MIN && !rep->vals_borrowed;
+    const int f = ZMQ_DONTWAIT;
+    /* After the first part is queued, the rest of the message is too. */
+    if (zmq_send(n->sock, route, route_len, ZMQ_SNDMORE | f) < 0 ||
+        psd_unread_send(&n->unread, p, n->sock, &hdr, rep->hdr_len, &none, 0,
+                        (rep->mask || rep->vals ? ZMQ_SNDMORE : 0) | f) != 0 ||
+        (rep->mask && psd_unread_send(&n->unread, p, n->sock, &rep->mask, rep->mask_bytes, &none, 1,
+                                      (rep->vals ? ZMQ_SNDMORE : 0) | f) != 0) ||
+        (rep->vals && psd_unread_send(&n->unread, p, n->sock, &rep->vals, rep->vals_bytes,
+                                      &rep->lent, own_vals, f) != 0)) {
+        n->send_drops++;
+        PS_LOG(n->srv->log, PS_LOG_DEBUG, "S0110", "reply dropped: %s", zmq_strerror(errno));
+        psd_reply_drop(rep);
+        return PS_EAGAIN;
     }
-    if (zmq_msg_send(&m, n->sock, (more ? ZMQ_SNDMORE : 0) | ZMQ_DONTWAIT) < 0) {
-        zmq_msg_close(&m);
-        return -1;
-    }
+    psd_reply_drop(rep);
     return 0;
 }
 
-static int send_reply(struct psd_net *n, const void *route, size_t route_len, struct psd_reply *rep)
+/* psd's question before it sends values (psd_unread_cb). */
+static int unread_of(void *ctx, const void *route, size_t route_len, uint64_t *peer,
+                     uint64_t *total)
 {
-    int rc = 0;
-    struct psd_lent *none = NULL;
-    /* After the first part is queued, the rest of the message is too. */
-    if (zmq_send(n->sock, route, route_len, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
-        zmq_send(n->sock, rep->hdr, rep->hdr_len,
-                 (rep->mask || rep->vals ? ZMQ_SNDMORE : 0) | ZMQ_DONTWAIT) < 0 ||
-        (rep->mask &&
-         send_frame(n, &rep->mask, rep->mask_bytes, &none, 0, rep->vals != NULL) != 0) ||
-        (rep->vals &&
-         send_frame(n, &rep->vals, rep->vals_bytes, &rep->lent, rep->vals_borrowed, 0) != 0)) {
-        n->send_drops++;
-        PS_LOG(n->srv->log, PS_LOG_DEBUG, "S0110", "reply dropped: %s", zmq_strerror(errno));
-        rc = PS_EAGAIN;
-    }
-    psd_reply_drop(rep);
-    return rc;
+    struct psd_net *n = ctx;
+    const struct psd_unread_peer *p = psd_unread_peer(&n->unread, route, route_len);
+    *total = atomic_load_explicit(&n->unread.total, memory_order_relaxed);
+    *peer = p != NULL ? atomic_load_explicit(&p->bytes, memory_order_relaxed) : 0;
+    return p != NULL;
 }
 
 static int on_readable(struct ps_zsock *zs, void *arg)
@@ -104,12 +87,20 @@ static void send_deferred(void *ctx, const void *route, size_t route_len, struct
 
 /* ---- the fd socket: shared regions handed over ---------------------------- */
 
+static void on_shm_accept(uv_poll_t *h, int status, int events);
+
 static void conn_closed(uv_handle_t *h)
 {
     struct psd_net_conn *c = h->data;
+    struct psd_net *n = c->net;
     close(c->fd);
     c->fd = -1;
     c->state = 0;
+    if (n->shm_paused && n->shm_fd >= 0) { /* a slot is free: take the next connection */
+        n->shm_paused = 0;
+        uv_timer_stop(&n->shm_timer);
+        uv_poll_start(&n->shm_poll, UV_READABLE, on_shm_accept);
+    }
 }
 
 static void conn_done(struct psd_net_conn *c)
@@ -137,7 +128,7 @@ static void on_conn(uv_poll_t *h, int status, int events)
         snprintf(err, sizeof err, "psd maps %u regions already, all of them in use",
                  PS_SHM_REGIONS_MAX);
     }
-    if (rc != 0 && (n->shm_refused++ < 16 || n->shm_refused % 1024 == 0)) {
+    if (rc != 0 && ps_log_sampled(++n->shm_refused)) {
         PS_LOG(n->srv->log, PS_LOG_WARN, "S0112",
                "a shared region handed over was refused (%llu so far): %s",
                (unsigned long long)n->shm_refused, err);
@@ -146,16 +137,37 @@ static void on_conn(uv_poll_t *h, int status, int events)
     conn_done(c);
 }
 
-/* A free connection slot; when none, those reading for over a second are
- * closed (they free up once closed) and NULL is returned. */
-static struct psd_net_conn *conn_slot(struct psd_net *n, uint64_t now)
+/* Closes the connections that have sent no complete hand-over for
+ * PS_SHM_CONN_IDLE_MS. The count closed. */
+static uint32_t close_idle(struct psd_net *n, uint64_t now)
+{
+    uint32_t closed = 0;
+    for (uint32_t i = 0; i < PS_SHM_CONNS_MAX; i++) {
+        struct psd_net_conn *c = &n->conns[i];
+        if (c->state == 1 && now - c->since_ms >= PS_SHM_CONN_IDLE_MS) {
+            conn_done(c);
+            n->shm_idle_closed++;
+            closed++;
+        }
+    }
+    return closed;
+}
+
+/* Every slot was taken when a connection came: it waits in the listen
+ * backlog while idle ones are closed; a slot freed resumes accepting
+ * (conn_closed). */
+static void on_shm_timer(uv_timer_t *t)
+{
+    struct psd_net *n = t->data;
+    if (close_idle(n, uv_now(t->loop)) == 0)
+        uv_timer_start(&n->shm_timer, on_shm_timer, PS_SHM_CONN_IDLE_MS, 0);
+}
+
+static struct psd_net_conn *conn_slot(struct psd_net *n)
 {
     for (uint32_t i = 0; i < PS_SHM_CONNS_MAX; i++)
         if (n->conns[i].state == 0)
             return &n->conns[i];
-    for (uint32_t i = 0; i < PS_SHM_CONNS_MAX; i++)
-        if (n->conns[i].state == 1 && now - n->conns[i].since_ms > 1000)
-            conn_done(&n->conns[i]);
     return NULL;
 }
 
@@ -165,19 +177,25 @@ static void on_shm_accept(uv_poll_t *h, int status, int events)
     (void)events;
     struct psd_net *n = h->data;
     for (;;) {
+        struct psd_net_conn *c = conn_slot(n);
+        if (c == NULL) { /* the rest wait in the backlog until a slot frees */
+            uv_poll_stop(&n->shm_poll);
+            n->shm_paused = 1;
+            if (close_idle(n, uv_now(h->loop)) == 0)
+                uv_timer_start(&n->shm_timer, on_shm_timer, PS_SHM_CONN_IDLE_MS, 0);
+            return;
+        }
         int fd = accept4(n->shm_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0)
             return; /* none waiting (or a transient error: the next readiness retries) */
-        uint64_t now = uv_now(h->loop);
-        struct psd_net_conn *c = conn_slot(n, now);
-        if (c == NULL || uv_poll_init(h->loop, &c->poll, fd) != 0) {
+        if (uv_poll_init(h->loop, &c->poll, fd) != 0) {
             close(fd); /* the client sees no answer and keeps to frames */
             n->shm_refused++;
             continue;
         }
         c->fd = fd;
         c->net = n;
-        c->since_ms = now;
+        c->since_ms = uv_now(h->loop);
         c->state = 1;
         c->poll.data = c;
         uv_poll_start(&c->poll, UV_READABLE, on_conn);
@@ -199,6 +217,8 @@ static void shm_start(struct psd_net *n, uv_loop_t *loop, const char *local)
     }
     n->shm_fd = fd;
     n->shm_poll.data = n;
+    uv_timer_init(loop, &n->shm_timer);
+    n->shm_timer.data = n;
     uv_poll_start(&n->shm_poll, UV_READABLE, on_shm_accept);
 }
 
@@ -212,6 +232,10 @@ int psd_net_start(struct psd_net *n, struct psd *srv, uv_loop_t *loop, const cha
 {
     memset(n, 0, sizeof *n);
     n->shm_fd = -1;
+    if (psd_unread_init(&n->unread) != 0) {
+        snprintf(err, errlen, "out of memory for the unread replies' records");
+        return PS_ENOMEM;
+    }
     for (uint32_t i = 0; i < PS_SHM_CONNS_MAX; i++)
         n->conns[i].fd = -1;
     n->srv = srv;
@@ -261,6 +285,7 @@ int psd_net_start(struct psd_net *n, struct psd *srv, uv_loop_t *loop, const cha
                    zmq_strerror(errno), n->endpoint);
     }
     psd_set_sender(srv, send_deferred, n);
+    psd_set_unread(srv, unread_of);
     int rc = ps_zsock_start(loop, &n->zs, n->sock, on_readable, n);
     if (rc != 0) {
         snprintf(err, errlen, "cannot watch the socket on the event loop");
@@ -279,6 +304,8 @@ void psd_net_stop(struct psd_net *n)
     if (n->shm_fd >= 0) {
         uv_poll_stop(&n->shm_poll);
         uv_close((uv_handle_t *)&n->shm_poll, NULL);
+        uv_close((uv_handle_t *)&n->shm_timer, NULL);
+        n->shm_paused = 0;
         for (uint32_t i = 0; i < PS_SHM_CONNS_MAX; i++)
             if (n->conns[i].state == 1)
                 conn_done(&n->conns[i]);
@@ -300,6 +327,7 @@ void psd_net_fini(struct psd_net *n)
     if (n->shm_fd >= 0)
         close(n->shm_fd);
     n->shm_fd = -1;
+    psd_unread_fini(&n->unread); /* every frame was freed with the context */
     n->sock = NULL;
     n->ctx = NULL;
 }

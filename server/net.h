@@ -10,6 +10,7 @@
 
 #include "psd.h"
 #include "security.h"
+#include "unread.h"
 #include "ps_zsock.h"
 
 #include <uv.h>
@@ -30,12 +31,15 @@ struct psd_net {
     struct ps_zsock zs;
     char endpoint[256]; /* actual bound endpoint (port resolved) */
     uint64_t send_drops;
+    struct psd_unread unread; /* reply bytes peers have not read */
     struct psd_security *sec;
     /* the fd socket next to the local endpoint (ps_shm.h); -1: none */
     int shm_fd;
     uv_poll_t shm_poll;
     struct psd_net_conn conns[PS_SHM_CONNS_MAX];
-    uint64_t shm_refused;
+    uv_timer_t shm_timer; /* closes idle connections while accepting waits */
+    int shm_paused;       /* every slot taken: new connections wait in the backlog */
+    uint64_t shm_refused, shm_idle_closed;
 };
 
 /* Binds `listen` and registers on `loop`. io_threads sizes zmq's I/O pool.

@@ -42,6 +42,9 @@ int psd_init(struct psd *s, struct ps_log *log, const struct psd_params *p)
     s->waits = calloc(PS_WAITS_MAX, sizeof *s->waits);
     s->live = calloc(s->cons.workers, sizeof *s->live);
     s->worker_timeout_ms = p->worker_timeout_ms;
+    s->unread_bytes_max = p->unread_bytes_max ? p->unread_bytes_max : PS_UNREAD_BYTES_DEFAULT;
+    s->unread_bytes_total_max =
+        p->unread_bytes_total_max ? p->unread_bytes_total_max : PS_UNREAD_BYTES_TOTAL_DEFAULT;
     if (s->arena_buf == NULL || s->waits == NULL || s->live == NULL) {
         psd_fini(s);
         return PS_ENOMEM;
@@ -54,6 +57,11 @@ void psd_set_sender(struct psd *s, psd_send_cb send, void *ctx)
 {
     s->send = send;
     s->send_ctx = ctx;
+}
+
+void psd_set_unread(struct psd *s, psd_unread_cb unread)
+{
+    s->unread = unread;
 }
 
 void psd_set_local_endpoint(struct psd *s, const char *endpoint)
@@ -171,8 +179,7 @@ static void reply_error(struct psd *s, const Ps__Header *req, int code, const ch
     s->ctr.errors++;
     s->ctr
         .errors_by[psd_op_index(req)][code < 0 && code > -PSD_ERR_CODES ? -code : PSD_ERR_CODES]++;
-    s->errors_logged++;
-    if (s->errors_logged <= 20 || s->errors_logged % 1000 == 0)
+    if (ps_log_sampled(++s->errors_logged))
         PS_LOG(s->log, PS_LOG_WARN, "S0200", "error reply to worker %u (%s): %s [%s] (%llu so far)",
                req ? req->worker_id : 0, req ? ps_op_name(req->op) : "?", buf, ps_err_name(code),
                (unsigned long long)s->ctr.errors);
@@ -192,6 +199,39 @@ static void reply_errorf(struct psd *s, const Ps__Header *req, int code, struct 
     vsnprintf(buf, sizeof buf, fmt, ap);
     va_end(ap);
     reply_error(s, req, code, buf, rep);
+}
+
+/* A reply with values to `route` must fit the bytes it may leave unread
+ * (psd_set_unread): one that does not becomes an error reply. While the
+ * connection has nothing unread, a reply of any size fits its own bound. */
+static void fit_unread(struct psd *s, const void *route, size_t route_len, const Ps__Header *req,
+                       struct psd_reply *rep)
+{
+    uint64_t bytes = rep->mask_bytes + rep->vals_bytes, peer = 0, total = 0;
+    if (bytes == 0 || s->unread == NULL)
+        return;
+    int known = s->unread(s->send_ctx, route, route_len, &peer, &total);
+    int peer_ok = peer == 0 || peer + bytes <= s->unread_bytes_max;
+    int total_ok = total + bytes <= s->unread_bytes_total_max;
+    if (known && peer_ok && total_ok)
+        return;
+    s->unread_refused++;
+    if (!known)
+        reply_errorf(s, req, PS_ELIMIT, rep,
+                     "%s: %u connections hold replies they have not read: read yours, or retry",
+                     ps_op_name(req->op), PS_UNREAD_PEERS_MAX);
+    else if (!peer_ok)
+        reply_errorf(s, req, PS_ELIMIT, rep,
+                     "%s: this connection has %llu reply bytes it has not read; %llu more would "
+                     "pass psd --max-unread-bytes %llu: read your replies",
+                     ps_op_name(req->op), (unsigned long long)peer, (unsigned long long)bytes,
+                     (unsigned long long)s->unread_bytes_max);
+    else
+        reply_errorf(s, req, PS_ELIMIT, rep,
+                     "%s: connections have %llu reply bytes they have not read; %llu more would "
+                     "pass psd --max-unread-bytes-total %llu",
+                     ps_op_name(req->op), (unsigned long long)total, (unsigned long long)bytes,
+                     (unsigned long long)s->unread_bytes_total_max);
 }
 
 /* ---- ops ---------------------------------------------------------------- */
@@ -756,44 +796,85 @@ static void release_waits(struct psd *s)
         unsigned char *dst = NULL;
         if (shm_part(s, &route, &h, w->shm, PS_SHM_OUT, w->shm_out, &dst, &rep) == 0)
             answer_pull(s, &h, t, w->clock, w->offset, w->count, 0, 0, dst, &rep);
+        fit_unread(s, w->route, w->route_len, &h, &rep);
         send_now(s, w->route, w->route_len, &rep);
         s->waits[i] = s->waits[--s->nwaits]; /* order of answers does not matter */
     }
 }
 
-static int defer(struct psd *s, const struct ps_frame *route, const Ps__Header *req, uint64_t clock,
-                 struct psd_reply *rep)
+/* Why a pull not ready yet may not wait (NULL: it may): the worker is not
+ * one of the round's, the clock is out of the mode's reach, or the
+ * worker or the connection has its share of the queue waiting. */
+static const char *wait_refusal(struct psd *s, const struct ps_frame *route, const Ps__Header *req,
+                                uint64_t clock, char *why, size_t len)
 {
-    int cannot = s->send == NULL || route->size > PS_ROUTE_ID_MAX;
-    uint32_t mine = 0;
+    const struct psd_table *t = s->tables[req->table_id];
+    uint32_t mine = 0, theirs = 0;
+    if (req->worker_id >= s->cons.workers) {
+        snprintf(why, len, "worker id %u is not one of the %u this shard waits for (psd --workers)",
+                 req->worker_id, s->cons.workers);
+        return why;
+    }
+    if (!psd_cons_reachable(&s->cons, t, clock)) {
+        snprintf(why, len, "no worker can reach it from the table's clock %llu in %s",
+                 (unsigned long long)psd_cons_clock(&s->cons, t),
+                 s->cons.mode == PSD_BSP ? "bsp" : "ssp");
+        return why;
+    }
+    for (uint32_t i = 0; i < s->nwaits; i++) {
+        const struct psd_wait *o = &s->waits[i];
+        mine += o->worker_id == req->worker_id;
+        theirs += o->route_len == route->size && memcmp(o->route, route->data, route->size) == 0;
+    }
+    if (mine >= PS_WAITS_PER_WORKER_MAX || theirs >= PS_WAITS_PER_WORKER_MAX) {
+        snprintf(why, len, "%s already has %u requests waiting (the limit for each)",
+                 mine >= PS_WAITS_PER_WORKER_MAX ? "this worker id" : "this connection",
+                 mine >= PS_WAITS_PER_WORKER_MAX ? mine : theirs);
+        return why;
+    }
+    if (s->nwaits >= PS_WAITS_MAX) {
+        snprintf(why, len, "the wait queue is full (%u requests)", PS_WAITS_MAX);
+        return why;
+    }
+    return NULL;
+}
+
+/* A retry of a request already waiting: answered once, on the route the
+ * retry came by (a reconnected peer has a new one). 1 when req is one. */
+static int refresh_wait(struct psd *s, const struct ps_frame *route, const Ps__Header *req)
+{
     for (uint32_t i = 0; i < s->nwaits; i++) {
         struct psd_wait *o = &s->waits[i];
-        if (o->worker_id != req->worker_id)
-            continue;
-        if (!cannot && o->request_id == req->request_id && o->table_id == req->table_id &&
-            o->offset == req->offset && o->count == req->count && o->op == req->op) {
-            /* a retry of a request already waiting: answer it once, on the
-             * route the retry came by (a reconnected peer has a new one) */
+        if (o->worker_id == req->worker_id && o->request_id == req->request_id &&
+            o->table_id == req->table_id && o->offset == req->offset && o->count == req->count &&
+            o->op == req->op) {
             memcpy(o->route, route->data, route->size);
             o->route_len = route->size;
             o->shm = req->shm & PS_SHM_OUT;
             o->shm_out = req->shm_out;
             s->waits_refreshed++;
-            return 0;
+            return 1;
         }
-        mine++;
     }
-    if (cannot || s->nwaits >= PS_WAITS_MAX) {
-        reply_errorf(s, req, s->send ? PS_ELIMIT : PS_EAGAIN, rep,
-                     "%s: clock %llu is not ready and %s", ps_op_name(req->op),
-                     (unsigned long long)clock,
-                     s->send ? "the wait queue is full" : "this server cannot wait");
+    return 0;
+}
+
+static int defer(struct psd *s, const struct ps_frame *route, const Ps__Header *req, uint64_t clock,
+                 struct psd_reply *rep)
+{
+    if (s->send == NULL || route->size > PS_ROUTE_ID_MAX) {
+        reply_errorf(s, req, PS_EAGAIN, rep,
+                     "%s: clock %llu is not ready and this server cannot wait", ps_op_name(req->op),
+                     (unsigned long long)clock);
         return 1;
     }
-    if (mine >= PS_WAITS_PER_WORKER_MAX) {
-        reply_errorf(s, req, PS_ELIMIT, rep,
-                     "%s: worker %u already has %u requests waiting (the limit per worker)",
-                     ps_op_name(req->op), req->worker_id, mine);
+    if (refresh_wait(s, route, req))
+        return 0;
+    char why[160];
+    if (wait_refusal(s, route, req, clock, why, sizeof why) != NULL) {
+        s->waits_refused++;
+        reply_errorf(s, req, PS_ELIMIT, rep, "%s: clock %llu is not ready and may not wait: %s",
+                     ps_op_name(req->op), (unsigned long long)clock, why);
         return 1;
     }
     struct psd_wait *w = &s->waits[s->nwaits++];
@@ -1365,6 +1446,12 @@ static void op_stats(struct psd *s, const Ps__Header *req, struct psd_reply *rep
     st.checkpoints_written = s->ckpt_written;
     st.checkpoint_age_s = psd_checkpoint_age_s(s);
     st.bytes_held = bytes_held;
+    st.shm_regions = psd_shm_bound(&s->shm);
+    st.unread_refused = s->unread_refused;
+    st.waits_refused = s->waits_refused;
+    uint64_t unread_peer = 0;
+    if (s->unread != NULL)
+        s->unread(s->send_ctx, "", 0, &unread_peer, &st.unread_bytes);
     uint32_t *missing = calloc(s->cons.workers, sizeof *missing);
     for (uint32_t w = 0; missing != NULL && w < s->cons.workers; w++)
         if (!s->live[w].live)
@@ -1514,6 +1601,8 @@ static int dispatch_one(struct psd *s, const struct ps_frame *route, const struc
             break;
         }
     }
+    if (now && rc == 0)
+        fit_unread(s, route->data, route->size, m.hdr, rep);
     if (now)
         s->ctr.bytes_out += rep->hdr_len + rep->mask_bytes + rep->vals_bytes;
     return now;

@@ -41,10 +41,12 @@ struct psd_params {
     uint64_t wait_timeout_ms;
     const struct psd_prune_spec *prunes; /* tables to prune, by name */
     size_t nprunes;
-    uint64_t table_bytes_max;   /* weights + optimizer state of one table; 0: default */
-    uint64_t worker_timeout_ms; /* drop a worker silent this long; 0: never */
-    struct ps_pool *pool;       /* a helper for big applies (--apply-threads 2), or NULL;
-                                 * psd_init takes it over, even when it fails */
+    uint64_t table_bytes_max;        /* weights + optimizer state of one table; 0: default */
+    uint64_t worker_timeout_ms;      /* drop a worker silent this long; 0: never */
+    struct ps_pool *pool;            /* a helper for big applies (--apply-threads 2), or NULL;
+                                      * psd_init takes it over, even when it fails */
+    uint64_t unread_bytes_max;       /* per connection (--max-unread-bytes); 0: default */
+    uint64_t unread_bytes_total_max; /* in all (--max-unread-bytes-total); 0: default */
 };
 
 /* A request waiting for a clock: what is needed to answer it later. */
@@ -67,6 +69,12 @@ struct psd_wait {
 struct psd_reply;
 /* Sends a deferred reply to a routing id (the transport implements it). */
 typedef void (*psd_send_cb)(void *ctx, const void *route, size_t route_len, struct psd_reply *rep);
+/* Reply bytes the transport holds that have not been read: by the
+ * connection `route` (*peer) and in all (*total). 0 when it keeps no
+ * record of route (too many connections hold bytes), else 1. Called with
+ * the sender's ctx. */
+typedef int (*psd_unread_cb)(void *ctx, const void *route, size_t route_len, uint64_t *peer,
+                             uint64_t *total);
 
 struct psd {
     struct ps_log *log;
@@ -84,6 +92,7 @@ struct psd {
     uint32_t nwaits;
     uint64_t deferred_total, wait_timeouts, max_staleness;
     uint64_t waits_refreshed; /* retries of a request already waiting */
+    uint64_t waits_refused;   /* pulls not ready that could not wait (wait_refusal) */
     /* exactly-once pushes: per worker id (hashed into PSD_PEERS slots) the
      * session that said hello and the highest request id applied */
     struct psd_peer {
@@ -116,6 +125,9 @@ struct psd {
     char ckpt_path[4200]; /* the newest written */
     psd_send_cb send;
     void *send_ctx;
+    psd_unread_cb unread; /* NULL: replies are not held back */
+    uint64_t unread_bytes_max, unread_bytes_total_max;
+    uint64_t unread_refused; /* replies refused for unread bytes */
     /* hello replies offer local_endpoint (ipc://, "" when none) and this
      * process's random instance */
     char local_endpoint[PS_ENDPOINT_MAX];
@@ -176,6 +188,10 @@ void psd_fini(struct psd *s);
 /* Sets where deferred replies go. Without it requests never wait: a pull
  * that is not ready is refused with PS_EAGAIN. */
 void psd_set_sender(struct psd *s, psd_send_cb send, void *ctx);
+/* Sets how psd learns the reply bytes a connection has not read: a reply
+ * with values that would take it past unread_bytes_max, or every
+ * connection past unread_bytes_total_max, is refused with PS_ELIMIT. */
+void psd_set_unread(struct psd *s, psd_unread_cb unread);
 /* The ipc:// endpoint hello replies offer to clients on this host ("" or
  * NULL: none). */
 void psd_set_local_endpoint(struct psd *s, const char *endpoint);

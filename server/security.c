@@ -68,13 +68,16 @@ static int on_zap(struct ps_zsock *zs, void *arg)
             text = "not a CURVE client";
         }
     }
+    /* a peer can open connections at will: the lines are sampled, the
+     * counts are not */
     if (status[0] == '2') {
-        sec->admitted++;
-        PS_LOG(sec->log, PS_LOG_INFO, "S0500", "admitted CURVE client %s from %s", user, addr);
-    } else {
-        sec->refused++;
-        PS_LOG(sec->log, PS_LOG_WARN, "S0501", "refused client %s from %s: %s",
-               user[0] ? user : "(no key)", addr, text);
+        if (ps_log_sampled(++sec->admitted))
+            PS_LOG(sec->log, PS_LOG_INFO, "S0500", "admitted CURVE client %s from %s (%llu so far)",
+                   user, addr, (unsigned long long)sec->admitted);
+    } else if (ps_log_sampled(++sec->refused)) {
+        PS_LOG(sec->log, PS_LOG_WARN, "S0501",
+               "refused client %s from %s: %s (%llu refused so far)", user[0] ? user : "(no key)",
+               addr, text, (unsigned long long)sec->refused);
     }
     const char *version = "1.0";
     send_str(zs->sock, version, 3, 1);
@@ -108,13 +111,13 @@ static int on_monitor(struct ps_zsock *zs, void *arg)
             zmq_msg_size(&parts[1]) < sizeof ep - 1 ? zmq_msg_size(&parts[1]) : sizeof ep - 1;
         memcpy(ep, zmq_msg_data(&parts[1]), n);
         ep[n] = '\0';
-        if (ev != ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) { /* AUTH ones were logged by ZAP */
-            sec->refused++;
+        /* AUTH ones were counted and logged by ZAP */
+        if (ev != ZMQ_EVENT_HANDSHAKE_FAILED_AUTH && ps_log_sampled(++sec->refused))
             PS_LOG(sec->log, PS_LOG_WARN, "S0502",
                    "refused a connection on %s: handshake failed (%s; a plaintext or "
-                   "non-CURVE client?)",
-                   ep, ev == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL ? "protocol" : "no detail");
-        }
+                   "non-CURVE client?) (%llu refused so far)",
+                   ep, ev == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL ? "protocol" : "no detail",
+                   (unsigned long long)sec->refused);
     }
     for (size_t i = 0; i < kept; i++)
         zmq_msg_close(&parts[i]);

@@ -14,6 +14,8 @@ static void drop(struct psd_shm_region *r)
 
 int psd_shm_offer(struct psd_shm_set *set, uint64_t token, void *base, size_t size, uint64_t now_ms)
 {
+    if (token == 0) /* 0 marks a bound region */
+        return PS_EINVAL;
     psd_shm_expire(set, now_ms);
     struct psd_shm_region *slot = NULL;
     for (uint32_t i = 0; i < PS_SHM_REGIONS_MAX; i++) {

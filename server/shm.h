@@ -34,7 +34,8 @@ struct psd_shm_set {
 };
 
 /* Takes a mapped region (munmap'd when it goes) handed over with token:
- * 0, or PS_ELIMIT when every region is bound (the caller unmaps it). */
+ * 0, PS_EINVAL for token 0, or PS_ELIMIT when every region is bound (the
+ * caller unmaps it). */
 int psd_shm_offer(struct psd_shm_set *set, uint64_t token, void *base, size_t size,
                   uint64_t now_ms);
 /* Binds the region handed over with token to a connection (and drops any

@@ -64,7 +64,8 @@ static int send_req(struct psd *s, const Ps__Header *h, const void *vals, size_t
 {
     uint8_t buf[512];
     struct ps_frame f[2] = {{buf, ps__header__pack(h, buf)}, {vals, vbytes}};
-    struct ps_frame route = {"r", 1};
+    char id[2] = {'r', (char)('0' + h->worker_id % 10)}; /* a connection per worker */
+    struct ps_frame route = {id, sizeof id};
     struct psd_reply rep;
     int now = psd_dispatch(s, &route, f, vals ? 2 : 1, &rep);
     if (now) {
@@ -323,7 +324,8 @@ static void test_push_answered_before_its_step(void **state)
     const float kg[2] = {10, 20};
     uint8_t buf[512];
     struct ps_frame f[3] = {{buf, ps__header__pack(&h, buf)}, {keys, sizeof keys}, {kg, sizeof kg}};
-    struct ps_frame route = {"r", 1};
+    char id[2] = {'r', (char)('0' + h->worker_id % 10)}; /* a connection per worker */
+    struct ps_frame route = {id, sizeof id};
     struct psd_reply rep;
     assert_int_equal(psd_dispatch(&s, &route, f, 3, &rep), 0);
     assert_int_equal(sent, 3);

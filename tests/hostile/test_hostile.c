@@ -1,0 +1,414 @@
+/* Hostile peers against a real psd: each attack is run as a peer would run
+ * it, and the test checks psd's own counters (bytes unread, waits, shared
+ * regions, refusals), its memory under a ceiling, and that another client
+ * is still served. None checks wall time or memory given back to the
+ * system. */
+#define _GNU_SOURCE
+#include "harness.h"
+#include "raw.h"
+
+#include "ps_err.h"
+#include "ps_limits.h"
+#include "ps_shm.h"
+#include "ps_wire.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include <cmocka.h>
+
+#define DEADLINE_MS 20000
+
+static void *dealer_with(void *ctx, const char *endpoint, int rcvhwm, int rcvbuf)
+{
+    void *s = zmq_socket(ctx, ZMQ_DEALER);
+    int linger = 0;
+    assert_non_null(s);
+    zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof linger);
+    if (rcvhwm > 0)
+        zmq_setsockopt(s, ZMQ_RCVHWM, &rcvhwm, sizeof rcvhwm);
+    if (rcvbuf > 0)
+        zmq_setsockopt(s, ZMQ_RCVBUF, &rcvbuf, sizeof rcvbuf);
+    assert_int_equal(zmq_connect(s, endpoint), 0);
+    return s;
+}
+
+static void send_header(void *s, const Ps__Header *h, const void *vals, size_t vbytes)
+{
+    uint8_t buf[PS_HEADER_BYTES_MAX];
+    int64_t n = ps_wire_header_pack(h, buf, sizeof buf);
+    assert_true(n > 0);
+    assert_true(zmq_send(s, buf, (size_t)n, vals ? ZMQ_SNDMORE : 0) >= 0);
+    if (vals)
+        assert_true(zmq_send(s, vals, vbytes, 0) >= 0);
+}
+
+static Ps__Header *stats_of(void *s)
+{
+    Ps__Header h;
+    ps_wire_header_init(&h, PS__OP__OP_STATS);
+    h.request_id = 1;
+    Ps__Header *r = raw_exchange(s, &h, NULL, 0, NULL, 0);
+    assert_non_null(r->stats);
+    return r;
+}
+
+static void create_dense(void *s, const char *name, uint64_t size)
+{
+    Ps__Header h;
+    Ps__TableSpec sp;
+    ps__table_spec__init(&sp);
+    sp.name = (char *)name;
+    sp.size = size;
+    sp.lr = 0.5f;
+    ps_wire_header_init(&h, PS__OP__OP_CREATE_TABLE);
+    h.spec = &sp;
+    ps__header__free_unpacked(raw_exchange(s, &h, NULL, 0, NULL, 0), NULL);
+}
+
+static void pull_header(Ps__Header *h, uint64_t id, uint32_t worker, uint64_t clock, uint64_t count,
+                        Ps__DType dtype)
+{
+    ps_wire_header_init(h, PS__OP__OP_PULL);
+    h->request_id = id;
+    h->worker_id = worker;
+    h->clock = clock;
+    h->count = count;
+    h->dtype = dtype;
+}
+
+/* psd's resident memory in KiB (VmRSS), or -1. */
+static long rss_kib(pid_t pid)
+{
+    char path[64], line[256];
+    snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+    FILE *f = fopen(path, "r");
+    long kib = -1;
+    while (f != NULL && fgets(line, sizeof line, f) != NULL)
+        if (sscanf(line, "VmRSS: %ld kB", &kib) == 1)
+            break;
+    if (f != NULL)
+        fclose(f);
+    return kib;
+}
+
+/* Polls stats on s until pred holds for them, under DEADLINE_MS. Returns
+ * the last stats (caller frees). */
+static Ps__Header *stats_until(void *s, int (*pred)(const Ps__Stats *, uint64_t), uint64_t arg)
+{
+    for (int waited = 0;; waited += 20) {
+        Ps__Header *r = stats_of(s);
+        if (pred(r->stats, arg) || waited >= DEADLINE_MS)
+            return r;
+        ps__header__free_unpacked(r, NULL);
+        harness_pause_ms(20);
+    }
+}
+
+static int requests_at_least(const Ps__Stats *st, uint64_t n)
+{
+    return st->requests >= n;
+}
+
+static int unread_at_most(const Ps__Stats *st, uint64_t n)
+{
+    return st->unread_bytes <= n;
+}
+
+static int waiting_is(const Ps__Stats *st, uint64_t n)
+{
+    return st->waiting == n;
+}
+
+/* 1. A client that never reads and asks for large pulls: psd holds at
+ * most --max-unread-bytes for it, refuses the rest with a counted error,
+ * serves another client, and counts the bytes back once the client goes. */
+static void test_unread_replies_are_bounded(void **state)
+{
+    (void)state;
+    enum { ELEMS = 2u << 20, PULLS = 400 };
+    const uint64_t bound = 16u << 20;
+    struct psd_proc p;
+    const char *args[] = {"--max-unread-bytes", "16777216", "--max-unread-bytes-total", "67108864",
+                          NULL};
+    assert_int_equal(harness_psd_start(&p, args), 0);
+    void *ctx = zmq_ctx_new();
+    void *good = raw_dealer(ctx, p.endpoint);
+    create_dense(good, "big", ELEMS);
+    Ps__Header *r = stats_of(good);
+    uint64_t before = r->stats->requests;
+    ps__header__free_unpacked(r, NULL);
+
+    void *bad = dealer_with(ctx, p.endpoint, 1, 4096);
+    for (uint64_t i = 0; i < PULLS; i++) { /* f16 (a converted copy each) and f32 (lent) */
+        Ps__Header h;
+        pull_header(&h, 100 + i, 7, 0, ELEMS, i % 2 ? PS__DTYPE__DTYPE_F32 : PS__DTYPE__DTYPE_F16);
+        send_header(bad, &h, NULL, 0);
+    }
+    r = stats_until(good, requests_at_least, before + PULLS + 1);
+    const Ps__Stats *st = r->stats;
+    assert_true(st->requests >= before + PULLS + 1);
+    fprintf(stderr, "unread %llu bytes, %llu refused, psd at %ld KiB\n",
+            (unsigned long long)st->unread_bytes, (unsigned long long)st->unread_refused,
+            rss_kib(p.pid));
+    assert_true(st->unread_bytes <= bound + 64u * 1024u); /* error headers beside the values */
+    /* what the kernel's buffers and the client's queue took was not held */
+    assert_true(st->unread_refused >= PULLS / 2);
+    ps__header__free_unpacked(r, NULL);
+    assert_true(rss_kib(p.pid) < 700 * 1024); /* 400 replies held would be 2.4 GB */
+
+    /* another client is served */
+    float w[64];
+    Ps__Header h;
+    pull_header(&h, 9, 1, 0, 64, PS__DTYPE__DTYPE_F32);
+    ps__header__free_unpacked(raw_exchange(good, &h, NULL, 0, w, sizeof w), NULL);
+    assert_float_equal(w[0], 0.0f, 0.0f); /* the zero-initialised weights came back */
+
+    /* the hostile client goes: what it held is counted back */
+    zmq_close(bad);
+    r = stats_until(good, unread_at_most, 0);
+    assert_int_equal(r->stats->unread_bytes, 0);
+    ps__header__free_unpacked(r, NULL);
+    assert_true(harness_log_has(p.log_path, "S0200", "--max-unread-bytes"));
+    zmq_close(good);
+    zmq_ctx_term(ctx);
+    assert_int_equal(harness_psd_stop(&p), 0);
+}
+
+/* Reads n replies from s and counts those with status code. */
+static int replies_with(void *s, int n, int code)
+{
+    int got = 0;
+    for (int i = 0; i < n; i++) {
+        size_t nf = 0;
+        Ps__Header *r = raw_recv(s, RAW_TIMEOUT_MS, &nf, NULL, 0);
+        assert_non_null(r);
+        got += r->status == code;
+        ps__header__free_unpacked(r, NULL);
+    }
+    return got;
+}
+
+/* 2. Waits in bsp: ids outside 0..W-1 never wait, a clock no worker can
+ * reach is refused at once, one connection cannot take more than its
+ * share, and the real worker's pull still waits for its round. */
+static void test_wait_queue_cannot_be_filled(void **state)
+{
+    (void)state;
+    struct psd_proc p;
+    const char *args[] = {"--consistency", "bsp", "--workers", "2", NULL};
+    assert_int_equal(harness_psd_start(&p, args), 0);
+    void *ctx = zmq_ctx_new();
+    void *obs = raw_dealer(ctx, p.endpoint);
+    create_dense(obs, "t", 100);
+    void *bad = raw_dealer(ctx, p.endpoint);
+    enum { FAR = 4096 };
+    for (uint32_t i = 0; i < FAR; i++) {
+        Ps__Header h;
+        pull_header(&h, 1000 + i, 100 + i % 16, UINT64_C(1) << 40, 100, PS__DTYPE__DTYPE_F32);
+        send_header(bad, &h, NULL, 0);
+    }
+    assert_int_equal(replies_with(bad, FAR, PS_ELIMIT), FAR);
+    /* a member's id, a clock far ahead: refused too */
+    Ps__Header h;
+    pull_header(&h, 1, 0, 5, 100, PS__DTYPE__DTYPE_F32);
+    send_header(bad, &h, NULL, 0);
+    assert_int_equal(replies_with(bad, 1, PS_ELIMIT), 1);
+    /* reachable clocks under ids 0 and 1, from one connection: its share */
+    enum { MANY = 300 };
+    for (uint32_t i = 0; i < MANY; i++) {
+        pull_header(&h, 5000 + i, i % 2, 1, 100, PS__DTYPE__DTYPE_F32);
+        send_header(bad, &h, NULL, 0);
+    }
+    assert_int_equal(replies_with(bad, MANY - PS_WAITS_PER_WORKER_MAX, PS_ELIMIT),
+                     MANY - PS_WAITS_PER_WORKER_MAX);
+    Ps__Header *r = stats_until(obs, waiting_is, PS_WAITS_PER_WORKER_MAX);
+    assert_int_equal(r->stats->waiting, PS_WAITS_PER_WORKER_MAX);
+    assert_true(r->stats->waits_refused >= FAR + 1 + MANY - PS_WAITS_PER_WORKER_MAX);
+    ps__header__free_unpacked(r, NULL);
+
+    /* the real worker 1 waits for clock 1, and gets it when the round closes */
+    void *w1 = raw_dealer(ctx, p.endpoint);
+    pull_header(&h, 77, 1, 1, 100, PS__DTYPE__DTYPE_F32);
+    send_header(w1, &h, NULL, 0);
+    r = stats_until(obs, waiting_is, PS_WAITS_PER_WORKER_MAX + 1);
+    assert_int_equal(r->stats->waiting, PS_WAITS_PER_WORKER_MAX + 1);
+    ps__header__free_unpacked(r, NULL);
+    float g[100];
+    for (int i = 0; i < 100; i++)
+        g[i] = 1.0f;
+    for (uint32_t wk = 0; wk < 2; wk++) {
+        Ps__Header ph;
+        ps_wire_header_init(&ph, PS__OP__OP_PUSH);
+        ph.request_id = 90 + wk;
+        ph.worker_id = wk;
+        ph.count = 100;
+        ph.dtype = PS__DTYPE__DTYPE_F32;
+        ps__header__free_unpacked(raw_exchange(obs, &ph, g, sizeof g, NULL, 0), NULL);
+    }
+    float w[100];
+    size_t nf = 0;
+    r = raw_recv(w1, RAW_TIMEOUT_MS, &nf, w, sizeof w);
+    assert_non_null(r);
+    assert_int_equal(r->status, 0);
+    assert_int_equal(r->request_id, 77);
+    assert_float_equal(w[0], -0.5f, 1e-6); /* 0 - lr 0.5 x the mean gradient 1 */
+    ps__header__free_unpacked(r, NULL);
+    zmq_close(w1);
+    zmq_close(bad);
+    zmq_close(obs);
+    zmq_ctx_term(ctx);
+    assert_int_equal(harness_psd_stop(&p), 0);
+}
+
+/* A sealed region handed over under token: 0 when psd took it. */
+static int hand(const char *local, uint64_t token)
+{
+    struct ps_shm r;
+    char err[256];
+    assert_int_equal(ps_shm_create(1 << 16, &r, err, sizeof err), 0);
+    int rc = ps_shm_hand(local, r.fd, token, 5000, err, sizeof err);
+    ps_shm_close(&r);
+    return rc;
+}
+
+/* A connection to psd's fd socket next to local that sends nothing. */
+static int idle_conn(const char *local)
+{
+    struct sockaddr_un sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sun_family = AF_UNIX;
+    const char *name = local + strlen("ipc://@");
+    snprintf(sa.sun_path + 1, sizeof sa.sun_path - 1, "%s/shm", name);
+    socklen_t len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + strlen(name) + 4);
+    int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    assert_true(fd >= 0);
+    assert_int_equal(connect(fd, (struct sockaddr *)&sa, len), 0);
+    return fd;
+}
+
+/* 3. Hand-overs under token 0 bind nothing, and connections that sit idle
+ * on the fd socket do not keep a real hand-over out. */
+static void test_shm_hand_overs(void **state)
+{
+    (void)state;
+    struct psd_proc p;
+    assert_int_equal(harness_psd_start(&p, NULL), 0);
+    void *ctx = zmq_ctx_new();
+    void *obs = raw_dealer(ctx, p.endpoint);
+    Ps__Header h;
+    ps_wire_header_init(&h, PS__OP__OP_HELLO);
+    h.request_id = 1;
+    Ps__Header *r = raw_exchange(obs, &h, NULL, 0, NULL, 0);
+    char local[PS_ENDPOINT_MAX];
+    assert_true(r->local_endpoint != NULL && r->local_endpoint[0] != '\0');
+    snprintf(local, sizeof local, "%s", r->local_endpoint);
+    ps__header__free_unpacked(r, NULL);
+
+    for (int i = 0; i < 80; i++)
+        assert_int_not_equal(hand(local, 0), 0);
+    r = stats_of(obs);
+    assert_int_equal(r->stats->shm_regions, 0);
+    ps__header__free_unpacked(r, NULL);
+    assert_true(harness_log_has(p.log_path, "S0112", "token 0"));
+
+    int idle[PS_SHM_CONNS_MAX];
+    for (uint32_t i = 0; i < PS_SHM_CONNS_MAX; i++)
+        idle[i] = idle_conn(local);
+    const uint64_t token = 0x5eed5eedu;
+    assert_int_equal(hand(local, token), 0);
+    void *mine = raw_dealer(ctx, local);
+    ps_wire_header_init(&h, PS__OP__OP_HELLO);
+    h.request_id = 2;
+    h.worker_id = 0;
+    h.shm_token = token;
+    r = raw_exchange(mine, &h, NULL, 0, NULL, 0);
+    assert_int_equal(r->shm_token, token); /* bound */
+    ps__header__free_unpacked(r, NULL);
+    r = stats_of(obs);
+    assert_int_equal(r->stats->shm_regions, 1);
+    ps__header__free_unpacked(r, NULL);
+    for (uint32_t i = 0; i < PS_SHM_CONNS_MAX; i++)
+        close(idle[i]);
+    zmq_close(mine);
+    zmq_close(obs);
+    zmq_ctx_term(ctx);
+    assert_int_equal(harness_psd_stop(&p), 0);
+}
+
+/* A TCP connection from `from` to 127.0.0.1:port. */
+static int tcp_from(const char *from, int port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    assert_true(fd >= 0);
+    struct sockaddr_in a = {.sin_family = AF_INET};
+    inet_pton(AF_INET, from, &a.sin_addr);
+    assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
+    struct sockaddr_in to = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    inet_pton(AF_INET, "127.0.0.1", &to.sin_addr);
+    if (connect(fd, (struct sockaddr *)&to, sizeof to) != 0) {
+        close(fd);
+        return -1;
+    }
+    struct timeval tv = {5, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    return fd;
+}
+
+/* 4. Slow HTTP clients from one address: /healthz still answers another. */
+static void test_slow_http_clients(void **state)
+{
+    (void)state;
+    struct psd_proc p;
+    const char *args[] = {"--metrics-listen", "127.0.0.1:0", NULL};
+    assert_int_equal(harness_psd_start(&p, args), 0);
+    double port = -1;
+    assert_int_equal(harness_log_wait(p.log_path, "S0012", NULL, DEADLINE_MS), 1);
+    assert_int_equal(harness_log_number(p.log_path, "S0012", "(port ", &port), 0);
+    enum { SLOW = 64 };
+    int slow[SLOW];
+    for (int i = 0; i < SLOW; i++) { /* a request begun, never finished */
+        slow[i] = tcp_from("127.0.0.2", (int)port);
+        if (slow[i] >= 0) {
+            const char *part = "GET /metrics HTTP/1.1\r\nHost: x\r\n";
+            ssize_t n = send(slow[i], part, strlen(part), MSG_NOSIGNAL);
+            (void)n;
+        }
+    }
+    int fd = tcp_from("127.0.0.1", (int)port);
+    assert_true(fd >= 0);
+    const char *req = "GET /healthz HTTP/1.0\r\n\r\n";
+    assert_int_equal(send(fd, req, strlen(req), MSG_NOSIGNAL), (ssize_t)strlen(req));
+    char buf[256] = "";
+    ssize_t n = recv(fd, buf, sizeof buf - 1, 0);
+    assert_true(n > 0);
+    buf[n] = '\0';
+    assert_non_null(strstr(buf, " 200 "));
+    close(fd);
+    for (int i = 0; i < SLOW; i++)
+        if (slow[i] >= 0)
+            close(slow[i]);
+    assert_int_equal(harness_psd_stop(&p), 0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_unread_replies_are_bounded),
+        cmocka_unit_test(test_wait_queue_cannot_be_filled),
+        cmocka_unit_test(test_shm_hand_overs),
+        cmocka_unit_test(test_slow_http_clients),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
