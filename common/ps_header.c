@@ -230,3 +230,44 @@ Ps__Header *ps_header_unpack_fast(ProtobufCAllocator *a, size_t len, const uint8
         *h = tmp;
     return h;
 }
+
+int ps_header_field_bytes(const uint8_t *p, size_t n, uint32_t id, const uint8_t **at, size_t *len)
+{
+    int found = 0;
+    for (size_t i = 0; i < n;) {
+        uint64_t tag = 0, v = 0;
+        size_t k = get_varint(p + i, n - i, VARINT_BYTES_MAX, &tag);
+        if (k == 0)
+            return -1;
+        i += k;
+        switch (tag & 7u) {
+        case PROTOBUF_C_WIRE_TYPE_VARINT:
+            k = get_varint(p + i, n - i, VARINT_BYTES_MAX, &v);
+            break;
+        case PROTOBUF_C_WIRE_TYPE_64BIT:
+            k = 8;
+            break;
+        case PROTOBUF_C_WIRE_TYPE_32BIT:
+            k = 4;
+            break;
+        case PROTOBUF_C_WIRE_TYPE_LENGTH_PREFIXED:
+            k = get_varint(p + i, n - i, VARINT_BYTES_MAX, &v);
+            if (k == 0 || v > n - i - k)
+                return -1;
+            if (tag >> 3 == id) {
+                if (found++)
+                    return -1; /* given twice */
+                *at = p + i + k;
+                *len = (size_t)v;
+            }
+            k += (size_t)v;
+            break;
+        default:
+            return -1;
+        }
+        if (k == 0 || k > n - i)
+            return -1;
+        i += k;
+    }
+    return found;
+}

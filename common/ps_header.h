@@ -42,4 +42,11 @@ int64_t ps_header_pack_fast(const Ps__Header *h, uint8_t *buf, size_t cap);
  * refuses them. The header is released as protobuf-c's would be. */
 Ps__Header *ps_header_unpack_fast(ProtobufCAllocator *a, size_t len, const uint8_t *data);
 
+/* Finds the length-delimited field number id (a string, bytes or a
+ * nested message) in the len bytes of a protobuf message at p: *at and
+ * *len are its contents. 1 found, 0 absent, -1 when the bytes do not parse
+ * or the field is given twice. Used where protobuf-c loses what the check
+ * needs (a string's length past an embedded NUL). */
+int ps_header_field_bytes(const uint8_t *p, size_t n, uint32_t id, const uint8_t **at, size_t *len);
+
 #endif

@@ -175,6 +175,26 @@ static int name_ok(const char *s, size_t *len)
     return n > 0;
 }
 
+/* The table name as the header frame carries it: protobuf-c cuts a string
+ * at an embedded NUL, so "a\0x" would name table "a". The name's bytes on
+ * the wire (field 1 of the spec, field 14) must be exactly name. */
+static int check_name_bytes(const char *name, const struct ps_frame *hdr, char *err, size_t errlen)
+{
+    const uint8_t *spec = NULL, *raw = NULL;
+    size_t spec_len = 0, raw_len = 0;
+    if (ps_header_field_bytes(hdr->data, hdr->size, 14, &spec, &spec_len) != 1 ||
+        ps_header_field_bytes(spec, spec_len, 1, &raw, &raw_len) != 1)
+        return ps_errf(PS_EPROTO, err, errlen,
+                       "create_table: the table spec or its name is "
+                       "malformed or given twice");
+    if (raw_len != strlen(name))
+        return ps_errf(PS_EINVAL, err, errlen,
+                       "table name '%s' is followed by a NUL byte and %zu more bytes: names are "
+                       "printable ASCII",
+                       name, raw_len - strlen(name) - 1);
+    return 0;
+}
+
 int ps_wire_check_spec(const Ps__TableSpec *spec, char *err, size_t errlen)
 {
     size_t len = 0;
@@ -591,8 +611,10 @@ int ps_wire_decode(struct ps_arena *arena, const struct ps_frame *frames, size_t
                    : ps_errf(PS_EPROTO, err, errlen, "batch: answered with status 0");
     if (ps_wire_op_moves_data(h->op) && (dir == PS_WIRE_REQUEST || op_carries_values(h->op, dir)))
         return check_data(h, frames, dir, value_bytes_max, out, err, errlen);
-    if (dir == PS_WIRE_REQUEST && h->op == PS__OP__OP_CREATE_TABLE)
-        return ps_wire_check_spec(h->spec, err, errlen);
+    if (dir == PS_WIRE_REQUEST && h->op == PS__OP__OP_CREATE_TABLE) {
+        int bad = ps_wire_check_spec(h->spec, err, errlen);
+        return bad != 0 ? bad : check_name_bytes(h->spec->name, &frames[0], err, errlen);
+    }
     return 0;
 }
 

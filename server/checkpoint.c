@@ -206,9 +206,10 @@ int psd_checkpoint_write(struct psd *s, const char *dir, char *path, size_t path
     for (size_t i = 0; i < n; i++)
         if (ts[i].bytes > 0 && ts[i].data != NULL)
             crc = crc32_z(crc, ts[i].data, ts[i].bytes);
+    crc = crc32_z(crc, (const unsigned char *)state, strlen(state)); /* version 2: the state too */
     char crcs[16];
     snprintf(crcs, sizeof crcs, "%08lx", crc);
-    const char *meta[] = {"format", "psd-checkpoint", "version", "1", "crc32",
+    const char *meta[] = {"format", "psd-checkpoint", "version", "2", "crc32",
                           crcs,     "state",          state};
     int64_t seqs[1];
     size_t have = list_seqs(s, dir, seqs, 1);
@@ -438,6 +439,12 @@ static int restore_table(struct psd *s, const struct blob *b, json_t *o, char *e
     if (json_array_size(completed) != s->cons.workers)
         return ps_errf(PS_EPROTO, err, errlen, "'%s' was saved for %zu workers, this server has %u",
                        spec.name, json_array_size(completed), s->cons.workers);
+    uint64_t bytes = psd_table_bytes_needed(s, &spec);
+    if (bytes > s->table_bytes_max)
+        return ps_errf(PS_ELIMIT, err, errlen,
+                       "table '%s' would take %" PRIu64
+                       " bytes, over psd --max-table-bytes %" PRIu64,
+                       spec.name, bytes, s->table_bytes_max);
     struct psd_table *t = NULL;
     if (psd_table_new(s, &spec, &t) != 0)
         return ps_errf(PS_EPROTO, err, errlen, "cannot allocate table '%s'", spec.name);
@@ -469,11 +476,21 @@ int psd_checkpoint_load(struct psd *s, const char *path, char *err, size_t errle
             ps_errf(PS_EPROTO, err, errlen, "not a psd checkpoint (metadata format, crc32, state)");
         goto out;
     }
+    /* version 1 summed the tensors only; 2 sums the state after them */
+    const char *version = json_string_value(json_object_get(meta, "version"));
+    int v2 = version != NULL && strcmp(version, "2") == 0;
+    if (!v2 && (version == NULL || strcmp(version, "1") != 0)) {
+        rc = ps_errf(PS_EPROTO, err, errlen, "checkpoint version '%s': this psd reads 1 and 2",
+                     version ? version : "(none)");
+        goto out;
+    }
     unsigned long want = strtoul(crcs, NULL, 16);
     unsigned long got = crc32_z(crc32(0L, Z_NULL, 0), b.data, b.dlen);
+    if (v2)
+        got = crc32_z(got, (const unsigned char *)state, strlen(state));
     if (want != got) {
-        rc = ps_errf(PS_EPROTO, err, errlen, "data checksum %08lx, the header says %08lx", got,
-                     want);
+        rc = ps_errf(PS_EPROTO, err, errlen, "checksum of the %s %08lx, the header says %08lx",
+                     v2 ? "tensors and state" : "tensors", got, want);
         goto out;
     }
     json_error_t je;

@@ -42,6 +42,7 @@ struct psd_config {
     uint64_t checkpoint_every;
     uint64_t max_table_bytes;
     uint64_t max_unread_bytes, max_unread_bytes_total;
+    int allow_nonfinite;
     const char *log_level;
     const char *config;
     const char *endpoint_file;
@@ -91,6 +92,9 @@ static const struct ps_opt psd_opts[] = {
     OPT("max-unread-bytes-total", PS_OPT_U64, max_unread_bytes_total, "4294967296",
         PS_UNREAD_BYTES_MIN, UINT64_C(1) << 40, "BYTES",
         "reply bytes all connections together may leave unread; a pull past it is refused"),
+    OPT("allow-nonfinite", PS_OPT_FLAG, allow_nonfinite, NULL, 0, 0, NULL,
+        "apply pushes whose gradients hold NaN or infinities (by default they are refused, "
+        "since one would poison the weights for good)"),
     OPT("prune", PS_OPT_STR, prune, NULL, 0, 0, "SPEC[,SPEC]",
         "gradual magnitude pruning, SPEC = TABLE:TARGET[:START:END:EVERY] (steps; defaults "
         "200:2000:100)"),
@@ -355,6 +359,7 @@ int main(int argc, char **argv)
         .worker_timeout_ms = (uint64_t)(cfg.worker_timeout * 1000.0 + 0.5),
         .unread_bytes_max = cfg.max_unread_bytes,
         .unread_bytes_total_max = cfg.max_unread_bytes_total,
+        .allow_nonfinite = cfg.allow_nonfinite,
     };
     if (cfg.apply_threads == 0)
         cfg.apply_threads = ps_cpus_allowed() >= 2 ? 2 : 1;

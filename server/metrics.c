@@ -153,6 +153,13 @@ int psd_metrics_render(const struct psd *s, struct ps_buf *b)
         {"psd_unread_refused_total", "counter",
          "Replies refused because their connection, or all, had too many bytes unread.",
          (double)s->unread_refused},
+        {"psd_nonfinite_pushes_refused_total", "counter",
+         "Pushes refused for holding a NaN or an infinity (psd --allow-nonfinite takes them).",
+         (double)s->nonfinite_refused},
+        {"psd_waits_refused_total", "counter",
+         "Pulls not ready that could not wait: a worker id outside the round, a clock out of "
+         "reach, or a worker's or connection's share of the queue used.",
+         (double)s->waits_refused},
         {"psd_waiting_requests", "gauge", "Pulls (and push-pulls) waiting for their clock now.",
          (double)s->nwaits},
         {"psd_deferred_requests_total", "counter", "Requests that had to wait for their clock.",

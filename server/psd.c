@@ -3,6 +3,7 @@
 
 #include "checkpoint.h"
 #include "ps_err.h"
+#include "ps_finite.h"
 #include "ps_half.h"
 #include "ps_local.h"
 #include "ps_pool.h"
@@ -42,6 +43,7 @@ int psd_init(struct psd *s, struct ps_log *log, const struct psd_params *p)
     s->waits = calloc(PS_WAITS_MAX, sizeof *s->waits);
     s->live = calloc(s->cons.workers, sizeof *s->live);
     s->worker_timeout_ms = p->worker_timeout_ms;
+    s->allow_nonfinite = p->allow_nonfinite;
     s->unread_bytes_max = p->unread_bytes_max ? p->unread_bytes_max : PS_UNREAD_BYTES_DEFAULT;
     s->unread_bytes_total_max =
         p->unread_bytes_total_max ? p->unread_bytes_total_max : PS_UNREAD_BYTES_TOTAL_DEFAULT;
@@ -475,6 +477,15 @@ static void op_hello(struct psd *s, const struct ps_frame *route, const Ps__Head
     reply_header(s, &h, rep);
 }
 
+uint64_t psd_table_bytes_needed(const struct psd *s, const Ps__TableSpec *spec)
+{
+    uint64_t lo = 0, hi = 0;
+    if (!spec->sparse)
+        ps_shard_range(spec->size, s->shards, s->shard, &lo, &hi);
+    uint64_t elems = spec->sparse ? spec->rows_max * spec->dim : hi - lo;
+    return elems * 4u * (1u + (uint64_t)psk_optim_state_arrays((int)spec->optimizer));
+}
+
 static struct psd_table *find_by_name(struct psd *s, const char *name)
 {
     for (uint32_t i = 0; i < s->ntables; i++)
@@ -494,12 +505,7 @@ static void op_create(struct psd *s, const Ps__Header *req, struct psd_reply *re
         return;
     }
     if (t == NULL) {
-        /* What this shard would hold at most: checked before allocating. */
-        uint64_t lo = 0, hi = 0;
-        if (!spec->sparse)
-            ps_shard_range(spec->size, s->shards, s->shard, &lo, &hi);
-        uint64_t elems = spec->sparse ? spec->rows_max * spec->dim : hi - lo;
-        uint64_t bytes = elems * 4u * (1u + (uint64_t)psk_optim_state_arrays((int)spec->optimizer));
+        uint64_t bytes = psd_table_bytes_needed(s, spec);
         if (bytes > s->table_bytes_max) {
             reply_errorf(s, req, PS_ELIMIT, rep,
                          "table '%s' would take %llu bytes on this shard, over the limit of %llu "
@@ -909,6 +915,34 @@ static const float *push_values(struct psd *s, const struct ps_wire_msg *m,
     return (const float *)shm_in;
 }
 
+/* A push's gradient must be finite unless psd --allow-nonfinite: one NaN
+ * or infinity would poison the weights for good (and in bsp the round's
+ * average). n values; keys, when not NULL, name each row of dim values
+ * (else they are elements from req's offset). 1 with an error reply
+ * naming the table and the first bad element, 0 when it may be applied. */
+static int refuse_nonfinite(struct psd *s, const Ps__Header *req, const struct psd_table *t,
+                            const float *g, size_t n, const uint64_t *keys, uint32_t dim,
+                            struct psd_reply *rep)
+{
+    size_t i = s->allow_nonfinite ? n : ps_first_nonfinite(g, n);
+    if (i == n)
+        return 0;
+    s->nonfinite_refused++;
+    char at[64];
+    if (keys == NULL)
+        snprintf(at, sizeof at, "element %llu", (unsigned long long)(req->offset + i));
+    else if (dim == 1)
+        snprintf(at, sizeof at, "key %llu", (unsigned long long)keys[i]);
+    else
+        snprintf(at, sizeof at, "key %llu, column %u", (unsigned long long)keys[i / dim],
+                 (unsigned)(i % dim));
+    reply_errorf(s, req, PS_EINVAL, rep,
+                 "%s: the gradient of '%s' holds %g at %s: refused, nothing applied (psd "
+                 "--allow-nonfinite takes such pushes)",
+                 ps_op_name(req->op), t->name, (double)g[i], at);
+    return 1;
+}
+
 /* n keys into the scratch array (NULL when it cannot grow). */
 static uint64_t *keys_scratch(struct psd *s, size_t n)
 {
@@ -1039,6 +1073,8 @@ static int op_keys(struct psd *s, struct psd_table *t, const struct ps_frame *ro
                      (unsigned long long)req->count);
         return 1;
     }
+    if (refuse_nonfinite(s, req, t, g, (size_t)req->count, keys, 1, rep))
+        return 1;
     uint64_t first = keys[0], last = keys[req->count - 1];
     if (first < t->lo || last >= t->hi) {
         reply_errorf(s, req, PS_ERANGE, rep,
@@ -1107,6 +1143,8 @@ static void op_rows(struct psd *s, struct psd_table *t, const struct ps_wire_msg
     }
     if (req->op != PS__OP__OP_PULL && !dup) {
         const float *g = values_f32(s, m);
+        if (g != NULL && refuse_nonfinite(s, req, t, g, (size_t)n * t->dim, keys, t->dim, rep))
+            return;
         int rc = g == NULL ? PS_ENOMEM : psd_table_push_rows(t, keys, g, n, err, sizeof err);
         if (rc != 0) {
             reply_error(s, req, rc, g == NULL ? "out of memory" : err, rep);
@@ -1200,6 +1238,8 @@ static int op_data(struct psd *s, const struct ps_frame *route, const struct ps_
     struct psd_cons_later later = {0};
     if (req->op != PS__OP__OP_PULL && !dup) {
         const float *g = push_values(s, m, shm_in);
+        if (g != NULL && refuse_nonfinite(s, req, t, g, (size_t)req->count, NULL, 1, rep))
+            return 1;
         char err[PS_ERROR_TEXT_MAX];
         int rc = g == NULL ? PS_ENOMEM
                            : psd_cons_push(&s->cons, t, req->worker_id, req->clock, req->offset,
@@ -1449,6 +1489,7 @@ static void op_stats(struct psd *s, const Ps__Header *req, struct psd_reply *rep
     st.shm_regions = psd_shm_bound(&s->shm);
     st.unread_refused = s->unread_refused;
     st.waits_refused = s->waits_refused;
+    st.nonfinite_refused = s->nonfinite_refused;
     uint64_t unread_peer = 0;
     if (s->unread != NULL)
         s->unread(s->send_ctx, "", 0, &unread_peer, &st.unread_bytes);

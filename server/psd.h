@@ -47,6 +47,7 @@ struct psd_params {
                                       * psd_init takes it over, even when it fails */
     uint64_t unread_bytes_max;       /* per connection (--max-unread-bytes); 0: default */
     uint64_t unread_bytes_total_max; /* in all (--max-unread-bytes-total); 0: default */
+    int allow_nonfinite;             /* take pushes holding NaN or infinities */
 };
 
 /* A request waiting for a clock: what is needed to answer it later. */
@@ -93,6 +94,8 @@ struct psd {
     uint64_t deferred_total, wait_timeouts, max_staleness;
     uint64_t waits_refreshed; /* retries of a request already waiting */
     uint64_t waits_refused;   /* pulls not ready that could not wait (wait_refusal) */
+    int allow_nonfinite;
+    uint64_t nonfinite_refused; /* pushes refused for a NaN or an infinity */
     /* exactly-once pushes: per worker id (hashed into PSD_PEERS slots) the
      * session that said hello and the highest request id applied */
     struct psd_peer {
@@ -180,6 +183,11 @@ void psd_reset_tables(struct psd *s);
  * state and the apply helper; the caller adds it to s->tables. 0, or an
  * error with nothing left allocated. */
 int psd_table_new(struct psd *s, const Ps__TableSpec *spec, struct psd_table **out);
+
+/* Bytes a table of spec (checked) would take on this shard at most:
+ * weights and optimizer state, the rows_max rows of a sparse one. Checked
+ * against --max-table-bytes before anything is allocated for it. */
+uint64_t psd_table_bytes_needed(const struct psd *s, const Ps__TableSpec *spec);
 
 /* Frees a reply's buffers (what dispatch handed over and was not sent). */
 void psd_reply_drop(struct psd_reply *rep);

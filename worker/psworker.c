@@ -633,6 +633,13 @@ static int train_step(struct trainer *tr, uint64_t step_in_epoch, double *loss, 
         int ok = 0;
         if ((rc = micro_batch(tr, step_in_epoch, j, overlap && j == 0, &l, &ok)) != 0)
             break;
+        if (!isfinite(l)) { /* its gradients would poison the model: nothing is pushed */
+            PS_LOG(&tr->log, PS_LOG_ERROR, "W0305",
+                   "the loss became %g at step %llu of the epoch: stopping before its gradients "
+                   "are pushed (a learning rate too high for this model?)",
+                   l, (unsigned long long)step_in_epoch);
+            return PS_EINVAL;
+        }
         if (overlap && j == 0 && psc_outside_round(tr->c))
             return rejoin(tr); /* every pull was waited for: none in flight */
         *loss += l;

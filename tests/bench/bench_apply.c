@@ -14,6 +14,7 @@
 #include "table.h"
 
 #include "ps_clock.h"
+#include "ps_finite.h"
 #include "ps_init.h"
 #include "ps_opts.h"
 #include "ps_shard.h"
@@ -97,7 +98,8 @@ int main(int argc, char **argv)
     }
     ps_init_fill(g, n, PS_INIT_UNIFORM, 0.01f, 2, 0);
     memset(dst, 1, n * 4);
-    double t_copy[REPEAT_MAX], t_opt[3][REPEAT_MAX];
+    double t_copy[REPEAT_MAX], t_opt[3][REPEAT_MAX], t_check[REPEAT_MAX];
+    size_t bad = 0;
     const Ps__OptimizerKind kinds[3] = {PS__OPTIMIZER_KIND__OPT_SGD,
                                         PS__OPTIMIZER_KIND__OPT_MOMENTUM,
                                         PS__OPTIMIZER_KIND__OPT_ADAM};
@@ -110,6 +112,9 @@ int main(int argc, char **argv)
         double a = ps_mono_s();
         memcpy(dst, g, n * 4);
         t_copy[r] = ps_mono_s() - a;
+        a = ps_mono_s(); /* psd's look for a NaN or an infinity before each push */
+        bad += ps_first_nonfinite(g, n) != n;
+        t_check[r] = ps_mono_s() - a;
         for (int k = 0; k < 3; k++) {
             a = ps_mono_s();
             psd_table_apply(t[k], 0, n, g, (uint64_t)r + 1);
@@ -122,12 +127,33 @@ int main(int argc, char **argv)
            (unsigned long long)n, repeat);
     printf("%-14s %12s %14s %12s\n", "", "ms", "updates/s", "GB/s touched");
     printf("%-14s %12.2f %14s %12.2f\n", "memcpy", copy * 1e3, "-", copy_bw / 1e9);
-    double ratio[3];
+    double ratio[3], check = median(t_check, repeat), check_share[3];
     for (int k = 0; k < 3; k++) {
         double s = median(t_opt[k], repeat), bw = (double)floats_touched[k] * n * 4 / s;
         ratio[k] = bw / copy_bw;
+        check_share[k] = check / s;
         printf("%-14s %12.2f %14.3g %12.2f\n", names[k], s * 1e3, n / s, bw / 1e9);
     }
+    printf("%-14s %12.2f   (%.1f%% of sgd's apply, %.1f%% of adam's; %zu found)\n", "finite check",
+           check * 1e3, 100 * check_share[0], 100 * check_share[2], bad);
+    /* a push as psd sees one: 1 MiB of gradient just written (in cache) */
+    enum { SMALL = 1 << 18, ROUNDS = 64 };
+    size_t (*volatile look)(const float *, size_t) = ps_first_nonfinite; /* each call made */
+    double t_fc[REPEAT_MAX], t_sa[REPEAT_MAX];
+    for (int r = 0; r < repeat; r++) {
+        double a = ps_mono_s();
+        for (int i = 0; i < ROUNDS; i++)
+            bad += look(g, SMALL) != SMALL;
+        t_fc[r] = ps_mono_s() - a;
+        a = ps_mono_s();
+        for (int i = 0; i < ROUNDS; i++)
+            psd_table_apply(t[0], 0, SMALL, g, (uint64_t)(repeat + r * ROUNDS + i) + 1);
+        t_sa[r] = ps_mono_s() - a;
+    }
+    double small_share = median(t_fc, repeat) / median(t_sa, repeat);
+    printf("%-14s %12.4f   (1 MiB in cache: %.1f%% of sgd's apply of it, %.4f ms)\n",
+           "finite check", median(t_fc, repeat) / ROUNDS * 1e3, 100 * small_share,
+           median(t_sa, repeat) / ROUNDS * 1e3);
 
     /* sparse: 1M sorted random keys into 10M elements */
     const uint64_t rows = 10000000u, nk = 1u << 20;
@@ -204,9 +230,10 @@ int main(int argc, char **argv)
                 "\"adam_ratio\": %.4f, \"sparse_updates_per_s\": %.0f, "
                 "\"scatter_updates_per_s\": %.0f, \"sparse_ratio\": %.4f, "
                 "\"rows_updates_per_s\": %.0f, \"rows_ratio\": %.4f, "
-                "\"row_pulls_per_s\": %.0f, \"gather_per_s\": %.0f, \"row_pull_ratio\": %.4f}\n",
+                "\"row_pulls_per_s\": %.0f, \"gather_per_s\": %.0f, \"row_pull_ratio\": %.4f, "
+                "\"finite_check_sgd_share\": %.4f, \"finite_check_cached_share\": %.4f}\n",
                 copy_bw / 1e9, ratio[0], ratio[1], ratio[2], nk / sp, nk / sc, sc / sp, nk / rw,
-                sc / rw, nk / rp, nk / ga, ga / rp);
+                sc / rw, nk / rp, nk / ga, ga / rp, check_share[0], small_share);
         if (fclose(json) != 0) {
             fprintf(stderr, "bench_apply: writing --json: %s\n", strerror(errno));
             return 1;

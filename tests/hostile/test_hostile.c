@@ -13,6 +13,7 @@
 #include "ps_wire.h"
 
 #include <arpa/inet.h>
+#include <math.h>
 #include <netinet/in.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -402,6 +403,152 @@ static void test_slow_http_clients(void **state)
     assert_int_equal(harness_psd_stop(&p), 0);
 }
 
+/* Pushes f32 gradient g of n elements (keys, when not NULL: a keyed push
+ * of rows of dim) and returns the reply. */
+static Ps__Header *push_on(void *s, uint32_t table, const float *g, size_t n, const uint64_t *keys,
+                           uint32_t dim)
+{
+    Ps__Header h;
+    ps_wire_header_init(&h, PS__OP__OP_PUSH);
+    h.request_id = 500 + n;
+    h.worker_id = 3;
+    h.table_id = table;
+    h.count = keys ? n / dim : n;
+    h.dtype = PS__DTYPE__DTYPE_F32;
+    uint8_t buf[PS_HEADER_BYTES_MAX];
+    if (keys) {
+        h.layout = PS__LAYOUT__LAYOUT_KEYS;
+        h.dim = dim;
+    }
+    int64_t hn = ps_wire_header_pack(&h, buf, sizeof buf);
+    assert_true(hn > 0);
+    assert_true(zmq_send(s, buf, (size_t)hn, ZMQ_SNDMORE) >= 0);
+    if (keys)
+        assert_true(zmq_send(s, keys, h.count * 8u, ZMQ_SNDMORE) >= 0);
+    assert_true(zmq_send(s, g, n * 4u, 0) >= 0);
+    size_t nf = 0;
+    Ps__Header *r = raw_recv(s, RAW_TIMEOUT_MS, &nf, NULL, 0);
+    assert_non_null(r);
+    return r;
+}
+
+/* 7. Gradients holding NaN or infinities: dense, keyed and sparse pushes
+ * are refused with the table and the first bad element named, nothing is
+ * applied, and each is counted; --allow-nonfinite takes them. */
+static void test_nonfinite_pushes(void **state)
+{
+    (void)state;
+    for (int allow = 0; allow < 2; allow++) {
+        struct psd_proc p;
+        const char *args[] = {allow ? "--allow-nonfinite" : NULL, NULL};
+        assert_int_equal(harness_psd_start(&p, args), 0);
+        void *ctx = zmq_ctx_new();
+        void *c = raw_dealer(ctx, p.endpoint);
+        create_dense(c, "dense", 16);
+        Ps__Header h;
+        Ps__TableSpec sp;
+        ps__table_spec__init(&sp);
+        sp.name = "emb";
+        sp.sparse = 1;
+        sp.dim = 2;
+        sp.rows_max = 100;
+        sp.lr = 0.5f;
+        ps_wire_header_init(&h, PS__OP__OP_CREATE_TABLE);
+        h.spec = &sp;
+        ps__header__free_unpacked(raw_exchange(c, &h, NULL, 0, NULL, 0), NULL);
+
+        float g[16] = {0};
+        g[5] = NAN;
+        Ps__Header *r = push_on(c, 0, g, 16, NULL, 1);
+        assert_int_equal(r->status, allow ? 0 : PS_EINVAL);
+        if (!allow)
+            assert_non_null(strstr(r->error, "'dense' holds nan at element 5"));
+        ps__header__free_unpacked(r, NULL);
+        const uint64_t keys[2] = {3, 9};
+        const float kg[2] = {1.0f, -INFINITY};
+        r = push_on(c, 0, kg, 2, keys, 1);
+        assert_int_equal(r->status, allow ? 0 : PS_EINVAL);
+        if (!allow)
+            assert_non_null(strstr(r->error, "holds -inf at key 9"));
+        ps__header__free_unpacked(r, NULL);
+        const float rg[4] = {1.0f, 1.0f, 1.0f, INFINITY};
+        r = push_on(c, 1, rg, 4, keys, 2);
+        assert_int_equal(r->status, allow ? 0 : PS_EINVAL);
+        if (!allow)
+            assert_non_null(strstr(r->error, "'emb' holds inf at key 9, column 1"));
+        ps__header__free_unpacked(r, NULL);
+
+        float w[16];
+        pull_header(&h, 9, 3, 0, 16, PS__DTYPE__DTYPE_F32);
+        ps__header__free_unpacked(raw_exchange(c, &h, NULL, 0, w, sizeof w), NULL);
+        assert_true(allow ? isnan(w[5]) : w[5] == 0.0f && w[3] == 0.0f);
+        r = stats_of(c);
+        assert_int_equal(r->stats->nonfinite_refused, allow ? 0 : 3);
+        ps__header__free_unpacked(r, NULL);
+        zmq_close(c);
+        zmq_ctx_term(ctx);
+        assert_int_equal(harness_psd_stop(&p), 0);
+    }
+}
+
+/* psworker stops with a clear error once its loss is not finite, before
+ * it pushes such gradients. */
+static void test_psworker_stops_on_nonfinite_loss(void **state)
+{
+    (void)state;
+    const char *bin = getenv("PSWORKER_BIN");
+    if (bin == NULL || access("/usr/share/datasets/fashion-mnist", R_OK) != 0)
+        skip();
+    char log[300];
+    harness_tmp(log, sizeof log, "nan-worker.log");
+    const char *argv[] = {bin,        "--standalone", "--lr", "100",         "--lr-schedule",
+                          "constant", "--epochs",     "1",    "--max-steps", "200",
+                          "--device", "cpu",          NULL};
+    pid_t pid = harness_spawn(argv, log);
+    assert_true(pid > 0);
+    int rc = harness_wait(pid, 120000);
+    if (rc == 0 || !harness_log_has(log, "W0305", "the loss became"))
+        harness_dump_file(log);
+    assert_int_not_equal(rc, 0);
+    assert_true(harness_log_has(log, "W0305", "the loss became"));
+}
+
+/* 8. A table name with a NUL byte in it is refused, not cut at the NUL. */
+static void test_table_name_with_nul(void **state)
+{
+    (void)state;
+    struct psd_proc p;
+    assert_int_equal(harness_psd_start(&p, NULL), 0);
+    void *ctx = zmq_ctx_new();
+    void *c = raw_dealer(ctx, p.endpoint);
+    Ps__Header h;
+    Ps__TableSpec sp;
+    ps__table_spec__init(&sp);
+    sp.name = "aZx";
+    sp.size = 10;
+    sp.lr = 0.5f;
+    ps_wire_header_init(&h, PS__OP__OP_CREATE_TABLE);
+    h.spec = &sp;
+    uint8_t buf[512];
+    size_t n = ps__header__pack(&h, buf);
+    uint8_t *z = memmem(buf, n, "aZx", 3);
+    assert_non_null(z);
+    z[1] = '\0'; /* "a\0x" on the wire */
+    assert_true(zmq_send(c, buf, n, 0) >= 0);
+    size_t nf = 0;
+    Ps__Header *r = raw_recv(c, RAW_TIMEOUT_MS, &nf, NULL, 0);
+    assert_non_null(r);
+    assert_int_equal(r->status, PS_EINVAL);
+    assert_non_null(strstr(r->error, "NUL"));
+    ps__header__free_unpacked(r, NULL);
+    r = stats_of(c);
+    assert_int_equal(r->stats->n_tables, 0); /* no table 'a' */
+    ps__header__free_unpacked(r, NULL);
+    zmq_close(c);
+    zmq_ctx_term(ctx);
+    assert_int_equal(harness_psd_stop(&p), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -409,6 +556,9 @@ int main(void)
         cmocka_unit_test(test_wait_queue_cannot_be_filled),
         cmocka_unit_test(test_shm_hand_overs),
         cmocka_unit_test(test_slow_http_clients),
+        cmocka_unit_test(test_nonfinite_pushes),
+        cmocka_unit_test(test_table_name_with_nul),
+        cmocka_unit_test(test_psworker_stops_on_nonfinite_loss),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

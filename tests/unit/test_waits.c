@@ -324,8 +324,7 @@ static void test_push_answered_before_its_step(void **state)
     const float kg[2] = {10, 20};
     uint8_t buf[512];
     struct ps_frame f[3] = {{buf, ps__header__pack(&h, buf)}, {keys, sizeof keys}, {kg, sizeof kg}};
-    char id[2] = {'r', (char)('0' + h->worker_id % 10)}; /* a connection per worker */
-    struct ps_frame route = {id, sizeof id};
+    struct ps_frame route = {"r", 1};
     struct psd_reply rep;
     assert_int_equal(psd_dispatch(&s, &route, f, 3, &rep), 0);
     assert_int_equal(sent, 3);
@@ -417,8 +416,9 @@ static void test_dedup_window_in_checkpoint(void **state)
     rmdir(dir);
 }
 
-/* The window read back from a checkpoint is checked: a damaged one (the
- * JSON state is not under the data's CRC) is refused with a reason. */
+/* A checkpoint whose JSON state was damaged (the applied window here) is
+ * refused by its checksum, which covers the state as well as the tensors,
+ * and nothing of it is restored. */
 static void test_dedup_window_damaged(void **state)
 {
     (void)state;
@@ -441,8 +441,30 @@ static void test_dedup_window_damaged(void **state)
     assert_int_equal(fwrite(buf, 1, n, f), n);
     assert_int_equal(fclose(f), 0);
     assert_true(psd_checkpoint_load(&r, path, err, sizeof err) != 0);
-    if (strstr(err, "'applied' is not 512 hex digits") == NULL)
+    /* the state is summed with the tensors: the damage is found there */
+    if (strstr(err, "checksum of the tensors and state") == NULL)
         fail_msg("refused for another reason: %s", err);
+    assert_int_equal(r.ntables, 0);
+    psd_fini(&r);
+    unlink(path);
+    rmdir(dir);
+}
+
+/* A checkpoint whose table is larger than this psd's --max-table-bytes is
+ * refused before the table is allocated. */
+static void test_checkpoint_table_over_limit(void **state)
+{
+    (void)state;
+    static struct psd r;
+    struct ps_log log;
+    char dir[] = "/tmp/pstest-waits-XXXXXX", path[4200], err[512];
+    const uint64_t ids[] = {5};
+    checkpoint_and_empty(ids, 1, dir, path, sizeof path, &r, &log);
+    r.table_bytes_max = 8; /* table "t" takes 16 bytes of weights at least */
+    assert_true(psd_checkpoint_load(&r, path, err, sizeof err) == PS_ELIMIT);
+    if (strstr(err, "over psd --max-table-bytes 8") == NULL)
+        fail_msg("refused for another reason: %s", err);
+    assert_int_equal(r.ntables, 0);
     psd_fini(&r);
     unlink(path);
     rmdir(dir);
@@ -508,6 +530,7 @@ int main(void)
         cmocka_unit_test(test_answered_after_the_step),
         cmocka_unit_test(test_dedup_window_in_checkpoint),
         cmocka_unit_test(test_dedup_window_damaged),
+        cmocka_unit_test(test_checkpoint_table_over_limit),
         cmocka_unit_test(test_interval_checkpoint_only_on_change),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
