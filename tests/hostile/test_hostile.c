@@ -7,6 +7,7 @@
 #include "harness.h"
 #include "raw.h"
 
+#include "ps_curve.h"
 #include "ps_err.h"
 #include "ps_limits.h"
 #include "ps_shm.h"
@@ -23,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 #include <zmq.h>
@@ -549,6 +551,78 @@ static void test_table_name_with_nul(void **state)
     assert_int_equal(harness_psd_stop(&p), 0);
 }
 
+/* The value of a sample in psd's /metrics on 127.0.0.1:port, or -1. */
+static double metric(int port, const char *name)
+{
+    int fd = tcp_from("127.0.0.1", port);
+    if (fd < 0)
+        return -1;
+    const char *req = "GET /metrics HTTP/1.0\r\n\r\n";
+    double v = -1;
+    if (send(fd, req, strlen(req), MSG_NOSIGNAL) == (ssize_t)strlen(req)) {
+        static char buf[1 << 20];
+        size_t got = 0;
+        ssize_t n;
+        while (got < sizeof buf - 1 && (n = recv(fd, buf + got, sizeof buf - 1 - got, 0)) > 0)
+            got += (size_t)n;
+        buf[got] = '\0';
+        char key[128];
+        snprintf(key, sizeof key, "\n%s ", name);
+        const char *at = strstr(buf, key);
+        if (at != NULL)
+            v = strtod(at + strlen(key), NULL);
+    }
+    close(fd);
+    return v;
+}
+
+/* 6. Plaintext clients against a CURVE psd, reconnecting as fast as they
+ * can: every refusal is counted, and the log holds a sample of them. */
+static void test_handshake_refusals_sampled(void **state)
+{
+    (void)state;
+    char key[300], allow[300], err[256];
+    harness_tmp(key, sizeof key, "hs.key");
+    harness_tmp(allow, sizeof allow, "hs-allow");
+    assert_int_equal(ps_curve_keygen(key, err, sizeof err), 0);
+    assert_int_equal(mkdir(allow, 0755), 0);
+    struct psd_proc p;
+    const char *args[] = {"--curve-secret", key, "--curve-allow", allow, "--metrics-listen",
+                          "127.0.0.1:0",    NULL};
+    assert_int_equal(harness_psd_start(&p, args), 0);
+    double port = -1;
+    assert_int_equal(harness_log_wait(p.log_path, "S0012", NULL, DEADLINE_MS), 1);
+    assert_int_equal(harness_log_number(p.log_path, "S0012", "(port ", &port), 0);
+    /* a plaintext client's first handshake is refused; libzmq then backs
+     * off, so new ones are made in rounds until enough were refused */
+    void *ctx = zmq_ctx_new();
+    enum { PEERS = 20, REFUSALS = 100 };
+    double refused = 0;
+    for (int waited = 0; refused < REFUSALS && waited < DEADLINE_MS; waited += 50) {
+        void *peers[PEERS];
+        for (int i = 0; i < PEERS; i++) {
+            int linger = 0;
+            peers[i] = zmq_socket(ctx, ZMQ_DEALER);
+            zmq_setsockopt(peers[i], ZMQ_LINGER, &linger, sizeof linger);
+            assert_int_equal(zmq_connect(peers[i], p.endpoint), 0);
+        }
+        harness_pause_ms(50);
+        refused = metric((int)port, "psd_handshakes_refused_total");
+        for (int i = 0; i < PEERS; i++)
+            zmq_close(peers[i]);
+    }
+    zmq_ctx_term(ctx);
+    fprintf(stderr, "%.0f handshakes refused\n", refused);
+    if (refused < REFUSALS)
+        harness_psd_dump_log(&p);
+    assert_true(refused >= REFUSALS);
+    int lines = harness_log_count(p.log_path, "S0502", NULL);
+    fprintf(stderr, "%d S0502 lines\n", lines);
+    assert_true(lines >= 1);
+    assert_true(lines <= 20 + (int)(metric((int)port, "psd_handshakes_refused_total") / 1000));
+    assert_int_equal(harness_psd_stop(&p), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -556,6 +630,7 @@ int main(void)
         cmocka_unit_test(test_wait_queue_cannot_be_filled),
         cmocka_unit_test(test_shm_hand_overs),
         cmocka_unit_test(test_slow_http_clients),
+        cmocka_unit_test(test_handshake_refusals_sampled),
         cmocka_unit_test(test_nonfinite_pushes),
         cmocka_unit_test(test_table_name_with_nul),
         cmocka_unit_test(test_psworker_stops_on_nonfinite_loss),
