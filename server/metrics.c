@@ -29,6 +29,12 @@ struct scalar {
     double v;
 };
 
+static void put_scalars(struct ps_buf *b, const struct scalar *sc, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        ps_prom_metric(b, sc[i].name, sc[i].type, sc[i].help, sc[i].v);
+}
+
 /* One family over every table. */
 enum table_field {
     T_CLOCK,
@@ -141,15 +147,13 @@ int psd_metrics_render(const struct psd *s, struct ps_buf *b)
     ps_prom_metric(b, "psd_uptime_seconds", "gauge", "Seconds since start.",
                    (double)(uv_hrtime() - s->start_ns) / 1e9);
     requests(b, s);
-    uint64_t unread_peer = 0, unread_total = 0;
-    if (s->unread != NULL)
-        s->unread(s->send_ctx, "", 0, &unread_peer, &unread_total);
     const struct scalar scalars[] = {
         {"psd_received_bytes_total", "counter", "Bytes of requests received.",
          (double)s->ctr.bytes_in},
         {"psd_sent_bytes_total", "counter", "Bytes of replies sent.", (double)s->ctr.bytes_out},
         {"psd_unread_bytes", "gauge",
-         "Reply bytes queued that their connections have not read yet.", (double)unread_total},
+         "Reply bytes queued that their connections have not read yet.",
+         (double)psd_unread_total(s)},
         {"psd_unread_refused_total", "counter",
          "Replies refused because their connection, or all, had too many bytes unread.",
          (double)s->unread_refused},
@@ -197,8 +201,7 @@ int psd_metrics_render(const struct psd *s, struct ps_buf *b)
          "Pull values written into shared regions (not counted as sent bytes).",
          (double)s->shm.bytes_out},
     };
-    for (size_t i = 0; i < sizeof scalars / sizeof scalars[0]; i++)
-        ps_prom_metric(b, scalars[i].name, scalars[i].type, scalars[i].help, scalars[i].v);
+    put_scalars(b, scalars, sizeof scalars / sizeof scalars[0]);
     workers(b, s);
     tables_family(b, s, "psd_table_clock", "gauge", "A table's clock (rounds applied in bsp).",
                   T_CLOCK);
@@ -251,6 +254,5 @@ void psd_metrics_render_net(const struct psd_net *n, const struct psd_security *
          "Connections refused at the handshake (key not listed, plaintext, garbage).",
          sec != NULL ? (double)sec->refused : 0},
     };
-    for (size_t i = 0; i < sizeof scalars / sizeof scalars[0]; i++)
-        ps_prom_metric(b, scalars[i].name, scalars[i].type, scalars[i].help, scalars[i].v);
+    put_scalars(b, scalars, sizeof scalars / sizeof scalars[0]);
 }

@@ -66,6 +66,14 @@ void psd_set_unread(struct psd *s, psd_unread_cb unread)
     s->unread = unread;
 }
 
+uint64_t psd_unread_total(const struct psd *s)
+{
+    uint64_t peer = 0, total = 0;
+    if (s->unread != NULL) /* no route: the total alone */
+        s->unread(s->send_ctx, NULL, 0, &peer, &total);
+    return total;
+}
+
 void psd_set_local_endpoint(struct psd *s, const char *endpoint)
 {
     snprintf(s->local_endpoint, sizeof s->local_endpoint, "%s", endpoint ? endpoint : "");
@@ -1490,9 +1498,7 @@ static void op_stats(struct psd *s, const Ps__Header *req, struct psd_reply *rep
     st.unread_refused = s->unread_refused;
     st.waits_refused = s->waits_refused;
     st.nonfinite_refused = s->nonfinite_refused;
-    uint64_t unread_peer = 0;
-    if (s->unread != NULL)
-        s->unread(s->send_ctx, "", 0, &unread_peer, &st.unread_bytes);
+    st.unread_bytes = psd_unread_total(s);
     uint32_t *missing = calloc(s->cons.workers, sizeof *missing);
     for (uint32_t w = 0; missing != NULL && w < s->cons.workers; w++)
         if (!s->live[w].live)

@@ -71,9 +71,9 @@ struct psd_reply;
 /* Sends a deferred reply to a routing id (the transport implements it). */
 typedef void (*psd_send_cb)(void *ctx, const void *route, size_t route_len, struct psd_reply *rep);
 /* Reply bytes the transport holds that have not been read: by the
- * connection `route` (*peer) and in all (*total). 0 when it keeps no
- * record of route (too many connections hold bytes), else 1. Called with
- * the sender's ctx. */
+ * connection `route` (*peer; route NULL: none asked) and in all (*total).
+ * 0 when it keeps no record of route (too many connections hold bytes),
+ * else 1. Called with the sender's ctx. */
 typedef int (*psd_unread_cb)(void *ctx, const void *route, size_t route_len, uint64_t *peer,
                              uint64_t *total);
 
@@ -200,6 +200,8 @@ void psd_set_sender(struct psd *s, psd_send_cb send, void *ctx);
  * with values that would take it past unread_bytes_max, or every
  * connection past unread_bytes_total_max, is refused with PS_ELIMIT. */
 void psd_set_unread(struct psd *s, psd_unread_cb unread);
+/* Reply bytes no connection has read yet, in all (0 without a transport). */
+uint64_t psd_unread_total(const struct psd *s);
 /* The ipc:// endpoint hello replies offer to clients on this host ("" or
  * NULL: none). */
 void psd_set_local_endpoint(struct psd *s, const char *endpoint);

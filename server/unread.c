@@ -43,7 +43,7 @@ static uint32_t route_hash(const uint8_t *r, size_t len)
 
 struct psd_unread_peer *psd_unread_peer(struct psd_unread *u, const void *route, size_t len)
 {
-    if (len == 0 || len > PS_ROUTE_ID_MAX)
+    if (route == NULL || len == 0 || len > PS_ROUTE_ID_MAX)
         return NULL;
     struct psd_unread_peer *idle = NULL;
     uint32_t at = route_hash(route, len) % PS_UNREAD_PEERS_MAX;

@@ -1,5 +1,6 @@
 /* The malformed-request table. Every builder starts from a valid request
  * and breaks exactly one thing, so each case tests one check. */
+#define _GNU_SOURCE /* memmem */
 #include "cases.h"
 
 #include "ps_err.h"
@@ -303,6 +304,14 @@ static void c_name_space(struct case_msg *m)
 {
     create_with(m, e_name_space);
 }
+/* a name with a NUL byte in it on the wire: protobuf-c would cut it */
+static void c_name_nul(struct case_msg *m)
+{
+    create_with(m, e_name_space); /* "fc 1" ... */
+    unsigned char *at = memmem(m->data[0], m->size[0], "fc 1", 4);
+    if (at != NULL)
+        at[2] = '\0'; /* ... becomes "fc\0001" */
+}
 static void c_size_zero(struct case_msg *m)
 {
     create_with(m, e_size_zero);
@@ -464,6 +473,7 @@ const struct bad_case bad_cases[] = {
     {"create without spec", PS_EPROTO, 0, c_create_no_spec},
     {"create empty name", PS_EINVAL, 0, c_name_empty},
     {"create name with space", PS_EINVAL, 0, c_name_space},
+    {"create name with a NUL byte", PS_EINVAL, 0, c_name_nul},
     {"create size zero", PS_ELIMIT, 0, c_size_zero},
     {"create size past limit", PS_ELIMIT, 0, c_size_huge},
     {"create lr NaN", PS_EINVAL, 0, c_lr_nan},

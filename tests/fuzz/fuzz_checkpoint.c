@@ -12,12 +12,14 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <jansson.h>
 #include <zlib.h>
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-/* Rewrites the header's crc32 (same length) to match the data, so that
- * mutations get past the checksum to the state and tensor checks. */
+/* Rewrites the header's crc32 (same length) to match the data (and, in
+ * a version 2 file, the state), so that mutations get past the checksum
+ * to the state and tensor checks. */
 static void fix_crc(uint8_t *buf, size_t size)
 {
     if (size < 8)
@@ -33,6 +35,13 @@ static void fix_crc(uint8_t *buf, size_t size)
         if (memcmp(buf + i, key, kl) != 0)
             continue;
         unsigned long crc = crc32_z(crc32(0L, Z_NULL, 0), buf + 8 + n, size - 8 - n);
+        json_t *hdr = json_loadb((const char *)buf + 8, n, 0, NULL);
+        json_t *meta = json_object_get(hdr, "__metadata__");
+        const char *version = json_string_value(json_object_get(meta, "version"));
+        const char *state = json_string_value(json_object_get(meta, "state"));
+        if (version != NULL && strcmp(version, "2") == 0 && state != NULL) /* sums the state too */
+            crc = crc32_z(crc, (const unsigned char *)state, strlen(state));
+        json_decref(hdr);
         char hex[9];
         snprintf(hex, sizeof hex, "%08lx", crc);
         memcpy(buf + i + kl, hex, 8);

@@ -61,6 +61,38 @@ static int push(const struct psd_cons *c, struct psd_table *t, uint32_t w, uint6
     return piece(c, t, w, clock, off, n, g, 0);
 }
 
+/* The clocks a pull may wait for: in bsp up to two rounds past those
+ * applied, in ssp:K up to K + 2 past the slowest worker; one more is out
+ * of reach. A restored table reaches any clock until its first push. */
+static void test_reachable_clocks(void **state)
+{
+    (void)state;
+    float g[N] = {0};
+    struct psd_cons bsp = {PSD_BSP, 0, 2};
+    struct psd_table *t = make(&bsp);
+    assert_true(psd_cons_reachable(&bsp, t, 2));
+    assert_false(psd_cons_reachable(&bsp, t, 3));
+    assert_int_equal(push(&bsp, t, 0, 0, 0, N, g), 0);
+    assert_int_equal(push(&bsp, t, 1, 0, 0, N, g), 0); /* round 0 applied: clock 1 */
+    assert_true(psd_cons_reachable(&bsp, t, 3));
+    assert_false(psd_cons_reachable(&bsp, t, 4));
+    t->restored = t->recovering = 1;
+    assert_true(psd_cons_reachable(&bsp, t, UINT64_C(1) << 40));
+    drop(&bsp, t);
+
+    struct psd_cons ssp = {PSD_SSP, 3, 2};
+    t = make(&ssp);
+    assert_int_equal(push(&ssp, t, 0, 0, 0, N, g), 0); /* worker 1 is still at 0 */
+    assert_true(psd_cons_reachable(&ssp, t, 5));
+    assert_false(psd_cons_reachable(&ssp, t, 6));
+    drop(&ssp, t);
+
+    struct psd_cons asp = {PSD_ASP, 0, 2};
+    t = make(&asp);
+    assert_true(psd_cons_reachable(&asp, t, UINT64_C(1) << 40));
+    drop(&asp, t);
+}
+
 static void test_bsp_watermark(void **state)
 {
     (void)state;
@@ -427,6 +459,7 @@ static void test_parse(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_reachable_clocks),
         cmocka_unit_test(test_bsp_watermark),
         cmocka_unit_test(test_bsp_refusals),
         cmocka_unit_test(test_bsp_chunk_before_lost_one),

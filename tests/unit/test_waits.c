@@ -178,6 +178,56 @@ static void test_waits_per_worker(void **state)
     psd_fini(&s);
 }
 
+/* What the fake transport says is unread (psd_unread_cb). */
+static uint64_t unread_peer, unread_total;
+static int unread_known;
+
+static int fake_unread(void *ctx, const void *route, size_t len, uint64_t *peer, uint64_t *total)
+{
+    (void)ctx;
+    (void)route;
+    (void)len;
+    *peer = unread_peer;
+    *total = unread_total;
+    return unread_known;
+}
+
+/* A pull's 16 bytes of values fit what its connection may leave unread up
+ * to the byte: at the bound it is answered, one past it is refused; the
+ * same for the total; an empty queue takes a reply over the bound; no
+ * record of the connection refuses it. */
+static void test_unread_bounds(void **state)
+{
+    (void)state;
+    static struct psd s;
+    struct ps_log log;
+    start(&s, &log, "asp", 1, 0);
+    psd_set_unread(&s, fake_unread);
+    s.unread_bytes_max = 1000;
+    s.unread_bytes_total_max = 5000;
+    const struct {
+        uint64_t peer, total, max;
+        int known, status;
+    } cases[] = {
+        {984, 984, 1000, 1, 0},         /* 984 + 16: at the bound */
+        {985, 985, 1000, 1, PS_ELIMIT}, /* one past */
+        {0, 0, 10, 1, 0},               /* an empty queue: one reply of any size */
+        {0, 4984, 1000, 1, 0},          /* the total at its bound */
+        {0, 4985, 1000, 1, PS_ELIMIT},  /* one past */
+        {0, 0, 1000, 0, PS_ELIMIT},     /* no record for the connection */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        unread_peer = cases[i].peer;
+        unread_total = cases[i].total;
+        unread_known = cases[i].known;
+        s.unread_bytes_max = cases[i].max;
+        uint64_t before = s.unread_refused;
+        pull(&s, 0, 100 + i, 0, cases[i].status);
+        assert_int_equal(s.unread_refused - before, cases[i].status != 0);
+    }
+    psd_fini(&s);
+}
+
 /* A pull that waits past psd's wait timeout: psd_tick answers it with
  * PS_ETIMEDOUT through the sender and counts the reply's bytes as sent. */
 static void test_wait_times_out(void **state)
@@ -416,6 +466,24 @@ static void test_dedup_window_in_checkpoint(void **state)
     rmdir(dir);
 }
 
+/* r must refuse the checkpoint at path with code and a reason holding
+ * why, and keep no table of it. */
+static void load_refused(struct psd *r, const char *path, int code, const char *why)
+{
+    char err[512];
+    assert_int_equal(psd_checkpoint_load(r, path, err, sizeof err), code);
+    if (strstr(err, why) == NULL)
+        fail_msg("refused for another reason: %s", err);
+    assert_int_equal(r->ntables, 0);
+}
+
+static void checkpoint_gone(struct psd *r, const char *dir, const char *path)
+{
+    psd_fini(r);
+    unlink(path);
+    rmdir(dir);
+}
+
 /* A checkpoint whose JSON state was damaged (the applied window here) is
  * refused by its checksum, which covers the state as well as the tensors,
  * and nothing of it is restored. */
@@ -424,7 +492,7 @@ static void test_dedup_window_damaged(void **state)
     (void)state;
     static struct psd r;
     struct ps_log log;
-    char dir[] = "/tmp/pstest-waits-XXXXXX", path[4200], err[512];
+    char dir[] = "/tmp/pstest-waits-XXXXXX", path[4200];
     const uint64_t ids[] = {5};
     checkpoint_and_empty(ids, 1, dir, path, sizeof path, &r, &log);
     FILE *f = fopen(path, "r+b");
@@ -440,18 +508,14 @@ static void test_dedup_window_damaged(void **state)
     assert_int_equal(fseek(f, 0, SEEK_SET), 0);
     assert_int_equal(fwrite(buf, 1, n, f), n);
     assert_int_equal(fclose(f), 0);
-    assert_true(psd_checkpoint_load(&r, path, err, sizeof err) != 0);
     /* the state is summed with the tensors: the damage is found there */
-    if (strstr(err, "checksum of the tensors and state") == NULL)
-        fail_msg("refused for another reason: %s", err);
-    assert_int_equal(r.ntables, 0);
-    psd_fini(&r);
-    unlink(path);
-    rmdir(dir);
+    load_refused(&r, path, PS_EPROTO, "checksum of the tensors and state");
+    checkpoint_gone(&r, dir, path);
 }
 
-/* A checkpoint whose table is larger than this psd's --max-table-bytes is
- * refused before the table is allocated. */
+/* A checkpoint's table must fit this psd's --max-table-bytes, checked
+ * before the table is allocated: at the limit it loads, one byte under
+ * it is refused. */
 static void test_checkpoint_table_over_limit(void **state)
 {
     (void)state;
@@ -460,14 +524,12 @@ static void test_checkpoint_table_over_limit(void **state)
     char dir[] = "/tmp/pstest-waits-XXXXXX", path[4200], err[512];
     const uint64_t ids[] = {5};
     checkpoint_and_empty(ids, 1, dir, path, sizeof path, &r, &log);
-    r.table_bytes_max = 8; /* table "t" takes 16 bytes of weights at least */
-    assert_true(psd_checkpoint_load(&r, path, err, sizeof err) == PS_ELIMIT);
-    if (strstr(err, "over psd --max-table-bytes 8") == NULL)
-        fail_msg("refused for another reason: %s", err);
-    assert_int_equal(r.ntables, 0);
-    psd_fini(&r);
-    unlink(path);
-    rmdir(dir);
+    r.table_bytes_max = 15; /* table "t": 4 floats of SGD, 16 bytes */
+    load_refused(&r, path, PS_ELIMIT, "16 bytes, over psd --max-table-bytes 15");
+    r.table_bytes_max = 16;
+    assert_int_equal(psd_checkpoint_load(&r, path, err, sizeof err), 0);
+    assert_int_equal(r.ntables, 1);
+    checkpoint_gone(&r, dir, path);
 }
 
 /* Interval checkpoints are written only when the state changed: none for
@@ -529,6 +591,7 @@ int main(void)
         cmocka_unit_test(test_push_answered_before_its_step),
         cmocka_unit_test(test_answered_after_the_step),
         cmocka_unit_test(test_dedup_window_in_checkpoint),
+        cmocka_unit_test(test_unread_bounds),
         cmocka_unit_test(test_dedup_window_damaged),
         cmocka_unit_test(test_checkpoint_table_over_limit),
         cmocka_unit_test(test_interval_checkpoint_only_on_change),
