@@ -133,9 +133,36 @@ static void test_embedding_mlp_learns(void **state)
     check("embedding 8 + MLP 32", sum, 0.03);
 }
 
+/* gen_clicks explains itself, makes the folders it writes
+ * into, and refuses more active features than there are. */
+static void test_gen_clicks_cli(void **state)
+{
+    (void)state;
+    char log[320], out[320], path[400];
+    const char *bin = getenv("GEN_CLICKS_BIN");
+    assert_non_null(bin);
+    harness_tmp(log, sizeof log, "gen-help.log");
+    const char *help[] = {bin, "--help", NULL};
+    assert_int_equal(harness_wait(harness_spawn(help, log), TIMEOUT_MS), 0);
+    assert_true(harness_log_has(log, "--out DIR", NULL));
+    harness_tmp(out, sizeof out, "new/nested/dir");
+    const char *gen[] = {bin, "--out", out, "--train", "10", "--test", "10", NULL};
+    harness_tmp(log, sizeof log, "gen-nested.log");
+    assert_int_equal(harness_wait(harness_spawn(gen, log), TIMEOUT_MS), 0);
+    snprintf(path, sizeof path, "%s/truth.json", out);
+    double loss = -1;
+    assert_int_equal(harness_json_number(path, "test_logloss", &loss), 0);
+    assert_true(loss > 0);
+    const char *bad[] = {bin, "--out", out, "--features", "5", "--active", "6", NULL};
+    harness_tmp(log, sizeof log, "gen-bad.log");
+    assert_int_equal(harness_wait(harness_spawn(bad, log), TIMEOUT_MS), 2);
+    assert_true(harness_log_has(log, "--active 6 is more than --features 5", NULL));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_gen_clicks_cli),
         cmocka_unit_test(test_sparse_lr_reaches_the_known_optimum),
         cmocka_unit_test(test_embedding_mlp_learns),
     };

@@ -15,15 +15,18 @@
 #include "ps_opts.h"
 #include "ps_shard.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 struct cfg {
     const char *out;
     uint64_t train, test, features, active, seed;
     double alpha;
+    int help;
 };
 
 static const struct ps_opt opts[] = {
@@ -39,7 +42,30 @@ static const struct ps_opt opts[] = {
     {"alpha", PS_OPT_F64, offsetof(struct cfg, alpha), "1.1", 0, 0, 0.0, 3.0, "A",
      "Zipf exponent of feature frequencies"},
     {"seed", PS_OPT_U64, offsetof(struct cfg, seed), "1", 0, UINT64_MAX, 0, 0, "S", "seed"},
+    {"help", PS_OPT_FLAG, offsetof(struct cfg, help), NULL, 0, 0, 0, 0, NULL,
+     "show this help and exit"},
 };
+
+#define NOPTS (sizeof opts / sizeof opts[0])
+
+/* mkdir -p: dir and the folders above it. 0, or -1 with errno. */
+static int make_dirs(const char *dir)
+{
+    char p[4096];
+    if (snprintf(p, sizeof p, "%s", dir) >= (int)sizeof p) {
+        errno = ENAMETOOLONG;
+        return -1;
+    }
+    for (char *q = p + 1; *q != '\0'; q++) {
+        if (*q != '/')
+            continue;
+        *q = '\0';
+        if (mkdir(p, 0755) != 0 && errno != EEXIST)
+            return -1;
+        *q = '/';
+    }
+    return mkdir(p, 0755) != 0 && errno != EEXIST ? -1 : 0;
+}
 
 static double true_weight(uint64_t seed, uint64_t f)
 {
@@ -71,7 +97,7 @@ static double write_split(const struct cfg *c, const char *path, uint64_t n, con
 {
     FILE *f = fopen(path, "w");
     if (f == NULL) {
-        fprintf(stderr, "gen_clicks: cannot write %s\n", path);
+        fprintf(stderr, "gen_clicks: cannot write %s: %s\n", path, strerror(errno));
         exit(1);
     }
     const double bias = -1.0;
@@ -110,11 +136,31 @@ int main(int argc, char **argv)
     struct cfg c;
     char err[256];
     memset(&c, 0, sizeof c);
-    if (ps_opts_parse(opts, sizeof opts / sizeof opts[0], &c, argc, argv, NULL, err, sizeof err) !=
-            0 ||
-        c.out == NULL) {
-        fprintf(stderr, "gen_clicks: %s\n", c.out == NULL ? "--out DIR is required" : err);
+    if (ps_opts_parse(opts, NOPTS, &c, argc, argv, NULL, err, sizeof err) != 0) {
+        fprintf(stderr, "gen_clicks: %s (see --help)\n", err);
         return 2;
+    }
+    if (c.help) {
+        ps_opts_usage(stdout, "gen_clicks --out DIR [OPTIONS]",
+                      "Writes DIR/train.svm and DIR/test.svm (libsvm text) from a seeded logistic "
+                      "model, and DIR/truth.json with that model's own test log-loss.",
+                      opts, NOPTS);
+        return 0;
+    }
+    if (c.out == NULL) {
+        fprintf(stderr, "gen_clicks: --out DIR is required (see --help)\n");
+        return 2;
+    }
+    if (c.active > c.features) {
+        fprintf(stderr,
+                "gen_clicks: --active %llu is more than --features %llu: an example "
+                "takes distinct features\n",
+                (unsigned long long)c.active, (unsigned long long)c.features);
+        return 2;
+    }
+    if (make_dirs(c.out) != 0) {
+        fprintf(stderr, "gen_clicks: --out %s: cannot create it: %s\n", c.out, strerror(errno));
+        return 1;
     }
     double *cdf = malloc(c.features * sizeof *cdf), sum = 0;
     if (cdf == NULL)
@@ -131,8 +177,10 @@ int main(int argc, char **argv)
     double truth = write_split(&c, path, c.test, cdf, &state);
     snprintf(path, sizeof path, "%s/truth.json", c.out);
     FILE *f = fopen(path, "w");
-    if (f == NULL)
+    if (f == NULL) {
+        fprintf(stderr, "gen_clicks: cannot write %s: %s\n", path, strerror(errno));
         return 1;
+    }
     fprintf(f, "{\"test_logloss\": %.6f, \"features\": %llu, \"train\": %llu, \"test\": %llu}\n",
             truth, (unsigned long long)c.features, (unsigned long long)c.train,
             (unsigned long long)c.test);
