@@ -89,6 +89,39 @@ static int set_value(const struct ps_opt *o, void *cfg, const char *value, char 
     return rc;
 }
 
+/* Bytes of the field an option of this type sets. */
+static size_t field_bytes(enum ps_opt_type t)
+{
+    switch (t) {
+    case PS_OPT_STR:
+        return sizeof(const char *);
+    case PS_OPT_U64:
+        return sizeof(uint64_t);
+    case PS_OPT_F64:
+        return sizeof(double);
+    case PS_OPT_FLAG:
+    default:
+        return sizeof(int);
+    }
+}
+
+int ps_opt_same(const struct ps_opt *o, const void *a, const void *b)
+{
+    const char *fa = (const char *)a + o->offset, *fb = (const char *)b + o->offset;
+    if (o->type == PS_OPT_STR) {
+        const char *x, *y;
+        memcpy(&x, fa, sizeof x);
+        memcpy(&y, fb, sizeof y);
+        return x == NULL || y == NULL ? x == y : strcmp(x, y) == 0;
+    }
+    return memcmp(fa, fb, field_bytes(o->type)) == 0;
+}
+
+void ps_opt_copy(const struct ps_opt *o, void *dst, const void *src)
+{
+    memcpy((char *)dst + o->offset, (const char *)src + o->offset, field_bytes(o->type));
+}
+
 int ps_opts_set(const struct ps_opt *opts, size_t n, void *cfg, const char *name, const char *value,
                 char *err, size_t errlen)
 {

@@ -61,6 +61,12 @@ int ps_opts_parse(const struct ps_opt *opts, size_t n, void *cfg, int argc, char
 int ps_opts_set(const struct ps_opt *opts, size_t n, void *cfg, const char *name, const char *value,
                 char *err, size_t errlen);
 
+/* Whether option o has the same value in configs a and b (strings by
+ * their text), and copying its value from src to dst: for a reload that
+ * keeps some options as they were. */
+int ps_opt_same(const struct ps_opt *o, const void *a, const void *b);
+void ps_opt_copy(const struct ps_opt *o, void *dst, const void *src);
+
 /* Prints usage generated from the table. */
 void ps_opts_usage(FILE *f, const char *usage_line, const char *summary, const struct ps_opt *opts,
                    size_t n);

@@ -175,14 +175,20 @@ static void on_signal(uv_signal_t *h, int signum)
     uv_close((uv_handle_t *)&a->sighup, NULL);
 }
 
-/* Both unset, or both set and equal. */
-static int same_str(const char *x, const char *y)
+/* Options a SIGHUP applies while running; every other one needs a restart. */
+static int reloadable(const char *name)
 {
-    return x == NULL || y == NULL ? x == y : strcmp(x, y) == 0;
+    static const char *const live[] = {"log-level", "wait-timeout-ms", "worker-timeout",
+                                       "checkpoint-every"};
+    for (size_t i = 0; i < sizeof live / sizeof live[0]; i++)
+        if (strcmp(name, live[i]) == 0)
+            return 1;
+    return 0;
 }
 
 /* SIGHUP: reads the config (file and flags) again and applies what can
- * change while running; the rest is named as needing a restart. */
+ * change while running; a restart-only option whose value changed is
+ * named, and kept as it was. */
 static void on_hup(uv_signal_t *h, int signum)
 {
     (void)signum;
@@ -198,6 +204,25 @@ static void on_hup(uv_signal_t *h, int signum)
         return;
     }
     struct psd_config *o = &a->cfg;
+    char kept[512] = "";
+    size_t used = 0;
+    unsigned changed = 0;
+    for (size_t i = 0; i < NOPTS; i++) {
+        const struct ps_opt *opt = &psd_opts[i];
+        if (ps_opt_same(opt, &n, o))
+            continue;
+        if (reloadable(opt->name)) {
+            changed++;
+            continue;
+        }
+        if (used < sizeof kept)
+            used += (size_t)snprintf(kept + used, sizeof kept - used, "%s%s", used ? ", " : "",
+                                     opt->name);
+        ps_opt_copy(opt, &n, o);
+    }
+    if (kept[0] != '\0')
+        PS_LOG(&a->log, PS_LOG_WARN, "S0032",
+               "SIGHUP: %s changed, which takes a restart; kept as it was", kept);
     if (strcmp(n.log_level, o->log_level) != 0)
         PS_LOG(&a->log, PS_LOG_INFO, "S0030", "SIGHUP: log-level %s -> %s", o->log_level,
                n.log_level);
@@ -214,22 +239,8 @@ static void on_hup(uv_signal_t *h, int signum)
         PS_LOG(&a->log, PS_LOG_INFO, "S0030", "SIGHUP: checkpoint-every %llu -> %llu",
                (unsigned long long)o->checkpoint_every, (unsigned long long)n.checkpoint_every);
     a->srv.ckpt_every_ms = n.checkpoint_every * 1000u;
-    if (n.workers != o->workers || n.shard != o->shard || n.shards != o->shards ||
-        strcmp(n.consistency, o->consistency) != 0 || strcmp(n.listen, o->listen) != 0 ||
-        n.no_local_ipc != o->no_local_ipc || !same_str(n.cpus, o->cpus) ||
-        !same_str(n.metrics_listen, o->metrics_listen) || n.apply_threads != o->apply_threads)
-        PS_LOG(&a->log, PS_LOG_WARN, "S0032",
-               "SIGHUP: listen, no-local-ipc, cpus, apply-threads, metrics-listen, shard, shards, "
-               "workers and consistency change only with a restart; kept as they were");
-    n.listen = o->listen;
-    n.apply_threads = o->apply_threads;
-    n.no_local_ipc = o->no_local_ipc;
-    n.cpus = o->cpus;
-    n.shard = o->shard;
-    n.shards = o->shards;
-    n.workers = o->workers;
-    n.consistency = o->consistency;
-    n.metrics_listen = o->metrics_listen;
+    PS_LOG(&a->log, PS_LOG_INFO, "S0033", "SIGHUP: config read again: %u option(s) applied%s",
+           changed, kept[0] ? ", restart-only ones kept" : "");
     *o = n;
 }
 
@@ -361,11 +372,11 @@ int main(int argc, char **argv)
         .unread_bytes_total_max = cfg.max_unread_bytes_total,
         .allow_nonfinite = cfg.allow_nonfinite,
     };
-    if (cfg.apply_threads == 0)
-        cfg.apply_threads = ps_cpus_allowed() >= 2 ? 2 : 1;
+    /* 0: chosen here (cfg keeps what was asked, which a reload compares) */
+    uint64_t apply_threads = cfg.apply_threads ? cfg.apply_threads : ps_cpus_allowed() >= 2 ? 2 : 1;
     /* no spin after a run: on a small machine the helper's look would take
      * the core from ZeroMQ's I/O threads */
-    if (cfg.apply_threads > 1 && ps_pool_start(&params.pool, 0, "psd-apply") != 0) {
+    if (apply_threads > 1 && ps_pool_start(&params.pool, 0, "psd-apply") != 0) {
         PS_LOG(&a.log, PS_LOG_ERROR, "S0001", "--apply-threads: cannot start the helper thread: %s",
                strerror(errno));
         return 1;
