@@ -1,9 +1,11 @@
 /* Same-host endpoints: naming, and finding them in /proc/net/unix. */
 #include "ps_local.h"
 
+#include "ps_err.h"
 #include "ps_shard.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
 #include <time.h>
@@ -62,4 +64,28 @@ uint64_t ps_random_id(void)
         v = ps_mix64((uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 20) ^ (uint64_t)getpid());
     }
     return v ? v : 1;
+}
+
+int ps_endpoint_check(const char *ep, int bind, char *err, size_t errlen)
+{
+    static const char tcp[] = "tcp://";
+    if (strncmp(ep, tcp, sizeof tcp - 1) != 0)
+        return 0; /* ipc://, inproc://: ZeroMQ checks them */
+    const char *host = ep + sizeof tcp - 1, *colon = strrchr(host, ':');
+    if (colon == NULL || colon == host) {
+        snprintf(err, errlen, "'%s': a tcp endpoint is tcp://HOST:PORT", ep);
+        return PS_EINVAL;
+    }
+    const char *port = colon + 1;
+    if (bind && strcmp(port, "*") == 0)
+        return 0;
+    size_t digits = strspn(port, "0123456789");
+    unsigned long v =
+        digits > 0 && digits <= 5 && port[digits] == '\0' ? strtoul(port, NULL, 10) : 70000ul;
+    if (v > 65535 || (!bind && v == 0)) {
+        snprintf(err, errlen, "'%s': port '%s' is not a number in %d..65535%s", ep, port,
+                 bind ? 0 : 1, bind ? " (0 or *: any free port)" : "");
+        return PS_EINVAL;
+    }
+    return 0;
 }

@@ -26,6 +26,11 @@ int ps_local_endpoint(const char *bound, char *out, size_t len);
  * (also where /proc is not mounted). */
 int ps_local_reachable(const char *endpoint);
 
+/* Checks an endpoint's port: tcp://HOST:PORT with PORT in 1..65535 (bind:
+ * 0..65535 or *, a free one); other transports pass. 0, or PS_EINVAL with
+ * a sentence naming the endpoint in err. */
+int ps_endpoint_check(const char *ep, int bind, char *err, size_t errlen);
+
 /* A random nonzero 64-bit id (getrandom, or clock and pid without it). */
 uint64_t ps_random_id(void);
 

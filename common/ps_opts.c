@@ -3,6 +3,7 @@
 
 #include "ps_err.h"
 #include "ps_limits.h"
+#include "ps_local.h"
 
 #include <errno.h>
 #include <getopt.h>
@@ -339,6 +340,11 @@ int ps_split_servers(const char *list, char *buf, size_t len, const char **eps, 
          tok = strtok_r(NULL, ",", &save)) {
         if (*n >= PS_SHARDS_MAX) {
             snprintf(err, errlen, "--servers: more than %u endpoints", PS_SHARDS_MAX);
+            return PS_EINVAL;
+        }
+        char why[PS_ENDPOINT_MAX + 96];
+        if (ps_endpoint_check(tok, 0, why, sizeof why) != 0) {
+            snprintf(err, errlen, "--servers: %s", why);
             return PS_EINVAL;
         }
         eps[(*n)++] = tok;

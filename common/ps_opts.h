@@ -72,7 +72,8 @@ void ps_opts_usage(FILE *f, const char *usage_line, const char *summary, const s
                    size_t n);
 
 /* Splits --servers "EP,EP,..." (copied into buf of len bytes) into eps
- * (PS_SHARDS_MAX entries). 0, or PS_EINVAL with a sentence in err. */
+ * (PS_SHARDS_MAX entries), each checked by ps_endpoint_check. 0, or
+ * PS_EINVAL with a sentence in err. */
 int ps_split_servers(const char *list, char *buf, size_t len, const char **eps, size_t *n,
                      char *err, size_t errlen);
 

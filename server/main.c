@@ -8,6 +8,7 @@
 #include "ps_cpus.h"
 #include "ps_err.h"
 #include "ps_limits.h"
+#include "ps_local.h"
 #include "ps_log.h"
 #include "ps_notify.h"
 #include "ps_opts.h"
@@ -332,6 +333,11 @@ static int parse_config(struct psd_config *cfg, int argc, char **argv, int *leve
         return 2;
     }
     cons->workers = (uint32_t)cfg->workers;
+    char why[PS_ENDPOINT_MAX + 96];
+    if (ps_endpoint_check(cfg->listen, 1, why, sizeof why) != 0) {
+        fprintf(stderr, "psd: --listen: %s\n", why);
+        return 2;
+    }
     return -1;
 }
 

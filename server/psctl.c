@@ -11,6 +11,7 @@
  * status is 1. */
 #include "psclient.h"
 
+#include "ps_clock.h"
 #include "ps_curve.h"
 #include "ps_err.h"
 #include "ps_limits.h"
@@ -38,7 +39,8 @@ static const struct ps_opt opts[] = {
     OPT("servers", PS_OPT_STR, servers, NULL, 0, 0, "EP[,EP...]",
         "psd endpoints, shard 0 first (as the workers take them)"),
     OPT("timeout-ms", PS_OPT_U64, timeout_ms, "5000", 100, 3600000, "MS",
-        "how long a shard has to answer"),
+        "how long a shard has to answer: status answers within it in all, shards that "
+        "did not answer named"),
     OPT("json", PS_OPT_FLAG, json, NULL, 0, 0, NULL, "print JSON instead of tables"),
     OPT("format", PS_OPT_STR, format, "safetensors", 0, 0, "FORMAT",
         "export: the file format (safetensors)"),
@@ -66,7 +68,27 @@ struct cluster {
     size_t n;
     char buf[8192];
     int timeout_ms;
+    int hello_ms;         /* what the hellos were given: 3/4 of timeout_ms */
+    uint64_t deadline_ms; /* status: timeout_ms after the start */
 };
+
+/* What is left of the deadline (1 at least: a shard answering at once
+ * still gets its chance). */
+static int left_ms(const struct cluster *k)
+{
+    uint64_t now = (uint64_t)ps_mono_ms();
+    return now + 1 >= k->deadline_ms ? 1 : (int)(k->deadline_ms - now);
+}
+
+/* 0 when shard s answered the hello; else the reason in err. */
+static int answered(const struct cluster *k, uint32_t s, char *err, size_t len)
+{
+    if (psc_shard_answered(k->c, s))
+        return 0;
+    snprintf(err, len, "%s: no answer to hello within %d ms (--timeout-ms %d)", k->eps[s],
+             k->hello_ms, k->timeout_ms);
+    return -1;
+}
 
 static int connect_cluster(const struct config *cfg, struct cluster *k)
 {
@@ -81,10 +103,12 @@ static int connect_cluster(const struct config *cfg, struct cluster *k)
         return 2;
     }
     k->timeout_ms = (int)cfg->timeout_ms;
+    k->hello_ms = k->timeout_ms - k->timeout_ms / 4;
+    k->deadline_ms = (uint64_t)ps_mono_ms() + (uint64_t)k->timeout_ms;
     struct psc_config pc = {.servers = k->eps,
                             .nservers = k->n,
                             .worker_id = PSC_OBSERVER,
-                            .connect_timeout_ms = k->timeout_ms,
+                            .connect_timeout_ms = k->hello_ms,
                             .hello_optional = 1,
                             .heartbeat_ms = -1};
     if (mine.pub[0] != '\0') {
@@ -219,12 +243,12 @@ static int cmd_status(struct cluster *k, int json)
     }
     int down = 0;
     for (uint32_t s = 0; s < k->n; s++) {
-        up[s] = psc_stats_tables(k->c, s, k->timeout_ms, &st[s], tl + (size_t)s * PS_TABLES_MAX,
+        up[s] = answered(k, s, errs[s], sizeof errs[s]) == 0 &&
+                psc_stats_tables(k->c, s, left_ms(k), &st[s], tl + (size_t)s * PS_TABLES_MAX,
                                  PS_TABLES_MAX) == 0;
-        if (!up[s]) {
+        if (!up[s] && errs[s][0] == '\0')
             snprintf(errs[s], sizeof errs[s], "%s", psc_last_error(k->c));
-            down++;
-        }
+        down += !up[s];
     }
     if (json) {
         json_t *shards = json_array();
@@ -271,18 +295,19 @@ static int cmd_checkpoint(struct cluster *k, int json)
     int failed = 0;
     json_t *arr = json_array();
     for (uint32_t s = 0; s < k->n; s++) {
-        char detail[4300];
-        int rc = psc_checkpoint(k->c, s, k->timeout_ms, detail, sizeof detail);
+        char detail[4300], why[512] = "";
+        int rc = answered(k, s, why, sizeof why);
+        if (rc == 0 && (rc = psc_checkpoint(k->c, s, k->timeout_ms, detail, sizeof detail)) != 0)
+            snprintf(why, sizeof why, "%s", psc_last_error(k->c));
         failed += rc != 0;
         if (json)
-            json_array_append_new(arr,
-                                  json_pack("{s:i, s:s, s:b, s:s}", "shard", (int)s, "endpoint",
-                                            k->eps[s], "ok", rc == 0, rc == 0 ? "detail" : "error",
-                                            rc == 0 ? detail : psc_last_error(k->c)));
+            json_array_append_new(
+                arr, json_pack("{s:i, s:s, s:b, s:s}", "shard", (int)s, "endpoint", k->eps[s], "ok",
+                               rc == 0, rc == 0 ? "detail" : "error", rc == 0 ? detail : why));
         else if (rc == 0)
             printf("shard %u: %s\n", s, detail);
         else
-            printf("shard %u: FAILED: %s\n", s, psc_last_error(k->c));
+            printf("shard %u: FAILED: %s\n", s, why);
     }
     if (json) {
         json_dumpf(arr, stdout, JSON_INDENT(2));

@@ -1771,6 +1771,11 @@ uint32_t psc_shards(const struct psc_client *c)
     return c->nshards;
 }
 
+int psc_shard_answered(const struct psc_client *c, uint32_t shard)
+{
+    return shard < c->nshards && c->offers[shard].instance != 0;
+}
+
 const char *psc_last_error(const struct psc_client *c)
 {
     return c->last_error;
@@ -1931,6 +1936,12 @@ int psc_create(const struct psc_config *cfg, struct psc_client **out, char *err,
         snprintf(err, errlen, "need 1..%u server endpoints", PS_SHARDS_MAX);
         return PS_EINVAL;
     }
+    for (size_t s = 0; s < cfg->nservers; s++)
+        if (cfg->servers[s] == NULL || ps_endpoint_check(cfg->servers[s], 0, err, errlen) != 0) {
+            if (cfg->servers[s] == NULL)
+                snprintf(err, errlen, "server endpoint %zu is NULL", s);
+            return PS_EINVAL;
+        }
     struct psc_client *c = calloc(1, sizeof *c);
     if (c == NULL) {
         snprintf(err, errlen, "out of memory");

@@ -339,6 +339,10 @@ void psc_bytes(const struct psc_client *c, uint64_t *sent, uint64_t *received);
 /* Number of shards; elements of a table; the shard range of a table. */
 uint32_t psc_shards(const struct psc_client *c);
 
+/* 1 when shard has answered this client's hello (psc_create with
+ * hello_optional goes on without the shards that did not), else 0. */
+int psc_shard_answered(const struct psc_client *c, uint32_t shard);
+
 #ifdef __cplusplus
 }
 #endif

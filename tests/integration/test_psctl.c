@@ -237,9 +237,13 @@ static void test_status_export_checkpoint(void **state)
     assert_true(harness_wait(k.p[1].pid, 10000) >= 0);
     k.p[1].pid = 0;
     harness_tmp(out, sizeof out, "status-down.txt");
+    int64_t t1 = ps_mono_ms();
     assert_int_equal(psctl(&k, out, status), 1);
+    fprintf(stderr, "status with a shard down took %lld ms (--timeout-ms 1000)\n",
+            (long long)(ps_mono_ms() - t1)); /* told, not checked: a slow machine is no fault */
     assert_true(harness_log_has(out, "shard 1", "UNREACHABLE"));
-    assert_true(harness_log_has(out, "no reply within 1000 ms from shard 1", NULL));
+    /* the hello had 3/4 of the time; the shard is not asked again */
+    assert_true(harness_log_has(out, "no answer to hello within 750 ms (--timeout-ms 1000)", NULL));
     assert_true(harness_log_has(out, "shard 0", "bsp"));
     harness_tmp(out, sizeof out, "status-down.json");
     assert_int_equal(psctl(&k, out, sj), 1);

@@ -3,6 +3,7 @@
 #define _GNU_SOURCE
 #include "ps_cpus.h"
 #include "ps_err.h"
+#include "ps_local.h"
 #include "ps_opts.h"
 
 #include <sched.h>
@@ -149,9 +150,43 @@ static void test_cpu_lists(void **state)
     assert_string_equal(buf, "0-2");
 }
 
+/* Endpoint ports at their limits, to connect to and to bind. */
+static void test_endpoint_ports(void **state)
+{
+    (void)state;
+    char err[256];
+    const struct {
+        const char *ep;
+        int bind, ok;
+    } cases[] = {
+        {"tcp://127.0.0.1:65535", 0, 1},
+        {"tcp://127.0.0.1:65536", 0, 0},
+        {"tcp://127.0.0.1:99999", 0, 0},
+        {"tcp://127.0.0.1:1", 0, 1},
+        {"tcp://127.0.0.1:0", 0, 0},
+        {"tcp://127.0.0.1:0", 1, 1},
+        {"tcp://*:*", 1, 1},
+        {"tcp://127.0.0.1:*", 0, 0},
+        {"tcp://127.0.0.1:", 0, 0},
+        {"tcp://127.0.0.1:5x", 0, 0},
+        {"tcp://127.0.0.1", 0, 0},
+        {"tcp://[::1]:5570", 0, 1},
+        {"tcp://h:000001", 0, 0},
+        {"ipc://@psd/x", 0, 1},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        int rc = ps_endpoint_check(cases[i].ep, cases[i].bind, err, sizeof err);
+        if ((rc == 0) != cases[i].ok)
+            fail_msg("%s (bind %d): got %d, %s", cases[i].ep, cases[i].bind, rc, err);
+    }
+    assert_int_equal(ps_endpoint_check("tcp://h:70000", 0, err, sizeof err), PS_EINVAL);
+    assert_non_null(strstr(err, "port '70000' is not a number in 1..65535"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_endpoint_ports),
         cmocka_unit_test(test_defaults_and_values),
         cmocka_unit_test(test_errors_name_flag_and_value),
         cmocka_unit_test(test_cpu_lists),
