@@ -84,7 +84,7 @@ static const struct ps_opt opts[] = {
     OPT("epochs", PS_OPT_U64, epochs, "5", 1, 100000, "E", "passes over the training set"),
     FOPT("lr", lr, "0.02", 0.0, 100.0, "LR", "learning rate"),
     OPT("optimizer", PS_OPT_STR, optimizer, "momentum", 0, 0, "NAME",
-        "sgd, momentum, adagrad or adam"),
+        "sgd, momentum, adagrad, adam, or ftrl (FTRL-proximal, --model sparse-lr only)"),
     OPT("lr-schedule", PS_OPT_STR, lr_schedule, "cosine", 0, 0, "NAME",
         "constant, or cosine decay to 0 over the whole run"),
     FOPT("momentum", momentum, "0.9", 0.0, 0.999999, "M", "momentum coefficient"),
@@ -912,9 +912,16 @@ static int check_config(const struct config *c, char *err, size_t errlen)
         snprintf(err, errlen, "--wire-dtype: '%s' is not f32, f16 or bf16", c->wire_dtype);
         return PS_EINVAL;
     }
-    if (psk_optim_parse(c->optimizer) < 0) {
-        snprintf(err, errlen, "--optimizer: '%s' is not sgd, momentum, adagrad or adam",
+    int opt = psk_optim_parse(c->optimizer);
+    if (opt < 0) {
+        snprintf(err, errlen, "--optimizer: '%s' is not sgd, momentum, adagrad, adam or ftrl",
                  c->optimizer);
+        return PS_EINVAL;
+    }
+    if (opt == PSK_OPT_FTRL && !sparse) { /* its weights collapse on the MLP's dense layers */
+        snprintf(err, errlen,
+                 "--optimizer ftrl: FTRL-proximal is for sparse models (--model sparse-lr); the "
+                 "mlp takes sgd, momentum, adagrad or adam");
         return PS_EINVAL;
     }
     if (!c->standalone && c->servers == NULL) {

@@ -493,9 +493,31 @@ static void test_asp_never_waits(void **state)
     assert_int_equal(st.waiting, 0);
 }
 
+/* psworker lists every optimizer it takes, and refuses FTRL on the MLP
+ * (its weights collapsed there) with a sentence saying where it works. */
+static void test_optimizer_choices(void **state)
+{
+    (void)state;
+    const char *bin = getenv("PSWORKER_BIN");
+    char log[320];
+    harness_tmp(log, sizeof log, "opt-help.log");
+    const char *help[] = {bin, "--help", NULL};
+    assert_int_equal(harness_wait(harness_spawn(help, log), 60000), 0);
+    assert_true(harness_log_has(log, "--optimizer", "adam, or ftrl"));
+    harness_tmp(log, sizeof log, "opt-ftrl.log");
+    const char *ftrl[] = {bin, "--standalone", "--optimizer", "ftrl", NULL};
+    assert_int_equal(harness_wait(harness_spawn(ftrl, log), 60000), 2);
+    assert_true(harness_log_has(log, "FTRL-proximal is for sparse models", "--model sparse-lr"));
+    harness_tmp(log, sizeof log, "opt-bad.log");
+    const char *bad[] = {bin, "--standalone", "--optimizer", "lamb", NULL};
+    assert_int_equal(harness_wait(harness_spawn(bad, log), 60000), 2);
+    assert_true(harness_log_has(log, "'lamb' is not sgd, momentum, adagrad, adam or ftrl", NULL));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_optimizer_choices),
         cmocka_unit_test(test_bsp_two_workers_match_one_with_double_batch),
         cmocka_unit_test(test_one_worker_equals_standalone),
         cmocka_unit_test(test_asp_shared_memory_equals_frames),
