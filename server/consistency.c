@@ -112,8 +112,13 @@ uint64_t psd_cons_join_clock(const struct psd_cons *c, const struct psd_table *t
 {
     if (c->mode == PSD_ASP)
         return w < c->workers ? t->completed[w] : 0;
-    if (c->mode == PSD_BSP && w < c->workers && !t->member[w])
-        return t->clock + 2;
+    if (c->mode == PSD_BSP && w < c->workers && !t->member[w]) {
+        int none = 0;
+        (void)slowest_member(c, t, &none);
+        /* with no member left nobody closes the rounds in between: it
+         * joins at the table's clock, whose pull is answered at once */
+        return none ? t->clock : t->clock + 2;
+    }
     return psd_cons_clock(c, t);
 }
 

@@ -19,7 +19,8 @@
  * or when its push of the start of round t comes before any of the round
  * is applied. Other pushes from a non-member are acknowledged and dropped
  * (PSD_CONS_STALE). A rejoining worker is told to start two rounds ahead
- * (psd_cons_join_clock), so that its pulls wait for the boundary. In
+ * (psd_cons_join_clock), so that its pulls wait for the boundary; with
+ * no member left, at the table's clock. In
  * ssp/asp its next push joins.
  * Worker clocks are per table. This file judges and applies; it does not
  * queue or send replies (psd.c does). */
@@ -116,8 +117,8 @@ uint64_t psd_cons_clock(const struct psd_cons *c, const struct psd_table *t);
 void psd_cons_leave(const struct psd_cons *c, struct psd_table *t, uint32_t w, int *applied);
 
 /* The clock worker w saying hello now should start at: bsp the rounds
- * applied, plus 2 when w is not a member; ssp the slowest member's clock;
- * asp where w itself had got to. */
+ * applied, plus 2 when w is not a member and some worker still is; ssp
+ * the slowest member's clock; asp where w itself had got to. */
 uint64_t psd_cons_join_clock(const struct psd_cons *c, const struct psd_table *t, uint32_t w);
 
 /* A pull of t at `clock` by worker w is being answered: in bsp a non-member

@@ -1392,6 +1392,11 @@ void psd_tick(struct psd *s)
         struct psd_table *t = s->tables[w->table_id];
         char missing[128];
         psd_cons_missing(&s->cons, t, w->clock, missing, sizeof missing);
+        if (missing[0] == '\0') /* no member holds it back: none is left to move the rounds */
+            snprintf(
+                missing, sizeof missing,
+                "none (no worker of the round is left to reach it; the table is at clock %llu)",
+                (unsigned long long)psd_cons_clock(&s->cons, t));
         if (now >= w->deadline_ms) {
             Ps__Header h;
             wait_header(w, &h);

@@ -1840,16 +1840,57 @@ static int open_sockets(struct psc_client *c, const struct psc_config *cfg, char
  * last request id applied per worker and session, so a restarted worker is
  * not mistaken for a retry of the old one); the start clock is the
  * furthest any shard names. */
-static int say_hello(struct psc_client *c, int timeout_ms)
+/* Tells cfg's hello_waiting which shards have not answered the hello. */
+static void hello_waiting(const struct psc_client *c, const struct psc_config *cfg, int waited_ms)
+{
+    uint32_t missing[PS_SHARDS_MAX], n = 0;
+    for (uint32_t s = 0; s < c->nshards; s++)
+        if (c->offers[s].instance == 0)
+            missing[n++] = s;
+    if (n > 0)
+        cfg->hello_waiting(cfg->hello_waiting_arg, missing, n, waited_ms);
+}
+
+/* The hello to every shard, waited for up to timeout_ms; with cfg's
+ * hello_waiting (cfg may be NULL), in a piece of 1 s and then of 5 s,
+ * saying who is missing between them. */
+static int say_hello(struct psc_client *c, const struct psc_config *cfg, int timeout_ms)
 {
     Ps__Header h;
     ps_wire_header_init(&h, PS__OP__OP_HELLO);
     h.worker_id = c->worker_id;
     h.session = c->session = ps_random_id();
     c->start_clock = 0;
-    int rc = call_sync(c, &h, 0, c->nshards - 1, NULL, timeout_ms);
+    int rc = 0, waited = 0, step = 1000;
+    uint64_t id = 0;
+    struct slot *sl = slot_alloc(c, h.op, &id);
+    if (sl == NULL)
+        return set_error(c, PS_EBUSY, "hello: too many requests outstanding");
+    h.request_id = id;
+    for (uint32_t s = 0; s < c->nshards; s++)
+        if (send_frames(c, s, &h, NULL, 0, NULL, 0, sl, 0) != 0)
+            break;
+    for (;;) {
+        int piece = cfg == NULL || cfg->hello_waiting == NULL || timeout_ms < 0 ||
+                            timeout_ms - waited <= step
+                        ? (timeout_ms < 0 ? -1 : timeout_ms - waited)
+                        : step;
+        rc = psc_wait(c, id, piece);
+        waited += piece;
+        if (rc != PS_ETIMEDOUT || piece < 0 || waited >= timeout_ms)
+            break;
+        hello_waiting(c, cfg, waited);
+        step = 5000;
+    }
+    char why[sizeof c->last_error];
+    if (rc == PS_ETIMEDOUT) { /* psc_wait named the shards and its last piece's time */
+        const char *from = strstr(c->last_error, " from shard ");
+        snprintf(why, sizeof why, "%s", from ? from : "");
+        set_error(c, rc, "hello: no reply within %d ms%s", waited, why);
+        psc_cancel(c, id); /* no zero-copy frames: always releases */
+        return rc;
+    }
     if (rc != 0) {
-        char why[sizeof c->last_error];
         snprintf(why, sizeof why, "%s", c->last_error);
         return set_error(c, rc, "hello: %s", why);
     }
@@ -1916,7 +1957,7 @@ int psc_rejoin(struct psc_client *c, int timeout_ms)
     if (c->nfree != PS_CLIENT_TICKETS_MAX)
         return set_error(c, PS_EBUSY, "rejoin: %u tickets are outstanding",
                          PS_CLIENT_TICKETS_MAX - c->nfree);
-    return say_hello(c, timeout_ms);
+    return say_hello(c, NULL, timeout_ms);
 }
 
 int psc_create(const struct psc_config *cfg, struct psc_client **out, char *err, size_t errlen)
@@ -1994,7 +2035,7 @@ int psc_create(const struct psc_config *cfg, struct psc_client **out, char *err,
             return PS_EINVAL;
         }
     int rc = open_sockets(c, cfg, err, errlen);
-    if (rc == 0 && (rc = say_hello(c, cfg->connect_timeout_ms)) != 0) {
+    if (rc == 0 && (rc = say_hello(c, cfg, cfg->connect_timeout_ms)) != 0) {
         snprintf(err, errlen, "%s", c->last_error);
         if (rc == PS_ETIMEDOUT && cfg->hello_optional)
             rc = 0;

@@ -55,6 +55,12 @@ struct psc_config {
     /* CURVE (all three, or none): 40-character Z85 keys */
     const char *curve_server_key;            /* the servers' public key */
     const char *curve_public, *curve_secret; /* this client's key pair */
+    /* While psc_create waits for the shards' hellos: called after 1 s and
+     * every 5 s after that with the shards that have not answered yet
+     * (n of them, in order) and how long it has waited, so a program can
+     * say what it waits for. On psc_create's thread; NULL: not called. */
+    void (*hello_waiting)(void *arg, const uint32_t *shards, uint32_t n, int waited_ms);
+    void *hello_waiting_arg;
 };
 
 #define PSC_HEARTBEAT_MS_DEFAULT 1000

@@ -145,6 +145,8 @@ static const struct ps_opt opts[] = {
 #define NOPTS (sizeof opts / sizeof opts[0])
 
 struct trainer {
+    const char *const *eps; /* --servers, while psc_create says hello (log_hello_waiting) */
+    uint32_t neps;
     struct config cfg;
     struct ps_log log;
     struct psk_backend *be;
@@ -987,6 +989,20 @@ static void setup_shm(struct trainer *tr)
            on, psc_shards(tr->c));
 }
 
+/* psc_config's hello_waiting: which shards have not answered yet. */
+static void log_hello_waiting(void *arg, const uint32_t *shards, uint32_t n, int waited_ms)
+{
+    struct trainer *tr = arg;
+    char list[1024];
+    size_t used = 0;
+    for (uint32_t i = 0; i < n && used < sizeof list; i++)
+        used += (size_t)snprintf(list + used, sizeof list - used, "%s%u (%s)", i ? ", " : "",
+                                 shards[i], tr->eps[shards[i]]);
+    PS_LOG(&tr->log, PS_LOG_WARN, "W0014",
+           "waited %d ms for %u of %u shard(s) to answer: %s (giving up after --timeout-ms %llu)",
+           waited_ms, n, tr->neps, list, (unsigned long long)tr->cfg.timeout_ms);
+}
+
 /* Connects the client to --servers (hello to every shard). */
 static int connect_client(struct trainer *tr, int nonzero_pulls, char *err, size_t errlen)
 {
@@ -1008,7 +1024,11 @@ static int connect_client(struct trainer *tr, int nonzero_pulls, char *err, size
                             .local_ipc = !c->no_local_ipc,
                             .shm_bytes = shm_bytes(tr),
                             .io_cpus = tr->io_cpus.cpu,
-                            .nio_cpus = tr->io_cpus.n};
+                            .nio_cpus = tr->io_cpus.n,
+                            .hello_waiting = log_hello_waiting,
+                            .hello_waiting_arg = tr};
+    tr->eps = eps;
+    tr->neps = (uint32_t)n;
     struct ps_curve_keys mine, server;
     if ((rc = ps_curve_client(c->curve_secret, c->curve_server_key, &mine, &server, err, errlen)) !=
         0)
@@ -1018,7 +1038,9 @@ static int connect_client(struct trainer *tr, int nonzero_pulls, char *err, size
         pc.curve_public = mine.pub;
         pc.curve_secret = mine.sec;
     }
-    if ((rc = psc_create(&pc, &tr->c, err, errlen)) != 0)
+    rc = psc_create(&pc, &tr->c, err, errlen);
+    tr->eps = NULL; /* eps is this function's */
+    if (rc != 0)
         return rc;
     for (uint32_t s = 0; s < n; s++)
         if (strcmp(psc_endpoint(tr->c, s), eps[s]) != 0)
@@ -1093,7 +1115,16 @@ static int setup(struct trainer *tr, char *err, size_t errlen)
     tr->decay_steps = steps;
     if ((rc = setup_tables(tr, err, errlen)) != 0)
         return rc;
-    if (!c->standalone && (tr->clock = tr->clock0 = psc_start_clock(tr->c)) > 0) {
+    if (!c->standalone)
+        tr->clock = tr->clock0 = psc_start_clock(tr->c);
+    if (tr->clock > 0 && tr->clock >= steps) {
+        /* the servers are past this run: nothing to train, the final weights to read */
+        PS_LOG(&tr->log, PS_LOG_WARN, "W0013",
+               "the run is over: the servers are at clock %llu and this run has %llu steps; "
+               "reading the final weights only",
+               (unsigned long long)tr->clock, (unsigned long long)steps);
+        tr->clock = tr->clock0 = steps;
+    } else if (tr->clock > 0) {
         uint64_t per_epoch = tr->train.n / (c->batch * c->workers * c->accum_steps);
         PS_LOG(&tr->log, PS_LOG_INFO, "W0011",
                "rejoining a run in progress at clock %llu (epoch %llu, step %llu of %llu)",

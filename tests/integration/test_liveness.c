@@ -197,6 +197,17 @@ static void test_killed_worker_is_dropped_and_rejoins(void **state)
     assert_int_equal(worker_clock(&k, 1), (uint64_t)steps0);
     assert_true(harness_log_has(k.psd.log_path, "S0331", "worker 1 said hello from a new session"));
     assert_true(acc > 0.75);
+
+    /* started again once the run is over: it reads the final weights and
+     * exits, where it used to wait for a clock past the end */
+    char after[320];
+    harness_tmp(after, sizeof after, "kill-w1-after-the-end.log");
+    pid_t late = start_worker(&k, 1, after);
+    int rc = harness_wait(late, 60000);
+    if (rc != 0 || !harness_log_has(after, "W0013", "the run is over")) {
+        harness_dump_file(after);
+        fail_msg("a worker started after the run exited with %d", rc);
+    }
     psc_destroy(k.observer);
     assert_int_equal(harness_psd_stop(&k.psd), 0);
 }

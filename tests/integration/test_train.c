@@ -7,6 +7,10 @@
 #include "psclient.h"
 
 #include <math.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -514,10 +518,39 @@ static void test_optimizer_choices(void **state)
     assert_true(harness_log_has(log, "'lamb' is not sgd, momentum, adagrad, adam or ftrl", NULL));
 }
 
+/* psworker pointed at a server that never answers (a socket that
+ * listens and says nothing) names the shard it waits for after a second
+ * and again later, then gives up at --timeout-ms with the shard named. */
+static void test_unanswered_servers_are_named(void **state)
+{
+    (void)state;
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof a;
+    assert_true(fd >= 0);
+    assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
+    assert_int_equal(listen(fd, 4), 0);
+    assert_int_equal(getsockname(fd, (struct sockaddr *)&a, &len), 0);
+    char ep[64], log[320];
+    snprintf(ep, sizeof ep, "tcp://127.0.0.1:%u", (unsigned)ntohs(a.sin_port));
+    harness_tmp(log, sizeof log, "unanswered.log");
+    const char *argv[] = {
+        getenv("PSWORKER_BIN"), "--servers", ep, "--timeout-ms", "7000", "--device", "cpu", NULL};
+    int rc = harness_wait(harness_spawn(argv, log), 60000);
+    close(fd);
+    if (rc == 0 || harness_log_count(log, "W0014", ep) < 2)
+        harness_dump_file(log);
+    assert_int_not_equal(rc, 0);
+    assert_true(harness_log_has(log, "W0014", "waited 1000 ms for 1 of 1 shard(s) to answer"));
+    assert_true(harness_log_has(log, "W0014", "waited 6000 ms"));
+    assert_true(harness_log_has(log, "no reply within 7000 ms from shard 0", ep));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_optimizer_choices),
+        cmocka_unit_test(test_unanswered_servers_are_named),
         cmocka_unit_test(test_bsp_two_workers_match_one_with_double_batch),
         cmocka_unit_test(test_one_worker_equals_standalone),
         cmocka_unit_test(test_asp_shared_memory_equals_frames),

@@ -93,6 +93,26 @@ static void test_reachable_clocks(void **state)
     drop(&asp, t);
 }
 
+/* A worker saying hello from outside the rounds starts two rounds ahead
+ * while some worker is still a member, and at the table's clock once
+ * none is (nobody would close the rounds in between). */
+static void test_join_clock_without_members(void **state)
+{
+    (void)state;
+    float g[N] = {0};
+    struct psd_cons bsp = {PSD_BSP, 0, 2};
+    struct psd_table *t = make(&bsp);
+    assert_int_equal(push(&bsp, t, 0, 0, 0, N, g), 0);
+    assert_int_equal(push(&bsp, t, 1, 0, 0, N, g), 0); /* clock 1 */
+    int applied = 0;
+    psd_cons_leave(&bsp, t, 1, &applied);
+    assert_int_equal(psd_cons_join_clock(&bsp, t, 1), 3);
+    psd_cons_leave(&bsp, t, 0, &applied);
+    assert_int_equal(psd_cons_join_clock(&bsp, t, 1), 1);
+    assert_true(psd_cons_ready(&bsp, t, 1, 0, N)); /* its pull is answered at once */
+    drop(&bsp, t);
+}
+
 static void test_bsp_watermark(void **state)
 {
     (void)state;
@@ -460,6 +480,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_reachable_clocks),
+        cmocka_unit_test(test_join_clock_without_members),
         cmocka_unit_test(test_bsp_watermark),
         cmocka_unit_test(test_bsp_refusals),
         cmocka_unit_test(test_bsp_chunk_before_lost_one),
