@@ -60,6 +60,7 @@ int psk_open(const char *spec, struct psk_backend **out, char *err, size_t errle
         return PS_ENOMEM;
     }
     int rc = PS_ENODEV;
+    err[0] = '\0';
     if (want_cuda != 0) {
         rc = psk__cuda_open(b, device, err, errlen);
         if (rc != 0 && want_cuda == 1) {
@@ -67,8 +68,13 @@ int psk_open(const char *spec, struct psk_backend **out, char *err, size_t errle
             return rc;
         }
     }
-    if (rc != 0)
+    if (rc != 0) {
+        char why[256]; /* auto: why CUDA was not used ("" for cpu), kept for the caller */
+        snprintf(why, sizeof why, "%s", err);
         rc = psk__cpu_open(b, err, errlen);
+        if (rc == 0)
+            snprintf(err, errlen, "%s", why);
+    }
     if (rc != 0) {
         free(b);
         return rc;

@@ -22,7 +22,8 @@ enum psk_kind {
 };
 
 /* Opens "auto", "cpu", "cuda" or "cuda:N". "auto" picks CUDA when a device
- * is usable and the CPU otherwise. On failure returns a PS_E* code, writes
+ * is usable and the CPU otherwise; err then holds why CUDA was not used
+ * ("" when it was, or for "cpu"). On failure returns a PS_E* code, writes
  * why into err and sets *out to NULL. */
 int psk_open(const char *spec, struct psk_backend **out, char *err, size_t errlen);
 void psk_close(struct psk_backend *b);

@@ -192,9 +192,18 @@ int psk__cuda_open(struct psk_backend *b, int device, char *err, size_t errlen)
 {
     int count = 0;
     cudaError_t e = cudaGetDeviceCount(&count);
-    if (e != cudaSuccess || count == 0) {
-        snprintf(err, errlen, "no usable CUDA device (%s)",
+    if (e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver ||
+        (e == cudaSuccess && count == 0)) {
+        /* no GPU, or no NVIDIA driver loaded: the runtime then speaks of the
+         * driver's version, which misleads */
+        snprintf(err, errlen,
+                 "no CUDA device on this machine (no NVIDIA GPU or driver; the CUDA "
+                 "runtime says: %s)",
                  e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
+        return PS_ENODEV;
+    }
+    if (e != cudaSuccess) {
+        snprintf(err, errlen, "CUDA cannot list its devices: %s", cudaGetErrorString(e));
         return PS_ENODEV;
     }
     int dev = device < 0 ? 0 : device;

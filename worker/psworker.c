@@ -1055,6 +1055,9 @@ static int setup(struct trainer *tr, char *err, size_t errlen)
     int rc = psk_open(c->device, &tr->be, err, errlen);
     if (rc != 0)
         return rc;
+    if (err[0] != '\0') /* --device auto fell back to the CPU: say why */
+        PS_LOG(&tr->log, PS_LOG_INFO, "W0015", "--device %s: %s; training on the CPU", c->device,
+               err);
     tr->alias = psk_kind_of(tr->be) == PSK_CPU;
     if (c->compute_threads == 0)
         c->compute_threads = ps_cpus_allowed() >= 2 ? 2 : 1;

@@ -256,6 +256,9 @@ static int setup_mlp(struct slr *m, char *err, size_t errlen)
     int rc = psk_open(cfg->device ? cfg->device : "auto", &m->be, err, errlen);
     if (rc != 0)
         return rc;
+    if (err[0] != '\0') /* auto fell back to the CPU: say why */
+        PS_LOG(m->log, PS_LOG_INFO, "W0015", "--device %s: %s; training on the CPU",
+               cfg->device ? cfg->device : "auto", err);
     PS_LOG(m->log, PS_LOG_INFO, "W0002", "embedding MLP on %s", psk_describe(m->be));
     int dims[3] = {(int)cfg->embed_dim, (int)cfg->hidden, 2};
     int bmax = cfg->batch > 4096 ? (int)cfg->batch : 4096;

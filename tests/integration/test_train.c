@@ -546,10 +546,38 @@ static void test_unanswered_servers_are_named(void **state)
     assert_true(harness_log_has(log, "no reply within 7000 ms from shard 0", ep));
 }
 
+/* --device: auto says why it trains on the CPU when it does; cuda on a
+ * machine without a GPU says there is none (a GPU machine checks only
+ * that auto chose it). */
+static void test_device_choice_is_told(void **state)
+{
+    (void)state;
+    const char *bin = getenv("PSWORKER_BIN");
+    char log[320];
+    harness_tmp(log, sizeof log, "device-auto.log");
+    const char *autov[] = {bin, "--standalone", "--device", "auto", "--max-steps", "1", NULL};
+    assert_int_equal(harness_wait(harness_spawn(autov, log), 120000), 0);
+    if (harness_log_has(log, "W0001", "on cuda")) {
+        assert_false(harness_log_has(log, "W0015", NULL));
+        return;
+    }
+    assert_true(harness_log_has(log, "W0015", "--device auto:"));
+    assert_true(harness_log_has(log, "W0015", "training on the CPU"));
+    harness_tmp(log, sizeof log, "device-cuda.log");
+    const char *cuda[] = {bin, "--standalone", "--device", "cuda", "--max-steps", "1", NULL};
+    assert_int_not_equal(harness_wait(harness_spawn(cuda, log), 120000), 0);
+    if (!harness_log_has(log, "no CUDA device on this machine", NULL) &&
+        !harness_log_has(log, "this build has no CUDA backend", NULL)) {
+        harness_dump_file(log);
+        fail_msg("--device cuda without a GPU did not say so");
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_optimizer_choices),
+        cmocka_unit_test(test_device_choice_is_told),
         cmocka_unit_test(test_unanswered_servers_are_named),
         cmocka_unit_test(test_bsp_two_workers_match_one_with_double_batch),
         cmocka_unit_test(test_one_worker_equals_standalone),
