@@ -532,6 +532,36 @@ out:
     return rc;
 }
 
+size_t psd_checkpoint_found(const char *dir, char *what, size_t len)
+{
+    DIR *d = opendir(dir);
+    size_t files = 0, used = 0, kinds = 0;
+    unsigned seen[8][2];
+    struct dirent *e;
+    what[0] = '\0';
+    while (d != NULL && (e = readdir(d)) != NULL) {
+        unsigned shard = 0, shards = 0;
+        char tail[32];
+        if (sscanf(e->d_name, "shard-%u-of-%u-%31s", &shard, &shards, tail) != 3 ||
+            strstr(tail, ".safetensors") == NULL)
+            continue;
+        files++;
+        size_t k = 0;
+        while (k < kinds && (seen[k][0] != shard || seen[k][1] != shards))
+            k++;
+        if (k < kinds || kinds == sizeof seen / sizeof seen[0])
+            continue; /* named already, or enough named */
+        seen[kinds][0] = shard;
+        seen[kinds++][1] = shards;
+        if (used < len)
+            used += (size_t)snprintf(what + used, len - used, "%sshard %u of %u",
+                                     kinds > 1 ? ", " : "", shard, shards);
+    }
+    if (d != NULL)
+        closedir(d);
+    return files;
+}
+
 int psd_checkpoint_restore(struct psd *s, const char *dir, char *path, size_t pathlen)
 {
     int64_t seqs[64];

@@ -36,4 +36,10 @@ int psd_checkpoint_load(struct psd *s, const char *path, char *err, size_t errle
  * was none that verified (bad ones are logged), or a PS_E* code. */
 int psd_checkpoint_restore(struct psd *s, const char *dir, char *path, size_t pathlen);
 
+/* psd checkpoint files in dir, of any shard and shard count: how many,
+ * and which shards they were written by ("shard 0 of 2, shard 1 of 2")
+ * into what. For telling a directory that holds a model which does not
+ * restore here from an empty one. */
+size_t psd_checkpoint_found(const char *dir, char *what, size_t len);
+
 #endif

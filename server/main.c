@@ -44,6 +44,7 @@ struct psd_config {
     uint64_t max_table_bytes;
     uint64_t max_unread_bytes, max_unread_bytes_total;
     int allow_nonfinite;
+    int start_empty;
     const char *log_level;
     const char *config;
     const char *endpoint_file;
@@ -101,6 +102,9 @@ static const struct ps_opt psd_opts[] = {
         "200:2000:100)"),
     OPT("checkpoint-dir", PS_OPT_STR, checkpoint_dir, NULL, 0, 0, "DIR",
         "write checkpoints here, and restore the newest valid one at start"),
+    OPT("start-empty", PS_OPT_FLAG, start_empty, NULL, 0, 0, NULL,
+        "start with empty tables even when --checkpoint-dir holds checkpoints that do not "
+        "restore here (another --shard or --shards, or damaged); without it psd refuses to start"),
     OPT("checkpoint-every", PS_OPT_U64, checkpoint_every, "60", 0, 86400 * 365, "SECONDS",
         "interval between checkpoints, written only when the state changed (0: only on "
         "SIGTERM)"),
@@ -401,11 +405,28 @@ int main(int argc, char **argv)
             psd_fini(&a.srv);
             return 2;
         }
-        if (psd_checkpoint_restore(&a.srv, cfg.checkpoint_dir, path, sizeof path) == 1)
+        char found[256];
+        size_t nfound = 0;
+        if (psd_checkpoint_restore(&a.srv, cfg.checkpoint_dir, path, sizeof path) == 1) {
             PS_LOG(&a.log, PS_LOG_INFO, "S0610", "restored %s: %u tables", path, a.srv.ntables);
-        else
-            PS_LOG(&a.log, PS_LOG_INFO, "S0611", "no valid checkpoint in %s: starting empty",
-                   cfg.checkpoint_dir);
+        } else if ((nfound = psd_checkpoint_found(cfg.checkpoint_dir, found, sizeof found)) > 0 &&
+                   !cfg.start_empty) {
+            /* a trained model would be served empty: only when told to */
+            PS_LOG(&a.log, PS_LOG_ERROR, "S0612",
+                   "--checkpoint-dir %s holds %zu checkpoint file(s) (%s) but none restores into "
+                   "shard %llu of %llu: start with the --shard and --shards they were written "
+                   "by, or pass --start-empty to serve empty tables (the files stay as they are)",
+                   cfg.checkpoint_dir, nfound, found, (unsigned long long)cfg.shard,
+                   (unsigned long long)cfg.shards);
+            psd_fini(&a.srv);
+            return 2;
+        } else {
+            PS_LOG(&a.log, nfound ? PS_LOG_WARN : PS_LOG_INFO, "S0611",
+                   "no valid checkpoint in %s for shard %llu of %llu: starting empty%s",
+                   cfg.checkpoint_dir, (unsigned long long)cfg.shard,
+                   (unsigned long long)cfg.shards,
+                   nfound ? " (--start-empty; the checkpoints there are left as they are)" : "");
+        }
         psd_checkpoint_mark_saved(&a.srv);
     }
     uv_loop_init(&a.loop);

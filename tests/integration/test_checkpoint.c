@@ -333,10 +333,53 @@ static void test_shared_memory_copies_to_restarted_server(void **state)
     assert_int_equal(harness_psd_stop(&b), 0);
 }
 
+/* A checkpoint directory written by another --shards does not restore
+ * here: psd refuses to start, naming what the directory holds, rather
+ * than serve empty tables; --start-empty starts it empty on purpose. */
+static void test_other_shard_count_is_refused(void **state)
+{
+    (void)state;
+    char other[320], log[320];
+    harness_tmp(other, sizeof other, "ckpt-two-shards");
+    mkdir(other, 0755);
+    struct psd_proc a;
+    const char *two[] = {
+        "--shard", "0", "--shards", "2", "--checkpoint-dir", other, "--checkpoint-every",
+        "0",       NULL};
+    assert_int_equal(harness_psd_start(&a, two), 0);
+    void *ctx = zmq_ctx_new();
+    void *s = raw_dealer(ctx, a.endpoint);
+    hello_and_create(s, 3);
+    zmq_close(s);
+    zmq_ctx_term(ctx);
+    assert_int_equal(harness_psd_stop(&a), 0); /* writes its checkpoint */
+
+    harness_tmp(log, sizeof log, "one-shard.log");
+    const char *one[] = {getenv("PSD_BIN"),
+                         "--listen",
+                         "tcp://127.0.0.1:0",
+                         "--shards",
+                         "1",
+                         "--checkpoint-dir",
+                         other,
+                         NULL};
+    assert_int_equal(harness_wait(harness_spawn(one, log), 20000), 2);
+    if (!harness_log_has(log, "S0612", "(shard 0 of 2) but none restores into shard 0 of 1")) {
+        harness_dump_file(log);
+        fail_msg("psd did not name the checkpoints it would not restore");
+    }
+    struct psd_proc b;
+    const char *empty[] = {"--shards", "1", "--checkpoint-dir", other, "--start-empty", NULL};
+    assert_int_equal(harness_psd_start(&b, empty), 0);
+    assert_true(harness_log_has(b.log_path, "S0611", "--start-empty"));
+    assert_int_equal(harness_psd_stop(&b), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_restart_restores_and_skips_corrupt),
+        cmocka_unit_test(test_other_shard_count_is_refused),
         cmocka_unit_test(test_client_resends_to_restarted_server),
         cmocka_unit_test(test_shared_memory_copies_to_restarted_server),
     };
