@@ -34,7 +34,8 @@
     X(ENOTSUP, -21, "not supported")                                                               \
     X(ENODEV, -22, "no such device")                                                               \
     X(EDEVICE, -23, "device error")                                                                \
-    X(ESHM, -24, "no shared memory region")
+    X(ESHM, -24, "no shared memory region")                                                        \
+    X(EAUTH, -25, "refused by the server's security")
 
 enum ps_err {
 #define PS_ERR_ENUM(name, value, text) PS_##name = (value),

@@ -1836,10 +1836,6 @@ static int open_sockets(struct psc_client *c, const struct psc_config *cfg, char
     return 0;
 }
 
-/* Hello to every shard from a new session (a random id: servers keep the
- * last request id applied per worker and session, so a restarted worker is
- * not mistaken for a retry of the old one); the start clock is the
- * furthest any shard names. */
 /* Tells cfg's hello_waiting which shards have not answered the hello. */
 static void hello_waiting(const struct psc_client *c, const struct psc_config *cfg, int waited_ms)
 {
@@ -1851,9 +1847,86 @@ static void hello_waiting(const struct psc_client *c, const struct psc_config *c
         cfg->hello_waiting(cfg->hello_waiting_arg, missing, n, waited_ms);
 }
 
-/* The hello to every shard, waited for up to timeout_ms; with cfg's
- * hello_waiting (cfg may be NULL), in a piece of 1 s and then of 5 s,
- * saying who is missing between them. */
+/* ZeroMQ's socket monitor on each shard's socket while the hello waits:
+ * a handshake the server refused (CURVE key not admitted, CURVE on one
+ * side only) shows there at once, where the hello would just never be
+ * answered. */
+struct hello_watch {
+    void *mon[PS_SHARDS_MAX]; /* PAIR sockets reading each monitor; NULL: none */
+};
+
+static void watch_start(struct psc_client *c, struct hello_watch *hw)
+{
+    memset(hw, 0, sizeof *hw);
+    const int events = ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
+                       ZMQ_EVENT_HANDSHAKE_FAILED_AUTH;
+    for (uint32_t s = 0; s < c->nshards; s++) {
+        char ep[64];
+        int linger = 0;
+        snprintf(ep, sizeof ep, "inproc://psc-hello-%p-%u", (void *)c, s);
+        void *m = NULL;
+        if (zmq_socket_monitor(c->socks[s], ep, events) != 0 ||
+            (m = zmq_socket(c->ctx, ZMQ_PAIR)) == NULL ||
+            zmq_setsockopt(m, ZMQ_LINGER, &linger, sizeof linger) != 0 || zmq_connect(m, ep) != 0) {
+            if (m != NULL)
+                zmq_close(m);
+            zmq_socket_monitor(c->socks[s], NULL, 0);
+            continue; /* best effort: the hello still times out */
+        }
+        hw->mon[s] = m;
+    }
+}
+
+static void watch_stop(struct psc_client *c, struct hello_watch *hw)
+{
+    for (uint32_t s = 0; s < c->nshards; s++)
+        if (hw->mon[s] != NULL) {
+            zmq_socket_monitor(c->socks[s], NULL, 0);
+            zmq_close(hw->mon[s]);
+            hw->mon[s] = NULL;
+        }
+}
+
+/* A refused handshake seen by the monitors: PS_EAUTH with the shard and
+ * the likely cause in the client's error; 0 when none was seen. */
+static int watch_refused(struct psc_client *c, const struct psc_config *cfg, struct hello_watch *hw)
+{
+    for (uint32_t s = 0; s < c->nshards; s++) {
+        zmq_msg_t parts[2];
+        size_t kept = 0, total = 0;
+        if (hw->mon[s] == NULL ||
+            ps_zsock_recv(hw->mon[s], ZMQ_DONTWAIT, parts, 2, &kept, &total, NULL) != 0)
+            continue;
+        uint16_t ev = 0;
+        if (kept >= 1 && zmq_msg_size(&parts[0]) >= 6) {
+            const uint8_t *d = zmq_msg_data(&parts[0]);
+            ev = (uint16_t)(d[0] | d[1] << 8);
+        }
+        for (size_t i = 0; i < kept; i++)
+            zmq_msg_close(&parts[i]);
+        /* the server often closes the connection before its reason arrives
+         * (no detail, EPIPE): the cause is told from this side's keys */
+        int curve = cfg->curve_server_key != NULL;
+        const char *why =
+            !curve ? "the handshake failed: the server speaks CURVE and this client does not "
+                     "(give it CURVE keys: --curve-secret and --curve-server-key)"
+            : ev == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH
+                ? "the server's CURVE allow list does not admit this client's public key"
+                : "the CURVE handshake failed: the server does not speak CURVE, or its public "
+                  "key is not the one given (--curve-server-key)";
+        return set_error(c, PS_EAUTH, "hello: shard %u (%s) refused this client: %s", s,
+                         c->endpoints[s], why);
+    }
+    return 0;
+}
+
+/* Hello to every shard from a new session (a random id: servers keep the
+ * last request id applied per worker and session, so a restarted worker is
+ * not mistaken for a retry of the old one); the start clock is the
+ * furthest any shard names. Waited for up to timeout_ms. With cfg (NULL:
+ * none of this), in pieces of WATCH_MS: a handshake the server refused
+ * ends it at once (watch_refused), and hello_waiting is told after 1 s
+ * and every 5 s which shards have not answered. */
 static int say_hello(struct psc_client *c, const struct psc_config *cfg, int timeout_ms)
 {
     Ps__Header h;
@@ -1861,28 +1934,42 @@ static int say_hello(struct psc_client *c, const struct psc_config *cfg, int tim
     h.worker_id = c->worker_id;
     h.session = c->session = ps_random_id();
     c->start_clock = 0;
-    int rc = 0, waited = 0, step = 1000;
+    enum { WATCH_MS = 200 };
+    int rc = 0, waited = 0, tell_at = 1000;
     uint64_t id = 0;
     struct slot *sl = slot_alloc(c, h.op, &id);
     if (sl == NULL)
         return set_error(c, PS_EBUSY, "hello: too many requests outstanding");
     h.request_id = id;
+    struct hello_watch hw;
+    if (cfg != NULL)
+        watch_start(c, &hw);
     for (uint32_t s = 0; s < c->nshards; s++)
         if (send_frames(c, s, &h, NULL, 0, NULL, 0, sl, 0) != 0)
             break;
     for (;;) {
-        int piece = cfg == NULL || cfg->hello_waiting == NULL || timeout_ms < 0 ||
-                            timeout_ms - waited <= step
+        int piece = cfg == NULL || timeout_ms < 0 || timeout_ms - waited <= WATCH_MS
                         ? (timeout_ms < 0 ? -1 : timeout_ms - waited)
-                        : step;
+                        : WATCH_MS;
         rc = psc_wait(c, id, piece);
         waited += piece;
         if (rc != PS_ETIMEDOUT || piece < 0 || waited >= timeout_ms)
             break;
-        hello_waiting(c, cfg, waited);
-        step = 5000;
+        if ((rc = watch_refused(c, cfg, &hw)) != 0)
+            break;
+        rc = PS_ETIMEDOUT;
+        if (cfg->hello_waiting != NULL && waited >= tell_at) {
+            hello_waiting(c, cfg, waited);
+            tell_at += 5000;
+        }
     }
+    if (cfg != NULL)
+        watch_stop(c, &hw);
     char why[sizeof c->last_error];
+    if (rc == PS_EAUTH) {
+        psc_cancel(c, id);
+        return rc;
+    }
     if (rc == PS_ETIMEDOUT) { /* psc_wait named the shards and its last piece's time */
         const char *from = strstr(c->last_error, " from shard ");
         snprintf(why, sizeof why, "%s", from ? from : "");
