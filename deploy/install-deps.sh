@@ -1,24 +1,46 @@
 #!/usr/bin/env bash
-# Installs every Debian package that psd's build, tests and quick start need.
+# Installs the Debian 12 packages psd needs, by purpose:
+#   deploy/install-deps.sh run    build psd, psworker and psctl, and run them
+#                                 (the quick start: Fashion-MNIST included)
+#   deploy/install-deps.sh test   all of run, and what tests/run.sh needs
+#                                 (the default)
 # Idempotent: when everything is present it checks with dpkg and exits at once.
 # Runs as root, or through sudo for a normal user. Works on a bare Debian 12
 # with nothing but apt-get; the CUDA toolkit is not a Debian package here, and
 # without it the build leaves the CUDA backend out.
 set -euo pipefail
 
-PKGS=(
+# Building and running: compiler and build tools, the libraries the
+# binaries link, and the data set the quick start trains on.
+RUN_PKGS=(
   build-essential meson ninja-build pkg-config
   libzmq3-dev libprotobuf-c-dev protobuf-c-compiler
   libuv1-dev libopenblas-dev zlib1g-dev
-  libcmocka-dev
-  clang libclang-rt-14-dev
-  python3 procps libjansson-dev
-  libsystemd-dev libinih-dev systemd
-  libmicrohttpd-dev prometheus curl
-  iproute2 iptables libnetfilter-queue-dev
-  podman podman-compose runc golang-github-containernetworking-plugin-dnsname debootstrap
+  libjansson-dev libsystemd-dev libinih-dev libmicrohttpd-dev
+  python3
   dataset-fashion-mnist
 )
+# The tests: cmocka (unit and integration tests), clang and its sanitizer
+# runtime (fuzz targets), procps (process checks), systemd
+# (systemd-analyze verify of the units), prometheus (promtool) and curl
+# (/metrics), iproute2, iptables and libnetfilter-queue (the several-host
+# test in network namespaces), podman and debootstrap (the compose test).
+TEST_PKGS=(
+  libcmocka-dev
+  clang libclang-rt-14-dev
+  procps systemd
+  prometheus curl
+  iproute2 iptables libnetfilter-queue-dev
+  podman podman-compose runc golang-github-containernetworking-plugin-dnsname debootstrap
+)
+
+purpose=${1:-test}
+case "$purpose" in
+  run) PKGS=("${RUN_PKGS[@]}") ;;
+  test) PKGS=("${RUN_PKGS[@]}" "${TEST_PKGS[@]}") ;;
+  -h|--help) sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  *) echo "install-deps: '$purpose' is not run or test (see --help)" >&2; exit 2 ;;
+esac
 
 missing=()
 for p in "${PKGS[@]}"; do
@@ -28,7 +50,7 @@ for p in "${PKGS[@]}"; do
 done
 
 if [ ${#missing[@]} -eq 0 ]; then
-  echo "install-deps: all ${#PKGS[@]} packages present"
+  echo "install-deps: all ${#PKGS[@]} packages for '$purpose' present"
   exit 0
 fi
 
@@ -38,7 +60,7 @@ if [ "$(id -u)" -ne 0 ]; then
   SUDO=(sudo)
 fi
 
-echo "install-deps: installing ${missing[*]}"
+echo "install-deps: installing for '$purpose': ${missing[*]}"
 export DEBIAN_FRONTEND=noninteractive
 "${SUDO[@]}" apt-get update -qq
 "${SUDO[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"

@@ -41,9 +41,9 @@ done
 # Linear scaling: the global batch is workers x batch.
 [ -n "$lr" ] || lr=$(awk -v w="$workers" 'BEGIN { printf "%.4g", 0.02 * w }')
 
-deploy/install-deps.sh
+deploy/install-deps.sh run
 if [ ! -f "$build/build.ninja" ]; then
-  meson setup "$build" -Dbuildtype=release >/dev/null
+  meson setup "$build" -Dbuildtype=release -Dtests=false >/dev/null
 fi
 ninja -C "$build" >/dev/null
 

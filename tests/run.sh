@@ -10,7 +10,7 @@ BUILD=${PSD_TEST_BUILD_DIR:-build-test}
 
 summary() { echo "tests: $1 passed, $2 failed, $3 skipped"; }
 
-if ! deploy/install-deps.sh; then
+if ! deploy/install-deps.sh test; then
   echo "run.sh: installing dependencies failed" >&2
   summary 0 1 0
   exit 1

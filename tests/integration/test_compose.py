@@ -71,9 +71,11 @@ def base_image(tmp):
 
 
 def containers():
-    """{service: container name} of this project."""
+    """{service: container name} of this project ({} when podman cannot say)."""
     r = run("podman", "ps", "-a", "--filter", "label=io.podman.compose.project=" + PROJECT,
-            "--format", "json")
+            "--format", "json", ok=False, quiet=True)
+    if r.returncode != 0:
+        return {}
     out = {}
     for c in json.loads(r.stdout or "[]"):
         svc = c.get("Labels", {}).get("com.docker.compose.service")
@@ -90,7 +92,30 @@ def make_keys(keys):
     shutil.copy(os.path.join(keys, "worker.pub"), os.path.join(keys, "allow", "worker.pub"))
 
 
+def probe():
+    """Skips where podman cannot work at all (a container without the
+    rights or the storage nested containers need)."""
+    r = run("podman", "info", ok=False, quiet=True, timeout=120)
+    if r.returncode != 0:
+        raise Skip("podman does not work here: " + (r.stderr.strip().splitlines() or ["?"])[-1])
+
+
+def clean_up(env, names):
+    """Removes what this run made; never raises (podman may be unusable)."""
+    steps = [["podman-compose", "-p", PROJECT, "-f",
+              os.path.join(ROOT, "deploy/docker-compose.yml"), "down", "-v"],
+             ["podman", "rm", "-f"] + list(names.values()),
+             ["podman", "volume", "rm", "-f", PROJECT + "_ckpt0", PROJECT + "_ckpt1"],
+             ["podman", "rmi", "-f", IMAGE]]
+    for cmd in steps:
+        try:
+            subprocess.run(cmd, capture_output=True, env=env, timeout=300)
+        except (OSError, subprocess.SubprocessError):
+            pass
+
+
 def main(tmp, env):
+    probe()
     base_image(tmp)
     t0 = time.monotonic()
     r = run("podman", "build", "-f", os.path.join(ROOT, "deploy/docker/Dockerfile"),
@@ -169,13 +194,7 @@ if __name__ == "__main__":
             for svc, name in sorted(names.items()):
                 r = run("podman", "logs", "--tail", "30", name, ok=False)
                 print("---- %s\n%s%s" % (svc, r.stdout, r.stderr))
-        subprocess.run(["podman-compose", "-p", PROJECT, "-f",
-                        os.path.join(ROOT, "deploy/docker-compose.yml"), "down", "-v"],
-                       capture_output=True, env=env, timeout=300)
-        subprocess.run(["podman", "rm", "-f"] + list(names.values()), capture_output=True)
-        subprocess.run(["podman", "volume", "rm", "-f", PROJECT + "_ckpt0", PROJECT + "_ckpt1"],
-                       capture_output=True)
-        subprocess.run(["podman", "rmi", "-f", IMAGE], capture_output=True)
+        clean_up(env, names)
         shutil.rmtree(tmp, ignore_errors=True)
     if code == 77:
         sys.exit(77)
