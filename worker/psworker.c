@@ -80,7 +80,9 @@ static const struct ps_opt opts[] = {
     OPT("compute-threads", PS_OPT_U64, compute_threads, "0", 0, 2, "N",
         "CPU backend: 2 has a helper thread share the pieces of each big matrix product with the "
         "training thread (OpenBLAS then runs 1 thread per call), 1 leaves threading to OpenBLAS, "
-        "0 picks 2 where this process may run on 2 or more CPUs; the results are the same bits"),
+        "0 picks 2 where this process may run on 2 or more CPUs; 2 and 1 give the same bits when "
+        "OpenBLAS runs 1 thread (OPENBLAS_NUM_THREADS=1): its own threads split a product their "
+        "own way, and the last bits may differ"),
     OPT("epochs", PS_OPT_U64, epochs, "5", 1, 100000, "E", "passes over the training set"),
     FOPT("lr", lr, "0.02", 0.0, 100.0, "LR", "learning rate"),
     OPT("optimizer", PS_OPT_STR, optimizer, "momentum", 0, 0, "NAME",

@@ -573,10 +573,59 @@ static void test_device_choice_is_told(void **state)
     }
 }
 
+/* Reads a whole file into a malloc'd buffer (*len bytes). */
+static unsigned char *slurp(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    assert_int_equal(fseek(f, 0, SEEK_END), 0);
+    long n = ftell(f);
+    assert_true(n > 0);
+    rewind(f);
+    unsigned char *b = malloc((size_t)n);
+    assert_non_null(b);
+    assert_int_equal(fread(b, 1, (size_t)n, f), (size_t)n);
+    fclose(f);
+    *len = (size_t)n;
+    return b;
+}
+
+/* What --help promises of --compute-threads: 2 (a helper thread) and 1
+ * with OpenBLAS on 1 thread train to the same bits. */
+static void test_compute_threads_same_bits(void **state)
+{
+    (void)state;
+    char model[2][320], log[320];
+    const char *threads[2] = {"2", "1"};
+    for (int i = 0; i < 2; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "threads-%s.safetensors", threads[i]);
+        harness_tmp(model[i], sizeof model[i], name);
+        snprintf(name, sizeof name, "threads-%s.log", threads[i]);
+        harness_tmp(log, sizeof log, name);
+        const char *argv[] = {
+            getenv("PSWORKER_BIN"), "--standalone", "--device", "cpu",    "--max-steps", "60",
+            "--compute-threads",    threads[i],     "--save",   model[i], NULL};
+        setenv("OPENBLAS_NUM_THREADS", "1", 1);
+        int rc = harness_wait(harness_spawn(argv, log), 120000);
+        unsetenv("OPENBLAS_NUM_THREADS");
+        if (rc != 0)
+            harness_dump_file(log);
+        assert_int_equal(rc, 0);
+    }
+    size_t n0 = 0, n1 = 0;
+    unsigned char *a = slurp(model[0], &n0), *b = slurp(model[1], &n1);
+    assert_int_equal(n0, n1);
+    assert_memory_equal(a, b, n0);
+    free(a);
+    free(b);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_optimizer_choices),
+        cmocka_unit_test(test_compute_threads_same_bits),
         cmocka_unit_test(test_device_choice_is_told),
         cmocka_unit_test(test_unanswered_servers_are_named),
         cmocka_unit_test(test_bsp_two_workers_match_one_with_double_batch),
