@@ -951,7 +951,9 @@ static int check_config(const struct config *c, char *err, size_t errlen)
  * those buffers, and with --topk each table's keys and values. */
 static size_t shm_bytes(const struct trainer *tr)
 {
-    if (!tr->alias || tr->cfg.no_shm)
+    /* the region carries f32 values: with 16-bit ones on the wire every
+     * request would take the socket anyway (setup_shm says so) */
+    if (!tr->alias || tr->cfg.no_shm || wire_dtype_of(tr->cfg.wire_dtype) != PSC_F32)
         return 0;
     size_t b = 4096;
     for (int k = 0; k < psw_mlp_tables(&tr->mlp); k++) {
@@ -968,6 +970,15 @@ static size_t shm_bytes(const struct trainer *tr)
  * weights are used where they land. */
 static void setup_shm(struct trainer *tr)
 {
+    uint32_t local = 0;
+    for (uint32_t s = 0; s < psc_shards(tr->c); s++)
+        local += strncmp(psc_endpoint(tr->c, s), "ipc://", 6) == 0;
+    if (local > 0 && tr->alias && !tr->cfg.no_shm && wire_dtype_of(tr->cfg.wire_dtype) != PSC_F32)
+        PS_LOG(&tr->log, PS_LOG_INFO, "W0016",
+               "%u of %u shards are on this host, but --wire-dtype %s values go through their "
+               "sockets: shared memory carries f32 only (--wire-dtype f32 moves them without "
+               "sockets there)",
+               local, psc_shards(tr->c), tr->cfg.wire_dtype);
     uint32_t on = psc_shm_shards(tr->c);
     if (on == 0)
         return;

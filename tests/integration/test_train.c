@@ -621,10 +621,38 @@ static void test_compute_threads_same_bits(void **state)
     free(b);
 }
 
+/* With 16-bit values on the wire a worker beside its shard says that its
+ * values go through the socket (shared memory carries f32), and does not
+ * claim they move without one; with f32 they do. */
+static void test_wire_dtype_and_shared_memory_told(void **state)
+{
+    (void)state;
+    struct psd_proc p;
+    assert_int_equal(harness_psd_start(&p, NULL), 0);
+    const char *dtypes[2] = {"f16", "f32"};
+    for (int i = 0; i < 2; i++) {
+        char log[320], name[32];
+        snprintf(name, sizeof name, "wire-%s.log", dtypes[i]);
+        harness_tmp(log, sizeof log, name);
+        const char *argv[] = {
+            getenv("PSWORKER_BIN"), "--servers", p.endpoint, "--wire-dtype", dtypes[i],
+            "--max-steps",          "3",         "--device", "cpu",          NULL};
+        int rc = harness_wait(harness_spawn(argv, log), 120000);
+        if (rc != 0)
+            harness_dump_file(log);
+        assert_int_equal(rc, 0);
+        int f16 = i == 0;
+        assert_int_equal(harness_log_has(log, "W0016", "--wire-dtype f16 values go through"), f16);
+        assert_int_equal(harness_log_has(log, "W0008", "move without sockets"), !f16);
+    }
+    assert_int_equal(harness_psd_stop(&p), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_optimizer_choices),
+        cmocka_unit_test(test_wire_dtype_and_shared_memory_told),
         cmocka_unit_test(test_compute_threads_same_bits),
         cmocka_unit_test(test_device_choice_is_told),
         cmocka_unit_test(test_unanswered_servers_are_named),
