@@ -1460,7 +1460,7 @@ static void op_stats(struct psd *s, const Ps__Header *req, struct psd_reply *rep
         ts[i].pulls = t->pulls;
         ts[i].updates = t->steps;
         ts[i].clock = psd_cons_clock(&s->cons, t);
-        ts[i].sparsity = psd_table_sparsity(t);
+        ts[i].sparsity = psd_table_zero_share(s->tables[i], now_ms());
         ts[i].prune_target = t->prune_target_now;
         ts[i].rows = t->sparse ? t->sp.nrows : 0;
         ts[i].rounds_lost = t->rounds_lost;

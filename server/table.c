@@ -496,6 +496,24 @@ double psd_table_sparsity(const struct psd_table *t)
     return t->hi > t->lo ? (double)t->npruned / (double)(t->hi - t->lo) : 0.0;
 }
 
+double psd_table_zero_share(struct psd_table *t, uint64_t now_ms)
+{
+    if (t->mask != NULL)
+        return psd_table_sparsity(t);
+    if (t->zeros_at_ms != 0 && now_ms - t->zeros_at_ms < PSD_ZEROS_KEEP_MS)
+        return t->zeros_share;
+    const float *w = t->sparse ? t->sp.w : t->w;
+    uint64_t n = t->sparse ? t->sp.nrows * t->dim : t->hi - t->lo;
+    uint64_t stride =
+        n > PSD_ZEROS_SAMPLE_MAX ? (n + PSD_ZEROS_SAMPLE_MAX - 1) / PSD_ZEROS_SAMPLE_MAX : 1;
+    uint64_t zeros = 0, read = 0;
+    for (uint64_t i = 0; w != NULL && i < n; i += stride, read++)
+        zeros += w[i] == 0.0f;
+    t->zeros_share = read > 0 ? (double)zeros / (double)read : 0.0;
+    t->zeros_at_ms = now_ms ? now_ms : 1;
+    return t->zeros_share;
+}
+
 uint64_t psd_table_bytes_held(const struct psd_table *t)
 {
     uint64_t elems = t->sparse ? t->sp.nrows * t->dim : t->hi - t->lo;

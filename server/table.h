@@ -87,6 +87,8 @@ struct psd_table {
     float *prune_scratch;
     struct psd_prune_spec prune;
     uint64_t npruned;
+    double zeros_share;     /* psd_table_zero_share's last count, */
+    uint64_t zeros_at_ms;   /* and when (0: never) */
     uint64_t prune_updates; /* mask recomputations so far */
     double prune_target_now;
 
@@ -192,6 +194,15 @@ int psd_table_push_rows(struct psd_table *t, const uint64_t *keys, const float *
 
 /* Share of this shard's range pruned to zero. */
 double psd_table_sparsity(const struct psd_table *t);
+
+/* Share of this shard's weights that are exactly zero: the pruned share
+ * for a pruned table, else counted (L1 and FTRL make zeros of their own,
+ * in rows of sparse tables too). A count reads at most
+ * PSD_ZEROS_SAMPLE_MAX weights (evenly spaced past that) and is kept for
+ * PSD_ZEROS_KEEP_MS, so asking often costs nothing. Loop thread. */
+#define PSD_ZEROS_SAMPLE_MAX (UINT64_C(1) << 24)
+#define PSD_ZEROS_KEEP_MS    1000u
+double psd_table_zero_share(struct psd_table *t, uint64_t now_ms);
 /* Bytes of weights and optimizer state held, and the spare block of a
  * table that lends (psd_table_lend). */
 uint64_t psd_table_bytes_held(const struct psd_table *t);

@@ -685,12 +685,16 @@ static int train_step(struct trainer *tr, uint64_t step_in_epoch, double *loss, 
     return rc;
 }
 
-static void progress(struct trainer *tr, uint64_t epoch, uint64_t step, uint64_t steps, double loss,
-                     double t0, int done)
+/* Step `step` of an epoch that ends at step `steps` (its last, or where
+ * --max-steps stops the run), timed from t0 when the epoch began at step
+ * `first` (a rejoining worker starts inside one) of `epochs` in the run. */
+static void progress(struct trainer *tr, uint64_t epoch, uint64_t epochs, uint64_t first,
+                     uint64_t step, uint64_t steps, double loss, double t0, int done)
 {
     double el = ps_mono_s() - t0;
-    double sps = el > 0 ? (double)(step * tr->cfg.batch * tr->cfg.accum_steps) / el : 0;
-    double eta = step > 0 ? el / step * (steps - step) : 0;
+    uint64_t did = step > first ? step - first : 0;
+    double sps = el > 0 ? (double)(did * tr->cfg.batch * tr->cfg.accum_steps) / el : 0;
+    double eta = did > 0 ? el / (double)did * (double)(steps - step) : 0;
     if (isatty(STDERR_FILENO)) {
         int bar = (int)(30.0 * step / steps), i;
         char b[31];
@@ -698,15 +702,16 @@ static void progress(struct trainer *tr, uint64_t epoch, uint64_t step, uint64_t
             b[i] = i < bar ? '=' : (i == bar ? '>' : ' ');
         b[30] = '\0';
         fprintf(stderr, "\repoch %llu/%llu [%s] %llu/%llu loss %.4f %.0f samples/s ETA %.0fs ",
-                (unsigned long long)epoch + 1, (unsigned long long)tr->cfg.epochs, b,
+                (unsigned long long)epoch + 1, (unsigned long long)epochs, b,
                 (unsigned long long)step, (unsigned long long)steps, loss, sps, eta);
         if (done)
             fputc('\n', stderr);
-    } else if (done || step % tr->cfg.log_every == 0) {
+    } else if (done ? step % tr->cfg.log_every != 0 : step % tr->cfg.log_every == 0) {
+        /* (an epoch's end on a multiple of --log-every was logged already) */
         PS_LOG(&tr->log, PS_LOG_INFO, "W0200",
-               "epoch %llu step %llu/%llu loss %.4f %.0f samples/s ETA %.0fs",
-               (unsigned long long)epoch + 1, (unsigned long long)step, (unsigned long long)steps,
-               loss, sps, eta);
+               "epoch %llu/%llu step %llu/%llu loss %.4f %.0f samples/s ETA %.0fs",
+               (unsigned long long)epoch + 1, (unsigned long long)epochs, (unsigned long long)step,
+               (unsigned long long)steps, loss, sps, eta);
     }
 }
 
@@ -770,8 +775,10 @@ static int train(struct trainer *tr, double *accuracy)
     int rc = 0;
     /* by the clock, not by counting: a worker rejoining a run starts (and
      * may move on) where the run is */
+    uint64_t epochs = (total + steps - 1) / steps; /* --max-steps may end the run early */
     while (rc == 0 && tr->clock < total) {
-        uint64_t e = tr->clock / steps, s = tr->clock % steps;
+        uint64_t e = tr->clock / steps, s = tr->clock % steps, first = s;
+        uint64_t end = total - e * steps < steps ? total - e * steps : steps;
         psw_data_permute(tr->perm, tr->train.n, tr->cfg.seed, e);
         double t0 = ps_mono_s(), loss_sum = 0;
         uint64_t seen = 0;
@@ -788,14 +795,14 @@ static int train(struct trainer *tr, double *accuracy)
                 break;
             loss_sum += loss;
             seen += tr->cfg.batch * tr->cfg.accum_steps;
-            progress(tr, e, s + 1, steps, loss_sum / seen, t0, 0);
+            progress(tr, e, epochs, first, s + 1, end, loss_sum / seen, t0, 0);
             tr->m_loss = loss / (double)(tr->cfg.batch * tr->cfg.accum_steps);
             worker_metrics(tr, 0);
         }
         tr->train_seconds += ps_mono_s() - t0;
         if (rc != 0)
             break;
-        progress(tr, e, tr->clock / steps == e ? tr->clock % steps : steps, steps,
+        progress(tr, e, epochs, first, tr->clock / steps == e ? tr->clock % steps : end, end,
                  seen ? loss_sum / seen : 0, t0, 1);
         if (tr->cfg.rank == 0) {
             *accuracy = evaluate(tr);

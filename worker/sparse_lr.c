@@ -373,10 +373,14 @@ int psw_slr_train(const struct psw_slr_config *cfg, struct psc_client *c, struct
     } else {
         rc = setup_tables(&m, err, errlen);
     }
+    /* the run's steps: the epochs', or --max-steps when that is fewer */
+    uint64_t total = steps * cfg->epochs;
+    if (cfg->max_steps && cfg->max_steps < total)
+        total = cfg->max_steps;
     for (uint64_t e = 0; rc == 0 && e < cfg->epochs; e++) {
         psw_data_permute(perm, train.n, cfg->seed, e);
         double t0 = ps_mono_s(), loss_sum = 0;
-        uint64_t s = 0;
+        uint64_t s = 0, end = total - e * steps < steps ? total - e * steps : steps;
         for (; s < steps && rc == 0; s++) {
             if (cfg->max_steps && m.clock >= cfg->max_steps)
                 break;
@@ -385,10 +389,16 @@ int psw_slr_train(const struct psw_slr_config *cfg, struct psc_client *c, struct
                       (size_t)cfg->batch, &loss);
             loss_sum += loss;
             res->samples += cfg->batch;
-            if ((s + 1) % cfg->log_every == 0)
-                PS_LOG(log, PS_LOG_INFO, "W0220", "epoch %llu step %llu/%llu log-loss %.4f",
-                       (unsigned long long)e + 1, (unsigned long long)s + 1,
-                       (unsigned long long)steps, loss_sum / ((s + 1) * cfg->batch));
+            if ((s + 1) % cfg->log_every == 0 || s + 1 == end) {
+                double el = ps_mono_s() - t0,
+                       sps = el > 0 ? (double)((s + 1) * cfg->batch) / el : 0;
+                PS_LOG(log, PS_LOG_INFO, "W0220",
+                       "epoch %llu/%llu step %llu/%llu log-loss %.4f %.0f samples/s ETA %.0fs",
+                       (unsigned long long)e + 1, (unsigned long long)((total + steps - 1) / steps),
+                       (unsigned long long)s + 1, (unsigned long long)end,
+                       loss_sum / ((s + 1) * cfg->batch), sps,
+                       el / (double)(s + 1) * (double)(end - s - 1));
+            }
         }
         res->train_seconds += ps_mono_s() - t0;
         if (cfg->max_steps && m.clock >= cfg->max_steps)

@@ -31,7 +31,7 @@ PROJECT = "pstest%d" % os.getpid()
 IMAGE = "localhost/psd:" + PROJECT
 EPOCHS = os.environ.get("PSD_COMPOSE_EPOCHS", "5")
 MIRROR = os.environ.get("PSD_DEBIAN_MIRROR", "http://deb.debian.org/debian")
-QUICKSTART_ACCURACY = 0.8843  # deploy/quickstart.sh, same model, workers and epochs
+QUICKSTART_ACCURACY = 0.8831  # deploy/quickstart.sh on this machine, same model, workers and epochs
 
 
 class Skip(Exception):

@@ -100,6 +100,9 @@ static void train(const char *embed_dim, const char *opt, const char *lr, char *
     }
     for (int i = 0; i < 2; i++)
         assert_int_equal(harness_psd_stop(&p[i]), 0);
+    /* progress: the last step of each epoch, with the rate and what is left */
+    assert_true(harness_log_has(logs[0], "W0220", "epoch 3/3 step 781/781"));
+    assert_true(harness_log_has(logs[0], "W0220", "samples/s ETA 0s"));
     snprintf(sum, len, "%s", sums[0]);
 }
 

@@ -648,10 +648,33 @@ static void test_wire_dtype_and_shared_memory_told(void **state)
     assert_int_equal(harness_psd_stop(&p), 0);
 }
 
+/* Progress counts to --max-steps, not to the end of the epoch: 30 steps
+ * logged every 10 end at 30/30 in epoch 1/1, each line once. */
+static void test_progress_counts_to_max_steps(void **state)
+{
+    (void)state;
+    char log[320];
+    harness_tmp(log, sizeof log, "progress.log");
+    const char *argv[] = {getenv("PSWORKER_BIN"),
+                          "--standalone",
+                          "--max-steps",
+                          "30",
+                          "--log-every",
+                          "10",
+                          "--device",
+                          "cpu",
+                          NULL};
+    assert_int_equal(harness_wait(harness_spawn(argv, log), 120000), 0);
+    assert_int_equal(harness_log_count(log, "W0200", NULL), 3);
+    assert_true(harness_log_has(log, "W0200", "epoch 1/1 step 30/30"));
+    assert_true(harness_log_has(log, "W0200", "epoch 1/1 step 10/30"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_optimizer_choices),
+        cmocka_unit_test(test_progress_counts_to_max_steps),
         cmocka_unit_test(test_wire_dtype_and_shared_memory_told),
         cmocka_unit_test(test_compute_threads_same_bits),
         cmocka_unit_test(test_device_choice_is_told),

@@ -532,9 +532,42 @@ static void test_big_arrays_on_huge_pages(void **state)
     psd_table_destroy(t);
 }
 
+/* The share of zero weights psctl shows: counted for a table without a
+ * prune mask, dense or sparse, kept for PSD_ZEROS_KEEP_MS, counted again
+ * after it. */
+static void test_zero_share(void **state)
+{
+    (void)state;
+    Ps__TableSpec s;
+    case_table_spec(&s, "d", 8); /* ones */
+    struct psd_table *t = NULL;
+    assert_int_equal(psd_table_create(&s, 0, 0, 1, &t), 0);
+    assert_float_equal(psd_table_zero_share(t, 1000), 0.0, 0.0);
+    t->w[0] = t->w[3] = 0.0f;
+    assert_float_equal(psd_table_zero_share(t, 1500), 0.0, 0.0);  /* kept */
+    assert_float_equal(psd_table_zero_share(t, 2000), 0.25, 0.0); /* counted again */
+    psd_table_destroy(t);
+
+    Ps__TableSpec sp;
+    ps__table_spec__init(&sp);
+    sp.name = "rows";
+    sp.sparse = 1;
+    sp.dim = 2;
+    sp.rows_max = 16;
+    sp.lr = 1.0f;
+    assert_int_equal(psd_table_create(&sp, 1, 0, 1, &t), 0);
+    const uint64_t keys[2] = {5, 9};
+    const float g[4] = {-1.0f, 0.0f, 0.0f, 0.0f}; /* zeros init: 3 of 4 stay 0 */
+    char err[256];
+    assert_int_equal(psd_table_push_rows(t, keys, g, 2, err, sizeof err), 0);
+    assert_float_equal(psd_table_zero_share(t, 1000), 0.75, 0.0);
+    psd_table_destroy(t);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_zero_share),
         cmocka_unit_test(test_sgd),
         cmocka_unit_test(test_momentum),
         cmocka_unit_test(test_adagrad),
