@@ -2,11 +2,13 @@
 #include "ps_curve.h"
 
 #include "ps_err.h"
+#include "ps_limits.h"
 
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -63,16 +65,14 @@ static int field(const char *text, const char *label, char *out)
     return zmq_z85_decode(bin, out) != NULL ? 1 : -1;
 }
 
-int ps_curve_read(const char *path, int need_secret, struct ps_curve_keys *out, char *err,
-                  size_t errlen)
+/* A key file's text (PS_CURVE_FILE_MAX bytes at most) into text. */
+static int read_text(const char *path, char *text, char *err, size_t errlen)
 {
-    memset(out, 0, sizeof *out);
     FILE *f = fopen(path, "r");
     if (f == NULL) {
         snprintf(err, errlen, "cannot open key file '%s': %s", path, strerror(errno));
         return PS_EIO;
     }
-    char text[PS_CURVE_FILE_MAX + 1];
     size_t n = fread(text, 1, PS_CURVE_FILE_MAX + 1, f);
     fclose(f);
     if (n > PS_CURVE_FILE_MAX) {
@@ -80,6 +80,60 @@ int ps_curve_read(const char *path, int need_secret, struct ps_curve_keys *out, 
         return PS_ELIMIT;
     }
     text[n] = '\0';
+    return 0;
+}
+
+/* The "workers:" line of an allow file ("0-3,7": ids or ranges, each in
+ * [0, PS_WORKERS_MAX)) into ids; none: n 0 (any id). 0, or PS_EINVAL. */
+static int parse_ids(const char *text, const char *path, struct ps_curve_ids *ids, char *err,
+                     size_t errlen)
+{
+    ids->n = 0;
+    const char *p = strstr(text, "workers:");
+    if (p == NULL)
+        return 0;
+    p += strlen("workers:");
+    while (*p == ' ' || *p == '\t')
+        p++;
+    while (*p != '\0' && *p != '\n' && *p != '\r') {
+        char *end = NULL;
+        unsigned long lo = strtoul(p, &end, 10), hi = lo;
+        if (end == p)
+            break;
+        if (*end == '-') {
+            const char *q = end + 1;
+            hi = strtoul(q, &end, 10);
+            if (end == q)
+                break;
+        }
+        if (lo > hi || hi >= PS_WORKERS_MAX || ids->n >= PS_CURVE_ID_RANGES_MAX)
+            break;
+        ids->lo[ids->n] = (uint32_t)lo;
+        ids->hi[ids->n++] = (uint32_t)hi;
+        p = end;
+        if (*p == ',')
+            p++;
+        else
+            while (*p == ' ' || *p == '\t')
+                p++;
+    }
+    if (*p != '\0' && *p != '\n' && *p != '\r') {
+        snprintf(err, errlen,
+                 "key file '%s': 'workers:' takes up to %d ids or ranges in [0, %u) (\"0-3,7\")",
+                 path, PS_CURVE_ID_RANGES_MAX, PS_WORKERS_MAX);
+        return PS_EINVAL;
+    }
+    return 0;
+}
+
+int ps_curve_read(const char *path, int need_secret, struct ps_curve_keys *out, char *err,
+                  size_t errlen)
+{
+    memset(out, 0, sizeof *out);
+    char text[PS_CURVE_FILE_MAX + 1];
+    int rc = read_text(path, text, err, errlen);
+    if (rc != 0)
+        return rc;
     int p = field(text, "public:", out->pub), s = field(text, "secret:", out->sec);
     if (p != 1 || s < 0 || (need_secret && s != 1)) {
         snprintf(err, errlen, "key file '%s' needs a 'public:'%s line with a 40-character Z85 key",
@@ -112,8 +166,10 @@ int ps_curve_allow_load(const char *dir, struct ps_curve_allow *out, char *err, 
             break;
         }
         struct ps_curve_keys k;
+        char text[PS_CURVE_FILE_MAX + 1];
         rc = ps_curve_read(path, 0, &k, err, errlen);
-        if (rc == 0)
+        if (rc == 0 && (rc = read_text(path, text, err, errlen)) == 0 &&
+            (rc = parse_ids(text, path, &out->ids[out->n], err, errlen)) == 0)
             zmq_z85_decode(out->keys[out->n++], k.pub);
     }
     closedir(d);
@@ -125,6 +181,20 @@ int ps_curve_allowed(const struct ps_curve_allow *a, const unsigned char *key32)
     for (size_t i = 0; i < a->n; i++)
         if (memcmp(a->keys[i], key32, 32) == 0)
             return 1;
+    return 0;
+}
+
+int ps_curve_may_use(const struct ps_curve_allow *a, const unsigned char *key32, uint32_t id)
+{
+    for (size_t i = 0; i < a->n; i++) {
+        if (memcmp(a->keys[i], key32, 32) != 0)
+            continue;
+        const struct ps_curve_ids *ids = &a->ids[i];
+        for (uint32_t r = 0; r < ids->n; r++)
+            if (id >= ids->lo[r] && id <= ids->hi[r])
+                return 1;
+        return ids->n == 0;
+    }
     return 0;
 }
 

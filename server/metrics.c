@@ -160,6 +160,10 @@ int psd_metrics_render(const struct psd *s, struct ps_buf *b)
         {"psd_nonfinite_pushes_refused_total", "counter",
          "Pushes refused for holding a NaN or an infinity (psd --allow-nonfinite takes them).",
          (double)s->nonfinite_refused},
+        {"psd_hellos_refused_total", "counter",
+         "Hellos refused: a worker id another live connection holds, or one a CURVE key may not "
+         "use.",
+         (double)s->hellos_refused},
         {"psd_waits_refused_total", "counter",
          "Pulls not ready that could not wait: a worker id outside the round, a clock out of "
          "reach, or a worker's or connection's share of the queue used.",

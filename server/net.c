@@ -48,6 +48,13 @@ static int send_reply(struct psd_net *n, const void *route, size_t route_len, st
     return 0;
 }
 
+/* psd's question at a hello under CURVE (psd_may_use_cb). */
+static int may_use(void *ctx, const char *user, uint32_t w)
+{
+    const struct psd_net *n = ctx;
+    return n->sec == NULL || psd_security_may_use(n->sec, user, w);
+}
+
 /* psd's question before it sends values (psd_unread_cb). */
 static int unread_of(void *ctx, const void *route, size_t route_len, uint64_t *peer,
                      uint64_t *total)
@@ -73,7 +80,9 @@ static int on_readable(struct ps_zsock *zs, void *arg)
     }
     struct ps_frame route = {zmq_msg_data(&parts[0]), zmq_msg_size(&parts[0])};
     struct psd_reply rep;
-    if (psd_dispatch(n->srv, &route, frames, total - 1, &rep))
+    /* under CURVE, the key ZAP admitted the connection with */
+    const char *user = n->sec != NULL && kept > 1 ? zmq_msg_gets(&parts[1], "User-Id") : NULL;
+    if (psd_dispatch_from(n->srv, &route, user, frames, total - 1, &rep))
         send_reply(n, route.data, route.size, &rep);
     for (size_t i = 0; i < kept; i++)
         zmq_msg_close(&parts[i]);
@@ -286,6 +295,7 @@ int psd_net_start(struct psd_net *n, struct psd *srv, uv_loop_t *loop, const cha
     }
     psd_set_sender(srv, send_deferred, n);
     psd_set_unread(srv, unread_of);
+    psd_set_may_use(srv, may_use);
     int rc = ps_zsock_start(loop, &n->zs, n->sock, on_readable, n);
     if (rc != 0) {
         snprintf(err, errlen, "cannot watch the socket on the event loop");

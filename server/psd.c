@@ -66,6 +66,11 @@ void psd_set_unread(struct psd *s, psd_unread_cb unread)
     s->unread = unread;
 }
 
+void psd_set_may_use(struct psd *s, psd_may_use_cb may_use)
+{
+    s->may_use = may_use;
+}
+
 uint64_t psd_unread_total(const struct psd *s)
 {
     uint64_t peer = 0, total = 0;
@@ -452,8 +457,45 @@ static void note_stale(struct psd *s, const Ps__Header *req, const struct psd_ta
     }
 }
 
-static void op_hello(struct psd *s, const struct ps_frame *route, const Ps__Header *req,
-                     struct psd_reply *rep)
+/* A hello that would take a worker id from the connection holding it,
+ * or that a CURVE key may not make (psd_dispatch_from). 1 with an error
+ * reply; 0 when it may go on. */
+static int hello_refused(struct psd *s, const struct ps_frame *route, const char *user,
+                         const Ps__Header *req, struct psd_reply *rep)
+{
+    uint32_t w = req->worker_id;
+    if (w == PSD_OBSERVER_ID)
+        return 0;
+    if (user != NULL && s->may_use != NULL && !s->may_use(s->send_ctx, user, w)) {
+        s->hellos_refused++;
+        reply_errorf(s, req, PS_EAUTH, rep,
+                     "hello: this client's CURVE key may not use worker id %u (the workers: line "
+                     "of its file in psd --curve-allow)",
+                     w);
+        return 1;
+    }
+    if (w >= s->cons.workers)
+        return 0; /* not in the rounds: psd knows no holder's liveness to protect */
+    const struct psd_peer *p = peer_of(s, w, 0);
+    if (p == NULL || p->route_len == 0 || p->session == req->session ||
+        (p->route_len == route->size && memcmp(p->route, route->data, route->size) == 0) ||
+        (user != NULL && strcmp(p->user, user) == 0))
+        return 0; /* free, the same session on a new connection, the same connection or key */
+    uint64_t hold = s->worker_timeout_ms ? s->worker_timeout_ms : PSD_HOLD_MS_DEFAULT;
+    uint64_t heard = s->live[w].last_ms, now = now_ms();
+    if (now - heard > hold)
+        return 0; /* its holder went silent: a restarted worker takes it */
+    s->hellos_refused++;
+    reply_errorf(s, req, PS_EBUSY, rep,
+                 "hello: worker id %u is held by another connection, heard from %llu ms ago; it "
+                 "is free once that one is silent for %llu ms (psd --worker-timeout), or at once "
+                 "to the same CURVE key",
+                 w, (unsigned long long)(now - heard), (unsigned long long)hold);
+    return 1;
+}
+
+static void op_hello(struct psd *s, const struct ps_frame *route, const char *user,
+                     const Ps__Header *req, struct psd_reply *rep)
 {
     if (req->session != 0) { /* a new session (a restarted client) starts afresh */
         struct psd_peer *p = peer_of(s, req->worker_id, 1);
@@ -462,6 +504,11 @@ static void op_hello(struct psd *s, const struct ps_frame *route, const Ps__Head
             s->changes++;
             /* the old process's regions */
             psd_shm_drop_worker(&s->shm, req->worker_id, route->data, route->size);
+        }
+        if (p != NULL && req->worker_id != PSD_OBSERVER_ID && route->size <= PS_ROUTE_ID_MAX) {
+            memcpy(p->route, route->data, route->size); /* hello_refused let it take the id */
+            p->route_len = route->size;
+            snprintf(p->user, sizeof p->user, "%s", user ? user : "");
         }
     }
     Ps__Header h;
@@ -1503,6 +1550,7 @@ static void op_stats(struct psd *s, const Ps__Header *req, struct psd_reply *rep
     st.unread_refused = s->unread_refused;
     st.waits_refused = s->waits_refused;
     st.nonfinite_refused = s->nonfinite_refused;
+    st.hellos_refused = s->hellos_refused;
     st.unread_bytes = psd_unread_total(s);
     uint32_t *missing = calloc(s->cons.workers, sizeof *missing);
     for (uint32_t w = 0; missing != NULL && w < s->cons.workers; w++)
@@ -1580,8 +1628,9 @@ static void op_list_rows(struct psd *s, const Ps__Header *req, struct psd_reply 
     reply_header(s, &h, rep);
 }
 
-static int dispatch_one(struct psd *s, const struct ps_frame *route, const struct ps_frame *frames,
-                        size_t nframes, struct psd_reply *rep, int in_batch);
+static int dispatch_one(struct psd *s, const struct ps_frame *route, const char *user,
+                        const struct ps_frame *frames, size_t nframes, struct psd_reply *rep,
+                        int in_batch);
 
 /* OP_BATCH: each record handled as a request of its own, in order, and
  * answered through the sender (a record may wait like any request). */
@@ -1592,13 +1641,14 @@ static void op_batch(struct psd *s, const struct ps_frame *route, const struct p
     struct ps_frame one;
     while (ps_wire_batch_next(recs, bytes, &pos, &one)) {
         struct psd_reply r;
-        if (dispatch_one(s, route, &one, 1, &r, 1))
+        if (dispatch_one(s, route, NULL, &one, 1, &r, 1)) /* no hello in a batch */
             s->send(s->send_ctx, route->data, route->size, &r);
     }
 }
 
-static int dispatch_one(struct psd *s, const struct ps_frame *route, const struct ps_frame *frames,
-                        size_t nframes, struct psd_reply *rep, int in_batch)
+static int dispatch_one(struct psd *s, const struct ps_frame *route, const char *user,
+                        const struct ps_frame *frames, size_t nframes, struct psd_reply *rep,
+                        int in_batch)
 {
     memset(rep, 0, sizeof *rep);
     s->ctr.requests++;
@@ -1617,12 +1667,14 @@ static int dispatch_one(struct psd *s, const struct ps_frame *route, const struc
                      ps_op_name(m.hdr->op));
     } else if (m.hdr->op == PS__OP__OP_BATCH && s->send == NULL) {
         reply_errorf(s, m.hdr, PS_EOP, rep, "batch: this shard cannot answer batches");
+    } else if (m.hdr->op == PS__OP__OP_HELLO && hello_refused(s, route, user, m.hdr, rep)) {
+        /* not heard as the worker it claims: its holder keeps the id */
     } else {
         const Ps__Header *req = m.hdr;
         worker_heard(s, req);
         switch (req->op) {
         case PS__OP__OP_HELLO:
-            op_hello(s, route, req, rep);
+            op_hello(s, route, user, req, rep);
             break;
         case PS__OP__OP_CREATE_TABLE:
             op_create(s, req, rep);
@@ -1660,10 +1712,16 @@ static int dispatch_one(struct psd *s, const struct ps_frame *route, const struc
     return now;
 }
 
+int psd_dispatch_from(struct psd *s, const struct ps_frame *route, const char *user,
+                      const struct ps_frame *frames, size_t nframes, struct psd_reply *rep)
+{
+    int now = dispatch_one(s, route, user, frames, nframes, rep, 0);
+    checkpoint_if_due(s);
+    return now;
+}
+
 int psd_dispatch(struct psd *s, const struct ps_frame *route, const struct ps_frame *frames,
                  size_t nframes, struct psd_reply *rep)
 {
-    int now = dispatch_one(s, route, frames, nframes, rep, 0);
-    checkpoint_if_due(s);
-    return now;
+    return psd_dispatch_from(s, route, NULL, frames, nframes, rep);
 }

@@ -22,6 +22,11 @@
 #define PSD_ERR_CODES    32             /* room for -PS_E* codes */
 #define PSD_PEERS        PS_WORKERS_MAX /* exactly-once state for this many worker ids */
 #define PSD_DEDUP_WINDOW 2048           /* request ids remembered one by one per worker */
+#define PSD_USER_MAX     41             /* a CURVE key in Z85 and its NUL */
+/* psctl's worker id (PSC_OBSERVER): never bound to a connection */
+#define PSD_OBSERVER_ID UINT32_MAX
+/* How long an id stays with a silent holder when --worker-timeout is 0. */
+#define PSD_HOLD_MS_DEFAULT 10000u
 
 struct psd_counters {
     uint64_t requests;
@@ -76,6 +81,9 @@ typedef void (*psd_send_cb)(void *ctx, const void *route, size_t route_len, stru
  * else 1. Called with the sender's ctx. */
 typedef int (*psd_unread_cb)(void *ctx, const void *route, size_t route_len, uint64_t *peer,
                              uint64_t *total);
+/* Whether the client with CURVE key `user` (Z85) may use worker id w.
+ * Called with the sender's ctx. */
+typedef int (*psd_may_use_cb)(void *ctx, const char *user, uint32_t w);
 
 struct psd {
     struct ps_log *log;
@@ -106,7 +114,14 @@ struct psd {
          * behind a lost one arrive before its retry, out of order */
         uint64_t applied_bits[PSD_DEDUP_WINDOW / 64];
         int used;
+        /* who holds the id: the connection of its session's hello and
+         * that connection's CURVE key ("" without CURVE); the live set
+         * says when it was last heard from */
+        uint8_t route[PS_ROUTE_ID_MAX];
+        size_t route_len;
+        char user[PSD_USER_MAX];
     } peers[PSD_PEERS];
+    uint64_t hellos_refused; /* hellos for an id another connection holds, or a key may not use */
     uint64_t duplicates_dropped;
     /* the live set: worker ids [0, cons.workers) heard from within
      * worker_timeout_ms. Any request but stats counts (workers heartbeat
@@ -128,7 +143,8 @@ struct psd {
     char ckpt_path[4200]; /* the newest written */
     psd_send_cb send;
     void *send_ctx;
-    psd_unread_cb unread; /* NULL: replies are not held back */
+    psd_unread_cb unread;   /* NULL: replies are not held back */
+    psd_may_use_cb may_use; /* NULL: any key may use any worker id */
     uint64_t unread_bytes_max, unread_bytes_total_max;
     uint64_t unread_refused; /* replies refused for unread bytes */
     /* hello replies offer local_endpoint (ipc://, "" when none) and this
@@ -200,6 +216,8 @@ void psd_set_sender(struct psd *s, psd_send_cb send, void *ctx);
  * with values that would take it past unread_bytes_max, or every
  * connection past unread_bytes_total_max, is refused with PS_ELIMIT. */
 void psd_set_unread(struct psd *s, psd_unread_cb unread);
+/* Sets how psd asks which worker ids a CURVE key may use. */
+void psd_set_may_use(struct psd *s, psd_may_use_cb may_use);
 /* Reply bytes no connection has read yet, in all (0 without a transport). */
 uint64_t psd_unread_total(const struct psd *s);
 /* The ipc:// endpoint hello replies offer to clients on this host ("" or
@@ -239,6 +257,15 @@ int psd_op_index(const Ps__Header *h);
  * and returns 0 (1 with an error reply when the batch itself is bad). */
 int psd_dispatch(struct psd *s, const struct ps_frame *route, const struct ps_frame *frames,
                  size_t nframes, struct psd_reply *rep);
+/* psd_dispatch for a request that came with the CURVE key `user` (Z85,
+ * the connection's ZAP user id; NULL without CURVE). A hello binds its
+ * worker id (one of the rounds', 0..W-1) to the connection and key: a
+ * hello with a new session from another connection for an id whose
+ * holder was heard from within --worker-timeout is refused (PS_EBUSY)
+ * unless it comes with the same key; under CURVE a key may say hello
+ * only as the ids its allow file names (PS_EAUTH), whatever the id. */
+int psd_dispatch_from(struct psd *s, const struct ps_frame *route, const char *user,
+                      const struct ps_frame *frames, size_t nframes, struct psd_reply *rep);
 
 /* Writes a checkpoint now when the shard is between rounds (why goes to
  * the log). Returns 0 written, 1 skipped (mid-round or off), <0 error. */

@@ -160,6 +160,14 @@ int psd_security_apply(struct psd_security *sec, void *ctx, void *router, uv_loo
     return ps_zsock_start(loop, &sec->mon_zs, sec->monitor, on_monitor, sec);
 }
 
+int psd_security_may_use(const struct psd_security *sec, const char *user, uint32_t w)
+{
+    unsigned char key[32];
+    if (user == NULL || strlen(user) != PS_CURVE_KEY_LEN || zmq_z85_decode(key, user) == NULL)
+        return 0;
+    return ps_curve_may_use(sec->allow, key, w);
+}
+
 void psd_security_stop(struct psd_security *sec)
 {
     if (sec->zap != NULL)

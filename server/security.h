@@ -34,6 +34,10 @@ int psd_security_start(struct psd_security *sec, void *ctx, uv_loop_t *loop, cha
 /* Makes router a CURVE server and monitors its handshakes. */
 int psd_security_apply(struct psd_security *sec, void *ctx, void *router, uv_loop_t *loop,
                        char *err, size_t errlen);
+/* 1 when the client whose ZAP user id is `user` (its public key, Z85, as
+ * the handler admitted it) may use worker id w (its allow file's
+ * "workers:" line, or any id without one). */
+int psd_security_may_use(const struct psd_security *sec, const char *user, uint32_t w);
 /* Closes the loop handles (before the loop ends) ... */
 void psd_security_stop(struct psd_security *sec);
 /* ... and the sockets (after it ended, before the context terminates). */

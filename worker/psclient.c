@@ -56,6 +56,7 @@ struct slot {
     uint32_t pending;
     uint64_t replied[PS_SHARDS_MAX / 64];
     int status;
+    int remote; /* with status PS_EREMOTE: the shard's own code */
     int canceled;
     atomic_uint zc_refs; /* zero-copy frames zmq still holds */
     void *conv;          /* 16-bit copy of a push's values (grows, reused) */
@@ -164,6 +165,7 @@ struct psc_client {
     uint64_t batches_sent;
     uint8_t hdr_buf[2048]; /* requests carry at most a table spec */
     char last_error[512];
+    int last_remote; /* the shard's code behind the last PS_EREMOTE, else 0 */
 };
 
 _Static_assert(PS_CLIENT_TICKETS_MAX < UINT16_MAX && (ID_MAP & (ID_MAP - 1)) == 0,
@@ -223,6 +225,7 @@ static struct slot *slot_alloc(struct psc_client *c, Ps__Op op, uint64_t *id)
     sl->ctx = NULL;
     sl->pending = 0;
     sl->status = 0;
+    sl->remote = 0;
     sl->canceled = 0;
     sl->rows = 0;
     sl->view = 0;
@@ -825,6 +828,8 @@ static void handle_reply(struct psc_client *c, uint32_t shard, const struct ps_f
         return;
     }
     if (h->status != 0) {
+        if (sl->status == 0)
+            sl->remote = h->status; /* what the shard said, kept with the first error */
         slot_fail(sl, PS_EREMOTE, "shard %u (%s): %s [%s]", shard, c->endpoints[shard], h->error,
                   ps_err_name(h->status));
         return;
@@ -915,6 +920,7 @@ static void resend_all_due(struct psc_client *c);
 static int finish(struct psc_client *c, struct slot *sl)
 {
     int rc = sl->status;
+    c->last_remote = rc == PS_EREMOTE ? sl->remote : 0;
     if (rc != 0)
         set_error(c, rc, "%s", sl->error);
     if (rc == 0 && sl->view && !sl->canceled) {
@@ -1836,15 +1842,17 @@ static int open_sockets(struct psc_client *c, const struct psc_config *cfg, char
     return 0;
 }
 
-/* Tells cfg's hello_waiting which shards have not answered the hello. */
-static void hello_waiting(const struct psc_client *c, const struct psc_config *cfg, int waited_ms)
+/* Tells cfg's hello_waiting which shards have not answered the hello,
+ * and why when a shard said (NULL: no answer yet). */
+static void hello_waiting(const struct psc_client *c, const struct psc_config *cfg, int waited_ms,
+                          const char *why)
 {
     uint32_t missing[PS_SHARDS_MAX], n = 0;
     for (uint32_t s = 0; s < c->nshards; s++)
         if (c->offers[s].instance == 0)
             missing[n++] = s;
     if (n > 0)
-        cfg->hello_waiting(cfg->hello_waiting_arg, missing, n, waited_ms);
+        cfg->hello_waiting(cfg->hello_waiting_arg, missing, n, waited_ms, why);
 }
 
 /* ZeroMQ's socket monitor on each shard's socket while the hello waits:
@@ -1937,29 +1945,48 @@ static int say_hello(struct psc_client *c, const struct psc_config *cfg, int tim
     enum { WATCH_MS = 200 };
     int rc = 0, waited = 0, tell_at = 1000;
     uint64_t id = 0;
-    struct slot *sl = slot_alloc(c, h.op, &id);
-    if (sl == NULL)
-        return set_error(c, PS_EBUSY, "hello: too many requests outstanding");
-    h.request_id = id;
+    char held[sizeof c->last_error] = ""; /* why a shard would not let go of the id yet */
     struct hello_watch hw;
     if (cfg != NULL)
         watch_start(c, &hw);
-    for (uint32_t s = 0; s < c->nshards; s++)
-        if (send_frames(c, s, &h, NULL, 0, NULL, 0, sl, 0) != 0)
-            break;
-    for (;;) {
+    for (int sent = 0;;) {
+        if (!sent) { /* the hello, again with the same session after a refusal */
+            struct slot *sl = slot_alloc(c, h.op, &id);
+            if (sl == NULL) {
+                rc = set_error(c, PS_EBUSY, "hello: too many requests outstanding");
+                break;
+            }
+            h.request_id = id;
+            for (uint32_t s = 0; s < c->nshards; s++)
+                if (send_frames(c, s, &h, NULL, 0, NULL, 0, sl, 0) != 0)
+                    break;
+            sent = 1;
+        }
         int piece = cfg == NULL || timeout_ms < 0 || timeout_ms - waited <= WATCH_MS
                         ? (timeout_ms < 0 ? -1 : timeout_ms - waited)
                         : WATCH_MS;
         rc = psc_wait(c, id, piece);
+        if (rc == PS_EREMOTE && c->last_remote == PS_EBUSY && cfg != NULL && timeout_ms >= 0 &&
+            waited + piece < timeout_ms) {
+            /* the id is still held by the connection of a process this one
+             * may replace (a restart): the shard lets go of it once that
+             * one has been silent for its --worker-timeout */
+            snprintf(held, sizeof held, "%s", c->last_error);
+            struct timespec ts = {0, WATCH_MS * 1000000L};
+            nanosleep(&ts, NULL);
+            sent = 0;
+            rc = PS_ETIMEDOUT;
+        } else if (rc != PS_ETIMEDOUT) {
+            break;
+        }
         waited += piece;
-        if (rc != PS_ETIMEDOUT || piece < 0 || waited >= timeout_ms)
+        if (piece < 0 || waited >= timeout_ms)
             break;
         if ((rc = watch_refused(c, cfg, &hw)) != 0)
             break;
         rc = PS_ETIMEDOUT;
         if (cfg->hello_waiting != NULL && waited >= tell_at) {
-            hello_waiting(c, cfg, waited);
+            hello_waiting(c, cfg, waited, held[0] ? held : NULL);
             tell_at += 5000;
         }
     }
@@ -1973,9 +2000,12 @@ static int say_hello(struct psc_client *c, const struct psc_config *cfg, int tim
     if (rc == PS_ETIMEDOUT) { /* psc_wait named the shards and its last piece's time */
         const char *from = strstr(c->last_error, " from shard ");
         snprintf(why, sizeof why, "%s", from ? from : "");
-        set_error(c, rc, "hello: no reply within %d ms%s", waited, why);
+        if (held[0] != '\0')
+            set_error(c, PS_EBUSY, "%s (for %d ms)", held, waited);
+        else
+            set_error(c, rc, "hello: no reply within %d ms%s", waited, why);
         psc_cancel(c, id); /* no zero-copy frames: always releases */
-        return rc;
+        return held[0] != '\0' ? PS_EBUSY : rc;
     }
     if (rc != 0) {
         snprintf(why, sizeof why, "%s", c->last_error);

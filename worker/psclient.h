@@ -57,9 +57,13 @@ struct psc_config {
     const char *curve_public, *curve_secret; /* this client's key pair */
     /* While psc_create waits for the shards' hellos: called after 1 s and
      * every 5 s after that with the shards that have not answered yet
-     * (n of them, in order) and how long it has waited, so a program can
-     * say what it waits for. On psc_create's thread; NULL: not called. */
-    void (*hello_waiting)(void *arg, const uint32_t *shards, uint32_t n, int waited_ms);
+     * (n of them, in order), how long it has waited, and why: NULL when
+     * they are silent, or a shard's refusal while another connection
+     * still holds this client's worker id (a restart: the hello is sent
+     * again until that one has been silent for the shard's
+     * --worker-timeout). On psc_create's thread; NULL: not called. */
+    void (*hello_waiting)(void *arg, const uint32_t *shards, uint32_t n, int waited_ms,
+                          const char *why);
     void *hello_waiting_arg;
 };
 

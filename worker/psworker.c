@@ -1010,7 +1010,8 @@ static void setup_shm(struct trainer *tr)
 }
 
 /* psc_config's hello_waiting: which shards have not answered yet. */
-static void log_hello_waiting(void *arg, const uint32_t *shards, uint32_t n, int waited_ms)
+static void log_hello_waiting(void *arg, const uint32_t *shards, uint32_t n, int waited_ms,
+                              const char *why)
 {
     struct trainer *tr = arg;
     char list[1024];
@@ -1019,8 +1020,10 @@ static void log_hello_waiting(void *arg, const uint32_t *shards, uint32_t n, int
         used += (size_t)snprintf(list + used, sizeof list - used, "%s%u (%s)", i ? ", " : "",
                                  shards[i], tr->eps[shards[i]]);
     PS_LOG(&tr->log, PS_LOG_WARN, "W0014",
-           "waited %d ms for %u of %u shard(s) to answer: %s (giving up after --timeout-ms %llu)",
-           waited_ms, n, tr->neps, list, (unsigned long long)tr->cfg.timeout_ms);
+           "waited %d ms for %u of %u shard(s) to answer: %s (giving up after --timeout-ms "
+           "%llu)%s%s",
+           waited_ms, n, tr->neps, list, (unsigned long long)tr->cfg.timeout_ms, why ? ": " : "",
+           why ? why : "");
 }
 
 /* Connects the client to --servers (hello to every shard). */

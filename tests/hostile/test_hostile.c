@@ -7,6 +7,7 @@
 #include "harness.h"
 #include "raw.h"
 
+#include "ps_clock.h"
 #include "ps_curve.h"
 #include "ps_err.h"
 #include "ps_limits.h"
@@ -597,6 +598,161 @@ static void test_handshake_refusals_sampled(void **state)
     assert_true(lines <= 20 + (int)(metric((int)port, "psd_handshakes_refused_total") / 1000));
     assert_int_equal(harness_psd_stop(&p), 0);
 }
+/* Sends a hello as worker w with session; returns the reply's status. */
+static int hello_as(void *s, uint32_t w, uint64_t session)
+{
+    Ps__Header h;
+    ps_wire_header_init(&h, PS__OP__OP_HELLO);
+    h.request_id = session;
+    h.worker_id = w;
+    h.session = session;
+    send_header(s, &h, NULL, 0);
+    size_t nf = 0;
+    Ps__Header *r = raw_recv(s, RAW_TIMEOUT_MS, &nf, NULL, 0);
+    assert_non_null(r);
+    int status = r->status;
+    ps__header__free_unpacked(r, NULL);
+    return status;
+}
+
+/* Pushes 100 ones as worker w, request id id, clock 0; 1 when the reply
+ * says it was a duplicate. */
+static int push_as(void *s, uint32_t w, uint64_t id)
+{
+    float g[100];
+    for (int i = 0; i < 100; i++)
+        g[i] = 1.0f;
+    Ps__Header h;
+    ps_wire_header_init(&h, PS__OP__OP_PUSH);
+    h.request_id = id;
+    h.worker_id = w;
+    h.count = 100;
+    h.dtype = PS__DTYPE__DTYPE_F32;
+    send_header(s, &h, g, sizeof g);
+    size_t nf = 0;
+    Ps__Header *r = raw_recv(s, RAW_TIMEOUT_MS, &nf, NULL, 0);
+    assert_non_null(r);
+    assert_int_equal(r->status, 0);
+    int dup = r->duplicate;
+    ps__header__free_unpacked(r, NULL);
+    return dup;
+}
+
+/* 5. A worker id of the rounds is held by the connection that said hello
+ * for it: another connection's hello with a new session is refused while
+ * the holder is heard from, so the holder keeps its exactly-once window
+ * and its round; once the holder has been silent for --worker-timeout a
+ * restarted worker takes the id. */
+static void test_worker_id_cannot_be_taken(void **state)
+{
+    (void)state;
+    struct psd_proc p;
+    const char *args[] = {"--consistency", "asp", "--workers", "2", "--worker-timeout", "1", NULL};
+    assert_int_equal(harness_psd_start(&p, args), 0);
+    void *ctx = zmq_ctx_new();
+    void *real = raw_dealer(ctx, p.endpoint), *thief = raw_dealer(ctx, p.endpoint);
+    create_dense(real, "t", 100);
+    assert_int_equal(hello_as(real, 1, 111), 0);
+    assert_false(push_as(real, 1, 10));
+    assert_int_equal(hello_as(thief, 1, 222), PS_EBUSY);
+    assert_true(push_as(real, 1, 10)); /* the retry is still known: not applied twice */
+    Ps__Header *r = stats_of(real);
+    assert_int_equal(r->stats->hellos_refused, 1);
+    assert_int_equal(r->stats->workers_rejoined, 0);
+    ps__header__free_unpacked(r, NULL);
+    /* the real worker goes silent: a new process takes the id after 1 s */
+    int64_t t0 = ps_mono_ms();
+    int status = PS_EBUSY;
+    for (int waited = 0; status == PS_EBUSY && waited < DEADLINE_MS; waited += 50) {
+        harness_pause_ms(50);
+        status = hello_as(thief, 1, 333);
+    }
+    assert_int_equal(status, 0);
+    fprintf(stderr,
+            "a restarted worker took its id %lld ms after its old process went silent "
+            "(--worker-timeout 1)\n",
+            (long long)(ps_mono_ms() - t0));
+    zmq_close(real);
+    zmq_close(thief);
+    zmq_ctx_term(ctx);
+    assert_int_equal(harness_psd_stop(&p), 0);
+}
+
+/* A DEALER to endpoint speaking CURVE with key pair me to the server. */
+static void *curve_dealer(void *ctx, const char *endpoint, const struct ps_curve_keys *server,
+                          const struct ps_curve_keys *me)
+{
+    void *s = zmq_socket(ctx, ZMQ_DEALER);
+    int linger = 0;
+    assert_non_null(s);
+    zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof linger);
+    assert_int_equal(zmq_setsockopt(s, ZMQ_CURVE_SERVERKEY, server->pub, 41), 0);
+    assert_int_equal(zmq_setsockopt(s, ZMQ_CURVE_PUBLICKEY, me->pub, 41), 0);
+    assert_int_equal(zmq_setsockopt(s, ZMQ_CURVE_SECRETKEY, me->sec, 41), 0);
+    assert_int_equal(zmq_connect(s, endpoint), 0);
+    return s;
+}
+
+static void keypair(const char *name, struct ps_curve_keys *k, char *path, size_t len)
+{
+    char err[256];
+    harness_tmp(path, len, name);
+    assert_int_equal(ps_curve_keygen(path, err, sizeof err), 0);
+    assert_int_equal(ps_curve_read(path, 1, k, err, sizeof err), 0);
+}
+
+/* Under CURVE: a key whose allow file says "workers: 1" says hello as 1
+ * and not as 0; the same key takes its id over at once from a new
+ * connection (a restarted worker), another admitted key may not. */
+static void test_curve_keys_own_their_ids(void **state)
+{
+    (void)state;
+    struct ps_curve_keys server, mine, other;
+    char spath[300], mpath[300], opath[300], allow[300], file[400];
+    keypair("id-server.key", &server, spath, sizeof spath);
+    keypair("id-mine.key", &mine, mpath, sizeof mpath);
+    keypair("id-other.key", &other, opath, sizeof opath);
+    harness_tmp(allow, sizeof allow, "id-allow");
+    assert_int_equal(mkdir(allow, 0755), 0);
+    snprintf(file, sizeof file, "%s/mine.pub", allow);
+    FILE *f = fopen(file, "w");
+    assert_non_null(f);
+    fprintf(f, "public: %s\nworkers: 1\n", mine.pub);
+    fclose(f);
+    snprintf(file, sizeof file, "%s/other.pub", allow);
+    f = fopen(file, "w");
+    assert_non_null(f);
+    fprintf(f, "public: %s\n", other.pub);
+    fclose(f);
+    struct psd_proc p;
+    const char *args[] = {"--curve-secret",
+                          spath,
+                          "--curve-allow",
+                          allow,
+                          "--consistency",
+                          "asp",
+                          "--workers",
+                          "2",
+                          NULL};
+    assert_int_equal(harness_psd_start(&p, args), 0);
+    void *ctx = zmq_ctx_new();
+    void *a = curve_dealer(ctx, p.endpoint, &server, &mine);
+    assert_int_equal(hello_as(a, 1, 11), 0);
+    assert_int_equal(hello_as(a, 0, 12), PS_EAUTH); /* not in its workers: line */
+    void *o = curve_dealer(ctx, p.endpoint, &server, &other);
+    assert_int_equal(hello_as(o, 1, 13), PS_EBUSY); /* admitted, but 1 is held */
+    int64_t t0 = ps_mono_ms();
+    void *again = curve_dealer(ctx, p.endpoint, &server, &mine);
+    assert_int_equal(hello_as(again, 1, 14), 0); /* the same key: at once */
+    fprintf(stderr, "the same CURVE key took its id over in %lld ms\n",
+            (long long)(ps_mono_ms() - t0));
+    assert_true(harness_log_has(p.log_path, "S0200", "may not use worker id 0"));
+    zmq_close(a);
+    zmq_close(o);
+    zmq_close(again);
+    zmq_ctx_term(ctx);
+    assert_int_equal(harness_psd_stop(&p), 0);
+}
 
 int main(void)
 {
@@ -607,6 +763,8 @@ int main(void)
         cmocka_unit_test(test_slow_http_clients),
         cmocka_unit_test(test_handshake_refusals_sampled),
         cmocka_unit_test(test_nonfinite_pushes),
+        cmocka_unit_test(test_worker_id_cannot_be_taken),
+        cmocka_unit_test(test_curve_keys_own_their_ids),
         cmocka_unit_test(test_psworker_stops_on_nonfinite_loss),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
