@@ -514,3 +514,13 @@ void case_table_spec(Ps__TableSpec *s, const char *name, uint64_t size)
     s->init = PS__INIT_KIND__INIT_CONSTANT;
     s->init_scale = 1.0f;
 }
+
+void case_sparse_spec(Ps__TableSpec *s, const char *name, uint32_t dim, uint64_t rows_max, float lr)
+{
+    ps__table_spec__init(s);
+    s->name = (char *)name;
+    s->sparse = 1;
+    s->dim = dim;
+    s->rows_max = rows_max;
+    s->lr = lr;
+}

@@ -33,6 +33,9 @@ extern const struct bad_case bad_cases[];
  * SGD at lr 0.5, momentum 0.9, Adam's betas 0.9/0.999 and eps 1e-8 for
  * the tests that pick another optimizer. */
 void case_table_spec(Ps__TableSpec *s, const char *name, uint64_t size);
+/* A sparse table spec: rows of dim floats, zeros at first, SGD at lr. */
+void case_sparse_spec(Ps__TableSpec *s, const char *name, uint32_t dim, uint64_t rows_max,
+                      float lr);
 extern const size_t bad_cases_count;
 
 /* Allocates and frees the frame buffers of a case_msg. */

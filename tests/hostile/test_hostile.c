@@ -4,6 +4,7 @@
  * is still served. None checks wall time or memory given back to the
  * system. */
 #define _GNU_SOURCE
+#include "cases.h"
 #include "harness.h"
 #include "raw.h"
 
@@ -461,12 +462,7 @@ static void test_nonfinite_pushes(void **state)
         create_dense(c, "dense", 16);
         Ps__Header h;
         Ps__TableSpec sp;
-        ps__table_spec__init(&sp);
-        sp.name = "emb";
-        sp.sparse = 1;
-        sp.dim = 2;
-        sp.rows_max = 100;
-        sp.lr = 0.5f;
+        case_sparse_spec(&sp, "emb", 2, 100, 0.5f);
         ps_wire_header_init(&h, PS__OP__OP_CREATE_TABLE);
         h.spec = &sp;
         ps__header__free_unpacked(raw_exchange(c, &h, NULL, 0, NULL, 0), NULL);

@@ -549,12 +549,7 @@ static void test_zero_share(void **state)
     psd_table_destroy(t);
 
     Ps__TableSpec sp;
-    ps__table_spec__init(&sp);
-    sp.name = "rows";
-    sp.sparse = 1;
-    sp.dim = 2;
-    sp.rows_max = 16;
-    sp.lr = 1.0f;
+    case_sparse_spec(&sp, "rows", 2, 16, 1.0f);
     assert_int_equal(psd_table_create(&sp, 1, 0, 1, &t), 0);
     const uint64_t keys[2] = {5, 9};
     const float g[4] = {-1.0f, 0.0f, 0.0f, 0.0f}; /* zeros init: 3 of 4 stay 0 */
