@@ -6,6 +6,7 @@
  * and the one before it is restored. A client re-sends to a restarted
  * shard what it lost, in frames where the shard lost the shared region,
  * and hands the region over again. */
+#define _GNU_SOURCE /* memmem */
 #include "harness.h"
 #include "psclient.h"
 #include "raw.h"
@@ -375,11 +376,70 @@ static void test_other_shard_count_is_refused(void **state)
     assert_int_equal(harness_psd_stop(&b), 0);
 }
 
+/* The only checkpoint of a directory, its JSON state damaged (one digit
+ * of the learning rate): the checksum refuses it, so psd refuses to start
+ * rather than restore a wrong rate. A good one whose table is over this
+ * psd's --max-table-bytes is refused before it is allocated. */
+static void test_damaged_state_and_big_table_refused(void **state)
+{
+    (void)state;
+    char d[320], log[320], path[700];
+    harness_tmp(d, sizeof d, "ckpt-damaged");
+    mkdir(d, 0755);
+    struct psd_proc a;
+    const char *w[] = {"--checkpoint-dir", d, "--checkpoint-every", "0", NULL};
+    assert_int_equal(harness_psd_start(&a, w), 0);
+    void *ctx = zmq_ctx_new();
+    void *s = raw_dealer(ctx, a.endpoint);
+    hello_and_create(s, 5);
+    zmq_close(s);
+    zmq_ctx_term(ctx);
+    assert_int_equal(harness_psd_stop(&a), 0);
+    snprintf(path, sizeof path, "%s/shard-0-of-1-%016d.safetensors", d, 1);
+
+    /* over the limit: the table "t" of 1000 floats and its state */
+    harness_tmp(log, sizeof log, "small-limit.log");
+    const char *small[] = {getenv("PSD_BIN"),
+                           "--listen",
+                           "tcp://127.0.0.1:0",
+                           "--checkpoint-dir",
+                           d,
+                           "--max-table-bytes",
+                           "4096",
+                           NULL};
+    assert_int_equal(harness_wait(harness_spawn(small, log), 20000), 2);
+    assert_true(harness_log_has(log, "S0601", "over psd --max-table-bytes 4096"));
+
+    FILE *f = fopen(path, "r+b");
+    assert_non_null(f);
+    static char buf[1 << 20];
+    size_t n = fread(buf, 1, sizeof buf, f);
+    char *lr = memmem(buf, n, "\\\"lr\\\":", 7); /* the state is JSON inside a string */
+    assert_non_null(lr);
+    char *digit = lr + 7;
+    while (*digit < '1' || *digit > '8')
+        digit++;
+    (*digit)++; /* same length: only the checksum can tell */
+    assert_int_equal(fseek(f, 0, SEEK_SET), 0);
+    assert_int_equal(fwrite(buf, 1, n, f), n);
+    assert_int_equal(fclose(f), 0);
+    harness_tmp(log, sizeof log, "damaged.log");
+    const char *again[] = {getenv("PSD_BIN"),  "--listen", "tcp://127.0.0.1:0",
+                           "--checkpoint-dir", d,          NULL};
+    assert_int_equal(harness_wait(harness_spawn(again, log), 20000), 2);
+    if (!harness_log_has(log, "S0601", "checksum of the tensors and state") ||
+        !harness_log_has(log, "S0612", NULL)) {
+        harness_dump_file(log);
+        fail_msg("the damaged state was not refused by its checksum");
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_restart_restores_and_skips_corrupt),
         cmocka_unit_test(test_other_shard_count_is_refused),
+        cmocka_unit_test(test_damaged_state_and_big_table_refused),
         cmocka_unit_test(test_client_resends_to_restarted_server),
         cmocka_unit_test(test_shared_memory_copies_to_restarted_server),
     };

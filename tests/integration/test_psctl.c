@@ -368,9 +368,26 @@ static void test_usage_errors(void **state)
     assert_true(harness_log_has(out, "no command", NULL));
 }
 
+/* Ports no TCP endpoint can have are refused where endpoints are read:
+ * psctl's --servers and psd's --listen, naming the port. */
+static void test_impossible_ports_refused(void **state)
+{
+    (void)state;
+    char log[320];
+    harness_tmp(log, sizeof log, "port-psctl.log");
+    const char *ctl[] = {getenv("PSCTL_BIN"), "--servers", "tcp://127.0.0.1:99999", "status", NULL};
+    assert_int_equal(harness_wait(harness_spawn(ctl, log), 20000), 2);
+    assert_true(harness_log_has(log, "port '99999' is not a number in 1..65535", NULL));
+    harness_tmp(log, sizeof log, "port-psd.log");
+    const char *psd[] = {getenv("PSD_BIN"), "--listen", "tcp://127.0.0.1:65536", NULL};
+    assert_int_equal(harness_wait(harness_spawn(psd, log), 20000), 2);
+    assert_true(harness_log_has(log, "--listen", "port '65536' is not a number in 0..65535"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_impossible_ports_refused),
         cmocka_unit_test(test_status_export_checkpoint),
         cmocka_unit_test(test_export_sparse),
         cmocka_unit_test(test_usage_errors),
