@@ -219,13 +219,18 @@ static void test_wait_queue_cannot_be_filled(void **state)
     void *obs = raw_dealer(ctx, p.endpoint);
     create_dense(obs, "t", 100);
     void *bad = raw_dealer(ctx, p.endpoint);
-    enum { FAR = 4096 };
-    for (uint32_t i = 0; i < FAR; i++) {
-        Ps__Header h;
-        pull_header(&h, 1000 + i, 100 + i % 16, UINT64_C(1) << 40, 100, PS__DTYPE__DTYPE_F32);
-        send_header(bad, &h, NULL, 0);
+    /* in rounds well below ZeroMQ's 1,000-message queues: psd drops (and
+     * counts) replies to a peer whose queue is full, which is not what
+     * this test is about */
+    enum { FAR = 4096, ROUND = 256 };
+    for (uint32_t i = 0; i < FAR; i += ROUND) {
+        for (uint32_t j = i; j < i + ROUND; j++) {
+            Ps__Header h;
+            pull_header(&h, 1000 + j, 100 + j % 16, UINT64_C(1) << 40, 100, PS__DTYPE__DTYPE_F32);
+            send_header(bad, &h, NULL, 0);
+        }
+        assert_int_equal(replies_with(bad, ROUND, PS_ELIMIT), ROUND);
     }
-    assert_int_equal(replies_with(bad, FAR, PS_ELIMIT), FAR);
     /* a member's id, a clock far ahead: refused too */
     Ps__Header h;
     pull_header(&h, 1, 0, 5, 100, PS__DTYPE__DTYPE_F32);
