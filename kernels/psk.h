@@ -7,7 +7,7 @@
  * here, and kernels never log: errors come back as PS_E* codes with a
  * sentence in psk_last_error(). A backend is used from one thread, with one
  * exception: the CPU backend's psk_gemm may run on several threads at once
- * (worker/pool.h shares the pieces of a product with a helper). */
+ * (ps_pool.h shares the pieces of a product with a helper). */
 #ifndef PSK_H
 #define PSK_H
 

@@ -219,7 +219,7 @@ int psd_checkpoint_write(struct psd *s, const char *dir, char *path, size_t path
     int64_t all[64]; /* keep the newest few */
     size_t m = list_seqs(s, dir, all, 64);
     for (size_t i = PSD_CKPT_KEEP; i < m; i++) {
-        char old[4200];
+        char old[PS_PATH_MAX];
         seq_path(s, dir, all[i], old, sizeof old);
         unlink(old);
     }
@@ -562,7 +562,7 @@ size_t psd_checkpoint_found(const char *dir, char *what, size_t len)
     return files;
 }
 
-int psd_checkpoint_restore(struct psd *s, const char *dir, char *path, size_t pathlen)
+enum psd_restored psd_checkpoint_restore(struct psd *s, const char *dir, char *path, size_t pathlen)
 {
     int64_t seqs[64];
     size_t n = list_seqs(s, dir, seqs, 64);
@@ -570,10 +570,10 @@ int psd_checkpoint_restore(struct psd *s, const char *dir, char *path, size_t pa
         char err[512];
         seq_path(s, dir, seqs[i], path, pathlen);
         if (psd_checkpoint_load(s, path, err, sizeof err) == 0)
-            return 1;
-        PS_LOG(s->log, PS_LOG_WARN, "S0601", "checkpoint %s is bad (%s); trying an older one", path,
+            return PSD_RESTORED;
+        PS_LOG(s->log, PS_LOG_WARN, S0601, "checkpoint %s is bad (%s); trying an older one", path,
                err);
         psd_reset_tables(s);
     }
-    return 0;
+    return PSD_RESTORED_NONE;
 }

@@ -31,10 +31,16 @@ int psd_checkpoint_write(struct psd *s, const char *dir, char *path, size_t path
  * half-restored on failure: psd_reset_tables). 0 or PS_E* with err. */
 int psd_checkpoint_load(struct psd *s, const char *path, char *err, size_t errlen);
 
+/* What psd_checkpoint_restore found. */
+enum psd_restored {
+    PSD_RESTORED_NONE = 0, /* no checkpoint of this shard verified (bad ones are logged) */
+    PSD_RESTORED = 1,      /* one was restored: path names it */
+};
+
 /* Restores the newest valid checkpoint of this shard from dir into an
- * empty server. Returns 1 when one was restored (path set), 0 when there
- * was none that verified (bad ones are logged), or a PS_E* code. */
-int psd_checkpoint_restore(struct psd *s, const char *dir, char *path, size_t pathlen);
+ * empty server. Returns an enum psd_restored. */
+enum psd_restored psd_checkpoint_restore(struct psd *s, const char *dir, char *path,
+                                         size_t pathlen);
 
 /* psd checkpoint files in dir, of any shard and shard count: how many,
  * and which shards they were written by ("shard 0 of 2, shard 1 of 2")

@@ -367,11 +367,13 @@ static void take(const struct psd_cons_later *l, struct psd_cons_later *later)
         psd_cons_apply_later(l);
 }
 
-int psd_cons_push(const struct psd_cons *c, struct psd_table *t, uint32_t worker, uint64_t clock,
-                  uint64_t offset, uint64_t count, const float *g, int continues, int *applied,
-                  char *err, size_t errlen, struct psd_cons_later *later)
+static int push_range(const struct psd_cons *c, struct psd_table *t, const struct psd_cons_push *p,
+                      int *applied, struct psd_cons_later *later, char *err, size_t errlen)
 {
-    *applied = 0;
+    const uint32_t worker = p->worker;
+    const uint64_t clock = p->clock, offset = p->offset, count = p->count;
+    const float *g = p->g;
+    const int continues = p->continues;
     if (worker >= c->workers) {
         if (c->mode != PSD_ASP) {
             snprintf(err, errlen, "worker id %u is not in [0, %u) (psd --workers %u)", worker,
@@ -423,11 +425,14 @@ static int check_worker(const struct psd_cons *c, uint32_t worker, char *err, si
     return PS_EINVAL;
 }
 
-int psd_cons_push_keys(const struct psd_cons *c, struct psd_table *t, uint32_t worker,
-                       uint64_t clock, const uint64_t *keys, const float *g, size_t n, int *applied,
-                       char *err, size_t errlen, struct psd_cons_later *later)
+static int push_keys(const struct psd_cons *c, struct psd_table *t, const struct psd_cons_push *p,
+                     int *applied, struct psd_cons_later *later, char *err, size_t errlen)
 {
-    *applied = 0;
+    const uint32_t worker = p->worker;
+    const uint64_t clock = p->clock;
+    const uint64_t *keys = p->keys;
+    const float *g = p->g;
+    const size_t n = (size_t)p->count;
     int rc = check_worker(c, worker, err, errlen);
     if (rc != 0)
         return rc;
@@ -438,7 +443,7 @@ int psd_cons_push_keys(const struct psd_cons *c, struct psd_table *t, uint32_t w
             t->member[worker] = 1;
             if (clock + 1 > t->completed[worker])
                 t->completed[worker] = clock + 1;
-            t->pass_end[worker] = 0; /* a pass of its own (psd_cons_push) */
+            t->pass_end[worker] = 0; /* a pass of its own (push_range) */
         }
         t->steps++;
         struct psd_cons_later l = {.t = t,
@@ -481,6 +486,14 @@ int psd_cons_push_keys(const struct psd_cons *c, struct psd_table *t, uint32_t w
     }
     bsp_settle(c, t, applied);
     return 0;
+}
+
+int psd_cons_push(const struct psd_cons *c, struct psd_table *t, const struct psd_cons_push *p,
+                  int *applied, struct psd_cons_later *later, char *err, size_t errlen)
+{
+    *applied = 0;
+    return p->keys != NULL ? push_keys(c, t, p, applied, later, err, errlen)
+                           : push_range(c, t, p, applied, later, err, errlen);
 }
 
 void psd_cons_leave(const struct psd_cons *c, struct psd_table *t, uint32_t w, int *applied)

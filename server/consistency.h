@@ -55,33 +55,40 @@ void psd_cons_table_fini(const struct psd_cons *c, struct psd_table *t);
 
 struct psd_cons_later;
 
-/* psd_cons_push and psd_cons_push_keys: the push came from a worker that
- * is not a member of the round and could not join it; not applied. */
-#define PSD_CONS_STALE 1
+/* A push as the consistency mode takes it: a dense range (keys NULL) or
+ * keyed gradients. */
+struct psd_cons_push {
+    uint32_t worker;
+    uint64_t clock;
+    const uint64_t *keys; /* NULL: count elements from offset; else count keys, strictly
+                           * increasing, inside the shard (in bsp: the worker's whole
+                           * shard range for the clock, keys not listed have gradient 0) */
+    uint64_t offset, count;
+    const float *g; /* count gradients */
+    int continues;  /* dense: Header.continues (a piece after one to this shard) */
+};
 
-/* Takes a push of gradient g (count elements at offset) from worker w at
- * clock. Applies it now (asp/ssp) or at the end of the round (bsp). In
- * asp/ssp, continues (the header's: a piece of one request, after one to
- * this shard) keeps it in the optimizer pass of the piece before, for any
- * worker id; without it, a tracked worker's chunks in order make one pass
- * and each push of an untracked one (id >= workers) is a pass. On a
- * refused push returns a PS_E* code with a sentence in err (PS_EAGAIN: a
- * bsp chunk came before the chunks it follows; the worker sends it again);
- * PSD_CONS_STALE when dropped (see membership above). *applied is set
- * when weights changed (waiting pulls may now be answerable). */
-int psd_cons_push(const struct psd_cons *c, struct psd_table *t, uint32_t worker, uint64_t clock,
-                  uint64_t offset, uint64_t count, const float *g, int continues, int *applied,
-                  char *err, size_t errlen, struct psd_cons_later *later);
+/* What psd_cons_push did with a push it did not refuse. */
+enum psd_cons_taken {
+    PSD_CONS_TAKEN = 0, /* applied now, held for the round (bsp), or in *later */
+    PSD_CONS_STALE = 1, /* from a worker that is not a member of the round and could not
+                         * join it: not applied */
+};
 
-/* Takes a sparse push: gradient g[i] for element keys[i] (strictly
- * increasing, inside the shard). In bsp it is the worker's whole shard
- * range for the clock (elements not listed have gradient 0). */
-int psd_cons_push_keys(const struct psd_cons *c, struct psd_table *t, uint32_t worker,
-                       uint64_t clock, const uint64_t *keys, const float *g, size_t n, int *applied,
-                       char *err, size_t errlen, struct psd_cons_later *later);
+/* Takes push p. Applies it now (asp/ssp) or at the end of the round
+ * (bsp). In asp/ssp, continues keeps a dense piece in the optimizer pass
+ * of the piece before, for any worker id; without it, a tracked worker's
+ * chunks in order make one pass and each push of an untracked one (id >=
+ * workers) is a pass; a keyed push is a pass of its own. Returns an enum
+ * psd_cons_taken, or a PS_E* code with a sentence in err (PS_EAGAIN: a bsp
+ * chunk came before the chunks it follows; the worker sends it again).
+ * *applied is set when weights changed (waiting pulls may now be
+ * answerable), which a stale push can do too (a round it caught up on). */
+int psd_cons_push(const struct psd_cons *c, struct psd_table *t, const struct psd_cons_push *p,
+                  int *applied, struct psd_cons_later *later, char *err, size_t errlen);
 
 /* The optimizer step of a push that was taken (asp/ssp) but not applied
- * yet. psd_cons_push and psd_cons_push_keys fill *later instead of
+ * yet. psd_cons_push fills *later instead of
  * applying when later is not NULL and the mode applies on arrival (t stays
  * NULL otherwise: applied already, or held for the round): psd answers
  * such a push first and applies it next, so the next request crosses the

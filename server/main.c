@@ -1,11 +1,13 @@
 /* psd: one parameter-server shard. Parses flags, owns the loop, handles
  * signals, and wires the core (psd.c) to the transport (net.c). */
 #include "checkpoint.h"
+#include "ps_clock.h"
 #include "metrics.h"
 #include "net.h"
 #include "psd.h"
 
 #include "ps_cpus.h"
+#include "ps_zmsg.h"
 #include "ps_err.h"
 #include "ps_limits.h"
 #include "ps_local.h"
@@ -166,13 +168,13 @@ static void on_tick(uv_timer_t *h)
 static void on_signal(uv_signal_t *h, int signum)
 {
     struct app *a = h->data;
-    PS_LOG(&a->log, PS_LOG_INFO, "S0020", "signal %d: shutting down", signum);
+    PS_LOG(&a->log, PS_LOG_INFO, S0020, "signal %d: shutting down", signum);
     ps_notify_stopping();
-    if (a->srv.ckpt_dir != NULL && psd_checkpoint_now(&a->srv, "shutdown") == 1)
-        PS_LOG(&a->log, PS_LOG_WARN, "S0603",
+    if (a->srv.ckpt_dir != NULL && psd_checkpoint_now(&a->srv, "shutdown") == PSD_CKPT_SKIPPED)
+        PS_LOG(&a->log, PS_LOG_WARN, S0603,
                "no checkpoint at shutdown: a bsp round is in progress; the newest is from %llu "
                "ms ago",
-               (unsigned long long)(uv_hrtime() / 1000000u - a->srv.ckpt_last_ms));
+               (unsigned long long)((uint64_t)ps_mono_ns() / 1000000u - a->srv.ckpt_last_ms));
     psd_net_stop(&a->net);
     uv_close((uv_handle_t *)&a->tick, NULL);
     uv_close((uv_handle_t *)&a->sigint, NULL);
@@ -204,7 +206,7 @@ static void on_hup(uv_signal_t *h, int signum)
     int level = -1;
     if (ps_opts_parse(psd_opts, NOPTS, &n, a->argc, a->argv, NULL, err, sizeof err) != 0 ||
         (level = ps_log_level_parse(n.log_level)) < 0) {
-        PS_LOG(&a->log, PS_LOG_ERROR, "S0031", "SIGHUP: config not reloaded, nothing changed: %s",
+        PS_LOG(&a->log, PS_LOG_ERROR, S0031, "SIGHUP: config not reloaded, nothing changed: %s",
                level < 0 && err[0] == '\0' ? "bad --log-level" : err);
         return;
     }
@@ -226,25 +228,25 @@ static void on_hup(uv_signal_t *h, int signum)
         ps_opt_copy(opt, &n, o);
     }
     if (kept[0] != '\0')
-        PS_LOG(&a->log, PS_LOG_WARN, "S0032",
+        PS_LOG(&a->log, PS_LOG_WARN, S0032,
                "SIGHUP: %s changed, which takes a restart; kept as it was", kept);
     if (strcmp(n.log_level, o->log_level) != 0)
-        PS_LOG(&a->log, PS_LOG_INFO, "S0030", "SIGHUP: log-level %s -> %s", o->log_level,
+        PS_LOG(&a->log, PS_LOG_INFO, S0030, "SIGHUP: log-level %s -> %s", o->log_level,
                n.log_level);
     a->log.level = level;
     if (n.wait_timeout_ms != o->wait_timeout_ms)
-        PS_LOG(&a->log, PS_LOG_INFO, "S0030", "SIGHUP: wait-timeout-ms %llu -> %llu",
+        PS_LOG(&a->log, PS_LOG_INFO, S0030, "SIGHUP: wait-timeout-ms %llu -> %llu",
                (unsigned long long)o->wait_timeout_ms, (unsigned long long)n.wait_timeout_ms);
     a->srv.wait_timeout_ms = n.wait_timeout_ms;
     if (n.worker_timeout != o->worker_timeout)
-        PS_LOG(&a->log, PS_LOG_INFO, "S0030", "SIGHUP: worker-timeout %g -> %g", o->worker_timeout,
+        PS_LOG(&a->log, PS_LOG_INFO, S0030, "SIGHUP: worker-timeout %g -> %g", o->worker_timeout,
                n.worker_timeout);
     a->srv.worker_timeout_ms = (uint64_t)(n.worker_timeout * 1000.0 + 0.5);
     if (n.checkpoint_every != o->checkpoint_every)
-        PS_LOG(&a->log, PS_LOG_INFO, "S0030", "SIGHUP: checkpoint-every %llu -> %llu",
+        PS_LOG(&a->log, PS_LOG_INFO, S0030, "SIGHUP: checkpoint-every %llu -> %llu",
                (unsigned long long)o->checkpoint_every, (unsigned long long)n.checkpoint_every);
     a->srv.ckpt_every_ms = n.checkpoint_every * 1000u;
-    PS_LOG(&a->log, PS_LOG_INFO, "S0033", "SIGHUP: config read again: %u option(s) applied%s",
+    PS_LOG(&a->log, PS_LOG_INFO, S0033, "SIGHUP: config read again: %u option(s) applied%s",
            changed, kept[0] ? ", restart-only ones kept" : "");
     *o = n;
 }
@@ -252,7 +254,7 @@ static void on_hup(uv_signal_t *h, int signum)
 /* temp file + rename, so a reader never sees a half-written endpoint */
 static int write_endpoint_file(const char *path, const char *endpoint)
 {
-    char tmp[4096];
+    char tmp[PS_PATH_MAX];
     if (snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid()) >= (int)sizeof tmp)
         return PS_EINVAL;
     FILE *f = fopen(tmp, "w");
@@ -387,32 +389,32 @@ int main(int argc, char **argv)
     /* no spin after a run: on a small machine the helper's look would take
      * the core from ZeroMQ's I/O threads */
     if (apply_threads > 1 && ps_pool_start(&params.pool, 0, "psd-apply") != 0) {
-        PS_LOG(&a.log, PS_LOG_ERROR, "S0001", "--apply-threads: cannot start the helper thread: %s",
+        PS_LOG(&a.log, PS_LOG_ERROR, S0001, "--apply-threads: cannot start the helper thread: %s",
                strerror(errno));
         return 1;
     }
     if (psd_init(&a.srv, &a.log, &params) != 0) {
-        PS_LOG(&a.log, PS_LOG_ERROR, "S0001", "out of memory at start");
+        PS_LOG(&a.log, PS_LOG_ERROR, S0007, "out of memory at start");
         return 1;
     }
     if (cfg.checkpoint_dir != NULL) {
         a.srv.ckpt_dir = cfg.checkpoint_dir;
         a.srv.ckpt_every_ms = cfg.checkpoint_every * 1000u;
-        char path[4200];
+        char path[PS_PATH_MAX];
         if (mkdir(cfg.checkpoint_dir, 0755) != 0 && errno != EEXIST) {
-            PS_LOG(&a.log, PS_LOG_ERROR, "S0005", "--checkpoint-dir: cannot create '%s': %s",
+            PS_LOG(&a.log, PS_LOG_ERROR, S0005, "--checkpoint-dir: cannot create '%s': %s",
                    cfg.checkpoint_dir, strerror(errno));
             psd_fini(&a.srv);
             return 2;
         }
         char found[256];
         size_t nfound = 0;
-        if (psd_checkpoint_restore(&a.srv, cfg.checkpoint_dir, path, sizeof path) == 1) {
-            PS_LOG(&a.log, PS_LOG_INFO, "S0610", "restored %s: %u tables", path, a.srv.ntables);
+        if (psd_checkpoint_restore(&a.srv, cfg.checkpoint_dir, path, sizeof path) == PSD_RESTORED) {
+            PS_LOG(&a.log, PS_LOG_INFO, S0610, "restored %s: %u tables", path, a.srv.ntables);
         } else if ((nfound = psd_checkpoint_found(cfg.checkpoint_dir, found, sizeof found)) > 0 &&
                    !cfg.start_empty) {
             /* a trained model would be served empty: only when told to */
-            PS_LOG(&a.log, PS_LOG_ERROR, "S0612",
+            PS_LOG(&a.log, PS_LOG_ERROR, S0612,
                    "--checkpoint-dir %s holds %zu checkpoint file(s) (%s) but none restores into "
                    "shard %llu of %llu: start with the --shard and --shards they were written "
                    "by, or pass --start-empty to serve empty tables (the files stay as they are)",
@@ -421,7 +423,7 @@ int main(int argc, char **argv)
             psd_fini(&a.srv);
             return 2;
         } else {
-            PS_LOG(&a.log, nfound ? PS_LOG_WARN : PS_LOG_INFO, "S0611",
+            PS_LOG(&a.log, nfound ? PS_LOG_WARN : PS_LOG_INFO, S0611,
                    "no valid checkpoint in %s for shard %llu of %llu: starting empty%s",
                    cfg.checkpoint_dir, (unsigned long long)cfg.shard,
                    (unsigned long long)cfg.shards,
@@ -435,28 +437,27 @@ int main(int argc, char **argv)
     if (cfg.curve_secret != NULL) {
         if (psd_security_load(&a.sec, &a.log, cfg.curve_secret, cfg.curve_allow, err, sizeof err) !=
             0) {
-            PS_LOG(&a.log, PS_LOG_ERROR, "S0004", "%s", err);
+            PS_LOG(&a.log, PS_LOG_ERROR, S0004, "%s", err);
             psd_fini(&a.srv);
             return 2;
         }
         sec = &a.sec;
-        PS_LOG(&a.log, PS_LOG_INFO, "S0011", "CURVE on: %zu client key(s) admitted",
-               a.sec.allow->n);
+        PS_LOG(&a.log, PS_LOG_INFO, S0011, "CURVE on: %zu client key(s) admitted", a.sec.allow->n);
     }
     if (cfg.metrics_listen != NULL) {
         if (ps_metrics_start(&a.metrics, cfg.metrics_listen, err, sizeof err) != 0) {
-            PS_LOG(&a.log, PS_LOG_ERROR, "S0006", "%s", err);
+            PS_LOG(&a.log, PS_LOG_ERROR, S0006, "%s", err);
             psd_fini(&a.srv);
             uv_loop_close(&a.loop);
             return 2;
         }
         publish_metrics(&a);
-        PS_LOG(&a.log, PS_LOG_INFO, "S0012", "metrics on %s (port %d): GET /metrics, /healthz",
+        PS_LOG(&a.log, PS_LOG_INFO, S0012, "metrics on %s (port %d): GET /metrics, /healthz",
                cfg.metrics_listen, ps_metrics_port(a.metrics));
     }
     if (psd_net_start(&a.net, &a.srv, &a.loop, cfg.listen, (int)cfg.io_threads, !cfg.no_local_ipc,
                       sec, err, sizeof err) != 0) {
-        PS_LOG(&a.log, PS_LOG_ERROR, "S0002", "%s", err);
+        PS_LOG(&a.log, PS_LOG_ERROR, S0002, "%s", err);
         ps_metrics_stop(a.metrics);
         psd_fini(&a.srv);
         uv_loop_close(&a.loop);
@@ -477,20 +478,19 @@ int main(int argc, char **argv)
     a.tick.data = &a;
     uv_timer_start(&a.tick, on_tick, 250, 250);
 
-    PS_LOG(&a.log, PS_LOG_INFO, "S0010",
+    PS_LOG(&a.log, PS_LOG_INFO, S0010,
            "shard %llu of %llu listening on %s (psd %s, %s, %llu workers)",
            (unsigned long long)cfg.shard, (unsigned long long)cfg.shards, a.net.endpoint,
            PSD_VERSION, cfg.consistency, (unsigned long long)cfg.workers);
     if (a.srv.local_endpoint[0] != '\0')
-        PS_LOG(&a.log, PS_LOG_INFO, "S0013", "clients on this host may use %s",
-               a.srv.local_endpoint);
+        PS_LOG(&a.log, PS_LOG_INFO, S0013, "clients on this host may use %s", a.srv.local_endpoint);
     if (cpus.n > 0) {
         char list[256];
         ps_cpus_format(&cpus, list, sizeof list);
-        PS_LOG(&a.log, PS_LOG_INFO, "S0014", "every thread runs on CPUs %s (--cpus)", list);
+        PS_LOG(&a.log, PS_LOG_INFO, S0014, "every thread runs on CPUs %s (--cpus)", list);
     }
     if (cfg.endpoint_file != NULL && write_endpoint_file(cfg.endpoint_file, a.net.endpoint) != 0)
-        PS_LOG(&a.log, PS_LOG_ERROR, "S0003", "--endpoint-file: cannot write '%s'",
+        PS_LOG(&a.log, PS_LOG_ERROR, S0003, "--endpoint-file: cannot write '%s'",
                cfg.endpoint_file);
     char status[400];
     snprintf(status, sizeof status, "shard %llu of %llu listening on %s",
@@ -502,7 +502,7 @@ int main(int argc, char **argv)
     psd_net_fini(&a.net);
     ps_metrics_stop(a.metrics);
     ps_buf_free(&a.metrics_text);
-    PS_LOG(&a.log, PS_LOG_INFO, "S0021", "stopped after %llu requests (%llu errors)",
+    PS_LOG(&a.log, PS_LOG_INFO, S0021, "stopped after %llu requests (%llu errors)",
            (unsigned long long)a.srv.ctr.requests, (unsigned long long)a.srv.ctr.errors);
     psd_fini(&a.srv);
     uv_loop_close(&a.loop);

@@ -1,6 +1,7 @@
 /* psd's state in Prometheus text format. Runs on the loop thread; the
  * text is then published to the HTTP thread (ps_metrics). */
 #include "metrics.h"
+#include "ps_clock.h"
 
 #include "consistency.h"
 #include "table.h"
@@ -145,7 +146,7 @@ int psd_metrics_render(const struct psd *s, struct ps_buf *b)
     ps_prom_family(b, "psd_shard_info", "gauge", "This shard: index, count and consistency mode.");
     ps_prom_sample(b, "psd_shard_info", lab, 1);
     ps_prom_metric(b, "psd_uptime_seconds", "gauge", "Seconds since start.",
-                   (double)(uv_hrtime() - s->start_ns) / 1e9);
+                   (double)((uint64_t)ps_mono_ns() - s->start_ns) / 1e9);
     requests(b, s);
     const struct scalar scalars[] = {
         {"psd_received_bytes_total", "counter", "Bytes of requests received.",

@@ -3,6 +3,7 @@
 #include "net.h"
 
 #include "ps_err.h"
+#include "ps_zmsg.h"
 #include "ps_limits.h"
 #include "ps_local.h"
 #include "ps_shm.h"
@@ -40,7 +41,7 @@ static int send_reply(struct psd_net *n, const void *route, size_t route_len, st
         (rep->vals && psd_unread_send(&n->unread, p, n->sock, &rep->vals, rep->vals_bytes,
                                       &rep->lent, own_vals, f) != 0)) {
         n->send_drops++;
-        PS_LOG(n->srv->log, PS_LOG_DEBUG, "S0110", "reply dropped: %s", zmq_strerror(errno));
+        PS_LOG(n->srv->log, PS_LOG_DEBUG, S0110, "reply dropped: %s", zmq_strerror(errno));
         psd_reply_drop(rep);
         return PS_EAGAIN;
     }
@@ -71,7 +72,7 @@ static int on_readable(struct ps_zsock *zs, void *arg)
     struct psd_net *n = arg;
     zmq_msg_t parts[PARTS_MAX];
     size_t kept = 0, total = 0;
-    if (ps_zsock_recv(zs->sock, ZMQ_DONTWAIT, parts, PARTS_MAX, &kept, &total, NULL) != 0)
+    if (ps_zmsg_recv(zs->sock, ZMQ_DONTWAIT, parts, PARTS_MAX, &kept, &total, NULL) != 0)
         return -1; /* nothing to read */
     struct ps_frame frames[PARTS_MAX];
     for (size_t i = 1; i < kept; i++) {
@@ -129,7 +130,7 @@ static void on_conn(uv_poll_t *h, int status, int events)
     size_t size = 0;
     char err[200] = "the connection failed";
     int rc = status < 0 ? PS_EIO : ps_shm_take(c->fd, &token, &base, &size, err, sizeof err);
-    if (rc == 1)
+    if (rc == PS_SHM_PENDING)
         return; /* not all there yet */
     if (rc == 0 && psd_shm_take(n->srv, token, base, size) != 0) {
         munmap(base, size);
@@ -138,7 +139,7 @@ static void on_conn(uv_poll_t *h, int status, int events)
                  PS_SHM_REGIONS_MAX);
     }
     if (rc != 0 && ps_log_sampled(++n->shm_refused)) {
-        PS_LOG(n->srv->log, PS_LOG_WARN, "S0112",
+        PS_LOG(n->srv->log, PS_LOG_WARN, S0112,
                "a shared region handed over was refused (%llu so far): %s",
                (unsigned long long)n->shm_refused, err);
     }
@@ -217,7 +218,7 @@ static void shm_start(struct psd_net *n, uv_loop_t *loop, const char *local)
     char err[200];
     int fd = ps_shm_listen(local, err, sizeof err);
     if (fd < 0 || uv_poll_init(loop, &n->shm_poll, fd) != 0) {
-        PS_LOG(n->srv->log, PS_LOG_WARN, "S0113",
+        PS_LOG(n->srv->log, PS_LOG_WARN, S0113,
                "no shared memory for clients on this host (%s): their values go through %s",
                fd < 0 ? err : "cannot watch the fd socket", local);
         if (fd >= 0)
@@ -289,7 +290,7 @@ int psd_net_start(struct psd_net *n, struct psd *srv, uv_loop_t *loop, const cha
         if (zmq_bind(n->sock, local) == 0)
             psd_set_local_endpoint(srv, local);
         else
-            PS_LOG(srv->log, PS_LOG_WARN, "S0111",
+            PS_LOG(srv->log, PS_LOG_WARN, S0111,
                    "cannot bind the same-host endpoint %s (%s): clients on this host use %s", local,
                    zmq_strerror(errno), n->endpoint);
     }

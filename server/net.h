@@ -29,7 +29,7 @@ struct psd_net {
     void *ctx;
     void *sock;
     struct ps_zsock zs;
-    char endpoint[256]; /* actual bound endpoint (port resolved) */
+    char endpoint[PS_ENDPOINT_MAX]; /* actual bound endpoint (port resolved) */
     uint64_t send_drops;
     struct psd_unread unread; /* reply bytes peers have not read */
     struct psd_security *sec;

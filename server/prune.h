@@ -11,13 +11,15 @@
 #ifndef PSD_PRUNE_H
 #define PSD_PRUNE_H
 
+#include "ps_limits.h"
+
 #include <stddef.h>
 #include <stdint.h>
 
 #define PSD_PRUNE_SPECS_MAX 64
 
 struct psd_prune_spec {
-    char table[129];
+    char table[PS_TABLE_NAME_MAX + 1];
     double target;              /* final sparsity in [0, 1) */
     uint64_t start, end, every; /* steps; start < end, every >= 1 */
 };

@@ -73,6 +73,14 @@ struct psd_wait {
 };
 
 struct psd_reply;
+
+/* Whether a request was answered: a reply in *rep to send now, or none
+ * now (it waits and is answered later through the sender, or it needs no
+ * answer). */
+enum psd_answer {
+    PSD_ANSWER_LATER = 0,
+    PSD_ANSWER_NOW = 1,
+};
 /* Sends a deferred reply to a routing id (the transport implements it). */
 typedef void (*psd_send_cb)(void *ctx, const void *route, size_t route_len, struct psd_reply *rep);
 /* Reply bytes the transport holds that have not been read: by the
@@ -138,9 +146,9 @@ struct psd {
     uint64_t ckpt_ok_ms;      /* when the last one was written */
     uint64_t ckpt_current_ms; /* when the newest was last found to hold the current state */
     uint64_t ckpt_state;      /* psd_state_version() the newest holds */
-    uint64_t changes;     /* bumped by every change a checkpoint saves (see psd_state_version) */
-    int ckpt_pending;     /* asked for (psctl checkpoint) while a round was in progress */
-    char ckpt_path[4200]; /* the newest written */
+    uint64_t changes; /* bumped by every change a checkpoint saves (see psd_state_version) */
+    int ckpt_pending; /* asked for (psctl checkpoint) while a round was in progress */
+    char ckpt_path[PS_PATH_MAX]; /* the newest written */
     psd_send_cb send;
     void *send_ctx;
     psd_unread_cb unread;   /* NULL: replies are not held back */
@@ -249,14 +257,15 @@ int psd_op_index(const Ps__Header *h);
 
 /* Handles one request from `route`. nframes counts every frame after the
  * routing id (it may exceed the array: frames past PS_FRAMES_MAX are
- * counted, not passed). Returns 1 with a reply in *rep, or 0 when there is
- * no reply now: the request waits (its reply goes out later through the
- * sender), or it was a heartbeat (never answered). Replies to
- * other, earlier waiting requests may be sent during the call. A batch
- * (OP_BATCH) is answered through the sender, one reply per request in it,
- * and returns 0 (1 with an error reply when the batch itself is bad). */
-int psd_dispatch(struct psd *s, const struct ps_frame *route, const struct ps_frame *frames,
-                 size_t nframes, struct psd_reply *rep);
+ * counted, not passed). Returns PSD_ANSWER_NOW with a reply in *rep, or
+ * PSD_ANSWER_LATER when there is no reply now: the request waits (its
+ * reply goes out later through the sender), or it was a heartbeat (never
+ * answered). Replies to other, earlier waiting requests may be sent during
+ * the call. A batch (OP_BATCH) is answered through the sender, one reply
+ * per request in it (PSD_ANSWER_LATER; NOW with an error reply when the
+ * batch itself is bad). */
+enum psd_answer psd_dispatch(struct psd *s, const struct ps_frame *route,
+                             const struct ps_frame *frames, size_t nframes, struct psd_reply *rep);
 /* psd_dispatch for a request that came with the CURVE key `user` (Z85,
  * the connection's ZAP user id; NULL without CURVE). A hello binds its
  * worker id (one of the rounds', 0..W-1) to the connection and key: a
@@ -264,11 +273,18 @@ int psd_dispatch(struct psd *s, const struct ps_frame *route, const struct ps_fr
  * holder was heard from within --worker-timeout is refused (PS_EBUSY)
  * unless it comes with the same key; under CURVE a key may say hello
  * only as the ids its allow file names (PS_EAUTH), whatever the id. */
-int psd_dispatch_from(struct psd *s, const struct ps_frame *route, const char *user,
-                      const struct ps_frame *frames, size_t nframes, struct psd_reply *rep);
+enum psd_answer psd_dispatch_from(struct psd *s, const struct ps_frame *route, const char *user,
+                                  const struct ps_frame *frames, size_t nframes,
+                                  struct psd_reply *rep);
+
+/* What psd_checkpoint_now did, when it did not fail. */
+enum psd_ckpt_now {
+    PSD_CKPT_WRITTEN = 0,
+    PSD_CKPT_SKIPPED = 1, /* mid-round, or checkpoints are off */
+};
 
 /* Writes a checkpoint now when the shard is between rounds (why goes to
- * the log). Returns 0 written, 1 skipped (mid-round or off), <0 error. */
+ * the log). Returns an enum psd_ckpt_now, or a PS_E* code. */
 int psd_checkpoint_now(struct psd *s, const char *why);
 
 /* Drops worker w from the live set now, as the worker timeout does: the

@@ -2,6 +2,7 @@
 #include "security.h"
 
 #include "ps_err.h"
+#include "ps_zmsg.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -45,7 +46,7 @@ static int on_zap(struct ps_zsock *zs, void *arg)
     struct psd_security *sec = arg;
     zmq_msg_t parts[ZAP_PARTS];
     size_t kept = 0, total = 0;
-    if (ps_zsock_recv(zs->sock, ZMQ_DONTWAIT, parts, ZAP_PARTS, &kept, &total, NULL) != 0)
+    if (ps_zmsg_recv(zs->sock, ZMQ_DONTWAIT, parts, ZAP_PARTS, &kept, &total, NULL) != 0)
         return -1;
     const char *status = "400", *text = "malformed ZAP request";
     char user[PS_CURVE_KEY_LEN + 1] = "", addr[64] = "?";
@@ -72,12 +73,11 @@ static int on_zap(struct ps_zsock *zs, void *arg)
      * counts are not */
     if (status[0] == '2') {
         if (ps_log_sampled(++sec->admitted))
-            PS_LOG(sec->log, PS_LOG_INFO, "S0500", "admitted CURVE client %s from %s (%llu so far)",
+            PS_LOG(sec->log, PS_LOG_INFO, S0500, "admitted CURVE client %s from %s (%llu so far)",
                    user, addr, (unsigned long long)sec->admitted);
     } else if (ps_log_sampled(++sec->refused)) {
-        PS_LOG(sec->log, PS_LOG_WARN, "S0501",
-               "refused client %s from %s: %s (%llu refused so far)", user[0] ? user : "(no key)",
-               addr, text, (unsigned long long)sec->refused);
+        PS_LOG(sec->log, PS_LOG_WARN, S0501, "refused client %s from %s: %s (%llu refused so far)",
+               user[0] ? user : "(no key)", addr, text, (unsigned long long)sec->refused);
     }
     const char *version = "1.0";
     send_str(zs->sock, version, 3, 1);
@@ -101,7 +101,7 @@ static int on_monitor(struct ps_zsock *zs, void *arg)
     struct psd_security *sec = arg;
     zmq_msg_t parts[2];
     size_t kept = 0, total = 0;
-    if (ps_zsock_recv(zs->sock, ZMQ_DONTWAIT, parts, 2, &kept, &total, NULL) != 0)
+    if (ps_zmsg_recv(zs->sock, ZMQ_DONTWAIT, parts, 2, &kept, &total, NULL) != 0)
         return -1;
     if (kept == 2 && zmq_msg_size(&parts[0]) >= 6) {
         const uint8_t *d = zmq_msg_data(&parts[0]);
@@ -113,7 +113,7 @@ static int on_monitor(struct ps_zsock *zs, void *arg)
         ep[n] = '\0';
         /* AUTH ones were counted and logged by ZAP */
         if (ev != ZMQ_EVENT_HANDSHAKE_FAILED_AUTH && ps_log_sampled(++sec->refused))
-            PS_LOG(sec->log, PS_LOG_WARN, "S0502",
+            PS_LOG(sec->log, PS_LOG_WARN, S0502,
                    "refused a connection on %s: handshake failed (%s; a plaintext or "
                    "non-CURVE client?) (%llu refused so far)",
                    ep, ev == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL ? "protocol" : "no detail",

@@ -1,4 +1,4 @@
-/* psd's shared regions (common/ps_shm.h): handed over by clients on the
+/* psd's shared regions (common/protocol/ps_shm.h): handed over by clients on the
  * same host, bound by a hello to the connection (routing id) it came on.
  *
  * A region handed over waits PS_SHM_PENDING_MS for its hello. At most

@@ -1,5 +1,6 @@
 /* Dense table storage and the optimizer loops over psk_math.h. */
 #include "table.h"
+#include "ps_clock.h"
 
 #include "psk_optim.h"
 
@@ -179,10 +180,10 @@ struct psk_optim psd_table_optim(const struct psd_table *t)
     return o;
 }
 
-/* Seconds since t0 (uv_hrtime), into the apply-time histogram. */
+/* Seconds since t0 (ps_mono_ns), into the apply-time histogram. */
 static void apply_took(struct psd_table *t, uint64_t t0)
 {
-    ps_hist_observe(&t->apply_hist, (double)(uv_hrtime() - t0) * 1e-9);
+    ps_hist_observe(&t->apply_hist, (double)((uint64_t)ps_mono_ns() - t0) * 1e-9);
 }
 
 int psd_table_may_lend(struct psd_table *t, size_t bytes)
@@ -321,7 +322,7 @@ static void apply_run(const struct psd_table *t, struct apply_job *j, ps_piece_f
 void psd_table_apply(struct psd_table *t, uint64_t offset, uint64_t count, const float *g,
                      uint64_t step)
 {
-    uint64_t t0 = uv_hrtime();
+    uint64_t t0 = (uint64_t)ps_mono_ns();
     psd_table_own(t, offset, offset + count);
     assert(offset >= t->lo);
     assert(count <= t->hi - offset);
@@ -338,7 +339,7 @@ void psd_table_apply(struct psd_table *t, uint64_t offset, uint64_t count, const
 void psd_table_apply_keys(struct psd_table *t, const uint64_t *keys, const float *g, size_t n,
                           uint64_t step)
 {
-    uint64_t t0 = uv_hrtime();
+    uint64_t t0 = (uint64_t)ps_mono_ns();
     if (n > 0)
         psd_table_own(t, keys[0], keys[n - 1] + 1);
     assert(n == 0 || (keys[0] >= t->lo && keys[n - 1] < t->hi));
@@ -461,7 +462,7 @@ int psd_table_pull_rows(struct psd_table *t, const uint64_t *keys, size_t n, flo
 int psd_table_push_rows(struct psd_table *t, const uint64_t *keys, const float *g, size_t n,
                         char *err, size_t errlen)
 {
-    uint64_t t0 = uv_hrtime();
+    uint64_t t0 = (uint64_t)ps_mono_ns();
     struct psk_optim o = psd_table_optim(t);
     struct psd_sparse *sp = &t->sp;
     uint32_t d = t->dim;

@@ -10,6 +10,7 @@
 #include <limits.h> /* INT_MAX, used by the generated header */
 
 #include "prune.h"
+#include "ps_limits.h"
 #include "sparse.h"
 
 #include "ps.pb-c.h"
@@ -44,7 +45,7 @@ struct psd_lend {
 };
 
 struct psd_table {
-    char name[128 + 1];
+    char name[PS_TABLE_NAME_MAX + 1];
     uint32_t id;
     uint64_t size;   /* elements in the whole table */
     uint64_t lo, hi; /* this shard's range */

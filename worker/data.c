@@ -1,5 +1,6 @@
 /* Data loading, shuffling and normalisation for image classification. */
 #include "data.h"
+#include "ps_limits.h"
 
 #include "ps_err.h"
 #include "ps_init.h"
@@ -16,7 +17,7 @@ int psw_data_load(const char *dir, const char *prefix, int classes, struct psw_s
                   char *err, size_t errlen)
 {
     memset(out, 0, sizeof *out);
-    char path[4096];
+    char path[PS_PATH_MAX];
     snprintf(path, sizeof path, "%s/%s-images-idx3-ubyte", dir, prefix);
     int rc = psw_idx_load(path, &out->images, err, errlen);
     if (rc != 0)

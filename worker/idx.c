@@ -1,5 +1,6 @@
 /* IDX reader over zlib's gz* interface. */
 #include "idx.h"
+#include "ps_limits.h"
 
 #include "ps_err.h"
 
@@ -25,7 +26,7 @@ static int read_exact(gzFile f, void *buf, size_t len)
 int psw_idx_load(const char *path, struct psw_idx *out, char *err, size_t errlen)
 {
     memset(out, 0, sizeof *out);
-    char gz[4096];
+    char gz[PS_PATH_MAX];
     const char *use = path;
     if (access(path, R_OK) != 0) {
         snprintf(gz, sizeof gz, "%s.gz", path);

@@ -58,7 +58,7 @@ void psw_mlp_point_params(struct psw_mlp *m, float *const *p);
 
 /* On the CPU backend the big GEMMs (PSW_PAR_MACS_MIN multiply-adds and up)
  * run in pieces of PSW_PIECE_ROWS output rows or columns, always: with a pool
- * (worker/pool.h, CPU backend) its helper shares them with this thread,
+ * (ps_pool.h, CPU backend) its helper shares them with this thread,
  * without one (NULL) this thread runs them in turn. The pieces are the
  * same either way, and so are the results, to the bit. 16 rows balanced
  * best on a 2-core machine where psd shares the helper's core: 32 and 64

@@ -1,5 +1,6 @@
 /* Sparse logistic regression: batch keys, pull rows, gradient, push rows. */
 #include "sparse_lr.h"
+#include "ps_limits.h"
 
 #include "data.h"
 #include "libsvm.h"
@@ -59,7 +60,7 @@ static int wait_ok(struct slr *m, uint64_t t, const char *what)
 {
     int rc = psc_wait(m->c, t, m->cfg->timeout_ms);
     if (rc != 0)
-        PS_LOG(m->log, PS_LOG_ERROR, "W0310", "%s: %s", what, psc_last_error(m->c));
+        PS_LOG(m->log, PS_LOG_ERROR, W0310, "%s: %s", what, psc_last_error(m->c));
     return rc;
 }
 
@@ -73,7 +74,7 @@ static int pull_mlp(struct slr *m)
     for (int k = 0; k < 4 && rc == 0; k++, n++)
         rc = psc_pull(m->c, m->tm[k], 0, psw_mlp_table_size(&m->mlp, k), m->hw[k], m->clock, &t[k]);
     if (rc != 0) {
-        PS_LOG(m->log, PS_LOG_ERROR, "W0313", "pull: %s", psc_last_error(m->c));
+        PS_LOG(m->log, PS_LOG_ERROR, W0313, "pull: %s", psc_last_error(m->c));
         n--;
     }
     for (int k = 0; k < n; k++) {
@@ -94,7 +95,7 @@ static int pull(struct slr *m, size_t u, float *bias)
         uint64_t a;
         int rc = psc_pull_rows(m->c, m->tw, m->keys, u, m->w, m->clock, &a);
         if (rc != 0) {
-            PS_LOG(m->log, PS_LOG_ERROR, "W0311", "pull: %s", psc_last_error(m->c));
+            PS_LOG(m->log, PS_LOG_ERROR, W0311, "pull: %s", psc_last_error(m->c));
             return rc;
         }
         int r1 = wait_ok(m, a, "pull rows"), r2 = pull_mlp(m);
@@ -105,7 +106,7 @@ static int pull(struct slr *m, size_t u, float *bias)
     if (rc == 0 && (rc = psc_pull(m->c, m->tb, 0, 1, bias, m->clock, &b)) != 0)
         psc_cancel(m->c, a);
     if (rc != 0) {
-        PS_LOG(m->log, PS_LOG_ERROR, "W0311", "pull: %s", psc_last_error(m->c));
+        PS_LOG(m->log, PS_LOG_ERROR, W0311, "pull: %s", psc_last_error(m->c));
         return rc;
     }
     int r1 = wait_ok(m, a, "pull rows"), r2 = wait_ok(m, b, "pull bias");
@@ -215,7 +216,7 @@ static int step(struct slr *m, const struct psw_svm *d, const uint32_t *idx, siz
         sent += rc == 0;
     }
     if (rc != 0)
-        PS_LOG(m->log, PS_LOG_ERROR, "W0312", "push: %s", psc_last_error(m->c));
+        PS_LOG(m->log, PS_LOG_ERROR, W0312, "push: %s", psc_last_error(m->c));
     for (int i = 0; i < sent; i++) {
         int r = wait_ok(m, t[i], "push");
         rc = rc ? rc : r;
@@ -257,9 +258,9 @@ static int setup_mlp(struct slr *m, char *err, size_t errlen)
     if (rc != 0)
         return rc;
     if (err[0] != '\0') /* auto fell back to the CPU: say why */
-        PS_LOG(m->log, PS_LOG_INFO, "W0015", "--device %s: %s; training on the CPU",
+        PS_LOG(m->log, PS_LOG_INFO, W0015, "--device %s: %s; training on the CPU",
                cfg->device ? cfg->device : "auto", err);
-    PS_LOG(m->log, PS_LOG_INFO, "W0002", "embedding MLP on %s", psk_describe(m->be));
+    PS_LOG(m->log, PS_LOG_INFO, W0018, "embedding MLP on %s", psk_describe(m->be));
     int dims[3] = {(int)cfg->embed_dim, (int)cfg->hidden, 2};
     int bmax = cfg->batch > 4096 ? (int)cfg->batch : 4096;
     if ((rc = psw_mlp_init(&m->mlp, m->be, dims, 2, bmax, err, errlen)) != 0 ||
@@ -332,7 +333,7 @@ static int setup_tables(struct slr *m, char *err, size_t errlen)
 
 static int load(const char *dir, const char *name, struct psw_svm *d, char *err, size_t errlen)
 {
-    char path[4096];
+    char path[PS_PATH_MAX];
     snprintf(path, sizeof path, "%s/%s", dir, name);
     return psw_svm_load(path, d, err, errlen);
 }
@@ -392,7 +393,7 @@ int psw_slr_train(const struct psw_slr_config *cfg, struct psc_client *c, struct
             if ((s + 1) % cfg->log_every == 0 || s + 1 == end) {
                 double el = ps_mono_s() - t0,
                        sps = el > 0 ? (double)((s + 1) * cfg->batch) / el : 0;
-                PS_LOG(log, PS_LOG_INFO, "W0220",
+                PS_LOG(log, PS_LOG_INFO, W0220,
                        "epoch %llu/%llu step %llu/%llu log-loss %.4f %.0f samples/s ETA %.0fs",
                        (unsigned long long)e + 1, (unsigned long long)((total + steps - 1) / steps),
                        (unsigned long long)s + 1, (unsigned long long)end,
@@ -407,8 +408,8 @@ int psw_slr_train(const struct psw_slr_config *cfg, struct psc_client *c, struct
     if (rc == 0)
         rc = evaluate(&m, &test, &res->test_logloss, &res->test_accuracy);
     if (rc == 0)
-        PS_LOG(log, PS_LOG_INFO, "W0221", "held-out log-loss %.5f, accuracy %.4f",
-               res->test_logloss, res->test_accuracy);
+        PS_LOG(log, PS_LOG_INFO, W0221, "held-out log-loss %.5f, accuracy %.4f", res->test_logloss,
+               res->test_accuracy);
     res->steps = m.clock;
     res->rows_pulled = m.rows_pulled;
     for (int k = 0; k < 4; k++) {

@@ -1,4 +1,4 @@
-/* Differential check of the header fast path (common/ps_header.h) against
+/* Differential check of the header fast path (common/protocol/ps_header.h) against
  * protobuf-c, shared by the wire unit test and the wire fuzz target: on
  * any bytes, what the fast path takes protobuf-c must take too, with every
  * field equal. Header-only (static inline) so the fuzz targets, which link

@@ -301,7 +301,8 @@ static int idle_conn(const char *local)
     memset(&sa, 0, sizeof sa);
     sa.sun_family = AF_UNIX;
     const char *name = local + strlen("ipc://@");
-    snprintf(sa.sun_path + 1, sizeof sa.sun_path - 1, "%s/shm", name);
+    int n = snprintf(sa.sun_path + 1, sizeof sa.sun_path - 1, "%s/shm", name);
+    assert_true(n > 0 && (size_t)n < sizeof sa.sun_path - 1);
     socklen_t len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + strlen(name) + 4);
     int fd = socket(AF_UNIX, SOCK_STREAM, 0);
     assert_true(fd >= 0);

@@ -193,7 +193,7 @@ if __name__ == "__main__":
         sys.exit(77)
     tmp = tempfile.mkdtemp(prefix="pstest-compose.")
     env = dict(os.environ)
-    # podman on these machines: runc, and no default ulimits (see README)
+    # podman on these machines: runc, and no default ulimits (see deploy/README.md, "Containers")
     conf = os.path.join(tmp, "containers.conf")
     with open(conf, "w") as f:
         f.write('[containers]\ndefault_ulimits = []\n[engine]\nruntime = "runc"\n')

@@ -204,7 +204,7 @@ static void test_killed_worker_is_dropped_and_rejoins(void **state)
     harness_tmp(after, sizeof after, "kill-w1-after-the-end.log");
     pid_t late = start_worker(&k, 1, after);
     int rc = harness_wait(late, 60000);
-    if (rc != 0 || !harness_log_has(after, "W0013", "the run is over")) {
+    if (rc != 0 || !harness_log_has(after, "W0017", "the run is over")) {
         harness_dump_file(after);
         fail_msg("a worker started after the run exited with %d", rc);
     }

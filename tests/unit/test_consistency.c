@@ -45,14 +45,28 @@ static void drop(const struct psd_cons *c, struct psd_table *t)
     psd_table_destroy(t);
 }
 
+/* A keyed push of n gradients g for keys k from worker w at clock. */
+static int push_keys(const struct psd_cons *c, struct psd_table *t, uint32_t w, uint64_t clock,
+                     const uint64_t *k, const float *g, size_t n, int *applied)
+{
+    char err[256];
+    const struct psd_cons_push p = {.worker = w, .clock = clock, .keys = k, .count = n, .g = g};
+    return psd_cons_push(c, t, &p, applied, NULL, err, sizeof err);
+}
+
 /* A push whose header says it continues a request (a client's piece). */
 static int piece(const struct psd_cons *c, struct psd_table *t, uint32_t w, uint64_t clock,
                  uint64_t off, uint64_t n, const float *g, int continues)
 {
     int applied = 0;
     char err[256];
-    return psd_cons_push(c, t, w, clock, off, n, g + off, continues, &applied, err, sizeof err,
-                         NULL);
+    const struct psd_cons_push p = {.worker = w,
+                                    .clock = clock,
+                                    .offset = off,
+                                    .count = n,
+                                    .g = g + off,
+                                    .continues = continues};
+    return psd_cons_push(c, t, &p, &applied, NULL, err, sizeof err);
 }
 
 static int push(const struct psd_cons *c, struct psd_table *t, uint32_t w, uint64_t clock,
@@ -230,7 +244,8 @@ static void test_bsp_restored_worker_ahead(void **state)
     assert_int_equal(t->clock, 6);
     int applied = 0;
     char err[256];
-    assert_int_equal(psd_cons_push(&c, t, 1, 7, 0, N, g, 0, &applied, err, sizeof err, NULL), 0);
+    const struct psd_cons_push p = {.worker = 1, .clock = 7, .count = N, .g = g};
+    assert_int_equal(psd_cons_push(&c, t, &p, &applied, NULL, err, sizeof err), 0);
     assert_true(applied);
     assert_int_equal(t->clock, 7);
     assert_int_equal(t->rounds_lost, 2);
@@ -304,9 +319,7 @@ static void test_asp_steps_count_passes(void **state)
     /* a keyed push is a pass of its own, and the range push after it too */
     const uint64_t k0[1] = {6};
     int applied = 0;
-    char err[256];
-    assert_int_equal(
-        psd_cons_push_keys(&a, cut, 0, 9, k0, g[1], 1, &applied, err, sizeof err, NULL), 0);
+    assert_int_equal(push_keys(&a, cut, 0, 9, k0, g[1], 1, &applied), 0);
     assert_int_equal(cut->steps, 10);
     assert_int_equal(push(&a, cut, 0, 9, 8, 2, g[0]), 0);
     assert_int_equal(cut->steps, 11);
@@ -345,18 +358,14 @@ static void test_keyed_push_equals_dense_zeros(void **state)
     const uint64_t k0[2] = {2, 7}, k1[1] = {7};
     const float v0[2] = {0.5f, -1.0f}, v1[1] = {0.25f};
     int applied = 0;
-    char err[256];
-    assert_int_equal(
-        psd_cons_push_keys(&c, keyed, 1, 0, k1, v1, 1, &applied, err, sizeof err, NULL), 0);
+    assert_int_equal(push_keys(&c, keyed, 1, 0, k1, v1, 1, &applied), 0);
     assert_false(applied); /* waits for worker 0 */
-    assert_int_equal(
-        psd_cons_push_keys(&c, keyed, 0, 0, k0, v0, 2, &applied, err, sizeof err, NULL), 0);
+    assert_int_equal(push_keys(&c, keyed, 0, 0, k0, v0, 2, &applied), 0);
     assert_true(applied);
     assert_int_equal(keyed->clock, 1);
     assert_memory_equal(dense->w, keyed->w, N * sizeof(float));
     /* a second keyed push in the same clock is refused */
-    assert_int_equal(
-        psd_cons_push_keys(&c, keyed, 0, 0, k0, v0, 2, &applied, err, sizeof err, NULL), PS_ESTATE);
+    assert_int_equal(push_keys(&c, keyed, 0, 0, k0, v0, 2, &applied), PS_ESTATE);
     drop(&c, dense);
     drop(&c, keyed);
 }

@@ -1,4 +1,4 @@
-/* Shared regions (common/ps_shm.h, server/shm.h): what a shard takes from
+/* Shared regions (common/protocol/ps_shm.h, server/shm.h): what a shard takes from
  * its fd socket, how a hello binds a region to a connection, push values
  * read from and pull values written into it through an in-process psd,
  * and the refusals: no region on this connection, bytes past its end, a
@@ -56,7 +56,7 @@ static int hand(const int *fds, int nfds, int bad_magic, uint64_t *token, void *
         memcpy(CMSG_DATA(cm), fds, (size_t)nfds * sizeof(int));
     }
     char err[200];
-    assert_int_equal(ps_shm_take(sp[1], token, base, size, err, sizeof err), 1); /* nothing yet */
+    assert_int_equal(ps_shm_take(sp[1], token, base, size, err, sizeof err), PS_SHM_PENDING);
     assert_int_equal(sendmsg(sp[0], &mh, 0), (ssize_t)sizeof msg);
     int rc = ps_shm_take(sp[1], token, base, size, err, sizeof err);
     if (rc != 0)

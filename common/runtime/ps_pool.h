@@ -19,7 +19,8 @@ struct ps_pool;
 typedef int (*ps_piece_fn)(void *ctx, int i);
 
 /* After a run the helper looks for the next one for this long before it
- * sleeps (tests/bench/README.md, 29.). */
+ * sleeps (tests/bench/HISTORY.md, "The helper looks for the next
+ * product before it sleeps"). */
 #define PS_POOL_SPIN_NS 30000L
 
 /* Starts the helper (it runs where the calling thread may); spin_ns: how

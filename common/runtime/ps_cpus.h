@@ -4,7 +4,7 @@
  *
  * Where a worker and a shard share a small machine, keeping the training
  * thread on one core and the servers and ZeroMQ's I/O threads on another
- * stops them from taking turns on both (see tests/bench/README.md). */
+ * stops them from taking turns on both (tests/bench/HISTORY.md, "Pinning"). */
 #ifndef PS_CPUS_H
 #define PS_CPUS_H
 

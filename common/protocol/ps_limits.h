@@ -81,7 +81,8 @@ _Static_assert(PS_ROWS_PAGE_BYTES >= (uint64_t)PS_SPARSE_DIM_MAX * 4u, "a page h
 /* Client library. */
 #define PS_CLIENT_TICKETS_MAX 1024u /* requests outstanding per client */
 #define PS_CLIENT_TABLES_MAX  PS_TABLES_MAX
-#define PS_ENDPOINT_MAX       256u /* bytes of one endpoint string */
+#define PS_ENDPOINT_MAX       256u  /* bytes of one endpoint string */
+#define PS_PATH_MAX           4200u /* a file path: PATH_MAX and room for a name added to it */
 
 /* Zero-copy threshold: frames at least this big are handed to zmq without a
  * copy; smaller ones are copied (cheaper than the bookkeeping). */
@@ -92,7 +93,7 @@ _Static_assert(PS_ROWS_PAGE_BYTES >= (uint64_t)PS_SPARSE_DIM_MAX * 4u, "a page h
 /* SO_SNDBUF/SO_RCVBUF of psd's and the client's sockets (the kernel caps
  * them at net.core.wmem_max/rmem_max). Chosen by measurement: 1+1 MLP
  * training on loopback went from 38-40k to 42-43k samples/s against the
- * kernel's autotuning; 4 MiB was no better (tests/bench/README.md). */
+ * kernel's autotuning; 4 MiB was no better (tests/bench/HISTORY.md). */
 #define PS_SOCKET_BUFFER_BYTES (1 << 20)
 /* ZMQ_SNDHWM/ZMQ_RCVHWM of the client's sockets (messages queued per
  * shard): above what a client may have outstanding, a message per request

@@ -1,6 +1,7 @@
 /* Prometheus text format and the /metrics, /healthz endpoints
  * (libmicrohttpd, its own polling thread). */
 #include "ps_metrics.h"
+#include "ps_clock.h"
 
 #include "ps_limits.h"
 
@@ -158,11 +159,6 @@ struct ps_metrics {
     uint64_t published_ms;
 };
 
-static uint64_t mono_ms(void)
-{
-    return uv_hrtime() / 1000000u;
-}
-
 static enum MHD_Result respond(struct MHD_Connection *conn, unsigned status, const char *type,
                                const char *body, size_t len)
 {
@@ -201,7 +197,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     }
     if (strcmp(url, "/healthz") == 0) {
         pthread_mutex_lock(&m->mu);
-        uint64_t age = mono_ms() - m->published_ms;
+        uint64_t age = (uint64_t)ps_mono_ms() - m->published_ms;
         pthread_mutex_unlock(&m->mu);
         char msg[160];
         if (age < PS_METRICS_STALE_MS)
@@ -287,7 +283,7 @@ int ps_metrics_start(struct ps_metrics **out, const char *listen, char *err, siz
         return PS_ENOMEM;
     }
     pthread_mutex_init(&m->mu, NULL);
-    m->published_ms = mono_ms();
+    m->published_ms = (uint64_t)ps_mono_ms();
     /* One address cannot take every connection (a slow client holding
      * them would fail the orchestrator's /healthz), and a connection
      * silent for PS_METRICS_IDLE_S is closed. */
@@ -324,7 +320,7 @@ void ps_metrics_publish(struct ps_metrics *m, struct ps_buf *b)
     pthread_mutex_lock(&m->mu);
     struct ps_buf old = m->text;
     m->text = *b;
-    m->published_ms = mono_ms();
+    m->published_ms = (uint64_t)ps_mono_ms();
     pthread_mutex_unlock(&m->mu);
     *b = old;
     b->len = 0;

@@ -16,7 +16,7 @@
  *
  * Why: protobuf-c's pack and unpack of a small header cost about 4,000
  * instructions together, a third of the client's and of psd's own work
- * on a 4 KiB push-pull (tests/bench/README.md, 31.). */
+ * on a 4 KiB push-pull (tests/bench/HISTORY.md, "The 4 KiB push-pull at window 8"). */
 #ifndef PS_HEADER_H
 #define PS_HEADER_H
 

@@ -123,8 +123,6 @@ static int connect_cluster(const struct config *cfg, struct cluster *k)
     return 0;
 }
 
-/* ---- status ------------------------------------------------------------- */
-
 static json_t *u64_array(const uint64_t *v, size_t n)
 {
     json_t *a = json_array();
@@ -288,14 +286,12 @@ static int cmd_status(struct cluster *k, int json)
     return down ? 1 : 0;
 }
 
-/* ---- checkpoint ------------------------------------------------------------ */
-
 static int cmd_checkpoint(struct cluster *k, int json)
 {
     int failed = 0;
     json_t *arr = json_array();
     for (uint32_t s = 0; s < k->n; s++) {
-        char detail[4300], why[512] = "";
+        char detail[PS_PATH_MAX + 100], why[512] = "";
         int rc = answered(k, s, why, sizeof why);
         if (rc == 0 && (rc = psc_checkpoint(k->c, s, k->timeout_ms, detail, sizeof detail)) != 0)
             snprintf(why, sizeof why, "%s", psc_last_error(k->c));
@@ -316,8 +312,6 @@ static int cmd_checkpoint(struct cluster *k, int json)
     json_decref(arr);
     return failed ? 1 : 0;
 }
-
-/* ---- export ----------------------------------------------------------------- */
 
 /* A sparse table gathered from every shard. */
 struct gathered {

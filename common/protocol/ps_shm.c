@@ -150,7 +150,7 @@ int ps_shm_take(int conn, uint64_t *token, void **base, size_t *size, char *err,
         .msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.buf, .msg_controllen = sizeof ctl.buf};
     ssize_t n = recvmsg(conn, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
-        return 1;
+        return PS_SHM_PENDING;
     /* every descriptor that came is ours to close */
     int fds[4], nfds = 0;
     for (struct cmsghdr *cm = n >= 0 ? CMSG_FIRSTHDR(&mh) : NULL; cm != NULL;

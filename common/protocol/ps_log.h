@@ -7,6 +7,8 @@
 #ifndef PS_LOG_H
 #define PS_LOG_H
 
+#include "ps_logids.h"
+
 #include <stdio.h>
 
 enum ps_log_level {
@@ -22,10 +24,13 @@ struct ps_log {
     FILE *out;        /* NULL means stderr */
 };
 
+/* id: a bare id from ps_logids.h (S0010, not "S0010"); one not listed
+ * there does not compile. */
 #define PS_LOG(lg, lvl, id, ...)                                                                   \
     do {                                                                                           \
+        (void)PS_LOGID_##id;                                                                       \
         if ((lg) != NULL && (lvl) <= (lg)->level)                                                  \
-            ps_log_write((lg), (lvl), (id), __VA_ARGS__);                                          \
+            ps_log_write((lg), (lvl), #id, __VA_ARGS__);                                           \
     } while (0)
 
 /* Whether the nth occurrence (counting from 1) of a message a peer can

@@ -13,8 +13,6 @@
 #ifndef PS_ZSOCK_H
 #define PS_ZSOCK_H
 
-#include <stddef.h>
-#include <stdint.h>
 #include <uv.h>
 #include <zmq.h>
 
@@ -41,29 +39,8 @@ struct ps_zsock {
 int ps_zsock_start(uv_loop_t *loop, struct ps_zsock *zs, void *sock, ps_zsock_read_cb cb,
                    void *arg);
 
-/* Drains pending input now (call after sending, which can swallow the edge). */
-void ps_zsock_kick(struct ps_zsock *zs);
-
-/* Receives one whole multipart message. flags ZMQ_DONTWAIT: without
- * blocking; 0: the first part waits up to the socket's ZMQ_RCVTIMEO.
- * Keeps the first `max` parts in parts[] (initialised; the caller closes
- * *kept of them), receives and drops any further parts, and counts every
- * part in *total and their bytes in *bytes (when not NULL). Returns 0, or
- * -1 when no message came (nothing is kept then). Multipart delivery is
- * atomic in zmq, so after the first part the rest are already there. */
-int ps_zsock_recv(void *sock, int flags, zmq_msg_t *parts, size_t max, size_t *kept, size_t *total,
-                  uint64_t *bytes);
-
 /* Stops and closes the handles. The zmq socket is left to the caller.
  * uv_run must run until the handles have closed before zs is freed. */
 void ps_zsock_close(struct ps_zsock *zs);
-
-/* Call first in main() of a process that moves large messages (psd,
- * psworker). ZeroMQ allocates every received message and psd every reply;
- * above glibc's mmap threshold each of those is a fresh mmap (a page fault
- * per 4 KiB touched, an munmap after) until glibc's dynamic threshold
- * happens to rise. A fixed threshold of 64 MiB keeps them on the heap:
- * 1+1 training went from 48-52k to 55k samples/s (tests/bench/README.md). */
-void ps_malloc_tune(void);
 
 #endif

@@ -15,11 +15,16 @@
  * psc_cancel returns 0. Large gradients are sent without a copy, so the
  * caller must not modify or free them before then.
  *
- * Errors are negative PS_E* codes (common/ps_err.h, ps_strerror); after a
- * failed call psc_last_error() holds a sentence saying what went wrong,
- * including a server's own error text. */
+ * Errors are negative PS_E* codes (ps_errcodes.h, installed beside this
+ * header; psc_strerror); after a failed call psc_last_error() holds a
+ * sentence saying what went wrong, including a server's own error text.
+ *
+ * The library exports the psc_* functions declared here and nothing else
+ * (libpsclient.symbols beside this file lists them; a test compares). */
 #ifndef PSCLIENT_H
 #define PSCLIENT_H
+
+#include "ps_errcodes.h"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -27,6 +32,9 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+/* What the shared library exports. */
+#define PSC_API __attribute__((visibility("default")))
 
 struct psc_client;
 
@@ -67,16 +75,17 @@ struct psc_config {
     void *hello_waiting_arg;
 };
 
+/* the longest table name, in bytes without the NUL */
+#define PSC_TABLE_NAME_MAX       128u
 #define PSC_HEARTBEAT_MS_DEFAULT 1000
 /* Large dense requests go as pieces, each a request of its own within
  * one shard, all sent at once under one ticket: the shard applies, or
  * answers, a piece while the next is on the wire, reading it while it is
  * still in the cache. A 16 MiB push moved at a median 86% of a raw ZeroMQ
- * echo's rate whole, 103% in pieces of 1 MiB (tests/bench/README.md, 37.).
- * The shard sees (and counts) each piece as a request; a piece after the
- * first to a shard says it continues the request (Header.continues), and
- * the shard keeps it in the same optimizer pass: one push is one step.
- * Requests through the shared region (psc_shm_alloc) and pull views go
+ * echo's rate whole, 103% in pieces of 1 MiB (tests/bench/HISTORY.md, "Large requests go in
+ * pieces"). The shard sees (and counts) each piece as a request; a piece after the first to a shard
+ * says it continues the request (Header.continues), and the shard keeps it in the same optimizer
+ * pass: one push is one step. Requests through the shared region (psc_shm_alloc) and pull views go
  * whole. A split request takes a ticket per piece and one more; when
  * that many are not free, it goes whole. At most PSC_PIECES_MAX pieces
  * (and one more per shard the range spans): larger requests get larger
@@ -130,7 +139,7 @@ struct psc_table_spec {
 };
 
 struct psc_table_stats {
-    char name[129];
+    char name[PSC_TABLE_NAME_MAX + 1];
     uint32_t id; /* on this shard */
     int sparse;
     uint32_t dim;
@@ -165,7 +174,7 @@ struct psc_shard_stats {
     uint64_t worker_clocks[64]; /* ...the first 64: clocks each pushed (lowest over tables) */
 };
 
-/* Shared memory with shards on this host (cfg.shm_bytes; common/ps_shm.h).
+/* Shared memory with shards on this host (cfg.shm_bytes; common/protocol/ps_shm.h).
  * psc_shm_alloc hands out 64-byte aligned buffers of the region (NULL
  * when there is none or it is full; they live until psc_destroy). A push
  * whose values lie in such a buffer, or a pull whose output buffer does,
@@ -179,12 +188,12 @@ struct psc_shard_stats {
  * (it restarted) refuses such requests, and they are sent again in
  * frames; the client hands the region over again (a hello in the same
  * session binds it), and the requests after that hello's reply use it. */
-void *psc_shm_alloc(struct psc_client *c, size_t bytes);
+PSC_API void *psc_shm_alloc(struct psc_client *c, size_t bytes);
 /* Shards that took the region. */
-uint32_t psc_shm_shards(const struct psc_client *c);
+PSC_API uint32_t psc_shm_shards(const struct psc_client *c);
 /* Bytes moved through the region so far (values, and the keys of keyed
  * pushes), included in psc_bytes. */
-void psc_shm_bytes(const struct psc_client *c, uint64_t *sent, uint64_t *received);
+PSC_API void psc_shm_bytes(const struct psc_client *c, uint64_t *sent, uint64_t *received);
 
 /* Call once, first in main(), in a program that pulls or pushes 128 KiB
  * or more per request (psworker does the same). ZeroMQ allocates every
@@ -194,14 +203,15 @@ void psc_shm_bytes(const struct psc_client *c, uint64_t *sent, uint64_t *receive
  * threshold at 64 MiB for the whole process (mallopt): bench_wire's 1 MiB
  * pulls took 156-296k page faults before, 49k after. It changes how this
  * process's malloc behaves everywhere, so the library never calls it. */
-void psc_malloc_tune(void);
+PSC_API void psc_malloc_tune(void);
 
 /* Connects to every endpoint and says hello; fails if a shard does not
  * answer within connect_timeout_ms or says it is another shard. On failure
  * returns a PS_E* code, writes why into err and sets *out to NULL. */
-int psc_create(const struct psc_config *cfg, struct psc_client **out, char *err, size_t errlen);
+PSC_API int psc_create(const struct psc_config *cfg, struct psc_client **out, char *err,
+                       size_t errlen);
 /* Closes the sockets, dropping anything unsent. NULL is a no-op. */
-void psc_destroy(struct psc_client *c);
+PSC_API void psc_destroy(struct psc_client *c);
 
 /* Batching (on: 1). While corked, requests that carry no frames (pulls,
  * and pushes and push-pulls whose values lie in the shared region) are
@@ -212,37 +222,41 @@ void psc_destroy(struct psc_client *c);
  * shard answers each as if it came alone. PS_ENOMEM when the batches
  * cannot be allocated (requests then go one by one). */
 #define PSC_BATCH_FLUSH_BYTES (UINT64_C(1) << 20)
-int psc_cork(struct psc_client *c, int on);
+PSC_API int psc_cork(struct psc_client *c, int on);
 /* Batches of two or more requests sent so far. */
-uint64_t psc_batches_sent(const struct psc_client *c);
+PSC_API uint64_t psc_batches_sent(const struct psc_client *c);
 
 /* The endpoint shard is reached on: as configured, or its same-host
  * ipc:// endpoint (local_ipc). NULL for a shard out of range. */
-const char *psc_endpoint(const struct psc_client *c, uint32_t shard);
+PSC_API const char *psc_endpoint(const struct psc_client *c, uint32_t shard);
 
 /* Text of the last failure on this client; "" when none. */
-const char *psc_last_error(const struct psc_client *c);
+PSC_API const char *psc_last_error(const struct psc_client *c);
+/* The text of a PS_E* code ("timed out"); never NULL. */
+PSC_API const char *psc_strerror(int code);
+/* The name of a PS_E* code ("PS_ETIMEDOUT"); never NULL. */
+PSC_API const char *psc_err_name(int code);
 
 /* Fills *s with defaults (SGD, lr 0.01, momentum 0.9, Adam betas 0.9/0.999,
  * eps 1e-8, zeros init). */
-void psc_table_spec_init(struct psc_table_spec *s, const char *name, uint64_t size);
+PSC_API void psc_table_spec_init(struct psc_table_spec *s, const char *name, uint64_t size);
 
 /* Creates (or finds, when the spec is the same) a table on every shard and
  * returns a client-side handle in *table. Synchronous. */
-int psc_table_create(struct psc_client *c, const struct psc_table_spec *spec, int timeout_ms,
-                     uint32_t *table);
+PSC_API int psc_table_create(struct psc_client *c, const struct psc_table_spec *spec,
+                             int timeout_ms, uint32_t *table);
 
 /* Asynchronous range operations on elements [offset, offset+count) of a
  * table. Return 0 and a ticket, or an error (nothing in flight then).
  * psc_pull and psc_push_pull copy each reply into out; for large pulls
- * that copy is what psc_pull_view saves (about 30 us a MiB here,
- * tests/bench/README.md 42.). */
-int psc_pull(struct psc_client *c, uint32_t table, uint64_t offset, uint64_t count, float *out,
-             uint64_t clock, uint64_t *ticket);
-int psc_push(struct psc_client *c, uint32_t table, uint64_t offset, uint64_t count,
-             const float *grad, uint64_t clock, uint64_t *ticket);
-int psc_push_pull(struct psc_client *c, uint32_t table, uint64_t offset, uint64_t count,
-                  const float *grad, float *out, uint64_t clock, uint64_t *ticket);
+ * that copy is what psc_pull_view saves (about 30 us a MiB here;
+ * tests/bench/HISTORY.md, "What the copying pull's copy costs"). */
+PSC_API int psc_pull(struct psc_client *c, uint32_t table, uint64_t offset, uint64_t count,
+                     float *out, uint64_t clock, uint64_t *ticket);
+PSC_API int psc_push(struct psc_client *c, uint32_t table, uint64_t offset, uint64_t count,
+                     const float *grad, uint64_t clock, uint64_t *ticket);
+PSC_API int psc_push_pull(struct psc_client *c, uint32_t table, uint64_t offset, uint64_t count,
+                          const float *grad, float *out, uint64_t clock, uint64_t *ticket);
 
 /* A pull without a copy: the values stay in the messages they arrived in.
  * Needs f32 on the wire (wire_dtype), and is never a nonzero-only reply.
@@ -252,11 +266,11 @@ int psc_push_pull(struct psc_client *c, uint32_t table, uint64_t offset, uint64_
  * for elements [offset, offset+count), valid until psc_view_release
  * (which frees the ticket; PS_ERANGE past the last part). A wait that
  * fails releases the ticket as for any other. */
-int psc_pull_view(struct psc_client *c, uint32_t table, uint64_t offset, uint64_t count,
-                  uint64_t clock, uint64_t *ticket);
-int psc_view_part(struct psc_client *c, uint64_t ticket, uint32_t i, const float **vals,
-                  uint64_t *offset, uint64_t *count);
-int psc_view_release(struct psc_client *c, uint64_t ticket);
+PSC_API int psc_pull_view(struct psc_client *c, uint32_t table, uint64_t offset, uint64_t count,
+                          uint64_t clock, uint64_t *ticket);
+PSC_API int psc_view_part(struct psc_client *c, uint64_t ticket, uint32_t i, const float **vals,
+                          uint64_t *offset, uint64_t *count);
+PSC_API int psc_view_release(struct psc_client *c, uint64_t ticket);
 
 /* Sparse push into a dense table: gradient vals[i] for element keys[i],
  * i < n, keys strictly increasing and below the table size. Every shard
@@ -264,42 +278,45 @@ int psc_view_release(struct psc_client *c, uint64_t ticket);
  * range), so BSP rounds complete. keys and vals follow the buffer rules
  * above; either may lie in a psc_shm_alloc buffer, and then moves through
  * the region (the shard copies the keys out before it checks them). */
-int psc_push_keys(struct psc_client *c, uint32_t table, const uint64_t *keys, const float *vals,
-                  size_t n, uint64_t clock, uint64_t *ticket);
+PSC_API int psc_push_keys(struct psc_client *c, uint32_t table, const uint64_t *keys,
+                          const float *vals, size_t n, uint64_t clock, uint64_t *ticket);
 
 /* Rows of a sparse table by key: keys[0..n) strictly increasing; out and
  * grads hold n x dim floats in the order of keys and follow the buffer
  * rules above (keys are copied). Each key goes to the shard its jump hash
  * names; rows are created on first touch. */
-int psc_pull_rows(struct psc_client *c, uint32_t table, const uint64_t *keys, size_t n, float *out,
-                  uint64_t clock, uint64_t *ticket);
-int psc_push_rows(struct psc_client *c, uint32_t table, const uint64_t *keys, size_t n,
-                  const float *grads, uint64_t clock, uint64_t *ticket);
-int psc_push_pull_rows(struct psc_client *c, uint32_t table, const uint64_t *keys, size_t n,
-                       const float *grads, float *out, uint64_t clock, uint64_t *ticket);
+PSC_API int psc_pull_rows(struct psc_client *c, uint32_t table, const uint64_t *keys, size_t n,
+                          float *out, uint64_t clock, uint64_t *ticket);
+PSC_API int psc_push_rows(struct psc_client *c, uint32_t table, const uint64_t *keys, size_t n,
+                          const float *grads, uint64_t clock, uint64_t *ticket);
+PSC_API int psc_push_pull_rows(struct psc_client *c, uint32_t table, const uint64_t *keys, size_t n,
+                               const float *grads, float *out, uint64_t clock, uint64_t *ticket);
 
 /* Waits up to timeout_ms (0 polls, <0 waits forever) for a ticket. Returns
  * 0 when every shard applied/answered, the first error otherwise, or
  * PS_ETIMEDOUT (the ticket stays valid: wait again or cancel). Any return
  * other than PS_ETIMEDOUT releases the ticket. */
-int psc_wait(struct psc_client *c, uint64_t ticket, int timeout_ms);
+PSC_API int psc_wait(struct psc_client *c, uint64_t ticket, int timeout_ms);
 
 /* Gives up on a ticket: late replies are dropped and the output buffer is no
  * longer written. Returns PS_EBUSY while zmq still holds a zero-copy gradient
  * buffer of it (call again later); 0 once released. */
-int psc_cancel(struct psc_client *c, uint64_t ticket);
+PSC_API int psc_cancel(struct psc_client *c, uint64_t ticket);
 
 /* Asks one shard for its counters. Synchronous. */
-int psc_stats(struct psc_client *c, uint32_t shard, int timeout_ms, struct psc_shard_stats *out);
+PSC_API int psc_stats(struct psc_client *c, uint32_t shard, int timeout_ms,
+                      struct psc_shard_stats *out);
 
 /* psc_stats, and the shard's first cap tables into list (out->tables says
  * how many it has). */
-int psc_stats_tables(struct psc_client *c, uint32_t shard, int timeout_ms,
-                     struct psc_shard_stats *out, struct psc_table_stats *list, uint32_t cap);
+PSC_API int psc_stats_tables(struct psc_client *c, uint32_t shard, int timeout_ms,
+                             struct psc_shard_stats *out, struct psc_table_stats *list,
+                             uint32_t cap);
 
 /* Asks one shard to write a checkpoint now (or, mid-round, when the round
  * ends); detail gets the file written or why it waits. Synchronous. */
-int psc_checkpoint(struct psc_client *c, uint32_t shard, int timeout_ms, char *detail, size_t len);
+PSC_API int psc_checkpoint(struct psc_client *c, uint32_t shard, int timeout_ms, char *detail,
+                           size_t len);
 
 /* A page of sparse table `table`'s rows on one shard: rows [offset,
  * offset+max) in the order the shard created them (new rows are only ever
@@ -307,51 +324,52 @@ int psc_checkpoint(struct psc_client *c, uint32_t shard, int timeout_ms, char *d
  * *total gets the rows the shard holds now. A page may be shorter than max
  * (a shard answers at most PS_ROWS_PAGE_BYTES of values): page on until
  * offset reaches *total. max is 1..PS_ROWS_PAGE_MAX. Synchronous. */
-int psc_rows(struct psc_client *c, uint32_t table, uint32_t shard, uint64_t offset, uint32_t max,
-             uint64_t *keys, float *vals, uint64_t *got, uint64_t *total, int timeout_ms);
+PSC_API int psc_rows(struct psc_client *c, uint32_t table, uint32_t shard, uint64_t offset,
+                     uint32_t max, uint64_t *keys, float *vals, uint64_t *got, uint64_t *total,
+                     int timeout_ms);
 
 /* A handle for a table some worker created, found by name on every shard
  * (a stats call to each). Synchronous. */
-int psc_table_open(struct psc_client *c, const char *name, int timeout_ms, uint32_t *table);
+PSC_API int psc_table_open(struct psc_client *c, const char *name, int timeout_ms, uint32_t *table);
 
 /* The clock a worker starting now should begin at: the furthest clock the
  * shards' tables had reached at hello (0 in a new run). A restarted worker
  * uses it to rejoin a run in progress. */
-uint64_t psc_start_clock(const struct psc_client *c);
+PSC_API uint64_t psc_start_clock(const struct psc_client *c);
 
 /* Sends a heartbeat to each shard nothing has gone to for heartbeat_ms.
  * Call it during long computations (psc_wait does it while waiting). */
-void psc_heartbeat(struct psc_client *c);
+PSC_API void psc_heartbeat(struct psc_client *c);
 
 /* Pushes the servers acknowledged without applying because this worker was
  * outside the round (dropped from the live set, or rejoining). */
-uint64_t psc_stale_pushes(const struct psc_client *c);
+PSC_API uint64_t psc_stale_pushes(const struct psc_client *c);
 
 /* Sub-requests sent again: unanswered after retry_ms (a restarted server
  * lost them), or refused as "not yet" (PS_EAGAIN). */
-uint64_t psc_resends(const struct psc_client *c);
+PSC_API uint64_t psc_resends(const struct psc_client *c);
 
 /* 1 when a server has acknowledged a push without applying it because this
  * worker is outside its rounds (psd dropped it as silent) since the client
  * was created or last rejoined. The worker should then call psc_rejoin and
  * go on from psc_start_clock. */
-int psc_outside_round(const struct psc_client *c);
+PSC_API int psc_outside_round(const struct psc_client *c);
 
 /* Says hello again from a new session: every shard takes this worker out of
  * the rounds it is in and answers with the clock to start at (read it with
  * psc_start_clock); pulls of that clock join the rounds again. Needs no
  * ticket outstanding (PS_EBUSY otherwise). */
-int psc_rejoin(struct psc_client *c, int timeout_ms);
+PSC_API int psc_rejoin(struct psc_client *c, int timeout_ms);
 
 /* Bytes this client sent and received on the wire (all frames). */
-void psc_bytes(const struct psc_client *c, uint64_t *sent, uint64_t *received);
+PSC_API void psc_bytes(const struct psc_client *c, uint64_t *sent, uint64_t *received);
 
 /* Number of shards; elements of a table; the shard range of a table. */
-uint32_t psc_shards(const struct psc_client *c);
+PSC_API uint32_t psc_shards(const struct psc_client *c);
 
 /* 1 when shard has answered this client's hello (psc_create with
  * hello_optional goes on without the shards that did not), else 0. */
-int psc_shard_answered(const struct psc_client *c, uint32_t shard);
+PSC_API int psc_shard_answered(const struct psc_client *c, uint32_t shard);
 
 #ifdef __cplusplus
 }

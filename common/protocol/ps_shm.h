@@ -45,8 +45,9 @@ int ps_shm_listen(const char *local, char *err, size_t errlen);
  * checks it (one descriptor of a regular file opened read-write, sealed
  * against shrinking, PS_SHM_BYTES_MIN..PS_SHM_BYTES_MAX bytes, and the
  * message's magic) and maps it. 0 with *base, *size and *token set;
- * 1 when nothing has arrived yet; a PS_E* code and err when the hand-over
- * is refused (the connection is then done with). */
+ * PS_SHM_PENDING when nothing has arrived yet; a PS_E* code and err when
+ * the hand-over is refused (the connection is then done with). */
+#define PS_SHM_PENDING 1
 int ps_shm_take(int conn, uint64_t *token, void **base, size_t *size, char *err, size_t errlen);
 
 /* Shard: tells the client whether its region was taken, best effort. */

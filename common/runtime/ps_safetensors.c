@@ -1,5 +1,6 @@
 /* safetensors writer (see ps_safetensors.h). */
 #include "ps_safetensors.h"
+#include "ps_limits.h"
 
 #include "ps_err.h"
 
@@ -63,7 +64,7 @@ static int write_all(int fd, const void *p, size_t n)
 
 static int fsync_dir_of(const char *path)
 {
-    char copy[4200];
+    char copy[PS_PATH_MAX];
     snprintf(copy, sizeof copy, "%s", path);
     int fd = open(dirname(copy), O_RDONLY | O_DIRECTORY);
     if (fd < 0)
@@ -76,7 +77,7 @@ static int fsync_dir_of(const char *path)
 int ps_st_write(const char *path, const struct ps_st_tensor *ts, size_t n,
                 const char *const *metadata, size_t nmeta, char *err, size_t errlen)
 {
-    char *hdr = header(ts, n, metadata, nmeta), tmp[4200];
+    char *hdr = header(ts, n, metadata, nmeta), tmp[PS_PATH_MAX];
     if (hdr == NULL) {
         snprintf(err, errlen, "'%s': out of memory for the header", path);
         return PS_ENOMEM;

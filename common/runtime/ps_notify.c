@@ -1,5 +1,6 @@
 /* sd_notify wrappers (see ps_notify.h). */
 #include "ps_notify.h"
+#include "ps_clock.h"
 
 #include <stdint.h>
 #include <stdio.h>
@@ -8,7 +9,7 @@
 
 static uint64_t now_us(void)
 {
-    return uv_hrtime() / 1000u;
+    return (uint64_t)ps_mono_ns() / 1000u;
 }
 
 void ps_notify_ready(const char *status)

@@ -1,12 +1,8 @@
 /* ZeroMQ socket on a libuv loop: poll + prepare + idle, bounded drains. */
 #include "ps_zsock.h"
 
-#include <malloc.h>
-
 #include "ps_err.h"
 #include "ps_limits.h"
-
-#include <zmq.h>
 
 static void on_idle(uv_idle_t *h);
 
@@ -50,10 +46,6 @@ static void on_idle(uv_idle_t *h)
     drain(h->data);
 }
 
-void ps_zsock_kick(struct ps_zsock *zs)
-{
-    drain(zs);
-}
 
 int ps_zsock_start(uv_loop_t *loop, struct ps_zsock *zs, void *sock, ps_zsock_read_cb cb, void *arg)
 {
@@ -75,35 +67,6 @@ int ps_zsock_start(uv_loop_t *loop, struct ps_zsock *zs, void *sock, ps_zsock_re
     return 0;
 }
 
-int ps_zsock_recv(void *sock, int flags, zmq_msg_t *parts, size_t max, size_t *kept, size_t *total,
-                  uint64_t *bytes)
-{
-    zmq_msg_t extra;
-    int more = 1;
-    *kept = 0;
-    *total = 0;
-    while (more) {
-        zmq_msg_t *m = *kept < max ? &parts[*kept] : &extra;
-        zmq_msg_init(m);
-        if (zmq_msg_recv(m, sock, *total == 0 ? flags : ZMQ_DONTWAIT) < 0) {
-            zmq_msg_close(m);
-            for (size_t i = 0; i < *kept; i++)
-                zmq_msg_close(&parts[i]);
-            *kept = 0;
-            return -1;
-        }
-        more = zmq_msg_more(m);
-        (*total)++;
-        if (bytes != NULL)
-            *bytes += zmq_msg_size(m);
-        if (m == &extra)
-            zmq_msg_close(m); /* excess parts are counted, not kept */
-        else
-            (*kept)++;
-    }
-    return 0;
-}
-
 void ps_zsock_close(struct ps_zsock *zs)
 {
     if (zs->closing)
@@ -112,10 +75,4 @@ void ps_zsock_close(struct ps_zsock *zs)
     uv_close((uv_handle_t *)&zs->poll, NULL);
     uv_close((uv_handle_t *)&zs->prepare, NULL);
     uv_close((uv_handle_t *)&zs->idle, NULL);
-}
-
-void ps_malloc_tune(void)
-{
-    mallopt(M_MMAP_THRESHOLD, 64 << 20);
-    mallopt(M_TRIM_THRESHOLD, 256 << 20); /* freed memory stays for the next message */
 }

@@ -1,0 +1,249 @@
+/* Replies: headers, error replies, values (lent, masked or converted)
+ * and the unread-bytes check before values go out. */
+#include "psd_impl.h"
+
+#include "ps_err.h"
+#include "ps_half.h"
+#include "ps_pool.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+void psd_reply_drop(struct psd_reply *rep)
+{
+    free(rep->mask);
+    if (rep->lent != NULL)
+        psd_lent_done(rep->lent);
+    else if (!rep->vals_borrowed)
+        free(rep->vals);
+    rep->lent = NULL;
+    rep->vals_borrowed = 0;
+    rep->mask = rep->vals = NULL;
+    rep->mask_bytes = rep->vals_bytes = 0;
+}
+
+void psd_reply_header(struct psd *s, const Ps__Header *h, struct psd_reply *rep)
+{
+    int64_t n = ps_wire_header_pack(h, s->hdr_buf, sizeof s->hdr_buf);
+    if (n < 0) {
+        /* Our own reply outgrew the header limit (e.g. stats of many tables):
+         * fall back to a bare error so the peer still gets an answer. */
+        Ps__Header e;
+        ps_wire_header_init(&e, h->op);
+        e.request_id = h->request_id;
+        e.status = PS_ELIMIT;
+        e.error = "reply header exceeds the header size limit";
+        n = ps_wire_header_pack(&e, s->hdr_buf, sizeof s->hdr_buf);
+        psd_reply_drop(rep);
+    }
+    rep->hdr = s->hdr_buf;
+    rep->hdr_len = n < 0 ? 0 : (size_t)n;
+}
+
+void psd_reply_init(Ps__Header *out, const Ps__Header *req)
+{
+    ps_wire_header_init(out, req ? req->op : PS__OP__OP_NONE);
+    if (req != NULL) {
+        out->request_id = req->request_id;
+        out->worker_id = req->worker_id;
+        out->table_id = req->table_id;
+        out->clock = req->clock;
+    }
+}
+
+/* The one place error replies are written (and counted, and logged). */
+void psd_reply_error(struct psd *s, const Ps__Header *req, int code, const char *text,
+                     struct psd_reply *rep)
+{
+    Ps__Header h;
+    psd_reply_init(&h, req);
+    h.status = code;
+    char buf[PS_ERROR_TEXT_MAX];
+    snprintf(buf, sizeof buf, "%s", text);
+    h.error = buf;
+    s->ctr.errors++;
+    s->ctr
+        .errors_by[psd_op_index(req)][code < 0 && code > -PSD_ERR_CODES ? -code : PSD_ERR_CODES]++;
+    if (ps_log_sampled(++s->errors_logged))
+        PS_LOG(s->log, PS_LOG_WARN, S0200, "error reply to worker %u (%s): %s [%s] (%llu so far)",
+               req ? req->worker_id : 0, req ? ps_op_name(req->op) : "?", buf, ps_err_name(code),
+               (unsigned long long)s->ctr.errors);
+    psd_reply_drop(rep);
+    psd_reply_header(s, &h, rep);
+}
+
+void psd_reply_errorf(struct psd *s, const Ps__Header *req, int code, struct psd_reply *rep,
+                      const char *fmt, ...)
+{
+    char buf[PS_ERROR_TEXT_MAX];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    psd_reply_error(s, req, code, buf, rep);
+}
+
+/* A reply with values to `route` must fit the bytes it may leave unread
+ * (psd_set_unread): one that does not becomes an error reply. While the
+ * connection has nothing unread, a reply of any size fits its own bound. */
+void psd_fit_unread(struct psd *s, const void *route, size_t route_len, const Ps__Header *req,
+                    struct psd_reply *rep)
+{
+    uint64_t bytes = rep->mask_bytes + rep->vals_bytes, peer = 0, total = 0;
+    if (bytes == 0 || s->unread == NULL)
+        return;
+    int known = s->unread(s->send_ctx, route, route_len, &peer, &total);
+    int peer_ok = peer == 0 || peer + bytes <= s->unread_bytes_max;
+    int total_ok = total + bytes <= s->unread_bytes_total_max;
+    if (known && peer_ok && total_ok)
+        return;
+    s->unread_refused++;
+    if (!known)
+        psd_reply_errorf(s, req, PS_ELIMIT, rep,
+                         "%s: %u connections hold replies they have not read: read yours, or retry",
+                         ps_op_name(req->op), PS_UNREAD_PEERS_MAX);
+    else if (!peer_ok)
+        psd_reply_errorf(
+            s, req, PS_ELIMIT, rep,
+            "%s: this connection has %llu reply bytes it has not read; %llu more would "
+            "pass psd --max-unread-bytes %llu: read your replies",
+            ps_op_name(req->op), (unsigned long long)peer, (unsigned long long)bytes,
+            (unsigned long long)s->unread_bytes_max);
+    else
+        psd_reply_errorf(
+            s, req, PS_ELIMIT, rep,
+            "%s: connections have %llu reply bytes they have not read; %llu more would "
+            "pass psd --max-unread-bytes-total %llu",
+            ps_op_name(req->op), (unsigned long long)total, (unsigned long long)bytes,
+            (unsigned long long)s->unread_bytes_total_max);
+}
+
+/* Values as aligned f32: the frame itself when it is aligned f32, else a
+ * copy or a conversion into the server's scratch buffer. */
+const float *psd_values_f32(struct psd *s, const struct ps_wire_msg *m)
+{
+    int f32 = m->hdr->dtype == PS__DTYPE__DTYPE_F32;
+    if (f32 && ((uintptr_t)m->vals % _Alignof(float)) == 0)
+        return m->vals;
+    size_t need = (size_t)m->hdr->count * m->hdr->dim * sizeof(float);
+    if (need > s->scratch_cap) {
+        float *p = realloc(s->scratch, need);
+        if (p == NULL)
+            return NULL;
+        s->scratch = p;
+        s->scratch_cap = need;
+    }
+    if (f32)
+        memcpy(s->scratch, m->vals, need);
+    else
+        ps_half_to_f32_n(m->hdr->dtype, m->vals, s->scratch, need / sizeof(float));
+    return s->scratch;
+}
+
+/* Writes the nonzeros of w[0..n) as a bitmap plus values in dtype, when
+ * that is smaller than sending them all. Returns 1 when rep holds it. */
+static int reply_masked(const float *w, size_t n, Ps__DType dtype, struct psd_reply *rep)
+{
+    size_t nnz = 0, esize = ps_dtype_size(dtype), mbytes = (n + 7) / 8;
+    for (size_t i = 0; i < n; i++)
+        nnz += w[i] != 0.0f;
+    if (mbytes + nnz * esize >= n * esize)
+        return 0;
+    uint8_t *mask = calloc(mbytes ? mbytes : 1, 1);
+    float *nz = malloc((nnz ? nnz : 1) * sizeof(float));
+    void *vals = aligned_alloc(64, ((nnz ? nnz : 1) * esize + 63u) & ~(size_t)63u);
+    if (mask == NULL || nz == NULL || vals == NULL) {
+        free(mask);
+        free(nz);
+        free(vals);
+        return 0; /* the dense reply still works */
+    }
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (w[i] != 0.0f) {
+            mask[i / 8] |= (uint8_t)(1u << (i % 8));
+            nz[k++] = w[i];
+        }
+    }
+    if (dtype == PS__DTYPE__DTYPE_F32)
+        memcpy(vals, nz, nnz * sizeof(float));
+    else
+        ps_f32_to_half_n(dtype, nz, vals, nnz);
+    free(nz);
+    rep->mask = mask;
+    rep->mask_bytes = mbytes;
+    rep->vals = vals;
+    rep->vals_bytes = nnz * esize;
+    return 1;
+}
+
+/* Whether a reply of `bytes` values of t goes out from the table itself
+ * (psd_table_lend): f32 replies large enough that a copy would cost more
+ * than the bookkeeping, when the table's copy-on-write budget allows
+ * (psd_table_may_lend). Writes to other elements do not copy: a worker's
+ * chunked push-pulls write the next chunk while the last one's reply is
+ * still going out. */
+static int lend_ok(struct psd_table *t, const Ps__Header *req, size_t bytes)
+{
+    return req->dtype == PS__DTYPE__DTYPE_F32 && bytes >= PS_LEND_BYTES_MIN &&
+           psd_table_may_lend(t, bytes);
+}
+
+/* dst, when not NULL: the values go there (a client's shared region), and
+ * the reply carries none. */
+void psd_reply_values(struct psd *s, const Ps__Header *req, struct psd_table *t, uint64_t offset,
+                      uint64_t count, int duplicate, int stale, unsigned char *dst,
+                      struct psd_reply *rep)
+{
+    Ps__Header h;
+    psd_reply_init(&h, req);
+    h.duplicate = duplicate != 0;
+    h.stale = stale != 0;
+    h.offset = offset;
+    h.count = count;
+    h.dim = 1;
+    h.dtype = req->dtype;
+    h.clock = psd_cons_clock(&s->cons, t);
+    t->pulls++;
+    const float *w = t->w + (offset - t->lo);
+    if (dst != NULL) {
+        memcpy(dst, w, (size_t)count * sizeof(float));
+        s->shm.bytes_out += count * sizeof(float);
+        h.shm = PS_SHM_OUT;
+        h.shm_out = req->shm_out;
+        psd_reply_header(s, &h, rep);
+        return;
+    }
+    if (req->nonzero_only && t->mask != NULL && reply_masked(w, (size_t)count, req->dtype, rep)) {
+        h.layout = PS__LAYOUT__LAYOUT_MASK;
+        psd_reply_header(s, &h, rep);
+        return;
+    }
+    size_t bytes = (size_t)count * ps_dtype_size(req->dtype);
+    /* The reply points into the table when the sender copies it at once
+     * (a frame this small), or it is lent (a later write copies the table
+     * first); otherwise it gets a buffer of its own. */
+    rep->vals_borrowed = req->dtype == PS__DTYPE__DTYPE_F32 && bytes < PS_ZEROCOPY_BYTES_MIN;
+    if (rep->vals_borrowed || (lend_ok(t, req, bytes) &&
+                               (rep->lent = psd_table_lend(t, offset, offset + count)) != NULL)) {
+        rep->vals = (void *)w;
+        rep->vals_bytes = bytes;
+        psd_reply_header(s, &h, rep);
+        return;
+    }
+    void *out = aligned_alloc(64, (bytes + 63u) & ~(size_t)63u);
+    if (out == NULL) {
+        psd_reply_errorf(s, req, PS_ENOMEM, rep, "%s: cannot allocate %zu reply bytes",
+                         ps_op_name(req->op), bytes);
+        return;
+    }
+    if (req->dtype == PS__DTYPE__DTYPE_F32)
+        memcpy(out, w, bytes);
+    else /* the table is f32; only the wire is 16-bit */
+        ps_f32_to_half_n(req->dtype, w, out, (size_t)count);
+    rep->vals = out;
+    rep->vals_bytes = bytes;
+    psd_reply_header(s, &h, rep);
+}

@@ -1,0 +1,210 @@
+/* The synchronous calls: tables (create, open, spec defaults), stats,
+ * checkpoints and the rows listing. */
+#include "client_impl.h"
+
+#include "ps_err.h"
+#include "ps_shard.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* Sends h to shards [s0, s1] and waits for all. */
+int pc_call_sync(struct psc_client *c, Ps__Header *h, uint32_t s0, uint32_t s1, void *ctx,
+                 int timeout_ms)
+{
+    uint64_t id = 0;
+    struct slot *sl = pc_slot_alloc(c, h->op, &id);
+    if (sl == NULL)
+        return pc_set_error(c, PS_EBUSY, "%s: too many requests outstanding", ps_op_name(h->op));
+    sl->ctx = ctx;
+    h->request_id = id;
+    h->worker_id = c->worker_id;
+    for (uint32_t s = s0; s <= s1; s++)
+        if (pc_send_frames(c, s, h, NULL, 0, NULL, 0, sl, 0) != 0)
+            break;
+    int rc = psc_wait(c, id, timeout_ms);
+    if (rc == PS_ETIMEDOUT)
+        psc_cancel(c, id); /* no zero-copy frames: always releases */
+    return rc;
+}
+
+void psc_table_spec_init(struct psc_table_spec *s, const char *name, uint64_t size)
+{
+    memset(s, 0, sizeof *s);
+    s->name = name;
+    s->size = size;
+    s->optimizer = PSC_SGD;
+    s->lr = 0.01f;
+    s->momentum = 0.9f;
+    s->beta1 = 0.9f;
+    s->beta2 = 0.999f;
+    s->eps = 1e-8f;
+    s->init = PSC_INIT_ZEROS;
+}
+
+int psc_table_create(struct psc_client *c, const struct psc_table_spec *spec, int timeout_ms,
+                     uint32_t *table)
+{
+    Ps__TableSpec ts;
+    ps__table_spec__init(&ts);
+    ts.name = (char *)(spec->name ? spec->name : "");
+    ts.size = spec->size;
+    ts.optimizer = (Ps__OptimizerKind)spec->optimizer;
+    ts.lr = spec->lr;
+    ts.weight_decay = spec->weight_decay;
+    ts.momentum = spec->momentum;
+    ts.nesterov = spec->nesterov != 0;
+    ts.beta1 = spec->beta1;
+    ts.beta2 = spec->beta2;
+    ts.eps = spec->eps;
+    ts.init = (Ps__InitKind)spec->init;
+    ts.init_scale = spec->init_scale;
+    ts.seed = spec->seed;
+    ts.lr_schedule = (Ps__LrSchedule)spec->lr_schedule;
+    ts.lr_decay_steps = spec->lr_decay_steps;
+    ts.sparse = spec->sparse != 0;
+    ts.dim = spec->sparse ? spec->dim : 0;
+    ts.rows_max = spec->rows_max;
+    ts.l1 = spec->l1;
+    ts.l2 = spec->l2;
+    char err[PS_ERROR_TEXT_MAX];
+    int rc = ps_wire_check_spec(&ts, err, sizeof err);
+    if (rc != 0)
+        return pc_set_error(c, rc, "create_table: %s", err);
+    int64_t existing = -1; /* created before: the servers still check the spec */
+    for (uint32_t i = 0; i < c->ntables && existing < 0; i++)
+        if (strcmp(c->tables[i]->name, ts.name) == 0)
+            existing = i;
+    if (existing < 0 && c->ntables >= PS_CLIENT_TABLES_MAX)
+        return pc_set_error(c, PS_ELIMIT, "create_table: %u tables already", c->ntables);
+    struct table_h *t = calloc(1, sizeof *t + c->nshards * sizeof t->ids[0]);
+    if (t == NULL)
+        return pc_set_error(c, PS_ENOMEM, "create_table: out of memory");
+    snprintf(t->name, sizeof t->name, "%s", ts.name);
+    t->size = ts.size;
+    t->sparse = ts.sparse;
+    t->dim = ts.dim;
+    Ps__Header h;
+    ps_wire_header_init(&h, PS__OP__OP_CREATE_TABLE);
+    h.spec = &ts;
+    rc = pc_call_sync(c, &h, 0, c->nshards - 1, t, timeout_ms);
+    if (rc != 0 || existing >= 0) {
+        free(t);
+        if (rc == 0)
+            *table = (uint32_t)existing;
+        return rc;
+    }
+    c->tables[c->ntables] = t;
+    *table = c->ntables++;
+    return 0;
+}
+
+int psc_stats_tables(struct psc_client *c, uint32_t shard, int timeout_ms,
+                     struct psc_shard_stats *out, struct psc_table_stats *list, uint32_t cap)
+{
+    if (shard >= c->nshards)
+        return pc_set_error(c, PS_EINVAL, "stats: shard %u of %u", shard, c->nshards);
+    memset(out, 0, sizeof *out);
+    struct stats_out so = {out, list, list ? cap : 0};
+    Ps__Header h;
+    ps_wire_header_init(&h, PS__OP__OP_STATS);
+    return pc_call_sync(c, &h, shard, shard, &so, timeout_ms);
+}
+
+int psc_stats(struct psc_client *c, uint32_t shard, int timeout_ms, struct psc_shard_stats *out)
+{
+    return psc_stats_tables(c, shard, timeout_ms, out, NULL, 0);
+}
+
+int psc_checkpoint(struct psc_client *c, uint32_t shard, int timeout_ms, char *detail, size_t len)
+{
+    if (shard >= c->nshards)
+        return pc_set_error(c, PS_EINVAL, "checkpoint: shard %u of %u", shard, c->nshards);
+    char buf[PS_ERROR_TEXT_MAX] = "";
+    Ps__Header h;
+    ps_wire_header_init(&h, PS__OP__OP_CHECKPOINT);
+    int rc = pc_call_sync(c, &h, shard, shard, buf, timeout_ms);
+    if (detail != NULL && len > 0)
+        snprintf(detail, len, "%s", buf);
+    return rc;
+}
+
+int psc_rows(struct psc_client *c, uint32_t table, uint32_t shard, uint64_t offset, uint32_t max,
+             uint64_t *keys, float *vals, uint64_t *got, uint64_t *total, int timeout_ms)
+{
+    if (table >= c->ntables)
+        return pc_set_error(c, PS_ENOTABLE, "rows: no table handle %u", table);
+    const struct table_h *t = c->tables[table];
+    if (!t->sparse)
+        return pc_set_error(c, PS_ENOTABLE, "rows: '%s' is not a sparse table", t->name);
+    if (shard >= c->nshards)
+        return pc_set_error(c, PS_EINVAL, "rows: shard %u of %u", shard, c->nshards);
+    if (max == 0 || max > PS_ROWS_PAGE_MAX)
+        return pc_set_error(c, PS_EINVAL, "rows: page of %u rows, expected 1..%u", max,
+                            PS_ROWS_PAGE_MAX);
+    struct rows_out ro = {.offset = offset, .max = max, .dim = t->dim, .keys = keys, .vals = vals};
+    Ps__Header h;
+    ps_wire_header_init(&h, PS__OP__OP_ROWS);
+    h.table_id = t->ids[shard];
+    h.offset = offset;
+    h.count = max;
+    int rc = pc_call_sync(c, &h, shard, shard, &ro, timeout_ms);
+    *got = ro.got;
+    *total = ro.total;
+    return rc;
+}
+
+int psc_table_open(struct psc_client *c, const char *name, int timeout_ms, uint32_t *table)
+{
+    for (uint32_t i = 0; i < c->ntables; i++) {
+        if (strcmp(c->tables[i]->name, name) == 0) {
+            *table = i;
+            return 0;
+        }
+    }
+    if (c->ntables >= PS_CLIENT_TABLES_MAX)
+        return pc_set_error(c, PS_ELIMIT, "open: %u tables already", c->ntables);
+    struct table_h *t = calloc(1, sizeof *t + c->nshards * sizeof t->ids[0]);
+    struct psc_table_stats *list = calloc(PS_TABLES_MAX, sizeof *list);
+    int rc = t && list ? 0 : pc_set_error(c, PS_ENOMEM, "open: out of memory");
+    for (uint32_t s = 0; s < c->nshards && rc == 0; s++) {
+        struct psc_shard_stats st;
+        if ((rc = psc_stats_tables(c, s, timeout_ms, &st, list, PS_TABLES_MAX)) != 0)
+            break;
+        uint32_t i = 0;
+        while (i < st.tables && i < PS_TABLES_MAX && strcmp(list[i].name, name) != 0)
+            i++;
+        if (i == st.tables || i == PS_TABLES_MAX) {
+            rc = pc_set_error(c, PS_ENOTABLE, "open: shard %u (%s) has no table '%s'", s,
+                              c->endpoints[s], name);
+            break;
+        }
+        uint64_t lo, hi;
+        ps_shard_range(list[i].size, c->nshards, s, &lo, &hi);
+        if (!list[i].sparse && (list[i].lo != lo || list[i].hi != hi)) {
+            rc = pc_set_error(c, PS_ESTATE,
+                              "open: shard %u holds [%llu, %llu) of '%s', expected "
+                              "[%llu, %llu)",
+                              s, (unsigned long long)list[i].lo, (unsigned long long)list[i].hi,
+                              name, (unsigned long long)lo, (unsigned long long)hi);
+            break;
+        }
+        snprintf(t->name, sizeof t->name, "%s", name);
+        t->size = list[i].size;
+        t->sparse = list[i].sparse;
+        t->dim = list[i].dim;
+        t->ids[s] = list[i].id;
+    }
+    free(list);
+    if (rc != 0) {
+        free(t);
+        return rc;
+    }
+    c->tables[c->ntables] = t;
+    *table = c->ntables++;
+    return 0;
+}

@@ -1,0 +1,216 @@
+/* libpsclient's insides, shared by its files and used by nothing else:
+ * the client, its ticket slots and tables, then one section per file.
+ * A client is a DEALER per shard; a ticket is a slot; replies are matched
+ * by (request id, socket); large gradients go without a copy. */
+#ifndef PSC_CLIENT_IMPL_H
+#define PSC_CLIENT_IMPL_H
+
+#include "psclient.h"
+
+#include "ps_limits.h"
+#include "ps_shm.h"
+#include "ps_wire.h"
+
+#include <poll.h>
+#include <stdatomic.h>
+#include <zmq.h>
+
+/* Request ids are consecutive (a server remembers a window of them per
+ * worker, see psd's exactly-once rule); id_map finds an id's slot. */
+#define ID_MAP             (4u * PS_CLIENT_TICKETS_MAX)
+#define REPLY_PARTS_MAX    (PS_FRAMES_MAX + 1u)
+#define CLIENT_ARENA_BYTES (4u * PS_HEADER_BYTES_MAX)
+
+struct table_h {
+    char name[PS_TABLE_NAME_MAX + 1];
+    uint64_t size;
+    int sparse;
+    uint32_t dim;
+    uint32_t ids[]; /* table id on each shard */
+};
+
+enum sub_kind {
+    SUB_SYNC = 0,   /* hello, create, stats: never re-sent */
+    SUB_RANGE = 1,  /* pull / push / push-pull of a dense range */
+    SUB_KEYS = 2,   /* keyed push into a dense table */
+    SUB_ROWS = 3,   /* rows of a sparse table */
+    SUB_PIECES = 4, /* a dense range sent as pieces: the tickets in kids */
+};
+
+struct slot {
+    uint64_t seq; /* 0 when free */
+    Ps__Op op;
+    uint32_t table;
+    uint64_t offset, count;
+    float *out;
+    void *ctx; /* result of a synchronous op */
+    uint32_t pending;
+    uint64_t replied[PS_SHARDS_MAX / 64];
+    int status;
+    int remote; /* with status PS_EREMOTE: the shard's own code */
+    int canceled;
+    atomic_uint zc_refs; /* zero-copy frames zmq still holds */
+    void *conv;          /* 16-bit copy of a push's values (grows, reused) */
+    size_t conv_cap;
+    /* what it takes to send (and re-send) each shard's sub-request */
+    int kind; /* enum sub_kind */
+    uint64_t clock;
+    const unsigned char *src; /* values as they go on the wire, or NULL */
+    const uint64_t *keys;     /* SUB_KEYS: the caller's keys */
+    size_t nkeys;
+    uint64_t expected[PS_SHARDS_MAX / 64]; /* shards sent a sub-request */
+    uint64_t via_shm[PS_SHARDS_MAX / 64];  /* ...whose last one named the shared region */
+    int64_t sent_ms;
+    uint32_t attempts;
+    /* row requests: keys grouped by shard, and where each came from */
+    int rows;
+    uint32_t *order; /* grouped position -> index in the caller's keys */
+    uint64_t *skeys; /* keys grouped by shard */
+    float *svals;    /* push values grouped like skeys */
+    size_t rows_cap; /* entries order/skeys hold; svals holds rows_cap x dim */
+    size_t vals_cap;
+    uint32_t *grp; /* shard s holds grouped positions [grp[s], grp[s+1]) */
+    /* psc_pull_view: each shard's reply message, kept (NULL until the
+     * slot's first view; messages are empty when not held) */
+    int view;
+    int held; /* waited for: values readable until psc_view_release */
+    zmq_msg_t *vmsg;
+    /* SUB_PIECES: the pieces' tickets, 0 once waited for or canceled */
+    uint64_t *kids;
+    int continues; /* a push piece after one to the same shard (Header.continues) */
+    uint32_t nkids, kids_cap;
+    char error[PS_ERROR_TEXT_MAX + 64];
+};
+
+/* psc_cork: a shard's header-only data requests held for one message. */
+struct batch_q {
+    uint32_t n;
+    size_t len;     /* bytes of recs used */
+    uint64_t named; /* bytes the held requests move through the region (values, keys) */
+    uint64_t ids[PS_BATCH_MAX];
+    uint8_t recs[PS_BATCH_BYTES_MAX];
+};
+
+/* What a stats call fills. */
+struct stats_out {
+    struct psc_shard_stats *st;
+    struct psc_table_stats *list;
+    uint32_t cap;
+};
+
+struct psc_client {
+    uint32_t nshards;
+    uint32_t worker_id;
+    Ps__DType dtype; /* on the wire */
+    size_t piece_bytes;
+    int retry_ms;
+    int heartbeat_ms;      /* <= 0: never */
+    int64_t *last_send_ms; /* per shard */
+    uint64_t start_clock;
+    uint64_t stale_pushes;
+    int outside; /* a stale push reply since the last hello */
+    int nonzero_pulls;
+    size_t esize;
+    void *ctx;
+    void **socks;
+    char **endpoints; /* in use: as given, or the shard's same-host one */
+    /* per shard, from its last hello reply: the same-host endpoint it
+     * offers ("" none) and its process instance */
+    struct offer {
+        char local[PS_ENDPOINT_MAX];
+        uint64_t instance;
+    } * offers;
+    uint64_t session;
+    /* the region shared with shards on this host (fd -1: none), what of
+     * it psc_shm_alloc handed out, the token it was handed over with, and
+     * per shard whether the shard took it */
+    struct ps_shm shm;
+    size_t shm_used;
+    uint64_t shm_token;
+    unsigned char *shm_on;
+    /* per shard, the hello that binds the region again after the shard
+     * lost it (0: none under way), and when it went */
+    struct rebind {
+        uint64_t id;
+        int64_t sent_ms;
+    } * rebind;
+    uint64_t shm_sent, shm_received;
+    struct pollfd *pfds; /* the sockets' ZMQ_FDs, for waiting on several */
+    struct slot slots[PS_CLIENT_TICKETS_MAX];
+    uint16_t free_stack[PS_CLIENT_TICKETS_MAX];
+    uint16_t id_map[ID_MAP]; /* id % ID_MAP -> slot index + 1; 0: none */
+    uint32_t nfree;
+    uint64_t next_seq;
+    struct table_h *tables[PS_CLIENT_TABLES_MAX];
+    uint32_t ntables;
+    uint64_t bytes_sent, bytes_received;
+    uint64_t bad_replies;
+    uint64_t resends; /* sub-requests sent again */
+    int64_t swept_ms; /* last look for requests due a re-send */
+    struct ps_arena arena;
+    unsigned char *arena_buf;
+    /* psc_cork: held requests per shard (NULL until first corked) */
+    int corked;
+    uint32_t held;
+    struct batch_q *batches;
+    uint64_t batches_sent;
+    uint8_t hdr_buf[2048]; /* requests carry at most a table spec */
+    char last_error[512];
+    int last_remote; /* the shard's code behind the last PS_EREMOTE, else 0 */
+};
+
+_Static_assert(PSC_TABLE_NAME_MAX == PS_TABLE_NAME_MAX, "psclient.h's name limit is the wire's");
+_Static_assert(PS_CLIENT_TICKETS_MAX < UINT16_MAX && (ID_MAP & (ID_MAP - 1)) == 0,
+               "slot index + 1 fits in id_map; ID_MAP is a power of 2");
+
+/* What a rows call fills. */
+struct rows_out {
+    uint64_t offset, max;
+    uint32_t dim;
+    uint64_t *keys;
+    float *vals;
+    uint64_t got, total;
+};
+
+/* How long a hand-over of the shared region to a shard that lost it may
+ * take, and how long before another is tried. */
+enum { REBIND_WAIT_MS = 1000 };
+
+/* tickets.c */
+int pc_set_error(struct psc_client *c, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+void pc_slot_fail(struct slot *sl, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+void pc_zc_release(void *data, void *hint);
+struct slot *pc_slot_alloc(struct psc_client *c, Ps__Op op, uint64_t *id);
+void pc_view_drop(struct psc_client *c, struct slot *sl);
+void pc_slot_release(struct psc_client *c, struct slot *sl);
+struct slot *pc_slot_lookup(struct psc_client *c, uint64_t id);
+
+/* send.c */
+void pc_flush_all(struct psc_client *c);
+int pc_send_frames(struct psc_client *c, uint32_t shard, const Ps__Header *h, const void *keys,
+                   size_t kbytes, const void *vals, size_t vbytes, struct slot *sl, int resend);
+const unsigned char *pc_wire_values(struct psc_client *c, struct slot *sl, const float *v,
+                                    size_t n);
+int pc_send_sub(struct psc_client *c, struct slot *sl, uint32_t s, int resend);
+int pc_send_all(struct psc_client *c, struct slot *sl, uint64_t id, uint64_t *ticket);
+void pc_resend_all_due(struct psc_client *c);
+
+/* recv.c */
+int pc_shard_replied(const struct slot *sl, uint32_t shard);
+int pc_range_part(const struct psc_client *c, const struct slot *sl, uint32_t s, uint64_t *a,
+                  uint64_t *b);
+int pc_in_region(const struct psc_client *c, const void *p, size_t bytes);
+int pc_region_has(const struct psc_client *c, uint32_t s, const void *p, size_t bytes,
+                  size_t align);
+int pc_shm_in_region(const struct psc_client *c, uint32_t s, const void *p, size_t bytes);
+int pc_shm_out_at(const struct psc_client *c, const struct slot *sl, uint32_t s, uint64_t a,
+                  uint64_t b, uint64_t *off);
+unsigned pc_await_replies(struct psc_client *c, const struct slot *sl, int wait_ms);
+
+/* admin.c */
+int pc_call_sync(struct psc_client *c, Ps__Header *h, uint32_t s0, uint32_t s1, void *ctx,
+                 int timeout_ms);
+
+#endif

@@ -1,0 +1,355 @@
+/* Moving weights and gradients: the tables a model needs, pulls for a
+ * clock, pushes (whole, in chunks as backward produces them, or top-k),
+ * and loading a batch. */
+#include "trainer.h"
+
+#include "ps_clock.h"
+#include "ps_err.h"
+#include "ps_init.h"
+#include "ps_notify.h"
+#include "ps_shard.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+/* The gradient a step sends for table k: backward's own, or the sum of
+ * the accumulated micro-batches. */
+static float *grad_src(struct trainer *tr, int k)
+{
+    return tr->acc[k] ? tr->acc[k] : psw_mlp_grad(&tr->mlp, k);
+}
+
+/* With --topk and momentum, momentum runs on the worker (DGC's momentum
+ * correction) and the servers apply plain SGD. */
+static int momentum_on_worker(const struct config *c)
+{
+    return c->topk > 0 && psk_optim_parse(c->optimizer) == PSK_OPT_MOMENTUM;
+}
+
+static int server_optimizer(const struct config *c)
+{
+    return momentum_on_worker(c) ? PSK_OPT_SGD : psk_optim_parse(c->optimizer);
+}
+
+static void table_spec(const struct trainer *tr, int k, struct psc_table_spec *s, char *name,
+                       size_t len)
+{
+    psw_mlp_table_name(k, name, len);
+    psc_table_spec_init(s, name, psw_mlp_table_size(&tr->mlp, k));
+    s->optimizer = server_optimizer(&tr->cfg);
+    s->lr = (float)tr->cfg.lr;
+    s->momentum = (float)tr->cfg.momentum;
+    s->weight_decay = (float)tr->cfg.weight_decay;
+    s->seed = ps_mix64(tr->cfg.seed * 1000003u + (uint64_t)k);
+    s->lr_schedule = strcmp(tr->cfg.lr_schedule, "cosine") == 0 ? 1 : 0;
+    s->lr_decay_steps = tr->decay_steps;
+    if (k % 2 == 0) { /* He init for ReLU layers: N(0, 2 / fan_in) */
+        s->init = PSC_INIT_NORMAL;
+        s->init_scale = sqrtf(2.0f / (float)tr->mlp.dims[k / 2]);
+    }
+}
+
+/* Elements --topk sends of a table of n. */
+size_t psw_topk_count(const struct trainer *tr, size_t n)
+{
+    size_t kk = (size_t)ceil(tr->cfg.topk * (double)n);
+    return kk < 1 ? 1 : (kk > n ? n : kk);
+}
+
+static int setup_topk(struct trainer *tr, int k, size_t n)
+{
+    size_t kk = tr->sel_k[k] = psw_topk_count(tr, n);
+    float *zeros = calloc(n, sizeof *zeros);
+    /* in the shared region when shards took it: the keys and values of
+     * the keyed push then move without sockets */
+    tr->sel_shm[k] = tr->c != NULL && psc_shm_shards(tr->c) > 0 &&
+                     (tr->sel_idx[k] = psc_shm_alloc(tr->c, kk * sizeof(uint64_t))) != NULL &&
+                     (tr->sel_val[k] = psc_shm_alloc(tr->c, kk * sizeof(float))) != NULL;
+    if (!tr->sel_shm[k]) {
+        tr->sel_idx[k] = malloc(kk * sizeof *tr->sel_idx[k]);
+        tr->sel_val[k] = malloc(kk * sizeof *tr->sel_val[k]);
+    }
+    int rc = zeros == NULL || tr->sel_idx[k] == NULL || tr->sel_val[k] == NULL ||
+             psk_alloc(tr->be, n * 4, (void **)&tr->resid[k]) ||
+             psk_upload(tr->be, tr->resid[k], zeros, n * 4);
+    if (rc == 0 && momentum_on_worker(&tr->cfg))
+        rc = psk_alloc(tr->be, n * 4, (void **)&tr->vel[k]) ||
+             psk_upload(tr->be, tr->vel[k], zeros, n * 4);
+    free(zeros);
+    return rc ? PS_ENOMEM : 0;
+}
+
+int psw_setup_tables(struct trainer *tr, char *err, size_t errlen)
+{
+    tr->ntables = psw_mlp_tables(&tr->mlp);
+    for (int k = 0; k < tr->ntables; k++) {
+        size_t n = (size_t)psw_mlp_table_size(&tr->mlp, k);
+        if (tr->cfg.accum_steps > 1 && psk_alloc(tr->be, n * 4, (void **)&tr->acc[k])) {
+            snprintf(err, errlen, "cannot allocate accumulation buffers");
+            return PS_ENOMEM;
+        }
+        if (tr->cfg.topk > 0 && setup_topk(tr, k, n) != 0) {
+            snprintf(err, errlen, "cannot allocate top-k buffers");
+            return PS_ENOMEM;
+        }
+        if (tr->alias) {
+            tr->hw[k] = psw_mlp_param(&tr->mlp, k);
+            tr->hg[k] = grad_src(tr, k);
+        } else if (psk_host_alloc(tr->be, n * 4, (void **)&tr->hw[k]) ||
+                   psk_host_alloc(tr->be, n * 4, (void **)&tr->hg[k])) {
+            snprintf(err, errlen, "cannot allocate host buffers");
+            return PS_ENOMEM;
+        }
+        struct psc_table_spec s;
+        char name[64];
+        table_spec(tr, k, &s, name, sizeof name);
+        if (tr->cfg.standalone) {
+            /* the same initialiser the servers run, element by element */
+            ps_init_fill(tr->hw[k], n, (enum ps_init_kind)s.init, s.init_scale, s.seed, 0);
+            tr->s1[k] = calloc(n, 4);
+            tr->s2[k] = calloc(n, 4);
+            if (!tr->s1[k] || !tr->s2[k])
+                return PS_ENOMEM;
+            continue;
+        }
+        int rc = psc_table_create(tr->c, &s, (int)tr->cfg.timeout_ms, &tr->th[k]);
+        if (rc != 0) {
+            snprintf(err, errlen, "create table '%s': %s", name, psc_last_error(tr->c));
+            return rc;
+        }
+    }
+    tr->opt = (struct psk_optim){.kind = server_optimizer(&tr->cfg),
+                                 .lr = (float)tr->cfg.lr,
+                                 .weight_decay = (float)tr->cfg.weight_decay,
+                                 .momentum = (float)tr->cfg.momentum,
+                                 .beta1 = 0.9f,
+                                 .beta2 = 0.999f,
+                                 .eps = 1e-8f,
+                                 .schedule = strcmp(tr->cfg.lr_schedule, "cosine") == 0,
+                                 .decay_steps = tr->decay_steps};
+    return 0;
+}
+
+/* Where pulls of table k land: with two sets of weights, the one the
+ * model is not reading (a shard writes it when it answers, and backward
+ * may still be reading the weights then); otherwise hw, which a pull
+ * writes inside psc_wait only. */
+static float *pull_dst(struct trainer *tr, int k)
+{
+    return tr->wsets ? tr->wset[1 - tr->wcur][k] : tr->hw[k];
+}
+
+/* The pulls of the next clock are all on their way into the other set:
+ * the model reads that one from now on (forward waits for each piece of
+ * it as before), and the next pulls land in this one. */
+void psw_next_weights(struct trainer *tr)
+{
+    if (!tr->wsets)
+        return;
+    tr->wcur = 1 - tr->wcur;
+    memcpy(tr->hw, tr->wset[tr->wcur], (size_t)tr->ntables * sizeof *tr->hw);
+    psw_mlp_point_params(&tr->mlp, tr->hw);
+}
+
+/* Notes what pull i (a ticket in pull_tk) brings. */
+static void note_pull(struct trainer *tr, int i, int k, uint64_t first, uint64_t n)
+{
+    tr->pull_at[i] = (struct pull_range){k, first, n, 0};
+}
+
+/* Waits for the pulls not yet waited for that bring elements [a, b) of
+ * table k (k < 0: every pull), uploading each range to the device when
+ * upload is set. Returns the first error; waits for the others anyway. */
+static int wait_pulls(struct trainer *tr, int k, uint64_t a, uint64_t b, int upload)
+{
+    int first = 0;
+    for (int i = 0; i < tr->pulls_pending; i++) {
+        struct pull_range *p = &tr->pull_at[i];
+        if (p->done || (k >= 0 && (p->k != k || p->first >= b || p->first + p->n <= a)))
+            continue;
+        p->done = 1;
+        /* in slices, petting the service watchdog while a round waits */
+        int rc = PS_ETIMEDOUT;
+        double until = ps_mono_s() + (double)tr->cfg.timeout_ms / 1e3;
+        while (rc == PS_ETIMEDOUT && ps_mono_s() < until) {
+            rc = psc_wait(tr->c, tr->pull_tk[i], 1000);
+            ps_notify_watchdog();
+            if (rc == PS_ETIMEDOUT)
+                psw_worker_metrics(tr, 0); /* waiting, not stuck: /healthz stays ok */
+        }
+        if (rc == PS_ETIMEDOUT)
+            psc_cancel(tr->c, tr->pull_tk[i]);
+        if (rc == 0 && upload && p->k >= 0 &&
+            psk_upload(tr->be, psw_mlp_param(&tr->mlp, p->k) + p->first, tr->hw[p->k] + p->first,
+                       (size_t)p->n * 4))
+            rc = PS_EDEVICE;
+        if (rc != 0 && first == 0) {
+            first = rc;
+            PS_LOG(&tr->log, PS_LOG_ERROR, W0300, "pull %d of this step failed: %s%s", i,
+                   rc == PS_EDEVICE ? "device upload" : psc_last_error(tr->c),
+                   rc == PS_ETIMEDOUT ? " (the whole --timeout-ms passed)" : "");
+        }
+    }
+    return first;
+}
+
+static int pull_table(struct trainer *tr, int k, uint64_t clock)
+{
+    uint64_t n = psw_mlp_table_size(&tr->mlp, k);
+    note_pull(tr, k, k, 0, n);
+    int rc = psc_pull(tr->c, tr->th[k], 0, n, pull_dst(tr, k), clock, &tr->pull_tk[k]);
+    if (rc != 0)
+        PS_LOG(&tr->log, PS_LOG_ERROR, W0301, "pull: %s", psc_last_error(tr->c));
+    return rc;
+}
+
+/* Requests from here to psw_cork(tr, 0) go to each shard together where they
+ * can (psc_cork), unless --no-batch. */
+void psw_cork(struct trainer *tr, int on)
+{
+    if (tr->c != NULL && !tr->cfg.no_batch)
+        (void)psc_cork(tr->c, on); /* PS_ENOMEM: they go one by one */
+}
+
+/* Pulls every table at `clock` (start, rejoin). */
+int psw_pull_all(struct trainer *tr, uint64_t clock)
+{
+    int rc = 0;
+    psw_cork(tr, 1);
+    for (int k = 0; k < tr->ntables && rc == 0; k++)
+        rc = pull_table(tr, k, clock);
+    psw_cork(tr, 0);
+    tr->pulls_pending = tr->ntables;
+    psw_next_weights(tr);
+    return rc;
+}
+
+/* Makes the device hold the weights for the current clock: distributed,
+ * every pull still in flight is waited for and its range uploaded (the
+ * step's pulls cover every table); standalone, the host copies the
+ * optimizer updated are uploaded. */
+int psw_sync_weights(struct trainer *tr)
+{
+    if (tr->fresh)
+        return 0;
+    if (!tr->cfg.standalone) {
+        int rc = wait_pulls(tr, -1, 0, UINT64_MAX, !tr->alias);
+        tr->pulls_pending = 0;
+        if (rc != 0)
+            return rc;
+    }
+    for (int k = 0; k < tr->ntables && !tr->alias && tr->cfg.standalone; k++)
+        if (psk_upload(tr->be, psw_mlp_param(&tr->mlp, k), tr->hw[k],
+                       (size_t)psw_mlp_table_size(&tr->mlp, k) * 4))
+            return PS_EDEVICE;
+    tr->fresh = 1;
+    return 0;
+}
+
+/* Forward's ready callback: the weights of layer l's rows [r0, r1) (its
+ * bias when r0 == r1) have arrived, so the forward pass of the next step
+ * starts on the first rows while the last are still on the wire. */
+int psw_weights_ready(void *arg, int l, int r0, int r1)
+{
+    struct trainer *tr = arg;
+    if (r0 == r1)
+        return wait_pulls(tr, 2 * l + 1, 0, UINT64_MAX, !tr->alias);
+    uint64_t in = (uint64_t)tr->mlp.dims[l];
+    return wait_pulls(tr, 2 * l, (uint64_t)r0 * in, (uint64_t)r1 * in, !tr->alias);
+}
+
+/* Sends [first, first+n) of table k's gradient as a push-pull: this
+ * clock's gradient out, the next clock's weights for the same range back. */
+static int send_range(struct trainer *tr, int k, uint64_t first, uint64_t n)
+{
+    if (tr->acc[k] != NULL) { /* last micro-batch: add it, then average */
+        float *a = tr->acc[k] + first;
+        if (psk_axpy(tr->be, n, 1.0f, psw_mlp_grad(&tr->mlp, k) + first, a) ||
+            psk_scale(tr->be, n, 1.0f / (float)tr->cfg.accum_steps, a))
+            return PS_EDEVICE;
+    }
+    if (tr->cfg.topk > 0)
+        return 0; /* selected and sent after backward (send_topk) */
+    if (!tr->alias && psk_download(tr->be, tr->hg[k] + first, grad_src(tr, k) + first, n * 4))
+        return PS_EDEVICE;
+    if (tr->cfg.standalone)
+        return 0; /* applied after backward, which still reads the weights */
+    if (tr->pulls_pending >= TICKETS_MAX)
+        return PS_ELIMIT;
+    note_pull(tr, tr->pulls_pending, k, first, n);
+    int rc = psc_push_pull(tr->c, tr->th[k], first, n, tr->hg[k] + first, pull_dst(tr, k) + first,
+                           tr->clock, &tr->pull_tk[tr->pulls_pending]);
+    if (rc != 0) {
+        PS_LOG(&tr->log, PS_LOG_ERROR, W0302, "push: %s", psc_last_error(tr->c));
+        return rc;
+    }
+    tr->pulls_pending++;
+    return 0;
+}
+
+/* --topk: adds this step's gradient to the residual (through the local
+ * velocity when momentum is corrected), takes the largest entries out of
+ * it and sends them as a sparse push, and asks for the next clock's
+ * weights. Standalone applies them with the same optimizer code. */
+int psw_send_topk(struct trainer *tr, int k)
+{
+    size_t n = (size_t)psw_mlp_table_size(&tr->mlp, k);
+    const float *g = grad_src(tr, k);
+    float *v = tr->resid[k], *u = tr->vel[k];
+    int rc = u != NULL ? psk_scale(tr->be, n, (float)tr->cfg.momentum, u) ||
+                             psk_axpy(tr->be, n, 1.0f, g, u) || psk_axpy(tr->be, n, 1.0f, u, v)
+                       : psk_axpy(tr->be, n, 1.0f, g, v);
+    if (rc || psk_topk(tr->be, n, v, u, tr->sel_k[k], tr->sel_idx[k], tr->sel_val[k]))
+        return PS_EDEVICE;
+    if (tr->cfg.standalone) {
+        psk_optim_apply_sparse(&tr->opt, tr->clock + 1, tr->hw[k], tr->s1[k], tr->s2[k],
+                               tr->sel_idx[k], 0, tr->sel_val[k], tr->sel_k[k]);
+        return 0;
+    }
+    if (tr->pulls_pending + 2 > TICKETS_MAX)
+        return PS_ELIMIT;
+    note_pull(tr, tr->pulls_pending, -1, 0, 0);
+    note_pull(tr, tr->pulls_pending + 1, k, 0, n);
+    rc = psc_push_keys(tr->c, tr->th[k], tr->sel_idx[k], tr->sel_val[k], tr->sel_k[k], tr->clock,
+                       &tr->pull_tk[tr->pulls_pending]);
+    if (rc == 0)
+        rc = psc_pull(tr->c, tr->th[k], 0, n, pull_dst(tr, k), tr->clock + 1,
+                      &tr->pull_tk[tr->pulls_pending + 1]);
+    if (rc != 0) {
+        PS_LOG(&tr->log, PS_LOG_ERROR, W0303, "top-k push: %s", psc_last_error(tr->c));
+        return rc;
+    }
+    tr->pulls_pending += 2;
+    return 0;
+}
+
+/* Backward callback: rows [r0, r1) of layer l's weight gradient are ready
+ * (and, with the last rows, its bias gradient). They go out at once while
+ * backward goes on. Replies are read only inside psc_wait, i.e. after
+ * backward, so weights still needed below are not overwritten under it. */
+int psw_on_chunk(void *arg, int l, int r0, int r1)
+{
+    struct trainer *tr = arg;
+    uint64_t in = (uint64_t)tr->mlp.dims[l];
+    int rc = send_range(tr, 2 * l, (uint64_t)r0 * in, (uint64_t)(r1 - r0) * in);
+    if (rc == 0 && r1 == tr->mlp.dims[l + 1])
+        rc = send_range(tr, 2 * l + 1, 0, (uint64_t)r1);
+    return rc;
+}
+
+/* Rows idx[0..rows) of split d as the model's input, their labels into
+ * h_lab. On the CPU backend the batch is built in the model's input
+ * buffer itself; a device gets it uploaded from h_in. */
+int psw_load_batch(struct trainer *tr, const struct psw_split *d, const uint32_t *idx, int rows)
+{
+    if (tr->alias) {
+        psw_data_batch(d, idx, rows, tr->mlp.act[0], tr->h_lab);
+        return 0;
+    }
+    psw_data_batch(d, idx, rows, tr->h_in, tr->h_lab);
+    return psk_upload(tr->be, tr->mlp.act[0], tr->h_in, (size_t)rows * d->pixels * 4);
+}

@@ -1,0 +1,343 @@
+/* The steps: a training step (with micro-batches and overlap), rejoining
+ * after a drop, evaluation, progress and metrics, the epochs, and the
+ * sparse logistic regression run. */
+#include "trainer.h"
+
+#include "ps_clock.h"
+#include "ps_err.h"
+#include "ps_notify.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+static double evaluate(struct trainer *tr)
+{
+    if (psw_sync_weights(tr) != 0)
+        return -1;
+    uint32_t idx[EVAL_BATCH];
+    int correct = 0;
+    for (uint32_t i = 0; i < tr->test.n; i += EVAL_BATCH) {
+        int rows = (int)(tr->test.n - i < EVAL_BATCH ? tr->test.n - i : EVAL_BATCH);
+        for (int r = 0; r < rows; r++)
+            idx[r] = i + (uint32_t)r;
+        int up = psw_load_batch(tr, &tr->test, idx, rows);
+        if (tr->c != NULL)
+            psc_heartbeat(tr->c); /* evaluation can outlast a heartbeat interval */
+        ps_notify_watchdog();
+        double loss;
+        int ok;
+        if (up || psw_mlp_forward(&tr->mlp, rows) ||
+            psw_mlp_loss(&tr->mlp, rows, tr->h_lab, &loss, &ok))
+            return -1;
+        correct += ok;
+    }
+    return (double)correct / tr->test.n;
+}
+
+/* Forward and loss of one micro-batch (index j of this worker's step).
+ * overlap: the weights are still arriving; forward waits for them piece
+ * by piece (weights_ready), then for whatever else is in flight. */
+static int micro_batch(struct trainer *tr, uint64_t step_in_epoch, uint64_t j, int overlap,
+                       double *loss, int *correct)
+{
+    int b = (int)tr->cfg.batch;
+    uint64_t slot = (step_in_epoch * tr->cfg.accum_steps + j) * tr->cfg.workers + tr->cfg.rank;
+    if (psw_load_batch(tr, &tr->train, tr->perm + slot * (uint64_t)b, b))
+        return PS_EDEVICE;
+    int rc = overlap ? psw_mlp_forward_ready(&tr->mlp, b, psw_weights_ready, tr)
+                     : psw_mlp_forward(&tr->mlp, b);
+    if (overlap) { /* whatever forward did not need: waited for all the same */
+        int rest = psw_sync_weights(tr);
+        rc = rc != 0 ? rc : rest;
+    }
+    if (rc != 0)
+        return rc;
+    if (psw_mlp_loss(&tr->mlp, b, tr->h_lab, loss, correct))
+        return PS_EDEVICE;
+    return 0;
+}
+
+#define STEP_REJOINED 1 /* train_step: the clock moved; no step was taken */
+
+/* The servers dropped this worker from their rounds (it was silent, or
+ * late): say hello again and go on from the clock they name, with its
+ * weights. */
+static int rejoin(struct trainer *tr)
+{
+    uint64_t was = tr->clock;
+    int rc = psc_rejoin(tr->c, (int)tr->cfg.timeout_ms);
+    if (rc != 0) {
+        PS_LOG(&tr->log, PS_LOG_ERROR, W0304, "rejoin: %s", psc_last_error(tr->c));
+        return rc;
+    }
+    tr->clock = psc_start_clock(tr->c);
+    PS_LOG(&tr->log, PS_LOG_WARN, W0012,
+           "the servers took this worker out of their rounds at clock %llu (it was silent or "
+           "late): rejoining at clock %llu",
+           (unsigned long long)was, (unsigned long long)tr->clock);
+    rc = psw_pull_all(tr, tr->clock);
+    tr->fresh = 0;
+    return rc != 0 ? rc : STEP_REJOINED;
+}
+
+/* One clock: N micro-batches (N = --accum-steps); gradients of the first
+ * N-1 are summed on the device, the last one's backward sends as it goes.
+ * Global batch s of W x B x N samples: worker r's micro-batch j takes rows
+ * ((s N + j) W + r) B onwards, so all workers and micro-batches together
+ * see the same samples as one worker with batch W B N. */
+static int train_step(struct trainer *tr, uint64_t step_in_epoch, double *loss, int *correct)
+{
+    /* distributed: the first forward pass starts while the weights arrive */
+    int overlap = !tr->cfg.standalone && !tr->fresh;
+    int rc = overlap ? 0 : psw_sync_weights(tr);
+    if (rc != 0)
+        return rc;
+    if (!overlap && !tr->cfg.standalone && psc_outside_round(tr->c))
+        return rejoin(tr);
+    int b = (int)tr->cfg.batch;
+    uint64_t n_acc = tr->cfg.accum_steps;
+    *loss = 0;
+    *correct = 0;
+    for (uint64_t j = 0; j < n_acc && rc == 0; j++) {
+        double l = 0;
+        int ok = 0;
+        if ((rc = micro_batch(tr, step_in_epoch, j, overlap && j == 0, &l, &ok)) != 0)
+            break;
+        if (!isfinite(l)) { /* its gradients would poison the model: nothing is pushed */
+            PS_LOG(&tr->log, PS_LOG_ERROR, W0305,
+                   "the loss became %g at step %llu of the epoch: stopping before its gradients "
+                   "are pushed (a learning rate too high for this model?)",
+                   l, (unsigned long long)step_in_epoch);
+            return PS_EINVAL;
+        }
+        if (overlap && j == 0 && psc_outside_round(tr->c))
+            return rejoin(tr); /* every pull was waited for: none in flight */
+        *loss += l;
+        *correct += ok;
+        if (j + 1 == n_acc) {
+            psw_cork(tr, 1); /* the step's pushes go out as one message per shard */
+            rc = psw_mlp_backward(&tr->mlp, b, psw_on_chunk, tr);
+            psw_cork(tr, 0);
+            break;
+        }
+        rc = psw_mlp_backward(&tr->mlp, b, NULL, NULL);
+        for (int k = 0; k < tr->ntables && rc == 0; k++) {
+            size_t n = (size_t)psw_mlp_table_size(&tr->mlp, k);
+            const float *g = psw_mlp_grad(&tr->mlp, k);
+            rc = j == 0 ? psk_copy(tr->be, tr->acc[k], g, n * 4) /* starts the sum */
+                        : psk_axpy(tr->be, n, 1.0f, g, tr->acc[k]);
+        }
+    }
+    if (rc != 0)
+        return rc;
+    for (int k = tr->ntables - 1; k >= 0 && tr->cfg.topk > 0 && rc == 0; k--)
+        rc = psw_send_topk(tr, k);
+    if (rc != 0)
+        return rc;
+    for (int k = 0; k < tr->ntables && tr->cfg.standalone && tr->cfg.topk == 0; k++)
+        psk_optim_apply(&tr->opt, tr->clock + 1, tr->hw[k], tr->s1[k], tr->s2[k], tr->hg[k],
+                        (size_t)psw_mlp_table_size(&tr->mlp, k));
+    tr->fresh = 0;
+    if (!tr->cfg.standalone)
+        psw_next_weights(tr);
+    tr->clock++;
+    tr->done++;
+    ps_notify_watchdog();
+    if (tr->cfg.test_delay_ms) {
+        struct timespec ts = {(time_t)(tr->cfg.test_delay_ms / 1000),
+                              (long)(tr->cfg.test_delay_ms % 1000) * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    return rc;
+}
+
+/* Step `step` of an epoch that ends at step `steps` (its last, or where
+ * --max-steps stops the run), timed from t0 when the epoch began at step
+ * `first` (a rejoining worker starts inside one) of `epochs` in the run. */
+static void progress(struct trainer *tr, uint64_t epoch, uint64_t epochs, uint64_t first,
+                     uint64_t step, uint64_t steps, double loss, double t0, int done)
+{
+    double el = ps_mono_s() - t0;
+    uint64_t did = step > first ? step - first : 0;
+    double sps = el > 0 ? (double)(did * tr->cfg.batch * tr->cfg.accum_steps) / el : 0;
+    double eta = did > 0 ? el / (double)did * (double)(steps - step) : 0;
+    if (isatty(STDERR_FILENO)) {
+        int bar = (int)(30.0 * step / steps), i;
+        char b[31];
+        for (i = 0; i < 30; i++)
+            b[i] = i < bar ? '=' : (i == bar ? '>' : ' ');
+        b[30] = '\0';
+        fprintf(stderr, "\repoch %llu/%llu [%s] %llu/%llu loss %.4f %.0f samples/s ETA %.0fs ",
+                (unsigned long long)epoch + 1, (unsigned long long)epochs, b,
+                (unsigned long long)step, (unsigned long long)steps, loss, sps, eta);
+        if (done)
+            fputc('\n', stderr);
+    } else if (done ? step % tr->cfg.log_every != 0 : step % tr->cfg.log_every == 0) {
+        /* (an epoch's end on a multiple of --log-every was logged already) */
+        PS_LOG(&tr->log, PS_LOG_INFO, W0200,
+               "epoch %llu/%llu step %llu/%llu loss %.4f %.0f samples/s ETA %.0fs",
+               (unsigned long long)epoch + 1, (unsigned long long)epochs, (unsigned long long)step,
+               (unsigned long long)steps, loss, sps, eta);
+    }
+}
+
+/* Publishes this worker's metrics: at most every 250 ms unless forced. */
+void psw_worker_metrics(struct trainer *tr, int force)
+{
+    double now = ps_mono_s();
+    if (tr->metrics == NULL || (!force && now - tr->m_at < 0.25))
+        return;
+    double per_step = (double)(tr->cfg.batch * tr->cfg.accum_steps);
+    if (now > tr->m_at && tr->done >= tr->m_done)
+        tr->m_sps = (double)(tr->done - tr->m_done) * per_step / (now - tr->m_at);
+    tr->m_at = now;
+    tr->m_done = tr->done;
+    struct ps_buf *b = &tr->mtext;
+    char lab[256] = "", v[32];
+    snprintf(v, sizeof v, "%llu", (unsigned long long)tr->cfg.rank);
+    ps_prom_label(lab, sizeof lab, "rank", v);
+    snprintf(v, sizeof v, "%llu", (unsigned long long)tr->cfg.workers);
+    ps_prom_label(lab, sizeof lab, "workers", v);
+    ps_prom_label(lab, sizeof lab, "device", tr->be != NULL ? psk_describe(tr->be) : "?");
+    ps_prom_label(lab, sizeof lab, "mode", tr->cfg.standalone ? "standalone" : "servers");
+    ps_prom_family(b, "psworker_info", "gauge", "This worker: rank, workers, device.");
+    ps_prom_sample(b, "psworker_info", lab, 1);
+    ps_prom_metric(b, "psworker_clock", "gauge", "The run's clock this worker is at (its step).",
+                   (double)tr->clock);
+    ps_prom_metric(b, "psworker_steps_total", "counter", "Steps this process has taken.",
+                   (double)tr->done);
+    ps_prom_metric(b, "psworker_samples_total", "counter", "Training samples this process used.",
+                   (double)tr->done * per_step);
+    ps_prom_metric(b, "psworker_samples_per_second", "gauge",
+                   "Training samples per second since the previous publish.", tr->m_sps);
+    ps_prom_metric(b, "psworker_loss", "gauge", "Mean training loss of the last step.", tr->m_loss);
+    if (tr->m_accuracy >= 0)
+        ps_prom_metric(b, "psworker_test_accuracy_ratio", "gauge",
+                       "Test accuracy at the last evaluation.", tr->m_accuracy);
+    uint64_t sent = 0, received = 0;
+    if (tr->c != NULL) {
+        psc_bytes(tr->c, &sent, &received);
+        ps_prom_metric(b, "psworker_stale_pushes_total", "counter",
+                       "Pushes the servers refused as outside the rounds.",
+                       (double)psc_stale_pushes(tr->c));
+        ps_prom_metric(b, "psworker_resent_requests_total", "counter",
+                       "Requests sent again: unanswered after --retry-ms, or refused as not yet.",
+                       (double)psc_resends(tr->c));
+    }
+    ps_prom_metric(b, "psworker_sent_bytes_total", "counter", "Bytes sent to the servers.",
+                   (double)sent);
+    ps_prom_metric(b, "psworker_received_bytes_total", "counter",
+                   "Bytes received from the servers.", (double)received);
+    ps_metrics_publish(tr->metrics, b);
+}
+
+int psw_train(struct trainer *tr, double *accuracy)
+{
+    uint64_t gb = tr->cfg.batch * tr->cfg.workers * tr->cfg.accum_steps;
+    uint64_t steps = tr->train.n / gb, total = steps * tr->cfg.epochs;
+    if (tr->cfg.max_steps && tr->cfg.max_steps < total)
+        total = tr->cfg.max_steps;
+    *accuracy = -1;
+    int rc = 0;
+    /* by the clock, not by counting: a worker rejoining a run starts (and
+     * may move on) where the run is */
+    uint64_t epochs = (total + steps - 1) / steps; /* --max-steps may end the run early */
+    while (rc == 0 && tr->clock < total) {
+        uint64_t e = tr->clock / steps, s = tr->clock % steps, first = s;
+        uint64_t end = total - e * steps < steps ? total - e * steps : steps;
+        psw_data_permute(tr->perm, tr->train.n, tr->cfg.seed, e);
+        double t0 = ps_mono_s(), loss_sum = 0;
+        uint64_t seen = 0;
+        while (tr->clock / steps == e && tr->clock < total) {
+            s = tr->clock % steps;
+            double loss = 0;
+            int ok = 0;
+            rc = train_step(tr, s, &loss, &ok);
+            if (rc == STEP_REJOINED) {
+                rc = 0;
+                continue;
+            }
+            if (rc != 0)
+                break;
+            loss_sum += loss;
+            seen += tr->cfg.batch * tr->cfg.accum_steps;
+            progress(tr, e, epochs, first, s + 1, end, loss_sum / seen, t0, 0);
+            tr->m_loss = loss / (double)(tr->cfg.batch * tr->cfg.accum_steps);
+            psw_worker_metrics(tr, 0);
+        }
+        tr->train_seconds += ps_mono_s() - t0;
+        if (rc != 0)
+            break;
+        progress(tr, e, epochs, first, tr->clock / steps == e ? tr->clock % steps : end, end,
+                 seen ? loss_sum / seen : 0, t0, 1);
+        if (tr->cfg.rank == 0) {
+            *accuracy = evaluate(tr);
+            PS_LOG(&tr->log, PS_LOG_INFO, W0210, "epoch %llu: test accuracy %.4f",
+                   (unsigned long long)e + 1, *accuracy);
+            tr->m_accuracy = *accuracy;
+            psw_worker_metrics(tr, 1);
+        }
+    }
+    if (rc == 0 && (rc = psw_sync_weights(tr)) == 0 && tr->cfg.rank != 0)
+        *accuracy = evaluate(tr); /* the final weights, so every summary has it */
+    tr->m_accuracy = *accuracy;
+    psw_worker_metrics(tr, 1);
+    return rc;
+}
+
+/* --model sparse-lr: its own loop (sparse_lr.c) over the same client. */
+int psw_run_sparse_lr(struct trainer *tr)
+{
+    const struct config *c = &tr->cfg;
+    char err[512];
+    double t0 = ps_mono_s();
+    int rc = psw_connect_client(tr, 0, err, sizeof err);
+    struct psw_slr_config sc = {
+        .data = c->data,
+        .rank = (uint32_t)c->rank,
+        .workers = (uint32_t)c->workers,
+        .batch = c->batch,
+        .epochs = c->epochs,
+        .max_steps = c->max_steps,
+        .seed = c->seed,
+        .log_every = c->log_every,
+        .optimizer = psk_optim_parse(c->optimizer),
+        .lr = (float)c->lr,
+        .l1 = (float)c->l1,
+        .l2 = (float)c->l2,
+        .rows_max = c->rows_max,
+        .timeout_ms = (int)c->timeout_ms,
+        .embed_dim = (uint32_t)c->embed_dim,
+        .hidden = (uint32_t)c->embed_hidden,
+        .device = c->device,
+    };
+    struct psw_slr_result res = {0};
+    if (rc == 0)
+        rc = psw_slr_train(&sc, tr->c, &tr->log, &res, err, sizeof err);
+    if (rc != 0)
+        PS_LOG(&tr->log, PS_LOG_ERROR, W0002, "%s", err);
+    uint64_t sent = 0, recvd = 0;
+    if (tr->c != NULL)
+        psc_bytes(tr->c, &sent, &recvd);
+    FILE *f = c->summary_json && rc == 0 ? fopen(c->summary_json, "w") : NULL;
+    if (f != NULL) {
+        fprintf(f,
+                "{\"test_accuracy\": %.6f, \"test_logloss\": %.6f, \"samples_per_sec\": %.2f, "
+                "\"steps\": %llu, \"epochs\": %llu, \"wall_seconds\": %.3f, "
+                "\"bytes_pushed\": %llu, \"bytes_pulled\": %llu, \"rows_pulled_per_step\": %.1f, "
+                "\"rank\": %llu}\n",
+                res.test_accuracy, res.test_logloss,
+                res.train_seconds > 0 ? res.samples / res.train_seconds : 0.0,
+                (unsigned long long)res.steps, (unsigned long long)c->epochs, ps_mono_s() - t0,
+                (unsigned long long)sent, (unsigned long long)recvd,
+                res.steps ? (double)res.rows_pulled / (double)res.steps : 0.0,
+                (unsigned long long)c->rank);
+        fclose(f);
+    }
+    psc_destroy(tr->c);
+    return rc == 0 ? 0 : 1;
+}

@@ -1,0 +1,116 @@
+/* psworker's trainer: its configuration (the flags), the state of a run,
+ * and one section per file: exchange.c moves weights and gradients,
+ * train.c runs the steps, psworker.c sets up, reports and saves. */
+#ifndef PSW_TRAINER_H
+#define PSW_TRAINER_H
+
+#include "data.h"
+#include "mlp.h"
+#include "psclient.h"
+#include "sparse_lr.h"
+
+#include "psk.h"
+#include "psk_optim.h"
+
+#include "ps_cpus.h"
+#include "ps_log.h"
+#include "ps_metrics.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define EVAL_BATCH  1000
+#define TABLES_MAX  (2 * PSW_LAYERS_MAX)
+#define TICKETS_MAX 1024 /* push-pulls of one step: one per weight chunk and bias */
+
+struct config {
+    const char *servers;
+    uint64_t rank, workers;
+    const char *model, *layers, *data;
+    uint64_t batch, epochs, seed;
+    double lr, momentum, weight_decay, topk, l1, l2;
+    uint64_t rows_max, embed_dim, embed_hidden;
+    const char *optimizer, *device, *lr_schedule, *wire_dtype;
+    const char *summary_json, *save, *log_level, *curve_secret, *curve_server_key, *config;
+    const char *metrics_listen, *cpus, *io_cpus;
+    int standalone, no_local_ipc, no_shm, no_batch;
+    uint64_t max_steps, log_every, timeout_ms, test_delay_ms, accum_steps, retry_ms, heartbeat_ms;
+    uint64_t compute_threads;
+    int help;
+};
+
+struct trainer {
+    const char *const *eps; /* --servers, while psc_create says hello (log_hello_waiting) */
+    uint32_t neps;
+    struct config cfg;
+    struct ps_log log;
+    struct psk_backend *be;
+    struct psw_mlp mlp;
+    struct psw_split train, test;
+    uint32_t *perm;
+    float *h_in; /* a device's batch before its upload (NULL on the CPU backend) */
+    int *h_lab;
+    int ntables;
+    float *hw[TABLES_MAX], *hg[TABLES_MAX]; /* host weights and gradients */
+    /* with shared memory: two sets of weights in the region; the model
+     * reads set wcur while the pulls of the next clock land in the other */
+    float *wset[2][TABLES_MAX];
+    int wcur, wsets;
+    struct ps_pool *pool; /* --compute-threads 2 */
+    /* distributed */
+    struct psc_client *c;
+    uint32_t th[TABLES_MAX];
+    uint64_t pull_tk[TICKETS_MAX]; /* pulls, or push-pulls, in flight */
+    struct pull_range {            /* what each brings: table k's [first, first+n) */
+        int k;                     /* -1: no weights (a top-k push) */
+        uint64_t first, n;
+        int done; /* waited for */
+    } pull_at[TICKETS_MAX];
+    int pulls_pending;
+    int alias;                    /* CPU backend: host buffers are the model's own buffers */
+    struct ps_cpus cpus, io_cpus; /* --cpus, --io-cpus (n == 0: not given) */
+    /* standalone */
+    struct psk_optim opt;
+    float *s1[TABLES_MAX], *s2[TABLES_MAX];
+    float *acc[TABLES_MAX]; /* --accum-steps > 1: summed gradients (device) */
+    /* --topk: residual and (momentum correction) velocity on the device,
+     * the selection on the host */
+    float *resid[TABLES_MAX], *vel[TABLES_MAX];
+    uint64_t *sel_idx[TABLES_MAX];
+    float *sel_val[TABLES_MAX];
+    int sel_shm[TABLES_MAX]; /* sel_idx and sel_val lie in the shared region */
+    size_t sel_k[TABLES_MAX];
+    uint64_t decay_steps; /* optimizer steps of the whole run (lr schedule) */
+    uint64_t clock;       /* steps done (in the run: a rejoining worker starts later) */
+    uint64_t clock0;      /* where this process started */
+    uint64_t done;        /* steps this process took */
+    int fresh;            /* device weights are those of `clock` */
+    double train_seconds;
+    /* --metrics-listen */
+    struct ps_metrics *metrics;
+    struct ps_buf mtext;
+    double m_at, m_sps, m_loss, m_accuracy; /* last publish; its rate; last step; last eval */
+    uint64_t m_done;                        /* steps at the last publish */
+};
+
+/* psworker.c */
+int psw_connect_client(struct trainer *tr, int nonzero_pulls, char *err, size_t errlen);
+
+/* exchange.c */
+size_t psw_topk_count(const struct trainer *tr, size_t n);
+int psw_setup_tables(struct trainer *tr, char *err, size_t errlen);
+void psw_next_weights(struct trainer *tr);
+void psw_cork(struct trainer *tr, int on);
+int psw_pull_all(struct trainer *tr, uint64_t clock);
+int psw_sync_weights(struct trainer *tr);
+int psw_weights_ready(void *arg, int l, int r0, int r1);
+int psw_send_topk(struct trainer *tr, int k);
+int psw_on_chunk(void *arg, int l, int r0, int r1);
+int psw_load_batch(struct trainer *tr, const struct psw_split *d, const uint32_t *idx, int rows);
+
+/* train.c */
+void psw_worker_metrics(struct trainer *tr, int force);
+int psw_train(struct trainer *tr, double *accuracy);
+int psw_run_sparse_lr(struct trainer *tr);
+
+#endif
