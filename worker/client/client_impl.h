@@ -193,6 +193,14 @@ int pc_send_frames(struct psc_client *c, uint32_t shard, const Ps__Header *h, co
                    size_t kbytes, const void *vals, size_t vbytes, struct slot *sl, int resend);
 const unsigned char *pc_wire_values(struct psc_client *c, struct slot *sl, const float *v,
                                     size_t n);
+/* What pc_send_sub did, when it did not fail. */
+enum pc_sub_sent {
+    PC_SUB_SENT = 0, /* shard s's part went out */
+    PC_SUB_NONE = 1, /* nothing of the request is on shard s */
+};
+/* Sends shard s's part of the slot's request (again, when resend), by
+ * the slot's kind (send.c's send_part). Returns an enum pc_sub_sent, or
+ * a PS_E* code (the slot failed). */
 int pc_send_sub(struct psc_client *c, struct slot *sl, uint32_t s, int resend);
 int pc_send_all(struct psc_client *c, struct slot *sl, uint64_t id, uint64_t *ticket);
 void pc_resend_all_due(struct psc_client *c);

@@ -372,7 +372,7 @@ static void handle_reply(struct psc_client *c, uint32_t shard, const struct ps_f
         /* the shard lost the region (it restarted): frames until it
          * takes the region again */
         c->shm_on[shard] = 0;
-        int sent = pc_send_sub(c, sl, shard, 1) == 0;
+        int sent = pc_send_sub(c, sl, shard, 1) == PC_SUB_SENT;
         rebind_region(c, shard);
         if (sent)
             return;

@@ -240,62 +240,91 @@ static void mark_via_shm(struct slot *sl, uint32_t s, uint32_t shm)
     sl->via_shm[s / 64] = shm ? sl->via_shm[s / 64] | bit : sl->via_shm[s / 64] & ~bit;
 }
 
-/* Sends shard s's part of the ticket's request (again, when resend).
- * Returns 0 sent, 1 nothing of it is on s, <0 an error (slot failed). */
-int pc_send_sub(struct psc_client *c, struct slot *sl, uint32_t s, int resend)
+/* Shard s's part of a dense range: its slice, the values through the
+ * region where they lie in it, and where the shard writes a pull's
+ * values when the caller's buffer is in the region. */
+static int send_range_part(struct psc_client *c, struct slot *sl, const struct table_h *t,
+                           uint32_t s, Ps__Header *h, int resend)
 {
-    const struct table_h *t = c->tables[sl->table];
-    uint64_t id = sl->seq;
-    Ps__Header h;
-    request_header(c, &h, sl->op, id, t, s, sl->clock);
-    if (sl->kind == SUB_RANGE) {
-        uint64_t a, b;
-        if (!pc_range_part(c, sl, s, &a, &b))
-            return 1;
-        h.offset = a;
-        h.count = b - a;
-        h.continues = sl->continues;
-        h.nonzero_only = c->nonzero_pulls && sl->op != PS__OP__OP_PUSH && !sl->view;
-        size_t vbytes = (b - a) * c->esize;
-        const void *vals = sl->src ? sl->src + (a - sl->offset) * c->esize : NULL;
-        vals = via_region(c, s, &h, PS_SHM_IN, vals, vbytes);
-        if (pc_shm_out_at(c, sl, s, a, b, &h.shm_out)) {
-            h.shm |= PS_SHM_OUT; /* the shard writes the values there; none need masking */
-            h.nonzero_only = 0;
-        }
-        mark_via_shm(sl, s, h.shm);
-        return pc_send_frames(c, s, &h, NULL, 0, vals, vals ? vbytes : 0, sl, resend);
+    (void)t;
+    uint64_t a, b;
+    if (!pc_range_part(c, sl, s, &a, &b))
+        return PC_SUB_NONE;
+    h->offset = a;
+    h->count = b - a;
+    h->continues = sl->continues;
+    h->nonzero_only = c->nonzero_pulls && sl->op != PS__OP__OP_PUSH && !sl->view;
+    size_t vbytes = (b - a) * c->esize;
+    const void *vals = sl->src ? sl->src + (a - sl->offset) * c->esize : NULL;
+    vals = via_region(c, s, h, PS_SHM_IN, vals, vbytes);
+    if (pc_shm_out_at(c, sl, s, a, b, &h->shm_out)) {
+        h->shm |= PS_SHM_OUT; /* the shard writes the values there; none need masking */
+        h->nonzero_only = 0;
     }
-    h.layout = PS__LAYOUT__LAYOUT_KEYS;
-    if (sl->kind == SUB_ROWS) {
-        uint32_t a = sl->grp[s], b = sl->grp[s + 1];
-        if (a == b)
-            return 1;
-        size_t d = t->dim;
-        h.count = b - a;
-        h.dim = t->dim;
-        const void *v = sl->src ? sl->src + (size_t)a * d * c->esize : NULL;
-        return pc_send_frames(c, s, &h, sl->skeys + a, (size_t)(b - a) * 8, v,
-                              v ? (size_t)(b - a) * d * c->esize : 0, sl, resend);
-    }
-    /* SUB_KEYS: the keys that fall in s's range; a single zero entry when
-     * none do, so that every shard gets a push each clock (bsp rounds) */
+    mark_via_shm(sl, s, h->shm);
+    return pc_send_frames(c, s, h, NULL, 0, vals, vals ? vbytes : 0, sl, resend);
+}
+
+/* Shard s's rows of a sparse table: its group of the keys (rows_group). */
+static int send_rows_part(struct psc_client *c, struct slot *sl, const struct table_h *t,
+                          uint32_t s, Ps__Header *h, int resend)
+{
+    uint32_t a = sl->grp[s], b = sl->grp[s + 1];
+    if (a == b)
+        return PC_SUB_NONE;
+    size_t d = t->dim;
+    h->layout = PS__LAYOUT__LAYOUT_KEYS;
+    h->count = b - a;
+    h->dim = t->dim;
+    const void *v = sl->src ? sl->src + (size_t)a * d * c->esize : NULL;
+    return pc_send_frames(c, s, h, sl->skeys + a, (size_t)(b - a) * 8, v,
+                          v ? (size_t)(b - a) * d * c->esize : 0, sl, resend);
+}
+
+/* Shard s's part of a keyed push into a dense table: the keys that fall
+ * in its range; a single zero entry when none do, so that every shard
+ * gets a push each clock (bsp rounds). */
+static int send_keys_part(struct psc_client *c, struct slot *sl, const struct table_h *t,
+                          uint32_t s, Ps__Header *h, int resend)
+{
     uint64_t lo, hi;
     ps_shard_range(t->size, c->nshards, s, &lo, &hi);
     if (lo == hi)
-        return 1; /* this shard holds nothing of the table */
+        return PC_SUB_NONE; /* this shard holds nothing of the table */
     size_t i = ps_keys_below(sl->keys, sl->nkeys, lo), j = ps_keys_below(sl->keys, sl->nkeys, hi);
     /* keys are sent as they lie in memory: uint64 little-endian hosts only */
     uint64_t pad_key = lo;
     unsigned char pad_val[4] = {0};
-    h.count = j > i ? j - i : 1;
+    h->layout = PS__LAYOUT__LAYOUT_KEYS;
+    h->count = j > i ? j - i : 1;
     const void *k = j > i ? (const void *)(sl->keys + i) : &pad_key;
     const void *v = j > i ? (const void *)(sl->src + i * c->esize) : pad_val;
-    size_t kbytes = h.count * sizeof(uint64_t), vbytes = h.count * c->esize;
-    k = via_region(c, s, &h, PS_SHM_KEYS, k, kbytes); /* psd copies them out */
-    v = via_region(c, s, &h, PS_SHM_IN, v, vbytes);
-    mark_via_shm(sl, s, h.shm);
-    return pc_send_frames(c, s, &h, k, k ? kbytes : 0, v, v ? vbytes : 0, sl, resend);
+    size_t kbytes = h->count * sizeof(uint64_t), vbytes = h->count * c->esize;
+    k = via_region(c, s, h, PS_SHM_KEYS, k, kbytes); /* psd copies them out */
+    v = via_region(c, s, h, PS_SHM_IN, v, vbytes);
+    mark_via_shm(sl, s, h->shm);
+    return pc_send_frames(c, s, h, k, k ? kbytes : 0, v, v ? vbytes : 0, sl, resend);
+}
+
+/* How each kind of slot puts shard s's part on the wire. Synchronous
+ * requests go whole (pc_call_sync), and a request in pieces sends each
+ * piece as a range slot of its own: neither has a part to send. */
+typedef int (*send_part_fn)(struct psc_client *c, struct slot *sl, const struct table_h *t,
+                            uint32_t s, Ps__Header *h, int resend);
+static const send_part_fn send_part[] = {
+    [SUB_SYNC] = NULL,           [SUB_RANGE] = send_range_part, [SUB_KEYS] = send_keys_part,
+    [SUB_ROWS] = send_rows_part, [SUB_PIECES] = NULL,
+};
+
+int pc_send_sub(struct psc_client *c, struct slot *sl, uint32_t s, int resend)
+{
+    send_part_fn send = send_part[sl->kind];
+    if (send == NULL)
+        return PC_SUB_NONE;
+    const struct table_h *t = c->tables[sl->table];
+    Ps__Header h;
+    request_header(c, &h, sl->op, sl->seq, t, s, sl->clock);
+    return send(c, sl, t, s, &h, resend);
 }
 
 int pc_send_all(struct psc_client *c, struct slot *sl, uint64_t id, uint64_t *ticket)
@@ -319,7 +348,7 @@ static void resend_due(struct psc_client *c, struct slot *sl, int64_t now)
         return;
     for (uint32_t s = 0; s < c->nshards; s++)
         if ((sl->expected[s / 64] >> (s % 64)) & 1u && !pc_shard_replied(sl, s) &&
-            pc_send_sub(c, sl, s, 1) == 0)
+            pc_send_sub(c, sl, s, 1) == PC_SUB_SENT)
             c->resends++;
     sl->sent_ms = now;
     sl->attempts++;
