@@ -32,6 +32,16 @@ int pc_call_sync(struct psc_client *c, Ps__Header *h, uint32_t s0, uint32_t s1, 
     return rc;
 }
 
+size_t psc_config_bytes(void)
+{
+    return sizeof(struct psc_config);
+}
+
+size_t psc_table_spec_bytes(void)
+{
+    return sizeof(struct psc_table_spec);
+}
+
 void psc_table_spec_init(struct psc_table_spec *s, const char *name, uint64_t size)
 {
     memset(s, 0, sizeof *s);

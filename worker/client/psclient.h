@@ -232,10 +232,19 @@ PSC_API const char *psc_endpoint(const struct psc_client *c, uint32_t shard);
 
 /* Text of the last failure on this client; "" when none. */
 PSC_API const char *psc_last_error(const struct psc_client *c);
+/* After a call returned PS_EREMOTE: the shard's own PS_E* code for the
+ * refusal (PS_EEXIST, PS_ERANGE, ...); 0 after any other result. */
+PSC_API int psc_last_remote(const struct psc_client *c);
 /* The text of a PS_E* code ("timed out"); never NULL. */
 PSC_API const char *psc_strerror(int code);
 /* The name of a PS_E* code ("PS_ETIMEDOUT"); never NULL. */
 PSC_API const char *psc_err_name(int code);
+
+/* sizeof(struct psc_config) and sizeof(struct psc_table_spec) as this
+ * library was built: a binding that lays the structs out itself (Python's
+ * ctypes) checks its own sizes against these before it passes one. */
+PSC_API size_t psc_config_bytes(void);
+PSC_API size_t psc_table_spec_bytes(void);
 
 /* Fills *s with defaults (SGD, lr 0.01, momentum 0.9, Adam betas 0.9/0.999,
  * eps 1e-8, zeros init). */

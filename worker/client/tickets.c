@@ -243,6 +243,11 @@ const char *psc_last_error(const struct psc_client *c)
     return c->last_error;
 }
 
+int psc_last_remote(const struct psc_client *c)
+{
+    return c->last_remote;
+}
+
 const char *psc_strerror(int code)
 {
     return ps_strerror(code);
