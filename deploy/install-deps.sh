@@ -24,9 +24,11 @@ RUN_PKGS=(
 # runtime (fuzz targets), procps (process checks), systemd
 # (systemd-analyze verify of the units), prometheus (promtool) and curl
 # (/metrics), iproute2, iptables and libnetfilter-queue (the several-host
-# test in network namespaces), podman and debootstrap (the compose test).
+# test in network namespaces), podman and debootstrap (the compose test),
+# numpy and pytest (the Python package's tests, on Debian's python3).
 TEST_PKGS=(
   libcmocka-dev
+  python3-numpy python3-pytest
   clang libclang-rt-14-dev
   procps systemd
   prometheus curl

@@ -1,0 +1,89 @@
+"""Real psd shards for the Python package's tests: started on loopback
+with free ports, their endpoints read from --endpoint-file under a
+deadline, and always stopped."""
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "worker", "python"))
+
+DEADLINE_S = 30
+
+
+def child_env():
+    """The environment for psd: without the sanitizer runtime this Python
+    was started with (LD_PRELOAD), with the test suite's ASan options."""
+    env = dict(os.environ)
+    env.pop("LD_PRELOAD", None)
+    if "PSD_CHILD_ASAN_OPTIONS" in env:
+        env["ASAN_OPTIONS"] = env["PSD_CHILD_ASAN_OPTIONS"]
+    return env
+
+
+class Cluster:
+    def __init__(self):
+        self.tmp = tempfile.mkdtemp(prefix="psd-py-")
+        self.procs = []
+        self.endpoints = []
+
+    def start(self, shards=1, args=()):
+        psd = os.environ.get("PSD_BIN")
+        if not psd:
+            pytest.skip("PSD_BIN is not set (run through meson test)")
+        files = []
+        for i in range(shards):
+            ep = os.path.join(self.tmp, "ep%d-%d" % (len(self.procs), i))
+            log = open(os.path.join(self.tmp, "psd%d.log" % len(self.procs)), "w")
+            self.procs.append(subprocess.Popen(
+                [psd, "--listen", "tcp://127.0.0.1:0", "--endpoint-file", ep, "--shard", str(i),
+                 "--shards", str(shards)] + list(args), stdout=subprocess.DEVNULL, stderr=log,
+                env=child_env()))
+            files.append(ep)
+        deadline = time.monotonic() + DEADLINE_S
+        eps = []
+        for f, p in zip(files, self.procs[-shards:]):
+            while not (os.path.exists(f) and open(f).read().strip()):
+                if p.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("psd did not start: " + self.logs())
+                time.sleep(0.01)
+            eps.append(open(f).read().strip())
+        self.endpoints = eps
+        return ",".join(eps)
+
+    def logs(self):
+        out = []
+        for name in sorted(os.listdir(self.tmp)):
+            if name.endswith(".log"):
+                out.append("---- %s\n%s" % (name, open(os.path.join(self.tmp, name)).read()[-3000:]))
+        return "\n".join(out)
+
+    def stop(self):
+        for p in self.procs:
+            if p.poll() is None:
+                p.terminate()
+        codes = []
+        for p in self.procs:
+            try:
+                codes.append(p.wait(timeout=10))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                codes.append(p.wait())
+        return codes
+
+
+@pytest.fixture
+def cluster():
+    c = Cluster()
+    try:
+        yield c
+    finally:
+        codes = c.stop()
+        bad = [x for x in codes if x not in (0,)]
+        if bad:
+            print(c.logs())
+        assert not bad, "psd exited with %s" % bad

@@ -1,0 +1,210 @@
+"""psd.Client against real psd shards: every call, its values, and the
+errors it raises before and after anything is sent."""
+import os
+
+import numpy as np
+import pytest
+
+import psd
+
+
+def test_library_is_found_and_matches():
+    lib, path = psd.library()
+    assert os.path.exists(path) or path.startswith("lib")
+    assert lib.psc_config_bytes() > 0
+
+
+def test_dense_push_pull_over_two_shards(cluster):
+    servers = cluster.start(shards=2)
+    with psd.Client(servers) as c:
+        assert c.shards == 2
+        c.create_table("w", 1001, optimizer="sgd", lr=0.5)
+        g = np.arange(1001, dtype=np.float32)
+        assert c.push("w", g).wait() is None
+        w = np.empty(1001, np.float32)
+        assert c.pull("w", w).wait() is w
+        np.testing.assert_array_equal(w, -0.5 * g)  # zeros, one SGD step
+        out = np.empty(1001, np.float32)
+        c.push_pull("w", np.ones(1001, np.float32), out).wait()
+        np.testing.assert_allclose(out, -0.5 * g - 0.5)
+        # a range of it
+        part = np.empty(10, np.float32)
+        c.pull("w", part, offset=500).wait()
+        np.testing.assert_allclose(part, out[500:510])
+
+
+def test_momentum_matches_the_update_rule(cluster):
+    servers = cluster.start()
+    with psd.Client(servers) as c:
+        c.create_table("m", 4, optimizer="momentum", lr=0.1, momentum=0.9)
+        g = np.array([1, 2, 3, 4], np.float32)
+        w, v = np.zeros(4, np.float32), np.zeros(4, np.float32)
+        out = np.empty(4, np.float32)
+        for _ in range(5):
+            c.push_pull("m", g, out).wait()
+            v = 0.9 * v + g
+            w = w - 0.1 * v
+        np.testing.assert_allclose(out, w, rtol=1e-6)
+
+
+def test_sparse_rows(cluster):
+    servers = cluster.start(shards=2)
+    with psd.Client(servers) as c:
+        c.create_sparse_table("emb", 3, lr=1.0)
+        keys = np.array([2, 7, 1 << 40], np.uint64)
+        grads = np.arange(9, dtype=np.float32).reshape(3, 3)
+        c.push_rows("emb", keys, grads).wait()
+        rows = np.empty((3, 3), np.float32)
+        c.pull_rows("emb", keys, rows).wait()
+        np.testing.assert_array_equal(rows, -grads)
+        one = np.empty((1, 3), np.float32)
+        c.pull_rows("emb", [7], one).wait()
+        np.testing.assert_array_equal(one[0], -grads[1])
+
+
+def test_torch_tensors_without_a_copy(cluster):
+    torch = pytest.importorskip("torch")
+    servers = cluster.start()
+    with psd.Client(servers) as c:
+        c.create_table("t", 6, lr=1.0)
+        c.push("t", torch.ones(2, 3)).wait()
+        out = torch.empty(2, 3)
+        assert c.pull("t", out).wait() is out
+        assert torch.equal(out, -torch.ones(2, 3))
+        with pytest.raises(ValueError, match="out: the tensor is not contiguous"):
+            c.pull("t", torch.empty(3, 2).t())
+
+
+def test_bad_buffers_are_refused_before_sending(cluster):
+    servers = cluster.start()
+    with psd.Client(servers) as c:
+        c.create_table("w", 8)
+        with pytest.raises(TypeError, match="grad: float32 values are needed"):
+            c.push("w", np.zeros(8, np.float64))
+        with pytest.raises(ValueError, match="out: the array is not C-contiguous"):
+            c.pull("w", np.zeros(16, np.float32)[::2])
+        with pytest.raises(ValueError, match="outside table 'w' of 8"):
+            c.push("w", np.zeros(9, np.float32))
+        with pytest.raises(TypeError, match="grad: a numpy array or a CPU torch tensor"):
+            c.push("w", [1.0] * 8)
+        with pytest.raises(KeyError, match="not created or opened"):
+            c.push("nope", np.zeros(8, np.float32))
+        c.create_sparse_table("e", 2)
+        with pytest.raises(ValueError, match="keys: keys must be strictly increasing"):
+            c.pull_rows("e", [3, 3], np.zeros((2, 2), np.float32))
+        with pytest.raises(ValueError, match="grads: 2 keys of dim 2 need 4 floats"):
+            c.push_rows("e", [1, 2], np.zeros(3, np.float32))
+        with pytest.raises(TypeError, match="is sparse"):
+            c.pull("e", np.zeros(2, np.float32))
+        # nothing of the above was sent: the clock did not move, and the
+        # table still holds its zeros
+        assert c.clock("w") == c.start_clock
+        w = np.ones(8, np.float32)
+        c.pull("w", w).wait()
+        np.testing.assert_array_equal(w, 0)
+
+
+def test_a_spec_clash_carries_the_servers_sentence(cluster):
+    servers = cluster.start()
+    with psd.Client(servers) as c:
+        c.create_table("w", 8, lr=0.5)
+        c.create_table("w", 8, lr=0.5)  # the same spec opens it
+        with pytest.raises(psd.TableExistsError) as e:
+            c.create_table("w", 9, lr=0.5)
+        assert e.value.name == "PS_EEXIST"
+        assert "exists with another spec" in e.value.message
+
+
+def test_servers_down_raise_within_the_timeout():
+    import socket
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()  # nothing listens there now
+    with pytest.raises(psd.TimeoutError) as e:
+        psd.Client("tcp://127.0.0.1:%d" % port, timeout_ms=300)
+    assert e.value.code == -12
+
+
+def test_a_pull_waits_for_its_round_and_keeps_its_buffer(cluster):
+    servers = cluster.start(args=["--consistency", "bsp", "--workers", "2"])
+    with psd.Client(servers, rank=0, workers=2) as a, psd.Client(servers, rank=1, workers=2) as b:
+        for c in (a, b):
+            c.create_table("w", 4, lr=1.0)
+        a.push("w", np.ones(4, np.float32)).wait()
+        out = np.zeros(4, np.float32)
+        h = a.pull("w", out)  # clock 1: waits for worker 1's push
+        with pytest.raises(psd.TimeoutError):
+            h.wait(timeout_ms=200)
+        b.push("w", np.ones(4, np.float32)).wait()
+        assert h.wait() is out  # the same handle, waited for again
+        np.testing.assert_array_equal(out, -1.0)  # the mean of the two gradients
+        with pytest.raises(ValueError, match="waited for already"):
+            h.wait()
+
+
+def test_environment_defaults(cluster, monkeypatch):
+    servers = cluster.start()
+    monkeypatch.setenv("PSD_SERVERS", servers)
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    with psd.Client() as c:
+        assert (c.rank, c.workers, c.servers) == (1, 3, [servers])
+    monkeypatch.delenv("PSD_SERVERS")
+    with pytest.raises(ValueError, match="PSD_SERVERS is not set"):
+        psd.Client()
+    monkeypatch.setenv("RANK", "x")
+    with pytest.raises(ValueError, match="RANK='x' is not an integer"):
+        psd.Client(servers)
+    with pytest.raises(ValueError, match="rank 3 is not in"):
+        psd.Client(servers, rank=3, workers=3)
+
+
+def test_a_forked_child_cannot_use_the_parents_client(cluster):
+    servers = cluster.start()
+    c = psd.Client(servers)
+    c.create_table("w", 4)
+    pid = os.fork()
+    if pid == 0:
+        code = 3
+        try:
+            c.pull("w", np.zeros(4, np.float32))
+        except RuntimeError as e:
+            code = 0 if "forked child" in str(e) else 4
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.WEXITSTATUS(status) == 0
+    # and the parent's client still works
+    w = np.ones(4, np.float32)
+    c.pull("w", w).wait()
+    np.testing.assert_array_equal(w, 0)
+    c.close()
+
+
+def test_safetensors_round_trip_and_psctl_export(cluster, tmp_path):
+    t = {"a": np.arange(6, dtype=np.float32).reshape(2, 3), "b": np.array([1, 2], np.int64)}
+    psd.save_safetensors(tmp_path / "t.safetensors", t, metadata={"step": 3})
+    back = psd.load_safetensors(tmp_path / "t.safetensors")
+    assert set(back) == {"a", "b"}
+    np.testing.assert_array_equal(back["a"], t["a"])
+    np.testing.assert_array_equal(back["b"], t["b"])
+    (tmp_path / "bad.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json}......")
+    with pytest.raises(ValueError, match="the header is not JSON"):
+        psd.load_safetensors(tmp_path / "bad.safetensors")
+
+    psctl = os.environ.get("PSCTL_BIN")
+    if not psctl:
+        pytest.skip("PSCTL_BIN is not set")
+    servers = cluster.start(shards=2)
+    with psd.Client(servers) as c:
+        c.create_table("fc.weight", 10, lr=1.0)
+        c.push("fc.weight", np.arange(10, dtype=np.float32)).wait()
+    import subprocess
+    from conftest import child_env
+    out = tmp_path / "model.safetensors"
+    r = subprocess.run([psctl, "--servers", servers, "export", str(out)], capture_output=True,
+                       text=True, env=child_env())
+    assert r.returncode == 0, r.stderr
+    model = psd.load_safetensors(out)
+    np.testing.assert_array_equal(model["fc.weight"], -np.arange(10, dtype=np.float32))

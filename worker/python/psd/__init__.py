@@ -1,0 +1,20 @@
+"""psd: train through a psd parameter server from Python.
+
+    import psd
+    with psd.Client("tcp://127.0.0.1:5555,tcp://127.0.0.1:5556") as c:
+        c.create_table("w", 1000, optimizer="momentum", lr=0.1)
+        w = numpy.zeros(1000, numpy.float32)
+        c.pull("w", w).wait()
+        c.push("w", grad).wait()
+
+The package is pure Python over libpsclient (ctypes); it finds the
+library beside itself, in a build tree next to its source, through the
+loader, or at PSD_LIBPSCLIENT. worker/README.md ("Python") documents it."""
+from .client import Client, Handle, library
+from .errors import (AuthError, BusyError, ConnectionError, Error, InvalidArgumentError,
+                     LimitError, NoTableError, StateError, TableExistsError, TimeoutError)
+from .safetensors import load_safetensors, save_safetensors
+
+__all__ = ["Client", "Handle", "library", "Error", "TimeoutError", "InvalidArgumentError",
+           "TableExistsError", "NoTableError", "LimitError", "BusyError", "AuthError",
+           "StateError", "ConnectionError", "load_safetensors", "save_safetensors"]

@@ -1,0 +1,145 @@
+"""libpsclient through ctypes: finding the library, the structs it takes,
+and the prototypes of the functions the package calls."""
+import ctypes
+import ctypes.util
+import glob
+import os
+
+# enum psc_dtype, enum psc_optimizer, enum psc_init (psclient.h)
+DTYPES = {"f32": 0, "f16": 1, "bf16": 2}
+OPTIMIZERS = {"sgd": 0, "momentum": 1, "adagrad": 2, "adam": 3, "ftrl": 4}
+INITS = {"zeros": 0, "constant": 1, "uniform": 2, "normal": 3}
+LR_SCHEDULES = {"constant": 0, "cosine": 1}
+
+HELLO_WAITING = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.POINTER(ctypes.c_uint32),
+                                 ctypes.c_uint32, ctypes.c_int, ctypes.c_char_p)
+
+
+class Config(ctypes.Structure):
+    """struct psc_config"""
+    _fields_ = [
+        ("servers", ctypes.POINTER(ctypes.c_char_p)),
+        ("nservers", ctypes.c_size_t),
+        ("worker_id", ctypes.c_uint32),
+        ("connect_timeout_ms", ctypes.c_int),
+        ("hello_optional", ctypes.c_int),
+        ("wire_dtype", ctypes.c_int),
+        ("nonzero_pulls", ctypes.c_int),
+        ("retry_ms", ctypes.c_int),
+        ("heartbeat_ms", ctypes.c_int),
+        ("local_ipc", ctypes.c_int),
+        ("shm_bytes", ctypes.c_size_t),
+        ("piece_bytes", ctypes.c_size_t),
+        ("io_cpus", ctypes.POINTER(ctypes.c_int)),
+        ("nio_cpus", ctypes.c_int),
+        ("curve_server_key", ctypes.c_char_p),
+        ("curve_public", ctypes.c_char_p),
+        ("curve_secret", ctypes.c_char_p),
+        ("hello_waiting", HELLO_WAITING),
+        ("hello_waiting_arg", ctypes.c_void_p),
+    ]
+
+
+class TableSpec(ctypes.Structure):
+    """struct psc_table_spec"""
+    _fields_ = [
+        ("name", ctypes.c_char_p),
+        ("size", ctypes.c_uint64),
+        ("optimizer", ctypes.c_int),
+        ("lr", ctypes.c_float),
+        ("weight_decay", ctypes.c_float),
+        ("momentum", ctypes.c_float),
+        ("nesterov", ctypes.c_int),
+        ("beta1", ctypes.c_float),
+        ("beta2", ctypes.c_float),
+        ("eps", ctypes.c_float),
+        ("init", ctypes.c_int),
+        ("init_scale", ctypes.c_float),
+        ("seed", ctypes.c_uint64),
+        ("lr_schedule", ctypes.c_int),
+        ("lr_decay_steps", ctypes.c_uint64),
+        ("sparse", ctypes.c_int),
+        ("dim", ctypes.c_uint32),
+        ("rows_max", ctypes.c_uint64),
+        ("l1", ctypes.c_float),
+        ("l2", ctypes.c_float),
+    ]
+
+
+def _candidates():
+    """Where the library may be, in the order tried."""
+    env = os.environ.get("PSD_LIBPSCLIENT")
+    if env:
+        yield env, "PSD_LIBPSCLIENT"
+        return
+    here = os.path.dirname(os.path.abspath(__file__))
+    yield os.path.join(here, "libpsclient.so.0"), "beside the package"
+    # a build tree next to the source tree this package sits in
+    # (worker/python/psd -> the top of the tree is three folders up)
+    top = os.path.normpath(os.path.join(here, "..", "..", ".."))
+    for lib in sorted(glob.glob(os.path.join(top, "*", "worker", "client", "libpsclient.so.0"))):
+        yield lib, "the build tree"
+    found = ctypes.util.find_library("psclient")
+    yield found or "libpsclient.so.0", "the loader"
+
+
+def load():
+    tried = []
+    for path, where in _candidates():
+        if os.path.sep in path and not os.path.exists(path):
+            tried.append("%s (%s): no such file" % (path, where))
+            continue
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError as e:
+            tried.append("%s (%s): %s" % (path, where, e))
+            continue
+        _prototypes(lib)
+        for name, ours, theirs in (("struct psc_config", ctypes.sizeof(Config), lib.psc_config_bytes()),
+                                   ("struct psc_table_spec", ctypes.sizeof(TableSpec),
+                                    lib.psc_table_spec_bytes())):
+            if ours != theirs:
+                raise ImportError("%s: %s is %d bytes there and %d in this package: the library "
+                                  "and the psd package come from different versions"
+                                  % (path, name, theirs, ours))
+        return lib, path
+    raise ImportError("psd: cannot load libpsclient. Tried:\n  " + "\n  ".join(tried) +
+                      "\nInstall it (meson install), or set PSD_LIBPSCLIENT to the path of "
+                      "libpsclient.so.0 (in a build tree: BUILD/worker/client/).")
+
+
+def _prototypes(lib):
+    P, c = ctypes.POINTER, ctypes
+    client = c.c_void_p
+    fl = P(c.c_float)
+    u64p = P(c.c_uint64)
+    protos = {
+        "psc_config_bytes": (c.c_size_t, []),
+        "psc_table_spec_bytes": (c.c_size_t, []),
+        "psc_create": (c.c_int, [P(Config), P(client), c.c_char_p, c.c_size_t]),
+        "psc_destroy": (None, [client]),
+        "psc_last_error": (c.c_char_p, [client]),
+        "psc_last_remote": (c.c_int, [client]),
+        "psc_strerror": (c.c_char_p, [c.c_int]),
+        "psc_err_name": (c.c_char_p, [c.c_int]),
+        "psc_table_spec_init": (None, [P(TableSpec), c.c_char_p, c.c_uint64]),
+        "psc_table_create": (c.c_int, [client, P(TableSpec), c.c_int, P(c.c_uint32)]),
+        "psc_table_open": (c.c_int, [client, c.c_char_p, c.c_int, P(c.c_uint32)]),
+        "psc_pull": (c.c_int, [client, c.c_uint32, c.c_uint64, c.c_uint64, fl, c.c_uint64, u64p]),
+        "psc_push": (c.c_int, [client, c.c_uint32, c.c_uint64, c.c_uint64, fl, c.c_uint64, u64p]),
+        "psc_push_pull": (c.c_int, [client, c.c_uint32, c.c_uint64, c.c_uint64, fl, fl, c.c_uint64,
+                                    u64p]),
+        "psc_pull_rows": (c.c_int, [client, c.c_uint32, u64p, c.c_size_t, fl, c.c_uint64, u64p]),
+        "psc_push_rows": (c.c_int, [client, c.c_uint32, u64p, c.c_size_t, fl, c.c_uint64, u64p]),
+        "psc_push_pull_rows": (c.c_int, [client, c.c_uint32, u64p, c.c_size_t, fl, fl, c.c_uint64,
+                                         u64p]),
+        "psc_wait": (c.c_int, [client, c.c_uint64, c.c_int]),
+        "psc_cancel": (c.c_int, [client, c.c_uint64]),
+        "psc_start_clock": (c.c_uint64, [client]),
+        "psc_shards": (c.c_uint32, [client]),
+        "psc_heartbeat": (None, [client]),
+    }
+    for name, (res, args) in protos.items():
+        f = getattr(lib, name)
+        f.restype = res
+        f.argtypes = args

@@ -1,0 +1,397 @@
+"""psd.Client: a connection to every shard of a psd cluster, its tables,
+and asynchronous pushes and pulls of numpy arrays or CPU torch tensors."""
+import ctypes
+import os
+
+import numpy as np
+
+from . import _lib
+from .errors import error
+
+_lib_handle = None
+
+
+def library():
+    """(the loaded libpsclient, its path); loaded on first use."""
+    global _lib_handle
+    if _lib_handle is None:
+        _lib_handle = _lib.load()
+    return _lib_handle
+
+
+def _servers_of(servers):
+    if servers is None:
+        servers = os.environ.get("PSD_SERVERS")
+        if not servers:
+            raise ValueError("servers: none given, and PSD_SERVERS is not set")
+    if isinstance(servers, str):
+        servers = [s.strip() for s in servers.split(",")]
+    servers = list(servers)
+    if not servers or any(not isinstance(s, str) or not s for s in servers):
+        raise ValueError("servers: a comma-separated string or a list of endpoints, shard 0 "
+                         "first (got %r)" % (servers,))
+    return servers
+
+
+def _int_from_env(value, arg, env, default):
+    if value is not None:
+        v = value
+    elif os.environ.get(env):
+        try:
+            v = int(os.environ[env])
+        except ValueError:
+            raise ValueError("%s: %s=%r is not an integer" % (arg, env, os.environ[env])) from None
+    else:
+        v = default
+    if not isinstance(v, int) or v < 0:
+        raise ValueError("%s must be an integer >= 0 (got %r)" % (arg, v))
+    return v
+
+
+def _as_f32(arg, a, writable):
+    """A float32 view of numpy array or CPU torch tensor a, without a copy;
+    TypeError or ValueError naming arg when it cannot be one."""
+    if type(a).__module__.startswith("torch"):
+        if a.device.type != "cpu":
+            raise TypeError("%s: a CPU tensor is needed (got one on %s)" % (arg, a.device))
+        if not a.is_contiguous():
+            raise ValueError("%s: the tensor is not contiguous (call .contiguous())" % arg)
+        if a.requires_grad and writable:
+            raise ValueError("%s: a tensor that requires grad cannot be written into; pass "
+                             "tensor.data" % arg)
+        a = a.detach().numpy()
+    if not isinstance(a, np.ndarray):
+        raise TypeError("%s: a numpy array or a CPU torch tensor is needed (got %s)"
+                        % (arg, type(a).__name__))
+    if a.dtype != np.float32:
+        raise TypeError("%s: float32 values are needed (got %s)" % (arg, a.dtype))
+    if not a.flags.c_contiguous:
+        raise ValueError("%s: the array is not C-contiguous (np.ascontiguousarray)" % arg)
+    if writable and not a.flags.writeable:
+        raise ValueError("%s: the array is read-only" % arg)
+    return a
+
+
+def _as_keys(arg, k):
+    if type(k).__module__.startswith("torch"):
+        k = k.detach().cpu().numpy()
+    k = np.asarray(k)
+    if k.ndim != 1 or k.dtype.kind not in "iu":
+        raise TypeError("%s: a 1-D array of integer keys is needed (got %s of %s)"
+                        % (arg, k.shape, k.dtype))
+    if k.dtype.kind == "i" and k.size and k.min() < 0:
+        raise ValueError("%s: keys are uint64; got a negative one" % arg)
+    k = np.ascontiguousarray(k, dtype=np.uint64)
+    if k.size > 1 and not np.all(k[1:] > k[:-1]):
+        raise ValueError("%s: keys must be strictly increasing (np.unique sorts and drops "
+                         "repeats)" % arg)
+    return k
+
+
+def _ptr(a):
+    return a.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
+
+
+class Handle:
+    """An asynchronous push, pull or push-pull in flight. The arrays it was
+    given belong to the library until wait() returns (or raises anything
+    but psd.TimeoutError, after which it may be waited for again)."""
+
+    def __init__(self, client, ticket, keep, after=None):
+        self._client = client
+        self._ticket = ticket
+        self._keep = keep  # the buffers the library reads or writes
+        self._after = after
+        self.done = False
+
+    def wait(self, timeout_ms=None):
+        """Waits for every shard's reply (timeout_ms None: the client's
+        timeout; <0: forever). Returns the output array of a pull, else
+        None."""
+        if self.done:
+            raise ValueError("wait: this handle was waited for already")
+        c = self._client
+        c._check_open()
+        t = c.timeout_ms if timeout_ms is None else int(timeout_ms)
+        rc = c._lib.psc_wait(c._c, self._ticket, t)
+        if rc == c._timedout:
+            raise c._error(rc, "wait")
+        self.done = True
+        keep, self._keep = self._keep, None
+        if rc != 0:
+            raise c._error(rc, "wait")
+        if self._after is not None:
+            self._after()
+        return keep[-1] if keep and keep[-1] is not None else None
+
+    def cancel(self):
+        """Gives the buffers back without waiting (the shards may still
+        apply a push)."""
+        if not self.done:
+            c = self._client
+            rc = c._lib.psc_cancel(c._c, self._ticket)
+            if rc != 0:
+                raise c._error(rc, "cancel")
+            self.done = True
+            self._keep = None
+
+
+class Client:
+    """A connection to every shard of a psd cluster.
+
+    servers: "tcp://h:p,tcp://h:p" or a list, shard 0 first (default: the
+    PSD_SERVERS environment variable); rank: this worker's id (default
+    RANK, else 0); workers: how many workers train (default WORLD_SIZE,
+    else 1). Use it as a context manager, or call close()."""
+
+    def __init__(self, servers=None, rank=None, workers=None, *, timeout_ms=10000,
+                 wire_dtype="f32", curve_server_key=None, curve_keypair=None, local_ipc=True,
+                 retry_ms=0, heartbeat_ms=0):
+        self._c = None
+        servers = _servers_of(servers)
+        self.rank = _int_from_env(rank, "rank", "RANK", 0)
+        self.workers = _int_from_env(workers, "workers", "WORLD_SIZE", 1)
+        if self.workers < 1 or self.rank >= self.workers:
+            raise ValueError("rank %d is not in [0, workers=%d)" % (self.rank, self.workers))
+        if wire_dtype not in _lib.DTYPES:
+            raise ValueError("wire_dtype: one of %s (got %r)" % (", ".join(_lib.DTYPES), wire_dtype))
+        if (curve_server_key is None) != (curve_keypair is None):
+            raise ValueError("curve_server_key and curve_keypair go together")
+        self.timeout_ms = int(timeout_ms)
+        self._lib, self.library_path = library()
+        self._timedout = -12  # PS_ETIMEDOUT: stable, append-only codes
+        arr = (ctypes.c_char_p * len(servers))(*[s.encode() for s in servers])
+        cfg = _lib.Config(servers=arr, nservers=len(servers), worker_id=self.rank,
+                          connect_timeout_ms=self.timeout_ms,
+                          wire_dtype=_lib.DTYPES[wire_dtype], retry_ms=int(retry_ms),
+                          heartbeat_ms=int(heartbeat_ms), local_ipc=1 if local_ipc else 0)
+        keep = [arr]
+        if curve_server_key is not None:
+            pub, sec = curve_keypair
+            keep += [curve_server_key.encode(), pub.encode(), sec.encode()]
+            cfg.curve_server_key, cfg.curve_public, cfg.curve_secret = keep[1:]
+        handle = ctypes.c_void_p()
+        err = ctypes.create_string_buffer(512)
+        rc = self._lib.psc_create(ctypes.byref(cfg), ctypes.byref(handle), err, len(err))
+        if rc != 0:
+            raise error(rc, self._lib.psc_err_name(rc).decode(),
+                        err.value.decode(errors="replace") or "cannot connect")
+        self._c = handle
+        self._pid = os.getpid()
+        self.servers = servers
+        self.shards = self._lib.psc_shards(self._c)
+        self._tables = {}  # name -> (client table id, size or None, dim or None)
+        self._clock = {}   # name -> the clock of this worker's next push
+        self.start_clock = self._lib.psc_start_clock(self._c)
+
+    # -- lifetime -----------------------------------------------------------
+    def close(self):
+        """Closes the connections; pushes not waited for may be lost."""
+        if self._c is not None:
+            if os.getpid() == self._pid:
+                self._lib.psc_destroy(self._c)
+            self._c = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def _check_open(self):
+        if self._c is None:
+            raise ValueError("the client is closed")
+        if os.getpid() != self._pid:
+            raise RuntimeError("this psd.Client was made in process %d; a forked child (a "
+                               "DataLoader worker?) must make its own" % self._pid)
+
+    def _error(self, rc, what):
+        text = self._lib.psc_last_error(self._c).decode(errors="replace") if self._c else ""
+        if rc == -20 and self._c:  # PS_EREMOTE: the kind is the shard's own code
+            rc = self._lib.psc_last_remote(self._c) or rc
+        name = self._lib.psc_err_name(rc).decode()
+        return error(rc, name, "%s: %s" % (what, text or self._lib.psc_strerror(rc).decode()))
+
+    # -- tables -------------------------------------------------------------
+    def _spec(self, name, size, optimizer, lr, init, init_scale, seed, hyper):
+        if not isinstance(name, str) or not name:
+            raise ValueError("name: a non-empty string is needed")
+        if optimizer not in _lib.OPTIMIZERS:
+            raise ValueError("optimizer: one of %s (got %r)" % (", ".join(_lib.OPTIMIZERS), optimizer))
+        if init not in _lib.INITS:
+            raise ValueError("init: one of %s (got %r)" % (", ".join(_lib.INITS), init))
+        spec = _lib.TableSpec()
+        bname = name.encode()
+        self._lib.psc_table_spec_init(ctypes.byref(spec), bname, size)
+        spec.optimizer = _lib.OPTIMIZERS[optimizer]
+        spec.lr = lr
+        spec.init = _lib.INITS[init]
+        spec.init_scale = init_scale
+        spec.seed = seed
+        for k, v in hyper.items():
+            if k == "lr_schedule":
+                if v not in _lib.LR_SCHEDULES:
+                    raise ValueError("lr_schedule: one of %s (got %r)"
+                                     % (", ".join(_lib.LR_SCHEDULES), v))
+                v = _lib.LR_SCHEDULES[v]
+            elif k not in ("weight_decay", "momentum", "nesterov", "beta1", "beta2", "eps",
+                           "lr_decay_steps", "l1", "l2"):
+                raise TypeError("unknown table option %r" % k)
+            setattr(spec, k, v)
+        return spec, bname
+
+    def _create(self, name, spec, bname, size, dim):
+        t = ctypes.c_uint32()
+        rc = self._lib.psc_table_create(self._c, ctypes.byref(spec), self.timeout_ms,
+                                        ctypes.byref(t))
+        if rc != 0:
+            raise self._error(rc, "create_table %r" % name)
+        del bname
+        self._tables[name] = (t.value, size, dim)
+        self._clock.setdefault(name, self.start_clock)
+        return name
+
+    def create_table(self, name, size, optimizer="sgd", lr=0.01, *, init="zeros", init_scale=0.0,
+                     seed=0, **hyper):
+        """Creates a dense table of size float32 elements on every shard (or
+        opens it when one of that name has the same spec). optimizer: sgd,
+        momentum, adagrad, adam or ftrl; hyper: weight_decay, momentum,
+        nesterov, beta1, beta2, eps, lr_schedule, lr_decay_steps, l1, l2."""
+        self._check_open()
+        if not isinstance(size, int) or size <= 0:
+            raise ValueError("size: a positive number of elements is needed (got %r)" % (size,))
+        spec, bname = self._spec(name, size, optimizer, lr, init, init_scale, seed, hyper)
+        return self._create(name, spec, bname, size, None)
+
+    def create_sparse_table(self, name, dim, optimizer="sgd", lr=0.01, *, rows_max=1 << 20,
+                            init="zeros", init_scale=0.0, seed=0, **hyper):
+        """Creates a sparse table: rows of dim float32 by uint64 key, at most
+        rows_max on each shard."""
+        self._check_open()
+        if not isinstance(dim, int) or dim <= 0:
+            raise ValueError("dim: a positive number of floats per row is needed (got %r)" % (dim,))
+        spec, bname = self._spec(name, 0, optimizer, lr, init, init_scale, seed, hyper)
+        spec.sparse = 1
+        spec.dim = dim
+        spec.rows_max = rows_max
+        return self._create(name, spec, bname, None, dim)
+
+    def _table(self, name, dense):
+        try:
+            t, size, dim = self._tables[name]
+        except KeyError:
+            raise KeyError("table %r: not created or opened by this client" % (name,)) from None
+        if dense and size is None:
+            raise TypeError("table %r is sparse: use pull_rows/push_rows" % name)
+        if not dense and dim is None:
+            raise TypeError("table %r is dense: use pull/push/push_pull" % name)
+        return t, size, dim
+
+    def clock(self, name):
+        """The clock of this worker's next push to table name."""
+        return self._clock[name]
+
+    # -- dense --------------------------------------------------------------
+    def _dense(self, name, arrays, offset):
+        t, size, _ = self._table(name, True)
+        n = None
+        for arg, a in arrays:
+            if n is None:
+                n = a.size
+            elif a.size != n:
+                raise ValueError("%s: %d elements, but the other array has %d" % (arg, a.size, n))
+        if not isinstance(offset, int) or offset < 0 or offset + n > size:
+            raise ValueError("elements [%r, %r) are outside table %r of %d" %
+                             (offset, offset + n if isinstance(offset, int) else "?", name, size))
+        return t, n
+
+    def push(self, name, grad, *, offset=0):
+        """Pushes gradient grad (float32, as many elements as the table, or
+        a range from offset) at this worker's clock. Returns a Handle."""
+        self._check_open()
+        g = _as_f32("grad", grad, False)
+        t, n = self._dense(name, [("grad", g)], offset)
+        ticket = ctypes.c_uint64()
+        clock = self._clock[name]
+        rc = self._lib.psc_push(self._c, t, offset, n, _ptr(g), clock, ctypes.byref(ticket))
+        if rc != 0:
+            raise self._error(rc, "push %r" % name)
+        self._clock[name] = clock + 1
+        return Handle(self, ticket.value, [grad, None])
+
+    def pull(self, name, out, *, offset=0):
+        """Pulls the weights into out (float32) for this worker's clock: in
+        bsp, once every worker has pushed the clocks before it. Returns a
+        Handle whose wait() returns out."""
+        self._check_open()
+        o = _as_f32("out", out, True)
+        t, n = self._dense(name, [("out", o)], offset)
+        ticket = ctypes.c_uint64()
+        rc = self._lib.psc_pull(self._c, t, offset, n, _ptr(o), self._clock[name],
+                                ctypes.byref(ticket))
+        if rc != 0:
+            raise self._error(rc, "pull %r" % name)
+        return Handle(self, ticket.value, [out])
+
+    def push_pull(self, name, grad, out, *, offset=0):
+        """Pushes grad at this worker's clock and pulls the weights after it
+        into out, in one round trip. Returns a Handle whose wait() returns
+        out."""
+        self._check_open()
+        g = _as_f32("grad", grad, False)
+        o = _as_f32("out", out, True)
+        if np.shares_memory(g, o):
+            raise ValueError("grad and out share memory: the reply would overwrite the push")
+        t, n = self._dense(name, [("grad", g), ("out", o)], offset)
+        ticket = ctypes.c_uint64()
+        clock = self._clock[name]
+        rc = self._lib.psc_push_pull(self._c, t, offset, n, _ptr(g), _ptr(o), clock,
+                                     ctypes.byref(ticket))
+        if rc != 0:
+            raise self._error(rc, "push_pull %r" % name)
+        self._clock[name] = clock + 1
+        return Handle(self, ticket.value, [grad, out])
+
+    # -- sparse -------------------------------------------------------------
+    def _rows(self, name, keys, arrays):
+        t, _, dim = self._table(name, False)
+        k = _as_keys("keys", keys)
+        for arg, a in arrays:
+            if a.size != k.size * dim:
+                raise ValueError("%s: %d keys of dim %d need %d floats (got %d)"
+                                 % (arg, k.size, dim, k.size * dim, a.size))
+        return t, k
+
+    def pull_rows(self, name, keys, out):
+        """Pulls the rows of keys (strictly increasing uint64) into out
+        (len(keys) x dim float32). Returns a Handle whose wait() returns out."""
+        self._check_open()
+        o = _as_f32("out", out, True)
+        t, k = self._rows(name, keys, [("out", o)])
+        ticket = ctypes.c_uint64()
+        rc = self._lib.psc_pull_rows(self._c, t, k.ctypes.data_as(ctypes.POINTER(ctypes.c_uint64)),
+                                     k.size, _ptr(o), self._clock[name], ctypes.byref(ticket))
+        if rc != 0:
+            raise self._error(rc, "pull_rows %r" % name)
+        return Handle(self, ticket.value, [k, out])
+
+    def push_rows(self, name, keys, grads):
+        """Pushes gradients grads (len(keys) x dim float32) for the rows of
+        keys (strictly increasing uint64). Returns a Handle."""
+        self._check_open()
+        g = _as_f32("grads", grads, False)
+        t, k = self._rows(name, keys, [("grads", g)])
+        ticket = ctypes.c_uint64()
+        clock = self._clock[name]
+        rc = self._lib.psc_push_rows(self._c, t, k.ctypes.data_as(ctypes.POINTER(ctypes.c_uint64)),
+                                     k.size, _ptr(g), clock, ctypes.byref(ticket))
+        if rc != 0:
+            raise self._error(rc, "push_rows %r" % name)
+        self._clock[name] = clock + 1
+        return Handle(self, ticket.value, [k, grads, None])
