@@ -59,7 +59,8 @@ class Cluster:
         out = []
         for name in sorted(os.listdir(self.tmp)):
             if name.endswith(".log"):
-                out.append("---- %s\n%s" % (name, open(os.path.join(self.tmp, name)).read()[-3000:]))
+                text = open(os.path.join(self.tmp, name)).read()
+                out.append("---- %s\n%s" % (name, text[-3000:]))
         return "\n".join(out)
 
     def stop(self):

@@ -208,3 +208,35 @@ def test_safetensors_round_trip_and_psctl_export(cluster, tmp_path):
     assert r.returncode == 0, r.stderr
     model = psd.load_safetensors(out)
     np.testing.assert_array_equal(model["fc.weight"], -np.arange(10, dtype=np.float32))
+
+
+def _dropped(servers):
+    """psd's count of workers dropped from the live set, from psctl."""
+    import json
+    import subprocess
+    from conftest import child_env
+    r = subprocess.run([os.environ["PSCTL_BIN"], "--servers", servers, "--json", "status"],
+                       capture_output=True, text=True, env=child_env())
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    shards = doc["shards"] if isinstance(doc, dict) and "shards" in doc else doc
+    return sum(s["workers_dropped"] for s in shards)
+
+
+@pytest.mark.parametrize("heartbeat_ms", [100, -1])
+def test_heartbeats_while_python_computes(cluster, heartbeat_ms):
+    """A worker that computes for longer than --worker-timeout without
+    calling the library stays in the live set: the client's own thread
+    says it is alive. With heartbeats off it is dropped (the control)."""
+    import time
+    if not os.environ.get("PSCTL_BIN"):
+        pytest.skip("PSCTL_BIN is not set")
+    servers = cluster.start(args=["--consistency", "bsp", "--workers", "1", "--worker-timeout",
+                                  "0.5"])
+    with psd.Client(servers, heartbeat_ms=heartbeat_ms) as c:
+        c.create_table("w", 4)
+        c.push("w", np.ones(4, np.float32)).wait()
+        # "computing": no call into the library for three timeouts
+        time.sleep(1.5)
+        dropped = _dropped(servers)
+    assert dropped == (0 if heartbeat_ms >= 0 else 1)

@@ -95,9 +95,9 @@ def load():
             tried.append("%s (%s): %s" % (path, where, e))
             continue
         _prototypes(lib)
-        for name, ours, theirs in (("struct psc_config", ctypes.sizeof(Config), lib.psc_config_bytes()),
-                                   ("struct psc_table_spec", ctypes.sizeof(TableSpec),
-                                    lib.psc_table_spec_bytes())):
+        sizes = (("struct psc_config", ctypes.sizeof(Config), lib.psc_config_bytes()),
+                 ("struct psc_table_spec", ctypes.sizeof(TableSpec), lib.psc_table_spec_bytes()))
+        for name, ours, theirs in sizes:
             if ours != theirs:
                 raise ImportError("%s: %s is %d bytes there and %d in this package: the library "
                                   "and the psd package come from different versions"

@@ -2,6 +2,7 @@
 and asynchronous pushes and pulls of numpy arrays or CPU torch tensors."""
 import ctypes
 import os
+import threading
 
 import numpy as np
 
@@ -92,6 +93,10 @@ def _ptr(a):
     return a.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
 
 
+def _keys_ptr(k):
+    return k.ctypes.data_as(ctypes.POINTER(ctypes.c_uint64))
+
+
 class Handle:
     """An asynchronous push, pull or push-pull in flight. The arrays it was
     given belong to the library until wait() returns (or raises anything
@@ -113,13 +118,15 @@ class Handle:
         c = self._client
         c._check_open()
         t = c.timeout_ms if timeout_ms is None else int(timeout_ms)
-        rc = c._lib.psc_wait(c._c, self._ticket, t)
+        with c._lock:
+            rc = c._lib.psc_wait(c._c, self._ticket, t)
+            err = c._error(rc, "wait") if rc != 0 else None
         if rc == c._timedout:
-            raise c._error(rc, "wait")
+            raise err  # the ticket, and the buffers, stay the library's
         self.done = True
         keep, self._keep = self._keep, None
-        if rc != 0:
-            raise c._error(rc, "wait")
+        if err is not None:
+            raise err
         if self._after is not None:
             self._after()
         return keep[-1] if keep and keep[-1] is not None else None
@@ -129,9 +136,8 @@ class Handle:
         apply a push)."""
         if not self.done:
             c = self._client
-            rc = c._lib.psc_cancel(c._c, self._ticket)
-            if rc != 0:
-                raise c._error(rc, "cancel")
+            c._check_open()
+            c._call("cancel", c._lib.psc_cancel, self._ticket)
             self.done = True
             self._keep = None
 
@@ -142,19 +148,28 @@ class Client:
     servers: "tcp://h:p,tcp://h:p" or a list, shard 0 first (default: the
     PSD_SERVERS environment variable); rank: this worker's id (default
     RANK, else 0); workers: how many workers train (default WORLD_SIZE,
-    else 1). Use it as a context manager, or call close()."""
+    else 1). Use it as a context manager, or call close().
+
+    The library is used from one thread at a time: every call holds the
+    client's lock. A thread of the client's own says it is alive to the
+    shards every heartbeat_ms while the caller computes without calling
+    (an evaluation or a checkpoint save longer than psd's
+    --worker-timeout does not get the worker dropped); heartbeat_ms < 0
+    turns it off."""
 
     def __init__(self, servers=None, rank=None, workers=None, *, timeout_ms=10000,
                  wire_dtype="f32", curve_server_key=None, curve_keypair=None, local_ipc=True,
                  retry_ms=0, heartbeat_ms=0):
         self._c = None
+        self._beat = None
         servers = _servers_of(servers)
         self.rank = _int_from_env(rank, "rank", "RANK", 0)
         self.workers = _int_from_env(workers, "workers", "WORLD_SIZE", 1)
         if self.workers < 1 or self.rank >= self.workers:
             raise ValueError("rank %d is not in [0, workers=%d)" % (self.rank, self.workers))
         if wire_dtype not in _lib.DTYPES:
-            raise ValueError("wire_dtype: one of %s (got %r)" % (", ".join(_lib.DTYPES), wire_dtype))
+            raise ValueError("wire_dtype: one of %s (got %r)"
+                             % (", ".join(_lib.DTYPES), wire_dtype))
         if (curve_server_key is None) != (curve_keypair is None):
             raise ValueError("curve_server_key and curve_keypair go together")
         self.timeout_ms = int(timeout_ms)
@@ -183,13 +198,36 @@ class Client:
         self._tables = {}  # name -> (client table id, size or None, dim or None)
         self._clock = {}   # name -> the clock of this worker's next push
         self.start_clock = self._lib.psc_start_clock(self._c)
+        self._lock = threading.Lock()
+        if heartbeat_ms >= 0:
+            self._stop = threading.Event()
+            every = (heartbeat_ms or 1000) / 2000.0  # PSC_HEARTBEAT_MS_DEFAULT, twice per period
+            self._beat = threading.Thread(target=self._heartbeats, args=(every,),
+                                          name="psd-heartbeat", daemon=True)
+            self._beat.start()
+
+    def _heartbeats(self, every):
+        """Tells the shards this worker is alive while no call is under way
+        (a call under way sends its own)."""
+        while not self._stop.wait(every):
+            if self._lock.acquire(blocking=False):
+                try:
+                    if self._c is not None:
+                        self._lib.psc_heartbeat(self._c)
+                finally:
+                    self._lock.release()
 
     # -- lifetime -----------------------------------------------------------
     def close(self):
         """Closes the connections; pushes not waited for may be lost."""
+        if self._beat is not None and os.getpid() == self._pid:
+            self._stop.set()
+            self._beat.join()
+        self._beat = None
         if self._c is not None:
             if os.getpid() == self._pid:
-                self._lib.psc_destroy(self._c)
+                with self._lock:
+                    self._lib.psc_destroy(self._c)
             self._c = None
 
     def __enter__(self):
@@ -211,6 +249,14 @@ class Client:
             raise RuntimeError("this psd.Client was made in process %d; a forked child (a "
                                "DataLoader worker?) must make its own" % self._pid)
 
+    def _call(self, what, fn, *args):
+        """fn(client, *args) under the lock; a failure raises its Error,
+        read under the same lock (no heartbeat in between)."""
+        with self._lock:
+            rc = fn(self._c, *args)
+            if rc != 0:
+                raise self._error(rc, what)
+
     def _error(self, rc, what):
         text = self._lib.psc_last_error(self._c).decode(errors="replace") if self._c else ""
         if rc == -20 and self._c:  # PS_EREMOTE: the kind is the shard's own code
@@ -223,7 +269,8 @@ class Client:
         if not isinstance(name, str) or not name:
             raise ValueError("name: a non-empty string is needed")
         if optimizer not in _lib.OPTIMIZERS:
-            raise ValueError("optimizer: one of %s (got %r)" % (", ".join(_lib.OPTIMIZERS), optimizer))
+            raise ValueError("optimizer: one of %s (got %r)"
+                             % (", ".join(_lib.OPTIMIZERS), optimizer))
         if init not in _lib.INITS:
             raise ValueError("init: one of %s (got %r)" % (", ".join(_lib.INITS), init))
         spec = _lib.TableSpec()
@@ -248,10 +295,8 @@ class Client:
 
     def _create(self, name, spec, bname, size, dim):
         t = ctypes.c_uint32()
-        rc = self._lib.psc_table_create(self._c, ctypes.byref(spec), self.timeout_ms,
-                                        ctypes.byref(t))
-        if rc != 0:
-            raise self._error(rc, "create_table %r" % name)
+        self._call("create_table %r" % name, self._lib.psc_table_create, ctypes.byref(spec),
+                   self.timeout_ms, ctypes.byref(t))
         del bname
         self._tables[name] = (t.value, size, dim)
         self._clock.setdefault(name, self.start_clock)
@@ -319,9 +364,8 @@ class Client:
         t, n = self._dense(name, [("grad", g)], offset)
         ticket = ctypes.c_uint64()
         clock = self._clock[name]
-        rc = self._lib.psc_push(self._c, t, offset, n, _ptr(g), clock, ctypes.byref(ticket))
-        if rc != 0:
-            raise self._error(rc, "push %r" % name)
+        self._call("push %r" % name, self._lib.psc_push, t, offset, n, _ptr(g), clock,
+                   ctypes.byref(ticket))
         self._clock[name] = clock + 1
         return Handle(self, ticket.value, [grad, None])
 
@@ -333,10 +377,8 @@ class Client:
         o = _as_f32("out", out, True)
         t, n = self._dense(name, [("out", o)], offset)
         ticket = ctypes.c_uint64()
-        rc = self._lib.psc_pull(self._c, t, offset, n, _ptr(o), self._clock[name],
-                                ctypes.byref(ticket))
-        if rc != 0:
-            raise self._error(rc, "pull %r" % name)
+        self._call("pull %r" % name, self._lib.psc_pull, t, offset, n, _ptr(o), self._clock[name],
+                   ctypes.byref(ticket))
         return Handle(self, ticket.value, [out])
 
     def push_pull(self, name, grad, out, *, offset=0):
@@ -351,10 +393,8 @@ class Client:
         t, n = self._dense(name, [("grad", g), ("out", o)], offset)
         ticket = ctypes.c_uint64()
         clock = self._clock[name]
-        rc = self._lib.psc_push_pull(self._c, t, offset, n, _ptr(g), _ptr(o), clock,
-                                     ctypes.byref(ticket))
-        if rc != 0:
-            raise self._error(rc, "push_pull %r" % name)
+        self._call("push_pull %r" % name, self._lib.psc_push_pull, t, offset, n, _ptr(g), _ptr(o),
+                   clock, ctypes.byref(ticket))
         self._clock[name] = clock + 1
         return Handle(self, ticket.value, [grad, out])
 
@@ -375,10 +415,8 @@ class Client:
         o = _as_f32("out", out, True)
         t, k = self._rows(name, keys, [("out", o)])
         ticket = ctypes.c_uint64()
-        rc = self._lib.psc_pull_rows(self._c, t, k.ctypes.data_as(ctypes.POINTER(ctypes.c_uint64)),
-                                     k.size, _ptr(o), self._clock[name], ctypes.byref(ticket))
-        if rc != 0:
-            raise self._error(rc, "pull_rows %r" % name)
+        self._call("pull_rows %r" % name, self._lib.psc_pull_rows, t, _keys_ptr(k), k.size, _ptr(o),
+                   self._clock[name], ctypes.byref(ticket))
         return Handle(self, ticket.value, [k, out])
 
     def push_rows(self, name, keys, grads):
@@ -389,9 +427,7 @@ class Client:
         t, k = self._rows(name, keys, [("grads", g)])
         ticket = ctypes.c_uint64()
         clock = self._clock[name]
-        rc = self._lib.psc_push_rows(self._c, t, k.ctypes.data_as(ctypes.POINTER(ctypes.c_uint64)),
-                                     k.size, _ptr(g), clock, ctypes.byref(ticket))
-        if rc != 0:
-            raise self._error(rc, "push_rows %r" % name)
+        self._call("push_rows %r" % name, self._lib.psc_push_rows, t, _keys_ptr(k), k.size, _ptr(g),
+                   clock, ctypes.byref(ticket))
         self._clock[name] = clock + 1
         return Handle(self, ticket.value, [k, grads, None])

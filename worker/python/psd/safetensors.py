@@ -37,7 +37,8 @@ def load_safetensors(path):
             shape = tuple(int(d) for d in t["shape"])
             a, b = (int(x) for x in t["data_offsets"])
         except (KeyError, TypeError, ValueError):
-            raise ValueError("%s: tensor %r has no valid dtype, shape and data_offsets" % (path, name)) from None
+            raise ValueError("%s: tensor %r has no valid dtype, shape and data_offsets"
+                             % (path, name)) from None
         count = int(np.prod(shape, dtype=np.int64))
         if not 0 <= a <= b <= len(data) or b - a != count * dtype.itemsize:
             raise ValueError("%s: tensor %r: bytes [%d, %d) do not hold %s of %s within the %d "
@@ -54,7 +55,8 @@ def save_safetensors(path, tensors, metadata=None):
             a = a.detach().cpu().numpy()
         a = np.ascontiguousarray(a)
         if a.dtype not in _NAMES:
-            raise TypeError("tensor %r: dtype %s is not one safetensors takes here" % (name, a.dtype))
+            raise TypeError("tensor %r: dtype %s is not one safetensors takes here"
+                            % (name, a.dtype))
         header[name] = {"dtype": _NAMES[a.dtype], "shape": list(a.shape),
                         "data_offsets": [off, off + a.nbytes]}
         off += a.nbytes
