@@ -46,7 +46,6 @@ static void on_idle(uv_idle_t *h)
     drain(h->data);
 }
 
-
 int ps_zsock_start(uv_loop_t *loop, struct ps_zsock *zs, void *sock, ps_zsock_read_cb cb, void *arg)
 {
     int fd = -1;
