@@ -96,6 +96,8 @@ static json_t *table_state(const struct psd *s, const struct psd_table *t)
         (double)t->l1, "l2", (double)t->l2, "steps", (json_int_t)t->steps, "clock",
         (json_int_t)t->clock, "round_begun", (json_int_t)t->round_begun, "pushes",
         (json_int_t)t->pushes, "pulls", (json_int_t)t->pulls, "completed", completed);
+    if (o != NULL && t->await_set)
+        json_object_set_new(o, "await_set", json_true());
     if (o != NULL && t->mask != NULL)
         json_object_set_new(
             o, "prune",
@@ -432,6 +434,7 @@ static int restore_table(struct psd *s, const struct blob *b, json_t *o, char *e
     spec.rows_max = u64_of(o, "rows_max");
     spec.l1 = f_of(o, "l1");
     spec.l2 = f_of(o, "l2");
+    spec.await_set = json_is_true(json_object_get(o, "await_set"));
     char why[PS_ERROR_TEXT_MAX];
     if (ps_wire_check_spec(&spec, why, sizeof why) != 0)
         return ps_errf(PS_EPROTO, err, errlen, "%s", why);
@@ -454,6 +457,7 @@ static int restore_table(struct psd *s, const struct blob *b, json_t *o, char *e
     t->round_begun = u64_of(o, "round_begun");
     t->pushes = u64_of(o, "pushes");
     t->restored = t->recovering = 1;
+    t->set_next = t->hi; /* restored weights are set */
     t->pulls = u64_of(o, "pulls");
     for (uint32_t w = 0; w < s->cons.workers; w++)
         t->completed[w] = (uint64_t)json_integer_value(json_array_get(completed, w));

@@ -125,6 +125,8 @@ uint64_t psd_cons_join_clock(const struct psd_cons *c, const struct psd_table *t
 int psd_cons_ready(const struct psd_cons *c, const struct psd_table *t, uint64_t clock,
                    uint64_t offset, uint64_t count)
 {
+    if (t->await_set && t->set_next < t->hi)
+        return 0; /* the initial values are not all there yet (OP_SET) */
     switch (c->mode) {
     case PSD_BSP:
         return t->clock >= clock || (t->clock + 1 == clock && t->watermark >= offset + count);

@@ -424,3 +424,56 @@ enum psd_answer psd_op_data(struct psd *s, const struct ps_frame *route,
     psd_answer_pull(s, req, t, clock, req->offset, req->count, dup, stale, shm_out, rep);
     return PSD_ANSWER_NOW;
 }
+
+/* OP_SET: a dense range's values written as they are, before the table's
+ * first optimizer step (a model's own initial weights, psc_set). With the
+ * spec's await_set, pulls wait until the writes from the shard's start
+ * have reached its end; a piece written again (a resend) is taken, one
+ * that leaves a gap is refused. */
+void psd_op_set(struct psd *s, const struct ps_wire_msg *m, struct psd_reply *rep)
+{
+    const Ps__Header *req = m->hdr;
+    struct psd_table *t = check_range(s, req, rep);
+    if (t == NULL)
+        return;
+    if (t->sparse) {
+        psd_reply_errorf(s, req, PS_ENOTSUP, rep,
+                         "set: table '%s' is sparse; set takes dense tables", t->name);
+        return;
+    }
+    if (t->steps > 0) {
+        psd_reply_errorf(s, req, PS_ESTATE, rep,
+                         "set: table '%s' has taken %llu optimizer steps; its weights are the "
+                         "servers' now",
+                         t->name, (unsigned long long)t->steps);
+        return;
+    }
+    if (t->await_set && req->offset > t->set_next) {
+        psd_reply_errorf(s, req, PS_ESTATE, rep,
+                         "set: table '%s' has its values set up to %llu; [%llu, %llu) would leave "
+                         "a gap",
+                         t->name, (unsigned long long)t->set_next, (unsigned long long)req->offset,
+                         (unsigned long long)(req->offset + req->count));
+        return;
+    }
+    const float *v = psd_values_f32(s, m);
+    if (v == NULL) {
+        psd_reply_error(s, req, PS_ENOMEM, "set: out of memory", rep);
+        return;
+    }
+    if (refuse_nonfinite(s, req, t, v, (size_t)req->count, NULL, 1, rep))
+        return;
+    psd_table_own(t, req->offset, req->offset + req->count);
+    memcpy(t->w + (req->offset - t->lo), v, (size_t)req->count * sizeof(float));
+    s->changes++;
+    int became_set = 0;
+    if (req->offset + req->count > t->set_next) {
+        became_set = t->await_set && t->set_next < t->hi && req->offset + req->count == t->hi;
+        t->set_next = req->offset + req->count;
+    }
+    if (became_set)
+        psd_release_waits(s); /* before this reply's header: both are packed in s->hdr_buf */
+    Ps__Header h;
+    psd_reply_init(&h, req);
+    psd_reply_header(s, &h, rep);
+}

@@ -216,6 +216,9 @@ static enum psd_answer dispatch_one(struct psd *s, const struct ps_frame *route,
         case PS__OP__OP_CHECKPOINT:
             psd_op_checkpoint(s, req, rep);
             break;
+        case PS__OP__OP_SET:
+            psd_op_set(s, &m, rep);
+            break;
         case PS__OP__OP_ROWS:
             psd_op_list_rows(s, req, rep);
             break;

@@ -18,7 +18,7 @@
 
 #include <stdint.h>
 
-#define PSD_OPS_COUNT    11             /* ps.Op values, OP_NONE included */
+#define PSD_OPS_COUNT    12             /* ps.Op values, OP_NONE included */
 #define PSD_ERR_CODES    32             /* room for -PS_E* codes */
 #define PSD_PEERS        PS_WORKERS_MAX /* exactly-once state for this many worker ids */
 #define PSD_DEDUP_WINDOW 2048           /* request ids remembered one by one per worker */

@@ -52,6 +52,7 @@ enum psd_answer psd_defer(struct psd *s, const struct ps_frame *route, const Ps_
 void psd_op_create(struct psd *s, const Ps__Header *req, struct psd_reply *rep);
 
 /* ops.c */
+void psd_op_set(struct psd *s, const struct ps_wire_msg *m, struct psd_reply *rep);
 enum psd_answer psd_op_data(struct psd *s, const struct ps_frame *route,
                             const struct ps_wire_msg *m, struct psd_reply *rep);
 

@@ -63,6 +63,8 @@ struct psd_table {
     uint32_t dim;
     uint64_t rows_max;
     float l1, l2;
+    int await_set;     /* pulls wait until set_next reaches hi (OP_SET) */
+    uint64_t set_next; /* the end of what OP_SET has written from lo so far */
     struct psd_sparse sp;
 
     float *w;              /* hi - lo weights */

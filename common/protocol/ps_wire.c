@@ -97,6 +97,8 @@ const char *ps_op_name(int op)
         return "rows";
     case PS__OP__OP_BATCH:
         return "batch";
+    case PS__OP__OP_SET:
+        return "set";
     default:
         return "?";
     }
@@ -106,7 +108,7 @@ const char *ps_op_name(int op)
 
 static int op_known(int op)
 {
-    return op >= PS__OP__OP_HELLO && op <= PS__OP__OP_BATCH;
+    return op >= PS__OP__OP_HELLO && op <= PS__OP__OP_SET;
 }
 
 int ps_wire_op_moves_data(int op)
@@ -117,7 +119,7 @@ int ps_wire_op_moves_data(int op)
 static int op_carries_values(int op, enum ps_wire_dir dir)
 {
     if (dir == PS_WIRE_REQUEST)
-        return op == PS__OP__OP_PUSH || op == PS__OP__OP_PUSH_PULL;
+        return op == PS__OP__OP_PUSH || op == PS__OP__OP_PUSH_PULL || op == PS__OP__OP_SET;
     return op == PS__OP__OP_PULL || op == PS__OP__OP_PUSH_PULL;
 }
 
@@ -257,6 +259,11 @@ int ps_wire_check_spec(const Ps__TableSpec *spec, char *err, size_t errlen)
                        spec->name, (unsigned long long)spec->lr_decay_steps);
     if (!isfinite(spec->init_scale))
         return ps_errf(PS_EINVAL, err, errlen, "table '%s': init_scale must be finite", spec->name);
+    if (spec->sparse && spec->await_set)
+        return ps_errf(PS_EINVAL, err, errlen,
+                       "table '%s': await_set takes a dense table (a sparse one's rows are made "
+                       "on first use)",
+                       spec->name);
     return 0;
 }
 
@@ -598,6 +605,9 @@ int ps_wire_decode(struct ps_arena *arena, const struct ps_frame *frames, size_t
     if (h->shm != 0 && !ps_wire_op_moves_data(h->op))
         return ps_errf(PS_EPROTO, err, errlen, "%s: shm bits 0x%x on an op that moves no values",
                        ps_op_name(h->op), h->shm);
+    if (h->op == PS__OP__OP_SET && h->layout != PS__LAYOUT__LAYOUT_RANGE)
+        return ps_errf(PS_EPROTO, err, errlen, "set: a range of a dense table only (layout %d)",
+                       (int)h->layout);
     int rc = check_frames(h, nframes, dir, err, errlen);
     if (rc != 0)
         return rc;
@@ -609,7 +619,8 @@ int ps_wire_decode(struct ps_arena *arena, const struct ps_frame *frames, size_t
         return dir == PS_WIRE_REQUEST
                    ? check_batch(h, frames, out, err, errlen)
                    : ps_errf(PS_EPROTO, err, errlen, "batch: answered with status 0");
-    if (ps_wire_op_moves_data(h->op) && (dir == PS_WIRE_REQUEST || op_carries_values(h->op, dir)))
+    if ((ps_wire_op_moves_data(h->op) || h->op == PS__OP__OP_SET) &&
+        (dir == PS_WIRE_REQUEST || op_carries_values(h->op, dir)))
         return check_data(h, frames, dir, value_bytes_max, out, err, errlen);
     if (dir == PS_WIRE_REQUEST && h->op == PS__OP__OP_CREATE_TABLE) {
         int bad = ps_wire_check_spec(h->spec, err, errlen);

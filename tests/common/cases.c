@@ -120,6 +120,31 @@ static void c_pull_extra_frame(struct case_msg *m)
     case_add_frame(m, 40);
 }
 
+static void c_set_no_values(struct case_msg *m)
+{
+    Ps__Header h;
+    data_header(&h, PS__OP__OP_SET, 0, 10);
+    case_put_header(m, &h);
+}
+
+static void c_set_keys(struct case_msg *m)
+{
+    Ps__Header h;
+    data_header(&h, PS__OP__OP_SET, 0, 2);
+    h.layout = PS__LAYOUT__LAYOUT_KEYS;
+    case_put_header(m, &h);
+    case_add_frame(m, 16);
+    case_add_frame(m, 8);
+}
+
+static void c_set_values_short(struct case_msg *m)
+{
+    Ps__Header h;
+    data_header(&h, PS__OP__OP_SET, 0, 10);
+    case_put_header(m, &h);
+    case_add_frame(m, 36);
+}
+
 static void c_push_no_values(struct case_msg *m)
 {
     Ps__Header h;
@@ -458,6 +483,9 @@ const struct bad_case bad_cases[] = {
     {"unknown op", PS_EOP, 0, c_op_unknown},
     {"pull with a values frame", PS_EFRAMES, 0, c_pull_extra_frame},
     {"push without values", PS_EFRAMES, 0, c_push_no_values},
+    {"set without values", PS_EFRAMES, 0, c_set_no_values},
+    {"set by keys", PS_EPROTO, 0, c_set_keys},
+    {"set with a short values frame", PS_ESIZE, 0, c_set_values_short},
     {"push values one byte short", PS_ESIZE, 0, c_push_short_values},
     {"push values too long", PS_ESIZE, 0, c_push_long_values},
     {"five frames", PS_EFRAMES, 0, c_too_many_frames},

@@ -81,6 +81,7 @@ int psc_table_create(struct psc_client *c, const struct psc_table_spec *spec, in
     ts.rows_max = spec->rows_max;
     ts.l1 = spec->l1;
     ts.l2 = spec->l2;
+    ts.await_set = spec->await_set != 0;
     char err[PS_ERROR_TEXT_MAX];
     int rc = ps_wire_check_spec(&ts, err, sizeof err);
     if (rc != 0)

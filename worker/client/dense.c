@@ -106,7 +106,8 @@ static int start_range(struct psc_client *c, Ps__Op op, uint32_t table, uint64_t
         return pc_set_error(c, PS_ERANGE, "%s: [%llu, +%llu) is outside table '%s' of %llu",
                             ps_op_name(op), (unsigned long long)offset, (unsigned long long)count,
                             t->name, (unsigned long long)t->size);
-    if ((op != PS__OP__OP_PULL && grad == NULL) || (op != PS__OP__OP_PUSH && out == NULL && !view))
+    int reads = op == PS__OP__OP_PULL || op == PS__OP__OP_PUSH_PULL;
+    if ((op != PS__OP__OP_PULL && grad == NULL) || (reads && out == NULL && !view))
         return pc_set_error(c, PS_EINVAL, "%s: NULL buffer", ps_op_name(op));
     if (view && c->dtype != PS__DTYPE__DTYPE_F32)
         return pc_set_error(c, PS_EINVAL, "pull view: the values must be f32 on the wire");
@@ -167,6 +168,12 @@ int psc_push_pull(struct psc_client *c, uint32_t table, uint64_t offset, uint64_
                   const float *grad, float *out, uint64_t clock, uint64_t *ticket)
 {
     return start_range(c, PS__OP__OP_PUSH_PULL, table, offset, count, grad, out, 0, clock, ticket);
+}
+
+int psc_set(struct psc_client *c, uint32_t table, uint64_t offset, uint64_t count,
+            const float *vals, uint64_t *ticket)
+{
+    return start_range(c, PS__OP__OP_SET, table, offset, count, vals, NULL, 0, 0, ticket);
 }
 
 int psc_pull_view(struct psc_client *c, uint32_t table, uint64_t offset, uint64_t count,

@@ -136,6 +136,8 @@ struct psc_table_spec {
     uint32_t dim;            /* sparse: floats per row */
     uint64_t rows_max;       /* sparse: rows one shard may hold */
     float l1, l2;            /* FTRL */
+    int await_set;           /* dense: pulls wait until a worker has set the values
+                              * (psc_set) from each shard's start to its end */
 };
 
 struct psc_table_stats {
@@ -266,6 +268,16 @@ PSC_API int psc_push(struct psc_client *c, uint32_t table, uint64_t offset, uint
                      const float *grad, uint64_t clock, uint64_t *ticket);
 PSC_API int psc_push_pull(struct psc_client *c, uint32_t table, uint64_t offset, uint64_t count,
                           const float *grad, float *out, uint64_t clock, uint64_t *ticket);
+
+/* Writes the values of [offset, offset+count) as they are (with the
+ * wire dtype: f32 for exact weights), before the table's first optimizer
+ * step: a model's own initial weights. The shards refuse it (PS_EREMOTE,
+ * PS_ESTATE) once the table has taken a step. A table created with
+ * await_set answers no pull until its values were set from each shard's
+ * start to its end. vals belongs to the library until the wait, as a
+ * push's gradient does. */
+PSC_API int psc_set(struct psc_client *c, uint32_t table, uint64_t offset, uint64_t count,
+                    const float *vals, uint64_t *ticket);
 
 /* A pull without a copy: the values stay in the messages they arrived in.
  * Needs f32 on the wire (wire_dtype), and is never a nonzero-only reply.

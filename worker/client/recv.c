@@ -396,6 +396,8 @@ static void handle_reply(struct psc_client *c, uint32_t shard, const struct ps_f
                      ps_err_name(h->status));
         return;
     }
+    if (sl->op == PS__OP__OP_SET)
+        return; /* a status, nothing to read */
     if (ps_wire_op_moves_data(sl->op))
         handle_data_reply(c, shard, sl, &m, last);
     else

@@ -253,10 +253,12 @@ static int send_range_part(struct psc_client *c, struct slot *sl, const struct t
     h->offset = a;
     h->count = b - a;
     h->continues = sl->continues;
-    h->nonzero_only = c->nonzero_pulls && sl->op != PS__OP__OP_PUSH && !sl->view;
+    int reads = sl->op == PS__OP__OP_PULL || sl->op == PS__OP__OP_PUSH_PULL;
+    h->nonzero_only = c->nonzero_pulls && reads && !sl->view;
     size_t vbytes = (b - a) * c->esize;
     const void *vals = sl->src ? sl->src + (a - sl->offset) * c->esize : NULL;
-    vals = via_region(c, s, h, PS_SHM_IN, vals, vbytes);
+    if (sl->op != PS__OP__OP_SET) /* set goes in frames */
+        vals = via_region(c, s, h, PS_SHM_IN, vals, vbytes);
     if (pc_shm_out_at(c, sl, s, a, b, &h->shm_out)) {
         h->shm |= PS_SHM_OUT; /* the shard writes the values there; none need masking */
         h->nonzero_only = 0;
