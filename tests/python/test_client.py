@@ -240,3 +240,60 @@ def test_heartbeats_while_python_computes(cluster, heartbeat_ms):
         time.sleep(1.5)
         dropped = _dropped(servers)
     assert dropped == (0 if heartbeat_ms >= 0 else 1)
+
+
+def test_set_weights_before_the_first_step(cluster):
+    servers = cluster.start(shards=2)
+    with psd.Client(servers) as c:
+        c.create_table("w", 1001, lr=1.0)
+        init = np.linspace(-1, 1, 1001).astype(np.float32)
+        c.set_weights("w", init).wait()
+        w = np.empty(1001, np.float32)
+        c.pull("w", w).wait()
+        np.testing.assert_array_equal(w, init)  # as they were, bit for bit
+        c.set_weights("w", np.zeros(3, np.float32), offset=10).wait()  # again, a range
+        c.pull("w", w).wait()
+        assert w[10:13].tolist() == [0, 0, 0] and w[13] == init[13]
+        c.push("w", np.ones(1001, np.float32)).wait()
+        with pytest.raises(psd.StateError) as e:
+            c.set_weights("w", init).wait()
+        assert "has taken 1 optimizer steps" in e.value.message
+        with pytest.raises(TypeError, match="values: float32 values are needed"):
+            c.set_weights("w", init.astype(np.float64))
+        c.create_sparse_table("e", 2)
+        with pytest.raises(TypeError, match="is sparse"):
+            c.set_weights("e", np.zeros(2, np.float32))
+
+
+def test_await_set_holds_pulls_until_rank_0_sets(cluster):
+    servers = cluster.start(shards=2, args=["--consistency", "bsp", "--workers", "2"])
+    with psd.Client(servers, rank=0, workers=2) as r0, psd.Client(servers, rank=1, workers=2) as r1:
+        for c in (r0, r1):
+            c.create_table("w", 64, lr=1.0, await_set=True)
+        out = np.zeros(64, np.float32)
+        h = r1.pull("w", out)  # rank 1's first pull waits for the values
+        with pytest.raises(psd.TimeoutError):
+            h.wait(timeout_ms=200)
+        init = np.arange(64, dtype=np.float32)
+        r0.set_weights("w", init).wait()
+        h.wait()
+        np.testing.assert_array_equal(out, init)
+        # a spec with await_set is another spec
+        with pytest.raises(psd.TableExistsError):
+            r0.create_table("w", 64, lr=1.0)
+
+
+def test_a_set_table_survives_a_restart(cluster, tmp_path):
+    ckpt = str(tmp_path / "ckpt")
+    servers = cluster.start(args=["--checkpoint-dir", ckpt])
+    init = np.arange(16, dtype=np.float32)
+    with psd.Client(servers) as c:
+        c.create_table("w", 16, lr=1.0, await_set=True)
+        c.set_weights("w", init).wait()
+    assert cluster.stop() == [0]  # a checkpoint at shutdown
+    servers = cluster.start(args=["--checkpoint-dir", ckpt])
+    with psd.Client(servers) as c:
+        c.create_table("w", 16, lr=1.0, await_set=True)  # the same spec: opened
+        w = np.zeros(16, np.float32)
+        c.pull("w", w).wait(timeout_ms=5000)  # restored values count as set
+        np.testing.assert_array_equal(w, init)

@@ -63,6 +63,7 @@ class TableSpec(ctypes.Structure):
         ("rows_max", ctypes.c_uint64),
         ("l1", ctypes.c_float),
         ("l2", ctypes.c_float),
+        ("await_set", ctypes.c_int),
     ]
 
 
@@ -133,6 +134,7 @@ def _prototypes(lib):
         "psc_push_rows": (c.c_int, [client, c.c_uint32, u64p, c.c_size_t, fl, c.c_uint64, u64p]),
         "psc_push_pull_rows": (c.c_int, [client, c.c_uint32, u64p, c.c_size_t, fl, fl, c.c_uint64,
                                          u64p]),
+        "psc_set": (c.c_int, [client, c.c_uint32, c.c_uint64, c.c_uint64, fl, u64p]),
         "psc_wait": (c.c_int, [client, c.c_uint64, c.c_int]),
         "psc_cancel": (c.c_int, [client, c.c_uint64]),
         "psc_start_clock": (c.c_uint64, [client]),

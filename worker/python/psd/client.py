@@ -303,15 +303,18 @@ class Client:
         return name
 
     def create_table(self, name, size, optimizer="sgd", lr=0.01, *, init="zeros", init_scale=0.0,
-                     seed=0, **hyper):
+                     seed=0, await_set=False, **hyper):
         """Creates a dense table of size float32 elements on every shard (or
         opens it when one of that name has the same spec). optimizer: sgd,
         momentum, adagrad, adam or ftrl; hyper: weight_decay, momentum,
-        nesterov, beta1, beta2, eps, lr_schedule, lr_decay_steps, l1, l2."""
+        nesterov, beta1, beta2, eps, lr_schedule, lr_decay_steps, l1, l2.
+        await_set: pulls wait until a worker has set the initial values
+        (set_weights), so every worker starts from the same model."""
         self._check_open()
         if not isinstance(size, int) or size <= 0:
             raise ValueError("size: a positive number of elements is needed (got %r)" % (size,))
         spec, bname = self._spec(name, size, optimizer, lr, init, init_scale, seed, hyper)
+        spec.await_set = 1 if await_set else 0
         return self._create(name, spec, bname, size, None)
 
     def create_sparse_table(self, name, dim, optimizer="sgd", lr=0.01, *, rows_max=1 << 20,
@@ -397,6 +400,18 @@ class Client:
                    clock, ctypes.byref(ticket))
         self._clock[name] = clock + 1
         return Handle(self, ticket.value, [grad, out])
+
+    def set_weights(self, name, values, *, offset=0):
+        """Writes values (float32) into the table as they are: a model's own
+        initial weights, before any optimizer step (the shards refuse it
+        after one: psd.StateError). Returns a Handle."""
+        self._check_open()
+        v = _as_f32("values", values, False)
+        t, n = self._dense(name, [("values", v)], offset)
+        ticket = ctypes.c_uint64()
+        self._call("set_weights %r" % name, self._lib.psc_set, t, offset, n, _ptr(v),
+                   ctypes.byref(ticket))
+        return Handle(self, ticket.value, [values, None])
 
     # -- sparse -------------------------------------------------------------
     def _rows(self, name, keys, arrays):
