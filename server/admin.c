@@ -41,6 +41,8 @@ void psd_op_stats(struct psd *s, const Ps__Header *req, struct psd_reply *rep)
         ts[i].dim = t->dim;
         ts[i].rows_max = t->rows_max;
         ts[i].optimizer = (char *)psd_optimizer_name(t->optimizer);
+        ts[i].n_shape = t->ndims;
+        ts[i].shape = (uint64_t *)t->shape;
         bytes_held += psd_table_bytes_held(t);
         tp[i] = &ts[i];
     }

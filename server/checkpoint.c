@@ -98,6 +98,12 @@ static json_t *table_state(const struct psd *s, const struct psd_table *t)
         (json_int_t)t->pushes, "pulls", (json_int_t)t->pulls, "completed", completed);
     if (o != NULL && t->await_set)
         json_object_set_new(o, "await_set", json_true());
+    if (o != NULL && t->ndims > 0) {
+        json_t *shape = json_array();
+        for (uint32_t i = 0; i < t->ndims; i++)
+            json_array_append_new(shape, json_integer((json_int_t)t->shape[i]));
+        json_object_set_new(o, "shape", shape);
+    }
     if (o != NULL && t->mask != NULL)
         json_object_set_new(
             o, "prune",
@@ -435,6 +441,21 @@ static int restore_table(struct psd *s, const struct blob *b, json_t *o, char *e
     spec.l1 = f_of(o, "l1");
     spec.l2 = f_of(o, "l2");
     spec.await_set = json_is_true(json_object_get(o, "await_set"));
+    uint64_t shape[PS_SHAPE_DIMS_MAX];
+    json_t *js = json_object_get(o, "shape");
+    if (js != NULL && (!json_is_array(js) || json_array_size(js) > PS_SHAPE_DIMS_MAX))
+        return ps_errf(PS_EPROTO, err, errlen, "'%s': shape is not a list of at most %u dimensions",
+                       spec.name, PS_SHAPE_DIMS_MAX);
+    for (size_t i = 0; js != NULL && i < json_array_size(js); i++) {
+        json_t *d = json_array_get(js, i);
+        if (!json_is_integer(d) || json_integer_value(d) < 1)
+            return ps_errf(PS_EPROTO, err, errlen,
+                           "'%s': dimension %zu of its shape is not a positive integer", spec.name,
+                           i);
+        shape[i] = (uint64_t)json_integer_value(d);
+    }
+    spec.n_shape = js != NULL ? json_array_size(js) : 0;
+    spec.shape = shape;
     char why[PS_ERROR_TEXT_MAX];
     if (ps_wire_check_spec(&spec, why, sizeof why) != 0)
         return ps_errf(PS_EPROTO, err, errlen, "%s", why);

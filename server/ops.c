@@ -429,7 +429,8 @@ enum psd_answer psd_op_data(struct psd *s, const struct ps_frame *route,
  * first optimizer step (a model's own initial weights, psc_set). With the
  * spec's await_set, pulls wait until the writes from the shard's start
  * have reached its end; a piece written again (a resend) is taken, one
- * that leaves a gap is refused. */
+ * that leaves a gap is refused as not yet (PS_EAGAIN: a client that
+ * resends sends it again after the pieces before it). */
 void psd_op_set(struct psd *s, const struct ps_wire_msg *m, struct psd_reply *rep)
 {
     const Ps__Header *req = m->hdr;
@@ -448,8 +449,8 @@ void psd_op_set(struct psd *s, const struct ps_wire_msg *m, struct psd_reply *re
                          t->name, (unsigned long long)t->steps);
         return;
     }
-    if (t->await_set && req->offset > t->set_next) {
-        psd_reply_errorf(s, req, PS_ESTATE, rep,
+    if (t->await_set && req->offset > t->set_next) { /* "not yet", as a bsp chunk ahead */
+        psd_reply_errorf(s, req, PS_EAGAIN, rep,
                          "set: table '%s' has its values set up to %llu; [%llu, %llu) would leave "
                          "a gap",
                          t->name, (unsigned long long)t->set_next, (unsigned long long)req->offset,

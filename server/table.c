@@ -56,7 +56,10 @@ int psd_table_create(const Ps__TableSpec *spec, uint32_t id, uint32_t shard, uin
     t->l1 = spec->l1;
     t->l2 = spec->l2;
     t->await_set = spec->await_set && !spec->sparse;
-    t->set_next = t->lo; /* nothing set yet */
+    t->set_next = t->lo;                /* nothing set yet */
+    t->ndims = (uint32_t)spec->n_shape; /* checked: at most PS_SHAPE_DIMS_MAX */
+    for (uint32_t i = 0; i < t->ndims; i++)
+        t->shape[i] = spec->shape[i];
     if (spec->sparse) {
         t->sparse = 1;
         t->dim = spec->dim;
@@ -159,7 +162,9 @@ int psd_table_same_spec(const struct psd_table *t, const Ps__TableSpec *spec)
            t->lr_schedule == (int)spec->lr_schedule && t->lr_decay_steps == spec->lr_decay_steps &&
            t->sparse == (spec->sparse ? 1 : 0) && t->dim == (t->sparse ? spec->dim : 0) &&
            t->rows_max == (t->sparse ? spec->rows_max : 0) && feq(t->l1, spec->l1) &&
-           feq(t->l2, spec->l2) && t->await_set == (spec->await_set && !spec->sparse);
+           feq(t->l2, spec->l2) && t->await_set == (spec->await_set && !spec->sparse) &&
+           t->ndims == spec->n_shape &&
+           (t->ndims == 0 || memcmp(t->shape, spec->shape, t->ndims * sizeof t->shape[0]) == 0);
 }
 
 struct psk_optim psd_table_optim(const struct psd_table *t)

@@ -65,6 +65,8 @@ struct psd_table {
     float l1, l2;
     int await_set;     /* pulls wait until set_next reaches hi (OP_SET) */
     uint64_t set_next; /* the end of what OP_SET has written from lo so far */
+    uint32_t ndims;    /* the spec's shape (0: a vector) */
+    uint64_t shape[PS_SHAPE_DIMS_MAX];
     struct psd_sparse sp;
 
     float *w;              /* hi - lo weights */

@@ -20,6 +20,7 @@
 #define PS_TABLE_NAME_MAX      128u                /* bytes, excluding the terminating NUL */
 #define PS_TABLE_ELEMS_MAX     (UINT64_C(1) << 34) /* 64 GiB of f32 per table */
 #define PS_SPARSE_DIM_MAX      4096u
+#define PS_SHAPE_DIMS_MAX      8u                   /* dimensions a dense table's shape may name */
 #define PS_SPARSE_ROWS_MAX     (UINT64_C(1) << 31)  /* per shard and table */
 #define PS_TABLE_BYTES_DEFAULT (UINT64_C(16) << 30) /* one table's memory on a shard */
 

@@ -259,6 +259,30 @@ int ps_wire_check_spec(const Ps__TableSpec *spec, char *err, size_t errlen)
                        spec->name, (unsigned long long)spec->lr_decay_steps);
     if (!isfinite(spec->init_scale))
         return ps_errf(PS_EINVAL, err, errlen, "table '%s': init_scale must be finite", spec->name);
+    if (spec->n_shape > 0) {
+        if (spec->sparse)
+            return ps_errf(PS_EINVAL, err, errlen,
+                           "table '%s': a shape takes a dense table (a sparse one has dim)",
+                           spec->name);
+        if (spec->n_shape > PS_SHAPE_DIMS_MAX)
+            return ps_errf(PS_ELIMIT, err, errlen, "table '%s': %zu dimensions, at most %u",
+                           spec->name, spec->n_shape, PS_SHAPE_DIMS_MAX);
+        uint64_t n = 1;
+        for (size_t i = 0; i < spec->n_shape; i++) {
+            if (spec->shape[i] == 0 || spec->shape[i] > PS_TABLE_ELEMS_MAX ||
+                n > PS_TABLE_ELEMS_MAX / spec->shape[i])
+                return ps_errf(PS_EINVAL, err, errlen,
+                               "table '%s': dimension %zu of its shape is %llu (each at least 1, "
+                               "their product at most %llu)",
+                               spec->name, i, (unsigned long long)spec->shape[i],
+                               (unsigned long long)PS_TABLE_ELEMS_MAX);
+            n *= spec->shape[i];
+        }
+        if (n != spec->size)
+            return ps_errf(PS_EINVAL, err, errlen,
+                           "table '%s': its shape holds %llu elements, its size is %llu",
+                           spec->name, (unsigned long long)n, (unsigned long long)spec->size);
+    }
     if (spec->sparse && spec->await_set)
         return ps_errf(PS_EINVAL, err, errlen,
                        "table '%s': await_set takes a dense table (a sparse one's rows are made "

@@ -25,14 +25,27 @@ void ps_st_tensor(struct ps_st_tensor *t, const char *name, const char *dtype, c
     t->bytes = (size_t)d0 * (d1 ? d1 : 1) * esize;
 }
 
+int ps_st_tensor_shape(struct ps_st_tensor *t, const uint64_t *dims, uint32_t ndims)
+{
+    uint64_t n = 1;
+    for (uint32_t i = 0; i < ndims; i++)
+        n *= dims[i];
+    if (ndims == 0 || ndims > PS_SHAPE_DIMS_MAX ||
+        n != t->shape[0] * (t->ndim == 2 ? t->shape[1] : 1))
+        return PS_EINVAL;
+    memcpy(t->shape, dims, ndims * sizeof *dims);
+    t->ndim = (int)ndims;
+    return 0;
+}
+
 static char *header(const struct ps_st_tensor *ts, size_t n, const char *const *meta, size_t nmeta)
 {
     json_t *h = json_object(), *m = json_object();
     uint64_t off = 0;
     for (size_t i = 0; h && i < n; i++) {
-        json_t *shape = ts[i].ndim == 2 ? json_pack("[I, I]", (json_int_t)ts[i].shape[0],
-                                                    (json_int_t)ts[i].shape[1])
-                                        : json_pack("[I]", (json_int_t)ts[i].shape[0]);
+        json_t *shape = json_array();
+        for (int d = 0; d < ts[i].ndim; d++)
+            json_array_append_new(shape, json_integer((json_int_t)ts[i].shape[d]));
         json_object_set_new(h, ts[i].name,
                             json_pack("{s:s, s:o, s:[I, I]}", "dtype", ts[i].dtype, "shape", shape,
                                       "data_offsets", (json_int_t)off,

@@ -349,6 +349,40 @@ static void c_lr_nan(struct case_msg *m)
 {
     create_with(m, e_lr_nan);
 }
+static void e_shape_not_size(Ps__TableSpec *s)
+{
+    static uint64_t dims[2] = {10, 99}; /* 990 of the spec's 1000 */
+    s->n_shape = 2;
+    s->shape = dims;
+}
+static void c_shape_not_size(struct case_msg *m)
+{
+    create_with(m, e_shape_not_size);
+}
+static void e_shape_deep(Ps__TableSpec *s)
+{
+    static uint64_t dims[9] = {1000, 1, 1, 1, 1, 1, 1, 1, 1};
+    s->n_shape = 9;
+    s->shape = dims;
+}
+static void c_shape_deep(struct case_msg *m)
+{
+    create_with(m, e_shape_deep);
+}
+static void e_shape_sparse(Ps__TableSpec *s)
+{
+    static uint64_t dims[1] = {4};
+    s->size = 0;
+    s->sparse = 1;
+    s->dim = 4;
+    s->rows_max = 16;
+    s->n_shape = 1;
+    s->shape = dims;
+}
+static void c_shape_sparse(struct case_msg *m)
+{
+    create_with(m, e_shape_sparse);
+}
 static void c_opt_unknown(struct case_msg *m)
 {
     create_with(m, e_opt_unknown);
@@ -506,6 +540,9 @@ const struct bad_case bad_cases[] = {
     {"create size past limit", PS_ELIMIT, 0, c_size_huge},
     {"create lr NaN", PS_EINVAL, 0, c_lr_nan},
     {"create unknown optimizer", PS_EINVAL, 0, c_opt_unknown},
+    {"create with a shape that is not its size", PS_EINVAL, 0, c_shape_not_size},
+    {"create with 9 dimensions", PS_ELIMIT, 0, c_shape_deep},
+    {"create a sparse table with a shape", PS_EINVAL, 0, c_shape_sparse},
     {"create momentum 1.5", PS_EINVAL, 0, c_momentum_big},
     {"create adam eps 0", PS_EINVAL, 0, c_adam_eps_zero},
     {"header one past limit", PS_ELIMIT, 0, c_header_oversize},

@@ -283,17 +283,44 @@ def test_await_set_holds_pulls_until_rank_0_sets(cluster):
             r0.create_table("w", 64, lr=1.0)
 
 
-def test_a_set_table_survives_a_restart(cluster, tmp_path):
+def test_a_set_table_and_its_shape_survive_a_restart(cluster, tmp_path):
     ckpt = str(tmp_path / "ckpt")
     servers = cluster.start(args=["--checkpoint-dir", ckpt])
     init = np.arange(16, dtype=np.float32)
     with psd.Client(servers) as c:
-        c.create_table("w", 16, lr=1.0, await_set=True)
+        c.create_table("w", (4, 4), lr=1.0, await_set=True)
         c.set_weights("w", init).wait()
     assert cluster.stop() == [0]  # a checkpoint at shutdown
     servers = cluster.start(args=["--checkpoint-dir", ckpt])
     with psd.Client(servers) as c:
-        c.create_table("w", 16, lr=1.0, await_set=True)  # the same spec: opened
+        c.create_table("w", (4, 4), lr=1.0, await_set=True)  # the same spec, shape too: opened
         w = np.zeros(16, np.float32)
         c.pull("w", w).wait(timeout_ms=5000)  # restored values count as set
         np.testing.assert_array_equal(w, init)
+
+
+def test_a_tables_shape_comes_back_in_the_export(cluster, tmp_path):
+    psctl = os.environ.get("PSCTL_BIN")
+    if not psctl:
+        pytest.skip("PSCTL_BIN is not set")
+    servers = cluster.start(shards=2)
+    with psd.Client(servers) as c:
+        c.create_table("conv1.weight", (4, 1, 3, 3), lr=1.0)
+        c.create_table("conv1.bias", 4, lr=1.0)
+        g = np.arange(36, dtype=np.float32)
+        c.push("conv1.weight", g).wait()
+        c.create_table("conv1.weight", (4, 1, 3, 3), lr=1.0)  # the same spec: opened
+        with pytest.raises(psd.TableExistsError):
+            c.create_table("conv1.weight", (4, 9), lr=1.0)  # another shape
+        with pytest.raises(ValueError, match="size: a shape is 1 to 8 positive integers"):
+            c.create_table("x", (4, 0))
+    import subprocess
+    from conftest import child_env
+    out = tmp_path / "model.safetensors"
+    r = subprocess.run([psctl, "--servers", servers, "export", str(out)], capture_output=True,
+                       text=True, env=child_env())
+    assert r.returncode == 0, r.stderr
+    model = psd.load_safetensors(out)
+    assert model["conv1.weight"].shape == (4, 1, 3, 3)
+    assert model["conv1.bias"].shape == (4,)
+    np.testing.assert_array_equal(model["conv1.weight"].ravel(), -g)

@@ -201,7 +201,7 @@ static void test_await_set_holds_pulls(void **state)
     for (int i = 0; i < 8; i++)
         vals[i] = (float)i;
     /* a piece that leaves a gap is refused; in order they complete the set */
-    assert_int_equal(set(&s, 4, 4), PS_ESTATE);
+    assert_int_equal(set(&s, 4, 4), PS_EAGAIN);
     assert_int_equal(s.nwaits, 1);
     assert_int_equal(set(&s, 0, 4), 0);
     assert_int_equal(s.nwaits, 1);      /* half of it is not enough */

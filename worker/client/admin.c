@@ -82,6 +82,8 @@ int psc_table_create(struct psc_client *c, const struct psc_table_spec *spec, in
     ts.l1 = spec->l1;
     ts.l2 = spec->l2;
     ts.await_set = spec->await_set != 0;
+    ts.n_shape = spec->shape != NULL ? spec->ndims : 0;
+    ts.shape = (uint64_t *)spec->shape;
     char err[PS_ERROR_TEXT_MAX];
     int rc = ps_wire_check_spec(&ts, err, sizeof err);
     if (rc != 0)

@@ -159,6 +159,7 @@ struct psc_client {
     int last_remote; /* the shard's code behind the last PS_EREMOTE, else 0 */
 };
 
+_Static_assert(PSC_SHAPE_DIMS_MAX == PS_SHAPE_DIMS_MAX, "psclient.h's shape limit is the wire's");
 _Static_assert(PSC_TABLE_NAME_MAX == PS_TABLE_NAME_MAX, "psclient.h's name limit is the wire's");
 _Static_assert(PS_CLIENT_TICKETS_MAX < UINT16_MAX && (ID_MAP & (ID_MAP - 1)) == 0,
                "slot index + 1 fits in id_map; ID_MAP is a power of 2");

@@ -75,6 +75,8 @@ struct psc_config {
     void *hello_waiting_arg;
 };
 
+/* the most dimensions a table's shape has */
+#define PSC_SHAPE_DIMS_MAX 8u
 /* the longest table name, in bytes without the NUL */
 #define PSC_TABLE_NAME_MAX       128u
 #define PSC_HEARTBEAT_MS_DEFAULT 1000
@@ -138,6 +140,9 @@ struct psc_table_spec {
     float l1, l2;            /* FTRL */
     int await_set;           /* dense: pulls wait until a worker has set the values
                               * (psc_set) from each shard's start to its end */
+    const uint64_t *shape;   /* dense: ndims dimensions whose product is size (a
+                              * tensor's, for psctl export); ndims 0: a vector */
+    uint32_t ndims;          /* at most PSC_SHAPE_DIMS_MAX */
 };
 
 struct psc_table_stats {
@@ -151,6 +156,8 @@ struct psc_table_stats {
     uint64_t rows, rows_max; /* sparse: rows on this shard, and the most it takes */
     uint64_t pushes, pulls, updates, clock, rounds_lost;
     double sparsity; /* fraction of this shard's weights pruned to 0 */
+    uint32_t ndims;  /* the spec's shape (0: a vector) */
+    uint64_t shape[PSC_SHAPE_DIMS_MAX];
 };
 
 struct psc_shard_stats {

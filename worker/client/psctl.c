@@ -59,7 +59,8 @@ static const char usage_text[] =
     "                bytes in and out, waiting requests; exit 1 if a shard is unreachable\n"
     "  checkpoint    ask every shard to write a checkpoint now\n"
     "  export FILE   gather every dense table from every shard into one file\n"
-    "                (--format safetensors; tensors named as the tables, 1-D f32)\n"
+    "                (--format safetensors; tensors named as the tables, f32, in the\n"
+    "                table's shape: 1-D when it has none)\n"
     "  keygen PATH   write a CURVE key pair: PATH (secret, 0600) and PATH.pub";
 
 struct cluster {
@@ -442,7 +443,14 @@ static int cmd_export(struct cluster *k, const char *path, int json)
             fprintf(stderr, "psctl: export: '%s': %s\n", tl[i].name, psc_last_error(k->c));
             break;
         }
-        ps_st_tensor(&ts[n++], tl[i].name, "F32", w, 4, tl[i].size, 0);
+        ps_st_tensor(&ts[n], tl[i].name, "F32", w, 4, tl[i].size, 0);
+        if (tl[i].ndims > 0 && ps_st_tensor_shape(&ts[n], tl[i].shape, tl[i].ndims) != 0) {
+            fprintf(stderr, "psctl: export: '%s': its shape does not hold its %llu elements\n",
+                    tl[i].name, (unsigned long long)tl[i].size);
+            rc = PS_EPROTO;
+            break;
+        }
+        n++;
         bytes += tl[i].size * 4;
         tables++;
     }

@@ -295,6 +295,9 @@ static void handle_sync_reply(struct psc_client *c, uint32_t shard, struct slot 
             o->clock = t->clock;
             o->rounds_lost = t->rounds_lost;
             o->sparsity = t->sparsity;
+            o->ndims = t->n_shape <= PSC_SHAPE_DIMS_MAX ? (uint32_t)t->n_shape : 0;
+            for (uint32_t d = 0; d < o->ndims; d++)
+                o->shape[d] = t->shape[d];
         }
         st->nworker_clocks = (uint32_t)h->stats->n_worker_clocks;
         for (size_t i = 0; i < h->stats->n_worker_clocks && i < 64; i++)

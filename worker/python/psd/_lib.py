@@ -64,7 +64,11 @@ class TableSpec(ctypes.Structure):
         ("l1", ctypes.c_float),
         ("l2", ctypes.c_float),
         ("await_set", ctypes.c_int),
+        ("shape", ctypes.POINTER(ctypes.c_uint64)),
+        ("ndims", ctypes.c_uint32),
     ]
+
+SHAPE_DIMS_MAX = 8  # PSC_SHAPE_DIMS_MAX
 
 
 def _candidates():

@@ -304,17 +304,32 @@ class Client:
 
     def create_table(self, name, size, optimizer="sgd", lr=0.01, *, init="zeros", init_scale=0.0,
                      seed=0, await_set=False, **hyper):
-        """Creates a dense table of size float32 elements on every shard (or
-        opens it when one of that name has the same spec). optimizer: sgd,
+        """Creates a dense table on every shard (or opens it when one of that
+        name has the same spec): size float32 elements, or a shape (a tuple
+        such as (32, 1, 3, 3): the table holds their product, and psctl
+        export writes the tensor with that shape). optimizer: sgd,
         momentum, adagrad, adam or ftrl; hyper: weight_decay, momentum,
         nesterov, beta1, beta2, eps, lr_schedule, lr_decay_steps, l1, l2.
         await_set: pulls wait until a worker has set the initial values
         (set_weights), so every worker starts from the same model."""
         self._check_open()
+        shape = None
+        if isinstance(size, (tuple, list)):
+            shape = tuple(size)
+            if (not shape or len(shape) > _lib.SHAPE_DIMS_MAX or
+                    any(not isinstance(d, int) or d <= 0 for d in shape)):
+                raise ValueError("size: a shape is 1 to %d positive integers (got %r)"
+                                 % (_lib.SHAPE_DIMS_MAX, size))
+            size = int(np.prod(shape, dtype=np.int64))
         if not isinstance(size, int) or size <= 0:
             raise ValueError("size: a positive number of elements is needed (got %r)" % (size,))
         spec, bname = self._spec(name, size, optimizer, lr, init, init_scale, seed, hyper)
         spec.await_set = 1 if await_set else 0
+        dims = None
+        if shape is not None:
+            dims = (ctypes.c_uint64 * len(shape))(*shape)
+            spec.shape = dims
+            spec.ndims = len(shape)
         return self._create(name, spec, bname, size, None)
 
     def create_sparse_table(self, name, dim, optimizer="sgd", lr=0.01, *, rows_max=1 << 20,
