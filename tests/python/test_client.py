@@ -314,6 +314,10 @@ def test_a_tables_shape_comes_back_in_the_export(cluster, tmp_path):
             c.create_table("conv1.weight", (4, 9), lr=1.0)  # another shape
         with pytest.raises(ValueError, match="size: a shape is 1 to 8 positive integers"):
             c.create_table("x", (4, 0))
+        # the most dimensions a shape may have, and one more
+        c.create_table("deep", (1, 1, 1, 1, 1, 1, 2, 2))
+        with pytest.raises(ValueError, match="size: a shape is 1 to 8"):
+            c.create_table("deeper", (1, 1, 1, 1, 1, 1, 1, 2, 2))
     import subprocess
     from conftest import child_env
     out = tmp_path / "model.safetensors"
@@ -323,4 +327,5 @@ def test_a_tables_shape_comes_back_in_the_export(cluster, tmp_path):
     model = psd.load_safetensors(out)
     assert model["conv1.weight"].shape == (4, 1, 3, 3)
     assert model["conv1.bias"].shape == (4,)
+    assert model["deep"].shape == (1, 1, 1, 1, 1, 1, 2, 2)
     np.testing.assert_array_equal(model["conv1.weight"].ravel(), -g)
