@@ -9,7 +9,8 @@
 
 #define INPROC_VALUE_BYTES_MAX (64u << 20)
 
-static inline void inproc_start(struct psd *s, struct ps_log *log)
+/* The same with `workers` worker ids whose pulls may wait (psd --workers). */
+static inline void inproc_start_workers(struct psd *s, struct ps_log *log, uint32_t workers)
 {
     ps_log_init(log, "test", PS_LOG_ERROR);
     struct psd_params p = {.shard = 0,
@@ -17,7 +18,13 @@ static inline void inproc_start(struct psd *s, struct ps_log *log)
                            .value_bytes_max = INPROC_VALUE_BYTES_MAX,
                            .wait_timeout_ms = 3600000};
     assert_int_equal(psd_cons_parse("asp", &p.cons), 0);
+    p.cons.workers = workers;
     assert_int_equal(psd_init(s, log, &p), 0);
+}
+
+static inline void inproc_start(struct psd *s, struct ps_log *log)
+{
+    inproc_start_workers(s, log, 0);
 }
 
 /* Dispatches h, followed by a frame of `bytes` at data when data is not

@@ -160,14 +160,7 @@ static void test_await_set_holds_pulls(void **state)
     (void)state;
     struct psd s;
     struct ps_log log;
-    ps_log_init(&log, "test", PS_LOG_ERROR);
-    struct psd_params p = {.shard = 0,
-                           .shards = 1,
-                           .value_bytes_max = INPROC_VALUE_BYTES_MAX,
-                           .wait_timeout_ms = 3600000};
-    assert_int_equal(psd_cons_parse("asp", &p.cons), 0);
-    p.cons.workers = 1; /* worker 0's pulls may wait */
-    assert_int_equal(psd_init(&s, &log, &p), 0);
+    inproc_start_workers(&s, &log, 1); /* worker 0's pulls may wait */
     int sent = 0;
     psd_set_sender(&s, count_sent, &sent);
     Ps__TableSpec sp;

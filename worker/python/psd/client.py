@@ -102,11 +102,10 @@ class Handle:
     given belong to the library until wait() returns (or raises anything
     but psd.TimeoutError, after which it may be waited for again)."""
 
-    def __init__(self, client, ticket, keep, after=None):
+    def __init__(self, client, ticket, keep):
         self._client = client
         self._ticket = ticket
         self._keep = keep  # the buffers the library reads or writes
-        self._after = after
         self.done = False
 
     def wait(self, timeout_ms=None):
@@ -127,8 +126,6 @@ class Handle:
         keep, self._keep = self._keep, None
         if err is not None:
             raise err
-        if self._after is not None:
-            self._after()
         return keep[-1] if keep and keep[-1] is not None else None
 
     def cancel(self):
