@@ -56,8 +56,7 @@ static void table_spec(const struct trainer *tr, int k, struct psc_table_spec *s
 /* Elements --topk sends of a table of n. */
 size_t psw_topk_count(const struct trainer *tr, size_t n)
 {
-    size_t kk = (size_t)ceil(tr->cfg.topk * (double)n);
-    return kk < 1 ? 1 : (kk > n ? n : kk);
+    return (size_t)psc_topk_count(n, tr->cfg.topk);
 }
 
 static int setup_topk(struct trainer *tr, int k, size_t n)

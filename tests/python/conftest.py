@@ -77,6 +77,19 @@ class Cluster:
         return codes
 
 
+def export(servers, out):
+    """psctl export of every table to out, loaded back (skips the test
+    when psctl is not built)."""
+    psctl = os.environ.get("PSCTL_BIN")
+    if not psctl:
+        pytest.skip("PSCTL_BIN is not set")
+    import psd
+    r = subprocess.run([psctl, "--servers", servers, "export", str(out)], capture_output=True,
+                       text=True, env=child_env())
+    assert r.returncode == 0, r.stderr
+    return psd.load_safetensors(out)
+
+
 @pytest.fixture
 def cluster():
     c = Cluster()

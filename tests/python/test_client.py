@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import psd
+from conftest import export
 
 
 def test_library_is_found_and_matches():
@@ -193,20 +194,11 @@ def test_safetensors_round_trip_and_psctl_export(cluster, tmp_path):
     with pytest.raises(ValueError, match="the header is not JSON"):
         psd.load_safetensors(tmp_path / "bad.safetensors")
 
-    psctl = os.environ.get("PSCTL_BIN")
-    if not psctl:
-        pytest.skip("PSCTL_BIN is not set")
     servers = cluster.start(shards=2)
     with psd.Client(servers) as c:
         c.create_table("fc.weight", 10, lr=1.0)
         c.push("fc.weight", np.arange(10, dtype=np.float32)).wait()
-    import subprocess
-    from conftest import child_env
-    out = tmp_path / "model.safetensors"
-    r = subprocess.run([psctl, "--servers", servers, "export", str(out)], capture_output=True,
-                       text=True, env=child_env())
-    assert r.returncode == 0, r.stderr
-    model = psd.load_safetensors(out)
+    model = export(servers, tmp_path / "model.safetensors")
     np.testing.assert_array_equal(model["fc.weight"], -np.arange(10, dtype=np.float32))
 
 
@@ -306,9 +298,6 @@ def test_a_set_table_and_its_shape_survive_a_restart(cluster, tmp_path):
 
 
 def test_a_tables_shape_comes_back_in_the_export(cluster, tmp_path):
-    psctl = os.environ.get("PSCTL_BIN")
-    if not psctl:
-        pytest.skip("PSCTL_BIN is not set")
     servers = cluster.start(shards=2)
     with psd.Client(servers) as c:
         c.create_table("conv1.weight", (4, 1, 3, 3), lr=1.0)
@@ -324,14 +313,56 @@ def test_a_tables_shape_comes_back_in_the_export(cluster, tmp_path):
         c.create_table("deep", (1, 1, 1, 1, 1, 1, 2, 2))
         with pytest.raises(ValueError, match="size: a shape is 1 to 8"):
             c.create_table("deeper", (1, 1, 1, 1, 1, 1, 1, 2, 2))
-    import subprocess
-    from conftest import child_env
-    out = tmp_path / "model.safetensors"
-    r = subprocess.run([psctl, "--servers", servers, "export", str(out)], capture_output=True,
-                       text=True, env=child_env())
-    assert r.returncode == 0, r.stderr
-    model = psd.load_safetensors(out)
+    model = export(servers, tmp_path / "model.safetensors")
     assert model["conv1.weight"].shape == (4, 1, 3, 3)
     assert model["conv1.bias"].shape == (4,)
     assert model["deep"].shape == (1, 1, 1, 1, 1, 1, 2, 2)
     np.testing.assert_array_equal(model["conv1.weight"].ravel(), -g)
+
+
+def test_topk_keeps_what_it_does_not_send():
+    t = psd.TopK(10, 0.3)
+    assert t.k == 3
+    g = np.array([0.1, -5, 0.2, 3, 0, 0, 4, -0.3, 0, 0], np.float32)
+    keys, vals = t.select(g)
+    np.testing.assert_array_equal(keys, [1, 3, 6])
+    np.testing.assert_array_equal(vals, [-5, 3, 4])
+    np.testing.assert_allclose(t.residual, [0.1, 0, 0.2, 0, 0, 0, 0, -0.3, 0, 0])
+    keys, vals = t.select(np.zeros(10, np.float32))  # what stayed goes out next
+    np.testing.assert_array_equal(keys, [0, 2, 7])
+    np.testing.assert_allclose(vals, [0.1, 0.2, -0.3])
+    m = psd.TopK(4, 0.25, momentum=0.5)  # DGC's momentum correction
+    keys, _ = m.select(np.array([1, 0, 0, 0], np.float32))
+    np.testing.assert_array_equal(keys, [0])  # sent: its velocity goes too
+    keys, vals = m.select(np.array([0.2, 0.9, 0.1, 0], np.float32))
+    np.testing.assert_array_equal(keys, [1])
+    np.testing.assert_allclose(m.velocity, [0.2, 0, 0.1, 0])
+    np.testing.assert_allclose(m.residual, [0.2, 0, 0.1, 0])
+    keys, vals = m.select(np.zeros(4, np.float32))  # velocity 0.1, 0.05 added
+    np.testing.assert_array_equal(keys, [0])
+    np.testing.assert_allclose(vals, [0.3])
+    np.testing.assert_allclose(m.residual, [0, 0, 0.15, 0])
+    with pytest.raises(ValueError, match="grad: holds a NaN"):
+        m.select(np.array([np.nan, 0, 0, 0], np.float32))
+    np.testing.assert_allclose(m.residual, [0, 0, 0.15, 0])  # untouched
+    with pytest.raises(ValueError, match="ratio: a fraction"):
+        psd.TopK(4, 0.0)
+
+
+def test_push_keys_and_a_corked_bucket(cluster):
+    servers = cluster.start(shards=2)
+    with psd.Client(servers) as c:
+        c.create_table("d", 100, lr=1.0)
+        with c.corked():  # both go to each shard in one message
+            h1 = c.push_keys("d", [3, 97], np.array([1, 2], np.float32))
+            h2 = c.push_keys("d", [50], np.array([4], np.float32))
+        h1.wait()
+        h2.wait()
+        w = np.empty(100, np.float32)
+        c.pull("d", w).wait()
+        assert (w[3], w[50], w[97]) == (-1, -4, -2)
+        assert np.count_nonzero(w) == 3
+        with pytest.raises(ValueError, match="keys: key 100 is outside table 'd' of 100"):
+            c.push_keys("d", [100], np.array([1], np.float32))
+        with pytest.raises(ValueError, match="values: 1 values for 2 keys"):
+            c.push_keys("d", [1, 2], np.array([1], np.float32))

@@ -309,6 +309,26 @@ PSC_API int psc_view_release(struct psc_client *c, uint64_t ticket);
 PSC_API int psc_push_keys(struct psc_client *c, uint32_t table, const uint64_t *keys,
                           const float *vals, size_t n, uint64_t clock, uint64_t *ticket);
 
+/* Top-k with error feedback (Deep Gradient Compression), on host buffers:
+ * what psworker --topk does on its backend, for programs that compute
+ * gradients on the host (the Python package). The selection is the CPU
+ * backend's own code.
+ *
+ * psc_topk_count: how many of n elements a fraction ratio (0 < ratio <= 1)
+ * sends: ceil(ratio * n), at least 1 (0 for a ratio outside (0, 1]).
+ *
+ * psc_topk_select: adds grad[0..n) to the residual resid (with vel not
+ * NULL, through it first: vel = momentum * vel + grad, resid += vel, as
+ * DGC's momentum correction, the servers then running plain SGD), then
+ * moves the k entries of resid largest in magnitude into idx (ascending)
+ * and val and zeroes them in resid and vel: ready for psc_push_keys. What
+ * is not sent stays in resid for the next step. PS_EINVAL, with resid and
+ * vel untouched, when grad holds a NaN or an infinity, k is 0 or above n,
+ * or a pointer is NULL; PS_ENOMEM. */
+PSC_API uint64_t psc_topk_count(uint64_t n, double ratio);
+PSC_API int psc_topk_select(uint64_t n, const float *grad, float *resid, float *vel, float momentum,
+                            uint64_t k, uint64_t *idx, float *val);
+
 /* Rows of a sparse table by key: keys[0..n) strictly increasing; out and
  * grads hold n x dim floats in the order of keys and follow the buffer
  * rules above (keys are copied). Each key goes to the shard its jump hash

@@ -144,6 +144,10 @@ def _prototypes(lib):
         "psc_start_clock": (c.c_uint64, [client]),
         "psc_shards": (c.c_uint32, [client]),
         "psc_heartbeat": (None, [client]),
+        "psc_cork": (c.c_int, [client, c.c_int]),
+        "psc_push_keys": (c.c_int, [client, c.c_uint32, u64p, fl, c.c_size_t, c.c_uint64, u64p]),
+        "psc_topk_count": (c.c_uint64, [c.c_uint64, c.c_double]),
+        "psc_topk_select": (c.c_int, [c.c_uint64, fl, fl, fl, c.c_float, c.c_uint64, u64p, fl]),
     }
     for name, (res, args) in protos.items():
         f = getattr(lib, name)

@@ -139,6 +139,64 @@ class Handle:
             self._keep = None
 
 
+class _Cork:
+    def __init__(self, client):
+        self._client = client
+
+    def __enter__(self):
+        c = self._client
+        c._check_open()
+        c._call("cork", c._lib.psc_cork, 1)
+        return c
+
+    def __exit__(self, *exc):
+        c = self._client
+        if c._c is not None:
+            c._call("uncork", c._lib.psc_cork, 0)
+
+
+class TopK:
+    """Top-k with error feedback for one dense table of n elements, on the
+    host (libpsclient's psc_topk_select: the code psworker --topk runs).
+    select(grad) adds grad to the residual (through a local velocity when
+    momentum is given: DGC's momentum correction, with the table then on
+    plain sgd) and takes the ceil(ratio * n) entries largest in magnitude
+    out of it; what stays is sent in later steps. The keys and values it
+    returns are this object's buffers: push them (Client.push_keys) and
+    wait before the next select."""
+
+    def __init__(self, n, ratio, momentum=None):
+        lib, _ = library()
+        if not isinstance(n, int) or n <= 0:
+            raise ValueError("n: a positive number of elements is needed (got %r)" % (n,))
+        if not isinstance(ratio, (int, float)) or not 0.0 < ratio <= 1.0:
+            raise ValueError("ratio: a fraction in (0, 1] is needed (got %r)" % (ratio,))
+        self._lib = lib
+        self.n = n
+        self.k = int(lib.psc_topk_count(n, float(ratio)))
+        self.momentum = momentum
+        self.residual = np.zeros(n, np.float32)
+        self.velocity = np.zeros(n, np.float32) if momentum is not None else None
+        self._keys = np.zeros(self.k, np.uint64)
+        self._vals = np.zeros(self.k, np.float32)
+
+    def select(self, grad):
+        """(keys, values): the k entries to push for gradient grad."""
+        g = _as_f32("grad", grad, False)
+        if g.size != self.n:
+            raise ValueError("grad: %d elements, this TopK holds %d" % (g.size, self.n))
+        vel = _ptr(self.velocity) if self.velocity is not None else None
+        rc = self._lib.psc_topk_select(self.n, _ptr(g), _ptr(self.residual), vel,
+                                       float(self.momentum or 0.0), self.k,
+                                       _keys_ptr(self._keys), _ptr(self._vals))
+        if rc != 0:
+            if not np.all(np.isfinite(g)):
+                raise ValueError("grad: holds a NaN or an infinity (nothing was added)")
+            raise error(rc, self._lib.psc_err_name(rc).decode(), "topk select: %s"
+                        % self._lib.psc_strerror(rc).decode())
+        return self._keys, self._vals
+
+
 class Client:
     """A connection to every shard of a psd cluster.
 
@@ -424,6 +482,31 @@ class Client:
         self._call("set_weights %r" % name, self._lib.psc_set, t, offset, n, _ptr(v),
                    ctypes.byref(ticket))
         return Handle(self, ticket.value, [values, None])
+
+    def push_keys(self, name, keys, values):
+        """Pushes a sparse gradient into a dense table: values[i] for
+        element keys[i] (strictly increasing uint64, below the table's
+        size), at this worker's clock; what TopK.select gives. Every shard
+        gets a push, so bsp rounds complete. Returns a Handle."""
+        self._check_open()
+        v = _as_f32("values", values, False)
+        t, size, _ = self._table(name, True)
+        k = _as_keys("keys", keys)
+        if v.size != k.size:
+            raise ValueError("values: %d values for %d keys" % (v.size, k.size))
+        if k.size and k[-1] >= size:
+            raise ValueError("keys: key %d is outside table %r of %d" % (k[-1], name, size))
+        ticket = ctypes.c_uint64()
+        clock = self._clock[name]
+        self._call("push_keys %r" % name, self._lib.psc_push_keys, t, _keys_ptr(k), _ptr(v),
+                   k.size, clock, ctypes.byref(ticket))
+        self._clock[name] = clock + 1
+        return Handle(self, ticket.value, [k, values, None])
+
+    def corked(self):
+        """A context manager: the requests made inside it go to each shard
+        together, as one message, when it ends (a bucket of pushes)."""
+        return _Cork(self)
 
     # -- sparse -------------------------------------------------------------
     def _rows(self, name, keys, arrays):
