@@ -2,6 +2,8 @@
 # Installs the Debian 12 packages psd needs, by purpose:
 #   deploy/install-deps.sh run    build psd, psworker and psctl, and run them
 #                                 (the quick start: Fashion-MNIST included)
+#   deploy/install-deps.sh python all of run, and numpy and torch for the psd
+#                                 Python package (quickstart.sh --python)
 #   deploy/install-deps.sh test   all of run, and what tests/run.sh needs
 #                                 (the default)
 # Idempotent: when everything is present it checks with dpkg and exits at once.
@@ -20,15 +22,17 @@ RUN_PKGS=(
   python3
   dataset-fashion-mnist
 )
+# The psd Python package and its PyTorch integration, on Debian's python3.
+PY_PKGS=(python3-numpy python3-torch)
 # The tests: cmocka (unit and integration tests), clang and its sanitizer
 # runtime (fuzz targets), procps (process checks), systemd
 # (systemd-analyze verify of the units), prometheus (promtool) and curl
 # (/metrics), iproute2, iptables and libnetfilter-queue (the several-host
 # test in network namespaces), podman and debootstrap (the compose test),
-# numpy and pytest (the Python package's tests, on Debian's python3).
+# numpy, pytest and torch (the Python package's tests, on Debian's python3).
 TEST_PKGS=(
   libcmocka-dev
-  python3-numpy python3-pytest
+  python3-numpy python3-pytest python3-torch
   clang libclang-rt-14-dev
   procps systemd
   prometheus curl
@@ -39,9 +43,10 @@ TEST_PKGS=(
 purpose=${1:-test}
 case "$purpose" in
   run) PKGS=("${RUN_PKGS[@]}") ;;
+  python) PKGS=("${RUN_PKGS[@]}" "${PY_PKGS[@]}") ;;
   test) PKGS=("${RUN_PKGS[@]}" "${TEST_PKGS[@]}") ;;
-  -h|--help) sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-  *) echo "install-deps: '$purpose' is not run or test (see --help)" >&2; exit 2 ;;
+  -h|--help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  *) echo "install-deps: '$purpose' is not run, python or test (see --help)" >&2; exit 2 ;;
 esac
 
 missing=()

@@ -228,6 +228,7 @@ class Client:
         if (curve_server_key is None) != (curve_keypair is None):
             raise ValueError("curve_server_key and curve_keypair go together")
         self.timeout_ms = int(timeout_ms)
+        self.wire_dtype = wire_dtype
         self._lib, self.library_path = library()
         self._timedout = -12  # PS_ETIMEDOUT: stable, append-only codes
         arr = (ctypes.c_char_p * len(servers))(*[s.encode() for s in servers])

@@ -1,0 +1,301 @@
+"""psd.torch against real psd shards: DistributedOptimizer equals
+torch.optim on the same model and data, 2 workers equal 1 of twice the
+batch, accumulation, top-k, bf16 autocast, the export loads into the
+model, and embeddings from a sparse table."""
+import copy
+import os
+import subprocess
+import threading
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+import psd  # noqa: E402
+import psd.torch  # noqa: E402
+from conftest import export  # noqa: E402
+
+STEPS = 50
+
+
+class Net(torch.nn.Module):
+    """A small CNN: a convolution, a linear layer, and a bias that forward
+    never reaches when unused is set."""
+
+    def __init__(self, unused=False):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(1, 4, 3)
+        self.fc = torch.nn.Linear(4 * 6 * 6, 3)
+        if unused:
+            self.spare = torch.nn.Parameter(torch.ones(5))
+
+    def forward(self, x):
+        return self.fc(torch.relu(self.conv(x)).flatten(1))
+
+
+def data(n, seed=0):
+    """n images and the labels a fixed random linear teacher gives them."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 1, 8, 8, generator=g)
+    teacher = torch.randn(64, 3, generator=torch.Generator().manual_seed(99))
+    return x, (x.flatten(1) @ teacher).argmax(1)
+
+
+def model(seed=1, **kw):
+    torch.manual_seed(seed)
+    return Net(**kw)
+
+
+def local_sgd(m, batches, lr=0.05, momentum=0.9, weight_decay=1e-4):
+    opt = torch.optim.SGD(m.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay)
+    for x, y in batches:
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(m(x), y).backward()
+        opt.step()
+    return m
+
+
+def psd_sgd(m, batches, client, **kw):
+    args = dict(lr=0.05, momentum=0.9, weight_decay=1e-4)
+    args.update(kw)
+    opt = psd.torch.DistributedOptimizer(m, "momentum", client=client, **args)
+    losses = []
+    for x, y in batches:
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(m(x), y)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return m, opt, losses
+
+
+def assert_same(a, b, rtol=1e-4, atol=1e-5):
+    sa, sb = a.state_dict(), b.state_dict()
+    assert list(sa) == list(sb)
+    for k in sa:
+        torch.testing.assert_close(sa[k], sb[k], rtol=rtol, atol=atol, msg=k)
+
+
+def test_one_worker_equals_torch_sgd_momentum(cluster):
+    servers = cluster.start(shards=2, args=["--consistency", "bsp"])
+    x, y = data(16 * STEPS)
+    batches = [(x[i:i + 16], y[i:i + 16]) for i in range(0, len(x), 16)]
+    ref = local_sgd(model(), batches)
+    with psd.Client(servers) as c:
+        # a bucket a parameter: four go out during each backward
+        got, opt, losses = psd_sgd(model(), batches, c, bucket_bytes=1)
+        assert opt.buckets == [[3], [2], [1], [0]]
+        assert opt.steps == STEPS
+    assert losses[-1] < losses[0]
+    assert_same(got, ref)
+    # and it trained: the weights moved from where they began
+    assert not torch.allclose(got.fc.weight, model().fc.weight)
+
+
+def test_rank0_weights_are_everyones_start(cluster):
+    servers = cluster.start(args=["--consistency", "bsp", "--workers", "2"])
+    with psd.Client(servers, rank=0, workers=2) as c0, \
+            psd.Client(servers, rank=1, workers=2) as c1:
+        m0, m1 = model(seed=1), model(seed=2)
+        assert not torch.equal(m0.fc.weight, m1.fc.weight)
+        done = {}
+        t = threading.Thread(target=lambda: done.setdefault(
+            1, psd.torch.DistributedOptimizer(m1, "sgd", client=c1)))
+        t.start()  # rank 1 waits for rank 0's weights
+        psd.torch.DistributedOptimizer(m0, "sgd", client=c0)
+        t.join(60)
+        assert 1 in done
+        assert_same(m1, model(seed=1), rtol=0, atol=0)
+
+
+def _two_workers(servers, shards_batches, **kw):
+    out = [None, None]
+    errors = []
+    models = [model(), model(seed=2)]  # here: torch's seed is the process's
+
+    def run(r):
+        try:
+            with psd.Client(servers, rank=r, workers=2, timeout_ms=60000) as c:
+                out[r] = psd_sgd(models[r], shards_batches[r], c, **kw)
+        except Exception as e:  # raised again below, on the test's thread
+            errors.append(e)
+
+    ts = [threading.Thread(target=run, args=(r,)) for r in range(2)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(120)
+    assert not errors, errors
+    return out
+
+
+def test_two_workers_of_32_equal_one_of_64(cluster):
+    servers = cluster.start(shards=2, args=["--consistency", "bsp", "--workers", "2"])
+    x, y = data(64 * STEPS)
+    big = [(x[i:i + 64], y[i:i + 64]) for i in range(0, len(x), 64)]
+    halves = [[(bx[:32], by[:32]) for bx, by in big], [(bx[32:], by[32:]) for bx, by in big]]
+    ref = local_sgd(model(), big)
+    (m0, _, _), (m1, _, _) = _two_workers(servers, halves)
+    assert_same(m0, ref)
+    assert_same(m1, m0, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("consistency", ["asp", "ssp:1"])
+def test_two_workers_train_under(cluster, consistency):
+    servers = cluster.start(args=["--consistency", consistency, "--workers", "2"])
+    x, y = data(64 * 30, seed=3)
+    halves = [[(x[i:i + 32], y[i:i + 32]) for i in range(r * 32, len(x), 64)] for r in range(2)]
+    (_, o0, l0), (_, o1, l1) = _two_workers(servers, halves)
+    assert o0.steps == o1.steps == 30
+    assert np.mean(l0[-5:]) < np.mean(l0[:5])
+
+
+def test_accumulation_of_two_halves_equals_the_whole_batch(cluster):
+    servers = cluster.start(args=["--consistency", "bsp"])
+    x, y = data(64 * 20, seed=4)
+    big = [(x[i:i + 64], y[i:i + 64]) for i in range(0, len(x), 64)]
+    ref = local_sgd(model(), big)
+    m = model()
+    with psd.Client(servers) as c:
+        opt = psd.torch.DistributedOptimizer(m, "momentum", client=c, lr=0.05, momentum=0.9,
+                                             weight_decay=1e-4, accum_steps=2)
+        for bx, by in big:
+            opt.zero_grad()
+            for h in (slice(0, 32), slice(32, 64)):
+                torch.nn.functional.cross_entropy(m(bx[h]), by[h]).backward()
+            opt.step()
+        # a step after one of the two passes is refused, and says why
+        torch.nn.functional.cross_entropy(m(x[:4]), y[:4]).backward()
+        with pytest.raises(RuntimeError, match="1 of accum_steps=2"):
+            opt.step()
+    assert_same(m, ref)
+
+
+def test_an_unused_parameter_gets_a_zero_gradient(cluster):
+    servers = cluster.start(args=["--consistency", "bsp"])
+    x, y = data(16 * 5)
+    batches = [(x[i:i + 16], y[i:i + 16]) for i in range(0, len(x), 16)]
+    with psd.Client(servers) as c:
+        m, opt, _ = psd_sgd(model(unused=True), batches, c, weight_decay=0.0)
+        assert opt.steps == 5
+    torch.testing.assert_close(m.spare.detach(), torch.ones(5))
+
+
+def test_topk_training_sends_a_fraction_and_learns(cluster):
+    servers = cluster.start(shards=2)
+    x, y = data(32 * 40, seed=5)
+    batches = [(x[i:i + 32], y[i:i + 32]) for i in range(0, len(x), 32)]
+    with psd.Client(servers) as c:
+        m, opt, losses = psd_sgd(model(), batches, c, topk=0.1)
+    assert opt._topk[0].k == int(np.ceil(0.1 * opt.params[0][1].numel()))
+    assert np.mean(losses[-5:]) < np.mean(losses[:5]), losses
+
+
+def test_bf16_autocast_trains_like_a_local_optimizer(cluster):
+    servers = cluster.start()
+    x, y = data(16 * 20, seed=6)
+    batches = [(x[i:i + 16], y[i:i + 16]) for i in range(0, len(x), 16)]
+
+    def run(m, opt):
+        losses = []
+        for bx, by in batches:
+            opt.zero_grad()
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                out = m(bx)
+                assert out.dtype == torch.bfloat16
+                loss = torch.nn.functional.cross_entropy(out.float(), by)
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        return losses
+
+    ref = model()
+    run(ref, torch.optim.SGD(ref.parameters(), lr=0.05, momentum=0.9))
+    m = model()
+    with psd.Client(servers, wire_dtype="bf16") as c:
+        losses = run(m, psd.torch.DistributedOptimizer(m, "momentum", client=c, lr=0.05,
+                                                       momentum=0.9))
+    assert losses[-1] < losses[0]
+    assert m.fc.weight.dtype == torch.float32
+    # bf16 on the wire rounds each gradient to 8 bits of mantissa
+    assert_same(m, ref, rtol=0.05, atol=0.02)
+
+
+def test_the_export_loads_into_the_model(cluster, tmp_path):
+    servers = cluster.start(shards=2)
+    x, y = data(16 * 5)
+    batches = [(x[i:i + 16], y[i:i + 16]) for i in range(0, len(x), 16)]
+    with psd.Client(servers) as c:
+        m, _, _ = psd_sgd(model(), batches, c)
+    tensors = export(servers, tmp_path / "model.safetensors")
+    assert tensors["conv.weight"].shape == (4, 1, 3, 3)
+    fresh = model(seed=9)
+    fresh.load_state_dict({k: torch.from_numpy(v) for k, v in tensors.items()})
+    assert_same(fresh, m, rtol=0, atol=0)
+
+
+def test_embedding_bag_matches_torch_and_pushes_in_backward(cluster):
+    servers = cluster.start(shards=2)
+    with psd.Client(servers) as c:
+        emb = psd.torch.EmbeddingBag(1000, 4, "emb", mode="mean", client=c, lr=0.5, seed=7)
+        ids = torch.tensor([[3, 999, 3], [5, 6, 7]])
+        out = emb(ids)
+        rows = np.empty((5, 4), np.float32)
+        c.pull_rows("emb", [3, 5, 6, 7, 999], rows).wait()
+        w = torch.from_numpy(rows)
+        ref = torch.nn.functional.embedding_bag(torch.tensor([[0, 4, 0], [1, 2, 3]]), w,
+                                                mode="mean")
+        torch.testing.assert_close(out, ref)
+        out.sum().backward()
+        emb.finish()
+        after = np.empty((5, 4), np.float32)
+        c.pull_rows("emb", [3, 5, 6, 7, 999], after).wait()
+        # d(sum of means)/d(row): 2/3 for id 3, 1/3 for the others; lr 0.5
+        step = np.array([2 / 3, 1 / 3, 1 / 3, 1 / 3, 1 / 3], np.float32)[:, None] * 0.5
+        np.testing.assert_allclose(after, rows - step, rtol=1e-5, atol=1e-6)
+        with pytest.raises(IndexError, match=r"ids must be in \[0, 1000\)"):
+            emb(torch.tensor([[1000]]))
+        e = psd.torch.Embedding(10, 2, "e", client=c, init="zeros")
+        with torch.no_grad():  # evaluation: a pull, no push
+            assert torch.equal(e(torch.tensor([1, 2, 1])), torch.zeros(3, 2))
+        assert e._pending is None
+
+
+def test_clicks_example_reaches_the_true_log_loss(cluster, tmp_path):
+    gen = os.environ.get("GEN_CLICKS_BIN")
+    if not gen:
+        pytest.skip("GEN_CLICKS_BIN is not set")
+    r = subprocess.run([gen, "--out", str(tmp_path), "--train", "200000", "--test", "20000",
+                        "--features", "1000", "--active", "8", "--seed", "3"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    servers = cluster.start(shards=2)
+    example = os.path.join(os.path.dirname(__file__), "..", "..", "worker", "python",
+                           "examples", "clicks.py")
+    env = dict(os.environ)  # this Python's, sanitizer runtime included
+    env["PYTHONPATH"] = os.path.join(os.path.dirname(__file__), "..", "..", "worker", "python")
+    env["PSD_SERVERS"] = servers
+    r = subprocess.run([os.environ.get("PYTHON", "/usr/bin/python3"), example, "--data",
+                        str(tmp_path), "--epochs", "2", "--json", str(tmp_path / "sum.json")],
+                       capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    import json
+    got = json.load(open(tmp_path / "sum.json"))["test_logloss"]
+    best = json.load(open(tmp_path / "truth.json"))["test_logloss"]
+    print("clicks.py: held-out log-loss %.5f vs the true model's %.5f (%+.2f%%)"
+          % (got, best, 100 * (got - best) / best))
+    assert best * 0.9 < got < best * 1.02
+
+
+def test_the_process_client_is_made_once_and_checked(cluster):
+    servers = cluster.start()
+    c = psd.torch.init(servers, wire_dtype="f16")
+    try:
+        assert psd.torch.init() is c
+        with pytest.raises(ValueError, match="exists with wire_dtype='f16', not 'f32'"):
+            psd.torch.DistributedOptimizer(model(), "sgd")
+        with torch.no_grad():  # made under no_grad, its hooks still work
+            opt = psd.torch.DistributedOptimizer(model(), "sgd", wire_dtype="f16")
+        assert opt.client is c and len(opt._hooks) == 4
+    finally:
+        c.close()

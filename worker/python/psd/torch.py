@@ -1,0 +1,360 @@
+"""psd.torch: train a PyTorch model through psd.
+
+    opt = psd.torch.DistributedOptimizer(model, "momentum", lr=0.05, momentum=0.9)
+    for x, y in loader:
+        opt.zero_grad()
+        loss_fn(model(x), y).backward()   # buckets go out as backward runs
+        opt.step()                        # waits, brings the new weights in
+
+Each parameter is one dense table named as in model.state_dict(), with
+its shape; rank 0's initial weights become the servers'. psd.torch.Embedding
+and EmbeddingBag keep their rows in a sparse table, pulled for the
+batch's ids in forward and pushed in backward. worker/README.md ("From
+PyTorch") documents it."""
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from .client import Client, TopK
+from .errors import StateError, TimeoutError
+
+_default = None
+
+
+def init(servers=None, rank=None, workers=None, **client_args):
+    """The process's psd.Client, made on the first call from the
+    arguments or the environment (PSD_SERVERS, RANK, WORLD_SIZE), then
+    returned as it is; DistributedOptimizer and Embedding use it when they
+    are given no client."""
+    global _default
+    if _default is None or _default._c is None:
+        _default = Client(servers, rank, workers, **client_args)
+        return _default
+    have = {"rank": _default.rank, "workers": _default.workers,
+            "wire_dtype": _default.wire_dtype}
+    want = {"rank": rank, "workers": workers, "wire_dtype": client_args.get("wire_dtype")}
+    for k, v in want.items():
+        if v is not None and v != have[k]:
+            raise ValueError("psd.torch: the process's client exists with %s=%r, not %r (pass "
+                             "client= to use another)" % (k, have[k], v))
+    return _default
+
+
+def _shape(p):
+    return tuple(p.shape) if p.dim() > 0 else (1,)
+
+
+def _f32(t):
+    if t.dtype != torch.float32:
+        raise TypeError("psd.torch: parameters are float32 (got %s); under autocast the "
+                        "parameters stay float32 and only the computation is 16-bit" % t.dtype)
+    if t.device.type != "cpu":
+        raise TypeError("psd.torch: parameters on the CPU are needed (got %s)" % t.device)
+
+
+class DistributedOptimizer:
+    """Trains model's parameters on psd: one dense table per parameter that
+    requires grad, named prefix + its name in model.state_dict(), with
+    psd's optimizer (sgd, momentum, adagrad, adam, ftrl) and its
+    hyper-parameters (momentum=0.9, weight_decay=..., ...).
+
+    Rank 0 sets the servers' initial weights to its model's own (on a
+    table that has trained already, for instance restored from a
+    checkpoint, the servers' weights win); every rank starts from them.
+    Backward's gradient hooks push each bucket (about bucket_bytes of
+    parameters, in the order backward reaches them) as soon as its last
+    gradient is in, while backward goes on; step() waits for the new
+    weights and copies them into the parameters.
+
+    accum_steps=N: the gradients of N backward passes are summed by torch
+    and their mean is pushed after the Nth (call step() once per N
+    backward passes). topk=r: each push sends the fraction r of entries
+    largest in magnitude, the rest kept as a residual for later steps
+    (with optimizer="momentum" the velocity stays on the worker and the
+    servers run sgd). wire_dtype "f16"/"bf16" halves the bytes on the wire.
+
+    A parameter backward did not reach gets a zero gradient, so bsp rounds
+    complete. Gradients are sent while backward runs: a change to p.grad
+    after backward (clipping) does not reach the servers."""
+
+    def __init__(self, model, optimizer="momentum", lr=0.01, *, servers=None, rank=None,
+                 workers=None, client=None, bucket_bytes=1 << 20, accum_steps=1, topk=None,
+                 wire_dtype="f32", timeout_ms=60000, prefix="", **hyper):
+        if not isinstance(model, torch.nn.Module):
+            raise TypeError("model: a torch.nn.Module is needed (got %s)" % type(model).__name__)
+        if not isinstance(accum_steps, int) or accum_steps < 1:
+            raise ValueError("accum_steps: an integer >= 1 is needed (got %r)" % (accum_steps,))
+        if not isinstance(bucket_bytes, int) or bucket_bytes < 1:
+            raise ValueError("bucket_bytes: a positive integer is needed (got %r)"
+                             % (bucket_bytes,))
+        if topk is not None and not (isinstance(topk, (int, float)) and 0.0 < topk <= 1.0):
+            raise ValueError("topk: a fraction in (0, 1] is needed (got %r)" % (topk,))
+        self.client = client if client is not None else init(
+            servers, rank, workers, wire_dtype=wire_dtype, timeout_ms=timeout_ms)
+        self.model = model
+        self.accum_steps = accum_steps
+        self.timeout_ms = timeout_ms
+        self.params = [(prefix + n, p) for n, p in model.named_parameters() if p.requires_grad]
+        if not self.params:
+            raise ValueError("model: no parameter requires grad")
+        for _, p in self.params:
+            _f32(p)
+        momentum_here = topk is not None and optimizer == "momentum"
+        server_opt = "sgd" if momentum_here else optimizer
+        server_hyper = {k: v for k, v in hyper.items() if not (momentum_here and k == "momentum")}
+        c = self.client
+        for name, p in self.params:
+            c.create_table(name, _shape(p), server_opt, lr, await_set=True, **server_hyper)
+        self._send = [torch.zeros_like(p, memory_format=torch.contiguous_format)
+                      for _, p in self.params]
+        self._recv = [torch.empty_like(p, memory_format=torch.contiguous_format)
+                      for _, p in self.params]
+        self._topk = None
+        if topk is not None:
+            mom = float(hyper.get("momentum", 0.0)) if momentum_here else None
+            self._topk = [TopK(p.numel(), float(topk), mom) for _, p in self.params]
+        self._start()
+        # buckets in the order backward reaches the parameters (the
+        # reverse of their registration, as DDP assumes)
+        self._bucket_of = [0] * len(self.params)
+        self.buckets = []
+        cur, cur_bytes = [], 0
+        for i in reversed(range(len(self.params))):
+            cur.append(i)
+            cur_bytes += self.params[i][1].numel() * 4
+            if cur_bytes >= bucket_bytes:
+                self.buckets.append(cur)
+                cur, cur_bytes = [], 0
+        if cur:
+            self.buckets.append(cur)
+        for b, members in enumerate(self.buckets):
+            for i in members:
+                self._bucket_of[i] = b
+        self._count = [0] * len(self.params)
+        self._missing = [len(m) for m in self.buckets]
+        self._handles = [[] for _ in self.buckets]
+        self._sent = [False] * len(self.buckets)
+        self._hooks = []
+        self._acc_nodes = []  # the hooks live as long as their nodes
+        with torch.enable_grad():
+            for i, (_, p) in enumerate(self.params):
+                node = p.expand_as(p).grad_fn.next_functions[0][0]
+                self._acc_nodes.append(node)
+                self._hooks.append(node.register_hook(self._hook_for(i)))
+        self.steps = 0
+
+    def _start(self):
+        """Rank 0 sets the initial weights; every rank pulls them."""
+        c = self.client
+        if c.rank == 0:
+            handles = []
+            for name, p in self.params:
+                handles.append((name, c.set_weights(name, p.detach().contiguous().reshape(-1))))
+            for name, h in handles:
+                try:
+                    h.wait(self.timeout_ms)
+                except StateError:
+                    pass  # trained already (restored): the servers' weights win
+        handles = [c.pull(name, r) for (name, _), r in zip(self.params, self._recv)]
+        for (name, _), h in zip(self.params, handles):
+            try:
+                h.wait(self.timeout_ms)
+            except TimeoutError as e:
+                raise TimeoutError(e.code, e.name, "%s (rank 0 sets the initial weights: has it "
+                                   "started?)" % e.message) from None
+        with torch.no_grad():
+            for (_, p), r in zip(self.params, self._recv):
+                p.copy_(r)
+
+    def _hook_for(self, i):
+        def hook(*_):
+            self._count[i] += 1
+            if self._count[i] == self.accum_steps:
+                b = self._bucket_of[i]
+                self._missing[b] -= 1
+                if self._missing[b] == 0:
+                    self._send_bucket(b)
+        return hook
+
+    def _send_bucket(self, b):
+        c = self.client
+        scale = 1.0 / self.accum_steps
+        with torch.no_grad():
+            for i in self.buckets[b]:
+                g = self.params[i][1].grad
+                if g is None:
+                    self._send[i].zero_()
+                elif scale == 1.0:
+                    self._send[i].copy_(g)
+                else:
+                    torch.mul(g, scale, out=self._send[i])
+        hs = self._handles[b]
+        with c.corked():
+            for i in self.buckets[b]:
+                name = self.params[i][0]
+                if self._topk is not None:
+                    keys, vals = self._topk[i].select(self._send[i].view(-1))
+                    hs.append(c.push_keys(name, keys, vals))
+                    hs.append(c.pull(name, self._recv[i].view(-1)))
+                else:
+                    hs.append(c.push_pull(name, self._send[i].view(-1), self._recv[i].view(-1)))
+        self._sent[b] = True
+
+    def zero_grad(self, set_to_none=False):
+        for _, p in self.params:
+            if p.grad is not None:
+                if set_to_none:
+                    p.grad = None
+                else:
+                    p.grad.detach_()
+                    p.grad.zero_()
+
+    def step(self, closure=None):
+        """Sends what backward did not (parameters it did not reach get a
+        zero gradient), waits for every bucket's new weights and copies
+        them into the parameters; also finishes the pushes of the model's
+        psd.torch embeddings. Returns closure()'s loss when given one."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for i, n in enumerate(self._count):
+            if 0 < n < self.accum_steps:
+                raise RuntimeError("step(): parameter %r has %d of accum_steps=%d backward "
+                                   "passes" % (self.params[i][0], n, self.accum_steps))
+        for b in range(len(self.buckets)):
+            if not self._sent[b]:
+                self._send_bucket(b)
+        first_error = None
+        for b in range(len(self.buckets)):
+            for h in self._handles[b]:
+                try:
+                    h.wait(self.timeout_ms)
+                except Exception as e:  # wait for the others, then raise the first
+                    first_error = first_error or e
+            self._handles[b] = []
+            self._sent[b] = False
+            self._missing[b] = len(self.buckets[b])
+        self._count = [0] * len(self.params)
+        for m in self.model.modules():
+            if isinstance(m, _SparseRows):
+                m.finish()
+        if first_error is not None:
+            raise first_error
+        with torch.no_grad():
+            for (_, p), r in zip(self.params, self._recv):
+                p.copy_(r)
+        self.steps += 1
+        return loss
+
+    def close(self):
+        """Removes the gradient hooks (the client stays open)."""
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+
+
+class _SparseRows(torch.nn.Module):
+    """The rows of a sparse table, pulled by id in forward and pushed in
+    backward."""
+
+    def __init__(self, num_embeddings, embedding_dim, name, client, optimizer, lr, init,
+                 init_scale, seed, rows_max, hyper):
+        super().__init__()
+        if not isinstance(num_embeddings, int) or num_embeddings <= 0:
+            raise ValueError("num_embeddings: a positive integer is needed (got %r)"
+                             % (num_embeddings,))
+        if not isinstance(embedding_dim, int) or embedding_dim <= 0:
+            raise ValueError("embedding_dim: a positive integer is needed (got %r)"
+                             % (embedding_dim,))
+        if not isinstance(name, str) or not name:
+            raise ValueError("name: the sparse table's name is needed")
+        self.num_embeddings = num_embeddings
+        self.embedding_dim = embedding_dim
+        self.name = name
+        self._client = client
+        self._spec = dict(optimizer=optimizer, lr=lr, init=init, init_scale=init_scale,
+                          seed=seed, rows_max=rows_max or num_embeddings, **hyper)
+        self._pending = None
+        self._made = None
+
+    def _ready(self):
+        c = self._client or init()
+        if self._made is not c:
+            c.create_sparse_table(self.name, self.embedding_dim, **self._spec)
+            self._made = c
+        return c
+
+    def finish(self):
+        """Waits for the last backward's push."""
+        h, self._pending = self._pending, None
+        if h is not None:
+            h.wait()
+
+    def _rows(self, ids):
+        """(the batch's rows as a leaf tensor, ids as indices into them)."""
+        if ids.dtype not in (torch.int64, torch.int32):
+            raise TypeError("input: integer ids are needed (got %s)" % ids.dtype)
+        c = self._ready()
+        self.finish()
+        uniq, inv = torch.unique(ids.reshape(-1), sorted=True, return_inverse=True)
+        if uniq.numel() and (uniq[0] < 0 or uniq[-1] >= self.num_embeddings):
+            raise IndexError("input: ids must be in [0, %d) (got %d..%d)"
+                             % (self.num_embeddings, int(uniq[0]), int(uniq[-1])))
+        keys = uniq.numpy().astype(np.uint64)
+        rows = torch.empty(keys.size, self.embedding_dim)
+        c.pull_rows(self.name, keys, rows).wait()
+        if self.training and torch.is_grad_enabled():
+            rows.requires_grad_()
+            rows.register_hook(lambda g: self._push(keys, g))
+        return rows, inv.reshape(ids.shape)
+
+    def _push(self, keys, grad):
+        g = grad.detach().to(torch.float32).contiguous()
+        self.finish()
+        self._pending = self._ready().push_rows(self.name, keys, g)
+
+    def extra_repr(self):
+        return "%d, %d, name=%r" % (self.num_embeddings, self.embedding_dim, self.name)
+
+
+class Embedding(_SparseRows):
+    """torch.nn.Embedding with its rows in psd's sparse table name: forward
+    pulls the rows of the batch's distinct ids, backward pushes their
+    gradients (one push per forward in training). The table is made on
+    the first forward (with psd.torch.init()'s client unless one is
+    given). optimizer, lr and hyper are the table's, as in
+    Client.create_sparse_table; init="normal" with init_scale=1.0 is
+    torch's own N(0, 1)."""
+
+    def __init__(self, num_embeddings, embedding_dim, name, *, client=None, optimizer="sgd",
+                 lr=0.01, init="normal", init_scale=1.0, seed=0, rows_max=None, **hyper):
+        super().__init__(num_embeddings, embedding_dim, name, client, optimizer, lr, init,
+                         init_scale, seed, rows_max, hyper)
+
+    def forward(self, input):
+        rows, idx = self._rows(input)
+        return F.embedding(idx, rows)
+
+
+class EmbeddingBag(_SparseRows):
+    """torch.nn.EmbeddingBag (mode "sum" or "mean") with its rows in psd's
+    sparse table name; input is 2-D (one bag a row) or 1-D with offsets."""
+
+    def __init__(self, num_embeddings, embedding_dim, name, *, mode="mean", client=None,
+                 optimizer="sgd", lr=0.01, init="normal", init_scale=1.0, seed=0, rows_max=None,
+                 **hyper):
+        if mode not in ("sum", "mean"):
+            raise ValueError("mode: sum or mean (got %r)" % (mode,))
+        super().__init__(num_embeddings, embedding_dim, name, client, optimizer, lr, init,
+                         init_scale, seed, rows_max, hyper)
+        self.mode = mode
+
+    def forward(self, input, offsets=None, per_sample_weights=None):
+        if input.dim() == 2 and offsets is not None:
+            raise ValueError("offsets: only with a 1-D input")
+        if input.dim() == 1 and offsets is None:
+            raise ValueError("offsets: needed with a 1-D input")
+        rows, idx = self._rows(input)
+        return F.embedding_bag(idx, rows, offsets, mode=self.mode,
+                               per_sample_weights=per_sample_weights)
