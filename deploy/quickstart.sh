@@ -2,21 +2,24 @@
 # Quick start: installs what is needed, builds a release build, starts a
 # local cluster (psd shards + psworkers on loopback, free ports, BSP), trains
 # a 784-256-128-10 MLP on Fashion-MNIST and prints the test accuracy as its
-# last line. Every process it starts is stopped on exit, on Ctrl-C, and when
+# last line. With --python the workers are worker/python/examples/fashion_cnn.py
+# instead: a PyTorch CNN through the psd Python package. Every process it starts is stopped on exit, on Ctrl-C, and when
 # any of them fails (whose log is then shown).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 shards=2 workers=2 epochs=5 device=auto batch=64 lr="" consistency=bsp prune=""
 build=build-release
-extra=()
+extra=() python=0
 usage() {
   cat <<USAGE
 usage: deploy/quickstart.sh [--shards N] [--workers N] [--epochs N] [--device auto|cpu|cuda]
                             [--batch B] [--lr LR] [--consistency bsp|asp|ssp:K] [--build-dir DIR]
-                            [--prune TABLE:TARGET[:START:END:EVERY]]
-                            [-- PSWORKER-ARGS...]
+                            [--prune TABLE:TARGET[:START:END:EVERY]] [--python]
+                            [-- WORKER-ARGS...]
 Defaults: 2 shards, 2 workers, 5 epochs, batch 64 per worker, lr 0.02 x workers, bsp.
+--python: the workers run worker/python/examples/fashion_cnn.py (a CNN in PyTorch,
+lr 0.05 with momentum 0.9 unless --lr is given) on Debian's python3 and python3-torch.
 USAGE
 }
 while [ $# -gt 0 ]; do
@@ -30,6 +33,7 @@ while [ $# -gt 0 ]; do
     --consistency) consistency=$2; shift 2 ;;
     --prune) prune=$2; shift 2 ;;
     --build-dir) build=$2; shift 2 ;;
+    --python) python=1; shift ;;
     -h|--help) usage; exit 0 ;;
     --) shift; extra=("$@"); break ;;
     *) echo "quickstart: unknown option '$1'" >&2; usage >&2; exit 2 ;;
@@ -39,9 +43,13 @@ for v in shards workers epochs batch; do
   if ! [[ ${!v} =~ ^[1-9][0-9]*$ ]]; then echo "quickstart: --$v must be a positive whole number, not '${!v}'" >&2; exit 2; fi
 done
 # Linear scaling: the global batch is workers x batch.
-[ -n "$lr" ] || lr=$(awk -v w="$workers" 'BEGIN { printf "%.4g", 0.02 * w }')
+if [ "$python" -eq 1 ]; then
+  [ -n "$lr" ] || lr=0.05
+else
+  [ -n "$lr" ] || lr=$(awk -v w="$workers" 'BEGIN { printf "%.4g", 0.02 * w }')
+fi
 
-deploy/install-deps.sh run
+if [ "$python" -eq 1 ]; then deploy/install-deps.sh python; else deploy/install-deps.sh run; fi
 if [ ! -f "$build/build.ninja" ]; then
   meson setup "$build" -Dbuildtype=release -Dtests=false >/dev/null
 fi
@@ -85,14 +93,23 @@ done
 echo "quickstart: $shards shard(s) at $servers; $workers worker(s), $consistency, $epochs epoch(s), lr $lr"
 
 for ((r = 0; r < workers; r++)); do
-  args=(--servers "$servers" --rank "$r" --workers "$workers" --epochs "$epochs" --batch "$batch"
-        --lr "$lr" --device "$device" --summary-json "$run/summary$r.json" "${extra[@]}")
-  if [ "$r" -eq 0 ]; then
-    "$build/worker/psworker" "${args[@]}" 2> >(tee "$run/worker0.log" >&2) &
+  if [ "$python" -eq 1 ]; then
+    # torchrun's variables; the package is used from the source tree
+    cmd=(env PSD_SERVERS="$servers" RANK="$r" WORLD_SIZE="$workers" PYTHONPATH=worker/python
+         PSD_LIBPSCLIENT="$build/worker/client/libpsclient.so.0"
+         /usr/bin/python3 worker/python/examples/fashion_cnn.py --epochs "$epochs" --batch "$batch"
+         --lr "$lr" --json "$run/summary$r.json" "${extra[@]}")
   else
-    "$build/worker/psworker" "${args[@]}" 2>"$run/worker$r.log" &
+    cmd=("$build/worker/psworker" --servers "$servers" --rank "$r" --workers "$workers"
+         --epochs "$epochs" --batch "$batch" --lr "$lr" --device "$device"
+         --summary-json "$run/summary$r.json" "${extra[@]}")
   fi
-  pids+=($!); names+=("psworker rank $r:$run/worker$r.log")
+  if [ "$r" -eq 0 ]; then
+    "${cmd[@]}" > >(tee -a "$run/worker0.log") 2> >(tee -a "$run/worker0.log" >&2) &
+  else
+    "${cmd[@]}" >"$run/worker$r.log" 2>&1 &
+  fi
+  pids+=($!); names+=("worker rank $r:$run/worker$r.log")
 done
 
 # Wait for the workers; any process that exits early with an error stops all.
@@ -117,8 +134,11 @@ python3 - "$run" "$workers" <<'PY'
 import json, sys
 run, w = sys.argv[1], int(sys.argv[2])
 s = [json.load(open(f"{run}/summary{r}.json")) for r in range(w)]
-print("quickstart: %d steps, %.0f samples/s in all, %.1f MB pushed and %.1f MB pulled per worker"
-      % (s[0]["steps"], sum(x["samples_per_sec"] for x in s),
-         s[0]["bytes_pushed"] / 1e6, s[0]["bytes_pulled"] / 1e6))
+line = "quickstart: %d steps, %.0f samples/s in all" % (
+    s[0]["steps"], sum(x["samples_per_sec"] for x in s))
+if "bytes_pushed" in s[0]:
+    line += ", %.1f MB pushed and %.1f MB pulled per worker" % (
+        s[0]["bytes_pushed"] / 1e6, s[0]["bytes_pulled"] / 1e6)
+print(line)
 PY
 echo "test accuracy: $acc"
