@@ -299,3 +299,20 @@ def test_the_process_client_is_made_once_and_checked(cluster):
         assert opt.client is c and len(opt._hooks) == 4
     finally:
         c.close()
+
+
+def test_a_dataloader_with_worker_processes(cluster):
+    """DataLoader workers are forked while the client is open: they never
+    touch it, and training gives what it gives without them."""
+    servers = cluster.start(args=["--consistency", "bsp"])
+    x, y = data(16 * 10, seed=8)
+    batches = [(x[i:i + 16], y[i:i + 16]) for i in range(0, len(x), 16)]
+    ref = local_sgd(model(), batches)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=16,
+                                         num_workers=2)
+    with psd.Client(servers) as c:
+        m, opt, _ = psd_sgd(model(), loader, c)
+        assert opt.steps == 10
+        got, _, _ = psd_sgd(model(), iter(loader), c, prefix="again.")  # and a second time
+    assert_same(m, ref)
+    assert_same(got, ref)
