@@ -78,4 +78,43 @@ int psk_axpy(struct psk_backend *b, size_t n, float a, const float *x, float *y)
 /* x <- a x. */
 int psk_scale(struct psk_backend *b, size_t n, float a, float *x);
 
+/* Convolution and pooling, NCHW. A convolution has c_out filters of
+ * c_in x k x k (OIHW, PyTorch's layout), stride 1 and zero padding pad:
+ * its output is n x c_out x ho x wo with ho = h + 2 pad - k + 1 (and wo
+ * likewise). It runs as GEMMs over each image's column matrix
+ * (psk_math.h has the indexing). */
+struct psk_conv {
+    int n, c_in, h, w;
+    int c_out, k, pad;
+};
+int psk_conv_out(int size, int k, int pad);
+/* col (c k k x ho wo) of one c x h x w image x. */
+int psk_im2col(struct psk_backend *b, int c, int h, int w, int k, int pad, const float *x,
+               float *col);
+/* dx (c x h x w, overwritten) of one image from its column gradient. */
+int psk_col2im(struct psk_backend *b, int c, int h, int w, int k, int pad, const float *dcol,
+               float *dx);
+/* s x s pooling, stride s, over planes planes of h x w (n x c of them):
+ * y is planes x (h/s) x (w/s). Max pooling keeps each output's index in
+ * its plane in arg (planes x (h/s) x (w/s) ints) for the backward pass;
+ * psk_pool_backward takes arg NULL for average pooling. dx is
+ * overwritten (0 past the last whole window). */
+int psk_maxpool(struct psk_backend *b, int planes, int h, int w, int s, const float *x, float *y,
+                int *arg);
+int psk_avgpool(struct psk_backend *b, int planes, int h, int w, int s, const float *x, float *y);
+int psk_pool_backward(struct psk_backend *b, int planes, int h, int w, int s, const float *dy,
+                      const int *arg, float *dx);
+/* Workspace of a convolution (floats): a column matrix and a row of ones;
+ * psk_conv_ws_init fills the ones. */
+size_t psk_conv_ws_floats(const struct psk_conv *g);
+int psk_conv_ws_init(struct psk_backend *b, const struct psk_conv *g, float *ws);
+/* y = conv(x, wt) + bias per output channel. */
+int psk_conv_forward(struct psk_backend *b, const struct psk_conv *g, const float *x,
+                     const float *wt, const float *bias, float *y, float *ws);
+/* From dy (n x c_out x ho x wo): the weight and bias gradients gw, gb
+ * (overwritten, summed over the images) and, when dx is not NULL, the
+ * input gradient. */
+int psk_conv_backward(struct psk_backend *b, const struct psk_conv *g, const float *x,
+                      const float *wt, const float *dy, float *gw, float *gb, float *dx, float *ws);
+
 #endif

@@ -126,6 +126,62 @@ static int cpu_topk(struct psk_backend *b, size_t n, float *v, float *u, size_t 
     return rc;
 }
 
+static int cpu_im2col(struct psk_backend *b, int c, int h, int w, int k, int pad, const float *x,
+                      float *col)
+{
+    (void)b;
+    int ho = psk_conv_out(h, k, pad), wo = psk_conv_out(w, k, pad), rows = c * k * k;
+    long hw = (long)ho * wo;
+    for (int r = 0; r < rows; r++)
+        for (long p = 0; p < hw; p++)
+            col[r * hw + p] = psk_im2col_el(x, h, w, k, pad, wo, r, (int)p);
+    return 0;
+}
+
+static int cpu_col2im(struct psk_backend *b, int c, int h, int w, int k, int pad, const float *dcol,
+                      float *dx)
+{
+    (void)b;
+    int ho = psk_conv_out(h, k, pad), wo = psk_conv_out(w, k, pad);
+    for (int ci = 0; ci < c; ci++)
+        for (int i = 0; i < h; i++)
+            for (int j = 0; j < w; j++)
+                dx[((long)ci * h + i) * w + j] = psk_col2im_el(dcol, k, pad, ho, wo, ci, i, j);
+    return 0;
+}
+
+static int cpu_pool(struct psk_backend *b, int planes, int h, int w, int s, const float *x,
+                    float *y, int *arg)
+{
+    (void)b;
+    int ho = h / s, wo = w / s;
+    for (int q = 0; q < planes; q++) {
+        const float *xp = x + (long)q * h * w;
+        for (int i = 0; i < ho; i++)
+            for (int j = 0; j < wo; j++) {
+                long o = ((long)q * ho + i) * wo + j;
+                y[o] = arg != NULL ? psk_maxpool_el(xp, w, s, i, j, &arg[o])
+                                   : psk_avgpool_el(xp, w, s, i, j);
+            }
+    }
+    return 0;
+}
+
+static int cpu_pool_backward(struct psk_backend *b, int planes, int h, int w, int s,
+                             const float *dy, const int *arg, float *dx)
+{
+    (void)b;
+    int ho = h / s, wo = w / s;
+    for (int q = 0; q < planes; q++) {
+        const float *dyp = dy + (long)q * ho * wo;
+        const int *ap = arg != NULL ? arg + (long)q * ho * wo : NULL;
+        for (int i = 0; i < h; i++)
+            for (int j = 0; j < w; j++)
+                dx[((long)q * h + i) * w + j] = psk_pool_grad_el(dyp, ap, w, s, ho, wo, i, j);
+    }
+    return 0;
+}
+
 static void cpu_close(struct psk_backend *b)
 {
     (void)b;
@@ -149,6 +205,10 @@ static const struct psk_ops cpu_ops = {
     .softmax_xent = cpu_softmax_xent,
     .col_sum = cpu_col_sum,
     .topk = cpu_topk,
+    .im2col = cpu_im2col,
+    .col2im = cpu_col2im,
+    .pool = cpu_pool,
+    .pool_backward = cpu_pool_backward,
     .close = cpu_close,
 };
 

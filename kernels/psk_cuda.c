@@ -114,6 +114,38 @@ static int cu_bias_add(struct psk_backend *b, int rows, int cols, const float *b
                       "bias_add");
 }
 
+static int cu_im2col(struct psk_backend *b, int c, int h, int w, int k, int pad, const float *x,
+                     float *col)
+{
+    return cuda_check(
+        b, (cudaError_t)psk_cuda_launch_im2col(state(b)->stream, c, h, w, k, pad, x, col),
+        "im2col");
+}
+
+static int cu_col2im(struct psk_backend *b, int c, int h, int w, int k, int pad, const float *dcol,
+                     float *dx)
+{
+    return cuda_check(
+        b, (cudaError_t)psk_cuda_launch_col2im(state(b)->stream, c, h, w, k, pad, dcol, dx),
+        "col2im");
+}
+
+static int cu_pool(struct psk_backend *b, int planes, int h, int w, int s, const float *x, float *y,
+                   int *arg)
+{
+    return cuda_check(
+        b, (cudaError_t)psk_cuda_launch_pool(state(b)->stream, planes, h, w, s, x, y, arg), "pool");
+}
+
+static int cu_pool_backward(struct psk_backend *b, int planes, int h, int w, int s, const float *dy,
+                            const int *arg, float *dx)
+{
+    return cuda_check(
+        b,
+        (cudaError_t)psk_cuda_launch_pool_backward(state(b)->stream, planes, h, w, s, dy, arg, dx),
+        "pool_backward");
+}
+
 static int cu_relu(struct psk_backend *b, size_t n, const float *x, float *y)
 {
     return cuda_check(b, (cudaError_t)psk_cuda_launch_relu(state(b)->stream, n, x, y), "relu");
@@ -176,6 +208,10 @@ static const struct psk_ops cuda_ops = {
     .host_free = cu_host_free,
     .bias_add = cu_bias_add,
     .relu = cu_relu,
+    .im2col = cu_im2col,
+    .col2im = cu_col2im,
+    .pool = cu_pool,
+    .pool_backward = cu_pool_backward,
     .relu_backward = cu_relu_backward,
     .softmax_xent = cu_softmax_xent,
     .col_sum = cu_col_sum,

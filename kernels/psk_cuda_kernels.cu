@@ -111,6 +111,48 @@ __global__ void take_kernel(size_t k, const uint32_t *__restrict__ idx, float *_
     }
 }
 
+__global__ void im2col_kernel(int h, int w, int k, int pad, int wo, size_t hw, size_t n,
+                              const float *__restrict__ x, float *__restrict__ col)
+{
+    PSK_GRID_STRIDE(i, n)
+    col[i] = psk_im2col_el(x, h, w, k, pad, wo, (int)(i / hw), (int)(i % hw));
+}
+
+__global__ void col2im_kernel(int h, int w, int k, int pad, int ho, int wo, size_t n,
+                              const float *__restrict__ dcol, float *__restrict__ dx)
+{
+    PSK_GRID_STRIDE(i, n)
+    {
+        int j = (int)(i % w), r = (int)(i / w);
+        dx[i] = psk_col2im_el(dcol, k, pad, ho, wo, r / h, r % h, j);
+    }
+}
+
+__global__ void pool_kernel(int h, int w, int s, int ho, int wo, size_t n,
+                            const float *__restrict__ x, float *__restrict__ y, int *arg)
+{
+    PSK_GRID_STRIDE(o, n)
+    {
+        int j = (int)(o % wo), i = (int)((o / wo) % ho);
+        const float *xp = x + (o / ((size_t)ho * wo)) * (size_t)h * w;
+        y[o] = arg != nullptr ? psk_maxpool_el(xp, w, s, i, j, &arg[o])
+                              : psk_avgpool_el(xp, w, s, i, j);
+    }
+}
+
+__global__ void pool_backward_kernel(int h, int w, int s, int ho, int wo, size_t n,
+                                     const float *__restrict__ dy, const int *arg,
+                                     float *__restrict__ dx)
+{
+    PSK_GRID_STRIDE(i, n)
+    {
+        int j = (int)(i % w), r = (int)((i / w) % h);
+        size_t q = i / ((size_t)h * w), plane = q * (size_t)ho * wo;
+        dx[i] = psk_pool_grad_el(dy + plane, arg != nullptr ? arg + plane : nullptr, w, s, ho, wo,
+                                 r, j);
+    }
+}
+
 } // namespace
 
 extern "C" int psk_cuda_launch_axpy(void *stream, size_t n, float a, const float *x, float *y)
@@ -214,4 +256,43 @@ extern "C" int psk_cuda_topk(void *stream, size_t n, float *v, float *u, size_t 
     cudaFreeAsync(dval, s);
     cudaFreeAsync(d64, s);
     return (int)e;
+}
+
+extern "C" int psk_cuda_launch_im2col(void *stream, int c, int h, int w, int k, int pad,
+                                      const float *x, float *col)
+{
+    int ho = h + 2 * pad - k + 1, wo = w + 2 * pad - k + 1;
+    size_t hw = (size_t)ho * wo, n = (size_t)c * k * k * hw;
+    im2col_kernel<<<grid_for(n), kBlock, 0, (cudaStream_t)stream>>>(h, w, k, pad, wo, hw, n, x,
+                                                                     col);
+    return (int)cudaGetLastError();
+}
+
+extern "C" int psk_cuda_launch_col2im(void *stream, int c, int h, int w, int k, int pad,
+                                      const float *dcol, float *dx)
+{
+    int ho = h + 2 * pad - k + 1, wo = w + 2 * pad - k + 1;
+    size_t n = (size_t)c * h * w;
+    col2im_kernel<<<grid_for(n), kBlock, 0, (cudaStream_t)stream>>>(h, w, k, pad, ho, wo, n, dcol,
+                                                                    dx);
+    return (int)cudaGetLastError();
+}
+
+extern "C" int psk_cuda_launch_pool(void *stream, int planes, int h, int w, int s, const float *x,
+                                    float *y, int *arg)
+{
+    int ho = h / s, wo = w / s;
+    size_t n = (size_t)planes * ho * wo;
+    pool_kernel<<<grid_for(n), kBlock, 0, (cudaStream_t)stream>>>(h, w, s, ho, wo, n, x, y, arg);
+    return (int)cudaGetLastError();
+}
+
+extern "C" int psk_cuda_launch_pool_backward(void *stream, int planes, int h, int w, int s,
+                                             const float *dy, const int *arg, float *dx)
+{
+    int ho = h / s, wo = w / s;
+    size_t n = (size_t)planes * h * w;
+    pool_backward_kernel<<<grid_for(n), kBlock, 0, (cudaStream_t)stream>>>(h, w, s, ho, wo, n, dy,
+                                                                           arg, dx);
+    return (int)cudaGetLastError();
 }

@@ -22,6 +22,15 @@ int psk_cuda_launch_softmax_xent(void *stream, int rows, int cols, const float *
 /* Top-k by magnitude (see psk_topk); idx and val are host arrays. */
 int psk_cuda_topk(void *stream, size_t n, float *v, float *u, size_t k, uint64_t *idx, float *val);
 int psk_cuda_launch_col_sum(void *stream, int rows, int cols, const float *x, float *out);
+int psk_cuda_launch_im2col(void *stream, int c, int h, int w, int k, int pad, const float *x,
+                           float *col);
+int psk_cuda_launch_col2im(void *stream, int c, int h, int w, int k, int pad, const float *dcol,
+                           float *dx);
+/* arg NULL: average pooling */
+int psk_cuda_launch_pool(void *stream, int planes, int h, int w, int s, const float *x, float *y,
+                         int *arg);
+int psk_cuda_launch_pool_backward(void *stream, int planes, int h, int w, int s, const float *dy,
+                                  const int *arg, float *dx);
 
 #ifdef __cplusplus
 }

@@ -26,6 +26,15 @@ struct psk_ops {
     int (*col_sum)(struct psk_backend *b, int rows, int cols, const float *x, float *out);
     int (*topk)(struct psk_backend *b, size_t n, float *v, float *u, size_t k, uint64_t *idx,
                 float *val);
+    int (*im2col)(struct psk_backend *b, int c, int h, int w, int k, int pad, const float *x,
+                  float *col);
+    int (*col2im)(struct psk_backend *b, int c, int h, int w, int k, int pad, const float *dcol,
+                  float *dx);
+    /* arg NULL: average pooling */
+    int (*pool)(struct psk_backend *b, int planes, int h, int w, int s, const float *x, float *y,
+                int *arg);
+    int (*pool_backward)(struct psk_backend *b, int planes, int h, int w, int s, const float *dy,
+                         const int *arg, float *dx);
     void (*close)(struct psk_backend *b);
 };
 

@@ -137,4 +137,83 @@ PSK_HD void psk_softmax_xent_row(const float *x, int cols, int label, float scal
     *pred = arg;
 }
 
+/* Convolution as GEMM (stride 1, zero padding pad, a k x k kernel) over one
+ * image of c channels, h x w, NCHW. Its column matrix has a row per
+ * (channel, kernel row, kernel column), r = (ci * k + kh) * k + kw, and a
+ * column per output position, p = oh * wo + ow; element (r, p) is the
+ * input the kernel tap r sees at p, 0 in the padding. */
+PSK_HD float psk_im2col_el(const float *x, int h, int w, int k, int pad, int wo, int r, int p)
+{
+    int kw = r % k, kh = (r / k) % k, ci = r / (k * k);
+    int ih = p / wo + kh - pad, iw = p % wo + kw - pad;
+    return ih >= 0 && ih < h && iw >= 0 && iw < w ? x[((long)ci * h + ih) * w + iw] : 0.0f;
+}
+
+/* The reverse, as a gather: input element (ci, ih, iw)'s gradient is the
+ * sum of the column gradients of every tap that read it, taken in
+ * (kh, kw) order, so the CPU and the GPU add in the same order. */
+PSK_HD float psk_col2im_el(const float *dcol, int k, int pad, int ho, int wo, int ci, int ih,
+                           int iw)
+{
+    float s = 0.0f;
+    long hw = (long)ho * wo;
+    for (int kh = 0; kh < k; kh++) {
+        int oh = ih - kh + pad;
+        if (oh < 0 || oh >= ho)
+            continue;
+        for (int kw = 0; kw < k; kw++) {
+            int ow = iw - kw + pad;
+            if (ow < 0 || ow >= wo)
+                continue;
+            s += dcol[((long)(ci * k + kh) * k + kw) * hw + (long)oh * wo + ow];
+        }
+    }
+    return s;
+}
+
+/* s x s pooling with stride s over one channel plane of width w (windows
+ * that do not fit are dropped, as PyTorch's default floor mode does).
+ * Max: the window's largest value (a NaN wins, as in PyTorch), its index
+ * in the plane in *arg, the first one on ties. */
+PSK_HD float psk_maxpool_el(const float *x, int w, int s, int oh, int ow, int *arg)
+{
+    int i0 = oh * s, j0 = ow * s;
+    float m = x[(long)i0 * w + j0];
+    int at = i0 * w + j0;
+    for (int i = i0; i < i0 + s; i++)
+        for (int j = j0; j < j0 + s; j++) {
+            float v = x[(long)i * w + j];
+            if (v > m || (v != v && m == m)) {
+                m = v;
+                at = i * w + j;
+            }
+        }
+    *arg = at;
+    return m;
+}
+
+PSK_HD float psk_avgpool_el(const float *x, int w, int s, int oh, int ow)
+{
+    float sum = 0.0f;
+    for (int i = oh * s; i < oh * s + s; i++)
+        for (int j = ow * s; j < ow * s + s; j++)
+            sum += x[(long)i * w + j];
+    return sum / (float)(s * s);
+}
+
+/* Pooling's input gradient at (ih, iw) of a plane of width w: the windows
+ * do not overlap, so one output (or none, past the last whole window)
+ * feeds it. arg NULL: average pooling. */
+PSK_HD float psk_pool_grad_el(const float *dy, const int *arg, int w, int s, int ho, int wo, int ih,
+                              int iw)
+{
+    int oh = ih / s, ow = iw / s;
+    if (oh >= ho || ow >= wo)
+        return 0.0f;
+    long o = (long)oh * wo + ow;
+    if (arg == NULL)
+        return dy[o] / (float)(s * s);
+    return arg[o] == ih * w + iw ? dy[o] : 0.0f;
+}
+
 #endif

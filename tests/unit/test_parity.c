@@ -67,13 +67,14 @@ static int run_gemm(struct psk_backend *b, int ta, int tb, int m, int n, int k, 
     return rc;
 }
 
-/* Uploads n floats (or ints) to a fresh device buffer. */
+/* Uploads n floats (or ints) to a fresh device buffer (h NULL: leaves it
+ * as it is). */
 static void *dev_copy(struct psk_backend *b, const void *h, size_t bytes)
 {
     void *d = NULL;
     if (psk_alloc(b, bytes + 4, &d) != 0)
         return NULL;
-    if (bytes > 0 && psk_upload(b, d, h, bytes) != 0) {
+    if (bytes > 0 && h != NULL && psk_upload(b, d, h, bytes) != 0) {
         psk_free(b, d);
         return NULL;
     }
@@ -167,6 +168,91 @@ static void layer_case(struct psk_backend *cpu, struct psk_backend *gpu, int row
     free(x);
     free(bias);
     free(lab);
+}
+
+/* A convolution forward and backward, then a max-pool and an average
+ * pool (of the random dy, so both backends pool the same floats) with
+ * their backward passes, on backend b: outputs y, gw, gb, dx, then the
+ * pools' y and dx, in out[0..7] (host). */
+static int run_conv_pool(struct psk_backend *b, const struct psk_conv *g, int s, float *const *in,
+                         float **out)
+{
+    int ho = psk_conv_out(g->h, g->k, g->pad), wo = psk_conv_out(g->w, g->k, g->pad);
+    size_t nx = (size_t)g->n * g->c_in * g->h * g->w, nw = (size_t)g->c_out * g->c_in * g->k * g->k;
+    size_t ny = (size_t)g->n * g->c_out * ho * wo, nws = psk_conv_ws_floats(g);
+    int planes = g->n * g->c_out;
+    size_t np = (size_t)planes * (ho / s) * (wo / s);
+    float *x = dev_copy(b, in[0], nx * 4), *w = dev_copy(b, in[1], nw * 4);
+    float *bias = dev_copy(b, in[2], (size_t)g->c_out * 4), *dy = dev_copy(b, in[3], ny * 4);
+    float *dp = dev_copy(b, in[4], np * 4);
+    float *y = dev_copy(b, NULL, ny * 4), *gw = dev_copy(b, NULL, nw * 4);
+    float *gb = dev_copy(b, NULL, (size_t)g->c_out * 4), *dx = dev_copy(b, NULL, nx * 4);
+    float *ws = dev_copy(b, NULL, nws * 4), *py = dev_copy(b, NULL, np * 4);
+    float *pdx = dev_copy(b, NULL, ny * 4);
+    int *arg = dev_copy(b, NULL, np * 4);
+    int rc =
+        !x || !w || !bias || !dy || !dp || !y || !gw || !gb || !dx || !ws || !py || !pdx || !arg;
+    rc = rc || psk_conv_ws_init(b, g, ws) || psk_conv_forward(b, g, x, w, bias, y, ws) ||
+         psk_conv_backward(b, g, x, w, dy, gw, gb, dx, ws) || psk_download(b, out[0], y, ny * 4) ||
+         psk_download(b, out[1], gw, nw * 4) || psk_download(b, out[2], gb, (size_t)g->c_out * 4) ||
+         psk_download(b, out[3], dx, nx * 4) || psk_maxpool(b, planes, ho, wo, s, dy, py, arg) ||
+         psk_pool_backward(b, planes, ho, wo, s, dp, arg, pdx) ||
+         psk_download(b, out[4], py, np * 4) || psk_download(b, out[5], pdx, ny * 4) ||
+         psk_avgpool(b, planes, ho, wo, s, dy, py) ||
+         psk_pool_backward(b, planes, ho, wo, s, dp, NULL, pdx) ||
+         psk_download(b, out[6], py, np * 4) || psk_download(b, out[7], pdx, ny * 4);
+    void *all[] = {x, w, bias, dy, dp, y, gw, gb, dx, ws, py, pdx, arg};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        psk_free(b, all[i]);
+    return rc;
+}
+
+static void conv_case(struct psk_backend *cpu, struct psk_backend *gpu, struct psk_conv g, int s,
+                      uint64_t *seed)
+{
+    int ho = psk_conv_out(g.h, g.k, g.pad), wo = psk_conv_out(g.w, g.k, g.pad);
+    size_t nx = (size_t)g.n * g.c_in * g.h * g.w, nw = (size_t)g.c_out * g.c_in * g.k * g.k;
+    size_t ny = (size_t)g.n * g.c_out * ho * wo;
+    size_t np = (size_t)g.n * g.c_out * (ho / s) * (wo / s);
+    size_t nin[5] = {nx, nw, (size_t)g.c_out, ny, np};
+    size_t nout[8] = {ny, nw, (size_t)g.c_out, nx, np, ny, np, ny};
+    float *in[5], *out[2][8];
+    for (int j = 0; j < 5; j++) {
+        in[j] = malloc(nin[j] * 4 + 4);
+        for (size_t i = 0; i < nin[j]; i++)
+            in[j][i] = frand(seed);
+    }
+    struct psk_backend *bk[2] = {cpu, gpu};
+    int rc = 0;
+    for (int k = 0; k < 2; k++) {
+        for (int j = 0; j < 8; j++) {
+            out[k][j] = malloc(nout[j] * 4 + 4);
+            for (size_t i = 0; i < nout[j]; i++)
+                out[k][j][i] = NAN; /* poison */
+        }
+        rc |= run_conv_pool(bk[k], &g, s, in, out[k]);
+    }
+    if (rc != 0) {
+        printf("FAIL: conv/pool n%d c%d %dx%d -> %d k%d pad%d: %s\n", g.n, g.c_in, g.h, g.w,
+               g.c_out, g.k, g.pad, psk_last_error(gpu));
+        failures++;
+    } else {
+        /* the convolutions go through GEMMs (another summation order on
+         * cuBLAS); the pools pick or average the same floats: exact */
+        const char *names[8] = {"conv y",    "conv gw",    "conv gb",   "conv dx",
+                                "maxpool y", "maxpool dx", "avgpool y", "avgpool dx"};
+        for (int j = 0; j < 8; j++) {
+            char what[96];
+            snprintf(what, sizeof what, "%s n%d c%d %dx%d k%d p%d s%d", names[j], g.n, g.c_in, g.h,
+                     g.w, g.k, g.pad, s);
+            check(what, out[1][j], out[0][j], nout[j], j < 4 ? 1e-5 : 0.0);
+        }
+    }
+    for (int j = 0; j < 5; j++)
+        free(in[j]);
+    for (int k = 0; k < 2; k++)
+        for (int j = 0; j < 8; j++)
+            free(out[k][j]);
 }
 
 int main(void)
@@ -267,6 +353,13 @@ int main(void)
     const int lshapes[][2] = {{0, 10}, {1, 1}, {17, 10}, {257, 10}, {64, 256}, {1000, 3}};
     for (size_t si = 0; si < sizeof lshapes / sizeof lshapes[0]; si++)
         layer_case(cpu, gpu, lshapes[si][0], lshapes[si][1], &seed);
+    /* odd sizes, padding, a 1x1 and a 5x5 kernel, the CNN's own layers */
+    const struct psk_conv convs[] = {{3, 1, 7, 9, 5, 3, 0},    {2, 3, 5, 5, 4, 3, 1},
+                                     {1, 2, 6, 4, 3, 1, 0},    {4, 5, 11, 13, 7, 5, 2},
+                                     {5, 1, 28, 28, 32, 3, 0}, {3, 32, 13, 13, 64, 3, 0}};
+    const int pools[] = {2, 3, 1, 2, 2, 2};
+    for (size_t ci = 0; ci < sizeof convs / sizeof convs[0]; ci++)
+        conv_case(cpu, gpu, convs[ci], pools[ci], &seed);
     psk_close(cpu);
     psk_close(gpu);
     printf("parity: %d failure(s)\n", failures);
