@@ -20,7 +20,7 @@
  * the accumulated micro-batches. */
 static float *grad_src(struct trainer *tr, int k)
 {
-    return tr->acc[k] ? tr->acc[k] : psw_mlp_grad(&tr->mlp, k);
+    return tr->acc[k] ? tr->acc[k] : psw_grad(tr, k);
 }
 
 /* With --topk and momentum, momentum runs on the worker (DGC's momentum
@@ -35,11 +35,13 @@ static int server_optimizer(const struct config *c)
     return momentum_on_worker(c) ? PSK_OPT_SGD : psk_optim_parse(c->optimizer);
 }
 
+/* shape: room for the table's dimensions, which a CNN's tables carry
+ * (psctl export then writes conv1.weight as [32, 1, 3, 3]). */
 static void table_spec(const struct trainer *tr, int k, struct psc_table_spec *s, char *name,
-                       size_t len)
+                       size_t len, uint64_t *shape)
 {
-    psw_mlp_table_name(k, name, len);
-    psc_table_spec_init(s, name, psw_mlp_table_size(&tr->mlp, k));
+    psw_table_name(tr, k, name, len);
+    psc_table_spec_init(s, name, psw_table_size(tr, k));
     s->optimizer = server_optimizer(&tr->cfg);
     s->lr = (float)tr->cfg.lr;
     s->momentum = (float)tr->cfg.momentum;
@@ -49,7 +51,11 @@ static void table_spec(const struct trainer *tr, int k, struct psc_table_spec *s
     s->lr_decay_steps = tr->decay_steps;
     if (k % 2 == 0) { /* He init for ReLU layers: N(0, 2 / fan_in) */
         s->init = PSC_INIT_NORMAL;
-        s->init_scale = sqrtf(2.0f / (float)tr->mlp.dims[k / 2]);
+        s->init_scale = sqrtf(2.0f / (float)psw_fan_in(tr, k));
+    }
+    if (tr->k0 > 0) {
+        s->ndims = (uint32_t)psw_table_shape(tr, k, shape);
+        s->shape = shape;
     }
 }
 
@@ -84,9 +90,9 @@ static int setup_topk(struct trainer *tr, int k, size_t n)
 
 int psw_setup_tables(struct trainer *tr, char *err, size_t errlen)
 {
-    tr->ntables = psw_mlp_tables(&tr->mlp);
+    tr->ntables = psw_ntables(tr);
     for (int k = 0; k < tr->ntables; k++) {
-        size_t n = (size_t)psw_mlp_table_size(&tr->mlp, k);
+        size_t n = (size_t)psw_table_size(tr, k);
         if (tr->cfg.accum_steps > 1 && psk_alloc(tr->be, n * 4, (void **)&tr->acc[k])) {
             snprintf(err, errlen, "cannot allocate accumulation buffers");
             return PS_ENOMEM;
@@ -96,7 +102,7 @@ int psw_setup_tables(struct trainer *tr, char *err, size_t errlen)
             return PS_ENOMEM;
         }
         if (tr->alias) {
-            tr->hw[k] = psw_mlp_param(&tr->mlp, k);
+            tr->hw[k] = psw_param(tr, k);
             tr->hg[k] = grad_src(tr, k);
         } else if (psk_host_alloc(tr->be, n * 4, (void **)&tr->hw[k]) ||
                    psk_host_alloc(tr->be, n * 4, (void **)&tr->hg[k])) {
@@ -105,7 +111,8 @@ int psw_setup_tables(struct trainer *tr, char *err, size_t errlen)
         }
         struct psc_table_spec s;
         char name[64];
-        table_spec(tr, k, &s, name, sizeof name);
+        uint64_t shape[4];
+        table_spec(tr, k, &s, name, sizeof name, shape);
         if (tr->cfg.standalone) {
             /* the same initialiser the servers run, element by element */
             ps_init_fill(tr->hw[k], n, (enum ps_init_kind)s.init, s.init_scale, s.seed, 0);
@@ -151,7 +158,7 @@ void psw_next_weights(struct trainer *tr)
         return;
     tr->wcur = 1 - tr->wcur;
     memcpy(tr->hw, tr->wset[tr->wcur], (size_t)tr->ntables * sizeof *tr->hw);
-    psw_mlp_point_params(&tr->mlp, tr->hw);
+    psw_point_params(tr, tr->hw);
 }
 
 /* Notes what pull i (a ticket in pull_tk) brings. */
@@ -183,7 +190,7 @@ static int wait_pulls(struct trainer *tr, int k, uint64_t a, uint64_t b, int upl
         if (rc == PS_ETIMEDOUT)
             psc_cancel(tr->c, tr->pull_tk[i]);
         if (rc == 0 && upload && p->k >= 0 &&
-            psk_upload(tr->be, psw_mlp_param(&tr->mlp, p->k) + p->first, tr->hw[p->k] + p->first,
+            psk_upload(tr->be, psw_param(tr, p->k) + p->first, tr->hw[p->k] + p->first,
                        (size_t)p->n * 4))
             rc = PS_EDEVICE;
         if (rc != 0 && first == 0) {
@@ -198,7 +205,7 @@ static int wait_pulls(struct trainer *tr, int k, uint64_t a, uint64_t b, int upl
 
 static int pull_table(struct trainer *tr, int k, uint64_t clock)
 {
-    uint64_t n = psw_mlp_table_size(&tr->mlp, k);
+    uint64_t n = psw_table_size(tr, k);
     note_pull(tr, k, k, 0, n);
     int rc = psc_pull(tr->c, tr->th[k], 0, n, pull_dst(tr, k), clock, &tr->pull_tk[k]);
     if (rc != 0)
@@ -242,8 +249,7 @@ int psw_sync_weights(struct trainer *tr)
             return rc;
     }
     for (int k = 0; k < tr->ntables && !tr->alias && tr->cfg.standalone; k++)
-        if (psk_upload(tr->be, psw_mlp_param(&tr->mlp, k), tr->hw[k],
-                       (size_t)psw_mlp_table_size(&tr->mlp, k) * 4))
+        if (psk_upload(tr->be, psw_param(tr, k), tr->hw[k], (size_t)psw_table_size(tr, k) * 4))
             return PS_EDEVICE;
     tr->fresh = 1;
     return 0;
@@ -255,10 +261,17 @@ int psw_sync_weights(struct trainer *tr)
 int psw_weights_ready(void *arg, int l, int r0, int r1)
 {
     struct trainer *tr = arg;
+    int k = tr->k0 + 2 * l; /* the head's tables follow the convolutions' */
     if (r0 == r1)
-        return wait_pulls(tr, 2 * l + 1, 0, UINT64_MAX, !tr->alias);
+        return wait_pulls(tr, k + 1, 0, UINT64_MAX, !tr->alias);
     uint64_t in = (uint64_t)tr->mlp.dims[l];
-    return wait_pulls(tr, 2 * l, (uint64_t)r0 * in, (uint64_t)r1 * in, !tr->alias);
+    return wait_pulls(tr, k, (uint64_t)r0 * in, (uint64_t)r1 * in, !tr->alias);
+}
+
+/* Waits for every pull in flight of table k. */
+int psw_wait_table(struct trainer *tr, int k)
+{
+    return wait_pulls(tr, k, 0, UINT64_MAX, !tr->alias);
 }
 
 /* Sends [first, first+n) of table k's gradient as a push-pull: this
@@ -267,7 +280,7 @@ static int send_range(struct trainer *tr, int k, uint64_t first, uint64_t n)
 {
     if (tr->acc[k] != NULL) { /* last micro-batch: add it, then average */
         float *a = tr->acc[k] + first;
-        if (psk_axpy(tr->be, n, 1.0f, psw_mlp_grad(&tr->mlp, k) + first, a) ||
+        if (psk_axpy(tr->be, n, 1.0f, psw_grad(tr, k) + first, a) ||
             psk_scale(tr->be, n, 1.0f / (float)tr->cfg.accum_steps, a))
             return PS_EDEVICE;
     }
@@ -296,7 +309,7 @@ static int send_range(struct trainer *tr, int k, uint64_t first, uint64_t n)
  * weights. Standalone applies them with the same optimizer code. */
 int psw_send_topk(struct trainer *tr, int k)
 {
-    size_t n = (size_t)psw_mlp_table_size(&tr->mlp, k);
+    size_t n = (size_t)psw_table_size(tr, k);
     const float *g = grad_src(tr, k);
     float *v = tr->resid[k], *u = tr->vel[k];
     int rc = u != NULL ? psk_scale(tr->be, n, (float)tr->cfg.momentum, u) ||
@@ -334,10 +347,20 @@ int psw_on_chunk(void *arg, int l, int r0, int r1)
 {
     struct trainer *tr = arg;
     uint64_t in = (uint64_t)tr->mlp.dims[l];
-    int rc = send_range(tr, 2 * l, (uint64_t)r0 * in, (uint64_t)(r1 - r0) * in);
+    int k = tr->k0 + 2 * l;
+    int rc = send_range(tr, k, (uint64_t)r0 * in, (uint64_t)(r1 - r0) * in);
     if (rc == 0 && r1 == tr->mlp.dims[l + 1])
-        rc = send_range(tr, 2 * l + 1, 0, (uint64_t)r1);
+        rc = send_range(tr, k + 1, 0, (uint64_t)r1);
     return rc;
+}
+
+/* The CNN's backward callback: convolution table k's weight gradient and
+ * its bias's (k + 1) are ready; both go out whole. */
+int psw_on_conv_grads(void *arg, int k)
+{
+    struct trainer *tr = arg;
+    int rc = send_range(tr, k, 0, psw_table_size(tr, k));
+    return rc != 0 ? rc : send_range(tr, k + 1, 0, psw_table_size(tr, k + 1));
 }
 
 /* Rows idx[0..rows) of split d as the model's input, their labels into
@@ -346,9 +369,9 @@ int psw_on_chunk(void *arg, int l, int r0, int r1)
 int psw_load_batch(struct trainer *tr, const struct psw_split *d, const uint32_t *idx, int rows)
 {
     if (tr->alias) {
-        psw_data_batch(d, idx, rows, tr->mlp.act[0], tr->h_lab);
+        psw_data_batch(d, idx, rows, psw_input(tr), tr->h_lab);
         return 0;
     }
     psw_data_batch(d, idx, rows, tr->h_in, tr->h_lab);
-    return psk_upload(tr->be, tr->mlp.act[0], tr->h_in, (size_t)rows * d->pixels * 4);
+    return psk_upload(tr->be, psw_input(tr), tr->h_in, (size_t)rows * d->pixels * 4);
 }

@@ -32,7 +32,7 @@ static const struct ps_opt opts[] = {
     OPT("rank", PS_OPT_U64, rank, "0", 0, PS_WORKERS_MAX - 1, "R", "this worker's rank"),
     OPT("workers", PS_OPT_U64, workers, "1", 1, PS_WORKERS_MAX, "W", "number of workers"),
     OPT("model", PS_OPT_STR, model, "mlp", 0, 0, "NAME",
-        "mlp (IDX images), or sparse-lr (libsvm DIR/train.svm and DIR/test.svm)"),
+        "mlp or cnn (IDX images), or sparse-lr (libsvm DIR/train.svm and DIR/test.svm)"),
     FOPT("l1", l1, "0", 0.0, 1e6, "L1", "sparse-lr with ftrl: L1 strength"),
     FOPT("l2", l2, "0", 0.0, 1e6, "L2", "sparse-lr with ftrl: L2 strength"),
     OPT("embed-dim", PS_OPT_U64, embed_dim, "0", 0, 1024, "D",
@@ -42,6 +42,11 @@ static const struct ps_opt opts[] = {
     OPT("rows-max", PS_OPT_U64, rows_max, "10000000", 1, UINT64_C(1) << 31, "N",
         "sparse-lr: rows one shard may hold"),
     OPT("layers", PS_OPT_STR, layers, "784,256,128,10", 0, 0, "N,N,...", "MLP widths"),
+    OPT("arch", PS_OPT_STR, arch,
+        "conv3x3:32,relu,maxpool2,conv3x3:64,relu,maxpool2,fc:128,relu,fc:10", 0, 0, "LAYERS",
+        "--model cnn: convKxK:C[:padP] (stride 1), relu, maxpoolS or avgpoolS, then fc:N layers "
+        "with relu between them; the tables are named as PyTorch names them (conv1.weight, ..., "
+        "fc1.weight, ...)"),
     OPT("data", PS_OPT_STR, data, "/usr/share/datasets/fashion-mnist", 0, 0, "DIR",
         "IDX files (gzip or plain)"),
     OPT("batch", PS_OPT_U64, batch, "64", 1, 65536, "B", "examples per step on this worker"),
@@ -123,10 +128,10 @@ static int save_safetensors(struct trainer *tr, const char *path)
     struct ps_st_tensor ts[TABLES_MAX];
     for (int k = 0; k < tr->ntables; k++) {
         char name[64];
-        psw_mlp_table_name(k, name, sizeof name);
-        int l = k / 2;
-        ps_st_tensor(&ts[k], name, "F32", tr->hw[k], 4, (uint64_t)tr->mlp.dims[l + 1],
-                     k % 2 ? 0 : (uint64_t)tr->mlp.dims[l]);
+        uint64_t shape[4];
+        psw_table_name(tr, k, name, sizeof name);
+        ps_st_tensor(&ts[k], name, "F32", tr->hw[k], 4, psw_table_size(tr, k), 0);
+        (void)ps_st_tensor_shape(&ts[k], shape, (uint32_t)psw_table_shape(tr, k, shape));
     }
     char err[512];
     const char *meta[] = {"format", "pt"};
@@ -193,8 +198,8 @@ static int wire_dtype_of(const char *s)
 static int check_config(const struct config *c, char *err, size_t errlen)
 {
     int sparse = strcmp(c->model, "sparse-lr") == 0;
-    if (strcmp(c->model, "mlp") != 0 && !sparse) {
-        snprintf(err, errlen, "--model: '%s' is not a known model (mlp, sparse-lr)", c->model);
+    if (strcmp(c->model, "mlp") != 0 && strcmp(c->model, "cnn") != 0 && !sparse) {
+        snprintf(err, errlen, "--model: '%s' is not a known model (mlp, cnn, sparse-lr)", c->model);
         return PS_EINVAL;
     }
     if (sparse && (c->standalone || c->topk > 0 || c->accum_steps > 1 || c->metrics_listen)) {
@@ -256,8 +261,8 @@ static size_t shm_bytes(const struct trainer *tr)
     if (!tr->alias || tr->cfg.no_shm || wire_dtype_of(tr->cfg.wire_dtype) != PSC_F32)
         return 0;
     size_t b = 4096;
-    for (int k = 0; k < psw_mlp_tables(&tr->mlp); k++) {
-        size_t n = (size_t)psw_mlp_table_size(&tr->mlp, k);
+    for (int k = 0; k < psw_ntables(tr); k++) {
+        size_t n = (size_t)psw_table_size(tr, k);
         b += SHM_BUFFERS * (n * 4 + 64);
         if (tr->cfg.topk > 0)
             b += psw_topk_count(tr, n) * (sizeof(uint64_t) + sizeof(float)) + 128;
@@ -282,17 +287,17 @@ static void setup_shm(struct trainer *tr)
     uint32_t on = psc_shm_shards(tr->c);
     if (on == 0)
         return;
-    int n = psw_mlp_tables(&tr->mlp);
+    int n = psw_ntables(tr);
     float *g[TABLES_MAX];
     for (int k = 0; k < n; k++) {
-        size_t b = (size_t)psw_mlp_table_size(&tr->mlp, k) * 4;
+        size_t b = (size_t)psw_table_size(tr, k) * 4;
         if ((g[k] = psc_shm_alloc(tr->c, b)) == NULL ||
             (tr->wset[0][k] = psc_shm_alloc(tr->c, b)) == NULL ||
             (tr->wset[1][k] = psc_shm_alloc(tr->c, b)) == NULL)
             return;
     }
-    psw_mlp_place_grads(&tr->mlp, g);
-    psw_mlp_point_params(&tr->mlp, tr->wset[0]);
+    psw_place_grads(tr, g);
+    psw_point_params(tr, tr->wset[0]);
     if (on == psc_shards(tr->c)) /* nothing of a step on a socket */
         psw_mlp_set_chunk_bytes(&tr->mlp, PSW_CHUNK_BYTES_SHM);
     tr->wsets = 1;
@@ -388,13 +393,20 @@ static int setup(struct trainer *tr, char *err, size_t errlen)
            (unsigned long long)c->workers, psk_describe(tr->be),
            tr->pool ? " and a helper thread" : "", c->standalone ? " (standalone)" : "");
     int dims[PSW_LAYERS_MAX + 1];
-    int nl = psw_mlp_parse_layers(c->layers, dims, err, errlen);
+    int cnn = strcmp(c->model, "cnn") == 0;
+    int nl = cnn ? psw_cnn_parse(&tr->cnn, c->arch, 1, 28, 28, dims, err, errlen)
+                 : psw_mlp_parse_layers(c->layers, dims, err, errlen);
     if (nl < 0)
         return nl;
     if ((rc = psw_data_load(c->data, "train", dims[nl], &tr->train, err, errlen)) != 0 ||
         (rc = psw_data_load(c->data, "t10k", dims[nl], &tr->test, err, errlen)) != 0)
         return rc;
-    if ((uint32_t)dims[0] != tr->train.pixels || tr->test.pixels != tr->train.pixels) {
+    if (cnn && (tr->train.pixels != 28 * 28 || tr->test.pixels != tr->train.pixels)) {
+        snprintf(err, errlen, "--model cnn: 28x28 images are needed, these have %u pixels",
+                 tr->train.pixels);
+        return PS_EINVAL;
+    }
+    if (!cnn && ((uint32_t)dims[0] != tr->train.pixels || tr->test.pixels != tr->train.pixels)) {
         snprintf(err, errlen, "--layers: input width %d, but the images have %u pixels", dims[0],
                  tr->train.pixels);
         return PS_EINVAL;
@@ -410,6 +422,16 @@ static int setup(struct trainer *tr, char *err, size_t errlen)
     int bmax = (int)c->batch > EVAL_BATCH ? (int)c->batch : EVAL_BATCH;
     if ((rc = psw_mlp_init(&tr->mlp, tr->be, dims, nl, bmax, err, errlen)) != 0)
         return rc;
+    if (cnn) { /* the convolutions write the head's input and read its gradient */
+        if (psw_mlp_enable_input_grad(&tr->mlp) != 0) {
+            snprintf(err, errlen, "out of memory for the head's input gradient");
+            return PS_ENOMEM;
+        }
+        rc = psw_cnn_init(&tr->cnn, tr->be, bmax, tr->mlp.act[0], tr->mlp.dx, err, errlen);
+        if (rc != 0)
+            return rc;
+        tr->k0 = psw_cnn_tables(&tr->cnn);
+    }
     psw_mlp_set_pool(&tr->mlp, tr->pool);
     tr->perm = malloc((size_t)tr->train.n * sizeof *tr->perm);
     tr->h_lab = malloc((size_t)bmax * sizeof *tr->h_lab);
@@ -476,6 +498,7 @@ static void teardown(struct trainer *tr)
     ps_pool_stop(tr->pool);
     if (tr->be != NULL) {
         psk_host_free(tr->be, tr->h_in);
+        psw_cnn_fini(&tr->cnn);
         psw_mlp_fini(&tr->mlp);
         psk_close(tr->be);
     }

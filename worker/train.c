@@ -30,7 +30,7 @@ static double evaluate(struct trainer *tr)
         ps_notify_watchdog();
         double loss;
         int ok;
-        if (up || psw_mlp_forward(&tr->mlp, rows) ||
+        if (up || psw_model_forward(tr, rows) ||
             psw_mlp_loss(&tr->mlp, rows, tr->h_lab, &loss, &ok))
             return -1;
         correct += ok;
@@ -48,8 +48,7 @@ static int micro_batch(struct trainer *tr, uint64_t step_in_epoch, uint64_t j, i
     uint64_t slot = (step_in_epoch * tr->cfg.accum_steps + j) * tr->cfg.workers + tr->cfg.rank;
     if (psw_load_batch(tr, &tr->train, tr->perm + slot * (uint64_t)b, b))
         return PS_EDEVICE;
-    int rc = overlap ? psw_mlp_forward_ready(&tr->mlp, b, psw_weights_ready, tr)
-                     : psw_mlp_forward(&tr->mlp, b);
+    int rc = overlap ? psw_model_forward_ready(tr, b) : psw_model_forward(tr, b);
     if (overlap) { /* whatever forward did not need: waited for all the same */
         int rest = psw_sync_weights(tr);
         rc = rc != 0 ? rc : rest;
@@ -120,14 +119,14 @@ static int train_step(struct trainer *tr, uint64_t step_in_epoch, double *loss, 
         *correct += ok;
         if (j + 1 == n_acc) {
             psw_cork(tr, 1); /* the step's pushes go out as one message per shard */
-            rc = psw_mlp_backward(&tr->mlp, b, psw_on_chunk, tr);
+            rc = psw_model_backward(tr, b, 1);
             psw_cork(tr, 0);
             break;
         }
-        rc = psw_mlp_backward(&tr->mlp, b, NULL, NULL);
+        rc = psw_model_backward(tr, b, 0);
         for (int k = 0; k < tr->ntables && rc == 0; k++) {
-            size_t n = (size_t)psw_mlp_table_size(&tr->mlp, k);
-            const float *g = psw_mlp_grad(&tr->mlp, k);
+            size_t n = (size_t)psw_table_size(tr, k);
+            const float *g = psw_grad(tr, k);
             rc = j == 0 ? psk_copy(tr->be, tr->acc[k], g, n * 4) /* starts the sum */
                         : psk_axpy(tr->be, n, 1.0f, g, tr->acc[k]);
         }
@@ -140,7 +139,7 @@ static int train_step(struct trainer *tr, uint64_t step_in_epoch, double *loss, 
         return rc;
     for (int k = 0; k < tr->ntables && tr->cfg.standalone && tr->cfg.topk == 0; k++)
         psk_optim_apply(&tr->opt, tr->clock + 1, tr->hw[k], tr->s1[k], tr->s2[k], tr->hg[k],
-                        (size_t)psw_mlp_table_size(&tr->mlp, k));
+                        (size_t)psw_table_size(tr, k));
     tr->fresh = 0;
     if (!tr->cfg.standalone)
         psw_next_weights(tr);

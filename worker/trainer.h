@@ -4,6 +4,7 @@
 #ifndef PSW_TRAINER_H
 #define PSW_TRAINER_H
 
+#include "cnn.h"
 #include "data.h"
 #include "mlp.h"
 #include "psclient.h"
@@ -20,13 +21,13 @@
 #include <stdint.h>
 
 #define EVAL_BATCH  1000
-#define TABLES_MAX  (2 * PSW_LAYERS_MAX)
+#define TABLES_MAX  (2 * (PSW_LAYERS_MAX + PSW_CONV_MAX))
 #define TICKETS_MAX 1024 /* push-pulls of one step: one per weight chunk and bias */
 
 struct config {
     const char *servers;
     uint64_t rank, workers;
-    const char *model, *layers, *data;
+    const char *model, *layers, *arch, *data;
     uint64_t batch, epochs, seed;
     double lr, momentum, weight_decay, topk, l1, l2;
     uint64_t rows_max, embed_dim, embed_hidden;
@@ -45,7 +46,9 @@ struct trainer {
     struct config cfg;
     struct ps_log log;
     struct psk_backend *be;
-    struct psw_mlp mlp;
+    struct psw_mlp mlp; /* the MLP, or the CNN's head */
+    struct psw_cnn cnn; /* --model cnn: the convolutions */
+    int k0;             /* the convolutions' tables, which come first (0: an MLP) */
     struct psw_split train, test;
     uint32_t *perm;
     float *h_in; /* a device's batch before its upload (NULL on the CPU backend) */
@@ -96,6 +99,21 @@ struct trainer {
 /* psworker.c */
 int psw_connect_client(struct trainer *tr, int nonzero_pulls, char *err, size_t errlen);
 
+/* model.c: the tables and passes of the MLP or the CNN */
+int psw_ntables(const struct trainer *tr);
+uint64_t psw_table_size(const struct trainer *tr, int k);
+void psw_table_name(const struct trainer *tr, int k, char *buf, size_t len);
+int psw_table_shape(const struct trainer *tr, int k, uint64_t *shape);
+uint64_t psw_fan_in(const struct trainer *tr, int k);
+float *psw_param(struct trainer *tr, int k);
+float *psw_grad(struct trainer *tr, int k);
+float *psw_input(struct trainer *tr);
+void psw_point_params(struct trainer *tr, float *const *p);
+void psw_place_grads(struct trainer *tr, float *const *g);
+int psw_model_forward(struct trainer *tr, int rows);
+int psw_model_forward_ready(struct trainer *tr, int rows);
+int psw_model_backward(struct trainer *tr, int rows, int send);
+
 /* exchange.c */
 size_t psw_topk_count(const struct trainer *tr, size_t n);
 int psw_setup_tables(struct trainer *tr, char *err, size_t errlen);
@@ -106,6 +124,8 @@ int psw_sync_weights(struct trainer *tr);
 int psw_weights_ready(void *arg, int l, int r0, int r1);
 int psw_send_topk(struct trainer *tr, int k);
 int psw_on_chunk(void *arg, int l, int r0, int r1);
+int psw_on_conv_grads(void *arg, int k);
+int psw_wait_table(struct trainer *tr, int k);
 int psw_load_batch(struct trainer *tr, const struct psw_split *d, const uint32_t *idx, int rows);
 
 /* train.c */

@@ -1,0 +1,329 @@
+/* The convolutional front of psworker's CNN (cnn.h). */
+#include "cnn.h"
+
+#include "ps_err.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define CHANNELS_MAX 4096
+#define KERNEL_MAX   15
+
+/* "conv3x3:32" or "conv5x5:16:pad2" -> k, c_out, pad; 0 or -1. */
+static int parse_conv(const char *t, int *k, int *c_out, int *pad)
+{
+    int k2 = 0, n = 0;
+    char rest[16] = "";
+    *pad = 0;
+    int got = sscanf(t, "conv%dx%d:%d%15s", k, &k2, c_out, rest);
+    if (got < 3 || (got == 4 && (sscanf(rest, ":pad%d%n", pad, &n) != 1 || rest[n] != '\0')))
+        return -1;
+    return *k == k2 && *k >= 1 && *k <= KERNEL_MAX && *c_out >= 1 && *c_out <= CHANNELS_MAX &&
+                   *pad >= 0 && *pad < *k
+               ? 0
+               : -1;
+}
+
+int psw_cnn_parse(struct psw_cnn *m, const char *arch, int c0, int h0, int w0, int *dims, char *err,
+                  size_t errlen)
+{
+    memset(m, 0, sizeof *m);
+    m->c0 = c0;
+    m->h0 = h0;
+    m->w0 = w0;
+    char buf[512];
+    if (arch == NULL || strlen(arch) >= sizeof buf) {
+        snprintf(err, errlen, "--arch: a layer list of at most %zu characters is needed",
+                 sizeof buf - 1);
+        return PS_EINVAL;
+    }
+    snprintf(buf, sizeof buf, "%s", arch);
+    int c = c0, h = h0, w = w0, nfc = 0, head = 0, relu_last = 0;
+    char *save = NULL;
+    for (char *t = strtok_r(buf, ",", &save); t != NULL; t = strtok_r(NULL, ",", &save)) {
+        struct psw_conv_layer *L = m->n > 0 ? &m->L[m->n - 1] : NULL;
+        int k, co, pad, s;
+        if (strncmp(t, "conv", 4) == 0) {
+            if (head || m->n == PSW_CONV_MAX || parse_conv(t, &k, &co, &pad) != 0) {
+                snprintf(err, errlen,
+                         head ? "--arch: '%s': convolutions come before the fc layers"
+                              : "--arch: '%s' is not convKxK:CHANNELS[:padP] (K 1..%d, padding "
+                                "below K, at most %d convolutions)",
+                         t, KERNEL_MAX, PSW_CONV_MAX);
+                return PS_EINVAL;
+            }
+            L = &m->L[m->n++];
+            L->g = (struct psk_conv){0, c, h, w, co, k, pad};
+            L->ho = psk_conv_out(h, k, pad);
+            L->wo = psk_conv_out(w, k, pad);
+            if (L->ho < 1 || L->wo < 1) {
+                snprintf(err, errlen, "--arch: '%s' does not fit its %dx%d input", t, h, w);
+                return PS_EINVAL;
+            }
+            L->ph = L->ho;
+            L->pw = L->wo;
+            c = co;
+            h = L->ho;
+            w = L->wo;
+        } else if (strcmp(t, "relu") == 0) {
+            if (head ? nfc == 0 || relu_last : L == NULL || L->relu || L->pool) {
+                snprintf(err, errlen,
+                         "--arch: a relu goes right after a convolution or between "
+                         "two fc layers");
+                return PS_EINVAL;
+            }
+            if (head)
+                relu_last = 1;
+            else
+                L->relu = 1;
+        } else if (sscanf(t, "maxpool%d", &s) == 1 || sscanf(t, "avgpool%d", &s) == 1) {
+            char tail[2];
+            if (head || L == NULL || L->pool || s < 1 || s > h || s > w ||
+                sscanf(t + 7, "%*d%1s", tail) == 1) {
+                snprintf(err, errlen, "--arch: '%s': one pooling of 1..%d after a convolution", t,
+                         h < w ? h : w);
+                return PS_EINVAL;
+            }
+            L->pool = s;
+            L->pool_max = t[0] == 'm';
+            L->ph = h / s;
+            L->pw = w / s;
+            h = L->ph;
+            w = L->pw;
+        } else if (strcmp(t, "flatten") == 0 && !head) {
+            head = 1;
+        } else if (sscanf(t, "fc:%d", &k) == 1 && k >= 1 && k <= PSW_WIDTH_MAX) {
+            if (nfc > 0 && !relu_last) {
+                snprintf(err, errlen,
+                         "--arch: psworker's head has a relu between fc layers "
+                         "(write fc:128,relu,fc:10)");
+                return PS_EINVAL;
+            }
+            if (nfc == PSW_LAYERS_MAX) {
+                snprintf(err, errlen, "--arch: at most %d fc layers", PSW_LAYERS_MAX);
+                return PS_EINVAL;
+            }
+            head = 1;
+            relu_last = 0;
+            dims[++nfc] = k;
+        } else {
+            snprintf(err, errlen,
+                     "--arch: '%s' is not convKxK:C[:padP], relu, maxpoolS, avgpoolS, flatten "
+                     "or fc:N",
+                     t);
+            return PS_EINVAL;
+        }
+    }
+    if (m->n == 0 || nfc == 0 || relu_last) {
+        snprintf(err, errlen,
+                 "--arch: at least one convolution, then fc layers ending in an fc "
+                 "(the logits)");
+        return PS_EINVAL;
+    }
+    if ((double)c * h * w > PSW_WIDTH_MAX) {
+        snprintf(err, errlen, "--arch: %d x %d x %d features reach the first fc layer; at most %d",
+                 c, h, w, PSW_WIDTH_MAX);
+        return PS_EINVAL;
+    }
+    dims[0] = c * h * w;
+    return nfc;
+}
+
+static int dev(struct psk_backend *be, size_t floats, void *p)
+{
+    return psk_alloc(be, floats * 4 + 4, (void **)p);
+}
+
+int psw_cnn_init(struct psw_cnn *m, struct psk_backend *be, int batch_max, float *feat,
+                 float *dfeat, char *err, size_t errlen)
+{
+    m->be = be;
+    m->batch_max = batch_max;
+    m->feat = feat;
+    m->dfeat = dfeat;
+    size_t bm = (size_t)batch_max;
+    int rc = dev(be, bm * m->c0 * m->h0 * m->w0, &m->in);
+    for (int l = 0; l < m->n && rc == 0; l++) {
+        struct psw_conv_layer *L = &m->L[l];
+        size_t nw = (size_t)L->g.c_out * L->g.c_in * L->g.k * L->g.k;
+        size_t nout = bm * L->g.c_out * L->ho * L->wo, npool = bm * L->g.c_out * L->ph * L->pw;
+        int last = l == m->n - 1;
+        rc = dev(be, nw, &L->w) || dev(be, (size_t)L->g.c_out, &L->b) || dev(be, nw, &L->gw) ||
+             dev(be, (size_t)L->g.c_out, &L->gb) || dev(be, psk_conv_ws_floats(&L->g), &L->ws) ||
+             psk_conv_ws_init(be, &L->g, L->ws);
+        if (rc == 0 && L->pool) {
+            rc = dev(be, nout, &L->dout) || (L->pool_max && dev(be, npool, &L->arg)) ||
+                 (!last && dev(be, npool, &L->pout));
+            if (last)
+                L->pout = feat;
+        }
+        if (rc == 0)
+            rc = last && !L->pool ? (L->out = feat, 0) : dev(be, nout, &L->out);
+        if (rc == 0 && l > 0)
+            rc = dev(be, bm * L->g.c_in * L->g.h * L->g.w, &L->din);
+    }
+    if (rc != 0) {
+        snprintf(err, errlen, "cannot allocate the convolution layers' buffers: %s",
+                 psk_last_error(be));
+        return PS_ENOMEM;
+    }
+    return 0;
+}
+
+void psw_cnn_fini(struct psw_cnn *m)
+{
+    if (m->be == NULL)
+        return;
+    psk_free(m->be, m->in);
+    for (int l = 0; l < m->n; l++) {
+        struct psw_conv_layer *L = &m->L[l];
+        int last = l == m->n - 1;
+        if (!m->params_placed) {
+            psk_free(m->be, L->w);
+            psk_free(m->be, L->b);
+        }
+        if (!m->grads_placed) {
+            psk_free(m->be, L->gw);
+            psk_free(m->be, L->gb);
+        }
+        psk_free(m->be, L->ws);
+        psk_free(m->be, L->dout);
+        psk_free(m->be, L->arg);
+        psk_free(m->be, L->din);
+        if (!last)
+            psk_free(m->be, L->pout);
+        if (!last || L->pool)
+            psk_free(m->be, L->out);
+    }
+    m->be = NULL;
+}
+
+int psw_cnn_tables(const struct psw_cnn *m)
+{
+    return 2 * m->n;
+}
+
+void psw_cnn_table_name(int k, char *buf, size_t len)
+{
+    snprintf(buf, len, "conv%d.%s", k / 2 + 1, k % 2 ? "bias" : "weight");
+}
+
+int psw_cnn_table_shape(const struct psw_cnn *m, int k, uint64_t *shape)
+{
+    const struct psk_conv *g = &m->L[k / 2].g;
+    shape[0] = (uint64_t)g->c_out;
+    if (k % 2)
+        return 1;
+    shape[1] = (uint64_t)g->c_in;
+    shape[2] = shape[3] = (uint64_t)g->k;
+    return 4;
+}
+
+uint64_t psw_cnn_table_size(const struct psw_cnn *m, int k)
+{
+    uint64_t s[4];
+    int nd = psw_cnn_table_shape(m, k, s);
+    return nd == 1 ? s[0] : s[0] * s[1] * s[2] * s[3];
+}
+
+uint64_t psw_cnn_fan_in(const struct psw_cnn *m, int k)
+{
+    const struct psk_conv *g = &m->L[k / 2].g;
+    return (uint64_t)g->c_in * g->k * g->k;
+}
+
+float *psw_cnn_param(struct psw_cnn *m, int k)
+{
+    return k % 2 ? m->L[k / 2].b : m->L[k / 2].w;
+}
+
+float *psw_cnn_grad(struct psw_cnn *m, int k)
+{
+    return k % 2 ? m->L[k / 2].gb : m->L[k / 2].gw;
+}
+
+void psw_cnn_point_params(struct psw_cnn *m, float *const *p)
+{
+    for (int l = 0; l < m->n; l++) {
+        if (!m->params_placed) {
+            psk_free(m->be, m->L[l].w);
+            psk_free(m->be, m->L[l].b);
+        }
+        m->L[l].w = p[2 * l];
+        m->L[l].b = p[2 * l + 1];
+    }
+    m->params_placed = 1;
+}
+
+void psw_cnn_place_grads(struct psw_cnn *m, float *const *g)
+{
+    for (int l = 0; l < m->n; l++) {
+        if (!m->grads_placed) {
+            psk_free(m->be, m->L[l].gw);
+            psk_free(m->be, m->L[l].gb);
+        }
+        m->L[l].gw = g[2 * l];
+        m->L[l].gb = g[2 * l + 1];
+    }
+    m->grads_placed = 1;
+}
+
+/* Layer l's input: the batch, or the layer below's output. */
+static float *input_of(struct psw_cnn *m, int l)
+{
+    if (l == 0)
+        return m->in;
+    struct psw_conv_layer *B = &m->L[l - 1];
+    return B->pool ? B->pout : B->out;
+}
+
+int psw_cnn_forward(struct psw_cnn *m, int rows)
+{
+    if (rows < 0 || rows > m->batch_max)
+        return PS_EINVAL;
+    for (int l = 0; l < m->n; l++) {
+        struct psw_conv_layer *L = &m->L[l];
+        L->g.n = rows;
+        size_t nout = (size_t)rows * L->g.c_out * L->ho * L->wo;
+        int planes = rows * L->g.c_out;
+        int rc = psk_conv_forward(m->be, &L->g, input_of(m, l), L->w, L->b, L->out, L->ws);
+        if (rc == 0 && L->relu)
+            rc = psk_relu(m->be, nout, L->out, L->out);
+        if (rc == 0 && L->pool)
+            rc = L->pool_max
+                     ? psk_maxpool(m->be, planes, L->ho, L->wo, L->pool, L->out, L->pout, L->arg)
+                     : psk_avgpool(m->be, planes, L->ho, L->wo, L->pool, L->out, L->pout);
+        if (rc != 0)
+            return rc;
+    }
+    return 0;
+}
+
+int psw_cnn_backward(struct psw_cnn *m, int rows, psw_table_cb cb, void *arg)
+{
+    float *dy = m->dfeat; /* gradient of the layer's final output */
+    for (int l = m->n - 1; l >= 0; l--) {
+        struct psw_conv_layer *L = &m->L[l];
+        L->g.n = rows;
+        size_t nout = (size_t)rows * L->g.c_out * L->ho * L->wo;
+        float *d = dy;
+        int rc = 0;
+        if (L->pool) {
+            d = L->dout;
+            rc = psk_pool_backward(m->be, rows * L->g.c_out, L->ho, L->wo, L->pool, dy,
+                                   L->pool_max ? L->arg : NULL, d);
+        }
+        if (rc == 0 && L->relu)
+            rc = psk_relu_backward(m->be, nout, L->out, d);
+        if (rc == 0)
+            rc = psk_conv_backward(m->be, &L->g, input_of(m, l), L->w, d, L->gw, L->gb,
+                                   l > 0 ? L->din : NULL, L->ws);
+        if (rc == 0 && cb != NULL)
+            rc = cb(arg, 2 * l);
+        if (rc != 0)
+            return rc;
+        dy = L->din;
+    }
+    return 0;
+}
