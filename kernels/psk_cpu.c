@@ -126,15 +126,35 @@ static int cpu_topk(struct psk_backend *b, size_t n, float *v, float *u, size_t 
     return rc;
 }
 
+/* The CPU loops give the values of psk_math.h's per-element functions
+ * (the CUDA kernels call those) without a division per element: whole
+ * row segments are copied, and col2im adds each tap in the gather's
+ * (kh, kw) order, so the sums are the same bits. */
 static int cpu_im2col(struct psk_backend *b, int c, int h, int w, int k, int pad, const float *x,
                       float *col)
 {
     (void)b;
-    int ho = psk_conv_out(h, k, pad), wo = psk_conv_out(w, k, pad), rows = c * k * k;
-    long hw = (long)ho * wo;
-    for (int r = 0; r < rows; r++)
-        for (long p = 0; p < hw; p++)
-            col[r * hw + p] = psk_im2col_el(x, h, w, k, pad, wo, r, (int)p);
+    int ho = psk_conv_out(h, k, pad), wo = psk_conv_out(w, k, pad);
+    float *dst = col;
+    for (int ci = 0; ci < c; ci++)
+        for (int kh = 0; kh < k; kh++)
+            for (int kw = 0; kw < k; kw++) {
+                /* output columns ow whose input column ow + kw - pad is inside */
+                int lo = pad - kw > 0 ? pad - kw : 0, hi = w + pad - kw < wo ? w + pad - kw : wo;
+                for (int oh = 0; oh < ho; oh++, dst += wo) {
+                    int ih = oh + kh - pad;
+                    if (ih < 0 || ih >= h || lo >= hi) {
+                        memset(dst, 0, (size_t)wo * sizeof *dst);
+                        continue;
+                    }
+                    const float *row = x + ((long)ci * h + ih) * w;
+                    for (int ow = 0; ow < lo; ow++)
+                        dst[ow] = 0.0f;
+                    memcpy(dst + lo, row + lo + kw - pad, (size_t)(hi - lo) * sizeof *dst);
+                    for (int ow = hi; ow < wo; ow++)
+                        dst[ow] = 0.0f;
+                }
+            }
     return 0;
 }
 
@@ -143,10 +163,21 @@ static int cpu_col2im(struct psk_backend *b, int c, int h, int w, int k, int pad
 {
     (void)b;
     int ho = psk_conv_out(h, k, pad), wo = psk_conv_out(w, k, pad);
+    memset(dx, 0, (size_t)c * h * w * sizeof *dx);
+    const float *src = dcol;
     for (int ci = 0; ci < c; ci++)
-        for (int i = 0; i < h; i++)
-            for (int j = 0; j < w; j++)
-                dx[((long)ci * h + i) * w + j] = psk_col2im_el(dcol, k, pad, ho, wo, ci, i, j);
+        for (int kh = 0; kh < k; kh++)
+            for (int kw = 0; kw < k; kw++) {
+                int lo = pad - kw > 0 ? pad - kw : 0, hi = w + pad - kw < wo ? w + pad - kw : wo;
+                for (int oh = 0; oh < ho; oh++, src += wo) {
+                    int ih = oh + kh - pad;
+                    if (ih < 0 || ih >= h)
+                        continue;
+                    float *row = dx + ((long)ci * h + ih) * w;
+                    for (int ow = lo; ow < hi; ow++)
+                        row[ow + kw - pad] += src[ow];
+                }
+            }
     return 0;
 }
 
@@ -172,12 +203,22 @@ static int cpu_pool_backward(struct psk_backend *b, int planes, int h, int w, in
 {
     (void)b;
     int ho = h / s, wo = w / s;
+    memset(dx, 0, (size_t)planes * h * w * sizeof *dx);
     for (int q = 0; q < planes; q++) {
+        float *dxp = dx + (long)q * h * w;
         const float *dyp = dy + (long)q * ho * wo;
-        const int *ap = arg != NULL ? arg + (long)q * ho * wo : NULL;
-        for (int i = 0; i < h; i++)
-            for (int j = 0; j < w; j++)
-                dx[((long)q * h + i) * w + j] = psk_pool_grad_el(dyp, ap, w, s, ho, wo, i, j);
+        for (int i = 0; i < ho; i++)
+            for (int j = 0; j < wo; j++) {
+                long o = (long)i * wo + j;
+                if (arg != NULL) {
+                    dxp[arg[(long)q * ho * wo + o]] = dyp[o];
+                    continue;
+                }
+                float v = dyp[o] / (float)(s * s);
+                for (int r = i * s; r < i * s + s; r++)
+                    for (int t = j * s; t < j * s + s; t++)
+                        dxp[(long)r * w + t] = v;
+            }
     }
     return 0;
 }

@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
 # Training throughput, side by side in one run: psworker --standalone,
+# --model cnn standalone (1 thread and default threads) against the same
+# CNN in PyTorch (fashion_cnn.py --local, 1 thread and all cores),
 # 1 shard + 1 worker and 2 shards + 2 workers (BSP, or --consistency),
 # 2+2 in ASP, 2+2 with --topk 0.01 and with --wire-dtype f16, and (where
 # Debian's python3-torch is installed) the same MLP in PyTorch, printed as
@@ -19,7 +21,7 @@
 # One 1+1 row pins the worker's training thread away from psd and the
 # I/O threads (--cpus, --io-cpus): on a 2-core machine they otherwise take
 # turns on both cores.
-#   tests/bench/train_bench.sh [--build-dir DIR] [--no-build] [--steps N] [--batch B]
+#   tests/bench/train_bench.sh [--build-dir DIR] [--no-build] [--steps N] [--cnn-steps N] [--batch B]
 #                              [--device D] [--repeat N] [--blas-threads N] [--no-torch]
 #                              [--json PATH]
 # --no-build uses DIR as it is (the tests run it so, on their own build);
@@ -27,12 +29,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 build=build-release steps=600 batch=64 device=cpu consistency=bsp json="" repeat=3 blas=1
+cnn_steps=150
 do_build=1 with_torch=1
 while [ $# -gt 0 ]; do
   case "$1" in
     --build-dir) build=$2; shift 2 ;;
     --no-build) do_build=0; shift ;;
     --steps) steps=$2; shift 2 ;;
+    --cnn-steps) cnn_steps=$2; shift 2 ;;
     --batch) batch=$2; shift 2 ;;
     --device) device=$2; shift 2 ;;
     --consistency) consistency=$2; shift 2 ;;
@@ -43,9 +47,10 @@ while [ $# -gt 0 ]; do
     *) echo "train_bench: unknown option '$1'" >&2; exit 2 ;;
   esac
 done
-for v in steps batch repeat blas; do
+for v in steps cnn_steps batch repeat blas; do
   if ! [[ ${!v} =~ ^[1-9][0-9]*$ ]]; then
-    echo "train_bench: --${v/blas/blas-threads} must be a positive whole number, not '${!v}'" >&2
+    name=${v/blas/blas-threads}
+    echo "train_bench: --${name/_/-} must be a positive whole number, not '${!v}'" >&2
     exit 2
   fi
 done
@@ -144,11 +149,26 @@ configs+=(
   "2+2, $consistency, --topk 0.01|two_plus_two_topk|dist 2 2 $consistency --topk 0.01"
   "2+2, $consistency, --wire-dtype f16|two_plus_two_f16|dist 2 2 $consistency --wire-dtype f16"
 )
+# The CNN (--model cnn's default --arch), standalone: 1 thread, and
+# psworker's default threads (the helper thread; OpenBLAS's own with 1)
+configs+=(
+  "cnn standalone, 1 thread|cnn_1thread|alone 1 --model cnn --max-steps $cnn_steps --compute-threads 1"
+  "cnn standalone (default threads)|cnn|alone - --model cnn --max-steps $cnn_steps"
+)
 torch() { # threads: the same MLP in PyTorch (python3-torch), same BLAS, same batch
   /usr/bin/python3 tests/bench/torch_mlp.py --steps "$steps" --batch "$batch" --threads "$1"
 }
+torch_cnn() { # threads: the same CNN in PyTorch, local optimizer, same batch
+  rm -f "$run/torch_cnn.json"
+  /usr/bin/python3 worker/python/examples/fashion_cnn.py --local --steps "$cnn_steps" \
+    --batch "$batch" --threads "$1" --json "$run/torch_cnn.json" >"$run/torch_cnn.log" 2>&1 ||
+    { echo "train_bench: fashion_cnn.py --local failed:" >&2; tail -n 5 "$run/torch_cnn.log" >&2; return 1; }
+  sps "$run/torch_cnn.json"
+}
 if [ "$with_torch" = 1 ] && [ "$device" = cpu ] && /usr/bin/python3 -c 'import torch' 2>/dev/null; then
   configs+=("pytorch, 1 thread|pytorch_1thread|torch 1" "pytorch, $(nproc) threads|pytorch|torch $(nproc)")
+  configs+=("pytorch cnn, 1 thread|pytorch_cnn_1thread|torch_cnn 1"
+            "pytorch cnn, $(nproc) threads|pytorch_cnn|torch_cnn $(nproc)")
 fi
 declare -A runs=()
 for ((i = 0; i < repeat; i++)); do # interleaved: drifts in machine speed hit every row alike
@@ -180,4 +200,9 @@ done
 if [ -n "$json" ]; then
   printf '{%s, "batch": %s, "steps": %s, "consistency": "%s", "device": "%s"}\n' \
     "$jrows" "$batch" "$steps" "$consistency" "$device" >"$json"
+fi
+if [ -n "${med[pytorch_cnn_1thread]:-}" ]; then
+  printf 'cnn, psworker / PyTorch: %s with 1 thread each, %s with default threads each\n' \
+    "$(awk -v a="${med[cnn_1thread]}" -v b="${med[pytorch_cnn_1thread]}" 'BEGIN { printf "%.3fx", a / b }')" \
+    "$(awk -v a="${med[cnn]}" -v b="${med[pytorch_cnn]}" 'BEGIN { printf "%.3fx", a / b }')"
 fi

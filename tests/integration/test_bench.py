@@ -131,7 +131,7 @@ def train(script, tmp):
     out = os.path.join(tmp, "train.json")
     build = os.path.dirname(os.path.dirname(os.path.abspath(PSD)))
     if run(["bash", script, "--build-dir", build, "--no-build", "--steps", "20", "--repeat", "1",
-            "--no-torch", "--json", out], "train_bench.sh", 600) is None:
+            "--cnn-steps", "3", "--no-torch", "--json", out], "train_bench.sh", 600) is None:
         return
     r = load(out, "train_bench.sh")
     if r is None:
