@@ -104,3 +104,35 @@ def test_bad_arch_is_named(tmp_path, arch, says):
                         arch], capture_output=True, text=True, env=child_env(), timeout=60)
     assert r.returncode != 0
     assert says in r.stderr, r.stderr
+
+
+def _two_workers(cluster, tmp, extra):
+    servers = cluster.start(shards=2, args=["--consistency", "bsp", "--workers", "2"])
+    procs = []
+    for r in range(2):
+        summary = tmp / ("w%d.json" % r)
+        procs.append((subprocess.Popen(
+            [worker_bin(), "--model", "cnn", "--data", DATA, "--device", "cpu", "--servers",
+             servers, "--rank", str(r), "--workers", "2", "--max-steps", "20", "--epochs", "1",
+             "--batch", "32", "--lr", "0.03", "--summary-json", str(summary)] + extra,
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=child_env()),
+            summary))
+    out = []
+    for p, summary in procs:
+        try:
+            _, err = p.communicate(timeout=600)
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        assert p.returncode == 0, err[-3000:]
+        out.append(json.load(open(summary)))
+    return out
+
+
+@pytest.mark.parametrize("extra", [["--topk", "0.05"], ["--wire-dtype", "f16"],
+                                   ["--accum-steps", "2"]])
+def test_the_cnn_trains_with(cluster, tmp_path, extra):
+    s0, s1 = _two_workers(cluster, tmp_path, extra)
+    assert s0["steps"] == s1["steps"] == 20
+    assert s0["test_accuracy"] > 0.3, s0  # 10 classes: 0.1 is chance
