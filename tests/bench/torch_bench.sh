@@ -48,30 +48,14 @@ psd="$build/server/psd"
 export PYTHONPATH=worker/python PSD_LIBPSCLIENT="$build/worker/client/libpsclient.so.0"
 ncpu=$(nproc)
 run=$(mktemp -d /tmp/psd-torch-bench.XXXXXX)
-pids=()
+pids=() psd_opts=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
 trap cleanup EXIT INT TERM
 
 example=(worker/python/examples/fashion_cnn.py --steps "$steps" --threads "$threads")
-sps() { $py -c 'import json,sys; print("%.1f" % sum(json.load(open(f))["samples_per_sec"] for f in sys.argv[1:]))' "$@"; }
-median() { printf '%s\n' "$@" | sort -g | awk '{v[NR]=$1} END {print v[int((NR+1)/2)]}'; }
-
-start_shards() { # shards workers -> sets servers
-  servers=""
-  local n=$1 w=$2
-  for ((i = 0; i < n; i++)); do
-    rm -f "$run/ep$i"
-    "$psd" --listen tcp://127.0.0.1:0 --endpoint-file "$run/ep$i" --shard "$i" --shards "$n" \
-      --consistency bsp --workers "$w" 2>"$run/psd$i.log" &
-    pids+=($!)
-  done
-  for ((i = 0; i < n; i++)); do
-    for ((t = 0; t < 2000; t++)); do [ -s "$run/ep$i" ] && break; sleep 0.01; done
-    [ -s "$run/ep$i" ] || { echo "psd $i did not start" >&2; cat "$run/psd$i.log" >&2; exit 1; }
-    servers+="${servers:+,}$(cat "$run/ep$i")"
-  done
-}
-stop_shards() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; pids=(); }
+# sps, median, start_shards, stop_shards
+# shellcheck source=tests/bench/lib.sh
+. tests/bench/lib.sh
 
 workers() { # mode (psd|ddp|local) count: runs them pinned, prints their samples/s
   local mode=$1 w=$2 files=() wp=() failed=0 port=""
@@ -96,7 +80,7 @@ workers() { # mode (psd|ddp|local) count: runs them pinned, prints their samples
 }
 
 row_local() { servers="" workers local 1; }
-row_psd() { start_shards "$1" "$1"; workers psd "$1"; stop_shards; }
+row_psd() { start_shards "$1" "$1" bsp; workers psd "$1"; stop_shards; }
 row_ddp() { servers="" workers ddp 2; }
 
 configs=(
