@@ -264,7 +264,7 @@ extern "C" int psk_cuda_launch_im2col(void *stream, int c, int h, int w, int k, 
     int ho = h + 2 * pad - k + 1, wo = w + 2 * pad - k + 1;
     size_t hw = (size_t)ho * wo, n = (size_t)c * k * k * hw;
     im2col_kernel<<<grid_for(n), kBlock, 0, (cudaStream_t)stream>>>(h, w, k, pad, wo, hw, n, x,
-                                                                     col);
+                                                                    col);
     return (int)cudaGetLastError();
 }
 
