@@ -181,6 +181,36 @@ int psk_bias_add(struct psk_backend *b, int rows, int cols, const float *bias, f
     return rows == 0 || cols == 0 ? 0 : b->ops->bias_add(b, rows, cols, bias, y);
 }
 
+int psk_precision_parse(const char *s)
+{
+    static const char *const names[] = {"f32", "bf16", "f16"};
+    for (int i = 0; s != NULL && i < 3; i++)
+        if (strcmp(s, names[i]) == 0)
+            return i;
+    return -1;
+}
+
+const char *psk_precision_name(int p)
+{
+    return p == PSK_PREC_BF16 ? "bf16" : p == PSK_PREC_F16 ? "f16" : "f32";
+}
+
+void psk_set_precision(struct psk_backend *b, int p)
+{
+    b->precision = p;
+}
+
+int psk_round(struct psk_backend *b, int p, size_t n, float *x)
+{
+    return n == 0 || p == PSK_PREC_F32 ? 0 : b->ops->round(b, p, n, x);
+}
+
+int psk_count_nonfinite(struct psk_backend *b, size_t n, const float *x, uint64_t *count)
+{
+    *count = 0;
+    return n == 0 ? 0 : b->ops->count_nonfinite(b, n, x, count);
+}
+
 int psk_relu(struct psk_backend *b, size_t n, const float *x, float *y)
 {
     return n == 0 ? 0 : b->ops->relu(b, n, x, y);

@@ -78,6 +78,28 @@ int psk_axpy(struct psk_backend *b, size_t n, float a, const float *x, float *y)
 /* x <- a x. */
 int psk_scale(struct psk_backend *b, size_t n, float a, float *x);
 
+/* Mixed precision (psworker --precision). A model computing in 16 bits
+ * rounds every tensor it makes (activations, gradients, a copy of its
+ * weights) with psk_round, so that every GEMM input already is a 16-bit
+ * value; psk_math.h has the rounding. */
+enum psk_precision {
+    PSK_PREC_F32 = 0,
+    PSK_PREC_BF16 = 1,
+    PSK_PREC_F16 = 2,
+};
+/* "f32", "bf16", "f16"; -1 for anything else. */
+int psk_precision_parse(const char *s);
+const char *psk_precision_name(int p);
+/* GEMMs from now on get inputs rounded to p. CUDA then runs them on
+ * tensor cores in p with f32 accumulation (cuBLAS's 32F_FAST_16BF or
+ * 32F_FAST_16F compute), whose conversion of such inputs is exact; the
+ * CPU runs f32 GEMM on them, which gives the same products. */
+void psk_set_precision(struct psk_backend *b, int p);
+/* x[i] <- x[i] rounded to precision p (PSK_PREC_F32: unchanged). */
+int psk_round(struct psk_backend *b, int p, size_t n, float *x);
+/* *count (host) <- how many of x[0..n) are NaN or infinite. */
+int psk_count_nonfinite(struct psk_backend *b, size_t n, const float *x, uint64_t *count);
+
 /* Convolution and pooling, NCHW. A convolution has c_out filters of
  * c_in x k x k (OIHW, PyTorch's layout), stride 1 and zero padding pad:
  * its output is n x c_out x ho x wo with ho = h + 2 pad - k + 1 (and wo

@@ -95,6 +95,50 @@ static int cpu_relu_backward(struct psk_backend *b, size_t n, const float *y, fl
     return 0;
 }
 
+/* One loop per precision, so that each vectorises; AVX2 where the CPU
+ * has it (f16's rintf needs SSE4.1's roundps), the baseline elsewhere.
+ * Both round the same way, to the bit. */
+static inline __attribute__((always_inline)) void round_loop(int p, size_t n, float *restrict x)
+{
+    if (p == PSK_PREC_BF16)
+        for (size_t i = 0; i < n; i++)
+            x[i] = psk_round_bf16(x[i]);
+    else
+        for (size_t i = 0; i < n; i++)
+            x[i] = psk_round_f16(x[i]);
+}
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define PSK_CPU_AVX2 1
+__attribute__((target("avx2"))) static void round_avx2(int p, size_t n, float *restrict x)
+{
+    round_loop(p, n, x);
+}
+#endif
+
+static int cpu_round(struct psk_backend *b, int p, size_t n, float *x)
+{
+    (void)b;
+#ifdef PSK_CPU_AVX2
+    if (__builtin_cpu_supports("avx2")) {
+        round_avx2(p, n, x);
+        return 0;
+    }
+#endif
+    round_loop(p, n, x);
+    return 0;
+}
+
+static int cpu_count_nonfinite(struct psk_backend *b, size_t n, const float *x, uint64_t *count)
+{
+    (void)b;
+    uint64_t c = 0;
+    for (size_t i = 0; i < n; i++)
+        c += (uint64_t)psk_nonfinite(x[i]);
+    *count = c;
+    return 0;
+}
+
 static int cpu_softmax_xent(struct psk_backend *b, int rows, int cols, const float *logits,
                             const int *labels, float scale, float *dlogits, float *row_loss,
                             int *pred)
@@ -250,6 +294,8 @@ static const struct psk_ops cpu_ops = {
     .col2im = cpu_col2im,
     .pool = cpu_pool,
     .pool_backward = cpu_pool_backward,
+    .round = cpu_round,
+    .count_nonfinite = cpu_count_nonfinite,
     .close = cpu_close,
 };
 

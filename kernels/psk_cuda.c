@@ -16,6 +16,7 @@ struct cuda_state {
     int device;
     cudaStream_t stream;
     cublasHandle_t blas;
+    unsigned long long *count; /* count_nonfinite's result */
 };
 
 static struct cuda_state *state(struct psk_backend *b)
@@ -79,11 +80,19 @@ static int cu_gemm(struct psk_backend *b, int ta, int tb, int m, int n, int k, f
                    const float *a, int lda, const float *bm, int ldb, float beta, float *c, int ldc)
 {
     /* Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T. */
+    cublasOperation_t oa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, ob = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+    if (b->precision == PSK_PREC_F32)
+        return blas_check(
+            b, cublasSgemm(state(b)->blas, ob, oa, n, m, k, &alpha, bm, ldb, a, lda, &beta, c, ldc),
+            "cublasSgemm");
+    /* f32 in and out, 16-bit tensor-core products, f32 accumulation */
+    cublasComputeType_t ct =
+        b->precision == PSK_PREC_BF16 ? CUBLAS_COMPUTE_32F_FAST_16BF : CUBLAS_COMPUTE_32F_FAST_16F;
     return blas_check(b,
-                      cublasSgemm(state(b)->blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N,
-                                  ta ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha, bm, ldb, a, lda,
-                                  &beta, c, ldc),
-                      "cublasSgemm");
+                      cublasGemmEx(state(b)->blas, ob, oa, n, m, k, &alpha, bm, CUDA_R_32F, ldb, a,
+                                   CUDA_R_32F, lda, &beta, c, CUDA_R_32F, ldc, ct,
+                                   CUBLAS_GEMM_DEFAULT),
+                      "cublasGemmEx");
 }
 
 static int cu_axpy(struct psk_backend *b, size_t n, float a, const float *x, float *y)
@@ -181,6 +190,23 @@ static int cu_topk(struct psk_backend *b, size_t n, float *v, float *u, size_t k
                       "topk");
 }
 
+static int cu_round(struct psk_backend *b, int p, size_t n, float *x)
+{
+    return cuda_check(b, (cudaError_t)psk_cuda_launch_round(state(b)->stream, p, n, x), "round");
+}
+
+static int cu_count_nonfinite(struct psk_backend *b, size_t n, const float *x, uint64_t *count)
+{
+    struct cuda_state *s = state(b);
+    unsigned long long h = 0;
+    int rc = cuda_check(b, (cudaError_t)psk_cuda_launch_count_nonfinite(s->stream, n, x, s->count),
+                        "count_nonfinite");
+    if (rc == 0)
+        rc = cu_download(b, &h, s->count, sizeof h);
+    *count = (uint64_t)h;
+    return rc;
+}
+
 static void cu_close(struct psk_backend *b)
 {
     struct cuda_state *s = state(b);
@@ -188,6 +214,8 @@ static void cu_close(struct psk_backend *b)
         return;
     if (s->blas != NULL)
         cublasDestroy(s->blas);
+    if (s->count != NULL)
+        cudaFree(s->count);
     if (s->stream != NULL)
         cudaStreamDestroy(s->stream);
     free(s);
@@ -216,6 +244,8 @@ static const struct psk_ops cuda_ops = {
     .softmax_xent = cu_softmax_xent,
     .col_sum = cu_col_sum,
     .topk = cu_topk,
+    .round = cu_round,
+    .count_nonfinite = cu_count_nonfinite,
     .close = cu_close,
 };
 
@@ -258,7 +288,8 @@ int psk__cuda_open(struct psk_backend *b, int device, char *err, size_t errlen)
     if (cudaSetDevice(dev) != cudaSuccess || cudaGetDeviceProperties(&prop, dev) != cudaSuccess ||
         cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking) != cudaSuccess ||
         cublasCreate(&s->blas) != CUBLAS_STATUS_SUCCESS ||
-        cublasSetStream(s->blas, s->stream) != CUBLAS_STATUS_SUCCESS) {
+        cublasSetStream(s->blas, s->stream) != CUBLAS_STATUS_SUCCESS ||
+        cudaMalloc((void **)&s->count, sizeof *s->count) != cudaSuccess) {
         snprintf(err, errlen, "cuda:%d: cannot initialise device, stream or cuBLAS", dev);
         cu_close(b);
         return PS_EDEVICE;

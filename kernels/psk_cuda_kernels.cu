@@ -72,6 +72,22 @@ __global__ void softmax_xent_kernel(int rows, int cols, const float *__restrict_
                          dlogits + (size_t)r * cols, &row_loss[r], &pred[r]);
 }
 
+__global__ void round_kernel(int p, size_t n, float *x)
+{
+    PSK_GRID_STRIDE(i, n)
+    x[i] = psk_round16(p, x[i]);
+}
+
+__global__ void nonfinite_kernel(size_t n, const float *__restrict__ x,
+                                 unsigned long long *__restrict__ count)
+{
+    unsigned long long c = 0;
+    PSK_GRID_STRIDE(i, n)
+    c += (unsigned long long)psk_nonfinite(x[i]);
+    if (c != 0)
+        atomicAdd(count, c);
+}
+
 // One thread per column; neighbouring threads read neighbouring addresses.
 // Rows are summed in order, like the CPU loop, so results match closely.
 __global__ void col_sum_kernel(int rows, int cols, const float *__restrict__ x,
@@ -206,6 +222,24 @@ extern "C" int psk_cuda_launch_softmax_xent(void *stream, int rows, int cols, co
     unsigned blocks = (unsigned)((rows + kBlock - 1) / kBlock);
     softmax_xent_kernel<<<blocks, kBlock, 0, (cudaStream_t)stream>>>(
         rows, cols, logits, labels, scale, dlogits, row_loss, pred);
+    return (int)cudaGetLastError();
+}
+
+extern "C" int psk_cuda_launch_round(void *stream, int p, size_t n, float *x)
+{
+    if (n == 0)
+        return 0;
+    round_kernel<<<grid_for(n), kBlock, 0, (cudaStream_t)stream>>>(p, n, x);
+    return (int)cudaGetLastError();
+}
+
+extern "C" int psk_cuda_launch_count_nonfinite(void *stream, size_t n, const float *x,
+                                               unsigned long long *count)
+{
+    cudaError_t e = cudaMemsetAsync(count, 0, sizeof *count, (cudaStream_t)stream);
+    if (e != cudaSuccess || n == 0)
+        return (int)e;
+    nonfinite_kernel<<<grid_for(n), kBlock, 0, (cudaStream_t)stream>>>(n, x, count);
     return (int)cudaGetLastError();
 }
 

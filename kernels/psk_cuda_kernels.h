@@ -21,6 +21,11 @@ int psk_cuda_launch_softmax_xent(void *stream, int rows, int cols, const float *
                                  int *pred);
 /* Top-k by magnitude (see psk_topk); idx and val are host arrays. */
 int psk_cuda_topk(void *stream, size_t n, float *v, float *u, size_t k, uint64_t *idx, float *val);
+/* p: enum psk_precision */
+int psk_cuda_launch_round(void *stream, int p, size_t n, float *x);
+/* *count (device memory) <- the NaNs and infinities among x[0..n). */
+int psk_cuda_launch_count_nonfinite(void *stream, size_t n, const float *x,
+                                    unsigned long long *count);
 int psk_cuda_launch_col_sum(void *stream, int rows, int cols, const float *x, float *out);
 int psk_cuda_launch_im2col(void *stream, int c, int h, int w, int k, int pad, const float *x,
                            float *col);

@@ -35,6 +35,8 @@ struct psk_ops {
                 int *arg);
     int (*pool_backward)(struct psk_backend *b, int planes, int h, int w, int s, const float *dy,
                          const int *arg, float *dx);
+    int (*round)(struct psk_backend *b, int p, size_t n, float *x);
+    int (*count_nonfinite)(struct psk_backend *b, size_t n, const float *x, uint64_t *count);
     void (*close)(struct psk_backend *b);
 };
 
@@ -43,7 +45,8 @@ struct psk_backend {
     enum psk_kind kind;
     char desc[128];
     char err[256];
-    void *impl; /* backend-private state */
+    int precision; /* enum psk_precision of the GEMM inputs */
+    void *impl;    /* backend-private state */
 };
 
 int psk__cpu_open(struct psk_backend *b, char *err, size_t errlen);

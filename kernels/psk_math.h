@@ -16,6 +16,65 @@
 #define PSK_HD static inline
 #endif
 
+#include <stdint.h>
+#include <string.h>
+
+/* Mixed precision: a float rounded to the nearest value a 16-bit float
+ * holds, ties to even, as PyTorch's casts round; kept as a float, so f32
+ * arithmetic on such values is exact where a 16-bit unit's products with
+ * f32 accumulation are (8 x 8 and 11 x 11 significant bits fit in 24).
+ * NaN stays NaN. bfloat16 has f32's exponent: only the significand is cut
+ * to 8 bits (the largest floats round to infinity). */
+PSK_HD float psk_round_bf16(float x)
+{
+    uint32_t u, r;
+    memcpy(&u, &x, sizeof u);
+    r = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+    r = (u & 0x7f800000u) == 0x7f800000u ? u : r; /* infinity or NaN as it is */
+    memcpy(&x, &r, sizeof r);
+    return x;
+}
+
+/* IEEE half: 11 significant bits, 5 exponent bits. From 65520 up (the
+ * midpoint past 65504, which rounds to even, upwards) the result is
+ * infinite, as an overflowing f16 GEMM's is; below 2^-14 the subnormals'
+ * spacing of 2^-24 applies, and what is smaller than 2^-25 becomes 0.
+ * Selects rather than branches, so that the CPU's loop vectorises. */
+PSK_HD float psk_round_f16(float x)
+{
+    uint32_t u, a, s, sub_u, r;
+    memcpy(&u, &x, sizeof u);
+    s = u & 0x80000000u;
+    a = u ^ s; /* |x| */
+    float fa, sub;
+    memcpy(&fa, &a, sizeof a);
+    /* a multiple of 2^-24, ties to even: adding and taking 2^23 away rounds
+     * y = |x| 2^24 (below 2^10 where it is used) to an integer, as rintf
+     * would, without a call */
+    sub = ((fa * 16777216.0f + 8388608.0f) - 8388608.0f) * 5.9604644775390625e-08f;
+    memcpy(&sub_u, &sub, sizeof sub);
+    r = (a + 0xfffu + ((a >> 13) & 1u)) & 0xffffe000u; /* 10 fraction bits, to even */
+    /* masks, not branches: below 2^-14, below 65520, not NaN */
+    uint32_t m_sub = 0u - (uint32_t)(a < 0x38800000u), m_fin = 0u - (uint32_t)(a < 0x477ff000u);
+    uint32_t m_num = 0u - (uint32_t)(a <= 0x7f800000u);
+    uint32_t big = (0x7f800000u & m_num) | (a & ~m_num); /* overflow: infinity; NaN stays */
+    r = (sub_u & m_sub) | (r & ~m_sub & m_fin) | (big & ~m_fin);
+    r |= s;
+    memcpy(&x, &r, sizeof r);
+    return x;
+}
+
+/* p: enum psk_precision (psk.h). */
+PSK_HD float psk_round16(int p, float x)
+{
+    return p == 1 ? psk_round_bf16(x) : p == 2 ? psk_round_f16(x) : x;
+}
+
+PSK_HD int psk_nonfinite(float x)
+{
+    return !(fabsf(x) <= 3.402823466e+38f);
+}
+
 PSK_HD float psk_axpy1(float a, float x, float y)
 {
     return a * x + y;

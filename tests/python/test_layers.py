@@ -1,6 +1,7 @@
 """psworker's convolution and pooling kernels (the CPU backend, through
 tests/tools/psk_layers) against torch.nn.functional on odd sizes: the
-forward output and every gradient.
+forward output and every gradient. And the mixed-precision rounding
+against torch's own casts to bfloat16 and float16, bit for bit.
 
 Tolerance: relative error (the norm of the difference over the norm of
 torch's) at most 1e-5 for the convolution, whose sums run in another
@@ -92,3 +93,39 @@ def test_bad_shapes_are_refused(tmp_path):
     r = subprocess.run([tool(), "conv", str(tmp_path), "1", "1", "2", "2", "1", "5", "0"],
                        capture_output=True, text=True)
     assert r.returncode == 2 and "has no output" in r.stderr
+
+
+def special_values():
+    """Random floats over the whole range, and the edges where rounding
+    differs: ties, the largest halves, subnormals, infinities, NaN."""
+    g = np.random.default_rng(7)
+    bits = g.integers(0, 2**32, 20000, dtype=np.uint64).astype(np.uint32)
+    v = [bits.view(np.float32),
+         g.standard_normal(5000).astype(np.float32) * np.float32(1e4),
+         g.standard_normal(5000).astype(np.float32) * np.float32(1e-6)]
+    edges = [0.0, -0.0, 1.0, 65504.0, 65519.99, 65520.0, 65536.0, 1e6, 3.4e38,
+             6.1035156e-05, 6.1e-05, 5.96e-08, 2.98e-08, 2.99e-08, 1e-10,
+             1.0 + 2.0**-8, 1.0 + 3 * 2.0**-9, 1.0 + 2.0**-11, 1.0 + 3 * 2.0**-12,
+             np.inf, -np.inf, np.nan]
+    v.append(np.array(edges + [-e for e in edges], np.float32))
+    return np.concatenate(v)
+
+
+@pytest.mark.parametrize("prec,dtype", [("bf16", torch.bfloat16), ("f16", torch.float16)])
+def test_rounding_matches_torch_casts(tmp_path, prec, dtype):
+    x = special_values()
+    with np.errstate(invalid="ignore"):
+        out = run(["round", x.size, prec], tmp_path, {"x": x})
+    got = out("y", x.shape)
+    want = torch.from_numpy(x).to(dtype).float().numpy()
+    nan = np.isnan(want)
+    assert np.array_equal(np.isnan(got), nan)
+    # bit for bit, the sign of zero included
+    np.testing.assert_array_equal(got[~nan].view(np.uint32), want[~nan].view(np.uint32))
+    assert out("count", (1,))[0] == np.count_nonzero(~np.isfinite(want))
+
+
+def test_unknown_precision_is_refused(tmp_path):
+    np.zeros(4, np.float32).tofile(tmp_path / "x")
+    r = subprocess.run([tool(), "round", str(tmp_path), "4", "f8"], capture_output=True, text=True)
+    assert r.returncode == 2 and "'f8' is not bf16 or f16" in r.stderr

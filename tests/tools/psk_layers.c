@@ -7,6 +7,9 @@
  *       reads DIR/x, DIR/w, DIR/b, DIR/dy; writes DIR/y, DIR/gw, DIR/gb, DIR/dx
  *   psk_layers maxpool|avgpool DIR N C H W S [DEVICE]
  *       reads DIR/x, DIR/dy; writes DIR/y, DIR/dx
+ *   psk_layers round DIR N bf16|f16 [DEVICE]
+ *       reads DIR/x; writes DIR/y (x rounded) and DIR/count (one float:
+ *       the NaNs and infinities in y)
  *
  * Every file is native-endian float32 of the size the shapes give; DEVICE
  * is psk_open's (default cpu). Exits 0, 1 on a failure it names, 2 on bad
@@ -143,15 +146,35 @@ static int pool(int max, char **a, int na)
     return 0;
 }
 
+static int round16(char **a, int na)
+{
+    if (na < 2)
+        return 2;
+    int n = arg_int(a[0]), p = psk_precision_parse(a[1]);
+    if (p <= PSK_PREC_F32) {
+        fprintf(stderr, "psk_layers: '%s' is not bf16 or f16\n", a[1]);
+        return 2;
+    }
+    float *x = dev(load("x", (size_t)n), (size_t)n);
+    uint64_t count = 0;
+    check(psk_round(be, p, (size_t)n, x), "round");
+    check(psk_count_nonfinite(be, (size_t)n, x, &count), "count");
+    fetch("y", x, (size_t)n);
+    float c = (float)count;
+    save("count", &c, 1);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 3) {
         fprintf(stderr, "usage: psk_layers conv DIR N C_IN H W C_OUT K PAD [DEVICE]\n"
-                        "       psk_layers maxpool|avgpool DIR N C H W S [DEVICE]\n");
+                        "       psk_layers maxpool|avgpool DIR N C H W S [DEVICE]\n"
+                        "       psk_layers round DIR N bf16|f16 [DEVICE]\n");
         return 2;
     }
     dir = argv[2];
-    int nargs = strcmp(argv[1], "conv") == 0 ? 7 : 5;
+    int nargs = strcmp(argv[1], "conv") == 0 ? 7 : strcmp(argv[1], "round") == 0 ? 2 : 5;
     const char *device = argc > 3 + nargs ? argv[3 + nargs] : "cpu";
     char err[256];
     if (psk_open(device, &be, err, sizeof err) != 0) {
@@ -163,8 +186,10 @@ int main(int argc, char **argv)
         rc = conv(argv + 3, argc - 3);
     else if (strcmp(argv[1], "maxpool") == 0 || strcmp(argv[1], "avgpool") == 0)
         rc = pool(argv[1][0] == 'm', argv + 3, argc - 3);
+    else if (strcmp(argv[1], "round") == 0)
+        rc = round16(argv + 3, argc - 3);
     else {
-        fprintf(stderr, "psk_layers: '%s' is not conv, maxpool or avgpool\n", argv[1]);
+        fprintf(stderr, "psk_layers: '%s' is not conv, maxpool, avgpool or round\n", argv[1]);
         rc = 2;
     }
     if (rc == 2)

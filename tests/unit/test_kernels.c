@@ -4,6 +4,7 @@
 #include "psk_math.h"
 
 #include "ps_err.h"
+#include "ps_half.h"
 
 #include <math.h>
 #include <setjmp.h>
@@ -242,12 +243,71 @@ static void test_shared_math(void **state)
     assert_true(psk_decay(1.0f, 2.0f, 0.5f) == 2.0f);
 }
 
+/* Equal as bits, or both NaN. */
+static int same_float(float a, float b)
+{
+    uint32_t x, y;
+    memcpy(&x, &a, 4);
+    memcpy(&y, &b, 4);
+    return x == y || (isnan(a) && isnan(b));
+}
+
+/* The compute rounding (psk_math.h) against the wire's conversions
+ * (ps_half.c, written apart from it): every 4099th bit pattern, so each
+ * exponent and both signs, and the patterns next to f16's edges. Then the
+ * CPU backend's loop (vectorised) against the scalar function, and the
+ * count of non-finite values. */
+static void test_rounding(void **state)
+{
+    (void)state;
+    const uint32_t edges[] = {0x38800000u, 0x477fe000u, 0x477ff000u, 0x7f800000u, 0x33000000u};
+    for (uint64_t i = 0; i <= UINT32_MAX; i += 4099) {
+        for (int e = -1; e < 5; e++)
+            for (uint32_t d = 0; d < (e < 0 ? 1u : 3u); d++) {
+                uint32_t u = e < 0 ? (uint32_t)i : edges[e] - 1u + d + ((uint32_t)i & 0x80000000u);
+                float x;
+                memcpy(&x, &u, 4);
+                if (!same_float(psk_round_f16(x), ps_f16_to_f32(ps_f32_to_f16(x))) ||
+                    !same_float(psk_round_bf16(x), ps_bf16_to_f32(ps_f32_to_bf16(x))))
+                    fail_msg("bit pattern 0x%08x rounds unlike the wire's conversion", u);
+            }
+    }
+    struct psk_backend *b;
+    char err[128];
+    assert_int_equal(psk_open("cpu", &b, err, sizeof err), 0);
+    enum { N = 1031 };
+    float *x = malloc(N * 4), *y = malloc(N * 4);
+    uint64_t seed = 5, count = 0;
+    for (int p = PSK_PREC_BF16; p <= PSK_PREC_F16; p++) {
+        for (int i = 0; i < N; i++)
+            x[i] = y[i] = frand(&seed) * ldexpf(1.0f, i % 40) * 1e-6f;
+        x[7] = y[7] = INFINITY;
+        x[N - 1] = y[N - 1] = NAN;
+        assert_int_equal(psk_round(b, p, N, y), 0);
+        uint64_t want = 0;
+        for (int i = 0; i < N; i++) {
+            assert_true(same_float(y[i], psk_round16(p, x[i])));
+            want += !isfinite(y[i]);
+        }
+        assert_int_equal(psk_count_nonfinite(b, N, y, &count), 0);
+        assert_int_equal(count, want);
+        assert_true(want >= (p == PSK_PREC_F16 ? 3u : 2u)); /* f16 overflowed some */
+    }
+    assert_int_equal(psk_round(b, PSK_PREC_F32, N, y), 0); /* f32: nothing to do */
+    assert_int_equal(psk_precision_parse("bf16"), PSK_PREC_BF16);
+    assert_int_equal(psk_precision_parse("fp16"), -1);
+    free(x);
+    free(y);
+    psk_close(b);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gemm),        cmocka_unit_test(test_axpy_scale),
         cmocka_unit_test(test_open_errors), cmocka_unit_test(test_layer_ops_cpu),
         cmocka_unit_test(test_topk_cpu),    cmocka_unit_test(test_shared_math),
+        cmocka_unit_test(test_rounding),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -3,6 +3,7 @@
  * when the build has no CUDA backend or no device is usable, so a machine
  * without a GPU never counts it as passed. */
 #include "psk.h"
+#include "psk_math.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -317,6 +318,63 @@ int main(void)
                 char what[64];
                 snprintf(what, sizeof what, "gemm %dx%dx%d ta=%d tb=%d", m, n, k, t & 1, t >> 1);
                 check(what, c2, c1, cs, 1e-5); /* cuBLAS may use another summation order */
+            }
+            free(a);
+            free(b);
+            free(c1);
+            free(c2);
+        }
+    }
+    /* mixed precision: rounding bit for bit (odd sizes, the f16 edges,
+     * infinities, NaN), the non-finite count, and 16-bit tensor-core
+     * GEMMs on rounded inputs against the CPU's f32 GEMM of the same */
+    for (int p = PSK_PREC_BF16; p <= PSK_PREC_F16; p++) {
+        const size_t rn[] = {1, 255, 257, 100003};
+        for (size_t ri = 0; ri < sizeof rn / sizeof rn[0]; ri++) {
+            size_t n = rn[ri];
+            float *h = malloc(n * 4), *r[2] = {malloc(n * 4), malloc(n * 4)};
+            const float edge[] = {65504.0f, 65520.0f, -65519.0f, 3e-8f, 6.1e-5f, INFINITY, NAN};
+            for (size_t i = 0; i < n; i++)
+                h[i] = i < 7 ? edge[i] : frand(&seed) * (float)(i % 97) * 1000.0f;
+            uint64_t cnt[2] = {0, 0};
+            struct psk_backend *bk[2] = {cpu, gpu};
+            int rc = 0;
+            for (int j = 0; j < 2; j++) {
+                float *d = dev_copy(bk[j], h, n * 4);
+                rc |= d == NULL || psk_round(bk[j], p, n, d) ||
+                      psk_count_nonfinite(bk[j], n, d, &cnt[j]) ||
+                      psk_download(bk[j], r[j], d, n * 4);
+                psk_free(bk[j], d);
+            }
+            int same = rc == 0 && memcmp(r[0], r[1], n * 4) == 0 && cnt[0] == cnt[1];
+            printf("%-40s n=%-8zu %s\n", p == PSK_PREC_BF16 ? "round bf16" : "round f16", n,
+                   same ? "ok (bit for bit)" : "FAIL");
+            failures += !same;
+            free(h);
+            free(r[0]);
+            free(r[1]);
+        }
+        const int gs[][3] = {{7, 13, 3}, {33, 65, 129}, {64, 128, 1600}};
+        for (size_t si = 0; si < sizeof gs / sizeof gs[0]; si++) {
+            int m = gs[si][0], n = gs[si][1], k = gs[si][2];
+            size_t as = (size_t)m * k, bs = (size_t)k * n, cs = (size_t)m * n;
+            float *a = malloc(as * 4), *b = malloc(bs * 4), *c1 = calloc(cs, 4),
+                  *c2 = calloc(cs, 4);
+            for (size_t i = 0; i < as; i++)
+                a[i] = psk_round16(p, frand(&seed));
+            for (size_t i = 0; i < bs; i++)
+                b[i] = psk_round16(p, frand(&seed));
+            psk_set_precision(gpu, p);
+            int rc =
+                run_gemm(cpu, 0, 1, m, n, k, a, b, c1) || run_gemm(gpu, 0, 1, m, n, k, a, b, c2);
+            psk_set_precision(gpu, PSK_PREC_F32);
+            if (rc) {
+                printf("FAIL: 16-bit gemm: %s\n", psk_last_error(gpu));
+                failures++;
+            } else {
+                char what[64];
+                snprintf(what, sizeof what, "gemm %s %dx%dx%d", psk_precision_name(p), m, n, k);
+                check(what, c2, c1, cs, 1e-5);
             }
             free(a);
             free(b);
