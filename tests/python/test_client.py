@@ -1,6 +1,7 @@
 """psd.Client against real psd shards: every call, its values, and the
 errors it raises before and after anything is sent."""
 import os
+import threading
 
 import numpy as np
 import pytest
@@ -366,3 +367,55 @@ def test_push_keys_and_a_corked_bucket(cluster):
             c.push_keys("d", [100], np.array([1], np.float32))
         with pytest.raises(ValueError, match="values: 1 values for 2 keys"):
             c.push_keys("d", [1, 2], np.array([1], np.float32))
+
+
+def test_votes_agree_between_clients(cluster):
+    """The library's vote, from Python: two workers in bsp learn, each
+    round, whether either said yes; rounds go on past a yes."""
+    servers = cluster.start(shards=2, args=["--consistency", "bsp", "--workers", "2"])
+    said = [[False, True, False, False, True], [False, False, False, True, True]]
+    got = [[], []]
+    errors = []
+
+    def worker(r):
+        try:
+            with psd.Client(servers, rank=r, workers=2) as c:
+                for flag in said[r]:
+                    got[r].append(c.vote("found_inf", flag))
+        except Exception as e:  # reported below, in the test's thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors
+    want = [a or b for a, b in zip(*said)]
+    assert got[0] == want and got[1] == want
+
+
+def test_a_vote_without_bsp_is_the_workers_own(cluster):
+    servers = cluster.start(args=["--consistency", "asp", "--workers", "2"])
+    with psd.Client(servers, rank=0, workers=2) as c:
+        assert c.vote("found_inf", True) is True
+        assert c.vote("found_inf", False) is False
+
+
+def test_votes_run_ahead_of_the_model_clock(cluster, tmp_path):
+    """A vote round per attempt, a model round per step taken: a client
+    starting later joins at the model's clock, not the votes', and the
+    export holds the model alone."""
+    # (a restarted worker 0 takes its id once the first is silent for 1 s)
+    servers = cluster.start(args=["--consistency", "bsp", "--workers", "1",
+                                  "--worker-timeout", "1"])
+    with psd.Client(servers, rank=0, workers=1) as c:
+        c.create_table("w", 4, optimizer="sgd", lr=0.1)
+        for _ in range(2):
+            c.push("w", np.ones(4, np.float32)).wait()
+        for flag in (True, False, True, False, False):
+            c.vote("found_inf", flag)
+    with psd.Client(servers, rank=0, workers=1) as c:
+        assert c.start_clock == 2
+        assert c.vote("found_inf", True) is True  # round 5: it found where the votes are
+    assert list(export(servers, tmp_path / "e.safetensors")) == ["w"]

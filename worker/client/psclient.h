@@ -329,6 +329,30 @@ PSC_API uint64_t psc_topk_count(uint64_t n, double ratio);
 PSC_API int psc_topk_select(uint64_t n, const float *grad, float *resid, float *vel, float momentum,
                             uint64_t k, uint64_t *idx, float *val);
 
+/* Votes: all workers of a round learn whether any of them said yes, as
+ * mixed precision needs ("did anyone's gradients overflow?": then every
+ * worker skips the step). A vote is a one-float table named "psd:" NAME
+ * (psctl export leaves such tables out, and a joining worker's start
+ * clock ignores them); each round, every worker pushes its answer and
+ * reads back the share that said yes, so psc_vote returns once all W
+ * workers voted in it. Rounds are counted apart from the model's clock,
+ * so a skipped step costs a vote and no model round.
+ *
+ * psc_vote_open creates or finds the table, and reads the round the
+ * shards are at and whether they run bsp. Without bsp (asp, ssp) there
+ * are no rounds to agree in: psc_vote then answers with the worker's own
+ * flag and sends nothing. psc_vote blocks up to timeout_ms; on an error
+ * the vote's round is unknown, and the run should stop. */
+struct psc_vote {
+    uint32_t table;
+    uint64_t clock; /* the next round */
+    int bsp;
+    float grad, share; /* the round's push and its answer */
+};
+PSC_API int psc_vote_open(struct psc_client *c, const char *name, int timeout_ms,
+                          struct psc_vote *v);
+PSC_API int psc_vote(struct psc_client *c, struct psc_vote *v, int flag, int timeout_ms, int *any);
+
 /* Rows of a sparse table by key: keys[0..n) strictly increasing; out and
  * grads hold n x dim floats in the order of keys and follow the buffer
  * rules above (keys are copied). Each key goes to the shard its jump hash

@@ -40,6 +40,17 @@ class Config(ctypes.Structure):
     ]
 
 
+class Vote(ctypes.Structure):
+    """struct psc_vote"""
+    _fields_ = [
+        ("table", ctypes.c_uint32),
+        ("clock", ctypes.c_uint64),
+        ("bsp", ctypes.c_int),
+        ("grad", ctypes.c_float),
+        ("share", ctypes.c_float),
+    ]
+
+
 class TableSpec(ctypes.Structure):
     """struct psc_table_spec"""
     _fields_ = [
@@ -147,6 +158,8 @@ def _prototypes(lib):
         "psc_cork": (c.c_int, [client, c.c_int]),
         "psc_push_keys": (c.c_int, [client, c.c_uint32, u64p, fl, c.c_size_t, c.c_uint64, u64p]),
         "psc_topk_count": (c.c_uint64, [c.c_uint64, c.c_double]),
+        "psc_vote_open": (c.c_int, [client, c.c_char_p, c.c_int, P(Vote)]),
+        "psc_vote": (c.c_int, [client, P(Vote), c.c_int, c.c_int, P(c.c_int)]),
         "psc_topk_select": (c.c_int, [c.c_uint64, fl, fl, fl, c.c_float, c.c_uint64, u64p, fl]),
     }
     for name, (res, args) in protos.items():

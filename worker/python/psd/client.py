@@ -253,6 +253,7 @@ class Client:
         self.shards = self._lib.psc_shards(self._c)
         self._tables = {}  # name -> (client table id, size or None, dim or None)
         self._clock = {}   # name -> the clock of this worker's next push
+        self._votes = {}   # name -> its struct psc_vote
         self.start_clock = self._lib.psc_start_clock(self._c)
         self._lock = threading.Lock()
         if heartbeat_ms >= 0:
@@ -503,6 +504,29 @@ class Client:
                    k.size, clock, ctypes.byref(ticket))
         self._clock[name] = clock + 1
         return Handle(self, ticket.value, [k, values, None])
+
+    def vote(self, name, flag, timeout_ms=None):
+        """One round of vote `name`: every worker of the round says flag
+        (a bool), and all get True when any said True: "did anyone's
+        gradients overflow?", so that all skip the step together, as
+        psworker --precision f16 does (the same library call). Blocks
+        until every worker has voted in the round. Vote rounds are counted
+        apart from the tables' clocks. Without bsp servers there are no
+        rounds to agree in, and the answer is this worker's own flag."""
+        self._check_open()
+        if not isinstance(name, str) or not name:
+            raise ValueError("name: a non-empty string is needed")
+        t = self.timeout_ms if timeout_ms is None else int(timeout_ms)
+        v = self._votes.get(name)
+        if v is None:
+            v = _lib.Vote()
+            self._call("vote %r" % name, self._lib.psc_vote_open, name.encode(), t,
+                       ctypes.byref(v))
+            self._votes[name] = v
+        any_ = ctypes.c_int()
+        self._call("vote %r" % name, self._lib.psc_vote, ctypes.byref(v), 1 if flag else 0, t,
+                   ctypes.byref(any_))
+        return bool(any_.value)
 
     def corked(self):
         """A context manager: the requests made inside it go to each shard

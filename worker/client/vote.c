@@ -1,0 +1,70 @@
+/* Votes: every worker of a bsp round says whether something happened to
+ * it, and all learn whether it happened to any (psclient.h). A vote table
+ * holds one float. It runs SGD with lr 1 and weight decay 1, so a round
+ * sets it to w - (mean(g) + w) = -mean(g), whatever it held: each worker
+ * pushes -1 or 0, and the value pulled back after the round is the share
+ * of workers that said yes, exactly 0 when none did. Those values survive
+ * any wire dtype. */
+#include "client_impl.h"
+
+#include "ps_limits.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define VOTE_PREFIX "psd:"
+
+int psc_vote_open(struct psc_client *c, const char *name, int timeout_ms, struct psc_vote *v)
+{
+    memset(v, 0, sizeof *v);
+    char full[PSC_TABLE_NAME_MAX + 1];
+    if (name == NULL || name[0] == '\0' || strlen(name) + strlen(VOTE_PREFIX) > PSC_TABLE_NAME_MAX)
+        return pc_set_error(c, PS_EINVAL, "vote: a name of 1..%zu characters is needed",
+                            (size_t)PSC_TABLE_NAME_MAX - strlen(VOTE_PREFIX));
+    snprintf(full, sizeof full, VOTE_PREFIX "%s", name);
+    struct psc_table_spec s;
+    psc_table_spec_init(&s, full, 1);
+    s.optimizer = PSC_SGD;
+    s.lr = 1.0f;
+    s.weight_decay = 1.0f;
+    s.momentum = 0.0f;
+    int rc = psc_table_create(c, &s, timeout_ms, &v->table);
+    if (rc != 0)
+        return rc;
+    /* the next round: the table's clock (a worker restarted mid-run joins
+     * where the others are), and whether the servers hold rounds at all */
+    struct psc_table_stats *list = calloc(PS_TABLES_MAX, sizeof *list);
+    if (list == NULL)
+        return pc_set_error(c, PS_ENOMEM, "vote: out of memory");
+    for (uint32_t sh = 0; sh < c->nshards && rc == 0; sh++) {
+        struct psc_shard_stats st;
+        rc = psc_stats_tables(c, sh, timeout_ms, &st, list, PS_TABLES_MAX);
+        v->bsp = rc == 0 && strcmp(st.consistency, "bsp") == 0;
+        for (uint32_t i = 0; rc == 0 && i < st.tables && i < PS_TABLES_MAX; i++)
+            if (strcmp(list[i].name, full) == 0 && list[i].clock > v->clock)
+                v->clock = list[i].clock;
+    }
+    free(list);
+    return rc;
+}
+
+int psc_vote(struct psc_client *c, struct psc_vote *v, int flag, int timeout_ms, int *any)
+{
+    *any = flag != 0;
+    if (!v->bsp)
+        return 0; /* no rounds to agree in: this worker's own answer */
+    v->grad = flag ? -1.0f : 0.0f;
+    uint64_t ticket;
+    int rc = psc_push_pull(c, v->table, 0, 1, &v->grad, &v->share, v->clock, &ticket);
+    if (rc == 0 && (rc = psc_wait(c, ticket, timeout_ms)) == PS_ETIMEDOUT) {
+        while (psc_cancel(c, ticket) == PS_EBUSY)
+            psc_wait(c, ticket, 10);
+        pc_set_error(c, rc, "vote at round %llu: no answer within %d ms",
+                     (unsigned long long)v->clock, timeout_ms);
+    }
+    if (rc != 0)
+        return rc;
+    v->clock++;
+    *any = v->share != 0.0f;
+    return 0;
+}
