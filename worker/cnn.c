@@ -188,6 +188,8 @@ void psw_cnn_fini(struct psw_cnn *m)
             psk_free(m->be, L->gb);
         }
         psk_free(m->be, L->ws);
+        psk_free(m->be, L->wc);
+        psk_free(m->be, L->bc);
         psk_free(m->be, L->dout);
         psk_free(m->be, L->arg);
         psk_free(m->be, L->din);
@@ -197,6 +199,40 @@ void psw_cnn_fini(struct psw_cnn *m)
             psk_free(m->be, L->out);
     }
     m->be = NULL;
+}
+
+int psw_cnn_set_precision(struct psw_cnn *m, int p)
+{
+    for (int l = 0; l < m->n && p != PSK_PREC_F32; l++) {
+        struct psw_conv_layer *L = &m->L[l];
+        size_t nw = (size_t)L->g.c_out * L->g.c_in * L->g.k * L->g.k;
+        if ((L->wc == NULL && dev(m->be, nw, &L->wc)) ||
+            (L->bc == NULL && dev(m->be, (size_t)L->g.c_out, &L->bc)))
+            return PS_ENOMEM;
+    }
+    m->prec = p;
+    return 0;
+}
+
+/* x[0..n) rounded to the pass's precision. */
+static int round16(struct psw_cnn *m, float *x, size_t n)
+{
+    return psk_round(m->be, m->prec, n, x);
+}
+
+/* The weights and bias a pass uses: in 16 bits, copies rounded now. */
+static int compute_params(struct psw_cnn *m, struct psw_conv_layer *L, const float **w,
+                          const float **b)
+{
+    *w = L->w;
+    *b = L->b;
+    if (!m->prec)
+        return 0;
+    size_t nw = (size_t)L->g.c_out * L->g.c_in * L->g.k * L->g.k, nb = (size_t)L->g.c_out;
+    *w = L->wc;
+    *b = L->bc;
+    return psk_copy(m->be, L->wc, L->w, nw * 4) || psk_copy(m->be, L->bc, L->b, nb * 4) ||
+           round16(m, L->wc, nw) || round16(m, L->bc, nb);
 }
 
 int psw_cnn_tables(const struct psw_cnn *m)
@@ -282,18 +318,26 @@ int psw_cnn_forward(struct psw_cnn *m, int rows)
 {
     if (rows < 0 || rows > m->batch_max)
         return PS_EINVAL;
+    if (round16(m, m->in, (size_t)rows * m->c0 * m->h0 * m->w0))
+        return PS_EDEVICE;
     for (int l = 0; l < m->n; l++) {
         struct psw_conv_layer *L = &m->L[l];
         L->g.n = rows;
         size_t nout = (size_t)rows * L->g.c_out * L->ho * L->wo;
         int planes = rows * L->g.c_out;
-        int rc = psk_conv_forward(m->be, &L->g, input_of(m, l), L->w, L->b, L->out, L->ws);
+        const float *w, *b;
+        int rc = compute_params(m, L, &w, &b);
+        if (rc == 0)
+            rc = psk_conv_forward(m->be, &L->g, input_of(m, l), w, b, L->out, L->ws);
+        if (rc == 0)
+            rc = round16(m, L->out, nout);
         if (rc == 0 && L->relu)
             rc = psk_relu(m->be, nout, L->out, L->out);
         if (rc == 0 && L->pool)
             rc = L->pool_max
                      ? psk_maxpool(m->be, planes, L->ho, L->wo, L->pool, L->out, L->pout, L->arg)
-                     : psk_avgpool(m->be, planes, L->ho, L->wo, L->pool, L->out, L->pout);
+                     : psk_avgpool(m->be, planes, L->ho, L->wo, L->pool, L->out, L->pout) ||
+                           round16(m, L->pout, (size_t)planes * L->ph * L->pw);
         if (rc != 0)
             return rc;
     }
@@ -313,12 +357,19 @@ int psw_cnn_backward(struct psw_cnn *m, int rows, psw_table_cb cb, void *arg)
             d = L->dout;
             rc = psk_pool_backward(m->be, rows * L->g.c_out, L->ho, L->wo, L->pool, dy,
                                    L->pool_max ? L->arg : NULL, d);
+            if (rc == 0 && !L->pool_max)
+                rc = round16(m, d, nout);
         }
         if (rc == 0 && L->relu)
             rc = psk_relu_backward(m->be, nout, L->out, d);
         if (rc == 0)
-            rc = psk_conv_backward(m->be, &L->g, input_of(m, l), L->w, d, L->gw, L->gb,
-                                   l > 0 ? L->din : NULL, L->ws);
+            rc = psk_conv_backward(m->be, &L->g, input_of(m, l), m->prec ? L->wc : L->w, d, L->gw,
+                                   L->gb, l > 0 ? L->din : NULL, L->ws);
+        if (rc == 0 && m->prec) {
+            size_t nw = (size_t)L->g.c_out * L->g.c_in * L->g.k * L->g.k;
+            rc = round16(m, L->gw, nw) || round16(m, L->gb, (size_t)L->g.c_out) ||
+                 (l > 0 && round16(m, L->din, (size_t)rows * L->g.c_in * L->g.h * L->g.w));
+        }
         if (rc == 0 && cb != NULL)
             rc = cb(arg, 2 * l);
         if (rc != 0)

@@ -31,6 +31,7 @@ struct psw_conv_layer {
     float *dout;              /* gradient of out (pooled layers) */
     float *din;               /* gradient of this layer's input (not layer 0) */
     float *ws;                /* psk_conv workspace */
+    float *wc, *bc;           /* 16 bits: w and b rounded (psw_cnn_set_precision) */
 };
 
 struct psw_cnn {
@@ -42,6 +43,7 @@ struct psw_cnn {
     float *feat;  /* the head's input: the last layer writes it */
     float *dfeat; /* the head's input gradient: backward starts from it */
     int params_placed, grads_placed;
+    int prec; /* enum psk_precision */
 };
 
 /* Parses --arch for images of c0 channels, h0 x w0: the convolution layers
@@ -55,6 +57,11 @@ int psw_cnn_parse(struct psw_cnn *m, const char *arch, int c0, int h0, int w0, i
 int psw_cnn_init(struct psw_cnn *m, struct psk_backend *be, int batch_max, float *feat,
                  float *dfeat, char *err, size_t errlen);
 void psw_cnn_fini(struct psw_cnn *m);
+
+/* Mixed precision, as psw_mlp_set_precision: each pass rounds the
+ * weights (a copy), the input, every layer's output and every gradient to
+ * p (enum psk_precision). */
+int psw_cnn_set_precision(struct psw_cnn *m, int p);
 
 int psw_cnn_tables(const struct psw_cnn *m);
 void psw_cnn_table_name(int k, char *buf, size_t len);

@@ -137,7 +137,22 @@ int psw_setup_tables(struct trainer *tr, char *err, size_t errlen)
                                  .eps = 1e-8f,
                                  .schedule = strcmp(tr->cfg.lr_schedule, "cosine") == 0,
                                  .decay_steps = tr->decay_steps};
-    return 0;
+    int rc = 0;
+    if (tr->prec == PSK_PREC_F16 && !tr->cfg.standalone &&
+        (rc = psc_vote_open(tr->c, "found_inf", (int)tr->cfg.timeout_ms, &tr->vote)) != 0)
+        snprintf(err, errlen, "the overflow vote: %s", psc_last_error(tr->c));
+    char how[192] = "";
+    if (tr->prec == PSK_PREC_F16)
+        snprintf(how, sizeof how, " (loss scale %g%s)", tr->scale,
+                 tr->cfg.standalone ? ""
+                 : tr->vote.bsp     ? "; when one worker's gradients overflow, all skip the step, "
+                                      "by a vote through psd"
+                                    : "; the servers hold no bsp rounds, so each worker skips "
+                                      "its own overflowing steps");
+    if (rc == 0 && tr->prec != PSK_PREC_F32)
+        PS_LOG(&tr->log, PS_LOG_INFO, W0019, "computing in %s with f32 accumulation%s",
+               psk_precision_name(tr->prec), how);
+    return rc;
 }
 
 /* Where pulls of table k land: with two sets of weights, the one the

@@ -78,6 +78,7 @@ int psw_mlp_init(struct psw_mlp *m, struct psk_backend *be, const int *dims, int
     m->nlayers = nlayers;
     m->batch_max = batch_max;
     m->chunk_bytes = PSW_CHUNK_BYTES;
+    m->loss_scale = 1.0f;
     memcpy(m->dims, dims, (size_t)(nlayers + 1) * sizeof *dims);
     int widest = 0, rc = 0;
     for (int l = 0; l <= nlayers; l++)
@@ -144,6 +145,10 @@ void psw_mlp_fini(struct psw_mlp *m)
             psk_free(m->be, m->gb[l]);
         }
     }
+    for (int l = 0; l < PSW_LAYERS_MAX; l++) {
+        psk_free(m->be, m->wc[l]);
+        psk_free(m->be, m->bc[l]);
+    }
     for (int l = 0; l <= PSW_LAYERS_MAX; l++)
         psk_free(m->be, m->act[l]);
     psk_free(m->be, m->dx);
@@ -155,6 +160,42 @@ void psw_mlp_fini(struct psw_mlp *m)
     free(m->h_loss);
     free(m->h_pred);
     memset(m, 0, sizeof *m);
+}
+
+int psw_mlp_set_precision(struct psw_mlp *m, int p)
+{
+    for (int l = 0; l < m->nlayers && p != PSK_PREC_F32; l++) {
+        size_t wn = (size_t)m->dims[l + 1] * m->dims[l];
+        if ((m->wc[l] == NULL && dev_alloc(m, wn, (void **)&m->wc[l])) ||
+            (m->bc[l] == NULL && dev_alloc(m, m->dims[l + 1], (void **)&m->bc[l])))
+            return PS_ENOMEM;
+    }
+    m->prec = p;
+    psk_set_precision(m->be, p);
+    return 0;
+}
+
+/* The weights and biases a pass computes with: the rounded copies in 16
+ * bits. */
+static const float *wt(const struct psw_mlp *m, int l)
+{
+    return m->prec ? m->wc[l] : m->w[l];
+}
+
+static const float *bias(const struct psw_mlp *m, int l)
+{
+    return m->prec ? m->bc[l] : m->b[l];
+}
+
+/* dst <- src rounded to the pass's precision (n floats). */
+static int round_copy(struct psw_mlp *m, float *dst, const float *src, size_t n)
+{
+    return psk_copy(m->be, dst, src, n * 4) || psk_round(m->be, m->prec, n, dst) ? PS_EDEVICE : 0;
+}
+
+static int round16(struct psw_mlp *m, float *x, size_t n)
+{
+    return psk_round(m->be, m->prec, n, x) ? PS_EDEVICE : 0;
 }
 
 int psw_mlp_enable_input_grad(struct psw_mlp *m)
@@ -247,6 +288,8 @@ static int layer_par(const struct psw_mlp *m, int l, int rows)
 
 int psw_mlp_forward_ready(struct psw_mlp *m, int rows, psw_chunk_cb ready, void *arg)
 {
+    if (round16(m, m->act[0], (size_t)rows * m->dims[0]))
+        return PS_EDEVICE;
     for (int l = 0; l < m->nlayers; l++) {
         int in = m->dims[l], out = m->dims[l + 1];
         int step = ready ? chunk_rows(m, l) : out, par = layer_par(m, l, rows);
@@ -254,16 +297,22 @@ int psw_mlp_forward_ready(struct psw_mlp *m, int rows, psw_chunk_cb ready, void 
         for (int r0 = 0; r0 < out; r0 += step) {
             int r1 = r0 + step < out ? r0 + step : out;
             int rc = ready ? ready(arg, l, r0, r1) : 0;
+            size_t at = (size_t)r0 * in;
+            if (rc == 0 && m->prec)
+                rc = round_copy(m, m->wc[l] + at, m->w[l] + at, (size_t)(r1 - r0) * in);
             if (rc == 0)
-                rc = gemm_cut(m, par, 1, 0, 1, rows, r1 - r0, in, m->act[l], in,
-                              m->w[l] + (size_t)r0 * in, in, m->act[l + 1] + r0, out);
+                rc = gemm_cut(m, par, 1, 0, 1, rows, r1 - r0, in, m->act[l], in, wt(m, l) + at, in,
+                              m->act[l + 1] + r0, out);
             if (rc != 0)
                 return rc;
         }
         int rc = ready ? ready(arg, l, out, out) : 0;
+        if (rc == 0 && m->prec)
+            rc = round_copy(m, m->bc[l], m->b[l], (size_t)out);
         if (rc != 0)
             return rc;
-        if (psk_bias_add(m->be, rows, out, m->b[l], m->act[l + 1]))
+        if (psk_bias_add(m->be, rows, out, bias(m, l), m->act[l + 1]) ||
+            round16(m, m->act[l + 1], (size_t)rows * out))
             return PS_EDEVICE;
         if (l + 1 < m->nlayers && psk_relu(m->be, (size_t)rows * out, m->act[l + 1], m->act[l + 1]))
             return PS_EDEVICE;
@@ -280,8 +329,9 @@ int psw_mlp_loss(struct psw_mlp *m, int rows, const int *labels, double *loss_su
 {
     int classes = m->dims[m->nlayers];
     if (psk_upload(m->be, m->labels, labels, (size_t)rows * sizeof *labels) ||
-        psk_softmax_xent(m->be, rows, classes, m->act[m->nlayers], m->labels, 1.0f / rows, m->dz[0],
-                         m->row_loss, m->pred) ||
+        psk_softmax_xent(m->be, rows, classes, m->act[m->nlayers], m->labels,
+                         m->loss_scale / (float)rows, m->dz[0], m->row_loss, m->pred) ||
+        round16(m, m->dz[0], (size_t)rows * classes) ||
         psk_download(m->be, m->h_loss, m->row_loss, (size_t)rows * sizeof(float)) ||
         psk_download(m->be, m->h_pred, m->pred, (size_t)rows * sizeof(int)))
         return PS_EDEVICE;
@@ -306,10 +356,25 @@ static int weight_grad(struct psw_mlp *m, int l, int rows, const float *dz, psw_
         int r1 = r0 + step < out ? r0 + step : out;
         int rc = gemm_cut(m, par, 0, 1, 0, r1 - r0, in, rows, dz + r0, out, m->act[l], in,
                           m->gw[l] + (size_t)r0 * in, in);
+        if (rc == 0)
+            rc = round16(m, m->gw[l] + (size_t)r0 * in, (size_t)(r1 - r0) * in);
         if (rc == 0 && cb)
             rc = cb(arg, l, r0, r1);
         if (rc != 0)
             return rc;
+    }
+    return 0;
+}
+
+int psw_mlp_each_chunk(struct psw_mlp *m, psw_chunk_cb cb, void *arg)
+{
+    for (int l = m->nlayers - 1; l >= 0; l--) {
+        int out = m->dims[l + 1], step = chunk_rows(m, l);
+        for (int r0 = 0; r0 < out; r0 += step) {
+            int rc = cb(arg, l, r0, r0 + step < out ? r0 + step : out);
+            if (rc != 0)
+                return rc;
+        }
     }
     return 0;
 }
@@ -320,21 +385,24 @@ int psw_mlp_backward(struct psw_mlp *m, int rows, psw_chunk_cb cb, void *arg)
     for (int l = m->nlayers - 1; l >= 0; l--) {
         int in = m->dims[l], out = m->dims[l + 1];
         /* gb = column sums of dz, then gW (out x in) chunk by chunk */
-        if (psk_col_sum(m->be, rows, out, m->dz[cur], m->gb[l]))
+        if (psk_col_sum(m->be, rows, out, m->dz[cur], m->gb[l]) ||
+            round16(m, m->gb[l], (size_t)out))
             return PS_EDEVICE;
         int rc = weight_grad(m, l, rows, m->dz[cur], cb, arg);
         if (rc != 0)
             return rc;
         if (l == 0) {
             /* dx = dz W (no activation before the first layer) */
-            if (m->dx != NULL && psk_gemm(m->be, 0, 0, rows, in, out, 1.0f, m->dz[cur], out,
-                                          m->w[0], in, 0.0f, m->dx, in))
+            if (m->dx != NULL && (psk_gemm(m->be, 0, 0, rows, in, out, 1.0f, m->dz[cur], out,
+                                           wt(m, 0), in, 0.0f, m->dx, in) ||
+                                  round16(m, m->dx, (size_t)rows * in)))
                 return PS_EDEVICE;
             break;
         }
         /* dz_prev = (dz W) * relu'(act[l]) */
         if (gemm_cut(m, in_pieces(m, (uint64_t)rows, (uint64_t)in, (uint64_t)out), 1, 0, 0, rows,
-                     in, out, m->dz[cur], out, m->w[l], in, m->dz[1 - cur], in) ||
+                     in, out, m->dz[cur], out, wt(m, l), in, m->dz[1 - cur], in) ||
+            round16(m, m->dz[1 - cur], (size_t)rows * in) ||
             psk_relu_backward(m->be, (size_t)rows * in, m->act[l], m->dz[1 - cur]))
             return PS_EDEVICE;
         cur = 1 - cur;

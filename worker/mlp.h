@@ -37,6 +37,10 @@ struct psw_mlp {
     int params_placed;    /* w, b are the caller's (psw_mlp_point_params) */
     struct ps_pool *pool; /* a helper takes pieces of the big GEMMs, or NULL */
     size_t chunk_bytes;   /* psw_mlp_set_chunk_bytes */
+    int prec;             /* enum psk_precision (psw_mlp_set_precision) */
+    float *wc[PSW_LAYERS_MAX], *bc[PSW_LAYERS_MAX]; /* 16 bits: the weights rounded */
+    float loss_scale;                               /* psw_mlp_loss's gradient is this times
+                                                     * the mean loss's (1 unless set) */
 };
 
 /* Parses "784,256,128,10" into dims; returns the number of layers or
@@ -66,6 +70,14 @@ void psw_mlp_point_params(struct psw_mlp *m, float *const *p);
 #define PSW_PIECE_ROWS   16
 #define PSW_PAR_MACS_MIN (256u * 1024u)
 void psw_mlp_set_pool(struct psw_mlp *m, struct ps_pool *pool);
+
+/* Mixed precision (enum psk_precision), as PyTorch's autocast computes a
+ * Linear layer: from now on each pass uses a copy of the weights and
+ * biases rounded to p (made as they arrive), and rounds every tensor it
+ * makes (the input, each layer's output, the logits' gradient, each
+ * gradient) to p; GEMMs accumulate in f32. The loss and softmax stay
+ * f32; the gradients backward leaves are 16-bit values kept as f32. */
+int psw_mlp_set_precision(struct psw_mlp *m, int p);
 
 /* Makes backward also compute the gradient with respect to the input
  * (into m->dx), for models that train what feeds the MLP (embeddings). */
@@ -104,6 +116,11 @@ typedef int (*psw_chunk_cb)(void *arg, int layer, int row0, int row1);
 
 /* Backward pass after psw_mlp_loss; calls cb for each chunk as it finishes. */
 int psw_mlp_backward(struct psw_mlp *m, int rows, psw_chunk_cb cb, void *arg);
+
+/* cb for every chunk, in backward's order, without computing anything:
+ * the gradients of a backward pass run without a callback go out later
+ * (a step whose loss scaling first checks them all). */
+int psw_mlp_each_chunk(struct psw_mlp *m, psw_chunk_cb cb, void *arg);
 
 /* psw_mlp_forward, layer by layer in the same row chunks as backward's:
  * ready(arg, l, r0, r1) is called before rows [r0, r1) of layer l's

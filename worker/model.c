@@ -96,3 +96,14 @@ int psw_model_backward(struct trainer *tr, int rows, int send)
         rc = psw_cnn_backward(&tr->cnn, rows, send ? psw_on_conv_grads : NULL, tr);
     return rc;
 }
+
+/* Every gradient out, as backward's callbacks would have sent them: the
+ * head's chunks from its last layer, then each convolution from the last
+ * (a loss-scaled step checks them all before any goes). */
+int psw_model_send_all(struct trainer *tr)
+{
+    int rc = psw_mlp_each_chunk(&tr->mlp, psw_on_chunk, tr);
+    for (int l = tr->cnn.n - 1; l >= 0 && tr->k0 > 0 && rc == 0; l--)
+        rc = psw_on_conv_grads(tr, 2 * l);
+    return rc;
+}

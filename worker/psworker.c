@@ -71,6 +71,16 @@ static const struct ps_opt opts[] = {
     FOPT("weight-decay", weight_decay, "0", 0.0, 1.0, "WD", "L2 weight decay"),
     OPT("wire-dtype", PS_OPT_STR, wire_dtype, "f32", 0, 0, "DTYPE",
         "values on the wire: f32, f16 or bf16 (servers keep f32)"),
+    OPT("precision", PS_OPT_STR, precision, "f32", 0, 0, "P",
+        "compute in f32, bf16 or f16 as torch.autocast does: the servers keep f32 weights, the "
+        "worker rounds a copy of them, every activation and every gradient to P, and matrix "
+        "products accumulate in f32 (tensor cores on CUDA; on the CPU, f32 products of the "
+        "rounded values, the same numbers); f16 scales the loss as GradScaler does"),
+    FOPT("loss-scale", loss_scale, "65536", 1.0, 16777216.0, "S",
+         "--precision f16: the first loss scale; it halves, and the step is skipped on every "
+         "worker, when a gradient overflows, and doubles after --growth-interval clean steps"),
+    OPT("growth-interval", PS_OPT_U64, growth_interval, "2000", 1, 100000000, "N",
+        "--precision f16: steps without an overflow before the loss scale doubles"),
     OPT("device", PS_OPT_STR, device, "auto", 0, 0, "DEV", "auto, cpu, cuda or cuda:N"),
     OPT("seed", PS_OPT_U64, seed, "1", 0, UINT64_MAX, "S", "seed for init and shuffling"),
     OPT("summary-json", PS_OPT_STR, summary_json, NULL, 0, 0, "PATH",
@@ -107,6 +117,9 @@ static const struct ps_opt opts[] = {
         "it well under psd --worker-timeout); 0: never"),
     OPT("test-delay-ms", PS_OPT_U64, test_delay_ms, "0", 0, 60000, "MS",
         "testing only: sleep this long every step"),
+    OPT("test-overflow-at", PS_OPT_U64, test_overflow_at, "0", 0, UINT64_MAX, "CLOCK",
+        "testing only, --precision f16: make one gradient of this worker infinite in the step "
+        "at this clock (once); 0: never"),
     OPT("curve-secret", PS_OPT_STR, curve_secret, NULL, 0, 0, "FILE",
         "this worker's CURVE key file (psd --keygen); needs --curve-server-key"),
     OPT("curve-server-key", PS_OPT_STR, curve_server_key, NULL, 0, 0, "FILE",
@@ -168,7 +181,8 @@ static int write_summary(struct trainer *tr, const char *path, double acc, doubl
                 "\"bytes_pulled_per_step\": %.0f, \"rank\": %llu, \"workers\": %llu, "
                 "\"device\": \"%s\", \"start_clock\": %llu, \"stale_pushes\": %llu, "
                 "\"resends\": %llu, \"request_batches\": %llu, \"bytes_pushed_shared\": %llu, "
-                "\"bytes_pulled_shared\": %llu}\n",
+                "\"bytes_pulled_shared\": %llu, \"precision\": \"%s\", \"loss_scale\": %.9g, "
+                "\"skipped_steps\": %llu}\n",
                 accs, tr->train_seconds > 0 ? samples / tr->train_seconds : 0.0,
                 (unsigned long long)done, (unsigned long long)tr->cfg.epochs, wall,
                 (unsigned long long)sent, (unsigned long long)recvd,
@@ -178,7 +192,8 @@ static int write_summary(struct trainer *tr, const char *path, double acc, doubl
                 (unsigned long long)(tr->c ? psc_stale_pushes(tr->c) : 0),
                 (unsigned long long)(tr->c ? psc_resends(tr->c) : 0),
                 (unsigned long long)(tr->c ? psc_batches_sent(tr->c) : 0),
-                (unsigned long long)ssent, (unsigned long long)srecvd) > 0;
+                (unsigned long long)ssent, (unsigned long long)srecvd, psk_precision_name(tr->prec),
+                tr->scale, (unsigned long long)tr->skipped) > 0;
     ok = (fclose(f) == 0) && ok;
     if (!ok || rename(tmp, path) != 0) {
         unlink(tmp);
@@ -219,6 +234,14 @@ static int check_config(const struct config *c, char *err, size_t errlen)
     }
     if (wire_dtype_of(c->wire_dtype) < 0) {
         snprintf(err, errlen, "--wire-dtype: '%s' is not f32, f16 or bf16", c->wire_dtype);
+        return PS_EINVAL;
+    }
+    int prec = psk_precision_parse(c->precision);
+    if (prec < 0 || (sparse && prec != PSK_PREC_F32)) {
+        snprintf(err, errlen,
+                 prec < 0 ? "--precision: '%s' is not f32, bf16 or f16"
+                          : "--precision %s: --model sparse-lr computes in f32",
+                 c->precision);
         return PS_EINVAL;
     }
     int opt = psk_optim_parse(c->optimizer);
@@ -433,6 +456,14 @@ static int setup(struct trainer *tr, char *err, size_t errlen)
         tr->k0 = psw_cnn_tables(&tr->cnn);
     }
     psw_mlp_set_pool(&tr->mlp, tr->pool);
+    tr->prec = psk_precision_parse(c->precision);
+    tr->scale = tr->prec == PSK_PREC_F16 ? c->loss_scale : 1.0;
+    tr->mlp.loss_scale = (float)tr->scale;
+    if (psw_mlp_set_precision(&tr->mlp, tr->prec) != 0 ||
+        (cnn && psw_cnn_set_precision(&tr->cnn, tr->prec) != 0)) {
+        snprintf(err, errlen, "out of memory for the %s copies of the weights", c->precision);
+        return PS_ENOMEM;
+    }
     tr->perm = malloc((size_t)tr->train.n * sizeof *tr->perm);
     tr->h_lab = malloc((size_t)bmax * sizeof *tr->h_lab);
     if (tr->perm == NULL || tr->h_lab == NULL ||

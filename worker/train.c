@@ -61,6 +61,88 @@ static int micro_batch(struct trainer *tr, uint64_t step_in_epoch, uint64_t j, i
 }
 
 #define STEP_REJOINED 1 /* train_step: the clock moved; no step was taken */
+#define STEP_SKIPPED  2 /* train_step: gradients overflowed; the clock stays */
+
+/* Below this the loss scale cannot rescue anything: every step overflowed
+ * since the first scale, 2^40 and more times smaller. */
+#define LOSS_SCALE_MIN (1.0 / (1u << 24))
+
+/* --precision f16, after the step's backward passes (none sent yet):
+ * GradScaler's rules. Counts the non-finite gradients, learns through
+ * the vote whether any worker had one, and then either skips the step on
+ * every worker (the scale halves; the same batch is taken again at the
+ * next attempt, so an epoch still sees each sample in a step taken) or
+ * unscales the gradients in f32 and sends them (after --growth-interval
+ * such steps in a row the scale doubles). */
+static int scaled_step(struct trainer *tr)
+{
+    if (tr->cfg.test_overflow_at != 0 && tr->clock == tr->cfg.test_overflow_at &&
+        !tr->overflow_injected) {
+        float inf = INFINITY;
+        tr->overflow_injected = 1;
+        if (psk_upload(tr->be, psw_grad(tr, 0), &inf, sizeof inf))
+            return PS_EDEVICE;
+    }
+    uint64_t bad = 0;
+    for (int k = 0; k < tr->ntables; k++) {
+        size_t n = (size_t)psw_table_size(tr, k);
+        uint64_t c = 0, a = 0;
+        if (psk_count_nonfinite(tr->be, n, psw_grad(tr, k), &c) ||
+            (tr->acc[k] != NULL && psk_count_nonfinite(tr->be, n, tr->acc[k], &a)))
+            return PS_EDEVICE;
+        bad += c + a;
+    }
+    int any = bad > 0, rc = 0;
+    if (!tr->cfg.standalone &&
+        (rc = psc_vote(tr->c, &tr->vote, bad > 0, (int)tr->cfg.timeout_ms, &any)) != 0) {
+        PS_LOG(&tr->log, PS_LOG_ERROR, W0308, "the overflow vote failed: %s",
+               psc_last_error(tr->c));
+        return rc;
+    }
+    if (any) {
+        double was = tr->scale;
+        tr->scale /= 2;
+        tr->clean = 0;
+        tr->skipped++;
+        tr->fresh = 1; /* nothing was sent: the weights stay those of this clock */
+        char where[64];
+        if (bad > 0)
+            snprintf(where, sizeof where, "here: %llu non-finite", (unsigned long long)bad);
+        else
+            snprintf(where, sizeof where, "on another worker");
+        PS_LOG(&tr->log, PS_LOG_WARN, W0306,
+               "step at clock %llu skipped: gradients overflowed at loss scale %g (%s); the "
+               "scale is now %g",
+               (unsigned long long)tr->clock, was, where, tr->scale);
+        if (tr->scale < LOSS_SCALE_MIN) {
+            PS_LOG(&tr->log, PS_LOG_ERROR, W0307,
+                   "the loss scale fell below %g: the gradients are not finite at any scale "
+                   "(the model diverged?)",
+                   LOSS_SCALE_MIN);
+            return PS_EINVAL;
+        }
+        tr->mlp.loss_scale = (float)tr->scale;
+        return STEP_SKIPPED;
+    }
+    float inv = (float)(1.0 / tr->scale);
+    for (int k = 0; k < tr->ntables; k++) {
+        size_t n = (size_t)psw_table_size(tr, k);
+        if (psk_scale(tr->be, n, inv, psw_grad(tr, k)) ||
+            (tr->acc[k] != NULL && psk_scale(tr->be, n, inv, tr->acc[k])))
+            return PS_EDEVICE;
+    }
+    if (++tr->clean == tr->cfg.growth_interval) {
+        tr->scale *= 2;
+        tr->clean = 0;
+        tr->mlp.loss_scale = (float)tr->scale;
+        PS_LOG(&tr->log, PS_LOG_INFO, W0230, "loss scale %g after %llu steps without an overflow",
+               tr->scale, (unsigned long long)tr->cfg.growth_interval);
+    }
+    psw_cork(tr, 1);
+    rc = psw_model_send_all(tr);
+    psw_cork(tr, 0);
+    return rc;
+}
 
 /* The servers dropped this worker from their rounds (it was silent, or
  * late): say hello again and go on from the clock they name, with its
@@ -117,6 +199,12 @@ static int train_step(struct trainer *tr, uint64_t step_in_epoch, double *loss, 
             return rejoin(tr); /* every pull was waited for: none in flight */
         *loss += l;
         *correct += ok;
+        if (j + 1 == n_acc && tr->prec == PSK_PREC_F16) { /* checked before anything goes */
+            rc = psw_model_backward(tr, b, 0);
+            if (rc == 0)
+                rc = scaled_step(tr);
+            break;
+        }
         if (j + 1 == n_acc) {
             psw_cork(tr, 1); /* the step's pushes go out as one message per shard */
             rc = psw_model_backward(tr, b, 1);
@@ -214,6 +302,11 @@ void psw_worker_metrics(struct trainer *tr, int force)
     ps_prom_metric(b, "psworker_samples_per_second", "gauge",
                    "Training samples per second since the previous publish.", tr->m_sps);
     ps_prom_metric(b, "psworker_loss", "gauge", "Mean training loss of the last step.", tr->m_loss);
+    ps_prom_metric(b, "psworker_loss_scale", "gauge",
+                   "The loss scale (--precision f16; 1 otherwise).", tr->scale);
+    ps_prom_metric(b, "psworker_skipped_steps_total", "counter",
+                   "Steps skipped because a worker's gradients overflowed (--precision f16).",
+                   (double)tr->skipped);
     if (tr->m_accuracy >= 0)
         ps_prom_metric(b, "psworker_test_accuracy_ratio", "gauge",
                        "Test accuracy at the last evaluation.", tr->m_accuracy);
@@ -256,7 +349,7 @@ int psw_train(struct trainer *tr, double *accuracy)
             double loss = 0;
             int ok = 0;
             rc = train_step(tr, s, &loss, &ok);
-            if (rc == STEP_REJOINED) {
+            if (rc == STEP_REJOINED || rc == STEP_SKIPPED) {
                 rc = 0;
                 continue;
             }

@@ -31,12 +31,14 @@ struct config {
     uint64_t batch, epochs, seed;
     double lr, momentum, weight_decay, topk, l1, l2;
     uint64_t rows_max, embed_dim, embed_hidden;
-    const char *optimizer, *device, *lr_schedule, *wire_dtype;
+    const char *optimizer, *device, *lr_schedule, *wire_dtype, *precision;
     const char *summary_json, *save, *log_level, *curve_secret, *curve_server_key, *config;
     const char *metrics_listen, *cpus, *io_cpus;
     int standalone, no_local_ipc, no_shm, no_batch;
     uint64_t max_steps, log_every, timeout_ms, test_delay_ms, accum_steps, retry_ms, heartbeat_ms;
     uint64_t compute_threads;
+    double loss_scale;
+    uint64_t growth_interval, test_overflow_at;
     int help;
 };
 
@@ -89,6 +91,12 @@ struct trainer {
     uint64_t done;        /* steps this process took */
     int fresh;            /* device weights are those of `clock` */
     double train_seconds;
+    /* --precision: 16-bit compute; f16 scales the loss (GradScaler's rules) */
+    int prec;                /* enum psk_precision */
+    double scale;            /* the loss scale (1 unless f16) */
+    uint64_t clean, skipped; /* steps since the last overflow or growth; steps skipped */
+    int overflow_injected;   /* --test-overflow-at did its one */
+    struct psc_vote vote;    /* the workers' "found inf" rounds */
     /* --metrics-listen */
     struct ps_metrics *metrics;
     struct ps_buf mtext;
@@ -113,6 +121,7 @@ void psw_place_grads(struct trainer *tr, float *const *g);
 int psw_model_forward(struct trainer *tr, int rows);
 int psw_model_forward_ready(struct trainer *tr, int rows);
 int psw_model_backward(struct trainer *tr, int rows, int send);
+int psw_model_send_all(struct trainer *tr);
 
 /* exchange.c */
 size_t psw_topk_count(const struct trainer *tr, size_t n);

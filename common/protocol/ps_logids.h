@@ -85,11 +85,15 @@
       "the run is over: the servers are at clock … and this run has … steps; reading the final "   \
       "weights only")                                                                                  \
     X(W0018, INFO, "embedding MLP on …")                                                               \
+    X(W0019, INFO,                                                                                     \
+      "computing in … with f32 accumulation (loss scale …; skipped steps agreed through psd or "   \
+      "decided by each worker)")                                                                       \
     X(W0100, INFO, "done: … steps, test accuracy …, … samples/s")                                      \
     X(W0200, INFO, "epoch …/… step …/… loss … … samples/s ETA …s")                                     \
     X(W0210, INFO, "epoch …: test accuracy …")                                                         \
     X(W0220, INFO, "epoch …/… step …/… log-loss … … samples/s ETA …s")                                 \
     X(W0221, INFO, "held-out log-loss …, accuracy …")                                                  \
+    X(W0230, INFO, "loss scale … after … steps without an overflow")                                   \
     X(W0300, ERROR, "dense model: a pull of this step failed")                                         \
     X(W0301, ERROR, "dense model: a pull failed")                                                      \
     X(W0302, ERROR, "dense model: a push failed")                                                      \
@@ -98,6 +102,11 @@
     X(W0305, ERROR,                                                                                    \
       "the loss became … at step … of the epoch: stopping before its gradients are pushed (a "     \
       "learning rate too high for this model?)")                                                       \
+    X(W0306, WARN,                                                                                     \
+      "step at clock … skipped: gradients overflowed at loss scale … (here, or on another "        \
+      "worker); the scale is now …")                                                                   \
+    X(W0307, ERROR, "the loss scale fell below …: the gradients are not finite at any scale")          \
+    X(W0308, ERROR, "the overflow vote failed (why)")                                                  \
     X(W0310, ERROR, "sparse model: a table call failed (which, and why)")                              \
     X(W0311, ERROR, "sparse model: a pull of a batch's rows failed")                                   \
     X(W0312, ERROR, "sparse model: a push of a batch's rows failed")                                   \

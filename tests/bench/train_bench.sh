@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Training throughput, side by side in one run: psworker --standalone,
 # --model cnn standalone (1 thread and default threads) against the same
-# CNN in PyTorch (fashion_cnn.py --local, 1 thread and all cores),
+# CNN in PyTorch (fashion_cnn.py --local, 1 thread and all cores), the CNN
+# and the MLP with --precision bf16 and f16 beside f32,
 # 1 shard + 1 worker and 2 shards + 2 workers (BSP, or --consistency),
 # 2+2 in ASP, 2+2 with --topk 0.01 and with --wire-dtype f16, and (where
 # Debian's python3-torch is installed) the same MLP in PyTorch, printed as
@@ -137,6 +138,9 @@ configs+=(
 configs+=(
   "cnn standalone, 1 thread|cnn_1thread|alone 1 --model cnn --max-steps $cnn_steps --compute-threads 1"
   "cnn standalone (default threads)|cnn|alone - --model cnn --max-steps $cnn_steps"
+  "cnn standalone, --precision bf16|cnn_bf16|alone - --model cnn --max-steps $cnn_steps --precision bf16"
+  "cnn standalone, --precision f16|cnn_f16|alone - --model cnn --max-steps $cnn_steps --precision f16"
+  "standalone, --precision bf16|standalone_bf16|alone - --precision bf16"
 )
 torch() { # threads: the same MLP in PyTorch (python3-torch), same BLAS, same batch
   /usr/bin/python3 tests/bench/torch_mlp.py --steps "$steps" --batch "$batch" --threads "$1"
@@ -184,6 +188,10 @@ if [ -n "$json" ]; then
   printf '{%s, "batch": %s, "steps": %s, "consistency": "%s", "device": "%s"}\n' \
     "$jrows" "$batch" "$steps" "$consistency" "$device" >"$json"
 fi
+printf 'mixed precision / f32, default threads: cnn bf16 %s, cnn f16 %s, mlp bf16 %s\n' \
+  "$(awk -v a="${med[cnn_bf16]}" -v b="${med[cnn]}" 'BEGIN { printf "%.3fx", a / b }')" \
+  "$(awk -v a="${med[cnn_f16]}" -v b="${med[cnn]}" 'BEGIN { printf "%.3fx", a / b }')" \
+  "$(awk -v a="${med[standalone_bf16]}" -v b="${med[standalone_helper]}" 'BEGIN { printf "%.3fx", a / b }')"
 if [ -n "${med[pytorch_cnn_1thread]:-}" ]; then
   printf 'cnn, psworker / PyTorch: %s with 1 thread each, %s with default threads each\n' \
     "$(awk -v a="${med[cnn_1thread]}" -v b="${med[pytorch_cnn_1thread]}" 'BEGIN { printf "%.3fx", a / b }')" \

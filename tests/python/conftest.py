@@ -1,6 +1,7 @@
 """Real psd shards for the Python package's tests: started on loopback
 with free ports, their endpoints read from --endpoint-file under a
 deadline, and always stopped."""
+import json
 import os
 import subprocess
 import sys
@@ -75,6 +76,44 @@ class Cluster:
                 p.kill()
                 codes.append(p.wait())
         return codes
+
+
+# Fashion-MNIST, where Debian's dataset package puts it
+DATA = "/usr/share/datasets/fashion-mnist"
+
+
+def worker_bin():
+    """psworker, with the data it trains on; skips the test without them."""
+    w = os.environ.get("PSWORKER_BIN")
+    if not w:
+        pytest.skip("PSWORKER_BIN is not set (run through meson test)")
+    if not os.path.exists(os.path.join(DATA, "t10k-images-idx3-ubyte.gz")):
+        pytest.skip("Fashion-MNIST is not installed (dataset-fashion-mnist)")
+    return w
+
+
+def run_psworkers(cmd, tmp, args_of, n, name="w"):
+    """n psworkers at once: cmd (the binary and the flags they share) plus
+    args_of(rank), each with --summary-json tmp/NAME<rank>.json. Waits
+    for all (10 minutes at most, then kills), asserts each exited 0, and
+    returns their summaries and stderr."""
+    procs = []
+    for r in range(n):
+        summary = tmp / ("%s%d.json" % (name, r))
+        procs.append((subprocess.Popen(cmd + args_of(r) + ["--summary-json", str(summary)],
+                                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                       text=True, env=child_env()), summary))
+    out = []
+    for p, summary in procs:
+        try:
+            _, err = p.communicate(timeout=600)
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        assert p.returncode == 0, err[-3000:]
+        out.append((json.load(open(summary)), err))
+    return out
 
 
 def export(servers, out):

@@ -10,22 +10,12 @@ import numpy as np
 import pytest
 
 import psd
-from conftest import child_env, export
+from conftest import DATA, child_env, export, run_psworkers, worker_bin
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
 
-DATA = "/usr/share/datasets/fashion-mnist"
 STEPS = "30"
-
-
-def worker_bin():
-    w = os.environ.get("PSWORKER_BIN")
-    if not w:
-        pytest.skip("PSWORKER_BIN is not set (run through meson test)")
-    if not os.path.exists(os.path.join(DATA, "t10k-images-idx3-ubyte.gz")):
-        pytest.skip("Fashion-MNIST is not installed (dataset-fashion-mnist)")
-    return w
 
 
 def train(tmp, name, extra):
@@ -108,26 +98,11 @@ def test_bad_arch_is_named(tmp_path, arch, says):
 
 def _two_workers(cluster, tmp, extra):
     servers = cluster.start(shards=2, args=["--consistency", "bsp", "--workers", "2"])
-    procs = []
-    for r in range(2):
-        summary = tmp / ("w%d.json" % r)
-        procs.append((subprocess.Popen(
-            [worker_bin(), "--model", "cnn", "--data", DATA, "--device", "cpu", "--servers",
-             servers, "--rank", str(r), "--workers", "2", "--max-steps", "20", "--epochs", "1",
-             "--batch", "32", "--lr", "0.03", "--summary-json", str(summary)] + extra,
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=child_env()),
-            summary))
-    out = []
-    for p, summary in procs:
-        try:
-            _, err = p.communicate(timeout=600)
-        finally:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-        assert p.returncode == 0, err[-3000:]
-        out.append(json.load(open(summary)))
-    return out
+    out = run_psworkers([worker_bin(), "--model", "cnn", "--data", DATA, "--device", "cpu",
+                         "--servers", servers, "--workers", "2", "--max-steps", "20",
+                         "--epochs", "1", "--batch", "32", "--lr", "0.03"] + extra, tmp,
+                        lambda r: ["--rank", str(r)], 2)
+    return [summary for summary, _ in out]
 
 
 @pytest.mark.parametrize("extra", [["--topk", "0.05"], ["--wire-dtype", "f16"],
