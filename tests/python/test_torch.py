@@ -316,3 +316,80 @@ def test_a_dataloader_with_worker_processes(cluster):
         got, _, _ = psd_sgd(model(), iter(loader), c, prefix="again.")  # and a second time
     assert_same(m, ref)
     assert_same(got, ref)
+
+
+def scaled_sgd(m, batches, client, poison_at=None, prefix="", **kw):
+    """psd_sgd through a psd.torch.GradScaler; the loss of step poison_at
+    is made infinite (an overflow)."""
+    scaler = psd.torch.GradScaler(**kw)
+    opt = psd.torch.DistributedOptimizer(m, "momentum", client=client, lr=0.05, momentum=0.9,
+                                         weight_decay=1e-4, scaler=scaler, prefix=prefix)
+    scales = []
+    for i, (x, y) in enumerate(batches):
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(m(x), y)
+        if i == poison_at:
+            loss = loss * float("inf")
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        scales.append(scaler.get_scale())
+    return m, opt, scales
+
+
+def test_a_grad_scaler_without_overflow_changes_no_bit(cluster):
+    """Scaling by 2^16 and unscaling are exact: the servers get the same
+    gradients as without a scaler, and the scale grows on schedule."""
+    servers = cluster.start(args=["--consistency", "bsp"])
+    x, y = data(32 * 12, seed=5)
+    batches = [(x[i:i + 32], y[i:i + 32]) for i in range(0, len(x), 32)]
+    with psd.Client(servers) as c:
+        plain, _, _ = psd_sgd(model(), batches, c, prefix="a.")
+        scaled, opt, scales = scaled_sgd(model(), batches, c, growth_interval=5, prefix="b.")
+    assert_same(scaled, plain, rtol=0, atol=0)
+    assert opt.skipped == 0 and opt.steps == 12
+    assert scales[4] == 2.0 ** 17 and scales[-1] == 2.0 ** 18
+
+
+def test_an_overflow_skips_the_step_on_both_workers(cluster):
+    """Worker 1's loss overflows at step 3: both workers skip that step
+    (nothing pushed) and halve the scale, and the run ends where one
+    without that step's batch ends, bit for bit."""
+    servers = cluster.start(shards=2, args=["--consistency", "bsp", "--workers", "2"])
+    x, y = data(64 * 8, seed=6)
+    halves = [[(x[i:i + 32], y[i:i + 32]) for i in range(r * 32, len(x), 64)] for r in range(2)]
+    out, errors = [None, None], []
+
+    def run(r):
+        try:
+            with psd.Client(servers, rank=r, workers=2, timeout_ms=60000) as c:
+                out[r] = scaled_sgd(model(), halves[r], c, poison_at=3 if r == 1 else None)
+        except Exception as e:  # raised again below, on the test's thread
+            errors.append(e)
+
+    ts = [threading.Thread(target=run, args=(r,)) for r in range(2)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(120)
+    assert not errors, errors
+    (m0, o0, s0), (m1, o1, s1) = out
+    assert o0.skipped == o1.skipped == 1 and o0.steps == o1.steps == 7
+    assert s0 == s1 and s0[3] == 32768.0
+    assert_same(m1, m0, rtol=0, atol=0)
+    ref_servers = cluster.start(shards=2, args=["--consistency", "bsp", "--workers", "2"])
+    without = [[b for i, b in enumerate(h) if i != 3] for h in halves]
+    (ref, _, _), _ = _two_workers(ref_servers, without)
+    assert_same(m0, ref, rtol=0, atol=0)
+
+
+def test_a_grad_scaler_needs_its_optimizer(cluster):
+    servers = cluster.start(args=["--consistency", "bsp"])
+    with psd.Client(servers) as c:
+        opt = psd.torch.DistributedOptimizer(model(), "sgd", client=c, lr=0.1)
+        with pytest.raises(ValueError, match="made with scaler=this scaler"):
+            psd.torch.GradScaler().step(opt)
+        with pytest.raises(RuntimeError, match="no step"):
+            psd.torch.GradScaler().update()
+        with pytest.raises(ValueError, match="growth_interval"):
+            psd.torch.GradScaler(growth_interval=0)

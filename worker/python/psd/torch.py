@@ -75,11 +75,19 @@ class DistributedOptimizer:
 
     A parameter backward did not reach gets a zero gradient, so bsp rounds
     complete. Gradients are sent while backward runs: a change to p.grad
-    after backward (clipping) does not reach the servers."""
+    after backward (clipping) does not reach the servers.
+
+    scaler=psd.torch.GradScaler(): loss scaling for 16-bit compute, used
+    as torch.cuda.amp.GradScaler is (scaler.scale(loss).backward(),
+    scaler.step(opt), scaler.update()). Then nothing is sent during
+    backward: step() unscales the gradients in f32, and the workers vote
+    through psd (Client.vote, as psworker --precision f16 does) on whether
+    any had a non-finite one; if so every worker skips the step (nothing
+    is pushed, the weights stay) and the scale backs off on each."""
 
     def __init__(self, model, optimizer="momentum", lr=0.01, *, servers=None, rank=None,
                  workers=None, client=None, bucket_bytes=1 << 20, accum_steps=1, topk=None,
-                 wire_dtype="f32", timeout_ms=60000, prefix="", **hyper):
+                 wire_dtype="f32", timeout_ms=60000, prefix="", scaler=None, **hyper):
         if not isinstance(model, torch.nn.Module):
             raise TypeError("model: a torch.nn.Module is needed (got %s)" % type(model).__name__)
         if not isinstance(accum_steps, int) or accum_steps < 1:
@@ -89,6 +97,15 @@ class DistributedOptimizer:
                              % (bucket_bytes,))
         if topk is not None and not (isinstance(topk, (int, float)) and 0.0 < topk <= 1.0):
             raise ValueError("topk: a fraction in (0, 1] is needed (got %r)" % (topk,))
+        if scaler is not None and not isinstance(scaler, GradScaler):
+            raise TypeError("scaler: a psd.torch.GradScaler is needed (got %s)"
+                            % type(scaler).__name__)
+        if scaler is not None and any(isinstance(m, _SparseRows) for m in model.modules()):
+            raise ValueError("scaler: psd.torch embeddings push in backward, before a scaled "
+                             "step could be checked; they do not take loss scaling yet")
+        self.scaler = scaler
+        self.skipped = 0
+        self._vote = prefix + "found_inf"
         self.client = client if client is not None else init(
             servers, rank, workers, wire_dtype=wire_dtype, timeout_ms=timeout_ms)
         self.model = model
@@ -172,13 +189,13 @@ class DistributedOptimizer:
             if self._count[i] == self.accum_steps:
                 b = self._bucket_of[i]
                 self._missing[b] -= 1
-                if self._missing[b] == 0:
+                if self._missing[b] == 0 and self.scaler is None:
                     self._send_bucket(b)
         return hook
 
-    def _send_bucket(self, b):
+    def _send_bucket(self, b, unscale=1.0):
         c = self.client
-        scale = 1.0 / self.accum_steps
+        scale = unscale / self.accum_steps
         with torch.no_grad():
             for i in self.buckets[b]:
                 g = self.params[i][1].grad
@@ -222,6 +239,8 @@ class DistributedOptimizer:
             if 0 < n < self.accum_steps:
                 raise RuntimeError("step(): parameter %r has %d of accum_steps=%d backward "
                                    "passes" % (self.params[i][0], n, self.accum_steps))
+        if self.scaler is not None and self._scaled_skip():
+            return None
         for b in range(len(self.buckets)):
             if not self._sent[b]:
                 self._send_bucket(b)
@@ -247,11 +266,93 @@ class DistributedOptimizer:
         self.steps += 1
         return loss
 
+    def _scaled_skip(self):
+        """With a scaler: whether any worker's gradients are non-finite
+        (then the step is skipped here and everywhere); if not, the
+        buckets go out unscaled."""
+        bad = False
+        with torch.no_grad():
+            for _, p in self.params:
+                if p.grad is not None and not bool(torch.isfinite(p.grad).all()):
+                    bad = True
+                    break
+        found = self.client.vote(self._vote, bad, self.timeout_ms)
+        self.scaler._found_inf = found
+        if found:
+            self.skipped += 1
+            self._count = [0] * len(self.params)
+            self._missing = [len(m) for m in self.buckets]
+            return True
+        for b in range(len(self.buckets)):
+            self._send_bucket(b, 1.0 / self.scaler.get_scale())
+        return False
+
     def close(self):
         """Removes the gradient hooks (the client stays open)."""
         for h in self._hooks:
             h.remove()
         self._hooks = []
+
+
+class GradScaler:
+    """Dynamic loss scaling with torch.cuda.amp.GradScaler's rules and
+    calls, for a DistributedOptimizer made with scaler=this one, on any
+    device: the scale starts at init_scale; a step in which any worker's
+    gradients were not finite is skipped on every worker and the scale is
+    multiplied by backoff_factor; after growth_interval steps in a row
+    without one it is multiplied by growth_factor.
+
+        scaler.scale(loss).backward()
+        scaler.step(opt)     # opt.step(): unscales, votes, pushes or skips
+        scaler.update()"""
+
+    def __init__(self, init_scale=65536.0, growth_factor=2.0, backoff_factor=0.5,
+                 growth_interval=2000):
+        if not (init_scale > 0 and growth_factor > 1 and 0 < backoff_factor < 1 and
+                isinstance(growth_interval, int) and growth_interval >= 1):
+            raise ValueError("GradScaler: init_scale > 0, growth_factor > 1, 0 < backoff_factor "
+                             "< 1 and an integer growth_interval >= 1 are needed")
+        self._scale = float(init_scale)
+        self._growth_factor = float(growth_factor)
+        self._backoff = float(backoff_factor)
+        self._interval = growth_interval
+        self._clean = 0
+        self._found_inf = None
+
+    def scale(self, loss):
+        return loss * self._scale
+
+    def get_scale(self):
+        return self._scale
+
+    def step(self, optimizer, *args, **kwargs):
+        """optimizer.step(); None when the step was skipped."""
+        if not isinstance(optimizer, DistributedOptimizer) or optimizer.scaler is not self:
+            raise ValueError("step: the DistributedOptimizer made with scaler=this scaler is "
+                             "needed")
+        out = optimizer.step(*args, **kwargs)
+        return None if self._found_inf else out
+
+    def update(self):
+        """The scale for the next step, from whether this one overflowed."""
+        if self._found_inf is None:
+            raise RuntimeError("update(): no step() since the last update")
+        if self._found_inf:
+            self._scale *= self._backoff
+            self._clean = 0
+        else:
+            self._clean += 1
+            if self._clean == self._interval:
+                self._scale *= self._growth_factor
+                self._clean = 0
+        self._found_inf = None
+
+    def state_dict(self):
+        return {"scale": self._scale, "growth_tracker": self._clean}
+
+    def load_state_dict(self, state):
+        self._scale = float(state["scale"])
+        self._clean = int(state["growth_tracker"])
 
 
 class _SparseRows(torch.nn.Module):
