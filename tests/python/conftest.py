@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 import pytest
@@ -113,6 +114,29 @@ def run_psworkers(cmd, tmp, args_of, n, name="w"):
                 p.wait()
         assert p.returncode == 0, err[-3000:]
         out.append((json.load(open(summary)), err))
+    return out
+
+
+def in_threads(fn, n, timeout=120):
+    """fn(0), ..., fn(n-1) at once, one thread each (workers sharing
+    this process, each with its own client); returns their results, or
+    raises the first exception one raised, here in the test's thread."""
+    out, errors = [None] * n, []
+
+    def run(r):
+        try:
+            out[r] = fn(r)
+        except Exception as e:  # raised again below
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout)
+    if errors:
+        raise errors[0]
+    assert not any(t.is_alive() for t in threads), "a worker thread is still running"
     return out
 
 

@@ -1,13 +1,12 @@
 """psd.Client against real psd shards: every call, its values, and the
 errors it raises before and after anything is sent."""
 import os
-import threading
 
 import numpy as np
 import pytest
 
 import psd
-from conftest import export
+from conftest import export, in_threads
 
 
 def test_library_is_found_and_matches():
@@ -374,23 +373,12 @@ def test_votes_agree_between_clients(cluster):
     round, whether either said yes; rounds go on past a yes."""
     servers = cluster.start(shards=2, args=["--consistency", "bsp", "--workers", "2"])
     said = [[False, True, False, False, True], [False, False, False, True, True]]
-    got = [[], []]
-    errors = []
 
     def worker(r):
-        try:
-            with psd.Client(servers, rank=r, workers=2) as c:
-                for flag in said[r]:
-                    got[r].append(c.vote("found_inf", flag))
-        except Exception as e:  # reported below, in the test's thread
-            errors.append(e)
+        with psd.Client(servers, rank=r, workers=2) as c:
+            return [c.vote("found_inf", flag) for flag in said[r]]
 
-    threads = [threading.Thread(target=worker, args=(r,)) for r in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    assert not errors, errors
+    got = in_threads(worker, 2)
     want = [a or b for a, b in zip(*said)]
     assert got[0] == want and got[1] == want
 

@@ -13,7 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 import psd  # noqa: E402
 import psd.torch  # noqa: E402
-from conftest import export  # noqa: E402
+from conftest import export, in_threads  # noqa: E402
 
 STEPS = 50
 
@@ -109,24 +109,13 @@ def test_rank0_weights_are_everyones_start(cluster):
 
 
 def _two_workers(servers, shards_batches, **kw):
-    out = [None, None]
-    errors = []
     models = [model(), model(seed=2)]  # here: torch's seed is the process's
 
     def run(r):
-        try:
-            with psd.Client(servers, rank=r, workers=2, timeout_ms=60000) as c:
-                out[r] = psd_sgd(models[r], shards_batches[r], c, **kw)
-        except Exception as e:  # raised again below, on the test's thread
-            errors.append(e)
+        with psd.Client(servers, rank=r, workers=2, timeout_ms=60000) as c:
+            return psd_sgd(models[r], shards_batches[r], c, **kw)
 
-    ts = [threading.Thread(target=run, args=(r,)) for r in range(2)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join(120)
-    assert not errors, errors
-    return out
+    return in_threads(run, 2)
 
 
 def test_two_workers_of_32_equal_one_of_64(cluster):
@@ -358,22 +347,13 @@ def test_an_overflow_skips_the_step_on_both_workers(cluster):
     servers = cluster.start(shards=2, args=["--consistency", "bsp", "--workers", "2"])
     x, y = data(64 * 8, seed=6)
     halves = [[(x[i:i + 32], y[i:i + 32]) for i in range(r * 32, len(x), 64)] for r in range(2)]
-    out, errors = [None, None], []
+    models = [model(), model()]
 
     def run(r):
-        try:
-            with psd.Client(servers, rank=r, workers=2, timeout_ms=60000) as c:
-                out[r] = scaled_sgd(model(), halves[r], c, poison_at=3 if r == 1 else None)
-        except Exception as e:  # raised again below, on the test's thread
-            errors.append(e)
+        with psd.Client(servers, rank=r, workers=2, timeout_ms=60000) as c:
+            return scaled_sgd(models[r], halves[r], c, poison_at=3 if r == 1 else None)
 
-    ts = [threading.Thread(target=run, args=(r,)) for r in range(2)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join(120)
-    assert not errors, errors
-    (m0, o0, s0), (m1, o1, s1) = out
+    (m0, o0, s0), (m1, o1, s1) = in_threads(run, 2)
     assert o0.skipped == o1.skipped == 1 and o0.steps == o1.steps == 7
     assert s0 == s1 and s0[3] == 32768.0
     assert_same(m1, m0, rtol=0, atol=0)
