@@ -29,9 +29,11 @@ PY_PKGS=(python3-numpy python3-torch)
 # (systemd-analyze verify of the units), prometheus (promtool) and curl
 # (/metrics), iproute2, iptables and libnetfilter-queue (the several-host
 # test in network namespaces), podman and debootstrap (the compose test),
-# numpy, pytest and torch (the Python package's tests, on Debian's python3).
+# numpy, pytest and torch (the Python package's tests, on Debian's python3),
+# oneDNN (conv_bench compares psk's convolutions with it; nothing links it
+# otherwise).
 TEST_PKGS=(
-  libcmocka-dev
+  libcmocka-dev libdnnl-dev
   python3-numpy python3-pytest python3-torch
   clang libclang-rt-14-dev
   procps systemd

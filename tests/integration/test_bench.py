@@ -2,8 +2,8 @@
 """The benchmarks still run: `bench_wire --quick` against real psd
 processes (every cell of 1 and 2 shards, the latency rows, the sparse
 pushes over tcp, the Unix socket and shared memory), `bench_apply
---repeat 1` and `train_bench.sh --steps 20 --repeat 1` on this build's
-psd and psworker, each ending with status 0 and a --json file with every
+--repeat 1`, `train_bench.sh --steps 20 --repeat 1` on this build's
+psd and psworker, and `conv_bench --repeat 1` where oneDNN is installed, each ending with status 0 and a --json file with every
 row and no empty number. Never a check on speed: a number only has to be
 there, finite and above zero. In the test build (ASan, UBSan) this also
 runs the client library's windowed, zero-copy and shared-memory paths
@@ -127,6 +127,17 @@ def apply_(bench, tmp):
           "bench_apply's JSON has every number, above 0 (%s)" % r)
 
 
+def conv(bench, tmp):
+    out = os.path.join(tmp, "conv.json")
+    if run([bench, "--repeat", "1", "--batch", "8", "--json", out], "conv_bench", 600) is None:
+        return
+    r = load(out, "conv_bench")
+    keys = ["conv%d_%s_ms" % (i, k) for i in (1, 2) for k in ("psk", "onednn_nchw",
+                                                               "onednn_blocked")]
+    check(isinstance(r, dict) and positive(r, *keys) and r.get("batch") == 8,
+          "conv_bench's JSON has every time, above 0, and its batch (%s)" % r)
+
+
 def train(script, tmp):
     out = os.path.join(tmp, "train.json")
     build = os.path.dirname(os.path.dirname(os.path.abspath(PSD)))
@@ -139,7 +150,7 @@ def train(script, tmp):
     keys = ["standalone", "standalone_1thread", "standalone_helper", "one_plus_one",
             "one_plus_one_nobatch", "one_plus_one_1thread", "one_plus_one_noshm",
             "one_plus_one_tcp", "two_plus_two", "two_plus_two_asp", "two_plus_two_topk",
-            "two_plus_two_f16"]
+            "two_plus_two_f16", "cnn_1thread", "cnn", "cnn_bf16", "cnn_f16", "standalone_bf16"]
     if len(os.sched_getaffinity(0)) > 1:
         keys.append("one_plus_one_pinned")  # only where there is a CPU to pin away from
     check(isinstance(r, dict) and positive(r, *keys),
@@ -157,10 +168,12 @@ def refused(args, flag, what, preexec=None):
 
 
 def main():
-    if len(sys.argv) != 4:
-        print("usage: test_bench.py BENCH_WIRE BENCH_APPLY TRAIN_BENCH_SH", file=sys.stderr)
+    if len(sys.argv) not in (4, 5):
+        print("usage: test_bench.py BENCH_WIRE BENCH_APPLY TRAIN_BENCH_SH [CONV_BENCH]",
+              file=sys.stderr)
         return 2
     bench_wire, bench_apply, train_bench = sys.argv[1:4]
+    conv_bench = sys.argv[4] if len(sys.argv) == 5 else None
     tmp = tempfile.mkdtemp(prefix="psd-bench.")
     refused([bench_apply, "--repeat", "0"], "--repeat", "bench_apply --repeat 0")
     refused([bench_apply, "--repeat", "101"], "--repeat", "bench_apply --repeat 101")
@@ -177,10 +190,17 @@ def main():
     refused([bench_wire, "--psd", PSD, "--rounds", "100"], "--rounds", "bench_wire --rounds 100")
     refused(["bash", train_bench, "--no-build", "--repeat", "0"], "--repeat",
             "train_bench.sh --repeat 0")
+    if conv_bench:
+        refused([conv_bench, "--repeat", "0"], "--repeat", "conv_bench --repeat 0")
+        refused([conv_bench, "--batch", "8x"], "--batch", "conv_bench --batch 8x")
+    else:
+        print("conv_bench: not built (libdnnl-dev is not installed), not run")
     wire(bench_wire, tmp)
     pinned(bench_wire, tmp)
     apply_(bench_apply, tmp)
     train(train_bench, tmp)
+    if conv_bench:
+        conv(conv_bench, tmp)
     finish(tmp)
 
 
