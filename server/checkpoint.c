@@ -7,6 +7,7 @@
 #include "ps_err.h"
 #include "ps_log.h"
 #include "ps_safetensors.h"
+#include "ps_shard.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -142,11 +143,11 @@ static char *state_text(const struct psd *s)
     return text;
 }
 
-/* seq of a file name of this shard, or -1. */
-static int64_t file_seq(const struct psd *s, const char *name)
+/* seq of a file name of shard `shard` of `shards`, or -1. */
+static int64_t file_seq(uint32_t shard, uint32_t shards, const char *name)
 {
     char prefix[64];
-    snprintf(prefix, sizeof prefix, "shard-%u-of-%u-", s->shard, s->shards);
+    snprintf(prefix, sizeof prefix, "shard-%u-of-%u-", shard, shards);
     size_t pl = strlen(prefix), nl = strlen(name), sl = strlen(".safetensors");
     if (nl != pl + 16 + sl || strncmp(name, prefix, pl) != 0 ||
         strcmp(name + pl + 16, ".safetensors") != 0)
@@ -166,15 +167,16 @@ static int cmp_desc(const void *a, const void *b)
     return (x < y) - (x > y);
 }
 
-/* The newest (at most max) of this shard's checkpoint seqs in dir, newest
- * first; every entry is looked at. Returns how many. */
-static size_t list_seqs(const struct psd *s, const char *dir, int64_t *seqs, size_t max)
+/* The newest (at most max) of the checkpoint seqs of shard `shard` of
+ * `shards` in dir, newest first; every entry is looked at. Returns how
+ * many. */
+static size_t list_seqs(uint32_t shard, uint32_t shards, const char *dir, int64_t *seqs, size_t max)
 {
     DIR *d = opendir(dir);
     size_t n = 0;
     struct dirent *e;
     while (d != NULL && (e = readdir(d)) != NULL) {
-        int64_t v = file_seq(s, e->d_name);
+        int64_t v = file_seq(shard, shards, e->d_name);
         if (v < 0)
             continue;
         if (n < max) {
@@ -193,10 +195,10 @@ static size_t list_seqs(const struct psd *s, const char *dir, int64_t *seqs, siz
     return n;
 }
 
-static void seq_path(const struct psd *s, const char *dir, int64_t seq, char *path, size_t len)
+static void seq_path(uint32_t shard, uint32_t shards, const char *dir, int64_t seq, char *path,
+                     size_t len)
 {
-    snprintf(path, len, "%s/shard-%u-of-%u-%016" PRId64 ".safetensors", dir, s->shard, s->shards,
-             seq);
+    snprintf(path, len, "%s/shard-%u-of-%u-%016" PRId64 ".safetensors", dir, shard, shards, seq);
 }
 
 int psd_checkpoint_write(struct psd *s, const char *dir, char *path, size_t pathlen, char *err,
@@ -220,15 +222,15 @@ int psd_checkpoint_write(struct psd *s, const char *dir, char *path, size_t path
     const char *meta[] = {"format", "psd-checkpoint", "version", "2", "crc32",
                           crcs,     "state",          state};
     int64_t seqs[1];
-    size_t have = list_seqs(s, dir, seqs, 1);
-    seq_path(s, dir, have ? seqs[0] + 1 : 1, path, pathlen);
+    size_t have = list_seqs(s->shard, s->shards, dir, seqs, 1);
+    seq_path(s->shard, s->shards, dir, have ? seqs[0] + 1 : 1, path, pathlen);
     if ((rc = ps_st_write(path, ts, n, meta, 8, err, errlen)) != 0)
         goto out;
     int64_t all[64]; /* keep the newest few */
-    size_t m = list_seqs(s, dir, all, 64);
+    size_t m = list_seqs(s->shard, s->shards, dir, all, 64);
     for (size_t i = PSD_CKPT_KEEP; i < m; i++) {
         char old[PS_PATH_MAX];
-        seq_path(s, dir, all[i], old, sizeof old);
+        seq_path(s->shard, s->shards, dir, all[i], old, sizeof old);
         unlink(old);
     }
     rc = 0;
@@ -304,6 +306,7 @@ static void blob_free(struct blob *b)
 {
     json_decref(b->hdr);
     free(b->buf);
+    memset(b, 0, sizeof *b); /* freeing it again is a no-op */
 }
 
 static uint64_t u64_of(json_t *o, const char *k)
@@ -414,7 +417,9 @@ static int restore_dense(struct psd_table *t, const struct blob *b, json_t *o, c
     return 0;
 }
 
-static int restore_table(struct psd *s, const struct blob *b, json_t *o, char *err, size_t errlen)
+/* A table of this shard from its saved state o (spec, clocks, counters),
+ * added to s->tables, its values not filled in yet. */
+static int new_table(struct psd *s, json_t *o, struct psd_table **out, char *err, size_t errlen)
 {
     Ps__TableSpec spec;
     ps__table_spec__init(&spec);
@@ -482,47 +487,64 @@ static int restore_table(struct psd *s, const struct blob *b, json_t *o, char *e
     t->pulls = u64_of(o, "pulls");
     for (uint32_t w = 0; w < s->cons.workers; w++)
         t->completed[w] = (uint64_t)json_integer_value(json_array_get(completed, w));
+    *out = t;
+    return 0;
+}
+
+static int restore_table(struct psd *s, const struct blob *b, json_t *o, char *err, size_t errlen)
+{
+    struct psd_table *t = NULL;
+    int rc = new_table(s, o, &t, err, errlen);
+    if (rc != 0)
+        return rc;
     return t->sparse ? restore_rows(t, b, err, errlen) : restore_dense(t, b, o, err, errlen);
+}
+
+/* Reads a checkpoint file and checks what does not depend on the shard
+ * reading it: the format, the version, the checksum, the state's JSON.
+ * On success *st holds the state (the caller frees it and the blob). */
+static int open_checkpoint(const char *path, struct blob *b, json_t **st, char *err, size_t errlen)
+{
+    *st = NULL;
+    int rc = load_blob(path, b, err, errlen);
+    if (rc != 0)
+        return rc;
+    json_t *meta = json_object_get(b->hdr, "__metadata__");
+    const char *fmt = json_string_value(json_object_get(meta, "format"));
+    const char *crcs = json_string_value(json_object_get(meta, "crc32"));
+    const char *state = json_string_value(json_object_get(meta, "state"));
+    if (fmt == NULL || strcmp(fmt, "psd-checkpoint") != 0 || crcs == NULL || state == NULL)
+        return ps_errf(PS_EPROTO, err, errlen,
+                       "not a psd checkpoint (metadata format, crc32, state)");
+    /* version 1 summed the tensors only; 2 sums the state after them */
+    const char *version = json_string_value(json_object_get(meta, "version"));
+    int v2 = version != NULL && strcmp(version, "2") == 0;
+    if (!v2 && (version == NULL || strcmp(version, "1") != 0))
+        return ps_errf(PS_EPROTO, err, errlen, "checkpoint version '%s': this psd reads 1 and 2",
+                       version ? version : "(none)");
+    unsigned long want = strtoul(crcs, NULL, 16);
+    unsigned long got = crc32_z(crc32(0L, Z_NULL, 0), b->data, b->dlen);
+    if (v2)
+        got = crc32_z(got, (const unsigned char *)state, strlen(state));
+    if (want != got)
+        return ps_errf(PS_EPROTO, err, errlen, "checksum of the %s %08lx, the header says %08lx",
+                       v2 ? "tensors and state" : "tensors", got, want);
+    json_error_t je;
+    if ((*st = json_loads(state, 0, &je)) == NULL)
+        return ps_errf(PS_EPROTO, err, errlen, "state is not JSON: %s", je.text);
+    json_t *tables = json_object_get(*st, "tables");
+    if (json_array_size(tables) > PS_TABLES_MAX)
+        return ps_errf(PS_EPROTO, err, errlen, "more than %u tables", PS_TABLES_MAX);
+    return 0;
 }
 
 int psd_checkpoint_load(struct psd *s, const char *path, char *err, size_t errlen)
 {
     struct blob b;
-    int rc = load_blob(path, &b, err, errlen);
     json_t *st = NULL;
+    int rc = open_checkpoint(path, &b, &st, err, errlen);
     if (rc != 0)
         goto out;
-    json_t *meta = json_object_get(b.hdr, "__metadata__");
-    const char *fmt = json_string_value(json_object_get(meta, "format"));
-    const char *crcs = json_string_value(json_object_get(meta, "crc32"));
-    const char *state = json_string_value(json_object_get(meta, "state"));
-    if (fmt == NULL || strcmp(fmt, "psd-checkpoint") != 0 || crcs == NULL || state == NULL) {
-        rc =
-            ps_errf(PS_EPROTO, err, errlen, "not a psd checkpoint (metadata format, crc32, state)");
-        goto out;
-    }
-    /* version 1 summed the tensors only; 2 sums the state after them */
-    const char *version = json_string_value(json_object_get(meta, "version"));
-    int v2 = version != NULL && strcmp(version, "2") == 0;
-    if (!v2 && (version == NULL || strcmp(version, "1") != 0)) {
-        rc = ps_errf(PS_EPROTO, err, errlen, "checkpoint version '%s': this psd reads 1 and 2",
-                     version ? version : "(none)");
-        goto out;
-    }
-    unsigned long want = strtoul(crcs, NULL, 16);
-    unsigned long got = crc32_z(crc32(0L, Z_NULL, 0), b.data, b.dlen);
-    if (v2)
-        got = crc32_z(got, (const unsigned char *)state, strlen(state));
-    if (want != got) {
-        rc = ps_errf(PS_EPROTO, err, errlen, "checksum of the %s %08lx, the header says %08lx",
-                     v2 ? "tensors and state" : "tensors", got, want);
-        goto out;
-    }
-    json_error_t je;
-    if ((st = json_loads(state, 0, &je)) == NULL) {
-        rc = ps_errf(PS_EPROTO, err, errlen, "state is not JSON: %s", je.text);
-        goto out;
-    }
     if (u64_of(st, "shard") != s->shard || u64_of(st, "shards") != s->shards) {
         rc = ps_errf(PS_EPROTO, err, errlen,
                      "it is shard %" PRIu64 " of %" PRIu64 ", this is %u of %u",
@@ -530,10 +552,6 @@ int psd_checkpoint_load(struct psd *s, const char *path, char *err, size_t errle
         goto out;
     }
     json_t *tables = json_object_get(st, "tables");
-    if (json_array_size(tables) > PS_TABLES_MAX) {
-        rc = ps_errf(PS_EPROTO, err, errlen, "more than %u tables", PS_TABLES_MAX);
-        goto out;
-    }
     for (size_t i = 0; rc == 0 && i < json_array_size(tables); i++)
         rc = restore_table(s, &b, json_array_get(tables, i), err, errlen);
     json_t *peers = json_object_get(st, "peers");
@@ -590,10 +608,10 @@ size_t psd_checkpoint_found(const char *dir, char *what, size_t len)
 enum psd_restored psd_checkpoint_restore(struct psd *s, const char *dir, char *path, size_t pathlen)
 {
     int64_t seqs[64];
-    size_t n = list_seqs(s, dir, seqs, 64);
+    size_t n = list_seqs(s->shard, s->shards, dir, seqs, 64);
     for (size_t i = 0; i < n; i++) {
         char err[512];
-        seq_path(s, dir, seqs[i], path, pathlen);
+        seq_path(s->shard, s->shards, dir, seqs[i], path, pathlen);
         if (psd_checkpoint_load(s, path, err, sizeof err) == 0)
             return PSD_RESTORED;
         PS_LOG(s->log, PS_LOG_WARN, S0601, "checkpoint %s is bad (%s); trying an older one", path,
@@ -601,4 +619,249 @@ enum psd_restored psd_checkpoint_restore(struct psd *s, const char *dir, char *p
         psd_reset_tables(s);
     }
     return PSD_RESTORED_NONE;
+}
+
+/* ---- resharding ---------------------------------------------------------- */
+
+/* The newest checkpoint of shard `shard` of `shards` in dir that opens
+ * and verifies, opened into b and st; its path into path. */
+static int newest_valid(const char *dir, uint32_t shard, uint32_t shards, struct blob *b,
+                        json_t **st, char *path, size_t pathlen, char *err, size_t errlen)
+{
+    int64_t seqs[64];
+    size_t n = list_seqs(shard, shards, dir, seqs, 64);
+    char why[512] = "", cur[512]; /* why: what was wrong with the newest */
+    for (size_t i = 0; i < n; i++) {
+        seq_path(shard, shards, dir, seqs[i], path, pathlen);
+        int rc = open_checkpoint(path, b, st, cur, sizeof cur);
+        if (rc == 0 && u64_of(*st, "shard") == shard && u64_of(*st, "shards") == shards)
+            return 0;
+        if (rc == 0)
+            snprintf(cur, sizeof cur, "its state says shard %" PRIu64 " of %" PRIu64,
+                     u64_of(*st, "shard"), u64_of(*st, "shards"));
+        if (i == 0)
+            snprintf(why, sizeof why, "%s", cur);
+        json_decref(*st);
+        *st = NULL;
+        blob_free(b);
+    }
+    if (why[0] != '\0')
+        return ps_errf(PS_EIO, err, errlen,
+                       "%s holds no valid checkpoint of shard %u of %u (the newest: %s)", dir,
+                       shard, shards, why);
+    return ps_errf(PS_EIO, err, errlen, "%s holds no checkpoint of shard %u of %u", dir, shard,
+                   shards);
+}
+
+/* Rows of old shard b's copy of sparse table t that land on this shard. */
+static int reshard_rows(struct psd *s, struct psd_table *t, const struct blob *b, char *err,
+                        size_t errlen)
+{
+    char key[PS_TABLE_NAME_MAX + 8];
+    snprintf(key, sizeof key, "keys/%s", t->name);
+    uint64_t rows = (uint64_t)json_integer_value(
+        json_array_get(json_object_get(json_object_get(b->hdr, key), "shape"), 0));
+    size_t d = t->dim;
+    const unsigned char *keys = tensor(b, "keys", t->name, "U64", rows * 8, err, errlen);
+    const float *w = keys ? tensor(b, "w", t->name, "F32", rows * d * 4, err, errlen) : NULL;
+    const unsigned char *steps =
+        w ? tensor(b, "steps", t->name, "U32", rows * 4, err, errlen) : NULL;
+    const float *st[2] = {NULL, NULL};
+    for (int a = 0; steps != NULL && a < t->sp.nstate && a < 2; a++)
+        if ((st[a] = tensor(b, a ? "s2" : "s1", t->name, "F32", rows * d * 4, err, errlen)) == NULL)
+            return PS_EPROTO;
+    if (steps == NULL)
+        return PS_EPROTO;
+    for (uint64_t r = 0; r < rows; r++) {
+        uint64_t k;
+        memcpy(&k, keys + r * 8, 8);
+        if (ps_shard_of_key(k, s->shards) != s->shard)
+            continue;
+        int64_t row = psd_sparse_row(&t->sp, k, 1);
+        if (row < 0)
+            return ps_errf(PS_ELIMIT, err, errlen,
+                           "'%s': more rows land on shard %u of %u than its rows_max %" PRIu64
+                           " (or key %" PRIu64 " twice)",
+                           t->name, s->shard, s->shards, t->rows_max, k);
+        float *dst[2] = {t->sp.s1, t->sp.s2}; /* a new row may have moved the arrays */
+        memcpy(t->sp.w + (size_t)row * d, w + r * d, d * 4);
+        for (int a = 0; a < 2; a++)
+            if (st[a] != NULL)
+                memcpy(dst[a] + (size_t)row * d, st[a] + r * d, d * 4);
+        memcpy(&t->sp.row_steps[row], steps + r * 4, 4);
+    }
+    return 0;
+}
+
+/* The part of old shard i's (of n) range of dense table t that this
+ * shard's range holds: weights, optimizer state, pruning mask. */
+static int reshard_dense(struct psd_table *t, const struct blob *b, uint32_t i, uint32_t n,
+                         char *err, size_t errlen)
+{
+    uint64_t lo, hi;
+    ps_shard_range(t->size, n, i, &lo, &hi);
+    uint64_t a = lo > t->lo ? lo : t->lo, z = hi < t->hi ? hi : t->hi;
+    float *dst[3] = {t->w, t->s1, t->s2};
+    const char *names[3] = {"w", "s1", "s2"};
+    for (int k = 0; k < 3 && a < z; k++) {
+        if (dst[k] == NULL)
+            continue;
+        const float *v = tensor(b, names[k], t->name, "F32", (hi - lo) * 4, err, errlen);
+        if (v == NULL)
+            return PS_EPROTO;
+        memcpy(dst[k] + (a - t->lo), v + (a - lo), (z - a) * 4);
+    }
+    if (t->mask != NULL && a < z) {
+        const uint8_t *m = tensor(b, "mask", t->name, "U8", hi - lo, err, errlen);
+        if (m == NULL)
+            return PS_EPROTO;
+        memcpy(t->mask + (a - t->lo), m + (a - lo), z - a);
+    }
+    return 0;
+}
+
+/* The largest of a counter over the old shards' copies of table k. */
+static uint64_t max_over(json_t *const *st, uint32_t n, size_t k, const char *name)
+{
+    uint64_t m = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        uint64_t v = u64_of(json_array_get(json_object_get(st[i], "tables"), k), name);
+        m = v > m ? v : m;
+    }
+    return m;
+}
+
+int psd_checkpoint_reshard(struct psd *s, const char *from, uint32_t shards_from, char *err,
+                           size_t errlen)
+{
+    if (shards_from == 0 || shards_from > PS_SHARDS_MAX)
+        return ps_errf(PS_EINVAL, err, errlen, "%u shards to read from", shards_from);
+    struct blob *b = calloc(shards_from, sizeof *b);
+    json_t **st = calloc(shards_from, sizeof *st);
+    int rc = b && st ? 0 : ps_errf(PS_ENOMEM, err, errlen, "out of memory");
+    char path[PS_PATH_MAX];
+    uint32_t opened = 0;
+    for (; rc == 0 && opened < shards_from; opened++)
+        rc = newest_valid(from, opened, shards_from, &b[opened], &st[opened], path, sizeof path,
+                          err, errlen);
+    json_t *tables = rc == 0 ? json_object_get(st[0], "tables") : NULL;
+    char mode[32];
+    psd_cons_name(&s->cons, mode, sizeof mode);
+    for (uint32_t i = 0; rc == 0 && i < shards_from; i++) {
+        json_t *ti = json_object_get(st[i], "tables");
+        const char *m = json_string_value(json_object_get(st[i], "consistency"));
+        if (m == NULL || strcmp(m, mode) != 0 || u64_of(st[i], "workers") != s->cons.workers)
+            rc = ps_errf(PS_EPROTO, err, errlen,
+                         "shard %u of %u was written by a psd with --consistency %s --workers "
+                         "%" PRIu64 ", not %s and %u",
+                         i, shards_from, m ? m : "?", u64_of(st[i], "workers"), mode,
+                         s->cons.workers);
+        for (size_t k = 0; rc == 0 && k < json_array_size(tables); k++) {
+            const char *a = json_string_value(json_object_get(json_array_get(tables, k), "name"));
+            const char *z = json_string_value(json_object_get(json_array_get(ti, k), "name"));
+            if (a == NULL || z == NULL || strcmp(a, z) != 0)
+                rc = ps_errf(PS_EPROTO, err, errlen,
+                             "shard %u of %u holds other tables than shard 0 (table %zu: '%s', "
+                             "'%s')",
+                             i, shards_from, k, z ? z : "?", a ? a : "?");
+        }
+        if (rc == 0 && json_array_size(ti) != json_array_size(tables))
+            rc = ps_errf(PS_EPROTO, err, errlen, "shard %u of %u has %zu tables, shard 0 %zu", i,
+                         shards_from, json_array_size(ti), json_array_size(tables));
+    }
+    for (size_t k = 0; rc == 0 && k < json_array_size(tables); k++) {
+        json_t *o = json_array_get(tables, k);
+        struct psd_table *t = NULL;
+        if ((rc = new_table(s, o, &t, err, errlen)) != 0)
+            break;
+        /* counters and clocks: the furthest any old shard had (equal on
+         * all in bsp between rounds) */
+        t->steps = max_over(st, shards_from, k, "steps");
+        t->clock = max_over(st, shards_from, k, "clock");
+        t->round_begun = max_over(st, shards_from, k, "round_begun");
+        t->pushes = max_over(st, shards_from, k, "pushes");
+        t->pulls = max_over(st, shards_from, k, "pulls");
+        for (uint32_t w = 0; w < s->cons.workers; w++)
+            for (uint32_t i = 0; i < shards_from; i++) {
+                json_t *c = json_object_get(json_array_get(json_object_get(st[i], "tables"), k),
+                                            "completed");
+                uint64_t v = (uint64_t)json_integer_value(json_array_get(c, w));
+                t->completed[w] = v > t->completed[w] ? v : t->completed[w];
+            }
+        json_t *pr = json_object_get(o, "prune");
+        if (!t->sparse) {
+            psd_table_own(t, t->lo, t->hi);
+            if (pr != NULL) {
+                struct psd_prune_spec ps = {.target =
+                                                json_number_value(json_object_get(pr, "target")),
+                                            .start = u64_of(pr, "start"),
+                                            .end = u64_of(pr, "end"),
+                                            .every = u64_of(pr, "every")};
+                snprintf(ps.table, sizeof ps.table, "%s", t->name);
+                if (psd_table_enable_prune(t, &ps) != 0) {
+                    rc = ps_errf(PS_ENOMEM, err, errlen, "out of memory");
+                    break;
+                }
+                t->prune_updates = u64_of(pr, "updates");
+                t->prune_target_now = json_number_value(json_object_get(pr, "target_now"));
+            }
+        }
+        for (uint32_t i = 0; rc == 0 && i < shards_from; i++)
+            rc = t->sparse ? reshard_rows(s, t, &b[i], err, errlen)
+                           : reshard_dense(t, &b[i], i, shards_from, err, errlen);
+        for (uint64_t e = 0; rc == 0 && t->mask != NULL && e < t->hi - t->lo; e++)
+            t->npruned += t->mask[e];
+    }
+    for (uint32_t i = 0; i < opened && st != NULL; i++) {
+        json_decref(st[i]);
+        blob_free(&b[i]);
+    }
+    free(st);
+    free(b);
+    return rc;
+}
+
+int psd_checkpoint_params(const char *dir, uint32_t *shards, struct psd_cons *cons, char *err,
+                          size_t errlen)
+{
+    DIR *d = opendir(dir);
+    if (d == NULL)
+        return ps_errf(PS_EIO, err, errlen, "cannot read %s: %s", dir, strerror(errno));
+    unsigned n = 0;
+    int mixed = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        unsigned shard, count;
+        char tail[32];
+        if (sscanf(e->d_name, "shard-%u-of-%u-%31s", &shard, &count, tail) != 3 ||
+            strstr(tail, ".safetensors") == NULL || count == 0 || count > PS_SHARDS_MAX)
+            continue;
+        mixed |= n != 0 && count != n;
+        n = n ? n : count;
+    }
+    closedir(d);
+    char what[256];
+    if (mixed) {
+        psd_checkpoint_found(dir, what, sizeof what);
+        return ps_errf(PS_EINVAL, err, errlen,
+                       "%s holds checkpoints of more than one shard count (%s): keep one set", dir,
+                       what);
+    }
+    if (n == 0)
+        return ps_errf(PS_EIO, err, errlen, "%s holds no psd checkpoint", dir);
+    struct blob b;
+    json_t *st = NULL;
+    char path[PS_PATH_MAX];
+    int rc = newest_valid(dir, 0, n, &b, &st, path, sizeof path, err, errlen);
+    if (rc != 0)
+        return rc;
+    const char *mode = json_string_value(json_object_get(st, "consistency"));
+    if (mode == NULL || psd_cons_parse(mode, cons) != 0)
+        rc = ps_errf(PS_EPROTO, err, errlen, "%s: consistency '%s' is not one psd knows", path,
+                     mode ? mode : "(none)");
+    cons->workers = (uint32_t)u64_of(st, "workers");
+    *shards = n;
+    json_decref(st);
+    blob_free(&b);
+    return rc;
 }

@@ -42,6 +42,25 @@ enum psd_restored {
 enum psd_restored psd_checkpoint_restore(struct psd *s, const char *dir, char *path,
                                          size_t pathlen);
 
+/* Resharding (psctl reshard): fills an empty server, shard s->shard of
+ * s->shards, from the newest valid checkpoint of each of the shards_from
+ * shards in dir `from`, which must all hold the same tables and have been
+ * written with s's consistency mode and worker count. Dense ranges are
+ * cut anew with their optimizer state and pruning masks; sparse rows go
+ * to the shard their key's jump hash names; each table keeps the
+ * furthest clock, step count and per-worker clocks any old shard had.
+ * Workers' exactly-once windows are not carried: a worker must restart
+ * with the new endpoint list anyway, and starts a new session. The
+ * caller then writes s (psd_checkpoint_write). 0 or PS_E* with err. */
+int psd_checkpoint_reshard(struct psd *s, const char *from, uint32_t shards_from, char *err,
+                           size_t errlen);
+
+/* What the checkpoints in dir were written with: their shard count (one
+ * only, or PS_EINVAL naming them), and the consistency mode and worker
+ * count in the newest valid checkpoint of shard 0. */
+int psd_checkpoint_params(const char *dir, uint32_t *shards, struct psd_cons *cons, char *err,
+                          size_t errlen);
+
 /* psd checkpoint files in dir, of any shard and shard count: how many,
  * and which shards they were written by ("shard 0 of 2, shard 1 of 2")
  * into what. For telling a directory that holds a model which does not

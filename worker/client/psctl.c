@@ -4,12 +4,16 @@
  *   psctl --servers EP[,EP...] checkpoint    every shard writes a checkpoint now
  *   psctl --servers EP[,EP...] export FILE   every dense table into one safetensors file
  *   psctl keygen PATH                        a CURVE key pair (PATH and PATH.pub)
+ *   psctl reshard --from DIR --shards N --to DIR2
+ *                                            checkpoints of S shards rewritten for N
  *
  * Tables for people by default, --json for scripts. It talks to the shards
  * as an observer (never counted as a worker). A shard that does not answer
  * within --timeout-ms is named, with how long it was given, and the exit
  * status is 1. */
 #include "psclient.h"
+
+#include "checkpoint.h"
 
 #include "ps_clock.h"
 #include "ps_curve.h"
@@ -18,11 +22,13 @@
 #include "ps_opts.h"
 #include "ps_safetensors.h"
 
+#include <errno.h>
 #include <jansson.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 struct config {
     const char *servers;
@@ -30,6 +36,8 @@ struct config {
     int json;
     const char *format;
     const char *curve_secret, *curve_server_key;
+    const char *from, *to;
+    uint64_t shards;
     int help;
 };
 
@@ -48,6 +56,11 @@ static const struct ps_opt opts[] = {
         "this client's CURVE key file; needs --curve-server-key"),
     OPT("curve-server-key", PS_OPT_STR, curve_server_key, NULL, 0, 0, "FILE",
         "the servers' public key file"),
+    OPT("from", PS_OPT_STR, from, NULL, 0, 0, "DIR", "reshard: the checkpoint directory to read"),
+    OPT("to", PS_OPT_STR, to, NULL, 0, 0, "DIR",
+        "reshard: where to write the new shards' checkpoints (made if missing; it must hold "
+        "none)"),
+    OPT("shards", PS_OPT_U64, shards, "0", 0, PS_SHARDS_MAX, "N", "reshard: the new shard count"),
     OPT("help", PS_OPT_FLAG, help, NULL, 0, 0, NULL, "show this help and exit"),
 };
 #define NOPTS (sizeof opts / sizeof opts[0])
@@ -61,7 +74,10 @@ static const char usage_text[] =
     "  export FILE   gather every dense table from every shard into one file\n"
     "                (--format safetensors; tensors named as the tables, f32, in the\n"
     "                table's shape: 1-D when it has none)\n"
-    "  keygen PATH   write a CURVE key pair: PATH (secret, 0600) and PATH.pub";
+    "  keygen PATH   write a CURVE key pair: PATH (secret, 0600) and PATH.pub\n"
+    "  reshard       --from DIR --shards N --to DIR2: rewrite the checkpoints of a stopped\n"
+    "                cluster of S shards (the newest valid one of each) as those of N\n"
+    "                shards, for psd --shards N --checkpoint-dir DIR2 (needs no --servers)";
 
 struct cluster {
     struct psc_client *c;
@@ -486,6 +502,62 @@ static int cmd_export(struct cluster *k, const char *path, int json)
     return rc == 0 ? 0 : 1;
 }
 
+/* psctl reshard: offline, on the checkpoint files (server/checkpoint.h). */
+static int cmd_reshard(const struct config *cfg)
+{
+    char err[1024];
+    if (cfg->from == NULL || cfg->to == NULL || cfg->shards == 0) {
+        fprintf(stderr, "psctl: reshard needs --from DIR, --shards N (1..%u) and --to DIR\n",
+                PS_SHARDS_MAX);
+        return 2;
+    }
+    uint32_t old = 0;
+    struct psd_cons cons;
+    if (psd_checkpoint_params(cfg->from, &old, &cons, err, sizeof err) != 0) {
+        fprintf(stderr, "psctl: reshard: %s\n", err);
+        return 1;
+    }
+    char what[256];
+    if (mkdir(cfg->to, 0700) != 0 && errno != EEXIST) {
+        fprintf(stderr, "psctl: reshard: cannot make %s: %s\n", cfg->to, strerror(errno));
+        return 1;
+    }
+    if (psd_checkpoint_found(cfg->to, what, sizeof what) > 0) {
+        fprintf(stderr,
+                "psctl: reshard: %s holds checkpoints already (%s): give an empty "
+                "directory\n",
+                cfg->to, what);
+        return 1;
+    }
+    struct ps_log log;
+    ps_log_init(&log, "psctl", PS_LOG_WARN);
+    struct psd *s = calloc(1, sizeof *s);
+    int rc = s == NULL ? PS_ENOMEM : 0;
+    for (uint32_t j = 0; rc == 0 && j < cfg->shards; j++) {
+        struct psd_params p = {.shard = j, .shards = (uint32_t)cfg->shards, .cons = cons};
+        char path[PS_PATH_MAX];
+        if ((rc = psd_init(s, &log, &p)) != 0) {
+            snprintf(err, sizeof err, "out of memory");
+            break;
+        }
+        rc = psd_checkpoint_reshard(s, cfg->from, old, err, sizeof err);
+        if (rc == 0)
+            rc = psd_checkpoint_write(s, cfg->to, path, sizeof path, err, sizeof err);
+        if (rc == 0)
+            printf("shard %u of %llu: %s (%u tables)\n", j, (unsigned long long)cfg->shards, path,
+                   s->ntables);
+        psd_fini(s);
+    }
+    free(s);
+    if (rc != 0) {
+        fprintf(stderr, "psctl: reshard: %s\n", err);
+        return 1;
+    }
+    printf("resharded %u shard(s) of %s into %llu in %s\n", old, cfg->from,
+           (unsigned long long)cfg->shards, cfg->to);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     struct config cfg;
@@ -507,14 +579,26 @@ int main(int argc, char **argv)
     for (int i = first + 1; i < argc; i++) {
         if (strcmp(argv[i], "--format") == 0 && i + 1 < argc)
             cfg.format = argv[++i];
-        else if (nargs < 4)
+        else if (strcmp(argv[i], "--from") == 0 && i + 1 < argc)
+            cfg.from = argv[++i];
+        else if (strcmp(argv[i], "--to") == 0 && i + 1 < argc)
+            cfg.to = argv[++i];
+        else if (strcmp(argv[i], "--shards") == 0 && i + 1 < argc) {
+            uint64_t v = 0;
+            if (ps_parse_u64(argv[++i], 1, PS_SHARDS_MAX, &v) != 0) {
+                fprintf(stderr, "psctl: --shards: '%s' is not in [1, %u]\n", argv[i],
+                        PS_SHARDS_MAX);
+                return 2;
+            }
+            cfg.shards = v;
+        } else if (nargs < 4)
             args[nargs++] = argv[i];
         else
             nargs++;
     }
     if (cmd == NULL) {
-        fprintf(stderr, "psctl: no command (status, checkpoint, export FILE, keygen PATH); "
-                        "see --help\n");
+        fprintf(stderr, "psctl: no command (status, checkpoint, export FILE, keygen PATH, "
+                        "reshard); see --help\n");
         return 2;
     }
     if (strcmp(cmd, "keygen") == 0) {
@@ -529,9 +613,18 @@ int main(int argc, char **argv)
         printf("wrote %s (secret) and %s.pub\n", args[0], args[0]);
         return 0;
     }
+    if (strcmp(cmd, "reshard") == 0) {
+        if (nargs != 0) {
+            fprintf(stderr, "psctl: reshard takes --from DIR --shards N --to DIR, no other "
+                            "arguments\n");
+            return 2;
+        }
+        return cmd_reshard(&cfg);
+    }
     int want = strcmp(cmd, "export") == 0 ? 1 : 0;
     if (strcmp(cmd, "status") != 0 && strcmp(cmd, "checkpoint") != 0 && !want) {
-        fprintf(stderr, "psctl: unknown command '%s' (status, checkpoint, export, keygen)\n", cmd);
+        fprintf(stderr,
+                "psctl: unknown command '%s' (status, checkpoint, export, keygen, reshard)\n", cmd);
         return 2;
     }
     if (nargs != want) {
