@@ -6,6 +6,7 @@
 #include "net.h"
 #include "psd.h"
 
+#include "ps_auto.h"
 #include "ps_cpus.h"
 #include "ps_zmsg.h"
 #include "ps_err.h"
@@ -61,7 +62,9 @@ struct psd_config {
 static const struct ps_opt psd_opts[] = {
     OPT("listen", PS_OPT_STR, listen, "tcp://127.0.0.1:5570", 0, 0, "ENDPOINT",
         "ZeroMQ endpoint to bind; port 0 picks a free port"),
-    OPT("shard", PS_OPT_U64, shard, "0", 0, PS_SHARDS_MAX - 1, "I", "this server's shard index"),
+    OPT("shard", PS_OPT_U64A, shard, "0", 0, PS_SHARDS_MAX - 1, "I",
+        "this server's shard index; auto: PSD_SHARD, else the host name's -N suffix (a "
+        "StatefulSet pod's ordinal)"),
     OPT("shards", PS_OPT_U64, shards, "1", 1, PS_SHARDS_MAX, "S",
         "number of shards in the cluster"),
     OPT("max-message-bytes", PS_OPT_U64, max_message_bytes, "268435456", PS_MESSAGE_BYTES_MIN,
@@ -211,6 +214,8 @@ static void on_hup(uv_signal_t *h, int signum)
         return;
     }
     struct psd_config *o = &a->cfg;
+    if (n.shard == PS_OPT_AUTO) /* worked out at the start; the host name stays */
+        n.shard = o->shard;
     char kept[512] = "";
     size_t used = 0;
     unsigned changed = 0;
@@ -321,6 +326,11 @@ static int parse_config(struct psd_config *cfg, int argc, char **argv, int *leve
     if (cfg->version) {
         printf("psd %s (protocol %u)\n", PSD_VERSION, PS_PROTOCOL_VERSION);
         return 0;
+    }
+    if (cfg->shard == PS_OPT_AUTO &&
+        ps_auto_shard("--shard auto", 0, cfg->shards - 1, &cfg->shard, err, sizeof err) != 0) {
+        fprintf(stderr, "psd: %s\n", err);
+        return 2;
     }
     if (cfg->shard >= cfg->shards) {
         fprintf(stderr, "psd: --shard %llu must be less than --shards %llu\n",

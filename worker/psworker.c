@@ -5,6 +5,7 @@
  * behind it, so communication overlaps the rest of the backward pass. */
 #include "trainer.h"
 
+#include "ps_auto.h"
 #include "ps_clock.h"
 #include "ps_cpus.h"
 #include "ps_curve.h"
@@ -29,8 +30,12 @@
 static const struct ps_opt opts[] = {
     OPT("servers", PS_OPT_STR, servers, NULL, 0, 0, "EP[,EP...]",
         "psd endpoints, shard 0 first (required unless --standalone)"),
-    OPT("rank", PS_OPT_U64, rank, "0", 0, PS_WORKERS_MAX - 1, "R", "this worker's rank"),
-    OPT("workers", PS_OPT_U64, workers, "1", 1, PS_WORKERS_MAX, "W", "number of workers"),
+    OPT("rank", PS_OPT_U64A, rank, "0", 0, PS_WORKERS_MAX - 1, "R",
+        "this worker's rank; auto: JOB_COMPLETION_INDEX, RANK, SLURM_PROCID or "
+        "OMPI_COMM_WORLD_RANK, the first that is set"),
+    OPT("workers", PS_OPT_U64A, workers, "1", 1, PS_WORKERS_MAX, "W",
+        "number of workers; auto: WORLD_SIZE, SLURM_NTASKS, OMPI_COMM_WORLD_SIZE or PSD_WORKERS, "
+        "the first that is set"),
     OPT("model", PS_OPT_STR, model, "mlp", 0, 0, "NAME",
         "mlp or cnn (IDX images), or sparse-lr (libsvm DIR/train.svm and DIR/test.svm)"),
     FOPT("l1", l1, "0", 0.0, 1e6, "L1", "sparse-lr with ftrl: L1 strength"),
@@ -210,7 +215,7 @@ static int wire_dtype_of(const char *s)
                                     : -1;
 }
 
-static int check_config(const struct config *c, char *err, size_t errlen)
+static int check_config(struct config *c, char *err, size_t errlen)
 {
     int sparse = strcmp(c->model, "sparse-lr") == 0;
     if (strcmp(c->model, "mlp") != 0 && strcmp(c->model, "cnn") != 0 && !sparse) {
@@ -223,6 +228,11 @@ static int check_config(const struct config *c, char *err, size_t errlen)
                  "--metrics-listen (not there yet)");
         return PS_EINVAL;
     }
+    if ((c->workers == PS_OPT_AUTO &&
+         ps_auto_workers("--workers auto", 1, PS_WORKERS_MAX, &c->workers, err, errlen) != 0) ||
+        (c->rank == PS_OPT_AUTO &&
+         ps_auto_rank("--rank auto", 0, PS_WORKERS_MAX - 1, &c->rank, err, errlen) != 0))
+        return PS_EINVAL;
     if (c->rank >= c->workers) {
         snprintf(err, errlen, "--rank %llu must be less than --workers %llu",
                  (unsigned long long)c->rank, (unsigned long long)c->workers);

@@ -1,6 +1,8 @@
 /* Table-driven option parsing on top of getopt_long. */
 #include "ps_opts.h"
 
+#include "ps_hostlist.h"
+
 #include "ps_err.h"
 #include "ps_limits.h"
 #include "ps_local.h"
@@ -55,14 +57,17 @@ static int set_value(const struct ps_opt *o, void *cfg, const char *value, char 
         else
             memcpy(field, &value, sizeof value);
         break;
-    case PS_OPT_U64: {
-        uint64_t v = 0;
-        rc = ps_parse_u64(value, o->min, o->max, &v);
+    case PS_OPT_U64:
+    case PS_OPT_U64A: {
+        uint64_t v = PS_OPT_AUTO;
+        if (o->type != PS_OPT_U64A || value == NULL || strcmp(value, "auto") != 0)
+            rc = ps_parse_u64(value, o->min, o->max, &v);
         if (rc == 0)
             memcpy(field, &v, sizeof v);
         if (rc != 0) {
-            snprintf(err, errlen, "--%s: '%s' is not a whole number in [%llu, %llu]", o->name,
-                     value ? value : "", (unsigned long long)o->min, (unsigned long long)o->max);
+            snprintf(err, errlen, "--%s: '%s' is not a whole number in [%llu, %llu]%s", o->name,
+                     value ? value : "", (unsigned long long)o->min, (unsigned long long)o->max,
+                     o->type == PS_OPT_U64A ? " or auto" : "");
             return PS_EINVAL;
         }
         return 0;
@@ -97,6 +102,7 @@ static size_t field_bytes(enum ps_opt_type t)
     case PS_OPT_STR:
         return sizeof(const char *);
     case PS_OPT_U64:
+    case PS_OPT_U64A:
         return sizeof(uint64_t);
     case PS_OPT_F64:
         return sizeof(double);
@@ -315,8 +321,9 @@ void ps_opts_usage(FILE *f, const char *usage_line, const char *summary, const s
         else
             snprintf(left, sizeof left, "--%s %s", o->name, o->meta ? o->meta : "VALUE");
         fprintf(f, "  %-28s %s", left, o->help);
-        if (o->type == PS_OPT_U64)
-            fprintf(f, " [%llu..%llu]", (unsigned long long)o->min, (unsigned long long)o->max);
+        if (o->type == PS_OPT_U64 || o->type == PS_OPT_U64A)
+            fprintf(f, " [%llu..%llu%s]", (unsigned long long)o->min, (unsigned long long)o->max,
+                    o->type == PS_OPT_U64A ? ", or auto" : "");
         if (o->def != NULL && o->type != PS_OPT_FLAG)
             fprintf(f, " (default %s)", o->def);
         fputc('\n', f);
@@ -326,32 +333,5 @@ void ps_opts_usage(FILE *f, const char *usage_line, const char *summary, const s
 int ps_split_servers(const char *list, char *buf, size_t len, const char **eps, size_t *n,
                      char *err, size_t errlen)
 {
-    if (list == NULL) {
-        snprintf(err, errlen, "--servers is required");
-        return PS_EINVAL;
-    }
-    if (strlen(list) >= len) {
-        snprintf(err, errlen, "--servers: list longer than %zu bytes", len - 1);
-        return PS_EINVAL;
-    }
-    strcpy(buf, list);
-    *n = 0;
-    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok != NULL;
-         tok = strtok_r(NULL, ",", &save)) {
-        if (*n >= PS_SHARDS_MAX) {
-            snprintf(err, errlen, "--servers: more than %u endpoints", PS_SHARDS_MAX);
-            return PS_EINVAL;
-        }
-        char why[PS_ENDPOINT_MAX + 96];
-        if (ps_endpoint_check(tok, 0, why, sizeof why) != 0) {
-            snprintf(err, errlen, "--servers: %s", why);
-            return PS_EINVAL;
-        }
-        eps[(*n)++] = tok;
-    }
-    if (*n == 0) {
-        snprintf(err, errlen, "--servers: '%s' names no endpoint", list);
-        return PS_EINVAL;
-    }
-    return 0;
+    return ps_hostlist_expand("--servers", list, buf, len, eps, PS_SHARDS_MAX, n, err, errlen);
 }

@@ -17,7 +17,11 @@ enum ps_opt_type {
     PS_OPT_U64,  /* uint64_t within [min, max] */
     PS_OPT_F64,  /* double within [fmin, fmax] */
     PS_OPT_FLAG, /* int, set to 1 when present; takes no value */
+    PS_OPT_U64A, /* PS_OPT_U64, or "auto", stored as PS_OPT_AUTO for the program to
+                  * work out (ps_auto.h) */
 };
+
+#define PS_OPT_AUTO UINT64_MAX
 
 struct ps_opt {
     const char *name; /* long flag without the dashes */
@@ -71,9 +75,9 @@ void ps_opt_copy(const struct ps_opt *o, void *dst, const void *src);
 void ps_opts_usage(FILE *f, const char *usage_line, const char *summary, const struct ps_opt *opts,
                    size_t n);
 
-/* Splits --servers "EP,EP,..." (copied into buf of len bytes) into eps
- * (PS_SHARDS_MAX entries), each checked by ps_endpoint_check. 0, or
- * PS_EINVAL with a sentence in err. */
+/* Splits --servers "EP,EP,..." (hostlist ranges expanded: ps_hostlist.h)
+ * into buf of len bytes and eps (PS_SHARDS_MAX entries), each checked by
+ * ps_endpoint_check. 0, or PS_EINVAL with a sentence in err. */
 int ps_split_servers(const char *list, char *buf, size_t len, const char **eps, size_t *n,
                      char *err, size_t errlen);
 

@@ -155,8 +155,17 @@ def test_environment_defaults(cluster, monkeypatch):
     with pytest.raises(ValueError, match="PSD_SERVERS is not set"):
         psd.Client()
     monkeypatch.setenv("RANK", "x")
-    with pytest.raises(ValueError, match="RANK='x' is not an integer"):
+    with pytest.raises(ValueError, match="rank: RANK is 'x', not a whole number"):
         psd.Client(servers)
+    # an Indexed Job's index comes first; a pattern names the shards
+    monkeypatch.setenv("JOB_COMPLETION_INDEX", "2")
+    monkeypatch.setenv("PSD_WORKERS", "5")
+    monkeypatch.delenv("WORLD_SIZE")
+    host, port = servers.rsplit(":", 1)
+    with psd.Client("%s:[%s]" % (host, port)) as c:
+        assert (c.rank, c.workers, c.servers) == (2, 5, [servers])
+    with pytest.raises(ValueError, match="must ascend"):
+        psd.Client("tcp://h-[3-1]:1")
     with pytest.raises(ValueError, match="rank 3 is not in"):
         psd.Client(servers, rank=3, workers=3)
 

@@ -1,8 +1,11 @@
 /* Option table parsing: defaults, bounds at the limit and one past, junk,
  * unknown flags, missing values; CPU lists. */
 #define _GNU_SOURCE
+#include "ps_auto.h"
 #include "ps_cpus.h"
 #include "ps_err.h"
+#include "ps_hostlist.h"
+#include "ps_limits.h"
 #include "ps_local.h"
 #include "ps_opts.h"
 
@@ -12,6 +15,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <cmocka.h>
@@ -183,6 +187,126 @@ static void test_endpoint_ports(void **state)
     assert_non_null(strstr(err, "port '70000' is not a number in 1..65535"));
 }
 
+/* Expands list; returns the endpoints joined by spaces, or the error. */
+static const char *expand(const char *list)
+{
+    static char out[4096];
+    char buf[2048], err[256];
+    const char *eps[PS_SHARDS_MAX];
+    size_t n = 0;
+    if (ps_hostlist_expand("--servers", list, buf, sizeof buf, eps, PS_SHARDS_MAX, &n, err,
+                           sizeof err) != 0) {
+        snprintf(out, sizeof out, "ERROR %s", err);
+        return out;
+    }
+    size_t used = 0;
+    out[0] = '\0';
+    for (size_t i = 0; i < n; i++)
+        used += (size_t)snprintf(out + used, sizeof out - used, "%s%s", i ? " " : "", eps[i]);
+    return out;
+}
+
+static void test_server_patterns(void **state)
+{
+    (void)state;
+    assert_string_equal(expand("tcp://a:1,tcp://b:2"), "tcp://a:1 tcp://b:2");
+    assert_string_equal(expand("tcp://psd-[0-3].psd:5570"),
+                        "tcp://psd-0.psd:5570 tcp://psd-1.psd:5570 tcp://psd-2.psd:5570 "
+                        "tcp://psd-3.psd:5570");
+    assert_string_equal(expand("tcp://n[01-02,07]:9,tcp://x:1"),
+                        "tcp://n01:9 tcp://n02:9 tcp://n07:9 tcp://x:1");
+    assert_string_equal(expand("tcp://127.0.0.[1-2]:5570"),
+                        "tcp://127.0.0.1:5570 tcp://127.0.0.2:5570");
+    assert_string_equal(expand("tcp://h-[9-10]:1"), "tcp://h-9:1 tcp://h-10:1");
+    assert_string_equal(expand("tcp://h:[5570-5571]"), "tcp://h:5570 tcp://h:5571");
+    const struct {
+        const char *list, *says;
+    } bad[] = {
+        {"tcp://h-[0-1:1", "has an unclosed '['"},
+        {"tcp://h-[0-1]-[2]:1", "needs one [range] group"},
+        {"tcp://h-0-1]:1", "has a ']' without its '['"},
+        {"tcp://h-[3-1]:1", "must ascend"},
+        {"tcp://h-[1-3,2]:1", "must ascend"},
+        {"tcp://h-[]:1", "has an empty range"},
+        {"tcp://h-[a-b]:1", "'a-b' in 'tcp://h-[a-b]:1' is not N or N-M"},
+        {"tcp://h-[1,]:1", "ends its range with a comma"},
+        {"tcp://h-[,1]:1", "'' in 'tcp://h-[,1]:1' is not N or N-M"},
+        {"tcp://a:1,", "ends with a comma"},
+        {"tcp://a:1,,tcp://b:1", "has an empty endpoint"},
+        {"", "names no endpoint"},
+        {"tcp://h-[0-9999]:1", "names more than"},
+        {"tcp://h:[0-1]", "port '0' is not a number in 1..65535"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        const char *got = expand(bad[i].list);
+        if (strncmp(got, "ERROR --servers: ", 17) != 0 || strstr(got, bad[i].says) == NULL)
+            fail_msg("'%s': got '%s', not an error saying '%s'", bad[i].list, got, bad[i].says);
+    }
+    /* more endpoints than the caller has room for */
+    char buf[64], err[256];
+    const char *eps[2];
+    size_t n;
+    assert_int_equal(ps_hostlist_expand("--servers", "tcp://h-[1-3]:1", buf, sizeof buf, eps, 2, &n,
+                                        err, sizeof err),
+                     PS_EINVAL);
+    assert_non_null(strstr(err, "more than 2 endpoints"));
+    assert_int_equal(ps_hostlist_expand("--servers", "tcp://a-long-host-name-[1-9]:1", buf,
+                                        sizeof buf, (const char *[PS_SHARDS_MAX]){0}, PS_SHARDS_MAX,
+                                        &n, err, sizeof err),
+                     PS_EINVAL);
+    assert_non_null(strstr(err, "take more than 64 bytes"));
+}
+
+static void test_auto_indices(void **state)
+{
+    (void)state;
+    assert_int_equal(ps_host_ordinal("psd-3"), 3);
+    assert_int_equal(ps_host_ordinal("psd-12.psd.default.svc.cluster.local"), 12);
+    assert_int_equal(ps_host_ordinal("a-b-7"), 7);
+    assert_int_equal(ps_host_ordinal("psd"), -1);
+    assert_int_equal(ps_host_ordinal("psd-"), -1);
+    assert_int_equal(ps_host_ordinal("-3"), -1);
+    assert_int_equal(ps_host_ordinal("psd3"), -1);
+    assert_int_equal(ps_host_ordinal("psd-1234567890"), -1);
+    const char *vars[] = {"JOB_COMPLETION_INDEX", "RANK",        "SLURM_PROCID",
+                          "OMPI_COMM_WORLD_RANK", "WORLD_SIZE",  "SLURM_NTASKS",
+                          "OMPI_COMM_WORLD_SIZE", "PSD_WORKERS", "PSD_SHARD"};
+    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++)
+        unsetenv(vars[i]);
+    uint64_t v = 0;
+    char err[512];
+    assert_int_equal(ps_auto_rank("--rank auto", 0, 7, &v, err, sizeof err), PS_EINVAL);
+    assert_string_equal(err, "--rank auto: none of JOB_COMPLETION_INDEX, RANK, SLURM_PROCID or "
+                             "OMPI_COMM_WORLD_RANK is set (give the number instead)");
+    setenv("OMPI_COMM_WORLD_RANK", "5", 1);
+    assert_int_equal(ps_auto_rank("--rank auto", 0, 7, &v, err, sizeof err), 0);
+    assert_int_equal(v, 5);
+    setenv("RANK", "2", 1); /* earlier in the order: it wins */
+    assert_int_equal(ps_auto_rank("--rank auto", 0, 7, &v, err, sizeof err), 0);
+    assert_int_equal(v, 2);
+    setenv("JOB_COMPLETION_INDEX", "8", 1); /* the first, out of range: named */
+    assert_int_equal(ps_auto_rank("--rank auto", 0, 7, &v, err, sizeof err), PS_EINVAL);
+    assert_non_null(strstr(err, "JOB_COMPLETION_INDEX is '8', not a whole number in [0, 7]"));
+    setenv("JOB_COMPLETION_INDEX", "1x", 1);
+    assert_int_equal(ps_auto_rank("--rank auto", 0, 7, &v, err, sizeof err), PS_EINVAL);
+    assert_int_equal(ps_auto_workers("--workers auto", 1, 64, &v, err, sizeof err), PS_EINVAL);
+    assert_non_null(strstr(err, "none of WORLD_SIZE, SLURM_NTASKS, OMPI_COMM_WORLD_SIZE or "
+                                "PSD_WORKERS is set"));
+    setenv("PSD_WORKERS", "4", 1);
+    assert_int_equal(ps_auto_workers("--workers auto", 1, 64, &v, err, sizeof err), 0);
+    assert_int_equal(v, 4);
+    setenv("SLURM_NTASKS", "0", 1);
+    assert_int_equal(ps_auto_workers("--workers auto", 1, 64, &v, err, sizeof err), PS_EINVAL);
+    assert_non_null(strstr(err, "SLURM_NTASKS is '0'"));
+    setenv("PSD_SHARD", "3", 1);
+    assert_int_equal(ps_auto_shard("--shard auto", 0, 3, &v, err, sizeof err), 0);
+    assert_int_equal(v, 3);
+    assert_int_equal(ps_auto_shard("--shard auto", 0, 2, &v, err, sizeof err), PS_EINVAL);
+    assert_non_null(strstr(err, "PSD_SHARD is '3', not a whole number in [0, 2]"));
+    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++)
+        unsetenv(vars[i]);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -190,6 +314,8 @@ int main(void)
         cmocka_unit_test(test_defaults_and_values),
         cmocka_unit_test(test_errors_name_flag_and_value),
         cmocka_unit_test(test_cpu_lists),
+        cmocka_unit_test(test_server_patterns),
+        cmocka_unit_test(test_auto_indices),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -329,6 +329,20 @@ PSC_API uint64_t psc_topk_count(uint64_t n, double ratio);
 PSC_API int psc_topk_select(uint64_t n, const float *grad, float *resid, float *vel, float momentum,
                             uint64_t k, uint64_t *idx, float *val);
 
+/* --servers patterns and indices from the environment, as psworker takes
+ * them, for programs and bindings that start from text:
+ * psc_servers_parse expands "tcp://psd-[0-3].psd:5570" (Slurm's hostlist
+ * ranges; plain comma lists as they are) into buf (len bytes) and eps
+ * (at most max), in shard order. psc_auto_rank takes the first of
+ * JOB_COMPLETION_INDEX, RANK, SLURM_PROCID, OMPI_COMM_WORLD_RANK that is
+ * set; psc_auto_workers the first of WORLD_SIZE, SLURM_NTASKS,
+ * OMPI_COMM_WORLD_SIZE, PSD_WORKERS. PS_EINVAL with a sentence in err
+ * naming what was wrong, or every variable tried when none is set. */
+PSC_API int psc_servers_parse(const char *list, char *buf, size_t len, const char **eps,
+                              size_t max, size_t *n, char *err, size_t errlen);
+PSC_API int psc_auto_rank(uint64_t *rank, char *err, size_t errlen);
+PSC_API int psc_auto_workers(uint64_t *workers, char *err, size_t errlen);
+
 /* Votes: all workers of a round learn whether any of them said yes, as
  * mixed precision needs ("did anyone's gradients overflow?": then every
  * worker skips the step). A vote is a one-float table named "psd:" NAME

@@ -159,6 +159,10 @@ def _prototypes(lib):
         "psc_push_keys": (c.c_int, [client, c.c_uint32, u64p, fl, c.c_size_t, c.c_uint64, u64p]),
         "psc_topk_count": (c.c_uint64, [c.c_uint64, c.c_double]),
         "psc_vote_open": (c.c_int, [client, c.c_char_p, c.c_int, P(Vote)]),
+        "psc_servers_parse": (c.c_int, [c.c_char_p, c.c_char_p, c.c_size_t, P(c.c_char_p),
+                                        c.c_size_t, P(c.c_size_t), c.c_char_p, c.c_size_t]),
+        "psc_auto_rank": (c.c_int, [u64p, c.c_char_p, c.c_size_t]),
+        "psc_auto_workers": (c.c_int, [u64p, c.c_char_p, c.c_size_t]),
         "psc_vote": (c.c_int, [client, P(Vote), c.c_int, c.c_int, P(c.c_int)]),
         "psc_topk_select": (c.c_int, [c.c_uint64, fl, fl, fl, c.c_float, c.c_uint64, u64p, fl]),
     }

@@ -20,13 +20,28 @@ def library():
     return _lib_handle
 
 
-def _servers_of(servers):
+_RANK_VARS = ("JOB_COMPLETION_INDEX", "RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK")
+_WORKERS_VARS = ("WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PSD_WORKERS")
+
+
+def _servers_of(lib, servers):
+    """A list of endpoints from a list, or from text with hostlist ranges
+    ("tcp://psd-[0-3].psd:5570"), expanded by libpsclient as psworker
+    expands --servers."""
     if servers is None:
         servers = os.environ.get("PSD_SERVERS")
         if not servers:
             raise ValueError("servers: none given, and PSD_SERVERS is not set")
     if isinstance(servers, str):
-        servers = [s.strip() for s in servers.split(",")]
+        buf = ctypes.create_string_buffer(65536)
+        eps = (ctypes.c_char_p * 4096)()
+        n = ctypes.c_size_t()
+        err = ctypes.create_string_buffer(512)
+        rc = lib.psc_servers_parse(servers.encode(), buf, len(buf), eps, len(eps),
+                                   ctypes.byref(n), err, len(err))
+        if rc != 0:
+            raise ValueError(err.value.decode(errors="replace"))
+        return [eps[i].decode() for i in range(n.value)]
     servers = list(servers)
     if not servers or any(not isinstance(s, str) or not s for s in servers):
         raise ValueError("servers: a comma-separated string or a list of endpoints, shard 0 "
@@ -34,16 +49,17 @@ def _servers_of(servers):
     return servers
 
 
-def _int_from_env(value, arg, env, default):
-    if value is not None:
-        v = value
-    elif os.environ.get(env):
-        try:
-            v = int(os.environ[env])
-        except ValueError:
-            raise ValueError("%s: %s=%r is not an integer" % (arg, env, os.environ[env])) from None
-    else:
-        v = default
+def _from_env(lib, value, arg, fn, names, default):
+    """value; else the first of the environment variables names that is
+    set (libpsclient's psc_auto_rank/psc_auto_workers, as psworker --rank
+    auto); else default."""
+    if value is None and any(os.environ.get(n) is not None for n in names):
+        out = ctypes.c_uint64()
+        err = ctypes.create_string_buffer(512)
+        if fn(ctypes.byref(out), err, len(err)) != 0:
+            raise ValueError(err.value.decode(errors="replace"))
+        return out.value
+    v = default if value is None else value
     if not isinstance(v, int) or v < 0:
         raise ValueError("%s must be an integer >= 0 (got %r)" % (arg, v))
     return v
@@ -200,9 +216,12 @@ class TopK:
 class Client:
     """A connection to every shard of a psd cluster.
 
-    servers: "tcp://h:p,tcp://h:p" or a list, shard 0 first (default: the
-    PSD_SERVERS environment variable); rank: this worker's id (default
-    RANK, else 0); workers: how many workers train (default WORLD_SIZE,
+    servers: "tcp://h:p,tcp://h:p" or a list, shard 0 first, or a pattern
+    as psworker's --servers takes ("tcp://psd-[0-3].psd:5570"; default: the
+    PSD_SERVERS environment variable); rank: this worker's id (default: the
+    first of JOB_COMPLETION_INDEX, RANK, SLURM_PROCID, OMPI_COMM_WORLD_RANK
+    that is set, else 0); workers: how many workers train (default: the
+    first of WORLD_SIZE, SLURM_NTASKS, OMPI_COMM_WORLD_SIZE, PSD_WORKERS,
     else 1). Use it as a context manager, or call close().
 
     The library is used from one thread at a time: every call holds the
@@ -217,9 +236,11 @@ class Client:
                  retry_ms=0, heartbeat_ms=0):
         self._c = None
         self._beat = None
-        servers = _servers_of(servers)
-        self.rank = _int_from_env(rank, "rank", "RANK", 0)
-        self.workers = _int_from_env(workers, "workers", "WORLD_SIZE", 1)
+        self._lib, self.library_path = library()
+        servers = _servers_of(self._lib, servers)
+        self.rank = _from_env(self._lib, rank, "rank", self._lib.psc_auto_rank, _RANK_VARS, 0)
+        self.workers = _from_env(self._lib, workers, "workers", self._lib.psc_auto_workers,
+                                 _WORKERS_VARS, 1)
         if self.workers < 1 or self.rank >= self.workers:
             raise ValueError("rank %d is not in [0, workers=%d)" % (self.rank, self.workers))
         if wire_dtype not in _lib.DTYPES:
@@ -229,7 +250,6 @@ class Client:
             raise ValueError("curve_server_key and curve_keypair go together")
         self.timeout_ms = int(timeout_ms)
         self.wire_dtype = wire_dtype
-        self._lib, self.library_path = library()
         self._timedout = -12  # PS_ETIMEDOUT: stable, append-only codes
         arr = (ctypes.c_char_p * len(servers))(*[s.encode() for s in servers])
         cfg = _lib.Config(servers=arr, nservers=len(servers), worker_id=self.rank,
