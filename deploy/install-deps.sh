@@ -31,10 +31,10 @@ PY_PKGS=(python3-numpy python3-torch)
 # test in network namespaces), podman and debootstrap (the compose test),
 # numpy, pytest and torch (the Python package's tests, on Debian's python3),
 # oneDNN (conv_bench compares psk's convolutions with it; nothing links it
-# otherwise).
+# otherwise), PyYAML (the Kubernetes manifests' checker).
 TEST_PKGS=(
   libcmocka-dev libdnnl-dev
-  python3-numpy python3-pytest python3-torch
+  python3-numpy python3-pytest python3-torch python3-yaml
   clang libclang-rt-14-dev
   procps systemd
   prometheus curl
