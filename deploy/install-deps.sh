@@ -29,6 +29,7 @@ PY_PKGS=(python3-numpy python3-torch)
 # (systemd-analyze verify of the units), prometheus (promtool) and curl
 # (/metrics), iproute2, iptables and libnetfilter-queue (the several-host
 # test in network namespaces), podman and debootstrap (the compose test),
+# catatonit (the pause process of podman kube play's pods),
 # numpy, pytest and torch (the Python package's tests, on Debian's python3),
 # oneDNN (conv_bench compares psk's convolutions with it; nothing links it
 # otherwise), PyYAML (the Kubernetes manifests' checker).
@@ -40,6 +41,7 @@ TEST_PKGS=(
   prometheus curl
   iproute2 iptables libnetfilter-queue-dev
   podman podman-compose runc golang-github-containernetworking-plugin-dnsname debootstrap
+  catatonit
 )
 
 purpose=${1:-test}

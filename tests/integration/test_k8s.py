@@ -10,8 +10,7 @@ keys, the rendered objects pass the checker, and shard and worker counts
 set in psd-counts reach the StatefulSet's replicas and the Job's
 completions and parallelism.
 
-Not exercised here: running the pods (no cluster is reachable; see
-deploy/README.md, "Kubernetes")."""
+Running the pods is test_k8s_play.py's part (podman kube play)."""
 import os
 import shutil
 import subprocess
