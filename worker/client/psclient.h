@@ -338,8 +338,8 @@ PSC_API int psc_topk_select(uint64_t n, const float *grad, float *resid, float *
  * set; psc_auto_workers the first of WORLD_SIZE, SLURM_NTASKS,
  * OMPI_COMM_WORLD_SIZE, PSD_WORKERS. PS_EINVAL with a sentence in err
  * naming what was wrong, or every variable tried when none is set. */
-PSC_API int psc_servers_parse(const char *list, char *buf, size_t len, const char **eps,
-                              size_t max, size_t *n, char *err, size_t errlen);
+PSC_API int psc_servers_parse(const char *list, char *buf, size_t len, const char **eps, size_t max,
+                              size_t *n, char *err, size_t errlen);
 PSC_API int psc_auto_rank(uint64_t *rank, char *err, size_t errlen);
 PSC_API int psc_auto_workers(uint64_t *workers, char *err, size_t errlen);
 
