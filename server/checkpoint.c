@@ -661,6 +661,9 @@ static int reshard_rows(struct psd *s, struct psd_table *t, const struct blob *b
     snprintf(key, sizeof key, "keys/%s", t->name);
     uint64_t rows = (uint64_t)json_integer_value(
         json_array_get(json_object_get(json_object_get(b->hdr, key), "shape"), 0));
+    if (rows > t->rows_max) /* also keeps the sizes below from wrapping */
+        return ps_errf(PS_EPROTO, err, errlen, "'%s' has %" PRIu64 " rows, over its rows_max",
+                       t->name, rows);
     size_t d = t->dim;
     const unsigned char *keys = tensor(b, "keys", t->name, "U64", rows * 8, err, errlen);
     const float *w = keys ? tensor(b, "w", t->name, "F32", rows * d * 4, err, errlen) : NULL;
