@@ -3,6 +3,7 @@
 
 #include "ps_err.h"
 
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -279,30 +280,33 @@ float *psw_cnn_grad(struct psw_cnn *m, int k)
     return k % 2 ? m->L[k / 2].gb : m->L[k / 2].gw;
 }
 
-void psw_cnn_point_params(struct psw_cnn *m, float *const *p)
+/* Each layer's pair of buffers at offsets wo and bo of its struct (the
+ * weight and bias, or their gradients) is read from p[2l], p[2l+1] from
+ * now on; the layer's own buffers are freed the first time. */
+static void place(struct psw_cnn *m, size_t wo, size_t bo, int *placed, float *const *p)
 {
     for (int l = 0; l < m->n; l++) {
-        if (!m->params_placed) {
-            psk_free(m->be, m->L[l].w);
-            psk_free(m->be, m->L[l].b);
+        float **w = (float **)((char *)&m->L[l] + wo), **b = (float **)((char *)&m->L[l] + bo);
+        if (!*placed) {
+            psk_free(m->be, *w);
+            psk_free(m->be, *b);
         }
-        m->L[l].w = p[2 * l];
-        m->L[l].b = p[2 * l + 1];
+        *w = p[2 * l];
+        *b = p[2 * l + 1];
     }
-    m->params_placed = 1;
+    *placed = 1;
+}
+
+void psw_cnn_point_params(struct psw_cnn *m, float *const *p)
+{
+    place(m, offsetof(struct psw_conv_layer, w), offsetof(struct psw_conv_layer, b),
+          &m->params_placed, p);
 }
 
 void psw_cnn_place_grads(struct psw_cnn *m, float *const *g)
 {
-    for (int l = 0; l < m->n; l++) {
-        if (!m->grads_placed) {
-            psk_free(m->be, m->L[l].gw);
-            psk_free(m->be, m->L[l].gb);
-        }
-        m->L[l].gw = g[2 * l];
-        m->L[l].gb = g[2 * l + 1];
-    }
-    m->grads_placed = 1;
+    place(m, offsetof(struct psw_conv_layer, gw), offsetof(struct psw_conv_layer, gb),
+          &m->grads_placed, g);
 }
 
 /* Layer l's input: the batch, or the layer below's output. */
