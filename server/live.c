@@ -184,7 +184,7 @@ void psd_op_hello(struct psd *s, const struct ps_frame *route, const char *user,
     h.clock = 0; /* where a worker joining now starts: the model's clock, which the
                   * client library's vote tables ("psd:...", psclient.h) run ahead of */
     for (uint32_t i = 0; i < s->ntables; i++) {
-        if (strncmp(s->tables[i]->name, "psd:", 4) == 0)
+        if (PS_TABLE_RESERVED(s->tables[i]->name))
             continue;
         uint64_t c = psd_cons_join_clock(&s->cons, s->tables[i], req->worker_id);
         h.clock = c > h.clock ? c : h.clock;

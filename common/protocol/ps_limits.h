@@ -8,6 +8,7 @@
 #define PS_LIMITS_H
 
 #include <stdint.h>
+#include <string.h>
 
 #define PS_PROTOCOL_VERSION 1u
 
@@ -16,8 +17,14 @@
 #define PS_WORKERS_MAX 4096u
 
 /* Tables. */
-#define PS_TABLES_MAX          1024u
-#define PS_TABLE_NAME_MAX      128u                /* bytes, excluding the terminating NUL */
+#define PS_TABLES_MAX     1024u
+#define PS_TABLE_NAME_MAX 128u /* bytes, excluding the terminating NUL */
+/* Tables named with this prefix belong to the client library (its votes,
+ * psclient.h): no part of the model (psctl export leaves them out), and
+ * not counted in the clock a joining worker starts at. */
+#define PS_TABLE_RESERVED_PREFIX "psd:"
+#define PS_TABLE_RESERVED(name)                                                                    \
+    (strncmp((name), PS_TABLE_RESERVED_PREFIX, sizeof PS_TABLE_RESERVED_PREFIX - 1) == 0)
 #define PS_TABLE_ELEMS_MAX     (UINT64_C(1) << 34) /* 64 GiB of f32 per table */
 #define PS_SPARSE_DIM_MAX      4096u
 #define PS_SHAPE_DIMS_MAX      8u                   /* dimensions a dense table's shape may name */

@@ -427,7 +427,7 @@ static int cmd_export(struct cluster *k, const char *path, int json)
     uint64_t bytes = 0;
     for (uint32_t i = 0; rc == 0 && i < st.tables && i < PS_TABLES_MAX; i++) {
         uint32_t h;
-        if (strncmp(tl[i].name, "psd:", 4) == 0)
+        if (PS_TABLE_RESERVED(tl[i].name))
             continue; /* the client library's votes: no part of the model */
         if ((rc = psc_table_open(k->c, tl[i].name, k->timeout_ms, &h)) != 0) {
             fprintf(stderr, "psctl: export: '%s': %s\n", tl[i].name, psc_last_error(k->c));

@@ -12,16 +12,15 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define VOTE_PREFIX "psd:"
-
 int psc_vote_open(struct psc_client *c, const char *name, int timeout_ms, struct psc_vote *v)
 {
     memset(v, 0, sizeof *v);
     char full[PSC_TABLE_NAME_MAX + 1];
-    if (name == NULL || name[0] == '\0' || strlen(name) + strlen(VOTE_PREFIX) > PSC_TABLE_NAME_MAX)
+    if (name == NULL || name[0] == '\0' ||
+        strlen(name) + strlen(PS_TABLE_RESERVED_PREFIX) > PSC_TABLE_NAME_MAX)
         return pc_set_error(c, PS_EINVAL, "vote: a name of 1..%zu characters is needed",
-                            (size_t)PSC_TABLE_NAME_MAX - strlen(VOTE_PREFIX));
-    snprintf(full, sizeof full, VOTE_PREFIX "%s", name);
+                            (size_t)PSC_TABLE_NAME_MAX - strlen(PS_TABLE_RESERVED_PREFIX));
+    snprintf(full, sizeof full, PS_TABLE_RESERVED_PREFIX "%s", name);
     struct psc_table_spec s;
     psc_table_spec_init(&s, full, 1);
     s.optimizer = PSC_SGD;
