@@ -9,7 +9,8 @@
 #include <stdio.h>
 #include <string.h>
 
-/* A range item's bound: digits only, at most 9; its value and width. */
+/* A range item's bound: digits only, at most 9; its value, and its width
+ * when width is not NULL. */
 static int bound(const char *s, size_t len, unsigned long *v, int *width)
 {
     if (len == 0 || len > 9)
@@ -20,7 +21,8 @@ static int bound(const char *s, size_t len, unsigned long *v, int *width)
             return -1;
         *v = *v * 10 + (unsigned long)(s[i] - '0');
     }
-    *width = (int)len;
+    if (width != NULL)
+        *width = (int)len;
     return 0;
 }
 
@@ -73,10 +75,10 @@ static int item(struct out *o, const char *tok, size_t len)
         const char *comma = memchr(p, ',', (size_t)(close - p));
         const char *stop = comma ? comma : close, *dash = memchr(p, '-', (size_t)(stop - p));
         unsigned long a, z;
-        int wa, wz;
+        int wa;
         if (dash ? bound(p, (size_t)(dash - p), &a, &wa) ||
-                       bound(dash + 1, (size_t)(stop - dash - 1), &z, &wz)
-                 : bound(p, (size_t)(stop - p), &a, &wa) || (z = a, wz = wa, 0))
+                       bound(dash + 1, (size_t)(stop - dash - 1), &z, NULL)
+                 : bound(p, (size_t)(stop - p), &a, &wa) || (z = a, 0))
             return ps_errf(PS_EINVAL, o->err, o->errlen,
                            "%s: '%.*s' in '%.*s' is not N or N-M (digits)", o->flag,
                            (int)(stop - p), p, (int)len, tok);
@@ -87,7 +89,6 @@ static int item(struct out *o, const char *tok, size_t len)
         if (z - a >= PS_SHARDS_MAX)
             return ps_errf(PS_EINVAL, o->err, o->errlen, "%s: '%.*s' names more than %u endpoints",
                            o->flag, (int)len, tok, PS_SHARDS_MAX);
-        (void)wz;
         int width = wa > 1 && p[0] == '0' ? wa : 0; /* zero-padded (01-12): keep the width */
         for (unsigned long v = a; v <= z; v++) {
             char ep[PS_ENDPOINT_MAX + 16];

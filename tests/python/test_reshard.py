@@ -4,8 +4,10 @@ weight, optimizer state and pruning mask, sparse rows on the shards their
 keys hash to), at the same clock, and goes on exactly as the old one
 would have; psworker stopped mid-run on 2 shards and finished on 3 ends
 with the model of an unbroken run, bit for bit."""
+import json
 import os
 import subprocess
+import time
 
 import numpy as np
 import pytest
@@ -66,7 +68,6 @@ def assert_same_model(a, b):
 
 
 def status_clocks(servers):
-    import json
     r = psctl("--servers", servers, "--json", "status")
     assert r.returncode == 0, r.stderr
     return {t["name"]: t["clock"] for sh in json.loads(r.stdout)["shards"] for t in sh["tables"]
@@ -158,7 +159,6 @@ def test_psworker_stopped_on_two_shards_finishes_on_three_as_if_unbroken(cluster
                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                          env=child_env())
     try:
-        import time
         deadline = time.monotonic() + 300
         while min(status_clocks(servers).values() or [0]) < 40:  # mid-run
             assert w.poll() is None and time.monotonic() < deadline

@@ -242,6 +242,22 @@ static void test_server_patterns(void **state)
         if (strncmp(got, "ERROR --servers: ", 17) != 0 || strstr(got, bad[i].says) == NULL)
             fail_msg("'%s': got '%s', not an error saying '%s'", bad[i].list, got, bad[i].says);
     }
+    /* a range of PS_SHARDS_MAX endpoints is the most, one more is refused */
+    static char big[PS_SHARDS_MAX * 24];
+    const char *all[PS_SHARDS_MAX];
+    size_t got = 0;
+    char e2[256], at[64], past[64];
+    snprintf(at, sizeof at, "tcp://h:[1-%u]", PS_SHARDS_MAX);
+    snprintf(past, sizeof past, "tcp://h:[1-%u]", PS_SHARDS_MAX + 1);
+    assert_int_equal(ps_hostlist_expand("--servers", at, big, sizeof big, all, PS_SHARDS_MAX, &got,
+                                        e2, sizeof e2),
+                     0);
+    assert_int_equal(got, PS_SHARDS_MAX);
+    assert_string_equal(all[PS_SHARDS_MAX - 1], "tcp://h:256");
+    assert_int_equal(ps_hostlist_expand("--servers", past, big, sizeof big, all, PS_SHARDS_MAX,
+                                        &got, e2, sizeof e2),
+                     PS_EINVAL);
+    assert_non_null(strstr(e2, "names more than 256 endpoints"));
     /* more endpoints than the caller has room for */
     char buf[64], err[256];
     const char *eps[2];
