@@ -19,6 +19,7 @@ RUN_PKGS=(
   libzmq3-dev libprotobuf-c-dev protobuf-c-compiler
   libuv1-dev libopenblas-dev zlib1g-dev
   libjansson-dev libsystemd-dev libinih-dev libmicrohttpd-dev
+  libcurl4-openssl-dev libsodium-dev
   python3
   dataset-fashion-mnist
 )
@@ -32,7 +33,8 @@ PY_PKGS=(python3-numpy python3-torch)
 # catatonit (the pause process of podman kube play's pods),
 # numpy, pytest and torch (the Python package's tests, on Debian's python3),
 # oneDNN (conv_bench compares psk's convolutions with it; nothing links it
-# otherwise), PyYAML (the Kubernetes manifests' checker).
+# otherwise), PyYAML (the Kubernetes manifests' checker), etcd (the
+# replicas' tests start one).
 TEST_PKGS=(
   libcmocka-dev libdnnl-dev
   python3-numpy python3-pytest python3-torch python3-yaml
@@ -42,6 +44,7 @@ TEST_PKGS=(
   iproute2 iptables libnetfilter-queue-dev
   podman podman-compose runc golang-github-containernetworking-plugin-dnsname debootstrap
   catatonit
+  etcd-server
 )
 
 purpose=${1:-test}

@@ -92,6 +92,9 @@ void psd_op_stats(struct psd *s, const Ps__Header *req, struct psd_reply *rep)
         st.n_worker_clocks = s->cons.workers;
         st.worker_clocks = wc;
     }
+    st.role = "solo";
+    if (s->on_stats != NULL)
+        s->on_stats(s->hook_ctx, &st);
     Ps__Header h;
     psd_reply_init(&h, req);
     h.stats = &st;

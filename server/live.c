@@ -82,6 +82,8 @@ void psd_drop_worker(struct psd *s, uint32_t w)
            "rounds go on without it (%u of %u workers live)",
            w, (unsigned long long)((uint64_t)ps_mono_ms() - s->live[w].last_ms),
            (unsigned long long)s->worker_timeout_ms, psd_live_count(s), s->cons.workers);
+    if (s->on_drop != NULL) /* before the rounds it closes: a backup drops it first too */
+        s->on_drop(s->hook_ctx, w);
     leave_tables(s, w);
     psd_shm_drop_worker(&s->shm, w, NULL, 0);
 }
@@ -119,7 +121,7 @@ int psd_hello_refused(struct psd *s, const struct ps_frame *route, const char *u
                       const Ps__Header *req, struct psd_reply *rep)
 {
     uint32_t w = req->worker_id;
-    if (w == PSD_OBSERVER_ID)
+    if (w == PSD_OBSERVER_ID || s->replaying)
         return 0;
     if (user != NULL && s->may_use != NULL && !s->may_use(s->send_ctx, user, w)) {
         s->hellos_refused++;

@@ -5,6 +5,7 @@
 #include "metrics.h"
 #include "net.h"
 #include "psd.h"
+#include "repl.h"
 
 #include "ps_auto.h"
 #include "ps_cpus.h"
@@ -52,6 +53,8 @@ struct psd_config {
     const char *config;
     const char *endpoint_file;
     const char *metrics_listen;
+    const char *etcd, *etcd_prefix, *advertise, *replica_of;
+    uint64_t lease_ttl, replica_timeout_ms;
     int help;
     int version;
 };
@@ -127,6 +130,24 @@ static const struct ps_opt psd_opts[] = {
         "write the bound endpoint here once listening (for scripts and tests)"),
     OPT("metrics-listen", PS_OPT_STR, metrics_listen, NULL, 0, 0, "ADDR:PORT",
         "serve Prometheus /metrics and /healthz over HTTP here (port 0 picks a free port)"),
+    OPT("etcd", PS_OPT_STR, etcd, NULL, 0, 0, "URL",
+        "run as one replica of the shard (http://HOST:PORT of etcd, whose leases decide which "
+        "replica is primary); every replica of a shard takes the same --etcd"),
+    OPT("replica-of", PS_OPT_STR, replica_of, NULL, 0, 0, "ENDPOINT",
+        "start as a backup of the shard's primary at ENDPOINT (etcd's word wins when it names "
+        "another); a backup never becomes a new shard's first primary; needs --etcd"),
+    OPT("advertise", PS_OPT_STR, advertise, NULL, 0, 0, "ENDPOINT",
+        "how other replicas and clients reach this process (default: the bound --listen "
+        "endpoint; needed when --listen binds every address)"),
+    OPT("etcd-prefix", PS_OPT_STR, etcd_prefix, "/psd", 0, 0, "PREFIX",
+        "etcd keys of this cluster's shards go under PREFIX/shard-I-of-S/"),
+    OPT("lease-ttl", PS_OPT_U64, lease_ttl, "1", 1, 60, "SECONDS",
+        "the primary's etcd lease: a primary that stops renewing it is replaced after this "
+        "(etcd may grant more: its minimum is 1.5 x its --election-timeout)"),
+    OPT("replica-timeout-ms", PS_OPT_U64, replica_timeout_ms, "500", 50, 60000, "MS",
+        "a backup silent this long is dropped by its primary (replies stop waiting for it once "
+        "etcd no longer lists it); a primary silent this long is replaced by a backup of its "
+        "in-sync set; keep it above the primary's longest pause (a checkpoint write)"),
     OPT("help", PS_OPT_FLAG, help, NULL, 0, 0, NULL, "show this help and exit"),
     OPT("version", PS_OPT_FLAG, version, NULL, 0, 0, NULL, "show the version and exit"),
 };
@@ -146,6 +167,8 @@ struct app {
     uv_timer_t tick;
     struct ps_metrics *metrics;
     struct ps_buf metrics_text;
+    struct psd_repl repl;
+    int replicated;
 };
 
 /* Renders the metrics and hands them to the HTTP thread. */
@@ -157,6 +180,8 @@ static void publish_metrics(struct app *a)
     if (a->net.sock != NULL) /* started */
         psd_metrics_render_net(&a->net, a->cfg.curve_secret != NULL ? &a->sec : NULL,
                                &a->metrics_text);
+    if (a->replicated)
+        psd_repl_metrics(&a->repl, &a->metrics_text);
     ps_metrics_publish(a->metrics, &a->metrics_text);
 }
 
@@ -178,6 +203,8 @@ static void on_signal(uv_signal_t *h, int signum)
                "no checkpoint at shutdown: a bsp round is in progress; the newest is from %llu "
                "ms ago",
                (unsigned long long)((uint64_t)ps_mono_ns() / 1000000u - a->srv.ckpt_last_ms));
+    if (a->replicated)
+        psd_repl_stop(&a->repl);
     psd_net_stop(&a->net);
     uv_close((uv_handle_t *)&a->tick, NULL);
     uv_close((uv_handle_t *)&a->sigint, NULL);
@@ -354,7 +381,54 @@ static int parse_config(struct psd_config *cfg, int argc, char **argv, int *leve
         fprintf(stderr, "psd: --listen: %s\n", why);
         return 2;
     }
+    if ((cfg->replica_of != NULL || cfg->advertise != NULL) && cfg->etcd == NULL) {
+        fprintf(stderr, "psd: --%s needs --etcd: replicas take their primary from etcd\n",
+                cfg->replica_of ? "replica-of" : "advertise");
+        return 2;
+    }
+    const char *eps[] = {cfg->replica_of, cfg->advertise};
+    for (size_t i = 0; i < 2; i++)
+        if (eps[i] != NULL && (strlen(eps[i]) >= PS_ENDPOINT_MAX ||
+                               ps_endpoint_check(eps[i], 0, why, sizeof why) != 0)) {
+            fprintf(stderr, "psd: --%s: %s\n", i ? "advertise" : "replica-of",
+                    strlen(eps[i]) >= PS_ENDPOINT_MAX ? "too long" : why);
+            return 2;
+        }
     return -1;
+}
+
+/* --etcd: this process is one replica of its shard (repl.h). */
+static int start_replica(struct app *a, const struct psd_config *cfg)
+{
+    const char *adv = cfg->advertise != NULL ? cfg->advertise : a->net.endpoint;
+    if (strstr(adv, "://0.0.0.0:") != NULL || strstr(adv, "://*:") != NULL ||
+        strstr(adv, "://[::]:") != NULL) {
+        PS_LOG(&a->log, PS_LOG_ERROR, S0008,
+               "--listen %s binds every address: say with --advertise how the other replicas "
+               "and the clients reach this one",
+               a->net.endpoint);
+        return PS_EINVAL;
+    }
+    struct psd_repl_config rc = {
+        .etcd = cfg->etcd,
+        .prefix = cfg->etcd_prefix,
+        .advertise = adv,
+        .replica_of = cfg->replica_of,
+        .lease_ttl_s = (int64_t)cfg->lease_ttl,
+        .timeout_ms = cfg->replica_timeout_ms,
+    };
+    char err[512];
+    a->replicated = 1;
+    if (psd_repl_start(&a->repl, &a->net, &a->loop, &rc, err, sizeof err) != 0) {
+        PS_LOG(&a->log, PS_LOG_ERROR, S0008, "%s", err);
+        return PS_EINVAL;
+    }
+    PS_LOG(&a->log, PS_LOG_INFO, S0015,
+           "a replica of shard %u as %s (etcd %s, keys under %s/shard-%u-of-%u/, lease %llu s)%s%s",
+           a->srv.shard, adv, cfg->etcd, cfg->etcd_prefix, a->srv.shard, a->srv.shards,
+           (unsigned long long)cfg->lease_ttl, cfg->replica_of ? ", following " : "",
+           cfg->replica_of ? cfg->replica_of : "");
+    return 0;
 }
 
 int main(int argc, char **argv)
@@ -465,13 +539,25 @@ int main(int argc, char **argv)
         PS_LOG(&a.log, PS_LOG_INFO, S0012, "metrics on %s (port %d): GET /metrics, /healthz",
                cfg.metrics_listen, ps_metrics_port(a.metrics));
     }
-    if (psd_net_start(&a.net, &a.srv, &a.loop, cfg.listen, (int)cfg.io_threads, !cfg.no_local_ipc,
-                      sec, err, sizeof err) != 0) {
+    /* a backup could not read a client's shared region: replicas use tcp */
+    int local_ipc = !cfg.no_local_ipc && cfg.etcd == NULL;
+    if (psd_net_start(&a.net, &a.srv, &a.loop, cfg.listen, (int)cfg.io_threads, local_ipc, sec, err,
+                      sizeof err) != 0) {
         PS_LOG(&a.log, PS_LOG_ERROR, S0002, "%s", err);
         ps_metrics_stop(a.metrics);
         psd_fini(&a.srv);
         uv_loop_close(&a.loop);
         return 1;
+    }
+    if (cfg.etcd != NULL && start_replica(&a, &cfg) != 0) {
+        psd_net_stop(&a.net);
+        uv_run(&a.loop, UV_RUN_NOWAIT);
+        psd_repl_fini(&a.repl);
+        psd_net_fini(&a.net);
+        ps_metrics_stop(a.metrics);
+        psd_fini(&a.srv);
+        uv_loop_close(&a.loop);
+        return 2;
     }
     uv_signal_init(&a.loop, &a.sigint);
     uv_signal_init(&a.loop, &a.sigterm);
@@ -509,6 +595,8 @@ int main(int argc, char **argv)
 
     uv_run(&a.loop, UV_RUN_DEFAULT);
 
+    if (a.replicated)
+        psd_repl_fini(&a.repl);
     psd_net_fini(&a.net);
     ps_metrics_stop(a.metrics);
     ps_buf_free(&a.metrics_text);

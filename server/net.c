@@ -25,7 +25,7 @@
  * frees it. Large values go out without a copy (ZeroMQ frees them, or
  * lets go of a lent table block); small or borrowed ones (a table's
  * memory below PS_ZEROCOPY_BYTES_MIN) are copied. */
-static int send_reply(struct psd_net *n, const void *route, size_t route_len, struct psd_reply *rep)
+int psd_net_reply(struct psd_net *n, const void *route, size_t route_len, struct psd_reply *rep)
 {
     struct psd_unread_peer *p = psd_unread_peer(&n->unread, route, route_len);
     struct psd_lent *none = NULL;
@@ -47,6 +47,14 @@ static int send_reply(struct psd_net *n, const void *route, size_t route_len, st
     }
     psd_reply_drop(rep);
     return 0;
+}
+
+/* A reply, unless replicas hold it until the backups have its changes. */
+static int send_reply(struct psd_net *n, const void *route, size_t route_len, struct psd_reply *rep)
+{
+    if (n->repl != NULL && n->repl_hold(n->repl, route, route_len, rep))
+        return 0;
+    return psd_net_reply(n, route, route_len, rep);
 }
 
 /* psd's question at a hello under CURVE (psd_may_use_cb). */
@@ -74,6 +82,14 @@ static int on_readable(struct ps_zsock *zs, void *arg)
     size_t kept = 0, total = 0;
     if (ps_zmsg_recv(zs->sock, ZMQ_DONTWAIT, parts, PARTS_MAX, &kept, &total, NULL) != 0)
         return -1; /* nothing to read */
+    if (n->repl != NULL) {
+        struct ps_frame route = {zmq_msg_data(&parts[0]), zmq_msg_size(&parts[0])};
+        const char *user = n->sec != NULL && kept > 1 ? zmq_msg_gets(&parts[1], "User-Id") : NULL;
+        n->repl_request(n->repl, &route, user, parts, kept, total);
+        for (size_t i = 0; i < kept; i++)
+            zmq_msg_close(&parts[i]);
+        return 0;
+    }
     struct ps_frame frames[PARTS_MAX];
     for (size_t i = 1; i < kept; i++) {
         frames[i - 1].data = zmq_msg_data(&parts[i]);

@@ -24,8 +24,19 @@ struct psd_net_conn {
     struct psd_net *net;
 };
 
+/* Replicas (repl.h) take every request, and hold replies until their
+ * backups have what the replies depend on (1: taken, held or dropped;
+ * 0: send it now). Called on the loop, with the net's repl pointer. */
+typedef void (*psd_net_request_cb)(void *repl, const struct ps_frame *route, const char *user,
+                                   zmq_msg_t *parts, size_t kept, size_t total);
+typedef int (*psd_net_hold_cb)(void *repl, const void *route, size_t route_len,
+                               struct psd_reply *rep);
+
 struct psd_net {
     struct psd *srv;
+    void *repl; /* replicas (repl.h), or NULL: requests go to psd_dispatch */
+    psd_net_request_cb repl_request;
+    psd_net_hold_cb repl_hold;
     void *ctx;
     void *sock;
     struct ps_zsock zs;
@@ -51,6 +62,8 @@ struct psd_net {
 int psd_net_start(struct psd_net *n, struct psd *srv, uv_loop_t *loop, const char *listen,
                   int io_threads, int local_ipc, struct psd_security *sec, char *err,
                   size_t errlen);
+/* Sends a reply to route now, whatever replicas wait for (repl.c). */
+int psd_net_reply(struct psd_net *n, const void *route, size_t route_len, struct psd_reply *rep);
 /* Deregisters from the loop (handles close on the next uv_run turn). */
 void psd_net_stop(struct psd_net *n);
 /* Closes the socket and terminates the context; after the loop is done. */

@@ -229,6 +229,12 @@ static enum psd_answer dispatch_one(struct psd *s, const struct ps_frame *route,
             op_batch(s, route, &m);
             now = PSD_ANSWER_LATER; /* each request in it was answered */
             break;
+        case PS__OP__OP_FOLLOW:
+        case PS__OP__OP_REPLICATE: /* the transport takes them where replicas run (repl.h) */
+            psd_reply_errorf(s, req, PS_ENOTSUP, rep,
+                             "%s: this shard runs without replicas (psd --etcd)",
+                             ps_op_name(req->op));
+            break;
         default:
             psd_reply_errorf(s, req, PS_EOP, rep, "unknown op %d", (int)req->op);
             break;

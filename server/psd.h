@@ -18,7 +18,7 @@
 
 #include <stdint.h>
 
-#define PSD_OPS_COUNT    12             /* ps.Op values, OP_NONE included */
+#define PSD_OPS_COUNT    14             /* ps.Op values, OP_NONE included */
 #define PSD_ERR_CODES    32             /* room for -PS_E* codes */
 #define PSD_PEERS        PS_WORKERS_MAX /* exactly-once state for this many worker ids */
 #define PSD_DEDUP_WINDOW 2048           /* request ids remembered one by one per worker */
@@ -168,6 +168,15 @@ struct psd {
     struct psd_counters ctr;
     uint64_t errors_logged; /* rate limit for malformed-request warnings */
 
+    /* replicas (repl.h), all NULL/0 without: replaying says a request is a
+     * backup's copy of one its primary took (a hello is then never
+     * refused: the primary decided); on_drop hears each worker dropped from
+     * the live set; on_stats adds the replicas' part to a stats reply */
+    int replaying;
+    void (*on_drop)(void *ctx, uint32_t w);
+    void (*on_stats)(void *ctx, Ps__Stats *st);
+    void *hook_ctx;
+
     struct ps_arena arena;
     unsigned char *arena_buf;
     float *scratch; /* aligned copy of values when a frame is misaligned */
@@ -203,6 +212,10 @@ int psd_init(struct psd *s, struct ps_log *log, const struct psd_params *p);
 void psd_peer_restore(struct psd *s, uint32_t worker_id, uint64_t session, uint64_t last_applied,
                       const uint64_t *bits);
 void psd_reset_tables(struct psd *s);
+/* Forgets everything a checkpoint or a state transfer would bring: tables,
+ * workers' exactly-once records, the live set and waiting requests (a
+ * backup about to load its primary's state). */
+void psd_reset_state(struct psd *s);
 /* A new table of this shard (spec checked), with the consistency mode's
  * state and the apply helper; the caller adds it to s->tables. 0, or an
  * error with nothing left allocated. */

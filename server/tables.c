@@ -22,6 +22,14 @@ void psd_reset_tables(struct psd *s)
     memset(s->peers, 0, sizeof s->peers);
 }
 
+void psd_reset_state(struct psd *s)
+{
+    psd_reset_tables(s);
+    memset(s->live, 0, s->cons.workers * sizeof *s->live);
+    s->nwaits = 0; /* their connections are another process's */
+    s->changes++;
+}
+
 int psd_table_new(struct psd *s, const Ps__TableSpec *spec, struct psd_table **out)
 {
     struct psd_table *t = NULL;

@@ -31,7 +31,8 @@
     X(ENODEV, -22, "no such device")                                                               \
     X(EDEVICE, -23, "device error")                                                                \
     X(ESHM, -24, "no shared memory region")                                                        \
-    X(EAUTH, -25, "refused by the server's security")
+    X(EAUTH, -25, "refused by the server's security")                                              \
+    X(ENOTPRIMARY, -26, "not the shard's primary")
 
 enum ps_err {
 #define PS_ERR_ENUM(name, value, text) PS_##name = (value),

@@ -49,7 +49,7 @@ static int emit(struct out *o, const char *ep, size_t eplen)
     dst[eplen] = '\0';
     o->used += eplen + 1;
     char why[PS_ENDPOINT_MAX + 96];
-    if (ps_endpoint_check(dst, 0, why, sizeof why) != 0)
+    if (ps_endpoints_check(dst, why, sizeof why) != 0)
         return ps_errf(PS_EINVAL, o->err, o->errlen, "%s: %s", o->flag, why);
     o->eps[(*o->n)++] = dst;
     return 0;

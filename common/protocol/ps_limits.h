@@ -90,6 +90,7 @@ _Static_assert(PS_ROWS_PAGE_BYTES >= (uint64_t)PS_SPARSE_DIM_MAX * 4u, "a page h
 #define PS_CLIENT_TICKETS_MAX 1024u /* requests outstanding per client */
 #define PS_CLIENT_TABLES_MAX  PS_TABLES_MAX
 #define PS_ENDPOINT_MAX       256u  /* bytes of one endpoint string */
+#define PS_REPLICAS_MAX       4u    /* replicas of one shard, its primary included ("a|b") */
 #define PS_PATH_MAX           4200u /* a file path: PATH_MAX and room for a name added to it */
 
 /* Zero-copy threshold: frames at least this big are handed to zmq without a

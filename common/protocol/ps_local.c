@@ -1,6 +1,8 @@
 /* Same-host endpoints: naming, and finding them in /proc/net/unix. */
 #include "ps_local.h"
 
+#include "ps_limits.h"
+
 #include "ps_err.h"
 #include "ps_shard.h"
 
@@ -64,6 +66,33 @@ uint64_t ps_random_id(void)
         v = ps_mix64((uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 20) ^ (uint64_t)getpid());
     }
     return v ? v : 1;
+}
+
+int ps_endpoints_check(const char *entry, char *err, size_t errlen)
+{
+    char one[PS_ENDPOINT_MAX];
+    unsigned n = 0;
+    for (const char *p = entry;; n++) {
+        const char *bar = strchr(p, '|');
+        size_t len = bar ? (size_t)(bar - p) : strlen(p);
+        if (n == PS_REPLICAS_MAX) {
+            snprintf(err, errlen, "'%s': more than %u replicas of one shard", entry,
+                     PS_REPLICAS_MAX);
+            return PS_EINVAL;
+        }
+        if (len == 0 || len >= sizeof one) {
+            snprintf(err, errlen, "'%s': %s", entry,
+                     len ? "an endpoint is too long" : "an empty endpoint around '|'");
+            return PS_EINVAL;
+        }
+        memcpy(one, p, len);
+        one[len] = '\0';
+        if (ps_endpoint_check(one, 0, err, errlen) != 0)
+            return PS_EINVAL;
+        if (bar == NULL)
+            return 0;
+        p = bar + 1;
+    }
 }
 
 int ps_endpoint_check(const char *ep, int bind, char *err, size_t errlen)

@@ -30,6 +30,9 @@ int ps_local_reachable(const char *endpoint);
  * 0..65535 or *, a free one); other transports pass. 0, or PS_EINVAL with
  * a sentence naming the endpoint in err. */
 int ps_endpoint_check(const char *ep, int bind, char *err, size_t errlen);
+/* ps_endpoint_check for a shard's entry in a server list: one endpoint,
+ * or its replicas joined by '|' (at most PS_REPLICAS_MAX, none empty). */
+int ps_endpoints_check(const char *entry, char *err, size_t errlen);
 
 /* A random nonzero 64-bit id (getrandom, or clock and pid without it). */
 uint64_t ps_random_id(void);

@@ -14,11 +14,13 @@
     X(S0005, ERROR, "--checkpoint-dir: cannot create '…': …")                                          \
     X(S0006, ERROR, "psd could not start (the reason)")                                                \
     X(S0007, ERROR, "out of memory at start")                                                          \
+    X(S0008, ERROR, "a replica could not start (--etcd, --advertise; the reason)")                     \
     X(S0010, INFO, "shard … of … listening on … (version, consistency, workers)")                      \
     X(S0011, INFO, "CURVE on: … client key(s) admitted")                                               \
     X(S0012, INFO, "metrics on … (port …): GET /metrics, /healthz")                                    \
     X(S0013, INFO, "clients on this host may use …")                                                   \
     X(S0014, INFO, "every thread runs on CPUs … (--cpus)")                                             \
+    X(S0015, INFO, "a replica of shard … as … (etcd …, keys under …, lease … s)")                      \
     X(S0020, INFO, "signal …: shutting down")                                                          \
     X(S0021, INFO, "stopped after … requests (… errors)")                                              \
     X(S0030, INFO, "SIGHUP: an option that may change live changed (its old and new value)")           \
@@ -61,6 +63,24 @@
     X(S0620, WARN,                                                                                     \
       "'…' restored at an older clock caught up with its workers at clock …: … round(s) of its " \
       "updates were lost")                                                                             \
+    X(S0702, WARN, "cannot write the in-sync set to etcd (…): replies wait")                           \
+    X(S0703, INFO, "in sync: this primary and … backup(s)")                                            \
+    X(S0704, WARN, "backup … dropped: …")                                                              \
+    X(S0705, ERROR, "state transfer: the checkpoint could not be written or read")                     \
+    X(S0706, INFO, "backup …: state transfer sent (… bytes, up to record …)")                          \
+    X(S0707, WARN, "… asked to follow, but the most backups follow already")                           \
+    X(S0708, INFO, "backup … follows; its state goes between rounds")                                  \
+    X(S0710, ERROR, "cannot connect to the primary …")                                                 \
+    X(S0711, INFO, "following the primary … (epoch …)")                                                \
+    X(S0712, WARN, "asking the primary for its state again: …")                                        \
+    X(S0713, ERROR, "state transfer from … does not load, or cannot be written: …")                    \
+    X(S0714, INFO, "state from … loaded (… tables, … bytes, record …)")                                \
+    X(S0715, WARN, "shard …: this replica is the primary now, epoch …")                                \
+    X(S0716, ERROR, "shard …: no longer primary (…)")                                                  \
+    X(S0717, WARN, "etcd did not answer: cannot read, campaign or renew (the reason)")                 \
+    X(S0718, WARN,                                                                                     \
+      "shard … has no primary, and only a replica in etcd's in-sync set may take over")                \
+    X(S0719, INFO, "giving up the primary's lease: a backup takes over")                               \
     X(W0001, INFO, "rank … of … on the backend (and the model)")                                       \
     X(W0002, ERROR, "psworker could not start or run (the reason)")                                    \
     X(W0003, ERROR, "--save: …")                                                                       \

@@ -99,6 +99,10 @@ const char *ps_op_name(int op)
         return "batch";
     case PS__OP__OP_SET:
         return "set";
+    case PS__OP__OP_FOLLOW:
+        return "follow";
+    case PS__OP__OP_REPLICATE:
+        return "replicate";
     default:
         return "?";
     }
@@ -108,7 +112,7 @@ const char *ps_op_name(int op)
 
 static int op_known(int op)
 {
-    return op >= PS__OP__OP_HELLO && op <= PS__OP__OP_SET;
+    return op >= PS__OP__OP_HELLO && op <= PS__OP__OP_REPLICATE;
 }
 
 int ps_wire_op_moves_data(int op)

@@ -1,0 +1,259 @@
+/* A backup's side of replication (repl.h): following a primary, taking
+ * its state and applying its records, and taking over when etcd says so. */
+#define _GNU_SOURCE
+#include "repl_impl.h"
+
+#include "checkpoint.h"
+#include "psd_impl.h"
+
+#include "ps_clock.h"
+#include "ps_err.h"
+#include "ps_zmsg.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+void psd__repl_send_follow(struct psd_repl *r)
+{
+    Ps__Header h;
+    ps_wire_header_init(&h, PS__OP__OP_FOLLOW);
+    h.epoch = r->epoch;
+    h.instance = r->lead.id;
+    h.detail = r->lead.endpoint;
+    psd__repl_send_hdr(r->follow, &h, 0);
+    r->followed_ms = (uint64_t)ps_mono_ms();
+}
+
+/* Follows the primary at endpoint (epoch): asks for its state, which
+ * replaces this replica's. */
+void psd__repl_follow(struct psd_repl *r, const char *endpoint, uint64_t epoch)
+{
+    if (r->primary[0] != '\0')
+        zmq_disconnect(r->follow, r->primary);
+    snprintf(r->primary, sizeof r->primary, "%s", endpoint);
+    r->role = PSD_ROLE_BACKUP;
+    r->epoch = epoch;
+    r->seq = 0;
+    r->loaded = 0;
+    r->snap_bytes = 0;
+    r->heard_ms = (uint64_t)ps_mono_ms();
+    if (zmq_connect(r->follow, endpoint) != 0) {
+        PS_LOG(r->log, PS_LOG_ERROR, S0710, "cannot connect to the primary %s: %s", endpoint,
+               zmq_strerror(errno));
+        r->role = PSD_ROLE_CANDIDATE;
+        r->primary[0] = '\0';
+        return;
+    }
+    PS_LOG(r->log, PS_LOG_INFO, S0711, "following the primary %s (epoch %" PRIu64 ")", endpoint,
+           epoch);
+    psd__repl_send_follow(r);
+}
+
+/* Starts over from a new state transfer (a record missing or refused). */
+static void resync(struct psd_repl *r, const char *why)
+{
+    PS_LOG(r->log, PS_LOG_WARN, S0712, "asking %s for its state again: %s", r->primary, why);
+    r->resyncs++;
+    r->loaded = 0;
+    r->snap_bytes = 0;
+    r->seq = 0;
+    psd__repl_send_follow(r);
+}
+
+static void load_snapshot(struct psd_repl *r, uint64_t seq)
+{
+    char path[PS_PATH_MAX + 16], err[256];
+    snprintf(path, sizeof path, "%s/transfer", r->snap_dir);
+    psd_reset_state(r->srv);
+    int rc = psd_checkpoint_load(r->srv, path, err, sizeof err);
+    if (rc != 0) {
+        psd_reset_state(r->srv);
+        PS_LOG(r->log, PS_LOG_ERROR, S0713, "state transfer from %s does not load: %s", r->primary,
+               err);
+        return; /* asked again when the primary is heard from (timer) */
+    }
+    r->loaded = 1;
+    r->seq = seq;
+    PS_LOG(r->log, PS_LOG_INFO, S0714,
+           "state from %s loaded (%u tables, %" PRIu64 " bytes, record %" PRIu64
+           "); applying its changes",
+           r->primary, r->srv->ntables, r->snap_bytes, seq);
+}
+
+static void on_snapshot_piece(struct psd_repl *r, const Ps__Header *h, zmq_msg_t *parts,
+                              size_t kept)
+{
+    char path[PS_PATH_MAX + 16];
+    snprintf(path, sizeof path, "%s/transfer", r->snap_dir);
+    if (kept != 2 || h->offset != r->snap_bytes || h->count > (UINT64_C(1) << 40) ||
+        h->offset + zmq_msg_size(&parts[1]) > h->count) {
+        resync(r, "a piece of the state transfer is out of order");
+        return;
+    }
+    int fd = open(path, O_WRONLY | O_CREAT | (h->offset == 0 ? O_TRUNC : 0) | O_CLOEXEC, 0600);
+    ssize_t n = fd >= 0
+                    ? pwrite(fd, zmq_msg_data(&parts[1]), zmq_msg_size(&parts[1]), (off_t)h->offset)
+                    : -1;
+    if (fd >= 0)
+        close(fd);
+    if (n != (ssize_t)zmq_msg_size(&parts[1])) {
+        PS_LOG(r->log, PS_LOG_ERROR, S0713, "state transfer: cannot write %s: %s", path,
+               strerror(errno));
+        return;
+    }
+    r->snap_bytes += (uint64_t)n;
+    if (h->last)
+        load_snapshot(r, h->seq);
+}
+
+static void apply_record(struct psd_repl *r, const Ps__Header *h, zmq_msg_t *parts, size_t kept,
+                         size_t total)
+{
+    if (!r->loaded)
+        return; /* behind a state transfer asked for: it holds this */
+    if (h->seq != r->seq + 1) {
+        char why[96];
+        snprintf(why, sizeof why, "record %" PRIu64 " came after %" PRIu64, h->seq, r->seq);
+        resync(r, why);
+        return;
+    }
+    if (h->record == PS__RECORD__REC_DROP) {
+        psd_drop_worker(r->srv, h->worker_id);
+    } else {
+        struct ps_frame frames[PARTS_MAX] = {{0}};
+        for (size_t i = 1; i < kept; i++) {
+            frames[i - 1].data = zmq_msg_data(&parts[i]);
+            frames[i - 1].size = zmq_msg_size(&parts[i]);
+        }
+        struct ps_frame route = {h->route.data, h->route.len};
+        struct psd_reply rep;
+        r->srv->replaying = 1;
+        if (psd_dispatch_from(r->srv, &route, h->user && h->user[0] ? h->user : NULL, frames,
+                              total - 1, &rep) == PSD_ANSWER_NOW)
+            psd_reply_drop(&rep);
+        r->srv->replaying = 0;
+    }
+    r->seq = h->seq;
+    r->records_applied++;
+}
+
+/* One record of the followed epoch. */
+static void on_record_apply(struct psd_repl *r, const Ps__Header *h, zmq_msg_t *parts, size_t kept,
+                            size_t total)
+{
+    uint64_t before = r->seq;
+    r->heard_ms = (uint64_t)ps_mono_ms();
+    if (h->record == PS__RECORD__REC_SNAPSHOT)
+        on_snapshot_piece(r, h, parts, kept);
+    else if (h->record == PS__RECORD__REC_REQUEST || h->record == PS__RECORD__REC_DROP)
+        apply_record(r, h, parts, kept, total);
+    else if (h->record == PS__RECORD__REC_BEAT && !r->loaded &&
+             (uint64_t)ps_mono_ms() - r->followed_ms > CATCH_UP_MS)
+        resync(r, "no state transfer came");
+    /* acknowledge what was applied, and beats (the primary hears this
+     * backup is alive) */
+    if (r->loaded && (r->seq != before || h->record == PS__RECORD__REC_BEAT ||
+                      h->record == PS__RECORD__REC_SNAPSHOT)) {
+        Ps__Header a;
+        psd__repl_record_header(r, &a, PS__RECORD__REC_BEAT);
+        a.instance = r->lead.id;
+        psd__repl_send_hdr(r->follow, &a, 0);
+    }
+}
+
+int psd__repl_on_record(struct ps_zsock *zs, void *arg)
+{
+    (void)zs;
+    struct psd_repl *r = arg;
+    zmq_msg_t parts[PARTS_MAX];
+    size_t kept = 0, total = 0;
+    if (ps_zmsg_recv(r->follow, ZMQ_DONTWAIT, parts, PARTS_MAX, &kept, &total, NULL) != 0)
+        return -1;
+    Ps__Header *h = NULL;
+    if (kept > 0 && zmq_msg_size(&parts[0]) <= PS_HEADER_BYTES_MAX)
+        h = ps__header__unpack(NULL, zmq_msg_size(&parts[0]), zmq_msg_data(&parts[0]));
+    if (h == NULL || r->role != PSD_ROLE_BACKUP) {
+        /* nothing a primary sends, or a reply to a follow when it was not one */
+    } else if (h->status == PS_ENOTPRIMARY) {
+        r->heard_ms = 0; /* ask etcd now */
+    } else if (h->op == PS__OP__OP_REPLICATE && r->epoch == 0 && h->epoch != 0 &&
+               h->record == PS__RECORD__REC_SNAPSHOT && h->offset == 0) {
+        r->epoch = h->epoch; /* followed by --replica-of before etcd named an epoch */
+        on_record_apply(r, h, parts, kept, total);
+    } else if (h->op == PS__OP__OP_REPLICATE && h->epoch == r->epoch) {
+        on_record_apply(r, h, parts, kept, total);
+    }
+    if (h != NULL)
+        ps__header__free_unpacked(h, NULL);
+    for (size_t i = 0; i < kept; i++)
+        zmq_msg_close(&parts[i]);
+    return 0;
+}
+
+static void promote(struct psd_repl *r)
+{
+    struct psd *s = r->srv;
+    char was[PS_ENDPOINT_MAX];
+    snprintf(was, sizeof was, "%s", r->primary[0] ? r->primary : "none");
+    if (r->primary[0] != '\0')
+        zmq_disconnect(r->follow, r->primary);
+    snprintf(r->primary, sizeof r->primary, "%s", r->lead.endpoint);
+    r->role = PSD_ROLE_PRIMARY;
+    r->epoch = r->lead.epoch;
+    r->seq = 0;
+    memset(r->backups, 0, sizeof r->backups);
+    r->promotions++;
+    s->worker_timeout_ms = r->worker_timeout_ms;
+    uint64_t now = (uint64_t)ps_mono_ms();
+    for (uint32_t w = 0; w < s->cons.workers; w++)
+        if (s->live[w].live)
+            s->live[w].last_ms = now; /* heard through the old primary until now */
+    s->nwaits = 0; /* they were the old primary's connections: the clients send again */
+    PS_LOG(r->log, PS_LOG_WARN, S0715,
+           "shard %u: this replica is the primary now, epoch %" PRIu64 " (the last was %s); %u "
+           "tables",
+           s->shard, r->epoch, was, s->ntables);
+}
+
+void psd__repl_consult(struct psd_repl *r, uint64_t now)
+{
+    if (now - r->view_ms < VIEW_MS)
+        return;
+    r->view_ms = now;
+    struct psd_lead_view v;
+    if (psd_lead_read(&r->lead, &v) != 0) {
+        PS_LOG(r->log, PS_LOG_WARN, S0717, "cannot read the shard's keys from etcd: %s",
+               r->lead.etcd.err);
+        return;
+    }
+    int same = r->role == PSD_ROLE_BACKUP && v.epoch == r->epoch && !strcmp(v.endpoint, r->primary);
+    if (v.leader && v.leader_id != r->lead.id && !same) {
+        psd__repl_follow(r, v.endpoint, v.epoch);
+        return;
+    }
+    if (v.leader && (!v.member || !r->loaded)) {
+        if (now - r->followed_ms > r->timeout_ms)
+            psd__repl_send_follow(r); /* the primary may have dropped this backup */
+        return;
+    }
+    /* no primary: a replica that holds every acknowledged write takes over */
+    int eligible = v.insync_found ? v.member && r->loaded : !r->wait_for_primary;
+    if (!eligible) {
+        if (ps_log_sampled(++r->resyncs))
+            PS_LOG(r->log, PS_LOG_WARN, S0718,
+                   "shard %u has no primary, and only a replica in etcd's in-sync set (%s) may "
+                   "take over: start one, or if all are lost delete %s to let any take over "
+                   "(what they acknowledged since their last checkpoint is lost)",
+                   r->srv->shard, v.members, r->lead.insync_key);
+        return;
+    }
+    int won = 0;
+    if (psd_lead_campaign(&r->lead, &v, &won) != 0)
+        PS_LOG(r->log, PS_LOG_WARN, S0717, "campaign for primary failed: %s", r->lead.etcd.err);
+    else if (won)
+        promote(r);
+}

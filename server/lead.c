@@ -1,0 +1,203 @@
+/* Leadership of a replicated shard through etcd (lead.h). */
+#include "lead.h"
+
+#include "ps_clock.h"
+#include "ps_err.h"
+
+#include <inttypes.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+int psd_lead_init(struct psd_lead *l, const char *url, const char *prefix, uint32_t shard,
+                  uint32_t shards, uint64_t id, const char *endpoint, int64_t ttl_s, char *err,
+                  size_t errlen)
+{
+    memset(l, 0, sizeof *l);
+    if (prefix[0] != '/' || strlen(prefix) > 128)
+        return ps_errf(PS_EINVAL, err, errlen,
+                       "--etcd-prefix: '%s' must start with / and be at most 128 bytes", prefix);
+    snprintf(l->leader_key, sizeof l->leader_key, "%s/shard-%u-of-%u/leader", prefix, shard,
+             shards);
+    snprintf(l->insync_key, sizeof l->insync_key, "%s/shard-%u-of-%u/insync", prefix, shard,
+             shards);
+    l->id = id;
+    snprintf(l->endpoint, sizeof l->endpoint, "%s", endpoint);
+    l->ttl_s = ttl_s;
+    /* a call may take a third of the TTL at most: a stuck etcd must not
+     * hold the loop past the time a renewal is due */
+    return psd_etcd_init(&l->etcd, url, (long)(ttl_s * 1000 / 3), err, errlen);
+}
+
+void psd_lead_fini(struct psd_lead *l)
+{
+    psd_etcd_fini(&l->etcd);
+}
+
+static uint64_t hex_id(const char *s)
+{
+    return s != NULL ? strtoull(s, NULL, 16) : 0;
+}
+
+int psd_lead_read(struct psd_lead *l, struct psd_lead_view *v)
+{
+    memset(v, 0, sizeof *v);
+    struct psd_etcd_kv *kv = malloc(sizeof *kv);
+    if (kv == NULL)
+        return PS_ENOMEM;
+    int rc = psd_etcd_get(&l->etcd, l->leader_key, kv);
+    json_t *j = NULL;
+    if (rc == 0 && kv->found && (j = json_loads(kv->value, 0, NULL)) != NULL) {
+        v->leader = 1;
+        if (kv->len < sizeof v->leader_value) /* longer: no takeover compares it */
+            memcpy(v->leader_value, kv->value, kv->len + 1);
+        v->epoch = (uint64_t)json_integer_value(json_object_get(j, "epoch"));
+        v->leader_id = hex_id(json_string_value(json_object_get(j, "id")));
+        const char *ep = json_string_value(json_object_get(j, "endpoint"));
+        snprintf(v->endpoint, sizeof v->endpoint, "%s", ep ? ep : "");
+    }
+    json_decref(j);
+    j = NULL;
+    if (rc == 0)
+        rc = psd_etcd_get(&l->etcd, l->insync_key, kv);
+    if (rc == 0 && kv->found && (j = json_loads(kv->value, 0, NULL)) != NULL) {
+        v->insync_found = 1;
+        v->insync_rev = kv->mod_rev;
+        uint64_t e = (uint64_t)json_integer_value(json_object_get(j, "epoch"));
+        if (!v->leader)
+            v->epoch = e;
+        json_t *m = json_object_get(j, "members");
+        size_t used = 0;
+        for (size_t i = 0; i < json_array_size(m); i++) {
+            const char *one = json_string_value(json_array_get(m, i));
+            if (one == NULL)
+                continue;
+            v->member |= hex_id(one) == l->id;
+            size_t len = strlen(one);
+            if (used + len + 3 < sizeof v->members) {
+                memcpy(v->members + used, used ? ", " : "", used ? 2 : 0);
+                used += used ? 2 : 0;
+                memcpy(v->members + used, one, len + 1);
+                used += len;
+            }
+        }
+    } else if (rc == 0 && kv->found) {
+        rc = PS_EPROTO;
+        snprintf(l->etcd.err, sizeof l->etcd.err, "etcd: the in-sync key is not JSON");
+    }
+    json_decref(j);
+    free(kv);
+    return rc;
+}
+
+/* The in-sync set's value: this process first, then the backups. */
+static char *insync_text(const struct psd_lead *l, uint64_t epoch, const uint64_t *ids,
+                         const char *const *endpoints, uint32_t n)
+{
+    json_t *m = json_array();
+    char one[PS_ENDPOINT_MAX + 24];
+    snprintf(one, sizeof one, "%016" PRIx64 "@%s", l->id, l->endpoint);
+    json_array_append_new(m, json_string(one));
+    for (uint32_t i = 0; i < n; i++) {
+        snprintf(one, sizeof one, "%016" PRIx64 "@%s", ids[i], endpoints[i]);
+        json_array_append_new(m, json_string(one));
+    }
+    json_t *o = json_pack("{s:I, s:o}", "epoch", (json_int_t)epoch, "members", m);
+    char *text = o ? json_dumps(o, JSON_COMPACT) : NULL;
+    json_decref(o);
+    return text;
+}
+
+int psd_lead_campaign(struct psd_lead *l, const struct psd_lead_view *v, int *won)
+{
+    *won = 0;
+    if (v->insync_found ? !v->member : v->leader)
+        return 0;
+    int rc;
+    int64_t granted = 0;
+    uint64_t asked = (uint64_t)ps_mono_ms();
+    if (l->lease == 0 && (rc = psd_etcd_grant(&l->etcd, l->ttl_s, &l->lease, &granted)) != 0)
+        return rc;
+    if (granted > 0)
+        l->granted_s = granted;
+    uint64_t epoch = v->epoch + 1;
+    char id[24];
+    snprintf(id, sizeof id, "%016" PRIx64, l->id);
+    json_t *o =
+        json_pack("{s:I, s:s, s:s}", "epoch", (json_int_t)epoch, "id", id, "endpoint", l->endpoint);
+    char *lv = o ? json_dumps(o, JSON_COMPACT) : NULL;
+    json_decref(o);
+    char *sv = insync_text(l, epoch, NULL, NULL, 0);
+    if (lv == NULL || sv == NULL || strlen(lv) >= sizeof l->leader_value) {
+        free(lv);
+        free(sv);
+        return PS_ENOMEM;
+    }
+    struct psd_etcd_cmp cmp[2] = {
+        v->leader ? (struct psd_etcd_cmp){.key = l->leader_key,
+                                          .target = PSD_ETCD_VALUE,
+                                          .value = v->leader_value}
+                  : (struct psd_etcd_cmp){.key = l->leader_key, .target = PSD_ETCD_CREATE},
+        {.key = l->insync_key,
+         .target = v->insync_found ? PSD_ETCD_MOD : PSD_ETCD_CREATE,
+         .rev = v->insync_found ? v->insync_rev : 0},
+    };
+    struct psd_etcd_put put[2] = {{l->leader_key, lv, l->lease}, {l->insync_key, sv, 0}};
+    rc = psd_etcd_txn(&l->etcd, cmp, 2, put, 2, won);
+    if (rc == 0 && *won) {
+        snprintf(l->leader_value, sizeof l->leader_value, "%s", lv);
+        l->epoch = epoch;
+        l->renewed_ms = asked;
+        l->lease_until_ms = asked + (uint64_t)l->granted_s * 900u;
+    }
+    free(lv);
+    free(sv);
+    return rc;
+}
+
+int psd_lead_renew(struct psd_lead *l, uint64_t now_ms)
+{
+    if (l->lease == 0)
+        return PS_ESTATE;
+    if (now_ms - l->renewed_ms < (uint64_t)l->granted_s * 1000u / 3u)
+        return 0;
+    int64_t ttl = 0;
+    int rc = psd_etcd_keepalive(&l->etcd, l->lease, &ttl);
+    if (rc != 0)
+        return rc; /* etcd did not answer: the lease runs out at lease_until_ms */
+    if (ttl <= 0) {
+        l->lease = 0;
+        l->lease_until_ms = 0;
+        snprintf(l->etcd.err, sizeof l->etcd.err, "etcd no longer holds this process's lease");
+        return PS_ESTATE;
+    }
+    l->renewed_ms = now_ms;
+    l->lease_until_ms = now_ms + (uint64_t)ttl * 900u; /* a tenth to spare for clock rates */
+    return 0;
+}
+
+int psd_lead_set_insync(struct psd_lead *l, const uint64_t *ids, const char *const *endpoints,
+                        uint32_t n, int *ok)
+{
+    *ok = 0;
+    char *sv = insync_text(l, l->epoch, ids, endpoints, n);
+    if (sv == NULL)
+        return PS_ENOMEM;
+    /* etcd compares values too: the leader key still holds what this
+     * process wrote (its epoch and id) */
+    struct psd_etcd_cmp cmp = {
+        .key = l->leader_key, .target = PSD_ETCD_VALUE, .value = l->leader_value};
+    struct psd_etcd_put put = {l->insync_key, sv, 0};
+    int rc = psd_etcd_txn(&l->etcd, &cmp, 1, &put, 1, ok);
+    free(sv);
+    return rc;
+}
+
+void psd_lead_resign(struct psd_lead *l)
+{
+    if (l->lease != 0)
+        psd_etcd_revoke(&l->etcd, l->lease);
+    l->lease = 0;
+    l->lease_until_ms = 0;
+}

@@ -1,0 +1,86 @@
+/* Who is a replicated shard's primary, decided by etcd (etcd.h), never by
+ * the replicas among themselves. Two keys per shard under the prefix:
+ *
+ *   PREFIX/shard-I-of-S/leader  {"epoch","id","endpoint"}, on the primary's
+ *                               lease: gone when the primary stops renewing
+ *   PREFIX/shard-I-of-S/insync  {"epoch","members":["ID@ENDPOINT",...]}: the
+ *                               replicas that hold every acknowledged write
+ *
+ * A replica may take over only when the leader key is gone and it is in
+ * the in-sync set (or no set exists yet: a new shard). It does so with one
+ * transaction that checks both keys' revisions, so two cannot win; the
+ * winner's epoch is one past the last. A primary changes the in-sync set
+ * only with a transaction that checks its own leader key is still there,
+ * and answers requests only while its lease is sure to hold (renewed
+ * within the TTL, with a tenth to spare). Replica ids are random per
+ * process: a restarted process is a new replica and must catch up before
+ * it is listed. */
+#ifndef PSD_LEAD_H
+#define PSD_LEAD_H
+
+#include "etcd.h"
+
+#include "ps_limits.h"
+
+#include <stdint.h>
+
+#define PSD_REPLICAS_MAX PS_REPLICAS_MAX
+
+/* What etcd says about a shard now. */
+struct psd_lead_view {
+    int leader;     /* a primary holds the leader key */
+    uint64_t epoch; /* the leader's, else the in-sync set's */
+    uint64_t leader_id;
+    char endpoint[PS_ENDPOINT_MAX]; /* the leader's */
+    int insync_found;
+    int64_t insync_rev;                      /* mod revision of the in-sync key (0: none) */
+    int member;                              /* this process is in the in-sync set */
+    char members[512];                       /* the set as text, for logs */
+    char leader_value[PS_ENDPOINT_MAX + 96]; /* the leader key as read */
+};
+
+struct psd_lead {
+    struct psd_etcd etcd;
+    char leader_key[PSD_ETCD_KEY_MAX], insync_key[PSD_ETCD_KEY_MAX];
+    uint64_t id;
+    char endpoint[PS_ENDPOINT_MAX]; /* this process, as others reach it */
+    int64_t ttl_s, granted_s, lease;
+    char leader_value[PS_ENDPOINT_MAX + 96]; /* what this process wrote as leader */
+    uint64_t epoch;                          /* held as primary */
+    uint64_t lease_until_ms;                 /* requests may be answered until then */
+    uint64_t renewed_ms;                     /* last keepalive sent that succeeded */
+};
+
+/* 0, or PS_E* with err. */
+int psd_lead_init(struct psd_lead *l, const char *url, const char *prefix, uint32_t shard,
+                  uint32_t shards, uint64_t id, const char *endpoint, int64_t ttl_s, char *err,
+                  size_t errlen);
+void psd_lead_fini(struct psd_lead *l);
+
+/* Reads both keys. 0, or PS_E* (l->etcd.err says why). */
+int psd_lead_read(struct psd_lead *l, struct psd_lead_view *v);
+
+/* Tries to become primary: grants a lease and runs the transaction.
+ * With no leader in v, a replica of the in-sync set (or any, before a set
+ * exists) may; with one, only a replica of the set that has stopped
+ * hearing from it, and only while the leader key still holds what v read
+ * (a takeover: the old primary cannot answer anything after it, since this
+ * replica was in its set and no longer acknowledges its records, and it
+ * cannot change the set either, its key being gone). *won 1: primary at
+ * l->epoch. 0 or PS_E*. */
+int psd_lead_campaign(struct psd_lead *l, const struct psd_lead_view *v, int *won);
+
+/* Renews the lease when a third of the TTL has passed (now in ms).
+ * PS_ESTATE when etcd no longer has it: this process is not primary. */
+int psd_lead_renew(struct psd_lead *l, uint64_t now_ms);
+
+/* Writes the in-sync set: this process and the n backups (ids and
+ * endpoints), if this process still holds the leader key. *ok 0: it does
+ * not (deposed). 0 or PS_E*. */
+int psd_lead_set_insync(struct psd_lead *l, const uint64_t *ids, const char *const *endpoints,
+                        uint32_t n, int *ok);
+
+/* Gives the lease up (a primary stopping): a backup takes over at once. */
+void psd_lead_resign(struct psd_lead *l);
+
+#endif

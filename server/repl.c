@@ -1,0 +1,702 @@
+/* Replicas of a shard, the primary's side (repl.h): held replies,
+ * records, the in-sync set, state transfer; and the loop's timer. */
+#define _GNU_SOURCE
+#include "repl_impl.h"
+
+#include "checkpoint.h"
+#include "psd_impl.h"
+
+#include "ps_clock.h"
+#include "ps_err.h"
+#include "ps_zmsg.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+const char *psd_role_name(enum psd_role role)
+{
+    switch (role) {
+    case PSD_ROLE_PRIMARY:
+        return "primary";
+    case PSD_ROLE_BACKUP:
+        return "backup";
+    default:
+        return "candidate";
+    }
+}
+
+static uint64_t now_ms(void)
+{
+    return (uint64_t)ps_mono_ms();
+}
+
+/* ---- held replies (primary) ---------------------------------------------- */
+
+/* The fewest records every required backup has applied (3 in sync, 4
+ * leaving: still waited for until etcd no longer lists it). */
+static uint64_t required_acked(const struct psd_repl *r)
+{
+    uint64_t m = UINT64_MAX;
+    for (uint32_t i = 0; i < PSD_BACKUPS_MAX; i++)
+        if (r->backups[i].state >= 3 && r->backups[i].acked < m)
+            m = r->backups[i].acked;
+    return m;
+}
+
+static int lease_ok(const struct psd_repl *r)
+{
+    return r->lead.lease_until_ms > now_ms();
+}
+
+int psd_repl_hold(void *repl, const void *route, size_t route_len, struct psd_reply *rep)
+{
+    struct psd_repl *r = repl;
+    if (r->role != PSD_ROLE_PRIMARY) { /* a backup's copy of a reply its primary sends */
+        psd_reply_drop(rep);
+        return 1;
+    }
+    if (r->held_n == 0 && required_acked(r) == UINT64_MAX && lease_ok(r))
+        return 0;
+    if (r->held_n == PSD_HELD_MAX || route_len > PS_ROUTE_ID_MAX) {
+        r->held_dropped++; /* the client sends it again */
+        psd_reply_drop(rep);
+        return 1;
+    }
+    struct psd_held *e = &r->held[(r->held_head + r->held_n) % PSD_HELD_MAX];
+    e->hdr = malloc(rep->hdr_len ? rep->hdr_len : 1);
+    void *vals = rep->vals;
+    int copy = rep->vals_borrowed && rep->vals != NULL; /* the table's memory changes */
+    if (copy && (vals = malloc(rep->vals_bytes ? rep->vals_bytes : 1)) != NULL)
+        memcpy(vals, rep->vals, rep->vals_bytes);
+    if (e->hdr == NULL || (copy && vals == NULL)) {
+        free(e->hdr);
+        if (vals != rep->vals)
+            free(vals);
+        r->held_dropped++;
+        psd_reply_drop(rep);
+        return 1;
+    }
+    memcpy(e->hdr, rep->hdr, rep->hdr_len);
+    e->rep = *rep;
+    e->rep.hdr = e->hdr;
+    e->rep.vals = vals;
+    e->rep.vals_borrowed = 0;
+    memcpy(e->route, route, route_len);
+    e->route_len = route_len;
+    e->tag = r->in_dispatch ? UINT64_MAX : r->seq; /* set when the request is numbered */
+    r->held_n++;
+    r->replies_held++;
+    if (r->held_n > r->held_peak)
+        r->held_peak = r->held_n;
+    return 1;
+}
+
+/* Sends the held replies whose records every required backup applied. */
+static void flush(struct psd_repl *r)
+{
+    if (r->role != PSD_ROLE_PRIMARY || !lease_ok(r))
+        return;
+    uint64_t acked = required_acked(r);
+    while (r->held_n > 0) {
+        struct psd_held *e = &r->held[r->held_head];
+        if (e->tag > acked)
+            break;
+        psd_net_reply(r->net, e->route, e->route_len, &e->rep);
+        free(e->hdr);
+        r->held_head = (r->held_head + 1) % PSD_HELD_MAX;
+        r->held_n--;
+    }
+}
+
+static void drop_held(struct psd_repl *r)
+{
+    while (r->held_n > 0) {
+        struct psd_held *e = &r->held[r->held_head];
+        psd_reply_drop(&e->rep);
+        free(e->hdr);
+        r->held_head = (r->held_head + 1) % PSD_HELD_MAX;
+        r->held_n--;
+    }
+}
+
+/* ---- records (primary) ------------------------------------------------- */
+
+int psd__repl_send_hdr(void *sock, const Ps__Header *h, int more)
+{
+    uint8_t buf[PS_HEADER_BYTES_MAX];
+    int64_t n = ps_wire_header_pack(h, buf, sizeof buf);
+    if (n < 0)
+        return -1;
+    return zmq_send(sock, buf, (size_t)n, (more ? ZMQ_SNDMORE : 0) | ZMQ_DONTWAIT) < 0 ? -1 : 0;
+}
+
+void psd__repl_record_header(const struct psd_repl *r, Ps__Header *h, Ps__Record kind)
+{
+    ps_wire_header_init(h, PS__OP__OP_REPLICATE);
+    h->record = kind;
+    h->epoch = r->epoch;
+    h->seq = r->seq;
+}
+
+static void drop_backup(struct psd_repl *r, struct psd_backup *b, const char *why);
+
+/* One record to backup b: the header, then frames (copies that share the
+ * request's buffers). */
+static void send_record(struct psd_repl *r, struct psd_backup *b, const Ps__Header *h,
+                        zmq_msg_t *frames, size_t n)
+{
+    void *sock = r->net->sock;
+    int bad = zmq_send(sock, b->route, b->route_len, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
+              psd__repl_send_hdr(sock, h, n > 0) != 0;
+    for (size_t i = 0; !bad && i < n; i++) {
+        zmq_msg_t m;
+        zmq_msg_init(&m);
+        bad = zmq_msg_copy(&m, &frames[i]) != 0 ||
+              zmq_msg_send(&m, sock, (i + 1 < n ? ZMQ_SNDMORE : 0) | ZMQ_DONTWAIT) < 0;
+        if (bad)
+            zmq_msg_close(&m);
+        else
+            r->record_bytes += zmq_msg_size(&frames[i]);
+    }
+    if (bad) {
+        char why[160];
+        snprintf(why, sizeof why, "a record could not be sent to it (%s)", zmq_strerror(errno));
+        drop_backup(r, b, why);
+    }
+}
+
+/* Numbers the next record and sends it to every backup past its state
+ * transfer. */
+static void forward(struct psd_repl *r, Ps__Header *h, zmq_msg_t *frames, size_t n)
+{
+    r->seq++;
+    h->seq = r->seq;
+    r->records_sent++;
+    for (uint32_t i = 0; i < PSD_BACKUPS_MAX; i++)
+        if (r->backups[i].state >= 2)
+            send_record(r, &r->backups[i], h, frames, n);
+}
+
+static void on_drop(void *ctx, uint32_t w)
+{
+    struct psd_repl *r = ctx;
+    if (r->role != PSD_ROLE_PRIMARY)
+        return;
+    Ps__Header h;
+    psd__repl_record_header(r, &h, PS__RECORD__REC_DROP);
+    h.worker_id = w;
+    forward(r, &h, NULL, 0);
+}
+
+/* ---- the in-sync set ------------------------------------------------------ */
+
+/* Writes etcd's in-sync set from the backups in sync; those leaving are
+ * let go once it is written. */
+static int update_insync(struct psd_repl *r)
+{
+    uint64_t ids[PSD_BACKUPS_MAX];
+    const char *eps[PSD_BACKUPS_MAX];
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < PSD_BACKUPS_MAX; i++)
+        if (r->backups[i].state == 3) {
+            ids[n] = r->backups[i].id;
+            eps[n++] = r->backups[i].endpoint;
+        }
+    int ok = 0;
+    int rc = psd_lead_set_insync(&r->lead, ids, eps, n, &ok);
+    if (rc != 0) {
+        PS_LOG(r->log, PS_LOG_WARN, S0702,
+               "cannot write the in-sync set to etcd (%s): replies wait", r->lead.etcd.err);
+        return rc;
+    }
+    if (!ok) {
+        psd__repl_step_down(r, "etcd's leader key is no longer this process's");
+        return PS_ESTATE;
+    }
+    for (uint32_t i = 0; i < PSD_BACKUPS_MAX; i++)
+        if (r->backups[i].state == 4)
+            r->backups[i].state = 0;
+    PS_LOG(r->log, PS_LOG_INFO, S0703, "in sync: this primary and %u backup(s)", n);
+    return 0;
+}
+
+static void drop_backup(struct psd_repl *r, struct psd_backup *b, const char *why)
+{
+    if (b->state == 0 || b->state == 4)
+        return;
+    PS_LOG(r->log, PS_LOG_WARN, S0704, "backup %s (%016" PRIx64 ") dropped: %s; %s", b->endpoint,
+           b->id, why,
+           b->state == 3 ? "replies wait until etcd no longer lists it" : "it was not in sync yet");
+    r->backups_dropped++;
+    if (b->state == 3) {
+        b->state = 4;
+        update_insync(r);
+    } else {
+        b->state = 0;
+    }
+}
+
+/* ---- state transfer (primary) ----------------------------------------------- */
+
+/* Sends the checkpoint file at path to every backup waiting for one. */
+static void send_snapshot(struct psd_repl *r, const char *path)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    struct stat st;
+    unsigned char *buf = malloc(PSD_SNAP_PIECE);
+    if (fd < 0 || fstat(fd, &st) != 0 || buf == NULL) {
+        PS_LOG(r->log, PS_LOG_ERROR, S0705, "state transfer: cannot read %s: %s", path,
+               strerror(errno));
+        goto out;
+    }
+    uint64_t size = (uint64_t)st.st_size;
+    for (uint64_t off = 0; off < size || off == 0;) {
+        ssize_t got = pread(fd, buf, PSD_SNAP_PIECE, (off_t)off);
+        if (got <= 0)
+            break;
+        Ps__Header h;
+        psd__repl_record_header(r, &h, PS__RECORD__REC_SNAPSHOT);
+        h.offset = off;
+        h.count = size;
+        h.last = off + (uint64_t)got >= size;
+        for (uint32_t i = 0; i < PSD_BACKUPS_MAX; i++) {
+            struct psd_backup *b = &r->backups[i];
+            if (b->state != 1)
+                continue;
+            if (zmq_send(r->net->sock, b->route, b->route_len, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
+                psd__repl_send_hdr(r->net->sock, &h, 1) != 0 ||
+                zmq_send(r->net->sock, buf, (size_t)got, ZMQ_DONTWAIT) < 0)
+                drop_backup(r, b, "its state transfer could not be sent");
+        }
+        off += (uint64_t)got;
+        if (h.last)
+            break;
+    }
+    for (uint32_t i = 0; i < PSD_BACKUPS_MAX; i++) {
+        struct psd_backup *b = &r->backups[i];
+        if (b->state == 1) {
+            b->state = 2;
+            b->from_seq = r->seq;
+            PS_LOG(r->log, PS_LOG_INFO, S0706,
+                   "backup %s: state transfer sent (%" PRIu64 " bytes, up to record %" PRIu64
+                   "); it follows from there",
+                   b->endpoint, size, r->seq);
+        }
+    }
+out:
+    if (fd >= 0)
+        close(fd);
+    free(buf);
+}
+
+/* Backups waiting for their state get it once no round is in progress. */
+static void try_snapshots(struct psd_repl *r)
+{
+    int waiting = 0;
+    for (uint32_t i = 0; i < PSD_BACKUPS_MAX; i++)
+        waiting |= r->backups[i].state == 1;
+    if (!waiting || !psd_quiescent(r->srv))
+        return;
+    char path[PS_PATH_MAX], err[256];
+    if (psd_checkpoint_write(r->srv, r->snap_dir, path, sizeof path, err, sizeof err) != 0) {
+        PS_LOG(r->log, PS_LOG_ERROR, S0705, "state transfer: %s", err);
+        return;
+    }
+    send_snapshot(r, path);
+    unlink(path);
+}
+
+static void on_follow(struct psd_repl *r, const struct ps_frame *route, const Ps__Header *h)
+{
+    if (h->epoch > r->epoch) {
+        char why[96];
+        snprintf(why, sizeof why, "a backup follows epoch %" PRIu64 ", past this one's %" PRIu64,
+                 h->epoch, r->epoch);
+        psd__repl_step_down(r, why);
+        return;
+    }
+    const char *ep = h->detail != NULL ? h->detail : "";
+    if (route->size > PS_ROUTE_ID_MAX || strlen(ep) >= PS_ENDPOINT_MAX || h->instance == 0)
+        return;
+    struct psd_backup *b = NULL;
+    for (uint32_t i = 0; i < PSD_BACKUPS_MAX; i++) {
+        struct psd_backup *o = &r->backups[i];
+        if (o->state != 0 && o->state != 4 && o->id != h->instance && strcmp(o->endpoint, ep) == 0)
+            drop_backup(r, o, "a new process follows from its endpoint");
+        if (o->state != 0 && o->id == h->instance)
+            b = o;
+    }
+    for (uint32_t i = 0; b == NULL && i < PSD_BACKUPS_MAX; i++)
+        if (r->backups[i].state == 0)
+            b = &r->backups[i];
+    if (b == NULL) {
+        PS_LOG(r->log, PS_LOG_WARN, S0707, "%s asked to follow, but %u backups follow already", ep,
+               PSD_BACKUPS_MAX);
+        return;
+    }
+    if (b->state == 3 || b->state == 4) { /* in the set: it must leave before it starts over */
+        drop_backup(r, b, "it asked for its state again");
+        if (b->state != 0)
+            return; /* etcd still lists it: it asks again */
+    }
+    memset(b, 0, sizeof *b);
+    b->state = 1;
+    memcpy(b->route, route->data, route->size);
+    b->route_len = route->size;
+    b->id = h->instance;
+    snprintf(b->endpoint, sizeof b->endpoint, "%s", ep);
+    b->heard_ms = now_ms();
+    PS_LOG(r->log, PS_LOG_INFO, S0708,
+           "backup %s (%016" PRIx64 ") follows; its state goes "
+           "between rounds",
+           ep, b->id);
+    try_snapshots(r);
+}
+
+static void on_ack(struct psd_repl *r, const struct ps_frame *route, const Ps__Header *h)
+{
+    for (uint32_t i = 0; i < PSD_BACKUPS_MAX; i++) {
+        struct psd_backup *b = &r->backups[i];
+        if (b->state == 0 || b->id != h->instance || b->route_len != route->size ||
+            memcmp(b->route, route->data, route->size) != 0 || h->epoch != r->epoch)
+            continue;
+        b->heard_ms = now_ms();
+        if (h->seq > b->acked && h->seq <= r->seq)
+            b->acked = h->seq;
+        if (b->state == 2 && b->acked >= b->from_seq) {
+            b->state = 3; /* waited for from here on; then listed */
+            update_insync(r);
+        }
+    }
+    flush(r);
+}
+
+/* ---- requests ----------------------------------------------------------------- */
+
+static void reply_not_primary(struct psd_repl *r, const struct ps_frame *route,
+                              const Ps__Header *req)
+{
+    if (req != NULL && req->op == PS__OP__OP_HEARTBEAT)
+        return; /* never answered */
+    Ps__Header h;
+    psd_reply_init(&h, req);
+    h.status = PS_ENOTPRIMARY;
+    char text[PS_ENDPOINT_MAX + 96];
+    snprintf(text, sizeof text, "shard %u: this replica is a %s; the primary is %s", r->srv->shard,
+             psd_role_name(r->role), r->primary[0] ? r->primary : "not known yet");
+    h.error = text;
+    h.detail = r->primary;
+    uint8_t buf[PS_HEADER_BYTES_MAX];
+    int64_t n = ps_wire_header_pack(&h, buf, sizeof buf);
+    if (n < 0)
+        return;
+    struct psd_reply rep;
+    memset(&rep, 0, sizeof rep);
+    rep.hdr = buf;
+    rep.hdr_len = (size_t)n;
+    r->refused_not_primary++;
+    psd_net_reply(r->net, route->data, route->size, &rep);
+}
+
+/* Whether a request the primary handled goes to the backups. */
+static int replicable(const Ps__Header *h, enum psd_answer ans, const struct psd_reply *rep)
+{
+    switch (h->op) {
+    case PS__OP__OP_STATS:
+    case PS__OP__OP_ROWS:
+    case PS__OP__OP_CHECKPOINT:
+        return 0;
+    case PS__OP__OP_HELLO: { /* a refused hello took nothing */
+        if (ans != PSD_ANSWER_NOW)
+            return 1;
+        Ps__Header *o = ps__header__unpack(NULL, rep->hdr_len, rep->hdr);
+        int ok = o != NULL && o->status == 0;
+        if (o != NULL)
+            ps__header__free_unpacked(o, NULL);
+        return ok;
+    }
+    default:
+        return 1;
+    }
+}
+
+void psd_repl_request(void *repl, const struct ps_frame *route, const char *user, zmq_msg_t *parts,
+                      size_t kept, size_t total)
+{
+    struct psd_repl *r = repl;
+    Ps__Header *h = NULL;
+    if (kept > 1 && zmq_msg_size(&parts[1]) <= PS_HEADER_BYTES_MAX)
+        h = ps__header__unpack(NULL, zmq_msg_size(&parts[1]), zmq_msg_data(&parts[1]));
+    int op = h != NULL ? (int)h->op : 0;
+    if (op == PS__OP__OP_FOLLOW || op == PS__OP__OP_REPLICATE) {
+        if (r->role == PSD_ROLE_PRIMARY)
+            (op == PS__OP__OP_FOLLOW ? on_follow : on_ack)(r, route, h);
+        else if (op == PS__OP__OP_FOLLOW)
+            reply_not_primary(r, route, h);
+        goto out;
+    }
+    if (r->role != PSD_ROLE_PRIMARY && op != PS__OP__OP_STATS && h != NULL) {
+        reply_not_primary(r, route, h);
+        goto out;
+    }
+    struct ps_frame frames[PARTS_MAX] = {{0}};
+    for (size_t i = 1; i < kept; i++) {
+        frames[i - 1].data = zmq_msg_data(&parts[i]);
+        frames[i - 1].size = zmq_msg_size(&parts[i]);
+    }
+    struct psd_reply rep;
+    r->in_dispatch = r->role == PSD_ROLE_PRIMARY;
+    enum psd_answer ans = psd_dispatch_from(r->srv, route, user, frames, total - 1, &rep);
+    r->in_dispatch = 0;
+    if (r->role == PSD_ROLE_PRIMARY && h != NULL && kept == total && replicable(h, ans, &rep)) {
+        Ps__Header rec;
+        psd__repl_record_header(r, &rec, PS__RECORD__REC_REQUEST);
+        rec.route.data = (uint8_t *)route->data;
+        rec.route.len = route->size;
+        rec.user = (char *)(user ? user : "");
+        forward(r, &rec, &parts[1], kept - 1);
+    }
+    for (uint32_t i = 0; i < r->held_n; i++) { /* what this request's handling made */
+        struct psd_held *e = &r->held[(r->held_head + i) % PSD_HELD_MAX];
+        if (e->tag == UINT64_MAX)
+            e->tag = r->seq;
+    }
+    if (ans == PSD_ANSWER_NOW) {
+        if (r->role != PSD_ROLE_PRIMARY) /* stats on a backup */
+            psd_net_reply(r->net, route->data, route->size, &rep);
+        else if (!psd_repl_hold(r, route->data, route->size, &rep))
+            psd_net_reply(r->net, route->data, route->size, &rep);
+    }
+    if (r->role == PSD_ROLE_PRIMARY)
+        try_snapshots(r); /* a round may have just closed */
+out:
+    if (h != NULL)
+        ps__header__free_unpacked(h, NULL);
+}
+
+void psd__repl_step_down(struct psd_repl *r, const char *why)
+{
+    if (r->role != PSD_ROLE_PRIMARY)
+        return;
+    PS_LOG(r->log, PS_LOG_ERROR, S0716,
+           "shard %u: no longer primary (%s); %u replies not sent, the clients send again",
+           r->srv->shard, why, r->held_n);
+    drop_held(r);
+    psd_lead_resign(&r->lead);
+    memset(r->backups, 0, sizeof r->backups);
+    r->role = PSD_ROLE_CANDIDATE;
+    r->primary[0] = '\0';
+    r->srv->worker_timeout_ms = 0;
+    r->view_ms = 0;
+}
+
+/* A replica without a working primary asks etcd what to do. */
+static void primary_tick(struct psd_repl *r, uint64_t now)
+{
+    int rc = psd_lead_renew(&r->lead, now);
+    if (rc == PS_ESTATE) {
+        psd__repl_step_down(r, "etcd no longer holds its lease");
+        return;
+    }
+    if (rc != 0)
+        PS_LOG(r->log, PS_LOG_WARN, S0717, "lease not renewed: %s (replies stop in %lld ms)",
+               r->lead.etcd.err, (long long)r->lead.lease_until_ms - (long long)now);
+    for (uint32_t i = 0; i < PSD_BACKUPS_MAX; i++) {
+        struct psd_backup *b = &r->backups[i];
+        uint64_t limit = b->state == 3 ? r->timeout_ms : CATCH_UP_MS;
+        if ((b->state >= 1 && b->state <= 3) && now - b->heard_ms > limit) {
+            char why[64];
+            snprintf(why, sizeof why, "silent for %" PRIu64 " ms", now - b->heard_ms);
+            drop_backup(r, b, why);
+        }
+        if (b->state == 4)
+            update_insync(r); /* etcd did not answer before */
+    }
+    if (r->role != PSD_ROLE_PRIMARY)
+        return;
+    if (now - r->beat_ms >= BEAT_MS) {
+        r->beat_ms = now;
+        Ps__Header h;
+        psd__repl_record_header(r, &h, PS__RECORD__REC_BEAT);
+        for (uint32_t i = 0; i < PSD_BACKUPS_MAX; i++)
+            if (r->backups[i].state >= 1 && r->backups[i].state <= 3)
+                send_record(r, &r->backups[i], &h, NULL, 0);
+    }
+    try_snapshots(r);
+    flush(r);
+}
+
+static void on_tick(uv_timer_t *t)
+{
+    struct psd_repl *r = t->data;
+    uint64_t now = now_ms();
+    if (r->role == PSD_ROLE_PRIMARY)
+        primary_tick(r, now);
+    else if (r->role == PSD_ROLE_CANDIDATE ||
+             (r->role == PSD_ROLE_BACKUP && now - r->heard_ms > r->timeout_ms))
+        psd__repl_consult(r, now);
+}
+
+/* ---- stats and the hooks ----------------------------------------------------------- */
+
+static void on_stats(void *ctx, Ps__Stats *st)
+{
+    struct psd_repl *r = ctx;
+    static Ps__ReplicaStats rs[PSD_BACKUPS_MAX];
+    static Ps__ReplicaStats *rp[PSD_BACKUPS_MAX];
+    st->role = (char *)psd_role_name(r->role);
+    st->epoch = r->epoch;
+    st->primary = r->primary;
+    st->repl_seq = r->seq;
+    st->n_replicas = 0;
+    st->replicas = rp;
+    for (uint32_t i = 0; r->role == PSD_ROLE_PRIMARY && i < PSD_BACKUPS_MAX; i++) {
+        const struct psd_backup *b = &r->backups[i];
+        if (b->state == 0)
+            continue;
+        Ps__ReplicaStats *o = &rs[st->n_replicas];
+        ps__replica_stats__init(o);
+        o->endpoint = (char *)b->endpoint;
+        o->id = b->id;
+        o->acked = b->acked;
+        o->lag = b->state >= 2 ? r->seq - b->acked : r->seq;
+        o->in_sync = b->state == 3;
+        rp[st->n_replicas++] = o;
+    }
+}
+
+int psd_repl_start(struct psd_repl *r, struct psd_net *net, uv_loop_t *loop,
+                   const struct psd_repl_config *cfg, char *err, size_t errlen)
+{
+    memset(r, 0, sizeof *r);
+    r->net = net;
+    r->srv = net->srv;
+    r->log = net->srv->log;
+    r->loop = loop;
+    r->timeout_ms = cfg->timeout_ms;
+    r->snap_fd = -1;
+    const char *tmp = getenv("TMPDIR");
+    snprintf(r->snap_dir, sizeof r->snap_dir, "%s/psd-replica-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+    if (mkdtemp(r->snap_dir) == NULL) {
+        r->snap_dir[0] = '\0';
+        return ps_errf(PS_EIO, err, errlen, "cannot make a directory for state transfers: %s",
+                       strerror(errno));
+    }
+    r->held = calloc(PSD_HELD_MAX, sizeof *r->held);
+    if (r->held == NULL)
+        return ps_errf(PS_ENOMEM, err, errlen, "out of memory for held replies");
+    int rc = psd_lead_init(&r->lead, cfg->etcd, cfg->prefix, r->srv->shard, r->srv->shards,
+                           r->srv->instance, cfg->advertise, cfg->lease_ttl_s, err, errlen);
+    if (rc != 0)
+        return rc;
+    r->follow = zmq_socket(net->ctx, ZMQ_DEALER);
+    int zero = 0;
+    if (r->follow == NULL || zmq_setsockopt(r->follow, ZMQ_LINGER, &zero, sizeof zero) != 0 ||
+        zmq_setsockopt(r->follow, ZMQ_RCVHWM, &zero, sizeof zero) != 0 ||
+        (rc = ps_zsock_start(loop, &r->fzs, r->follow, psd__repl_on_record, r)) != 0)
+        return ps_errf(PS_EZMQ, err, errlen, "cannot open the socket to a primary: %s",
+                       zmq_strerror(errno));
+    r->worker_timeout_ms = r->srv->worker_timeout_ms;
+    r->srv->worker_timeout_ms = 0; /* until primary: only the primary drops workers */
+    r->srv->on_drop = on_drop;
+    r->srv->on_stats = on_stats;
+    r->srv->hook_ctx = r;
+    net->repl = r;
+    net->repl_request = psd_repl_request;
+    net->repl_hold = psd_repl_hold;
+    r->wait_for_primary = cfg->replica_of != NULL;
+    if (cfg->replica_of != NULL)
+        psd__repl_follow(r, cfg->replica_of, 0); /* etcd names the primary at the first tick */
+    uv_timer_init(loop, &r->timer);
+    r->timer.data = r;
+    uv_timer_start(&r->timer, on_tick, 0, TICK_MS);
+    return 0;
+}
+
+void psd_repl_stop(struct psd_repl *r)
+{
+    if (r->role == PSD_ROLE_PRIMARY) {
+        PS_LOG(r->log, PS_LOG_INFO, S0719, "giving up the primary's lease: a backup takes over");
+        psd_lead_resign(&r->lead);
+        drop_held(r);
+        r->role = PSD_ROLE_CANDIDATE;
+    }
+    if (r->follow != NULL)
+        ps_zsock_close(&r->fzs);
+    if (r->held != NULL)
+        uv_close((uv_handle_t *)&r->timer, NULL);
+}
+
+void psd_repl_fini(struct psd_repl *r)
+{
+    if (r->follow != NULL)
+        zmq_close(r->follow);
+    r->follow = NULL;
+    drop_held(r);
+    free(r->held);
+    r->held = NULL;
+    psd_lead_fini(&r->lead);
+    if (r->snap_dir[0] != '\0') {
+        char path[PS_PATH_MAX + 16];
+        snprintf(path, sizeof path, "%s/transfer", r->snap_dir);
+        unlink(path);
+        rmdir(r->snap_dir);
+    }
+}
+
+void psd_repl_metrics(const struct psd_repl *r, struct ps_buf *b)
+{
+    char labels[PS_ENDPOINT_MAX + 64];
+    labels[0] = '\0';
+    ps_prom_label(labels, sizeof labels, "role", psd_role_name(r->role));
+    ps_prom_family(b, "psd_replica_role", "gauge",
+                   "This replica's role (primary, backup or candidate): 1 for the one it has.");
+    ps_prom_sample(b, "psd_replica_role", labels, 1);
+    const struct {
+        const char *name, *type, *help;
+        double v;
+    } sc[] = {
+        {"psd_replica_epoch", "gauge", "The fencing epoch of the primary this replica knows.",
+         (double)r->epoch},
+        {"psd_replica_records", "gauge",
+         "Records sent (primary) or applied (backup) in this epoch.", (double)r->seq},
+        {"psd_replica_record_bytes_total", "counter", "Bytes of requests sent to backups.",
+         (double)r->record_bytes},
+        {"psd_replica_replies_held", "gauge",
+         "Replies waiting for backups to apply what they depend on.", (double)r->held_n},
+        {"psd_replica_replies_held_max", "gauge", "The most replies held at once.",
+         (double)r->held_peak},
+        {"psd_replica_replies_dropped_total", "counter",
+         "Replies dropped: more held than PSD_HELD_MAX, or out of memory (clients send again).",
+         (double)r->held_dropped},
+        {"psd_replica_promotions_total", "counter", "Times this replica became primary.",
+         (double)r->promotions},
+        {"psd_replica_resyncs_total", "counter",
+         "State transfers this backup asked for again (a record missing).", (double)r->resyncs},
+        {"psd_replica_backups_dropped_total", "counter", "Backups this primary dropped.",
+         (double)r->backups_dropped},
+        {"psd_replica_not_primary_total", "counter",
+         "Requests refused because this replica is not the primary.",
+         (double)r->refused_not_primary},
+    };
+    for (size_t i = 0; i < sizeof sc / sizeof sc[0]; i++)
+        ps_prom_metric(b, sc[i].name, sc[i].type, sc[i].help, sc[i].v);
+    ps_prom_family(b, "psd_replica_backup_lag", "gauge",
+                   "Records a backup has not acknowledged, by backup (in_sync: etcd lists it).");
+    for (uint32_t i = 0; r->role == PSD_ROLE_PRIMARY && i < PSD_BACKUPS_MAX; i++) {
+        const struct psd_backup *k = &r->backups[i];
+        if (k->state == 0)
+            continue;
+        labels[0] = '\0';
+        ps_prom_label(labels, sizeof labels, "backup", k->endpoint);
+        ps_prom_label(labels, sizeof labels, "in_sync", k->state == 3 ? "1" : "0");
+        ps_prom_sample(b, "psd_replica_backup_lag", labels,
+                       (double)(k->state >= 2 ? r->seq - k->acked : r->seq));
+    }
+}

@@ -1,0 +1,120 @@
+/* Replicas of a shard (psd --etcd): the primary sends every request that
+ * may change the shard, in the order it handled them, to its backups, and
+ * answers nobody until each in-sync backup has applied what the answer
+ * depends on; a backup applies the same requests in the same order, so it
+ * holds the same state, and takes over when etcd says the primary is gone
+ * (lead.h). Records travel on the shard's own ROUTER socket: a backup
+ * connects a DEALER to its primary and says OP_FOLLOW; the primary
+ * answers with its state (a checkpoint, taken between rounds) and then a
+ * record per request (OP_REPLICATE), which the backup acknowledges.
+ *
+ * What is not replicated is what cannot change the state: stats, row
+ * listings, checkpoint requests, and hellos the primary refused. Workers
+ * dropped by the primary's timeout go as records of their own; a backup
+ * never drops a worker by itself. Shared memory and the same-host
+ * endpoint are off on replicated shards (a backup could not read the
+ * region). All of it runs on psd's loop. */
+#ifndef PSD_REPL_H
+#define PSD_REPL_H
+
+#include "lead.h"
+#include "net.h"
+#include "psd.h"
+
+#include "ps_metrics.h"
+#include "ps_zsock.h"
+
+#include <stdint.h>
+#include <uv.h>
+
+#define PSD_BACKUPS_MAX (PSD_REPLICAS_MAX - 1u)
+#define PSD_HELD_MAX    65536u /* replies waiting for backups; past it they are dropped (re-sent) */
+#define PSD_SNAP_PIECE  (16u << 20) /* bytes of a state transfer per record */
+
+enum psd_role {
+    PSD_ROLE_CANDIDATE = 0, /* no primary known yet, or one lost: asks etcd */
+    PSD_ROLE_BACKUP = 1,
+    PSD_ROLE_PRIMARY = 2,
+};
+
+struct psd_backup {
+    int state; /* 0 free, 1 waiting for its state transfer, 2 catching up, 3 in sync */
+    uint8_t route[PS_ROUTE_ID_MAX];
+    size_t route_len;
+    char endpoint[PS_ENDPOINT_MAX];
+    uint64_t id;
+    uint64_t from_seq; /* its state transfer held every record up to this */
+    uint64_t acked;
+    uint64_t heard_ms;
+};
+
+struct psd_held {
+    uint8_t route[PS_ROUTE_ID_MAX];
+    size_t route_len;
+    uint64_t tag; /* the records the reply depends on */
+    uint8_t *hdr; /* a copy: the server's header buffer is reused */
+    struct psd_reply rep;
+};
+
+struct psd_repl_config {
+    const char *etcd, *prefix, *advertise, *replica_of;
+    int64_t lease_ttl_s;
+    uint64_t timeout_ms; /* silence after which a backup is dropped, or a primary presumed gone */
+};
+
+struct psd_repl {
+    struct psd_net *net;
+    struct psd *srv;
+    struct ps_log *log;
+    uv_loop_t *loop;
+    struct psd_lead lead;
+    enum psd_role role;
+    uint64_t timeout_ms;
+    uint64_t epoch; /* the primary's: this process's as primary, or the one it follows */
+    uint64_t seq;   /* records sent (primary) or applied (backup) in this epoch */
+    uint64_t worker_timeout_ms; /* psd's, kept while a backup (which never drops) */
+    struct psd_backup backups[PSD_BACKUPS_MAX];
+    struct psd_held *held; /* a ring of PSD_HELD_MAX */
+    uint32_t held_head, held_n;
+    int in_dispatch;
+    uv_timer_t timer;
+    uint64_t beat_ms, view_ms;
+    char snap_dir[PS_PATH_MAX]; /* where state transfers are written and read */
+    /* as a backup: the socket to the primary, and the state transfer */
+    void *follow;
+    struct ps_zsock fzs;
+    char primary[PS_ENDPOINT_MAX]; /* as etcd names it ("" none known) */
+    uint64_t heard_ms, followed_ms;
+    int snap_fd;
+    int loaded;           /* holds its primary's state (or was primary): may take over */
+    int wait_for_primary; /* --replica-of: never the first primary of a new shard */
+    uint64_t snap_bytes;
+    /* counters (metrics, stats) */
+    uint64_t records_sent, records_applied, record_bytes, replies_held, held_dropped;
+    uint64_t promotions, resyncs, backups_dropped, refused_not_primary;
+    uint64_t held_peak;
+};
+
+/* Starts the replica's part: etcd, the loop timer, and the first step
+ * (a campaign, or following --replica-of). The transport must be started
+ * (net->sock). 0, or PS_E* with err. */
+int psd_repl_start(struct psd_repl *r, struct psd_net *net, uv_loop_t *loop,
+                   const struct psd_repl_config *cfg, char *err, size_t errlen);
+/* A primary stopping gives its lease up, so a backup takes over at once. */
+void psd_repl_stop(struct psd_repl *r);
+void psd_repl_fini(struct psd_repl *r);
+
+/* The transport's request path when replicas run (net.c): a request from
+ * route, as received. */
+void psd_repl_request(void *repl, const struct ps_frame *route, const char *user, zmq_msg_t *parts,
+                      size_t kept, size_t total);
+/* Whether a reply must wait for backups: 1 when r took it (held or, off
+ * the primary, dropped), 0 when it goes now. */
+int psd_repl_hold(void *repl, const void *route, size_t route_len, struct psd_reply *rep);
+
+const char *psd_role_name(enum psd_role role);
+
+/* The replicas' metrics in Prometheus text (psd_replica_*). */
+void psd_repl_metrics(const struct psd_repl *r, struct ps_buf *b);
+
+#endif
