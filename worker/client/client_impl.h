@@ -80,6 +80,24 @@ struct slot {
     int continues; /* a push piece after one to the same shard (Header.continues) */
     uint32_t nkids, kids_cap;
     char error[PS_ERROR_TEXT_MAX + 64];
+    /* SUB_SYNC: the header as sent, for sending again to another
+     * replica (failover.c) */
+    uint8_t *sync_hdr;
+    size_t sync_len;
+};
+
+/* A shard's replicas (failover.c). */
+struct replicas {
+    uint32_t n, cur;
+    char *eps[PS_REPLICAS_MAX];
+    void *mon;     /* ZeroMQ's monitor of the shard's socket, or NULL */
+    int confirmed; /* the replica in use answered as primary (or nothing said otherwise) */
+    uint64_t probe_id;
+    int64_t probe_ms, since_ms;
+    int64_t heard_ms; /* the last reply of any kind */
+    int64_t tried_ms; /* when probing the replica in use began */
+    uint32_t dead;    /* the replica whose connection last dropped, and when */
+    int64_t dead_ms;
 };
 
 /* psc_cork: a shard's header-only data requests held for one message. */
@@ -154,6 +172,8 @@ struct psc_client {
     uint32_t held;
     struct batch_q *batches;
     uint64_t batches_sent;
+    struct replicas *reps; /* per shard, NULL when no shard lists replicas */
+    uint64_t failovers;
     uint8_t hdr_buf[2048]; /* requests carry at most a table spec */
     char last_error[512];
     int last_remote; /* the shard's code behind the last PS_EREMOTE, else 0 */
@@ -217,6 +237,18 @@ int pc_shm_in_region(const struct psc_client *c, uint32_t s, const void *p, size
 int pc_shm_out_at(const struct psc_client *c, const struct slot *sl, uint32_t s, uint64_t a,
                   uint64_t b, uint64_t *off);
 unsigned pc_await_replies(struct psc_client *c, const struct slot *sl, int wait_ms);
+
+/* failover.c */
+int pc_replicas_init(struct psc_client *c, const struct psc_config *cfg, char *err, size_t errlen);
+void pc_replicas_fini(struct psc_client *c);
+void pc_replicas_watch(struct psc_client *c);
+/* A PS_ENOTPRIMARY reply from shard s: 1 when the shard has replicas to
+ * move between (the request stays outstanding), else 0. */
+int pc_not_primary(struct psc_client *c, uint32_t s, const Ps__Header *h);
+/* 1 when h answers shard s's probe. */
+int pc_probe_answered(struct psc_client *c, uint32_t s, const Ps__Header *h);
+void pc_failover_poll(struct psc_client *c);
+int pc_failover_wait_ms(const struct psc_client *c, int wait);
 
 /* admin.c */
 int pc_call_sync(struct psc_client *c, Ps__Header *h, uint32_t s0, uint32_t s1, void *ctx,

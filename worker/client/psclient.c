@@ -95,10 +95,12 @@ static int open_sockets(struct psc_client *c, const struct psc_config *cfg, char
             return PS_EINVAL;
         }
         void *sock = NULL;
-        if ((c->endpoints[s] = strdup(ep)) == NULL) {
+        if ((c->endpoints[s] = strdup(c->reps ? c->reps[s].eps[0] : ep)) == NULL) {
             snprintf(err, errlen, "out of memory");
             return PS_ENOMEM;
         }
+        if (c->reps != NULL) /* the first replica named */
+            ep = c->reps[s].eps[0];
         int rc = open_socket(c, cfg, s, ep, &sock, err, errlen);
         if (rc != 0)
             return rc;
@@ -360,7 +362,7 @@ int psc_create(const struct psc_config *cfg, struct psc_client **out, char *err,
         return PS_EINVAL;
     }
     for (size_t s = 0; s < cfg->nservers; s++)
-        if (cfg->servers[s] == NULL || ps_endpoint_check(cfg->servers[s], 0, err, errlen) != 0) {
+        if (cfg->servers[s] == NULL || ps_endpoints_check(cfg->servers[s], err, errlen) != 0) {
             if (cfg->servers[s] == NULL)
                 snprintf(err, errlen, "server endpoint %zu is NULL", s);
             return PS_EINVAL;
@@ -416,7 +418,9 @@ int psc_create(const struct psc_config *cfg, struct psc_client **out, char *err,
             psc_destroy(c);
             return PS_EINVAL;
         }
-    int rc = open_sockets(c, cfg, err, errlen);
+    int rc = pc_replicas_init(c, cfg, err, errlen);
+    if (rc == 0)
+        rc = open_sockets(c, cfg, err, errlen);
     if (rc == 0 && (rc = say_hello(c, cfg, cfg->connect_timeout_ms)) != 0) {
         snprintf(err, errlen, "%s", c->last_error);
         if (rc == PS_ETIMEDOUT && cfg->hello_optional)
@@ -434,6 +438,7 @@ int psc_create(const struct psc_config *cfg, struct psc_client **out, char *err,
         psc_destroy(c);
         return rc;
     }
+    pc_replicas_watch(c);
     *out = c;
     return 0;
 }
@@ -447,6 +452,7 @@ void psc_destroy(struct psc_client *c)
 {
     if (c == NULL)
         return;
+    pc_replicas_fini(c);
     for (uint32_t s = 0; c->socks != NULL && s < c->nshards; s++) {
         if (c->socks[s] != NULL)
             zmq_close(c->socks[s]);
@@ -465,6 +471,7 @@ void psc_destroy(struct psc_client *c)
         free(c->slots[i].svals);
         free(c->slots[i].grp);
         free(c->slots[i].kids);
+        free(c->slots[i].sync_hdr);
     }
     ps_shm_close(&c->shm);
     free(c->shm_on);

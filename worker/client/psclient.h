@@ -181,6 +181,19 @@ struct psc_shard_stats {
     uint64_t bytes_held;        /* weights and optimizer state */
     uint32_t nworker_clocks;    /* --workers... */
     uint64_t worker_clocks[64]; /* ...the first 64: clocks each pushed (lowest over tables) */
+    /* replicas (psd --etcd): "solo" without; "primary", "backup" or
+     * "candidate" with. A primary lists its backups. */
+    char role[16];
+    uint64_t epoch;    /* the fencing epoch of the shard's primary */
+    uint64_t repl_seq; /* records sent (primary) or applied (backup) in that epoch */
+    char primary[256]; /* the primary's endpoint as etcd names it */
+    uint32_t nreplicas;
+    struct psc_replica_stats {
+        char endpoint[256];
+        uint64_t id, acked;
+        uint64_t lag; /* records sent that it has not acknowledged */
+        int in_sync;  /* etcd lists it: replies wait for it, it may take over */
+    } replicas[4];
 };
 
 /* Shared memory with shards on this host (cfg.shm_bytes; common/protocol/ps_shm.h).
@@ -434,6 +447,12 @@ PSC_API uint64_t psc_stale_pushes(const struct psc_client *c);
 /* Sub-requests sent again: unanswered after retry_ms (a restarted server
  * lost them), or refused as "not yet" (PS_EAGAIN). */
 PSC_API uint64_t psc_resends(const struct psc_client *c);
+
+/* Moves from one replica of a shard to another (servers listed as
+ * "tcp://a:5570|tcp://b:5570"): the connection to the one in use dropped,
+ * or it said it is not the shard's primary. Outstanding requests go again
+ * to the new primary, which applies each once. */
+PSC_API uint64_t psc_failovers(const struct psc_client *c);
 
 /* 1 when a server has acknowledged a push without applying it because this
  * worker is outside its rounds (psd dropped it as silent) since the client

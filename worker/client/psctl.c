@@ -182,6 +182,16 @@ static json_t *shard_json(const struct psc_shard_stats *st, const struct psc_tab
         o, "worker_clocks",
         u64_array(st->worker_clocks, st->nworker_clocks < 64 ? st->nworker_clocks : 64));
     json_object_set_new(o, "tables", tables);
+    json_t *reps = json_array();
+    for (uint32_t i = 0; i < st->nreplicas && i < 4; i++)
+        json_array_append_new(
+            reps, json_pack("{s:s, s:I, s:I, s:b}", "endpoint", st->replicas[i].endpoint, "acked",
+                            (json_int_t)st->replicas[i].acked, "lag",
+                            (json_int_t)st->replicas[i].lag, "in_sync", st->replicas[i].in_sync));
+    json_object_set_new(o, "role", json_string(st->role));
+    json_object_set_new(o, "epoch", json_integer((json_int_t)st->epoch));
+    json_object_set_new(o, "primary", json_string(st->primary));
+    json_object_set_new(o, "backups", reps);
     return o;
 }
 
@@ -223,6 +233,16 @@ static void print_shard(uint32_t s, const char *ep, const struct psc_shard_stats
            (unsigned long long)st->requests, (unsigned long long)st->errors,
            (unsigned long long)st->waiting, (unsigned long long)st->wait_timeouts);
     printf("  bytes     in %s, out %s, held %s; checkpoint %s\n", in, out, held, ckpt);
+    if (strcmp(st->role, "solo") == 0 || st->role[0] == '\0')
+        return;
+    printf("  replicas  %s %s, epoch %llu, record %llu; %u backup(s)", st->role,
+           st->primary[0] ? st->primary : "(no primary)", (unsigned long long)st->epoch,
+           (unsigned long long)st->repl_seq, st->nreplicas);
+    for (uint32_t i = 0; i < st->nreplicas && i < 4; i++)
+        printf("%s %s %s, lag %llu", i ? ";" : ":", st->replicas[i].endpoint,
+               st->replicas[i].in_sync ? "in sync" : "catching up",
+               (unsigned long long)st->replicas[i].lag);
+    printf("\n");
 }
 
 static void print_tables(uint32_t s, const struct psc_table_stats *tl, uint32_t n)

@@ -276,6 +276,20 @@ static void handle_sync_reply(struct psc_client *c, uint32_t shard, struct slot 
         st->checkpoints_written = h->stats->checkpoints_written;
         st->checkpoint_age_s = h->stats->checkpoint_age_s;
         st->bytes_held = h->stats->bytes_held;
+        snprintf(st->role, sizeof st->role, "%s", h->stats->role ? h->stats->role : "");
+        snprintf(st->primary, sizeof st->primary, "%s", h->stats->primary ? h->stats->primary : "");
+        st->epoch = h->stats->epoch;
+        st->repl_seq = h->stats->repl_seq;
+        st->nreplicas = 0;
+        for (size_t i = 0; i < h->stats->n_replicas && i < 4; i++) {
+            const Ps__ReplicaStats *rs = h->stats->replicas[i];
+            struct psc_replica_stats *o = &st->replicas[st->nreplicas++];
+            snprintf(o->endpoint, sizeof o->endpoint, "%s", rs->endpoint ? rs->endpoint : "");
+            o->id = rs->id;
+            o->acked = rs->acked;
+            o->lag = rs->lag;
+            o->in_sync = rs->in_sync;
+        }
         for (size_t i = 0; i < h->stats->n_tables && i < so->cap; i++) {
             const Ps__TableStats *t = h->stats->tables[i];
             struct psc_table_stats *o = &so->list[i];
@@ -354,6 +368,10 @@ static void handle_reply(struct psc_client *c, uint32_t shard, const struct ps_f
     struct slot *sl = m.hdr ? pc_slot_lookup(c, m.hdr->request_id) : NULL;
     if (sl == NULL && rc == 0 && rebound(c, shard, m.hdr))
         return;
+    if (sl == NULL && rc == 0 && pc_probe_answered(c, shard, m.hdr))
+        return;
+    if (rc == 0 && m.hdr->status == PS_ENOTPRIMARY && pc_not_primary(c, shard, m.hdr))
+        return; /* still outstanding: it goes again to the primary */
     if (sl == NULL || pc_shard_replied(sl, shard) || sl->pending == 0) {
         c->bad_replies++; /* stale, duplicate or unattributable: dropped */
         return;
@@ -415,6 +433,8 @@ static int recv_one(struct psc_client *c, uint32_t shard, int flags)
     if (ps_zmsg_recv(c->socks[shard], flags, parts, REPLY_PARTS_MAX, &kept, &total,
                      &c->bytes_received) != 0)
         return -1;
+    if (c->reps != NULL)
+        c->reps[shard].heard_ms = ps_mono_ms();
     struct ps_frame frames[REPLY_PARTS_MAX];
     for (size_t i = 0; i < kept; i++) {
         frames[i].data = zmq_msg_data(&parts[i]);

@@ -175,6 +175,11 @@ int pc_send_frames(struct psc_client *c, uint32_t shard, const Ps__Header *h, co
                      zmq_strerror(errno));
         return PS_EZMQ;
     }
+    if (sl != NULL && sl->kind == SUB_SYNC && !resend && c->reps != NULL && keys == NULL &&
+        vals == NULL && (sl->sync_hdr != NULL || (sl->sync_hdr = malloc(sizeof c->hdr_buf)))) {
+        memcpy(sl->sync_hdr, c->hdr_buf, (size_t)len); /* for another replica (failover.c) */
+        sl->sync_len = (size_t)len;
+    }
     c->bytes_sent += (uint64_t)len;
     c->last_send_ms[shard] = ps_mono_ms();
     if (!resend)

@@ -69,6 +69,7 @@ struct slot *pc_slot_alloc(struct psc_client *c, Ps__Op op, uint64_t *id)
     sl->src = NULL;
     sl->keys = NULL;
     sl->attempts = 0;
+    sl->sync_len = 0;
     memset(sl->expected, 0, sizeof sl->expected);
     memset(sl->via_shm, 0, sizeof sl->via_shm);
     sl->error[0] = '\0';
@@ -203,13 +204,14 @@ int psc_wait(struct psc_client *c, uint64_t ticket, int timeout_ms)
         if (got == 0 && timeout_ms >= 0 && left <= 0)
             break; /* time is up only once nothing more is waiting (so 0 takes what came) */
         pc_resend_all_due(c);
+        pc_failover_poll(c);
         psc_heartbeat(c);
         int wait = timeout_ms < 0 ? -1 : left > 0 ? (int)left : 0; /* left <= timeout_ms */
         if (c->retry_ms > 0 && (wait < 0 || wait > c->retry_ms))
             wait = c->retry_ms;
         if (c->heartbeat_ms > 0 && (wait < 0 || wait > c->heartbeat_ms))
             wait = c->heartbeat_ms;
-        got = pc_await_replies(c, sl, wait);
+        got = pc_await_replies(c, sl, pc_failover_wait_ms(c, wait));
     }
     uint64_t m[PS_SHARDS_MAX / 64] = {0};
     add_missing(sl, m);
