@@ -1,0 +1,271 @@
+"""Replicas of a shard (psd --etcd, --replica-of) against a real etcd:
+a primary killed mid-run loses no update and the run ends with the
+model of an unbroken run, bit for bit; the same with a backup killed;
+a killed replica restarted catches up while training goes on and can
+serve the whole model; and a primary cut off from its backup (stopped
+with SIGSTOP, which its peers cannot tell from a partition) never
+acknowledges a write once its backup has taken over."""
+import base64
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+
+import numpy as np
+import pytest
+
+import psd
+from conftest import DATA, DEADLINE_S, child_env, export, worker_bin
+
+TRAIN = ["--device", "cpu", "--epochs", "1", "--batch", "256", "--lr", "0.05"]
+BSP = ["--consistency", "bsp", "--workers", "2"]
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Etcd:
+    """A one-member etcd on free ports whose leases may be 1 s long (its
+    minimum lease is 1.5 election timeouts)."""
+
+    def __init__(self, tmp):
+        exe = shutil.which("etcd")
+        if exe is None:
+            pytest.skip("etcd is not installed (Debian's etcd-server)")
+        client, peer = free_port(), free_port()
+        self.url = "http://127.0.0.1:%d" % client
+        self.log = open(os.path.join(tmp, "etcd.log"), "w")
+        self.proc = subprocess.Popen(
+            [exe, "--data-dir", os.path.join(tmp, "etcd"), "--listen-client-urls", self.url,
+             "--advertise-client-urls", self.url, "--listen-peer-urls",
+             "http://127.0.0.1:%d" % peer, "--heartbeat-interval", "50", "--election-timeout",
+             "500"], stdout=subprocess.DEVNULL, stderr=self.log)
+        deadline = time.monotonic() + DEADLINE_S
+        while True:
+            try:
+                urllib.request.urlopen(self.url + "/health", timeout=1).read()
+                return
+            except OSError:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("etcd did not start")
+                time.sleep(0.05)
+
+    def get(self, key):
+        req = urllib.request.Request(self.url + "/v3/kv/range", data=json.dumps(
+            {"key": base64.b64encode(key.encode()).decode()}).encode())
+        kvs = json.load(urllib.request.urlopen(req, timeout=5)).get("kvs", [])
+        return json.loads(base64.b64decode(kvs[0]["value"])) if kvs else None
+
+    def stop(self):
+        self.proc.terminate()
+        self.proc.wait(timeout=10)
+
+
+@pytest.fixture
+def etcd(tmp_path):
+    e = Etcd(str(tmp_path))
+    try:
+        yield e
+    finally:
+        e.stop()
+
+
+def start(cluster, shard, shards, args, listen="tcp://127.0.0.1:0"):
+    """One psd replica, its endpoint read back; its process is reaped by
+    the cluster fixture."""
+    ep = os.path.join(cluster.tmp, "rep-ep%d" % len(cluster.procs))
+    log = open(os.path.join(cluster.tmp, "rep%d.log" % len(cluster.procs)), "w")
+    p = subprocess.Popen([os.environ["PSD_BIN"], "--listen", listen, "--endpoint-file", ep,
+                          "--shard", str(shard), "--shards", str(shards)] + args,
+                         stdout=subprocess.DEVNULL, stderr=log, env=child_env())
+    cluster.procs.append(p)
+    deadline = time.monotonic() + DEADLINE_S
+    while not (os.path.exists(ep) and open(ep).read().strip()):
+        assert p.poll() is None and time.monotonic() < deadline, cluster.logs()
+        time.sleep(0.01)
+    return p, open(ep).read().strip()
+
+
+def kill(cluster, p, sig=signal.SIGKILL):
+    p.send_signal(sig)
+    p.wait(timeout=10)
+    cluster.procs.remove(p)
+
+
+def until(what, fn, cluster):
+    deadline = time.monotonic() + DEADLINE_S
+    while not fn():
+        assert time.monotonic() < deadline, "%s: not within %d s\n%s" % (what, DEADLINE_S,
+                                                                          cluster.logs())
+        time.sleep(0.02)
+
+
+def in_sync(etcd, shard, shards, n):
+    v = etcd.get("/psd/shard-%d-of-%d/insync" % (shard, shards))
+    return v is not None and len(v["members"]) == n
+
+
+def leader(etcd, shard, shards):
+    return etcd.get("/psd/shard-%d-of-%d/leader" % (shard, shards)) or {}
+
+
+def replicated(cluster, etcd, shards, args):
+    """shards primaries, a backup of each, all in sync; the --servers list
+    and the processes [(primary, backup)]."""
+    base = ["--etcd", etcd.url] + args
+    groups, entries = [], []
+    for i in range(shards):
+        a, ea = start(cluster, i, shards, base)
+        until("shard %d's primary" % i, lambda: leader(etcd, i, shards).get("endpoint") == ea,
+              cluster)
+        b, eb = start(cluster, i, shards, base + ["--replica-of", ea])
+        until("shard %d in sync" % i, lambda: in_sync(etcd, i, shards, 2), cluster)
+        groups.append(((a, ea), (b, eb)))
+        entries.append(ea + "|" + eb)
+    return ",".join(entries), groups
+
+
+def train(cluster, servers, tmp, name, extra=()):
+    """Two bsp psworkers (a shard of the data each), started."""
+    procs = []
+    for r in range(2):
+        procs.append(subprocess.Popen(
+            [worker_bin(), "--data", DATA, "--servers", servers, "--rank", str(r), "--workers",
+             "2", "--timeout-ms", "60000"] + TRAIN + list(extra),
+            stdout=subprocess.DEVNULL, stderr=open(str(tmp / ("%s%d.log" % (name, r))), "w"),
+            env=child_env()))
+    return procs
+
+
+def finish(procs, tmp, name):
+    for r, p in enumerate(procs):
+        try:
+            p.wait(timeout=300)
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        assert p.returncode == 0, open(str(tmp / ("%s%d.log" % (name, r)))).read()[-3000:]
+
+
+def clock(servers):
+    r = subprocess.run([os.environ["PSCTL_BIN"], "--servers", servers, "--json", "status"],
+                       capture_output=True, text=True, env=child_env(), timeout=30)
+    if r.returncode != 0:
+        return 0
+    clocks = [t["clock"] for sh in json.loads(r.stdout)["shards"] for t in sh.get("tables", [])]
+    return min(clocks) if clocks else 0
+
+
+@pytest.fixture
+def unbroken(cluster, tmp_path):
+    """The model two bsp workers train on 2 shards without replicas."""
+    servers = cluster.start(shards=2, args=BSP)
+    finish(train(cluster, servers, tmp_path, "u"), tmp_path, "u")
+    return export(servers, tmp_path / "unbroken.safetensors")
+
+
+def same(a, b):
+    assert sorted(a) == sorted(b)
+    for k in a:
+        assert np.array_equal(a[k], b[k]), k
+
+
+def test_primary_killed_mid_run_loses_nothing_and_a_restart_catches_up(cluster, etcd, tmp_path,
+                                                                      unbroken):
+    if not os.environ.get("PSCTL_BIN"):
+        pytest.skip("PSCTL_BIN is not set")
+    servers, groups = replicated(cluster, etcd, 2, BSP)
+    workers = train(cluster, servers, tmp_path, "k", ["--test-delay-ms", "15"])
+    until("training under way", lambda: clock(servers) >= 20, cluster)
+    (a, ea), (b, eb) = groups[0]
+    kill(cluster, a)
+    until("the backup takes over", lambda: leader(etcd, 0, 2).get("endpoint") == eb, cluster)
+    assert clock(servers) < 200, "the run ended before the restart: slow it down"
+    # the killed replica comes back on its port, as a backup of the new primary
+    a2, _ = start(cluster, 0, 2, ["--etcd", etcd.url, "--replica-of", eb] + BSP, listen=ea)
+    until("the restarted replica in sync", lambda: in_sync(etcd, 0, 2, 2), cluster)
+    finish(workers, tmp_path, "k")
+    same(export(servers, tmp_path / "after-kill.safetensors"), unbroken)
+    # the restarted replica holds everything: alone, it serves the same model
+    kill(cluster, b)
+    until("the restarted replica takes over",
+          lambda: leader(etcd, 0, 2).get("endpoint") == ea, cluster)
+    same(export(servers, tmp_path / "restarted.safetensors"), unbroken)
+    log = cluster.logs()
+    assert "S0714 state from %s loaded" % eb in log
+    assert "S0715 shard 0: this replica is the primary now, epoch 2" in log
+
+
+def test_backup_killed_mid_run(cluster, etcd, tmp_path, unbroken):
+    servers, groups = replicated(cluster, etcd, 2, BSP)
+    workers = train(cluster, servers, tmp_path, "b", ["--test-delay-ms", "5"])
+    until("training under way", lambda: clock(servers) >= 20, cluster)
+    (_, ea), (b, eb) = groups[1]
+    kill(cluster, b)
+    until("the primary drops its backup", lambda: in_sync(etcd, 1, 2, 1), cluster)
+    finish(workers, tmp_path, "b")
+    same(export(servers, tmp_path / "after-backup.safetensors"), unbroken)
+    assert "S0704 backup %s" % eb in cluster.logs()
+
+
+def test_a_stopped_primary_never_acknowledges_once_replaced(cluster, etcd):
+    args = ["--replica-timeout-ms", "200"]
+    servers, groups = replicated(cluster, etcd, 1, args)
+    (a, ea), (b, eb) = groups[0]
+    old = psd.Client(ea, timeout_ms=3000)  # talks to the old primary only
+    old.create_table("w", 4)
+    old.push("w", np.ones(4, np.float32)).wait()
+    a.send_signal(signal.SIGSTOP)  # to its backup and etcd, as if cut off
+    try:
+        until("the backup takes over", lambda: leader(etcd, 0, 1).get("endpoint") == eb,
+              cluster)
+        with psd.Client(servers, timeout_ms=5000) as new:
+            new.create_table("w", 4)
+            new.push("w", np.full(4, 2, np.float32)).wait()
+            h = old.push("w", np.full(4, 100, np.float32))  # queued for the old primary
+            a.send_signal(signal.SIGCONT)
+            with pytest.raises(psd.Error) as e:
+                h.wait()
+            assert "PS_ENOTPRIMARY" in str(e.value)
+            got = new.pull("w", np.zeros(4, np.float32)).wait()
+        # sgd, lr 0.01, from zeros: the pushes of 1 and 2 only, never the 100
+        assert np.allclose(got, -0.03, rtol=0, atol=1e-6), got
+    finally:
+        a.send_signal(signal.SIGCONT)
+        old.close()
+    until("the old primary steps down", lambda: "S0716 shard 0: no longer primary" in
+          cluster.logs(), cluster)
+
+
+@pytest.mark.parametrize("argv, text", [
+    (["--replica-of", "tcp://127.0.0.1:1"], "--replica-of needs --etcd"),
+    (["--etcd", "ftp://x"], "is not http://HOST:PORT"),
+    (["--etcd", "http://127.0.0.1:1", "--listen", "tcp://0.0.0.0:0"], "--advertise"),
+    (["--etcd", "http://127.0.0.1:1", "--replica-of", "tcp://h"], "--replica-of"),
+])
+def test_flag_errors_are_named(argv, text):
+    psd_bin = os.environ.get("PSD_BIN")
+    if not psd_bin:
+        pytest.skip("PSD_BIN is not set")
+    r = subprocess.run([psd_bin] + argv, capture_output=True, text=True, env=child_env(),
+                       timeout=30)
+    assert r.returncode == 2 and text in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("servers, text", [
+    ("tcp://a:1|tcp://b:2|tcp://c:3|tcp://d:4|tcp://e:5", "more than 4 replicas"),
+    ("tcp://a:1||tcp://b:2", "empty endpoint"),
+    ("tcp://a:1|tcp://b", "tcp://HOST:PORT"),
+])
+def test_replica_lists_are_checked(servers, text):
+    with pytest.raises(ValueError) as e:
+        psd.Client(servers)
+    assert text in str(e.value)
