@@ -122,6 +122,9 @@ static const struct ps_opt opts[] = {
         "it well under psd --worker-timeout); 0: never"),
     OPT("test-delay-ms", PS_OPT_U64, test_delay_ms, "0", 0, 60000, "MS",
         "testing only: sleep this long every step"),
+    OPT("test-stop-at", PS_OPT_U64, test_stop_at, "0", 0, UINT64_MAX, "CLOCK",
+        "testing only: stop once the step at this clock is done, as if the run ended there "
+        "(the tables and their schedule are the whole run's, unlike --max-steps); 0: never"),
     OPT("test-overflow-at", PS_OPT_U64, test_overflow_at, "0", 0, UINT64_MAX, "CLOCK",
         "testing only, --precision f16: make one gradient of this worker infinite in the step "
         "at this clock (once); 0: never"),

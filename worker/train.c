@@ -333,6 +333,8 @@ int psw_train(struct trainer *tr, double *accuracy)
     uint64_t steps = tr->train.n / gb, total = steps * tr->cfg.epochs;
     if (tr->cfg.max_steps && tr->cfg.max_steps < total)
         total = tr->cfg.max_steps;
+    if (tr->cfg.test_stop_at && tr->cfg.test_stop_at < total)
+        total = tr->cfg.test_stop_at;
     *accuracy = -1;
     int rc = 0;
     /* by the clock, not by counting: a worker rejoining a run starts (and

@@ -38,7 +38,7 @@ struct config {
     uint64_t max_steps, log_every, timeout_ms, test_delay_ms, accum_steps, retry_ms, heartbeat_ms;
     uint64_t compute_threads;
     double loss_scale;
-    uint64_t growth_interval, test_overflow_at;
+    uint64_t growth_interval, test_overflow_at, test_stop_at;
     int help;
 };
 
