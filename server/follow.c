@@ -155,14 +155,21 @@ static void on_record_apply(struct psd_repl *r, const Ps__Header *h, zmq_msg_t *
              (uint64_t)ps_mono_ms() - r->followed_ms > CATCH_UP_MS)
         resync(r, "no state transfer came");
     /* acknowledge what was applied, and beats (the primary hears this
-     * backup is alive) */
-    if (r->loaded && (r->seq != before || h->record == PS__RECORD__REC_BEAT ||
-                      h->record == PS__RECORD__REC_SNAPSHOT)) {
-        Ps__Header a;
-        psd__repl_record_header(r, &a, PS__RECORD__REC_BEAT);
-        a.instance = r->lead.id;
-        psd__repl_send_hdr(r->follow, &a, 0);
-    }
+     * backup is alive); while more records wait, one acknowledgement
+     * covers up to ACK_EVERY of them */
+    if (!r->loaded || (r->seq == before && h->record != PS__RECORD__REC_BEAT &&
+                       h->record != PS__RECORD__REC_SNAPSHOT))
+        return;
+    int events = 0;
+    size_t len = sizeof events;
+    if (h->record == PS__RECORD__REC_REQUEST && r->seq - r->acked_sent < ACK_EVERY &&
+        zmq_getsockopt(r->follow, ZMQ_EVENTS, &events, &len) == 0 && (events & ZMQ_POLLIN))
+        return; /* the next record's acknowledgement covers this one */
+    Ps__Header a;
+    psd__repl_record_header(r, &a, PS__RECORD__REC_BEAT);
+    a.instance = r->lead.id;
+    if (psd__repl_send_hdr(r->follow, &a, 0) == 0)
+        r->acked_sent = r->seq;
 }
 
 int psd__repl_on_record(struct ps_zsock *zs, void *arg)
@@ -226,8 +233,9 @@ void psd__repl_consult(struct psd_repl *r, uint64_t now)
     r->view_ms = now;
     struct psd_lead_view v;
     if (psd_lead_read(&r->lead, &v) != 0) {
-        PS_LOG(r->log, PS_LOG_WARN, S0717, "cannot read the shard's keys from etcd: %s",
-               r->lead.etcd.err);
+        if (ps_log_sampled(++r->etcd_failures))
+            PS_LOG(r->log, PS_LOG_WARN, S0717, "cannot read the shard's keys from etcd: %s",
+                   r->lead.etcd.err);
         return;
     }
     int same = r->role == PSD_ROLE_BACKUP && v.epoch == r->epoch && !strcmp(v.endpoint, r->primary);
@@ -240,10 +248,11 @@ void psd__repl_consult(struct psd_repl *r, uint64_t now)
             psd__repl_send_follow(r); /* the primary may have dropped this backup */
         return;
     }
-    /* no primary: a replica that holds every acknowledged write takes over */
+    /* no primary, or one this member of its set no longer hears: a replica
+     * that holds every acknowledged write takes over (lead.h) */
     int eligible = v.insync_found ? v.member && r->loaded : !r->wait_for_primary;
     if (!eligible) {
-        if (ps_log_sampled(++r->resyncs))
+        if (ps_log_sampled(++r->no_primary_seen))
             PS_LOG(r->log, PS_LOG_WARN, S0718,
                    "shard %u has no primary, and only a replica in etcd's in-sync set (%s) may "
                    "take over: start one, or if all are lost delete %s to let any take over "
@@ -252,8 +261,10 @@ void psd__repl_consult(struct psd_repl *r, uint64_t now)
         return;
     }
     int won = 0;
-    if (psd_lead_campaign(&r->lead, &v, &won) != 0)
-        PS_LOG(r->log, PS_LOG_WARN, S0717, "campaign for primary failed: %s", r->lead.etcd.err);
-    else if (won)
+    if (psd_lead_campaign(&r->lead, &v, &won) != 0) {
+        if (ps_log_sampled(++r->etcd_failures))
+            PS_LOG(r->log, PS_LOG_WARN, S0717, "campaign for primary failed: %s", r->lead.etcd.err);
+    } else if (won) {
         promote(r);
+    }
 }

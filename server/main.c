@@ -386,6 +386,11 @@ static int parse_config(struct psd_config *cfg, int argc, char **argv, int *leve
                 cfg->replica_of ? "replica-of" : "advertise");
         return 2;
     }
+    if (cfg->etcd != NULL && cfg->curve_secret != NULL) {
+        fprintf(stderr, "psd: --etcd with --curve-secret: replicas do not speak CURVE to each "
+                        "other yet; run replicated shards on a trusted network\n");
+        return 2;
+    }
     const char *eps[] = {cfg->replica_of, cfg->advertise};
     for (size_t i = 0; i < 2; i++)
         if (eps[i] != NULL && (strlen(eps[i]) >= PS_ENDPOINT_MAX ||

@@ -211,8 +211,9 @@ static int update_insync(struct psd_repl *r)
     int ok = 0;
     int rc = psd_lead_set_insync(&r->lead, ids, eps, n, &ok);
     if (rc != 0) {
-        PS_LOG(r->log, PS_LOG_WARN, S0702,
-               "cannot write the in-sync set to etcd (%s): replies wait", r->lead.etcd.err);
+        if (ps_log_sampled(++r->etcd_failures))
+            PS_LOG(r->log, PS_LOG_WARN, S0702,
+                   "cannot write the in-sync set to etcd (%s): replies wait", r->lead.etcd.err);
         return rc;
     }
     if (!ok) {
@@ -505,8 +506,9 @@ static void primary_tick(struct psd_repl *r, uint64_t now)
         return;
     }
     if (rc != 0)
-        PS_LOG(r->log, PS_LOG_WARN, S0717, "lease not renewed: %s (replies stop in %lld ms)",
-               r->lead.etcd.err, (long long)r->lead.lease_until_ms - (long long)now);
+        if (ps_log_sampled(++r->etcd_failures))
+            PS_LOG(r->log, PS_LOG_WARN, S0717, "lease not renewed: %s (replies stop in %lld ms)",
+                   r->lead.etcd.err, (long long)r->lead.lease_until_ms - (long long)now);
     for (uint32_t i = 0; i < PSD_BACKUPS_MAX; i++) {
         struct psd_backup *b = &r->backups[i];
         uint64_t limit = b->state == 3 ? r->timeout_ms : CATCH_UP_MS;

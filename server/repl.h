@@ -88,11 +88,14 @@ struct psd_repl {
     int snap_fd;
     int loaded;           /* holds its primary's state (or was primary): may take over */
     int wait_for_primary; /* --replica-of: never the first primary of a new shard */
+    uint64_t acked_sent;  /* the last record acknowledged */
     uint64_t snap_bytes;
     /* counters (metrics, stats) */
     uint64_t records_sent, records_applied, record_bytes, replies_held, held_dropped;
     uint64_t promotions, resyncs, backups_dropped, refused_not_primary;
     uint64_t held_peak;
+    uint64_t etcd_failures;   /* calls etcd did not answer (their warnings are sampled) */
+    uint64_t no_primary_seen; /* looks at a shard without a primary this one may not take */
 };
 
 /* Starts the replica's part: etcd, the loop timer, and the first step

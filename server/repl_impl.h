@@ -9,6 +9,7 @@
 #define BEAT_MS     50u    /* a primary's beat to its backups */
 #define VIEW_MS     50u    /* how often a replica without a primary asks etcd */
 #define CATCH_UP_MS 30000u /* a backup not yet in sync may be silent this long (loading) */
+#define ACK_EVERY   64u    /* records a backup applies at most before it acknowledges */
 
 /* repl.c */
 int psd__repl_send_hdr(void *sock, const Ps__Header *h, int more);
