@@ -154,6 +154,8 @@ def _prototypes(lib):
         "psc_cancel": (c.c_int, [client, c.c_uint64]),
         "psc_start_clock": (c.c_uint64, [client]),
         "psc_shards": (c.c_uint32, [client]),
+        "psc_endpoint": (c.c_char_p, [client, c.c_uint32]),
+        "psc_failovers": (c.c_uint64, [client]),
         "psc_heartbeat": (None, [client]),
         "psc_cork": (c.c_int, [client, c.c_int]),
         "psc_push_keys": (c.c_int, [client, c.c_uint32, u64p, fl, c.c_size_t, c.c_uint64, u64p]),

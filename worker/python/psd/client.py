@@ -294,6 +294,18 @@ class Client:
                 finally:
                     self._lock.release()
 
+    def endpoint(self, shard=0):
+        """The endpoint this client talks to for shard: one of its replicas
+        (they move when a primary goes), or its same-host socket."""
+        self._check_open()
+        return self._lib.psc_endpoint(self._c, shard).decode()
+
+    @property
+    def failovers(self):
+        """Moves from one replica of a shard to another so far."""
+        self._check_open()
+        return self._lib.psc_failovers(self._c)
+
     # -- lifetime -----------------------------------------------------------
     def close(self):
         """Closes the connections; pushes not waited for may be lost."""
