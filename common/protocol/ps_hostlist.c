@@ -7,6 +7,7 @@
 
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* A range item's bound: digits only, at most 9; its value, and its width
@@ -114,6 +115,59 @@ static int item(struct out *o, const char *tok, size_t len)
     return 0;
 }
 
+/* An item naming a shard's replicas with patterns ("a-[0-1]|b-[0-1]"):
+ * each side expands on its own, all to the same count, and entry i joins
+ * the i-th endpoint of each with '|'. */
+static int replicas_item(struct out *o, const char *tok, size_t len)
+{
+    enum { SIDE_BYTES = PS_SHARDS_MAX * PS_ENDPOINT_MAX };
+    char *mem = malloc(PS_REPLICAS_MAX * SIDE_BYTES + PS_ENDPOINT_MAX);
+    const char *(*eps)[PS_SHARDS_MAX] = calloc(PS_REPLICAS_MAX, sizeof *eps);
+    size_t n[PS_REPLICAS_MAX] = {0}, k = 0;
+    int rc = 0;
+    if (mem == NULL || eps == NULL) {
+        rc = ps_errf(PS_ENOMEM, o->err, o->errlen, "%s: out of memory", o->flag);
+        goto out;
+    }
+    for (const char *p = tok, *end = tok + len; rc == 0 && p <= end; k++) {
+        const char *bar = memchr(p, '|', (size_t)(end - p));
+        const char *stop = bar ? bar : end;
+        if (k == PS_REPLICAS_MAX) {
+            rc = ps_errf(PS_EINVAL, o->err, o->errlen, "%s: '%.*s' names more than %u replicas",
+                         o->flag, (int)len, tok, PS_REPLICAS_MAX);
+            break;
+        }
+        struct out side = {mem + k * SIDE_BYTES,
+                           SIDE_BYTES,
+                           0,
+                           eps[k],
+                           PS_SHARDS_MAX,
+                           &n[k],
+                           o->flag,
+                           o->err,
+                           o->errlen};
+        rc = item(&side, p, (size_t)(stop - p));
+        if (rc == 0 && k > 0 && n[k] != n[0])
+            rc = ps_errf(PS_EINVAL, o->err, o->errlen,
+                         "%s: '%.*s': its replicas expand to %zu and %zu endpoints; each side "
+                         "names one replica of every shard",
+                         o->flag, (int)len, tok, n[0], n[k]);
+        p = stop + 1;
+    }
+    char *one = mem + PS_REPLICAS_MAX * SIDE_BYTES;
+    for (size_t i = 0; rc == 0 && i < n[0]; i++) {
+        size_t used = 0;
+        for (size_t j = 0; j < k && used < PS_ENDPOINT_MAX; j++)
+            used += (size_t)snprintf(one + used, PS_ENDPOINT_MAX - used, "%s%s", j ? "|" : "",
+                                     eps[j][i]);
+        rc = emit(o, one, used < PS_ENDPOINT_MAX ? used : PS_ENDPOINT_MAX);
+    }
+out:
+    free(mem);
+    free(eps);
+    return rc;
+}
+
 int ps_hostlist_expand(const char *flag, const char *list, char *buf, size_t len, const char **eps,
                        size_t max, size_t *n, char *err, size_t errlen)
 {
@@ -136,7 +190,9 @@ int ps_hostlist_expand(const char *flag, const char *list, char *buf, size_t len
             return ps_errf(PS_EINVAL, err, errlen, "%s: '%s' has an unclosed '['", flag, list);
         if (q == p)
             return ps_errf(PS_EINVAL, err, errlen, "%s: '%s' has an empty endpoint", flag, list);
-        int rc = item(&o, p, (size_t)(q - p));
+        size_t n1 = (size_t)(q - p);
+        int rc = memchr(p, '|', n1) != NULL && memchr(p, '[', n1) != NULL ? replicas_item(&o, p, n1)
+                                                                          : item(&o, p, n1);
         if (rc != 0)
             return rc;
         p = *q == ',' ? q + 1 : q;

@@ -219,6 +219,12 @@ static void test_server_patterns(void **state)
                         "tcp://127.0.0.1:5570 tcp://127.0.0.2:5570");
     assert_string_equal(expand("tcp://h-[9-10]:1"), "tcp://h-9:1 tcp://h-10:1");
     assert_string_equal(expand("tcp://h:[5570-5571]"), "tcp://h:5570 tcp://h:5571");
+    assert_string_equal(expand("tcp://a:1|tcp://b:1,tcp://c:1"), "tcp://a:1|tcp://b:1 tcp://c:1");
+    assert_string_equal(expand("tcp://psd-[0-1].psd:5570|tcp://psd-[2-3].psd:5570"),
+                        "tcp://psd-0.psd:5570|tcp://psd-2.psd:5570 "
+                        "tcp://psd-1.psd:5570|tcp://psd-3.psd:5570");
+    assert_string_equal(expand("tcp://h:[1-2]|tcp://h:[3-4]|tcp://g:[5-6]"),
+                        "tcp://h:1|tcp://h:3|tcp://g:5 tcp://h:2|tcp://h:4|tcp://g:6");
     const struct {
         const char *list, *says;
     } bad[] = {
@@ -236,6 +242,12 @@ static void test_server_patterns(void **state)
         {"", "names no endpoint"},
         {"tcp://h-[0-9999]:1", "names more than"},
         {"tcp://h:[0-1]", "port '0' is not a number in 1..65535"},
+        {"tcp://a-[0-1]:1|tcp://b-[0-2]:1", "its replicas expand to 2 and 3 endpoints"},
+        {"tcp://a-[0-1]:1|tcp://b:1", "its replicas expand to 2 and 1 endpoints"},
+        {"tcp://a-[0-1]:1|tcp://b-[0-1]:1|tcp://c-[0-1]:1|tcp://d-[0-1]:1|tcp://e-[0-1]:1",
+         "names more than 4 replicas"},
+        {"tcp://a:1||tcp://b:1", "an empty endpoint around '|'"},
+        {"tcp://a:1|tcp://b:2|tcp://c:3|tcp://d:4|tcp://e:5", "more than 4 replicas"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         const char *got = expand(bad[i].list);
