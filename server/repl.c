@@ -336,9 +336,11 @@ static void on_follow(struct psd_repl *r, const struct ps_frame *route, const Ps
     for (uint32_t i = 0; b == NULL && i < PSD_BACKUPS_MAX; i++)
         if (r->backups[i].state == 0)
             b = &r->backups[i];
-    if (b == NULL) {
-        PS_LOG(r->log, PS_LOG_WARN, S0707, "%s asked to follow, but %u backups follow already", ep,
-               PSD_BACKUPS_MAX);
+    if (b == NULL) { /* it asks again every --replica-timeout-ms */
+        if (ps_log_sampled(++r->follows_refused))
+            PS_LOG(r->log, PS_LOG_WARN, S0707,
+                   "%s asked to follow, but %u backups follow already (%llu refused)", ep,
+                   PSD_BACKUPS_MAX, (unsigned long long)r->follows_refused);
         return;
     }
     if (b->state == 3 || b->state == 4) { /* in the set: it must leave before it starts over */
@@ -683,6 +685,9 @@ void psd_repl_metrics(const struct psd_repl *r, struct ps_buf *b)
          "State transfers this backup asked for again (a record missing).", (double)r->resyncs},
         {"psd_replica_backups_dropped_total", "counter", "Backups this primary dropped.",
          (double)r->backups_dropped},
+        {"psd_replica_follows_refused_total", "counter",
+         "Replicas refused as backups: this primary had its most (PSD_BACKUPS_MAX) already.",
+         (double)r->follows_refused},
         {"psd_replica_not_primary_total", "counter",
          "Requests refused because this replica is not the primary.",
          (double)r->refused_not_primary},

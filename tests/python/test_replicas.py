@@ -245,6 +245,26 @@ def test_a_stopped_primary_never_acknowledges_once_replaced(cluster, etcd):
           cluster.logs(), cluster)
 
 
+def test_at_most_three_backups_follow(cluster, etcd):
+    """PSD_BACKUPS_MAX (PS_REPLICAS_MAX - 1): a fourth backup is refused
+    and named, and the three keep the shard in sync."""
+    base = ["--etcd", etcd.url]
+    a, ea = start(cluster, 0, 1, base)
+    until("the primary", lambda: leader(etcd, 0, 1).get("endpoint") == ea, cluster)
+    for n in range(3):
+        start(cluster, 0, 1, base + ["--replica-of", ea])
+        until("backup %d in sync" % (n + 1), lambda: in_sync(etcd, 0, 1, n + 2), cluster)
+    _, e4 = start(cluster, 0, 1, base + ["--replica-of", ea])
+    until("the fourth refused", lambda: "S0707 %s asked to follow, but 3 backups" % e4 in
+          cluster.logs(), cluster)
+    assert in_sync(etcd, 0, 1, 4)
+    r = subprocess.run([os.environ["PSCTL_BIN"], "--servers", ea, "--json", "status"],
+                       capture_output=True, text=True, env=child_env(), timeout=30)
+    sh = json.loads(r.stdout)["shards"][0]
+    assert sh["role"] == "primary" and len(sh["backups"]) == 3, sh
+    assert all(b["in_sync"] for b in sh["backups"]) and e4 not in str(sh["backups"])
+
+
 @pytest.mark.parametrize("argv, text", [
     (["--replica-of", "tcp://127.0.0.1:1"], "--replica-of needs --etcd"),
     (["--etcd", "ftp://x"], "is not http://HOST:PORT"),
