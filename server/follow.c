@@ -228,11 +228,14 @@ static void promote(struct psd_repl *r)
 
 void psd__repl_consult(struct psd_repl *r, uint64_t now)
 {
-    if (now - r->view_ms < VIEW_MS)
+    /* an etcd that does not answer is asked less often: each call holds
+     * the loop up to its timeout */
+    if (now - r->view_ms < (r->etcd_down ? VIEW_DOWN_MS : VIEW_MS))
         return;
     r->view_ms = now;
     struct psd_lead_view v;
-    if (psd_lead_read(&r->lead, &v) != 0) {
+    r->etcd_down = psd_lead_read(&r->lead, &v) != 0;
+    if (r->etcd_down) {
         if (ps_log_sampled(++r->etcd_failures))
             PS_LOG(r->log, PS_LOG_WARN, S0717, "cannot read the shard's keys from etcd: %s",
                    r->lead.etcd.err);

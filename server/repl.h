@@ -97,6 +97,7 @@ struct psd_repl {
     uint64_t etcd_failures;   /* calls etcd did not answer (their warnings are sampled) */
     uint64_t no_primary_seen; /* looks at a shard without a primary this one may not take */
     uint64_t follows_refused; /* follows past PSD_BACKUPS_MAX */
+    int etcd_down;            /* the last read of etcd failed */
 };
 
 /* Starts the replica's part: etcd, the loop timer, and the first step

@@ -4,12 +4,13 @@
 
 #include "repl.h"
 
-#define PARTS_MAX   (PS_FRAMES_MAX + 2u)
-#define TICK_MS     25u    /* the replicas' timer */
-#define BEAT_MS     50u    /* a primary's beat to its backups */
-#define VIEW_MS     50u    /* how often a replica without a primary asks etcd */
-#define CATCH_UP_MS 30000u /* a backup not yet in sync may be silent this long (loading) */
-#define ACK_EVERY   64u    /* records a backup applies at most before it acknowledges */
+#define PARTS_MAX    (PS_FRAMES_MAX + 2u)
+#define TICK_MS      25u    /* the replicas' timer */
+#define BEAT_MS      50u    /* a primary's beat to its backups */
+#define VIEW_MS      50u    /* how often a replica without a primary asks etcd */
+#define VIEW_DOWN_MS 500u   /* ...while etcd does not answer */
+#define CATCH_UP_MS  30000u /* a backup not yet in sync may be silent this long (loading) */
+#define ACK_EVERY    64u    /* records a backup applies at most before it acknowledges */
 
 /* repl.c */
 int psd__repl_send_hdr(void *sock, const Ps__Header *h, int more);

@@ -2,12 +2,15 @@
 a primary killed mid-run loses no update and the run ends with the
 model of an unbroken run, bit for bit; the same with a backup killed;
 a killed replica restarted catches up while training goes on and can
-serve the whole model; and a primary cut off from its backup (stopped
-with SIGSTOP, which its peers cannot tell from a partition) never
-acknowledges a write once its backup has taken over."""
+serve the whole model; a primary cut off from its backup (stopped with
+SIGSTOP, which its peers cannot tell from a partition) never
+acknowledges a write once its backup has taken over; a primary that
+loses etcd holds its replies and says why; a fourth backup is refused.
+The network partition itself: tests/integration/test_partition.py."""
 import base64
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -243,6 +246,31 @@ def test_a_stopped_primary_never_acknowledges_once_replaced(cluster, etcd):
         old.close()
     until("the old primary steps down", lambda: "S0716 shard 0: no longer primary" in
           cluster.logs(), cluster)
+
+
+def test_a_primary_without_etcd_stops_answering_and_says_so(cluster, etcd):
+    """etcd stopped: once its lease may have run out the primary holds
+    every reply (it cannot know it is still primary) and logs why; etcd
+    back, the write held is acknowledged, once, by whichever replica etcd
+    then names."""
+    servers, groups = replicated(cluster, etcd, 1, [])
+    (a, ea), _ = groups[0]
+    with psd.Client(servers, timeout_ms=20000) as c:
+        c.create_table("w", 4)
+        c.push("w", np.ones(4, np.float32)).wait()
+        etcd.proc.send_signal(signal.SIGSTOP)
+        try:
+            until("the primary to say its lease may be gone",
+                  lambda: re.search(r"S0717 lease not renewed: .* \(replies stop in -",
+                                    cluster.logs()), cluster)
+            h = c.push("w", np.full(4, 2, np.float32))
+            with pytest.raises(psd.TimeoutError):
+                h.wait(300)
+        finally:
+            etcd.proc.send_signal(signal.SIGCONT)
+        h.wait()
+        got = c.pull("w", np.zeros(4, np.float32)).wait()
+    assert np.allclose(got, -0.03, rtol=0, atol=1e-6), got
 
 
 def test_at_most_three_backups_follow(cluster, etcd):
