@@ -386,11 +386,6 @@ static int parse_config(struct psd_config *cfg, int argc, char **argv, int *leve
                 cfg->replica_of ? "replica-of" : "advertise");
         return 2;
     }
-    if (cfg->etcd != NULL && cfg->curve_secret != NULL) {
-        fprintf(stderr, "psd: --etcd with --curve-secret: replicas do not speak CURVE to each "
-                        "other yet; run replicated shards on a trusted network\n");
-        return 2;
-    }
     const char *eps[] = {cfg->replica_of, cfg->advertise};
     for (size_t i = 0; i < 2; i++)
         if (eps[i] != NULL && (strlen(eps[i]) >= PS_ENDPOINT_MAX ||
@@ -421,9 +416,11 @@ static int start_replica(struct app *a, const struct psd_config *cfg)
         .replica_of = cfg->replica_of,
         .lease_ttl_s = (int64_t)cfg->lease_ttl,
         .timeout_ms = cfg->replica_timeout_ms,
+        .curve = cfg->curve_secret != NULL ? &a->sec.keys : NULL,
     };
     char err[512];
     a->replicated = 1;
+    a->sec.replicas = cfg->curve_secret != NULL;
     if (psd_repl_start(&a->repl, &a->net, &a->loop, &rc, err, sizeof err) != 0) {
         PS_LOG(&a->log, PS_LOG_ERROR, S0008, "%s", err);
         return PS_EINVAL;

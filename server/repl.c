@@ -407,6 +407,19 @@ static void reply_not_primary(struct psd_repl *r, const struct ps_frame *route,
     psd_net_reply(r->net, route->data, route->size, &rep);
 }
 
+/* A follow under CURVE from a key other than the shard's own: a worker
+ * admitted to push may not read the whole shard as a backup. */
+static void refuse_follow(struct psd_repl *r, const struct ps_frame *route, const Ps__Header *req)
+{
+    r->follows_refused++;
+    struct psd_reply rep;
+    memset(&rep, 0, sizeof rep);
+    psd_reply_errorf(r->srv, req, PS_EAUTH, &rep,
+                     "follow: only this shard's own CURVE key may follow it (its replicas share "
+                     "the key pair)");
+    psd_net_reply(r->net, route->data, route->size, &rep);
+}
+
 /* Whether a request the primary handled goes to the backups. */
 static int replicable(const Ps__Header *h, enum psd_answer ans, const struct psd_reply *rep)
 {
@@ -438,7 +451,11 @@ void psd_repl_request(void *repl, const struct ps_frame *route, const char *user
         h = ps__header__unpack(NULL, zmq_msg_size(&parts[1]), zmq_msg_data(&parts[1]));
     int op = h != NULL ? (int)h->op : 0;
     if (op == PS__OP__OP_FOLLOW || op == PS__OP__OP_REPLICATE) {
-        if (r->role == PSD_ROLE_PRIMARY)
+        if (r->curve_pub[0] != '\0' && (user == NULL || strcmp(user, r->curve_pub) != 0)) {
+            /* a worker's key: replicas hold the shard's own */
+            if (op == PS__OP__OP_FOLLOW)
+                refuse_follow(r, route, h);
+        } else if (r->role == PSD_ROLE_PRIMARY)
             (op == PS__OP__OP_FOLLOW ? on_follow : on_ack)(r, route, h);
         else if (op == PS__OP__OP_FOLLOW)
             reply_not_primary(r, route, h);
@@ -601,8 +618,15 @@ int psd_repl_start(struct psd_repl *r, struct psd_net *net, uv_loop_t *loop,
         return rc;
     r->follow = zmq_socket(net->ctx, ZMQ_DEALER);
     int zero = 0;
+    const struct ps_curve_keys *k = cfg->curve;
+    if (k != NULL)
+        snprintf(r->curve_pub, sizeof r->curve_pub, "%s", k->pub);
     if (r->follow == NULL || zmq_setsockopt(r->follow, ZMQ_LINGER, &zero, sizeof zero) != 0 ||
         zmq_setsockopt(r->follow, ZMQ_RCVHWM, &zero, sizeof zero) != 0 ||
+        (k != NULL &&
+         (zmq_setsockopt(r->follow, ZMQ_CURVE_SERVERKEY, k->pub, sizeof k->pub) != 0 ||
+          zmq_setsockopt(r->follow, ZMQ_CURVE_PUBLICKEY, k->pub, sizeof k->pub) != 0 ||
+          zmq_setsockopt(r->follow, ZMQ_CURVE_SECRETKEY, k->sec, sizeof k->sec) != 0)) ||
         (rc = ps_zsock_start(loop, &r->fzs, r->follow, psd__repl_on_record, r)) != 0)
         return ps_errf(PS_EZMQ, err, errlen, "cannot open the socket to a primary: %s",
                        zmq_strerror(errno));

@@ -18,6 +18,7 @@
 #define PSD_REPL_H
 
 #include "lead.h"
+#include "ps_curve.h"
 #include "net.h"
 #include "psd.h"
 
@@ -58,6 +59,10 @@ struct psd_held {
 
 struct psd_repl_config {
     const char *etcd, *prefix, *advertise, *replica_of;
+    /* CURVE (NULL without): the shard's key pair, which every replica of
+     * it holds; a backup connects with it, and a primary takes follows
+     * and acknowledgements only from it */
+    const struct ps_curve_keys *curve;
     int64_t lease_ttl_s;
     uint64_t timeout_ms; /* silence after which a backup is dropped, or a primary presumed gone */
 };
@@ -89,6 +94,7 @@ struct psd_repl {
     int loaded;           /* holds its primary's state (or was primary): may take over */
     int wait_for_primary; /* --replica-of: never the first primary of a new shard */
     uint64_t acked_sent;  /* the last record acknowledged */
+    char curve_pub[PS_CURVE_KEY_LEN + 1]; /* the replicas' key ("" without CURVE) */
     uint64_t snap_bytes;
     /* counters (metrics, stats) */
     uint64_t records_sent, records_applied, record_bytes, replies_held, held_dropped;

@@ -59,7 +59,8 @@ static int on_zap(struct ps_zsock *zs, void *arg)
             zmq_msg_size(&parts[5]) == 5 && memcmp(zmq_msg_data(&parts[5]), "CURVE", 5) == 0;
         if (curve && zmq_msg_size(&parts[6]) == 32) {
             zmq_z85_encode(user, zmq_msg_data(&parts[6]), 32);
-            if (ps_curve_allowed(sec->allow, zmq_msg_data(&parts[6]))) {
+            if (ps_curve_allowed(sec->allow, zmq_msg_data(&parts[6])) ||
+                (sec->replicas && strcmp(user, sec->keys.pub) == 0)) { /* another replica */
                 status = "200";
                 text = "OK";
             } else {

@@ -23,6 +23,7 @@ struct psd_security {
     void *zap, *monitor;
     struct ps_zsock zap_zs, mon_zs;
     uint64_t admitted, refused;
+    int replicas; /* admit this shard's own key: its replicas share the key pair (repl.h) */
 };
 
 /* Loads the key file and the allow directory. 0 or PS_E* with err. */

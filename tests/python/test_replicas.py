@@ -273,6 +273,54 @@ def test_a_primary_without_etcd_stops_answering_and_says_so(cluster, etcd):
     assert np.allclose(got, -0.03, rtol=0, atol=1e-6), got
 
 
+def keys(path):
+    """psd --keygen's pair at path: {"public": ..., "secret": ...}."""
+    r = subprocess.run([os.environ["PSD_BIN"], "--keygen", path], capture_output=True,
+                       text=True, env=child_env(), timeout=30)
+    assert r.returncode == 0, r.stderr
+    return dict(line.split(": ", 1) for line in open(path).read().splitlines())
+
+
+def test_replicas_under_curve(cluster, etcd, tmp_path):
+    """The replicas of a shard hold its one key pair: a backup follows
+    with it, and a worker's admitted key may not follow (it would read
+    the whole shard)."""
+    server, worker = keys(str(tmp_path / "server")), keys(str(tmp_path / "worker"))
+    allow = tmp_path / "allow"
+    allow.mkdir()
+    shutil.copy(str(tmp_path / "worker.pub"), str(allow / "worker.pub"))
+    curve = ["--curve-secret", str(tmp_path / "server"), "--curve-allow", str(allow)]
+    servers, groups = replicated(cluster, etcd, 1, curve)
+    (a, ea), (b, eb) = groups[0]
+    kw = dict(curve_server_key=server["public"], curve_keypair=(worker["public"],
+                                                                 worker["secret"]))
+    with psd.Client(servers, timeout_ms=10000, **kw) as c:
+        c.create_table("w", 4)
+        c.push("w", np.ones(4, np.float32)).wait()
+        kill(cluster, a)
+        until("the backup takes over", lambda: leader(etcd, 0, 1).get("endpoint") == eb, cluster)
+        c.push("w", np.ones(4, np.float32)).wait()
+        got = c.pull("w", np.zeros(4, np.float32)).wait()
+    assert np.allclose(got, -0.02, rtol=0, atol=1e-6), got
+    assert "admitted CURVE client %s" % server["public"] in cluster.logs()
+    # a worker's key asks to follow: refused, named
+    zmq = pytest.importorskip("zmq")
+    ctx = zmq.Context()
+    s = ctx.socket(zmq.DEALER)
+    s.setsockopt(zmq.LINGER, 0)
+    s.curve_serverkey, s.curve_publickey, s.curve_secretkey = (
+        server["public"].encode(), worker["public"].encode(), worker["secret"].encode())
+    s.connect(eb)
+    ep = b"tcp://127.0.0.1:1"
+    # ps.Header: version 1, op OP_FOLLOW (12), detail (22), instance (25)
+    s.send(b"\x08\x01\x10\x0c\xb2\x01" + bytes([len(ep)]) + ep + b"\xc8\x01\x07")
+    assert s.poll(10000), "no answer to the follow"
+    reply = s.recv()
+    s.close()
+    ctx.term()
+    assert b"only this shard's own CURVE key may follow" in reply, reply
+
+
 def test_at_most_three_backups_follow(cluster, etcd):
     """PSD_BACKUPS_MAX (PS_REPLICAS_MAX - 1): a fourth backup is refused
     and named, and the three keep the shard in sync."""
@@ -298,8 +346,6 @@ def test_at_most_three_backups_follow(cluster, etcd):
     (["--etcd", "ftp://x"], "is not http://HOST:PORT"),
     (["--etcd", "http://127.0.0.1:1", "--listen", "tcp://0.0.0.0:0"], "--advertise"),
     (["--etcd", "http://127.0.0.1:1", "--replica-of", "tcp://h"], "--replica-of"),
-    (["--etcd", "http://127.0.0.1:1", "--curve-secret", "k", "--curve-allow", "d"],
-     "do not speak CURVE"),
 ])
 def test_flag_errors_are_named(argv, text):
     psd_bin = os.environ.get("PSD_BIN")
