@@ -190,7 +190,7 @@ static int write_summary(struct trainer *tr, const char *path, double acc, doubl
                 "\"device\": \"%s\", \"start_clock\": %llu, \"stale_pushes\": %llu, "
                 "\"resends\": %llu, \"request_batches\": %llu, \"bytes_pushed_shared\": %llu, "
                 "\"bytes_pulled_shared\": %llu, \"precision\": \"%s\", \"loss_scale\": %.9g, "
-                "\"skipped_steps\": %llu}\n",
+                "\"skipped_steps\": %llu, \"failovers\": %llu}\n",
                 accs, tr->train_seconds > 0 ? samples / tr->train_seconds : 0.0,
                 (unsigned long long)done, (unsigned long long)tr->cfg.epochs, wall,
                 (unsigned long long)sent, (unsigned long long)recvd,
@@ -201,7 +201,8 @@ static int write_summary(struct trainer *tr, const char *path, double acc, doubl
                 (unsigned long long)(tr->c ? psc_resends(tr->c) : 0),
                 (unsigned long long)(tr->c ? psc_batches_sent(tr->c) : 0),
                 (unsigned long long)ssent, (unsigned long long)srecvd, psk_precision_name(tr->prec),
-                tr->scale, (unsigned long long)tr->skipped) > 0;
+                tr->scale, (unsigned long long)tr->skipped,
+                (unsigned long long)(tr->c ? psc_failovers(tr->c) : 0)) > 0;
     ok = (fclose(f) == 0) && ok;
     if (!ok || rename(tmp, path) != 0) {
         unlink(tmp);

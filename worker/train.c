@@ -248,6 +248,18 @@ static int train_step(struct trainer *tr, uint64_t step_in_epoch, double *loss, 
 static void progress(struct trainer *tr, uint64_t epoch, uint64_t epochs, uint64_t first,
                      uint64_t step, uint64_t steps, double loss, double t0, int done)
 {
+    uint64_t moves = tr->c != NULL ? psc_failovers(tr->c) : 0;
+    if (moves != tr->failovers) { /* the run goes on; say where */
+        tr->failovers = moves;
+        char at[512];
+        size_t used = 0;
+        for (uint32_t s = 0; s < psc_shards(tr->c) && used < sizeof at; s++)
+            used += (size_t)snprintf(at + used, sizeof at - used, "%s%s", s ? ", " : "",
+                                     psc_endpoint(tr->c, s));
+        PS_LOG(&tr->log, PS_LOG_WARN, W0240,
+               "a shard's primary changed: %llu move(s) between replicas so far; shards now at %s",
+               (unsigned long long)moves, at);
+    }
     double el = ps_mono_s() - t0;
     uint64_t did = step > first ? step - first : 0;
     double sps = el > 0 ? (double)(did * tr->cfg.batch * tr->cfg.accum_steps) / el : 0;
@@ -319,6 +331,9 @@ void psw_worker_metrics(struct trainer *tr, int force)
         ps_prom_metric(b, "psworker_resent_requests_total", "counter",
                        "Requests sent again: unanswered after --retry-ms, or refused as not yet.",
                        (double)psc_resends(tr->c));
+        ps_prom_metric(b, "psworker_failovers_total", "counter",
+                       "Moves from one replica of a shard to another (a primary changed).",
+                       (double)psc_failovers(tr->c));
     }
     ps_prom_metric(b, "psworker_sent_bytes_total", "counter", "Bytes sent to the servers.",
                    (double)sent);

@@ -101,6 +101,7 @@ struct trainer {
     struct ps_metrics *metrics;
     struct ps_buf mtext;
     double m_at, m_sps, m_loss, m_accuracy; /* last publish; its rate; last step; last eval */
+    uint64_t failovers;                     /* moves between replicas logged (W0240) */
     uint64_t m_done;                        /* steps at the last publish */
 };
 

@@ -158,6 +158,10 @@ def finish(procs, tmp, name):
         assert p.returncode == 0, open(str(tmp / ("%s%d.log" % (name, r)))).read()[-3000:]
 
 
+def worker_logs(tmp, name):
+    return "".join(open(str(tmp / ("%s%d.log" % (name, r)))).read() for r in range(2))
+
+
 def clock(servers):
     r = subprocess.run([os.environ["PSCTL_BIN"], "--servers", servers, "--json", "status"],
                        capture_output=True, text=True, env=child_env(), timeout=30)
@@ -196,6 +200,7 @@ def test_primary_killed_mid_run_loses_nothing_and_a_restart_catches_up(cluster, 
     until("the restarted replica in sync", lambda: in_sync(etcd, 0, 2, 2), cluster)
     assert all(w.poll() is None for w in workers), "it caught up after the run, not during it"
     finish(workers, tmp_path, "k")
+    assert "W0240 a shard's primary changed" in worker_logs(tmp_path, "k")
     same(export(servers, tmp_path / "after-kill.safetensors"), unbroken)
     # the restarted replica holds everything: alone, it serves the same model
     kill(cluster, b)
