@@ -114,7 +114,8 @@
     X(W0220, INFO, "epoch …/… step …/… log-loss … … samples/s ETA …s")                                 \
     X(W0221, INFO, "held-out log-loss …, accuracy …")                                                  \
     X(W0230, INFO, "loss scale … after … steps without an overflow")                                   \
-    X(W0240, WARN, "a shard's primary changed: … move(s) between replicas so far; shards now at …")     \
+    X(W0240, WARN,                                                                                     \
+      "a shard's primary changed: … move(s) between replicas so far; shards now at …")                 \
     X(W0300, ERROR, "dense model: a pull of this step failed")                                         \
     X(W0301, ERROR, "dense model: a pull failed")                                                      \
     X(W0302, ERROR, "dense model: a push failed")                                                      \

@@ -6,6 +6,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 failures = []
@@ -52,6 +53,25 @@ def reap():
         except subprocess.TimeoutExpired:
             p.kill()
             p.wait()
+
+
+def in_namespaces(name, make, remove, main):
+    """main(tmp) between make(), which makes network namespaces (a
+    RuntimeError there skips the test: exit 77), and remove(), which runs
+    whatever happens; then finish. Every process is reaped first."""
+    tmp = tempfile.mkdtemp(prefix="pstest-%s." % name)
+    try:
+        try:
+            make()
+        except RuntimeError as e:
+            print("cannot make the namespaces here (%s): skipped" % e)
+            remove()
+            sys.exit(77)
+        main(tmp)
+    finally:
+        reap()
+        remove()
+    finish(tmp)
 
 
 def finish(tmp):

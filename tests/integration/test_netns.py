@@ -20,10 +20,9 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 
-from pstest import check, finish, poll, reap, spawn
+from pstest import check, in_namespaces, poll, spawn
 
 PSD = os.environ["PSD_BIN"]
 PSW = os.environ["PSWORKER_BIN"]
@@ -199,16 +198,4 @@ if __name__ == "__main__":
     if os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("tc") is None:
         print("needs root, ip and tc: skipped")
         sys.exit(77)
-    tmp = tempfile.mkdtemp(prefix="pstest-netns.")
-    try:
-        try:
-            make_network()
-        except RuntimeError as e:
-            print("cannot make the namespaces here (%s): skipped" % e)
-            remove_network()
-            sys.exit(77)
-        main(tmp)
-    finally:
-        reap()
-        remove_network()
-    finish(tmp)
+    in_namespaces("netns", make_network, remove_network, main)

@@ -20,11 +20,10 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 
 import pstest
-from pstest import check, finish, poll, reap
+from pstest import check, in_namespaces, poll
 
 PSD = os.environ["PSD_BIN"]
 PY = "/usr/bin/python3"
@@ -219,16 +218,4 @@ if __name__ == "__main__":
                       env=plain_env()).returncode != 0:
         print("needs numpy in %s: skipped" % PY)
         sys.exit(77)
-    tmp = tempfile.mkdtemp(prefix="pstest-partition.")
-    try:
-        try:
-            make_network()
-        except RuntimeError as e:
-            print("cannot make the namespaces here (%s): skipped" % e)
-            remove_network()
-            sys.exit(77)
-        main(tmp)
-    finally:
-        reap()
-        remove_network()
-    finish(tmp)
+    in_namespaces("partition", make_network, remove_network, main)
