@@ -225,6 +225,11 @@ static void test_server_patterns(void **state)
                         "tcp://psd-1.psd:5570|tcp://psd-3.psd:5570");
     assert_string_equal(expand("tcp://h:[1-2]|tcp://h:[3-4]|tcp://g:[5-6]"),
                         "tcp://h:1|tcp://h:3|tcp://g:5 tcp://h:2|tcp://h:4|tcp://g:6");
+    /* PS_REPLICAS_MAX replicas, plain and by pattern: the most (one more: below) */
+    assert_string_equal(expand("tcp://a:1|tcp://b:1|tcp://c:1|tcp://d:1"),
+                        "tcp://a:1|tcp://b:1|tcp://c:1|tcp://d:1");
+    assert_string_equal(expand("tcp://a:[1-1]|tcp://b:1|tcp://c:1|tcp://d:1"),
+                        "tcp://a:1|tcp://b:1|tcp://c:1|tcp://d:1");
     const struct {
         const char *list, *says;
     } bad[] = {
