@@ -25,9 +25,9 @@ int psd_lead_init(struct psd_lead *l, const char *url, const char *prefix, uint3
     l->id = id;
     snprintf(l->endpoint, sizeof l->endpoint, "%s", endpoint);
     l->ttl_s = ttl_s;
-    /* a call may take a third of the TTL at most: a stuck etcd must not
-     * hold the loop past the time a renewal is due */
-    return psd_etcd_init(&l->etcd, url, (long)(ttl_s * 1000 / 3), err, errlen);
+    /* each call holds psd's loop: PSD_ETCD_CALL_MS at most (etcd answers
+     * in a millisecond or two; one fsync on a slow disk takes tens) */
+    return psd_etcd_init(&l->etcd, url, PSD_ETCD_CALL_MS, err, errlen);
 }
 
 void psd_lead_fini(struct psd_lead *l)
@@ -160,8 +160,10 @@ int psd_lead_renew(struct psd_lead *l, uint64_t now_ms)
 {
     if (l->lease == 0)
         return PS_ESTATE;
-    if (now_ms - l->renewed_ms < (uint64_t)l->granted_s * 1000u / 3u)
+    if (now_ms - l->renewed_ms < (uint64_t)l->granted_s * 1000u / 3u ||
+        now_ms - l->tried_ms < PSD_ETCD_RETRY_MS)
         return 0;
+    l->tried_ms = now_ms;
     int64_t ttl = 0;
     int rc = psd_etcd_keepalive(&l->etcd, l->lease, &ttl);
     if (rc != 0)

@@ -24,7 +24,9 @@
 
 #include <stdint.h>
 
-#define PSD_REPLICAS_MAX PS_REPLICAS_MAX
+#define PSD_REPLICAS_MAX  PS_REPLICAS_MAX
+#define PSD_ETCD_CALL_MS  100 /* the longest one etcd call may hold psd's loop */
+#define PSD_ETCD_RETRY_MS 50  /* between renewals that etcd did not answer */
 
 /* What etcd says about a shard now. */
 struct psd_lead_view {
@@ -49,6 +51,7 @@ struct psd_lead {
     uint64_t epoch;                          /* held as primary */
     uint64_t lease_until_ms;                 /* requests may be answered until then */
     uint64_t renewed_ms;                     /* last keepalive sent that succeeded */
+    uint64_t tried_ms;                       /* last keepalive sent */
 };
 
 /* 0, or PS_E* with err. */
