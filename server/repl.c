@@ -500,18 +500,39 @@ out:
         ps__header__free_unpacked(h, NULL);
 }
 
+/* A primary stopping being one: the requests whose replies it held are
+ * answered PS_ENOTPRIMARY instead (what they did may not be on the
+ * replica that goes on, so the clients send them there). */
+static void refuse_held(struct psd_repl *r)
+{
+    r->role = PSD_ROLE_CANDIDATE; /* what the refusals say */
+    r->primary[0] = '\0';
+    while (r->held_n > 0) {
+        struct psd_held *e = &r->held[r->held_head];
+        Ps__Header *h = ps__header__unpack(NULL, e->rep.hdr_len, e->hdr);
+        struct ps_frame route = {e->route, e->route_len};
+        if (h != NULL) {
+            reply_not_primary(r, &route, h);
+            ps__header__free_unpacked(h, NULL);
+        }
+        psd_reply_drop(&e->rep);
+        free(e->hdr);
+        r->held_head = (r->held_head + 1) % PSD_HELD_MAX;
+        r->held_n--;
+    }
+}
+
 void psd__repl_step_down(struct psd_repl *r, const char *why)
 {
     if (r->role != PSD_ROLE_PRIMARY)
         return;
     PS_LOG(r->log, PS_LOG_ERROR, S0716,
-           "shard %u: no longer primary (%s); %u replies not sent, the clients send again",
+           "shard %u: no longer primary (%s); %u replies held are refused as not primary, the "
+           "clients send them again",
            r->srv->shard, why, r->held_n);
-    drop_held(r);
+    refuse_held(r);
     psd_lead_resign(&r->lead);
     memset(r->backups, 0, sizeof r->backups);
-    r->role = PSD_ROLE_CANDIDATE;
-    r->primary[0] = '\0';
     r->srv->worker_timeout_ms = 0;
     r->view_ms = 0;
 }
@@ -652,8 +673,7 @@ void psd_repl_stop(struct psd_repl *r)
     if (r->role == PSD_ROLE_PRIMARY) {
         PS_LOG(r->log, PS_LOG_INFO, S0719, "giving up the primary's lease: a backup takes over");
         psd_lead_resign(&r->lead);
-        drop_held(r);
-        r->role = PSD_ROLE_CANDIDATE;
+        refuse_held(r);
     }
     if (r->follow != NULL)
         ps_zsock_close(&r->fzs);
