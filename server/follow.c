@@ -121,6 +121,10 @@ static void apply_record(struct psd_repl *r, const Ps__Header *h, zmq_msg_t *par
         resync(r, why);
         return;
     }
+    if (h->route.len > PS_ROUTE_ID_MAX) {
+        resync(r, "a record names a routing id longer than ZeroMQ's");
+        return;
+    }
     if (h->record == PS__RECORD__REC_DROP) {
         psd_drop_worker(r->srv, h->worker_id);
     } else {
@@ -180,9 +184,7 @@ int psd__repl_on_record(struct ps_zsock *zs, void *arg)
     size_t kept = 0, total = 0;
     if (ps_zmsg_recv(r->follow, ZMQ_DONTWAIT, parts, PARTS_MAX, &kept, &total, NULL) != 0)
         return -1;
-    Ps__Header *h = NULL;
-    if (kept > 0 && zmq_msg_size(&parts[0]) <= PS_HEADER_BYTES_MAX)
-        h = ps__header__unpack(NULL, zmq_msg_size(&parts[0]), zmq_msg_data(&parts[0]));
+    Ps__Header *h = kept > 0 ? psd__repl_unpack(&r->rec_arena, &parts[0]) : NULL;
     if (h == NULL || r->role != PSD_ROLE_BACKUP) {
         /* nothing a primary sends, or a reply to a follow when it was not one */
     } else if (h->status == PS_ENOTPRIMARY) {
@@ -194,8 +196,6 @@ int psd__repl_on_record(struct ps_zsock *zs, void *arg)
     } else if (h->op == PS__OP__OP_REPLICATE && h->epoch == r->epoch) {
         on_record_apply(r, h, parts, kept, total);
     }
-    if (h != NULL)
-        ps__header__free_unpacked(h, NULL);
     for (size_t i = 0; i < kept; i++)
         zmq_msg_close(&parts[i]);
     return 0;

@@ -8,6 +8,7 @@
 
 #include "ps_clock.h"
 #include "ps_err.h"
+#include "ps_header.h"
 #include "ps_zmsg.h"
 
 #include <errno.h>
@@ -442,13 +443,22 @@ static int replicable(const Ps__Header *h, enum psd_answer ans, const struct psd
     }
 }
 
+Ps__Header *psd__repl_unpack(struct ps_arena *arena, const zmq_msg_t *frame)
+{
+    size_t n = zmq_msg_size((zmq_msg_t *)frame);
+    const uint8_t *data = zmq_msg_data((zmq_msg_t *)frame);
+    if (n > PS_HEADER_BYTES_MAX)
+        return NULL;
+    ps_arena_reset(arena);
+    Ps__Header *h = ps_header_unpack_fast(&arena->pa, n, data);
+    return h != NULL ? h : ps__header__unpack(&arena->pa, n, data);
+}
+
 void psd_repl_request(void *repl, const struct ps_frame *route, const char *user, zmq_msg_t *parts,
                       size_t kept, size_t total)
 {
     struct psd_repl *r = repl;
-    Ps__Header *h = NULL;
-    if (kept > 1 && zmq_msg_size(&parts[1]) <= PS_HEADER_BYTES_MAX)
-        h = ps__header__unpack(NULL, zmq_msg_size(&parts[1]), zmq_msg_data(&parts[1]));
+    Ps__Header *h = kept > 1 ? psd__repl_unpack(&r->req_arena, &parts[1]) : NULL;
     int op = h != NULL ? (int)h->op : 0;
     if (op == PS__OP__OP_FOLLOW || op == PS__OP__OP_REPLICATE) {
         if (r->curve_pub[0] != '\0' && (user == NULL || strcmp(user, r->curve_pub) != 0)) {
@@ -459,11 +469,11 @@ void psd_repl_request(void *repl, const struct ps_frame *route, const char *user
             (op == PS__OP__OP_FOLLOW ? on_follow : on_ack)(r, route, h);
         else if (op == PS__OP__OP_FOLLOW)
             reply_not_primary(r, route, h);
-        goto out;
+        return;
     }
     if (r->role != PSD_ROLE_PRIMARY && op != PS__OP__OP_STATS && h != NULL) {
         reply_not_primary(r, route, h);
-        goto out;
+        return;
     }
     struct ps_frame frames[PARTS_MAX] = {{0}};
     for (size_t i = 1; i < kept; i++) {
@@ -471,6 +481,7 @@ void psd_repl_request(void *repl, const struct ps_frame *route, const char *user
         frames[i - 1].size = zmq_msg_size(&parts[i]);
     }
     struct psd_reply rep;
+    uint32_t made = r->held_n; /* replies held from here on come of this request */
     r->in_dispatch = r->role == PSD_ROLE_PRIMARY;
     enum psd_answer ans = psd_dispatch_from(r->srv, route, user, frames, total - 1, &rep);
     r->in_dispatch = 0;
@@ -482,11 +493,8 @@ void psd_repl_request(void *repl, const struct ps_frame *route, const char *user
         rec.user = (char *)(user ? user : "");
         forward(r, &rec, &parts[1], kept - 1);
     }
-    for (uint32_t i = 0; i < r->held_n; i++) { /* what this request's handling made */
-        struct psd_held *e = &r->held[(r->held_head + i) % PSD_HELD_MAX];
-        if (e->tag == UINT64_MAX)
-            e->tag = r->seq;
-    }
+    for (uint32_t i = made; i < r->held_n; i++) /* numbered now: they depend on it */
+        r->held[(r->held_head + i) % PSD_HELD_MAX].tag = r->seq;
     if (ans == PSD_ANSWER_NOW) {
         if (r->role != PSD_ROLE_PRIMARY) /* stats on a backup */
             psd_net_reply(r->net, route->data, route->size, &rep);
@@ -495,9 +503,6 @@ void psd_repl_request(void *repl, const struct ps_frame *route, const char *user
     }
     if (r->role == PSD_ROLE_PRIMARY)
         try_snapshots(r); /* a round may have just closed */
-out:
-    if (h != NULL)
-        ps__header__free_unpacked(h, NULL);
 }
 
 /* A primary stopping being one: the requests whose replies it held are
@@ -631,8 +636,11 @@ int psd_repl_start(struct psd_repl *r, struct psd_net *net, uv_loop_t *loop,
                        strerror(errno));
     }
     r->held = calloc(PSD_HELD_MAX, sizeof *r->held);
-    if (r->held == NULL)
+    r->arena_buf = malloc(2 * PSD_REPL_ARENA_BYTES);
+    if (r->held == NULL || r->arena_buf == NULL)
         return ps_errf(PS_ENOMEM, err, errlen, "out of memory for held replies");
+    ps_arena_init(&r->req_arena, r->arena_buf, PSD_REPL_ARENA_BYTES);
+    ps_arena_init(&r->rec_arena, r->arena_buf + PSD_REPL_ARENA_BYTES, PSD_REPL_ARENA_BYTES);
     int rc = psd_lead_init(&r->lead, cfg->etcd, cfg->prefix, r->srv->shard, r->srv->shards,
                            r->srv->instance, cfg->advertise, cfg->lease_ttl_s, err, errlen);
     if (rc != 0)
@@ -689,6 +697,8 @@ void psd_repl_fini(struct psd_repl *r)
     drop_held(r);
     free(r->held);
     r->held = NULL;
+    free(r->arena_buf);
+    r->arena_buf = NULL;
     psd_lead_fini(&r->lead);
     if (r->snap_dir[0] != '\0') {
         char path[PS_PATH_MAX + 16];

@@ -95,6 +95,10 @@ struct psd_repl {
     int wait_for_primary; /* --replica-of: never the first primary of a new shard */
     uint64_t acked_sent;  /* the last record acknowledged */
     char curve_pub[PS_CURVE_KEY_LEN + 1]; /* the replicas' key ("" without CURVE) */
+    /* where each request's header (repl.c) and each record's (follow.c)
+     * is unpacked: no allocation per message */
+    struct ps_arena req_arena, rec_arena;
+    unsigned char *arena_buf; /* both arenas' bytes, PSD_REPL_ARENA_BYTES each */
     uint64_t snap_bytes;
     /* counters (metrics, stats) */
     uint64_t records_sent, records_applied, record_bytes, replies_held, held_dropped;

@@ -4,13 +4,18 @@
 
 #include "repl.h"
 
-#define PARTS_MAX    (PS_FRAMES_MAX + 2u)
-#define TICK_MS      25u    /* the replicas' timer */
-#define BEAT_MS      50u    /* a primary's beat to its backups */
-#define VIEW_MS      50u    /* how often a replica without a primary asks etcd */
-#define VIEW_DOWN_MS 500u   /* ...while etcd does not answer */
-#define CATCH_UP_MS  30000u /* a backup not yet in sync may be silent this long (loading) */
-#define ACK_EVERY    64u    /* records a backup applies at most before it acknowledges */
+#define PARTS_MAX            (PS_FRAMES_MAX + 2u)
+#define TICK_MS              25u    /* the replicas' timer */
+#define BEAT_MS              50u    /* a primary's beat to its backups */
+#define VIEW_MS              50u    /* how often a replica without a primary asks etcd */
+#define VIEW_DOWN_MS         500u   /* ...while etcd does not answer */
+#define CATCH_UP_MS          30000u /* a backup not yet in sync may be silent this long (loading) */
+#define ACK_EVERY            64u    /* records a backup applies at most before it acknowledges */
+#define PSD_REPL_ARENA_BYTES (4u * PS_HEADER_BYTES_MAX) /* as psd's own arena */
+
+/* The header frame (at most PS_HEADER_BYTES_MAX bytes) unpacked into
+ * arena, which is reset first; NULL when it is not a ps.Header. */
+Ps__Header *psd__repl_unpack(struct ps_arena *arena, const zmq_msg_t *frame);
 
 /* repl.c */
 int psd__repl_send_hdr(void *sock, const Ps__Header *h, int more);

@@ -55,6 +55,16 @@ def reap():
             p.wait()
 
 
+def sh(*args, ns=None, env=None):
+    """A command (in network namespace ns); its stdout. A failure raises
+    RuntimeError with the command and its stderr."""
+    cmd = (["ip", "netns", "exec", ns] if ns else []) + list(args)
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if r.returncode != 0:
+        raise RuntimeError("%s: %s" % (" ".join(cmd), r.stderr.strip()))
+    return r.stdout
+
+
 def in_namespaces(name, make, remove, main):
     """main(tmp) between make(), which makes network namespaces (a
     RuntimeError there skips the test: exit 77), and remove(), which runs

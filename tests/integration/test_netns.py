@@ -22,7 +22,7 @@ import subprocess
 import sys
 import time
 
-from pstest import check, in_namespaces, poll, spawn
+from pstest import check, in_namespaces, poll, sh, spawn
 
 PSD = os.environ["PSD_BIN"]
 PSW = os.environ["PSWORKER_BIN"]
@@ -35,12 +35,6 @@ NETDELAY = os.environ.get("NETDELAY_BIN")
 LOSS = 0.001
 TRAIN = ["--layers", "784,64,10", "--epochs", "1", "--batch", "32", "--lr", "0.05",
          "--device", "cpu", "--seed", "7"]
-def sh(*args, ns=None):
-    cmd = (["ip", "netns", "exec", ns] if ns else []) + list(args)
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    if r.returncode != 0:
-        raise RuntimeError("%s: %s" % (" ".join(cmd), r.stderr.strip()))
-    return r.stdout
 
 
 def ns(node):

@@ -63,11 +63,7 @@ def spawn(args, log, netns):
 
 
 def sh(*args, ns=None):
-    cmd = (["ip", "netns", "exec", ns] if ns else []) + list(args)
-    r = subprocess.run(cmd, capture_output=True, text=True, env=plain_env())
-    if r.returncode != 0:
-        raise RuntimeError("%s: %s" % (" ".join(cmd), r.stderr.strip()))
-    return r.stdout
+    return pstest.sh(*args, ns=ns, env=plain_env())
 
 
 def ns(node):
