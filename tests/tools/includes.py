@@ -9,7 +9,7 @@ import os
 import re
 import sys
 
-DIRS = ["server", "worker", "worker/client", "common/protocol", "common/runtime", "kernels"]
+DIRS = ["server", "server/state", "server/core", "server/net", "server/repl", "worker", "worker/client", "common/protocol", "common/runtime", "kernels"]
 
 
 def main():

@@ -1,4 +1,4 @@
-/* Shared regions (common/protocol/ps_shm.h, server/shm.h): what a shard takes from
+/* Shared regions (common/protocol/ps_shm.h, server/core/shm.h): what a shard takes from
  * its fd socket, how a hello binds a region to a connection, push values
  * read from and pull values written into it through an in-process psd,
  * and the refusals: no region on this connection, bytes past its end, a

@@ -522,7 +522,7 @@ static int cmd_export(struct cluster *k, const char *path, int json)
     return rc == 0 ? 0 : 1;
 }
 
-/* psctl reshard: offline, on the checkpoint files (server/checkpoint.h). */
+/* psctl reshard: offline, on the checkpoint files (server/core/checkpoint.h). */
 static int cmd_reshard(const struct config *cfg)
 {
     char err[1024];

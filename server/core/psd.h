@@ -246,7 +246,7 @@ uint64_t psd_unread_total(const struct psd *s);
 void psd_set_local_endpoint(struct psd *s, const char *endpoint);
 
 /* A region a client on this host handed over (net.c's fd socket), mapped;
- * psd unmaps it when it goes (server/shm.h). PS_ELIMIT when every region
+ * psd unmaps it when it goes (server/core/shm.h). PS_ELIMIT when every region
  * psd may map is bound: the caller unmaps it. */
 int psd_shm_take(struct psd *s, uint64_t token, void *base, size_t size);
 
