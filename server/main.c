@@ -1,6 +1,10 @@
 /* psd: one parameter-server shard. Parses flags, owns the loop, handles
  * signals, and wires the core (psd.c) to the transport (net.c). */
+#include "catalog.h"
 #include "checkpoint.h"
+#include "counters.h"
+#include "live.h"
+#include "snapshot.h"
 #include "ps_clock.h"
 #include "metrics.h"
 #include "net.h"
@@ -198,11 +202,11 @@ static void on_signal(uv_signal_t *h, int signum)
     struct app *a = h->data;
     PS_LOG(&a->log, PS_LOG_INFO, S0020, "signal %d: shutting down", signum);
     ps_notify_stopping();
-    if (a->srv.ckpt_dir != NULL && psd_checkpoint_now(&a->srv, "shutdown") == PSD_CKPT_SKIPPED)
+    if (psd_checkpoints_on(&a->srv) && psd_checkpoint_now(&a->srv, "shutdown") == PSD_CKPT_SKIPPED)
         PS_LOG(&a->log, PS_LOG_WARN, S0603,
                "no checkpoint at shutdown: a bsp round is in progress; the newest is from %llu "
                "ms ago",
-               (unsigned long long)((uint64_t)ps_mono_ns() / 1000000u - a->srv.ckpt_last_ms));
+               (unsigned long long)((uint64_t)ps_mono_ms() - psd_checkpoint_last_ms(&a->srv)));
     if (a->replicated)
         psd_repl_stop(&a->repl);
     psd_net_stop(&a->net);
@@ -269,15 +273,15 @@ static void on_hup(uv_signal_t *h, int signum)
     if (n.wait_timeout_ms != o->wait_timeout_ms)
         PS_LOG(&a->log, PS_LOG_INFO, S0030, "SIGHUP: wait-timeout-ms %llu -> %llu",
                (unsigned long long)o->wait_timeout_ms, (unsigned long long)n.wait_timeout_ms);
-    a->srv.wait_timeout_ms = n.wait_timeout_ms;
+    psd_set_wait_timeout(&a->srv, n.wait_timeout_ms);
     if (n.worker_timeout != o->worker_timeout)
         PS_LOG(&a->log, PS_LOG_INFO, S0030, "SIGHUP: worker-timeout %g -> %g", o->worker_timeout,
                n.worker_timeout);
-    a->srv.worker_timeout_ms = (uint64_t)(n.worker_timeout * 1000.0 + 0.5);
+    psd_set_worker_timeout(&a->srv, (uint64_t)(n.worker_timeout * 1000.0 + 0.5));
     if (n.checkpoint_every != o->checkpoint_every)
         PS_LOG(&a->log, PS_LOG_INFO, S0030, "SIGHUP: checkpoint-every %llu -> %llu",
                (unsigned long long)o->checkpoint_every, (unsigned long long)n.checkpoint_every);
-    a->srv.ckpt_every_ms = n.checkpoint_every * 1000u;
+    psd_set_checkpoint_every(&a->srv, n.checkpoint_every * 1000u);
     PS_LOG(&a->log, PS_LOG_INFO, S0033, "SIGHUP: config read again: %u option(s) applied%s",
            changed, kept[0] ? ", restart-only ones kept" : "");
     *o = n;
@@ -427,9 +431,9 @@ static int start_replica(struct app *a, const struct psd_config *cfg)
     }
     PS_LOG(&a->log, PS_LOG_INFO, S0015,
            "a replica of shard %u as %s (etcd %s, keys under %s/shard-%u-of-%u/, lease %llu s)%s%s",
-           a->srv.shard, adv, cfg->etcd, cfg->etcd_prefix, a->srv.shard, a->srv.shards,
-           (unsigned long long)cfg->lease_ttl, cfg->replica_of ? ", following " : "",
-           cfg->replica_of ? cfg->replica_of : "");
+           a->srv.conf.shard, adv, cfg->etcd, cfg->etcd_prefix, a->srv.conf.shard,
+           a->srv.conf.shards, (unsigned long long)cfg->lease_ttl,
+           cfg->replica_of ? ", following " : "", cfg->replica_of ? cfg->replica_of : "");
     return 0;
 }
 
@@ -469,6 +473,8 @@ int main(int argc, char **argv)
         .unread_bytes_max = cfg.max_unread_bytes,
         .unread_bytes_total_max = cfg.max_unread_bytes_total,
         .allow_nonfinite = cfg.allow_nonfinite,
+        .checkpoint_dir = cfg.checkpoint_dir,
+        .checkpoint_every_ms = cfg.checkpoint_every * 1000u,
     };
     /* 0: chosen here (cfg keeps what was asked, which a reload compares) */
     uint64_t apply_threads = cfg.apply_threads ? cfg.apply_threads : ps_cpus_allowed() >= 2 ? 2 : 1;
@@ -484,8 +490,6 @@ int main(int argc, char **argv)
         return 1;
     }
     if (cfg.checkpoint_dir != NULL) {
-        a.srv.ckpt_dir = cfg.checkpoint_dir;
-        a.srv.ckpt_every_ms = cfg.checkpoint_every * 1000u;
         char path[PS_PATH_MAX];
         if (mkdir(cfg.checkpoint_dir, 0755) != 0 && errno != EEXIST) {
             PS_LOG(&a.log, PS_LOG_ERROR, S0005, "--checkpoint-dir: cannot create '%s': %s",
@@ -496,8 +500,8 @@ int main(int argc, char **argv)
         char found[256];
         size_t nfound = 0;
         if (psd_checkpoint_restore(&a.srv, cfg.checkpoint_dir, path, sizeof path) == PSD_RESTORED) {
-            PS_LOG(&a.log, PS_LOG_INFO, S0610, "restored %s: %u tables", path, a.srv.ntables);
-        } else if ((nfound = psd_checkpoint_found(cfg.checkpoint_dir, found, sizeof found)) > 0 &&
+            PS_LOG(&a.log, PS_LOG_INFO, S0610, "restored %s: %u tables", path, psd_ntables(&a.srv));
+        } else if ((nfound = psd_snapshot_found(cfg.checkpoint_dir, found, sizeof found)) > 0 &&
                    !cfg.start_empty) {
             /* a trained model would be served empty: only when told to */
             PS_LOG(&a.log, PS_LOG_ERROR, S0612,
@@ -580,8 +584,9 @@ int main(int argc, char **argv)
            "shard %llu of %llu listening on %s (psd %s, %s, %llu workers)",
            (unsigned long long)cfg.shard, (unsigned long long)cfg.shards, a.net.endpoint,
            PSD_VERSION, cfg.consistency, (unsigned long long)cfg.workers);
-    if (a.srv.local_endpoint[0] != '\0')
-        PS_LOG(&a.log, PS_LOG_INFO, S0013, "clients on this host may use %s", a.srv.local_endpoint);
+    if (psd_local_endpoint(&a.srv)[0] != '\0')
+        PS_LOG(&a.log, PS_LOG_INFO, S0013, "clients on this host may use %s",
+               psd_local_endpoint(&a.srv));
     if (cpus.n > 0) {
         char list[256];
         ps_cpus_format(&cpus, list, sizeof list);
@@ -603,7 +608,8 @@ int main(int argc, char **argv)
     ps_metrics_stop(a.metrics);
     ps_buf_free(&a.metrics_text);
     PS_LOG(&a.log, PS_LOG_INFO, S0021, "stopped after %llu requests (%llu errors)",
-           (unsigned long long)a.srv.ctr.requests, (unsigned long long)a.srv.ctr.errors);
+           (unsigned long long)psd_counts(&a.srv)->requests,
+           (unsigned long long)psd_counts(&a.srv)->errors);
     psd_fini(&a.srv);
     uv_loop_close(&a.loop);
     return 0;

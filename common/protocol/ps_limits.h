@@ -59,6 +59,10 @@ _Static_assert(PS_ROWS_PAGE_BYTES >= (uint64_t)PS_SPARSE_DIM_MAX * 4u, "a page h
 #define PS_WAITS_PER_WORKER_MAX    256u /* one peer cannot fill the queue for the others */
 #define PS_ROUTE_ID_MAX            256u /* ZeroMQ routing ids are at most 255 bytes */
 #define PS_WAIT_TIMEOUT_MS_DEFAULT 120000u
+/* Request ids a server remembers one by one per worker (exactly once:
+ * ids older than this below the newest applied count as applied). */
+#define PS_DEDUP_WINDOW 2048u
+_Static_assert(PS_DEDUP_WINDOW % 64 == 0, "the window is whole words of bits");
 /* Checkpoints asked for by a peer (OP_CHECKPOINT): at most one this often;
  * an ask sooner is answered with the newest file. */
 #define PS_CHECKPOINT_ASK_MIN_MS 1000u

@@ -1,10 +1,20 @@
-/* The admin ops: stats (psctl status, /metrics) and the rows listing. */
-#include "psd_impl.h"
+/* The admin ops (admin.h). */
+#include "admin.h"
+
+#include "catalog.h"
+#include "checkpoint.h"
+#include "counters.h"
+#include "dedup.h"
+#include "hooks.h"
+#include "live.h"
+#include "ops.h"
+#include "regions.h"
+#include "reply.h"
+#include "waits.h"
 
 #include "ps_clock.h"
 #include "ps_err.h"
 
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,8 +31,10 @@ void psd_op_stats(struct psd *s, const Ps__Header *req, struct psd_reply *rep)
         return;
     }
     uint64_t bytes_held = 0;
-    for (uint32_t i = 0; i < s->ntables; i++) {
-        const struct psd_table *t = s->tables[i];
+    const struct psd_cons *c = &s->conf.cons;
+    uint32_t ntables = psd_ntables(s);
+    for (uint32_t i = 0; i < ntables; i++) {
+        struct psd_table *t = psd_table_at(s, i);
         ps__table_stats__init(&ts[i]);
         ts[i].name = (char *)t->name;
         ts[i].id = t->id;
@@ -32,8 +44,8 @@ void psd_op_stats(struct psd *s, const Ps__Header *req, struct psd_reply *rep)
         ts[i].pushes = t->pushes;
         ts[i].pulls = t->pulls;
         ts[i].updates = t->steps;
-        ts[i].clock = psd_cons_clock(&s->cons, t);
-        ts[i].sparsity = psd_table_zero_share(s->tables[i], (uint64_t)ps_mono_ms());
+        ts[i].clock = psd_cons_clock(c, t);
+        ts[i].sparsity = psd_table_zero_share(t, (uint64_t)ps_mono_ms());
         ts[i].prune_target = t->prune_target_now;
         ts[i].rows = t->sparse ? t->sp.nrows : 0;
         ts[i].rounds_lost = t->rounds_lost;
@@ -46,55 +58,57 @@ void psd_op_stats(struct psd *s, const Ps__Header *req, struct psd_reply *rep)
         bytes_held += psd_table_bytes_held(t);
         tp[i] = &ts[i];
     }
+    const struct psd_counts *n = psd_counts(s);
+    struct psd_waits_stats ws = psd_waits_stats(s);
+    struct psd_live_stats ls = psd_live_stats(s);
     Ps__Stats st;
     ps__stats__init(&st);
-    st.shard = s->shard;
-    st.shards = s->shards;
-    st.requests = s->ctr.requests;
-    st.errors = s->ctr.errors;
-    st.bytes_in = s->ctr.bytes_in;
-    st.bytes_out = s->ctr.bytes_out;
-    st.uptime_s = (double)((uint64_t)ps_mono_ns() - s->start_ns) / 1e9;
-    st.n_tables = s->ntables;
+    st.shard = s->conf.shard;
+    st.shards = s->conf.shards;
+    st.requests = n->requests;
+    st.errors = n->errors;
+    st.bytes_in = n->bytes_in;
+    st.bytes_out = n->bytes_out;
+    st.uptime_s = (double)((uint64_t)ps_mono_ns() - s->conf.start_ns) / 1e9;
+    st.n_tables = ntables;
     st.tables = tp;
     char mode[32];
-    psd_cons_name(&s->cons, mode, sizeof mode);
+    psd_cons_name(c, mode, sizeof mode);
     st.consistency = mode;
-    st.workers = s->cons.workers;
-    st.waiting = s->nwaits;
-    st.deferred_total = s->deferred_total;
-    st.max_staleness = s->max_staleness;
-    st.wait_timeouts = s->wait_timeouts;
-    st.duplicates_dropped = s->duplicates_dropped;
+    st.workers = c->workers;
+    st.waiting = ws.waiting;
+    st.deferred_total = ws.deferred_total;
+    st.max_staleness = ws.max_staleness;
+    st.wait_timeouts = ws.timeouts;
+    st.duplicates_dropped = psd_dedup_dropped(s);
     st.live_workers = psd_live_count(s);
-    st.workers_dropped = s->workers_dropped;
-    st.workers_rejoined = s->workers_rejoined;
-    st.stale_pushes = s->stale_pushes;
-    st.worker_timeout_ms = s->worker_timeout_ms;
-    st.checkpoints_written = s->ckpt_written;
+    st.workers_dropped = ls.dropped;
+    st.workers_rejoined = ls.rejoined;
+    st.stale_pushes = ls.stale_pushes;
+    st.worker_timeout_ms = psd_worker_timeout_ms(s);
+    st.checkpoints_written = psd_checkpoints_written(s);
     st.checkpoint_age_s = psd_checkpoint_age_s(s);
     st.bytes_held = bytes_held;
-    st.shm_regions = psd_shm_bound(&s->shm);
-    st.unread_refused = s->unread_refused;
-    st.waits_refused = s->waits_refused;
-    st.nonfinite_refused = s->nonfinite_refused;
-    st.hellos_refused = s->hellos_refused;
+    st.shm_regions = psd_regions_bound(s->shm);
+    st.unread_refused = psd_unread_refused(s);
+    st.waits_refused = ws.refused;
+    st.nonfinite_refused = psd_nonfinite_refused(s);
+    st.hellos_refused = ls.hellos_refused;
     st.unread_bytes = psd_unread_total(s);
-    uint32_t *missing = calloc(s->cons.workers, sizeof *missing);
-    for (uint32_t w = 0; missing != NULL && w < s->cons.workers; w++)
-        if (!s->live[w].live)
+    uint32_t *missing = calloc(c->workers, sizeof *missing);
+    for (uint32_t w = 0; missing != NULL && w < c->workers; w++)
+        if (!psd_live_is_live(s, w))
             missing[st.n_missing_workers++] = w;
     st.missing_workers = missing;
-    uint64_t *wc = calloc(s->cons.workers, sizeof *wc);
+    uint64_t *wc = calloc(c->workers, sizeof *wc);
     if (wc != NULL) {
-        for (uint32_t w = 0; w < s->cons.workers; w++)
+        for (uint32_t w = 0; w < c->workers; w++)
             wc[w] = psd_worker_clock(s, w);
-        st.n_worker_clocks = s->cons.workers;
+        st.n_worker_clocks = c->workers;
         st.worker_clocks = wc;
     }
     st.role = "solo";
-    if (s->on_stats != NULL)
-        s->on_stats(s->hook_ctx, &st);
+    psd_hooks_stats(s, &st);
     Ps__Header h;
     psd_reply_init(&h, req);
     h.stats = &st;
@@ -110,12 +124,12 @@ void psd_op_stats(struct psd *s, const Ps__Header *req, struct psd_reply *rep)
  * then their f32 weights. */
 void psd_op_list_rows(struct psd *s, const Ps__Header *req, struct psd_reply *rep)
 {
-    if (req->table_id >= s->ntables) {
+    const struct psd_table *t = psd_table_at(s, req->table_id);
+    if (t == NULL) {
         psd_reply_errorf(s, req, PS_ENOTABLE, rep, "rows: no table with id %u (this shard has %u)",
-                         req->table_id, s->ntables);
+                         req->table_id, psd_ntables(s));
         return;
     }
-    const struct psd_table *t = s->tables[req->table_id];
     const struct psd_sparse *sp = &t->sp;
     if (!t->sparse) {
         psd_reply_errorf(s, req, PS_EINVAL, rep, "rows: table '%s' is dense: pull its range",

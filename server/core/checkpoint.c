@@ -1,870 +1,261 @@
-/* Shard checkpoints in safetensors: writer and validating reader. */
+/* This shard's checkpoints (checkpoint.h). */
 #include "checkpoint.h"
 
-#include "consistency.h"
-#include "prune.h"
+#include "catalog.h"
+#include "counters.h"
+#include "dedup.h"
+#include "live.h"
+#include "reply.h"
+#include "snapshot.h"
 
+#include "ps_clock.h"
 #include "ps_err.h"
-#include "ps_log.h"
-#include "ps_safetensors.h"
-#include "ps_shard.h"
 
-#include <dirent.h>
-#include <errno.h>
-#include <fcntl.h>
-#include <inttypes.h>
-#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
-#include <zlib.h>
 
-#define TENSORS_MAX (PS_TABLES_MAX * 6u)
+struct psd_autosave {
+    char *dir; /* NULL: off */
+    uint64_t every_ms, last_ms, written;
+    uint64_t ok_ms;         /* when the last one was written */
+    uint64_t current_ms;    /* when the newest was last found to hold the current state */
+    uint64_t state;         /* psd_state_version() the newest holds */
+    int pending;            /* asked for (psctl checkpoint) while a round was in progress */
+    char path[PS_PATH_MAX]; /* the newest written */
+};
 
-_Static_assert(PS_TABLE_NAME_MAX + 8 <= PS_ST_NAME_MAX, "tensor names fit");
-
-int psd_quiescent(const struct psd *s)
+struct psd_autosave *psd_autosave_create(const char *dir, uint64_t every_ms)
 {
-    if (s->cons.mode != PSD_BSP)
-        return 1;
-    for (uint32_t i = 0; i < s->ntables; i++) {
-        const struct psd_table *t = s->tables[i];
-        if (t->sparse)
-            continue;
-        if (t->watermark != t->lo)
-            return 0;
-        for (uint32_t w = 0; w < s->cons.workers; w++)
-            if (t->next[w] != t->lo)
-                return 0;
+    struct psd_autosave *a = calloc(1, sizeof *a);
+    if (a == NULL || (dir != NULL && (a->dir = strdup(dir)) == NULL)) {
+        free(a);
+        return NULL;
     }
-    return 1;
+    a->every_ms = every_ms;
+    return a;
 }
 
-static void add(struct ps_st_tensor *ts, size_t *n, const char *prefix, const struct psd_table *t,
-                const char *dtype, const void *data, size_t esize, uint64_t d0, uint64_t d1)
+void psd_autosave_destroy(struct psd_autosave *a)
 {
-    char name[PS_ST_NAME_MAX];
-    snprintf(name, sizeof name, "%s/%s", prefix, t->name);
-    ps_st_tensor(&ts[(*n)++], name, dtype, data, esize, d0, d1);
+    if (a != NULL)
+        free(a->dir);
+    free(a);
 }
 
-static size_t collect(const struct psd *s, struct ps_st_tensor *ts)
+void psd_set_checkpoint_every(struct psd *s, uint64_t ms)
 {
-    size_t n = 0;
-    for (uint32_t i = 0; i < s->ntables; i++) {
-        const struct psd_table *t = s->tables[i];
-        if (t->sparse) {
-            const struct psd_sparse *sp = &t->sp;
-            add(ts, &n, "keys", t, "U64", sp->row_key, 8, sp->nrows, 0);
-            add(ts, &n, "w", t, "F32", sp->w, 4, sp->nrows, t->dim);
-            if (sp->nstate >= 1)
-                add(ts, &n, "s1", t, "F32", sp->s1, 4, sp->nrows, t->dim);
-            if (sp->nstate >= 2)
-                add(ts, &n, "s2", t, "F32", sp->s2, 4, sp->nrows, t->dim);
-            add(ts, &n, "steps", t, "U32", sp->row_steps, 4, sp->nrows, 0);
-            continue;
-        }
-        uint64_t len = t->hi - t->lo;
-        add(ts, &n, "w", t, "F32", t->w, 4, len, 0);
-        if (t->s1)
-            add(ts, &n, "s1", t, "F32", t->s1, 4, len, 0);
-        if (t->s2)
-            add(ts, &n, "s2", t, "F32", t->s2, 4, len, 0);
-        if (t->mask)
-            add(ts, &n, "mask", t, "U8", t->mask, 1, len, 0);
-    }
-    return n;
+    s->save->every_ms = ms;
 }
 
-static json_t *table_state(const struct psd *s, const struct psd_table *t)
+uint64_t psd_checkpoints_written(const struct psd *s)
 {
-    char seed[32];
-    snprintf(seed, sizeof seed, "%" PRIu64, t->seed);
-    json_t *completed = json_array();
-    for (uint32_t w = 0; w < s->cons.workers; w++)
-        json_array_append_new(completed, json_integer((json_int_t)t->completed[w]));
-    json_t *o = json_pack(
-        "{s:s, s:I, s:i, s:f, s:f, s:f, s:b, s:f, s:f, s:f, s:i, s:f, s:s, s:i, s:I, s:b, "
-        "s:I, s:I, s:f, s:f, s:I, s:I, s:I, s:I, s:I, s:o}",
-        "name", t->name, "size", (json_int_t)t->size, "optimizer", (int)t->optimizer, "lr",
-        (double)t->lr, "weight_decay", (double)t->weight_decay, "momentum", (double)t->momentum,
-        "nesterov", t->nesterov, "beta1", (double)t->beta1, "beta2", (double)t->beta2, "eps",
-        (double)t->eps, "init", (int)t->init, "init_scale", (double)t->init_scale, "seed", seed,
-        "lr_schedule", t->lr_schedule, "lr_decay_steps", (json_int_t)t->lr_decay_steps, "sparse",
-        t->sparse, "dim", (json_int_t)t->dim, "rows_max", (json_int_t)t->rows_max, "l1",
-        (double)t->l1, "l2", (double)t->l2, "steps", (json_int_t)t->steps, "clock",
-        (json_int_t)t->clock, "round_begun", (json_int_t)t->round_begun, "pushes",
-        (json_int_t)t->pushes, "pulls", (json_int_t)t->pulls, "completed", completed);
-    if (o != NULL && t->await_set)
-        json_object_set_new(o, "await_set", json_true());
-    if (o != NULL && t->ndims > 0) {
-        json_t *shape = json_array();
-        for (uint32_t i = 0; i < t->ndims; i++)
-            json_array_append_new(shape, json_integer((json_int_t)t->shape[i]));
-        json_object_set_new(o, "shape", shape);
-    }
-    if (o != NULL && t->mask != NULL)
-        json_object_set_new(
-            o, "prune",
-            json_pack("{s:f, s:I, s:I, s:I, s:I, s:I, s:f}", "target", t->prune.target, "start",
-                      (json_int_t)t->prune.start, "end", (json_int_t)t->prune.end, "every",
-                      (json_int_t)t->prune.every, "npruned", (json_int_t)t->npruned, "updates",
-                      (json_int_t)t->prune_updates, "target_now", t->prune_target_now));
-    return o;
+    return s->save->written;
 }
 
-static char *state_text(const struct psd *s)
+uint64_t psd_checkpoint_last_ms(const struct psd *s)
 {
-    char mode[32];
-    psd_cons_name(&s->cons, mode, sizeof mode);
-    json_t *tables = json_array(), *peers = json_array();
-    for (uint32_t i = 0; i < s->ntables; i++)
-        json_array_append_new(tables, table_state(s, s->tables[i]));
-    for (uint32_t i = 0; i < PSD_PEERS; i++) {
-        const struct psd_peer *p = &s->peers[i];
-        if (!p->used)
-            continue;
-        char sess[32], bits[PSD_DEDUP_WINDOW / 4 + 1];
-        snprintf(sess, sizeof sess, "%" PRIu64, p->session);
-        for (size_t w = 0; w < PSD_DEDUP_WINDOW / 64; w++)
-            snprintf(bits + 16 * w, 17, "%016" PRIx64, p->applied_bits[w]);
-        json_array_append_new(
-            peers, json_pack("{s:I, s:s, s:I, s:s}", "worker", (json_int_t)p->worker_id, "session",
-                             sess, "last_applied", (json_int_t)p->last_applied, "applied", bits));
-    }
-    json_t *st = json_pack("{s:I, s:I, s:s, s:I, s:I, s:o, s:o}", "shard", (json_int_t)s->shard,
-                           "shards", (json_int_t)s->shards, "consistency", mode, "workers",
-                           (json_int_t)s->cons.workers, "duplicates_dropped",
-                           (json_int_t)s->duplicates_dropped, "tables", tables, "peers", peers);
-    char *text = st ? json_dumps(st, JSON_COMPACT) : NULL;
-    json_decref(st);
-    return text;
+    return s->save->last_ms;
 }
 
-/* seq of a file name of shard `shard` of `shards`, or -1. */
-static int64_t file_seq(uint32_t shard, uint32_t shards, const char *name)
+int psd_checkpoints_on(const struct psd *s)
 {
-    char prefix[64];
-    snprintf(prefix, sizeof prefix, "shard-%u-of-%u-", shard, shards);
-    size_t pl = strlen(prefix), nl = strlen(name), sl = strlen(".safetensors");
-    if (nl != pl + 16 + sl || strncmp(name, prefix, pl) != 0 ||
-        strcmp(name + pl + 16, ".safetensors") != 0)
-        return -1;
-    int64_t v = 0;
-    for (size_t i = pl; i < pl + 16; i++) {
-        if (name[i] < '0' || name[i] > '9')
-            return -1;
-        v = v * 10 + (name[i] - '0');
-    }
-    return v;
+    return s->save->dir != NULL;
 }
 
-static int cmp_desc(const void *a, const void *b)
+/* ---- the shard as a snapshot, and back ---------------------------------- */
+
+struct peers {
+    struct psd_snapshot_peer *p;
+    size_t n, cap;
+};
+
+static void count_peer(void *ctx, const struct psd_dedup_entry *e)
 {
-    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
-    return (x < y) - (x > y);
+    (void)e;
+    ((struct peers *)ctx)->cap++;
 }
 
-/* The newest (at most max) of the checkpoint seqs of shard `shard` of
- * `shards` in dir, newest first; every entry is looked at. Returns how
- * many. */
-static size_t list_seqs(uint32_t shard, uint32_t shards, const char *dir, int64_t *seqs, size_t max)
+static void copy_peer(void *ctx, const struct psd_dedup_entry *e)
 {
-    DIR *d = opendir(dir);
-    size_t n = 0;
-    struct dirent *e;
-    while (d != NULL && (e = readdir(d)) != NULL) {
-        int64_t v = file_seq(shard, shards, e->d_name);
-        if (v < 0)
-            continue;
-        if (n < max) {
-            seqs[n++] = v;
-            continue;
-        }
-        size_t low = 0; /* replace the oldest kept, if this one is newer */
-        for (size_t i = 1; i < n; i++)
-            low = seqs[i] < seqs[low] ? i : low;
-        if (v > seqs[low])
-            seqs[low] = v;
-    }
-    if (d != NULL)
-        closedir(d);
-    qsort(seqs, n, sizeof *seqs, cmp_desc);
-    return n;
-}
-
-static void seq_path(uint32_t shard, uint32_t shards, const char *dir, int64_t seq, char *path,
-                     size_t len)
-{
-    snprintf(path, len, "%s/shard-%u-of-%u-%016" PRId64 ".safetensors", dir, shard, shards, seq);
+    struct peers *ps = ctx;
+    if (ps->n == ps->cap)
+        return;
+    struct psd_snapshot_peer *p = &ps->p[ps->n++];
+    p->worker_id = e->worker_id;
+    p->session = e->session;
+    p->last_applied = e->last_applied;
+    p->has_bits = 1;
+    memcpy(p->bits, e->bits, sizeof p->bits);
 }
 
 int psd_checkpoint_write(struct psd *s, const char *dir, char *path, size_t pathlen, char *err,
                          size_t errlen)
 {
-    struct ps_st_tensor *ts = calloc(TENSORS_MAX, sizeof *ts);
-    char *state = state_text(s);
+    struct psd_snapshot snap = {.shard = s->conf.shard,
+                                .shards = s->conf.shards,
+                                .cons = s->conf.cons,
+                                .ntables = psd_ntables(s),
+                                .duplicates_dropped = psd_dedup_dropped(s)};
+    struct peers ps = {0};
+    psd_dedup_each(s, count_peer, &ps);
+    ps.p = calloc(ps.cap ? ps.cap : 1, sizeof *ps.p);
+    snap.tables = calloc(snap.ntables ? snap.ntables : 1, sizeof *snap.tables);
     int rc = PS_ENOMEM;
-    if (ts == NULL || state == NULL) {
+    if (ps.p == NULL || snap.tables == NULL) {
         snprintf(err, errlen, "checkpoint: out of memory");
-        goto out;
+    } else {
+        psd_dedup_each(s, copy_peer, &ps);
+        snap.peers = ps.p;
+        snap.npeers = ps.n;
+        for (uint32_t i = 0; i < snap.ntables; i++)
+            snap.tables[i] = psd_table_at(s, i);
+        rc = psd_snapshot_write(&snap, dir, path, pathlen, err, errlen);
     }
-    size_t n = collect(s, ts);
-    unsigned long crc = crc32(0L, Z_NULL, 0);
-    for (size_t i = 0; i < n; i++)
-        if (ts[i].bytes > 0 && ts[i].data != NULL)
-            crc = crc32_z(crc, ts[i].data, ts[i].bytes);
-    crc = crc32_z(crc, (const unsigned char *)state, strlen(state)); /* version 2: the state too */
-    char crcs[16];
-    snprintf(crcs, sizeof crcs, "%08lx", crc);
-    const char *meta[] = {"format", "psd-checkpoint", "version", "2", "crc32",
-                          crcs,     "state",          state};
-    int64_t seqs[1];
-    size_t have = list_seqs(s->shard, s->shards, dir, seqs, 1);
-    seq_path(s->shard, s->shards, dir, have ? seqs[0] + 1 : 1, path, pathlen);
-    if ((rc = ps_st_write(path, ts, n, meta, 8, err, errlen)) != 0)
-        goto out;
-    int64_t all[64]; /* keep the newest few */
-    size_t m = list_seqs(s->shard, s->shards, dir, all, 64);
-    for (size_t i = PSD_CKPT_KEEP; i < m; i++) {
-        char old[PS_PATH_MAX];
-        seq_path(s->shard, s->shards, dir, all[i], old, sizeof old);
-        unlink(old);
-    }
-    rc = 0;
-out:
-    free(ts);
-    free(state);
+    free(ps.p);
+    free(snap.tables);
     return rc;
-}
-
-/* ---- restore ------------------------------------------------------------ */
-
-struct blob {
-    unsigned char *buf;
-    size_t size;
-    json_t *hdr;
-    const unsigned char *data;
-    size_t dlen;
-};
-
-/* The bytes of tensor prefix/name, checked for dtype and size. */
-static const void *tensor(const struct blob *b, const char *prefix, const char *name,
-                          const char *dtype, size_t bytes, char *err, size_t errlen)
-{
-    char key[PS_TABLE_NAME_MAX + 8];
-    snprintf(key, sizeof key, "%s/%s", prefix, name);
-    json_t *t = json_object_get(b->hdr, key);
-    json_t *offs = t ? json_object_get(t, "data_offsets") : NULL;
-    const char *dt = t ? json_string_value(json_object_get(t, "dtype")) : NULL;
-    json_int_t a = json_integer_value(json_array_get(offs, 0));
-    json_int_t z = json_integer_value(json_array_get(offs, 1));
-    if (t == NULL || dt == NULL || strcmp(dt, dtype) != 0 || a < 0 || z < a ||
-        (uint64_t)z > b->dlen || (size_t)(z - a) != bytes) {
-        ps_errf(PS_EPROTO, err, errlen, "tensor '%s' is missing or not %zu bytes of %s", key, bytes,
-                dtype);
-        return NULL;
-    }
-    return b->data + a;
-}
-
-static int load_blob(const char *path, struct blob *b, char *err, size_t errlen)
-{
-    memset(b, 0, sizeof *b);
-    FILE *f = fopen(path, "rb");
-    if (f == NULL)
-        return ps_errf(PS_EPROTO, err, errlen, "cannot open it: %s", strerror(errno));
-    struct stat st;
-    if (fstat(fileno(f), &st) != 0 || st.st_size < 8) {
-        fclose(f);
-        return ps_errf(PS_EPROTO, err, errlen, "shorter than a header");
-    }
-    b->size = (size_t)st.st_size;
-    b->buf = malloc(b->size);
-    int ok = b->buf && fread(b->buf, 1, b->size, f) == b->size;
-    fclose(f);
-    if (!ok)
-        return ps_errf(PS_EPROTO, err, errlen, "cannot read %zu bytes", b->size);
-    uint64_t n = 0;
-    for (int i = 7; i >= 0; i--)
-        n = n << 8 | b->buf[i];
-    if (n > PSD_CKPT_HEADER_MAX || n > b->size - 8)
-        return ps_errf(PS_EPROTO, err, errlen,
-                       "header length %" PRIu64 " does not fit the file (%zu bytes)", n, b->size);
-    json_error_t je;
-    b->hdr = json_loadb((const char *)b->buf + 8, (size_t)n, 0, &je);
-    if (b->hdr == NULL)
-        return ps_errf(PS_EPROTO, err, errlen, "header is not JSON: %s", je.text);
-    b->data = b->buf + 8 + n;
-    b->dlen = b->size - 8 - (size_t)n;
-    return 0;
-}
-
-static void blob_free(struct blob *b)
-{
-    json_decref(b->hdr);
-    free(b->buf);
-    memset(b, 0, sizeof *b); /* freeing it again is a no-op */
-}
-
-static uint64_t u64_of(json_t *o, const char *k)
-{
-    json_t *v = json_object_get(o, k);
-    if (json_is_string(v))
-        return strtoull(json_string_value(v), NULL, 10);
-    json_int_t i = json_integer_value(v);
-    return i > 0 ? (uint64_t)i : 0;
-}
-
-/* A worker's applied window, as state_text writes it: 0, or -1. */
-static int parse_bits(const char *hex, uint64_t *bits)
-{
-    if (strlen(hex) != PSD_DEDUP_WINDOW / 4)
-        return -1;
-    for (size_t w = 0; w < PSD_DEDUP_WINDOW / 64; w++) {
-        uint64_t v = 0;
-        for (size_t k = 0; k < 16; k++) {
-            char ch = hex[16 * w + k];
-            int d = ch >= '0' && ch <= '9' ? ch - '0' : ch >= 'a' && ch <= 'f' ? ch - 'a' + 10 : -1;
-            if (d < 0)
-                return -1;
-            v = v << 4 | (uint64_t)d;
-        }
-        bits[w] = v;
-    }
-    return 0;
-}
-
-static float f_of(json_t *o, const char *k)
-{
-    return (float)json_number_value(json_object_get(o, k));
-}
-
-static int restore_rows(struct psd_table *t, const struct blob *b, char *err, size_t errlen)
-{
-    char key[PS_TABLE_NAME_MAX + 8];
-    snprintf(key, sizeof key, "keys/%s", t->name);
-    uint64_t rows = (uint64_t)json_integer_value(
-        json_array_get(json_object_get(json_object_get(b->hdr, key), "shape"), 0));
-    if (rows > t->rows_max)
-        return ps_errf(PS_EPROTO, err, errlen, "'%s' has %" PRIu64 " rows, over its rows_max",
-                       t->name, rows);
-    size_t d = t->dim;
-    const uint64_t *keys = tensor(b, "keys", t->name, "U64", rows * 8, err, errlen);
-    const float *w = keys ? tensor(b, "w", t->name, "F32", rows * d * 4, err, errlen) : NULL;
-    const uint32_t *steps = w ? tensor(b, "steps", t->name, "U32", rows * 4, err, errlen) : NULL;
-    const float *s1 = NULL, *s2 = NULL;
-    if (steps && t->sp.nstate >= 1)
-        s1 = tensor(b, "s1", t->name, "F32", rows * d * 4, err, errlen);
-    if (steps && t->sp.nstate >= 2)
-        s2 = tensor(b, "s2", t->name, "F32", rows * d * 4, err, errlen);
-    if (!steps || (t->sp.nstate >= 1 && !s1) || (t->sp.nstate >= 2 && !s2))
-        return PS_EPROTO;
-    for (uint64_t r = 0; r < rows; r++) {
-        uint64_t k;
-        memcpy(&k, (const unsigned char *)keys + r * 8, 8);
-        int64_t row = psd_sparse_row(&t->sp, k, 1);
-        if (row != (int64_t)r)
-            return ps_errf(PS_EPROTO, err, errlen, "'%s': key %" PRIu64 " twice or out of room",
-                           t->name, k);
-        memcpy(t->sp.w + r * d, w + r * d, d * 4);
-        if (s1)
-            memcpy(t->sp.s1 + r * d, s1 + r * d, d * 4);
-        if (s2)
-            memcpy(t->sp.s2 + r * d, s2 + r * d, d * 4);
-        memcpy(&t->sp.row_steps[r], (const unsigned char *)steps + r * 4, 4);
-    }
-    return 0;
-}
-
-static int restore_dense(struct psd_table *t, const struct blob *b, json_t *o, char *err,
-                         size_t errlen)
-{
-    size_t n = (size_t)(t->hi - t->lo);
-    const float *w = tensor(b, "w", t->name, "F32", n * 4, err, errlen);
-    if (w == NULL)
-        return PS_EPROTO;
-    psd_table_own(t, t->lo, t->hi);
-    memcpy(t->w, w, n * 4);
-    float *st[2] = {t->s1, t->s2};
-    for (int a = 0; a < 2; a++) {
-        if (st[a] == NULL)
-            continue;
-        const float *v = tensor(b, a ? "s2" : "s1", t->name, "F32", n * 4, err, errlen);
-        if (v == NULL)
-            return PS_EPROTO;
-        memcpy(st[a], v, n * 4);
-    }
-    json_t *pr = json_object_get(o, "prune");
-    if (pr != NULL) {
-        struct psd_prune_spec ps = {.target = json_number_value(json_object_get(pr, "target")),
-                                    .start = u64_of(pr, "start"),
-                                    .end = u64_of(pr, "end"),
-                                    .every = u64_of(pr, "every")};
-        snprintf(ps.table, sizeof ps.table, "%s", t->name);
-        if (psd_table_enable_prune(t, &ps) != 0)
-            return PS_ENOMEM;
-        const uint8_t *mask = tensor(b, "mask", t->name, "U8", n, err, errlen);
-        if (mask == NULL)
-            return PS_EPROTO;
-        memcpy(t->mask, mask, n);
-        t->npruned = u64_of(pr, "npruned");
-        t->prune_updates = u64_of(pr, "updates");
-        t->prune_target_now = json_number_value(json_object_get(pr, "target_now"));
-    }
-    return 0;
-}
-
-/* A table of this shard from its saved state o (spec, clocks, counters),
- * added to s->tables, its values not filled in yet. */
-static int new_table(struct psd *s, json_t *o, struct psd_table **out, char *err, size_t errlen)
-{
-    Ps__TableSpec spec;
-    ps__table_spec__init(&spec);
-    spec.name = (char *)json_string_value(json_object_get(o, "name"));
-    if (spec.name == NULL)
-        return ps_errf(PS_EPROTO, err, errlen, "a table without a name");
-    spec.size = u64_of(o, "size");
-    spec.optimizer = (Ps__OptimizerKind)json_integer_value(json_object_get(o, "optimizer"));
-    spec.lr = f_of(o, "lr");
-    spec.weight_decay = f_of(o, "weight_decay");
-    spec.momentum = f_of(o, "momentum");
-    spec.nesterov = json_is_true(json_object_get(o, "nesterov"));
-    spec.beta1 = f_of(o, "beta1");
-    spec.beta2 = f_of(o, "beta2");
-    spec.eps = f_of(o, "eps");
-    spec.init = (Ps__InitKind)json_integer_value(json_object_get(o, "init"));
-    spec.init_scale = f_of(o, "init_scale");
-    spec.seed = u64_of(o, "seed");
-    spec.lr_schedule = (Ps__LrSchedule)json_integer_value(json_object_get(o, "lr_schedule"));
-    spec.lr_decay_steps = u64_of(o, "lr_decay_steps");
-    spec.sparse = json_is_true(json_object_get(o, "sparse"));
-    spec.dim = (uint32_t)u64_of(o, "dim");
-    spec.rows_max = u64_of(o, "rows_max");
-    spec.l1 = f_of(o, "l1");
-    spec.l2 = f_of(o, "l2");
-    spec.await_set = json_is_true(json_object_get(o, "await_set"));
-    uint64_t shape[PS_SHAPE_DIMS_MAX];
-    json_t *js = json_object_get(o, "shape");
-    if (js != NULL && (!json_is_array(js) || json_array_size(js) > PS_SHAPE_DIMS_MAX))
-        return ps_errf(PS_EPROTO, err, errlen, "'%s': shape is not a list of at most %u dimensions",
-                       spec.name, PS_SHAPE_DIMS_MAX);
-    for (size_t i = 0; js != NULL && i < json_array_size(js); i++) {
-        json_t *d = json_array_get(js, i);
-        if (!json_is_integer(d) || json_integer_value(d) < 1)
-            return ps_errf(PS_EPROTO, err, errlen,
-                           "'%s': dimension %zu of its shape is not a positive integer", spec.name,
-                           i);
-        shape[i] = (uint64_t)json_integer_value(d);
-    }
-    spec.n_shape = js != NULL ? json_array_size(js) : 0;
-    spec.shape = shape;
-    char why[PS_ERROR_TEXT_MAX];
-    if (ps_wire_check_spec(&spec, why, sizeof why) != 0)
-        return ps_errf(PS_EPROTO, err, errlen, "%s", why);
-    json_t *completed = json_object_get(o, "completed");
-    if (json_array_size(completed) != s->cons.workers)
-        return ps_errf(PS_EPROTO, err, errlen, "'%s' was saved for %zu workers, this server has %u",
-                       spec.name, json_array_size(completed), s->cons.workers);
-    uint64_t bytes = psd_table_bytes_needed(s, &spec);
-    if (bytes > s->table_bytes_max)
-        return ps_errf(PS_ELIMIT, err, errlen,
-                       "table '%s' would take %" PRIu64
-                       " bytes, over psd --max-table-bytes %" PRIu64,
-                       spec.name, bytes, s->table_bytes_max);
-    struct psd_table *t = NULL;
-    if (psd_table_new(s, &spec, &t) != 0)
-        return ps_errf(PS_EPROTO, err, errlen, "cannot allocate table '%s'", spec.name);
-    s->tables[s->ntables++] = t; /* psd_fini frees it if what follows fails */
-    t->steps = u64_of(o, "steps");
-    t->clock = u64_of(o, "clock");
-    t->round_begun = u64_of(o, "round_begun");
-    t->pushes = u64_of(o, "pushes");
-    t->restored = t->recovering = 1;
-    t->set_next = t->hi; /* restored weights are set */
-    t->pulls = u64_of(o, "pulls");
-    for (uint32_t w = 0; w < s->cons.workers; w++)
-        t->completed[w] = (uint64_t)json_integer_value(json_array_get(completed, w));
-    *out = t;
-    return 0;
-}
-
-static int restore_table(struct psd *s, const struct blob *b, json_t *o, char *err, size_t errlen)
-{
-    struct psd_table *t = NULL;
-    int rc = new_table(s, o, &t, err, errlen);
-    if (rc != 0)
-        return rc;
-    return t->sparse ? restore_rows(t, b, err, errlen) : restore_dense(t, b, o, err, errlen);
-}
-
-/* Reads a checkpoint file and checks what does not depend on the shard
- * reading it: the format, the version, the checksum, the state's JSON.
- * On success *st holds the state (the caller frees it and the blob). */
-static int open_checkpoint(const char *path, struct blob *b, json_t **st, char *err, size_t errlen)
-{
-    *st = NULL;
-    int rc = load_blob(path, b, err, errlen);
-    if (rc != 0)
-        return rc;
-    json_t *meta = json_object_get(b->hdr, "__metadata__");
-    const char *fmt = json_string_value(json_object_get(meta, "format"));
-    const char *crcs = json_string_value(json_object_get(meta, "crc32"));
-    const char *state = json_string_value(json_object_get(meta, "state"));
-    if (fmt == NULL || strcmp(fmt, "psd-checkpoint") != 0 || crcs == NULL || state == NULL)
-        return ps_errf(PS_EPROTO, err, errlen,
-                       "not a psd checkpoint (metadata format, crc32, state)");
-    /* version 1 summed the tensors only; 2 sums the state after them */
-    const char *version = json_string_value(json_object_get(meta, "version"));
-    int v2 = version != NULL && strcmp(version, "2") == 0;
-    if (!v2 && (version == NULL || strcmp(version, "1") != 0))
-        return ps_errf(PS_EPROTO, err, errlen, "checkpoint version '%s': this psd reads 1 and 2",
-                       version ? version : "(none)");
-    unsigned long want = strtoul(crcs, NULL, 16);
-    unsigned long got = crc32_z(crc32(0L, Z_NULL, 0), b->data, b->dlen);
-    if (v2)
-        got = crc32_z(got, (const unsigned char *)state, strlen(state));
-    if (want != got)
-        return ps_errf(PS_EPROTO, err, errlen, "checksum of the %s %08lx, the header says %08lx",
-                       v2 ? "tensors and state" : "tensors", got, want);
-    json_error_t je;
-    if ((*st = json_loads(state, 0, &je)) == NULL)
-        return ps_errf(PS_EPROTO, err, errlen, "state is not JSON: %s", je.text);
-    json_t *tables = json_object_get(*st, "tables");
-    if (json_array_size(tables) > PS_TABLES_MAX)
-        return ps_errf(PS_EPROTO, err, errlen, "more than %u tables", PS_TABLES_MAX);
-    return 0;
 }
 
 int psd_checkpoint_load(struct psd *s, const char *path, char *err, size_t errlen)
 {
-    struct blob b;
-    json_t *st = NULL;
-    int rc = open_checkpoint(path, &b, &st, err, errlen);
+    if (psd_ntables(s) != 0)
+        return ps_errf(PS_ESTATE, err, errlen, "this shard holds tables already");
+    struct psd_snapshot snap = {
+        .shard = s->conf.shard, .shards = s->conf.shards, .cons = s->conf.cons};
+    int rc = psd_snapshot_read(&snap, path, s->conf.table_bytes_max, err, errlen);
     if (rc != 0)
-        goto out;
-    if (u64_of(st, "shard") != s->shard || u64_of(st, "shards") != s->shards) {
-        rc = ps_errf(PS_EPROTO, err, errlen,
-                     "it is shard %" PRIu64 " of %" PRIu64 ", this is %u of %u",
-                     u64_of(st, "shard"), u64_of(st, "shards"), s->shard, s->shards);
-        goto out;
+        return rc;
+    for (uint32_t i = 0; i < snap.ntables; i++) {
+        snap.tables[i]->pool = s->conf.pool;
+        psd_tables_add(s, snap.tables[i]); /* the snapshot holds at most PS_TABLES_MAX */
     }
-    json_t *tables = json_object_get(st, "tables");
-    for (size_t i = 0; rc == 0 && i < json_array_size(tables); i++)
-        rc = restore_table(s, &b, json_array_get(tables, i), err, errlen);
-    json_t *peers = json_object_get(st, "peers");
-    for (size_t i = 0; rc == 0 && i < json_array_size(peers); i++) {
-        json_t *p = json_array_get(peers, i);
-        uint64_t bits[PSD_DEDUP_WINDOW / 64];
-        const char *hex = json_string_value(json_object_get(p, "applied"));
-        if (hex != NULL && parse_bits(hex, bits) != 0) {
-            rc = ps_errf(PS_EPROTO, err, errlen, "peer %zu: 'applied' is not %u hex digits", i,
-                         PSD_DEDUP_WINDOW / 4);
-            break;
-        }
-        psd_peer_restore(s, (uint32_t)u64_of(p, "worker"), u64_of(p, "session"),
-                         u64_of(p, "last_applied"), hex ? bits : NULL);
+    snap.ntables = 0; /* the catalog's now */
+    for (size_t i = 0; i < snap.npeers; i++) {
+        const struct psd_snapshot_peer *p = &snap.peers[i];
+        struct psd_dedup_entry e = {p->worker_id, p->session, p->last_applied,
+                                    p->has_bits ? p->bits : NULL};
+        psd_dedup_restore(s, &e);
+        psd_live_restored(s, p->worker_id); /* dropped if it stays silent */
     }
-    if (rc == 0)
-        s->duplicates_dropped = u64_of(st, "duplicates_dropped");
-out:
-    json_decref(st);
-    blob_free(&b);
-    return rc;
-}
-
-size_t psd_checkpoint_found(const char *dir, char *what, size_t len)
-{
-    DIR *d = opendir(dir);
-    size_t files = 0, used = 0, kinds = 0;
-    unsigned seen[8][2];
-    struct dirent *e;
-    what[0] = '\0';
-    while (d != NULL && (e = readdir(d)) != NULL) {
-        unsigned shard = 0, shards = 0;
-        char tail[32];
-        if (sscanf(e->d_name, "shard-%u-of-%u-%31s", &shard, &shards, tail) != 3 ||
-            strstr(tail, ".safetensors") == NULL)
-            continue;
-        files++;
-        size_t k = 0;
-        while (k < kinds && (seen[k][0] != shard || seen[k][1] != shards))
-            k++;
-        if (k < kinds || kinds == sizeof seen / sizeof seen[0])
-            continue; /* named already, or enough named */
-        seen[kinds][0] = shard;
-        seen[kinds++][1] = shards;
-        if (used < len)
-            used += (size_t)snprintf(what + used, len - used, "%sshard %u of %u",
-                                     kinds > 1 ? ", " : "", shard, shards);
-    }
-    if (d != NULL)
-        closedir(d);
-    return files;
+    psd_dedup_set_dropped(s, snap.duplicates_dropped);
+    psd_snapshot_free(&snap);
+    return 0;
 }
 
 enum psd_restored psd_checkpoint_restore(struct psd *s, const char *dir, char *path, size_t pathlen)
 {
     int64_t seqs[64];
-    size_t n = list_seqs(s->shard, s->shards, dir, seqs, 64);
+    size_t n = psd_snapshot_seqs(dir, s->conf.shard, s->conf.shards, seqs, 64);
     for (size_t i = 0; i < n; i++) {
         char err[512];
-        seq_path(s->shard, s->shards, dir, seqs[i], path, pathlen);
+        psd_snapshot_path(dir, s->conf.shard, s->conf.shards, seqs[i], path, pathlen);
         if (psd_checkpoint_load(s, path, err, sizeof err) == 0)
             return PSD_RESTORED;
-        PS_LOG(s->log, PS_LOG_WARN, S0601, "checkpoint %s is bad (%s); trying an older one", path,
-               err);
-        psd_reset_tables(s);
+        PS_LOG(s->conf.log, PS_LOG_WARN, S0601, "checkpoint %s is bad (%s); trying an older one",
+               path, err);
     }
     return PSD_RESTORED_NONE;
 }
 
-/* ---- resharding ---------------------------------------------------------- */
+/* ---- when they are written ---------------------------------------------- */
 
-/* The newest checkpoint of shard `shard` of `shards` in dir that opens
- * and verifies, opened into b and st; its path into path. */
-static int newest_valid(const char *dir, uint32_t shard, uint32_t shards, struct blob *b,
-                        json_t **st, char *path, size_t pathlen, char *err, size_t errlen)
+/* Writes a checkpoint (the shard is between rounds); out gets the path
+ * written, or the error. */
+static int write_checkpoint(struct psd *s, const char *why, char *out, size_t outlen)
 {
-    int64_t seqs[64];
-    size_t n = list_seqs(shard, shards, dir, seqs, 64);
-    char why[512] = "", cur[512]; /* why: what was wrong with the newest */
-    for (size_t i = 0; i < n; i++) {
-        seq_path(shard, shards, dir, seqs[i], path, pathlen);
-        int rc = open_checkpoint(path, b, st, cur, sizeof cur);
-        if (rc == 0 && u64_of(*st, "shard") == shard && u64_of(*st, "shards") == shards)
-            return 0;
-        if (rc == 0)
-            snprintf(cur, sizeof cur, "its state says shard %" PRIu64 " of %" PRIu64,
-                     u64_of(*st, "shard"), u64_of(*st, "shards"));
-        if (i == 0)
-            snprintf(why, sizeof why, "%s", cur);
-        json_decref(*st);
-        *st = NULL;
-        blob_free(b);
-    }
-    if (why[0] != '\0')
-        return ps_errf(PS_EIO, err, errlen,
-                       "%s holds no valid checkpoint of shard %u of %u (the newest: %s)", dir,
-                       shard, shards, why);
-    return ps_errf(PS_EIO, err, errlen, "%s holds no checkpoint of shard %u of %u", dir, shard,
-                   shards);
-}
-
-/* Rows of old shard b's copy of sparse table t that land on this shard. */
-static int reshard_rows(struct psd *s, struct psd_table *t, const struct blob *b, char *err,
-                        size_t errlen)
-{
-    char key[PS_TABLE_NAME_MAX + 8];
-    snprintf(key, sizeof key, "keys/%s", t->name);
-    uint64_t rows = (uint64_t)json_integer_value(
-        json_array_get(json_object_get(json_object_get(b->hdr, key), "shape"), 0));
-    if (rows > t->rows_max) /* also keeps the sizes below from wrapping */
-        return ps_errf(PS_EPROTO, err, errlen, "'%s' has %" PRIu64 " rows, over its rows_max",
-                       t->name, rows);
-    size_t d = t->dim;
-    const unsigned char *keys = tensor(b, "keys", t->name, "U64", rows * 8, err, errlen);
-    const float *w = keys ? tensor(b, "w", t->name, "F32", rows * d * 4, err, errlen) : NULL;
-    const unsigned char *steps =
-        w ? tensor(b, "steps", t->name, "U32", rows * 4, err, errlen) : NULL;
-    const float *st[2] = {NULL, NULL};
-    for (int a = 0; steps != NULL && a < t->sp.nstate && a < 2; a++)
-        if ((st[a] = tensor(b, a ? "s2" : "s1", t->name, "F32", rows * d * 4, err, errlen)) == NULL)
-            return PS_EPROTO;
-    if (steps == NULL)
-        return PS_EPROTO;
-    for (uint64_t r = 0; r < rows; r++) {
-        uint64_t k;
-        memcpy(&k, keys + r * 8, 8);
-        if (ps_shard_of_key(k, s->shards) != s->shard)
-            continue;
-        int64_t row = psd_sparse_row(&t->sp, k, 1);
-        if (row < 0)
-            return ps_errf(PS_ELIMIT, err, errlen,
-                           "'%s': more rows land on shard %u of %u than its rows_max %" PRIu64
-                           " (or key %" PRIu64 " twice)",
-                           t->name, s->shard, s->shards, t->rows_max, k);
-        float *dst[2] = {t->sp.s1, t->sp.s2}; /* a new row may have moved the arrays */
-        memcpy(t->sp.w + (size_t)row * d, w + r * d, d * 4);
-        for (int a = 0; a < 2; a++)
-            if (st[a] != NULL)
-                memcpy(dst[a] + (size_t)row * d, st[a] + r * d, d * 4);
-        memcpy(&t->sp.row_steps[row], steps + r * 4, 4);
-    }
-    return 0;
-}
-
-/* The part of old shard i's (of n) range of dense table t that this
- * shard's range holds: weights, optimizer state, pruning mask. */
-static int reshard_dense(struct psd_table *t, const struct blob *b, uint32_t i, uint32_t n,
-                         char *err, size_t errlen)
-{
-    uint64_t lo, hi;
-    ps_shard_range(t->size, n, i, &lo, &hi);
-    uint64_t a = lo > t->lo ? lo : t->lo, z = hi < t->hi ? hi : t->hi;
-    float *dst[3] = {t->w, t->s1, t->s2};
-    const char *names[3] = {"w", "s1", "s2"};
-    for (int k = 0; k < 3 && a < z; k++) {
-        if (dst[k] == NULL)
-            continue;
-        const float *v = tensor(b, names[k], t->name, "F32", (hi - lo) * 4, err, errlen);
-        if (v == NULL)
-            return PS_EPROTO;
-        memcpy(dst[k] + (a - t->lo), v + (a - lo), (z - a) * 4);
-    }
-    if (t->mask != NULL && a < z) {
-        const uint8_t *m = tensor(b, "mask", t->name, "U8", hi - lo, err, errlen);
-        if (m == NULL)
-            return PS_EPROTO;
-        memcpy(t->mask + (a - t->lo), m + (a - lo), z - a);
-    }
-    return 0;
-}
-
-/* The largest of a counter over the old shards' copies of table k. */
-static uint64_t max_over(json_t *const *st, uint32_t n, size_t k, const char *name)
-{
-    uint64_t m = 0;
-    for (uint32_t i = 0; i < n; i++) {
-        uint64_t v = u64_of(json_array_get(json_object_get(st[i], "tables"), k), name);
-        m = v > m ? v : m;
-    }
-    return m;
-}
-
-int psd_checkpoint_reshard(struct psd *s, const char *from, uint32_t shards_from, char *err,
-                           size_t errlen)
-{
-    if (shards_from == 0 || shards_from > PS_SHARDS_MAX)
-        return ps_errf(PS_EINVAL, err, errlen, "%u shards to read from", shards_from);
-    struct blob *b = calloc(shards_from, sizeof *b);
-    json_t **st = calloc(shards_from, sizeof *st);
-    int rc = b && st ? 0 : ps_errf(PS_ENOMEM, err, errlen, "out of memory");
-    char path[PS_PATH_MAX];
-    uint32_t opened = 0;
-    for (; rc == 0 && opened < shards_from; opened++)
-        rc = newest_valid(from, opened, shards_from, &b[opened], &st[opened], path, sizeof path,
-                          err, errlen);
-    json_t *tables = rc == 0 ? json_object_get(st[0], "tables") : NULL;
-    char mode[32];
-    psd_cons_name(&s->cons, mode, sizeof mode);
-    for (uint32_t i = 0; rc == 0 && i < shards_from; i++) {
-        json_t *ti = json_object_get(st[i], "tables");
-        const char *m = json_string_value(json_object_get(st[i], "consistency"));
-        if (m == NULL || strcmp(m, mode) != 0 || u64_of(st[i], "workers") != s->cons.workers)
-            rc = ps_errf(PS_EPROTO, err, errlen,
-                         "shard %u of %u was written by a psd with --consistency %s --workers "
-                         "%" PRIu64 ", not %s and %u",
-                         i, shards_from, m ? m : "?", u64_of(st[i], "workers"), mode,
-                         s->cons.workers);
-        for (size_t k = 0; rc == 0 && k < json_array_size(tables); k++) {
-            const char *a = json_string_value(json_object_get(json_array_get(tables, k), "name"));
-            const char *z = json_string_value(json_object_get(json_array_get(ti, k), "name"));
-            if (a == NULL || z == NULL || strcmp(a, z) != 0)
-                rc = ps_errf(PS_EPROTO, err, errlen,
-                             "shard %u of %u holds other tables than shard 0 (table %zu: '%s', "
-                             "'%s')",
-                             i, shards_from, k, z ? z : "?", a ? a : "?");
-        }
-        if (rc == 0 && json_array_size(ti) != json_array_size(tables))
-            rc = ps_errf(PS_EPROTO, err, errlen, "shard %u of %u has %zu tables, shard 0 %zu", i,
-                         shards_from, json_array_size(ti), json_array_size(tables));
-    }
-    for (size_t k = 0; rc == 0 && k < json_array_size(tables); k++) {
-        json_t *o = json_array_get(tables, k);
-        struct psd_table *t = NULL;
-        if ((rc = new_table(s, o, &t, err, errlen)) != 0)
-            break;
-        /* counters and clocks: the furthest any old shard had (equal on
-         * all in bsp between rounds) */
-        t->steps = max_over(st, shards_from, k, "steps");
-        t->clock = max_over(st, shards_from, k, "clock");
-        t->round_begun = max_over(st, shards_from, k, "round_begun");
-        t->pushes = max_over(st, shards_from, k, "pushes");
-        t->pulls = max_over(st, shards_from, k, "pulls");
-        for (uint32_t w = 0; w < s->cons.workers; w++)
-            for (uint32_t i = 0; i < shards_from; i++) {
-                json_t *c = json_object_get(json_array_get(json_object_get(st[i], "tables"), k),
-                                            "completed");
-                uint64_t v = (uint64_t)json_integer_value(json_array_get(c, w));
-                t->completed[w] = v > t->completed[w] ? v : t->completed[w];
-            }
-        json_t *pr = json_object_get(o, "prune");
-        if (!t->sparse) {
-            psd_table_own(t, t->lo, t->hi);
-            if (pr != NULL) {
-                struct psd_prune_spec ps = {.target =
-                                                json_number_value(json_object_get(pr, "target")),
-                                            .start = u64_of(pr, "start"),
-                                            .end = u64_of(pr, "end"),
-                                            .every = u64_of(pr, "every")};
-                snprintf(ps.table, sizeof ps.table, "%s", t->name);
-                if (psd_table_enable_prune(t, &ps) != 0) {
-                    rc = ps_errf(PS_ENOMEM, err, errlen, "out of memory");
-                    break;
-                }
-                t->prune_updates = u64_of(pr, "updates");
-                t->prune_target_now = json_number_value(json_object_get(pr, "target_now"));
-            }
-        }
-        for (uint32_t i = 0; rc == 0 && i < shards_from; i++)
-            rc = t->sparse ? reshard_rows(s, t, &b[i], err, errlen)
-                           : reshard_dense(t, &b[i], i, shards_from, err, errlen);
-        for (uint64_t e = 0; rc == 0 && t->mask != NULL && e < t->hi - t->lo; e++)
-            t->npruned += t->mask[e];
-    }
-    for (uint32_t i = 0; i < opened && st != NULL; i++) {
-        json_decref(st[i]);
-        blob_free(&b[i]);
-    }
-    free(st);
-    free(b);
-    return rc;
-}
-
-int psd_checkpoint_params(const char *dir, uint32_t *shards, struct psd_cons *cons, char *err,
-                          size_t errlen)
-{
-    DIR *d = opendir(dir);
-    if (d == NULL)
-        return ps_errf(PS_EIO, err, errlen, "cannot read %s: %s", dir, strerror(errno));
-    unsigned n = 0;
-    int mixed = 0;
-    struct dirent *e;
-    while ((e = readdir(d)) != NULL) {
-        unsigned shard, count;
-        char tail[32];
-        if (sscanf(e->d_name, "shard-%u-of-%u-%31s", &shard, &count, tail) != 3 ||
-            strstr(tail, ".safetensors") == NULL || count == 0 || count > PS_SHARDS_MAX)
-            continue;
-        mixed |= n != 0 && count != n;
-        n = n ? n : count;
-    }
-    closedir(d);
-    char what[256];
-    if (mixed) {
-        psd_checkpoint_found(dir, what, sizeof what);
-        return ps_errf(PS_EINVAL, err, errlen,
-                       "%s holds checkpoints of more than one shard count (%s): keep one set", dir,
-                       what);
-    }
-    if (n == 0)
-        return ps_errf(PS_EIO, err, errlen, "%s holds no psd checkpoint", dir);
-    struct blob b;
-    json_t *st = NULL;
-    char path[PS_PATH_MAX];
-    int rc = newest_valid(dir, 0, n, &b, &st, path, sizeof path, err, errlen);
-    if (rc != 0)
+    char path[PS_PATH_MAX], err[512];
+    uint64_t t0 = (uint64_t)ps_mono_ms();
+    struct psd_autosave *a = s->save;
+    int rc = psd_checkpoint_write(s, a->dir, path, sizeof path, err, sizeof err);
+    a->last_ms = (uint64_t)ps_mono_ms();
+    if (rc != 0) {
+        PS_LOG(s->conf.log, PS_LOG_ERROR, S0602, "%s", err);
+        snprintf(out, outlen, "%s", err);
         return rc;
-    const char *mode = json_string_value(json_object_get(st, "consistency"));
-    if (mode == NULL || psd_cons_parse(mode, cons) != 0)
-        rc = ps_errf(PS_EPROTO, err, errlen, "%s: consistency '%s' is not one psd knows", path,
-                     mode ? mode : "(none)");
-    cons->workers = (uint32_t)u64_of(st, "workers");
-    *shards = n;
-    json_decref(st);
-    blob_free(&b);
-    return rc;
+    }
+    a->written++;
+    a->ok_ms = a->current_ms = a->last_ms;
+    a->state = psd_state_version(s);
+    a->pending = 0;
+    PS_LOG(s->conf.log, PS_LOG_INFO, S0600, "checkpoint %s written (%s, %u tables, %llu ms)", path,
+           why, psd_ntables(s), (unsigned long long)(a->last_ms - t0));
+    snprintf(out, outlen, "%s", path);
+    snprintf(a->path, sizeof a->path, "%s", path);
+    return 0;
+}
+
+int psd_checkpoint_now(struct psd *s, const char *why)
+{
+    if (s->save->dir == NULL || !psd_quiescent(s))
+        return PSD_CKPT_SKIPPED;
+    char out[PS_PATH_MAX + 100];
+    return write_checkpoint(s, why, out, sizeof out);
+}
+
+uint64_t psd_state_version(const struct psd *s)
+{
+    /* each term only grows: a change moves the sum */
+    return psd_counts(s)->changes + psd_tables_version(s);
+}
+
+void psd_checkpoint_mark_saved(struct psd *s)
+{
+    s->save->state = psd_state_version(s);
+    s->save->last_ms = s->save->current_ms = (uint64_t)ps_mono_ms();
+}
+
+void psd_checkpoint_if_due(struct psd *s, uint64_t now)
+{
+    struct psd_autosave *a = s->save;
+    if (a->dir == NULL)
+        return;
+    if (a->pending) {
+        psd_checkpoint_now(s, "asked for");
+    } else if (a->every_ms > 0 && now - a->last_ms >= a->every_ms) {
+        if (psd_state_version(s) == a->state) {
+            a->last_ms = (uint64_t)ps_mono_ms();
+            if (a->written)
+                a->current_ms = a->last_ms;
+        } else {
+            psd_checkpoint_now(s, "interval");
+        }
+    }
+}
+
+/* psctl checkpoint: now, or (bsp, mid-round) at the end of the round. */
+void psd_op_checkpoint(struct psd *s, const Ps__Header *req, struct psd_reply *rep)
+{
+    struct psd_autosave *a = s->save;
+    if (a->dir == NULL) {
+        psd_reply_errorf(s, req, PS_ENOTSUP, rep,
+                         "checkpoint: shard %u runs without --checkpoint-dir", s->conf.shard);
+        return;
+    }
+    char detail[PS_PATH_MAX + 200]; /* a path and a sentence about it */
+    uint64_t age = (uint64_t)ps_mono_ms() - a->ok_ms;
+    if (a->written > 0 && age < PS_CHECKPOINT_ASK_MIN_MS) {
+        snprintf(detail, sizeof detail,
+                 "%s, written %llu ms ago, stands (at most one asked-for checkpoint every %u ms)",
+                 a->path, (unsigned long long)age, PS_CHECKPOINT_ASK_MIN_MS);
+    } else if (psd_quiescent(s)) {
+        int rc = write_checkpoint(s, "asked for", detail, sizeof detail);
+        if (rc != 0) {
+            psd_reply_errorf(s, req, rc, rep, "checkpoint: %s", detail);
+            return;
+        }
+    } else {
+        a->pending = 1;
+        snprintf(detail, sizeof detail, "a round is in progress: written when it ends");
+    }
+    Ps__Header h;
+    psd_reply_init(&h, req);
+    h.detail = detail;
+    psd_reply_header(s, &h, rep);
+}
+
+double psd_checkpoint_age_s(const struct psd *s)
+{
+    const struct psd_autosave *a = s->save;
+    return a->written ? (double)((uint64_t)ps_mono_ms() - a->current_ms) / 1e3 : -1.0;
 }

@@ -1,23 +1,40 @@
-/* The exactly-once window: per worker id, the session that said hello
- * and which request ids were applied, so a resent push is answered but
- * not applied twice. */
-#include "psd_impl.h"
+/* The exactly-once record (dedup.h). */
+#include "dedup.h"
 
-#include "ps_clock.h"
-#include "ps_pool.h"
-#include "ps_shard.h"
+#include "counters.h"
 
-#include <stdarg.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-/* The exactly-once record of a worker id (open addressing over a fixed
- * array: no allocation, and at most PSD_PEERS distinct ids). */
-struct psd_peer *psd_peer_of(struct psd *s, uint32_t worker_id, int create)
+struct peer {
+    uint32_t worker_id;
+    uint64_t session, last_applied;
+    /* ids in (last_applied - PS_DEDUP_WINDOW, last_applied] applied so
+     * far, bit id % PS_DEDUP_WINDOW */
+    uint64_t applied_bits[PS_DEDUP_WINDOW / 64];
+    int used;
+};
+
+struct psd_dedup {
+    struct peer peers[PSD_PEERS];
+    uint64_t dropped; /* retried pushes recognised */
+};
+
+struct psd_dedup *psd_dedup_create(void)
+{
+    return calloc(1, sizeof(struct psd_dedup));
+}
+
+void psd_dedup_destroy(struct psd_dedup *d)
+{
+    free(d);
+}
+
+/* The record of a worker id (NULL: none, and create is 0 or no room). */
+static struct peer *peer_of(struct psd_dedup *d, uint32_t worker_id, int create)
 {
     for (uint32_t i = 0, j = worker_id % PSD_PEERS; i < PSD_PEERS; i++, j = (j + 1) % PSD_PEERS) {
-        struct psd_peer *p = &s->peers[j];
+        struct peer *p = &d->peers[j];
         if (p->used && p->worker_id == worker_id)
             return p;
         if (!p->used) {
@@ -31,47 +48,52 @@ struct psd_peer *psd_peer_of(struct psd *s, uint32_t worker_id, int create)
     return NULL;
 }
 
-static int bit_get(const struct psd_peer *p, uint64_t id)
+static int bit_get(const struct peer *p, uint64_t id)
 {
-    uint64_t i = id % PSD_DEDUP_WINDOW;
+    uint64_t i = id % PS_DEDUP_WINDOW;
     return (int)((p->applied_bits[i / 64] >> (i % 64)) & 1u);
 }
 
-static void bit_put(struct psd_peer *p, uint64_t id, int on)
+static void bit_put(struct peer *p, uint64_t id, int on)
 {
-    uint64_t i = id % PSD_DEDUP_WINDOW, m = UINT64_C(1) << (i % 64);
+    uint64_t i = id % PS_DEDUP_WINDOW, m = UINT64_C(1) << (i % 64);
     p->applied_bits[i / 64] = on ? p->applied_bits[i / 64] | m : p->applied_bits[i / 64] & ~m;
 }
 
-/* 1 when this push was applied already (a retry): acknowledge, skip. Ids
- * above the newest applied are new; within the window below it, each id
- * is remembered on its own (a retry of a request lost in a crash comes
- * after requests sent behind it); older ones count as applied. */
-int psd_seen_push(struct psd *s, const Ps__Header *req)
+/* Everything up to last_applied counts as applied (a restored record
+ * without its window, a new session at 0). */
+static void peer_reset(struct peer *p, uint64_t session, uint64_t last_applied)
 {
-    struct psd_peer *p = psd_peer_of(s, req->worker_id, 0);
+    p->session = session;
+    p->last_applied = last_applied;
+    memset(p->applied_bits, 0xff, sizeof p->applied_bits);
+}
+
+int psd_dedup_seen(struct psd *s, const Ps__Header *req)
+{
+    struct peer *p = peer_of(s->dedup, req->worker_id, 0);
     if (p == NULL || p->session == 0 || req->request_id > p->last_applied)
         return 0;
-    if (p->last_applied - req->request_id < PSD_DEDUP_WINDOW && !bit_get(p, req->request_id))
+    if (p->last_applied - req->request_id < PS_DEDUP_WINDOW && !bit_get(p, req->request_id))
         return 0;
-    s->duplicates_dropped++;
-    PS_LOG(s->log, PS_LOG_DEBUG, S0340,
+    s->dedup->dropped++;
+    PS_LOG(s->conf.log, PS_LOG_DEBUG, S0340,
            "worker %u: %s %llu of table %u (clock %llu) was applied before: not again",
            req->worker_id, ps_op_name(req->op), (unsigned long long)req->request_id, req->table_id,
            (unsigned long long)req->clock);
     return 1;
 }
 
-void psd_applied_push(struct psd *s, const Ps__Header *req)
+void psd_dedup_applied(struct psd *s, const Ps__Header *req)
 {
-    struct psd_peer *p = psd_peer_of(s, req->worker_id, 0);
+    struct peer *p = peer_of(s->dedup, req->worker_id, 0);
     if (p == NULL || p->session == 0)
         return;
-    s->changes++;
+    psd_count_change(s);
     uint64_t id = req->request_id;
     if (id > p->last_applied) { /* the ids skipped over are not applied (yet) */
         uint64_t gap = id - p->last_applied;
-        if (gap >= PSD_DEDUP_WINDOW)
+        if (gap >= PS_DEDUP_WINDOW)
             memset(p->applied_bits, 0, sizeof p->applied_bits);
         else
             for (uint64_t j = p->last_applied + 1; j < id; j++)
@@ -81,35 +103,55 @@ void psd_applied_push(struct psd *s, const Ps__Header *req)
     bit_put(p, id, 1);
 }
 
-/* Everything up to last_applied counts as applied (a restored checkpoint,
- * a new session at 0). */
-void psd_peer_reset(struct psd_peer *p, uint64_t session, uint64_t last_applied)
+int psd_dedup_hello(struct psd *s, uint32_t worker_id, uint64_t session)
 {
-    p->session = session;
-    p->last_applied = last_applied;
-    memset(p->applied_bits, 0xff, sizeof p->applied_bits);
+    struct peer *p = peer_of(s->dedup, worker_id, 1);
+    if (p == NULL || p->session == session)
+        return 0;
+    peer_reset(p, session, 0);
+    psd_count_change(s);
+    return 1;
 }
 
-void psd_peer_restore(struct psd *s, uint32_t worker_id, uint64_t session, uint64_t last_applied,
-                      const uint64_t *bits)
+uint64_t psd_dedup_session(const struct psd *s, uint32_t worker_id)
 {
-    struct psd_peer *p = psd_peer_of(s, worker_id, 1);
-    if (p != NULL) {
-        psd_peer_reset(p, session, last_applied);
-        if (bits != NULL)
-            memcpy(p->applied_bits, bits, sizeof p->applied_bits);
-    }
-    /* a worker known before the restart: dropped if it stays silent */
-    if (worker_id < s->cons.workers) {
-        s->live[worker_id].seen = s->live[worker_id].live = 1;
-        s->live[worker_id].last_ms = (uint64_t)ps_mono_ms();
+    const struct peer *p = peer_of(s->dedup, worker_id, 0);
+    return p != NULL ? p->session : 0;
+}
+
+void psd_dedup_restore(struct psd *s, const struct psd_dedup_entry *e)
+{
+    struct peer *p = peer_of(s->dedup, e->worker_id, 1);
+    if (p == NULL)
+        return;
+    peer_reset(p, e->session, e->last_applied);
+    if (e->bits != NULL)
+        memcpy(p->applied_bits, e->bits, sizeof p->applied_bits);
+}
+
+void psd_dedup_each(const struct psd *s, void (*fn)(void *ctx, const struct psd_dedup_entry *e),
+                    void *ctx)
+{
+    for (uint32_t i = 0; i < PSD_PEERS; i++) {
+        const struct peer *p = &s->dedup->peers[i];
+        if (!p->used)
+            continue;
+        struct psd_dedup_entry e = {p->worker_id, p->session, p->last_applied, p->applied_bits};
+        fn(ctx, &e);
     }
 }
 
-void psd_reply_duplicate(struct psd *s, const Ps__Header *req, struct psd_reply *rep)
+void psd_dedup_reset(struct psd *s)
 {
-    Ps__Header h;
-    psd_reply_init(&h, req);
-    h.duplicate = 1;
-    psd_reply_header(s, &h, rep);
+    memset(s->dedup->peers, 0, sizeof s->dedup->peers);
+}
+
+uint64_t psd_dedup_dropped(const struct psd *s)
+{
+    return s->dedup->dropped;
+}
+
+void psd_dedup_set_dropped(struct psd *s, uint64_t n)
+{
+    s->dedup->dropped = n;
 }

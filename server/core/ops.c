@@ -1,27 +1,91 @@
-/* The data ops: push, pull and push-pull of dense ranges, rows and keys,
- * with the range checks, the non-finite check and the early answer. */
-#include "psd_impl.h"
+/* The data ops (ops.h). */
+#include "ops.h"
+
+#include "catalog.h"
+#include "counters.h"
+#include "dedup.h"
+#include "live.h"
+#include "regions.h"
+#include "reply.h"
+#include "waits.h"
 
 #include "ps_err.h"
 #include "ps_finite.h"
 #include "ps_half.h"
-#include "ps_pool.h"
 #include "ps_shard.h"
 
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+struct psd_ops {
+    float *scratch; /* aligned copy of values when a frame is misaligned */
+    size_t scratch_cap;
+    uint64_t *keys_scratch; /* aligned copy of a keys frame */
+    size_t keys_cap;
+    uint64_t nonfinite_refused; /* pushes refused for a NaN or an infinity */
+};
+
+struct psd_ops *psd_ops_create(void)
+{
+    return calloc(1, sizeof(struct psd_ops));
+}
+
+void psd_ops_destroy(struct psd_ops *o)
+{
+    if (o != NULL) {
+        free(o->scratch);
+        free(o->keys_scratch);
+    }
+    free(o);
+}
+
+uint64_t psd_nonfinite_refused(const struct psd *s)
+{
+    return s->ops->nonfinite_refused;
+}
+
+/* Values as aligned f32: the frame itself when it is aligned f32, else a
+ * copy or a conversion into the server's scratch buffer. */
+static const float *values_f32(struct psd *s, const struct ps_wire_msg *m)
+{
+    int f32 = m->hdr->dtype == PS__DTYPE__DTYPE_F32;
+    if (f32 && ((uintptr_t)m->vals % _Alignof(float)) == 0)
+        return m->vals;
+    size_t need = (size_t)m->hdr->count * m->hdr->dim * sizeof(float);
+    struct psd_ops *o = s->ops;
+    if (need > o->scratch_cap) {
+        float *p = realloc(o->scratch, need);
+        if (p == NULL)
+            return NULL;
+        o->scratch = p;
+        o->scratch_cap = need;
+    }
+    if (f32)
+        memcpy(o->scratch, m->vals, need);
+    else
+        ps_half_to_f32_n(m->hdr->dtype, m->vals, o->scratch, need / sizeof(float));
+    return o->scratch;
+}
+
+/* The answer to a retried push: applied before, not again. */
+static void reply_duplicate(struct psd *s, const Ps__Header *req, struct psd_reply *rep)
+{
+    Ps__Header h;
+    psd_reply_init(&h, req);
+    h.duplicate = 1;
+    psd_reply_header(s, &h, rep);
+}
+
 /* Server-state checks shared by pull, push and push-pull. */
 static struct psd_table *check_range(struct psd *s, const Ps__Header *req, struct psd_reply *rep)
 {
-    if (req->table_id >= s->ntables) {
+    struct psd_table *t = psd_table_at(s, req->table_id);
+    if (t == NULL) {
         psd_reply_errorf(s, req, PS_ENOTABLE, rep, "%s: no table with id %u (this shard has %u)",
-                         ps_op_name(req->op), req->table_id, s->ntables);
+                         ps_op_name(req->op), req->table_id, psd_ntables(s));
         return NULL;
     }
-    struct psd_table *t = s->tables[req->table_id];
     if (t->sparse)
         return t; /* op_rows checks keys and dim */
     if (req->layout == PS__LAYOUT__LAYOUT_KEYS) {
@@ -39,7 +103,7 @@ static struct psd_table *check_range(struct psd *s, const Ps__Header *req, struc
                          "%s: [%llu, %llu) is outside shard %u's range [%llu, %llu) of table '%s' "
                          "(size %llu)",
                          ps_op_name(req->op), (unsigned long long)req->offset,
-                         (unsigned long long)(req->offset + req->count), s->shard,
+                         (unsigned long long)(req->offset + req->count), s->conf.shard,
                          (unsigned long long)t->lo, (unsigned long long)t->hi, t->name,
                          (unsigned long long)t->size);
         return NULL;
@@ -53,8 +117,8 @@ static const float *push_values(struct psd *s, const struct ps_wire_msg *m,
                                 const unsigned char *shm_in)
 {
     if (shm_in == NULL)
-        return psd_values_f32(s, m);
-    s->shm.bytes_in += m->hdr->count * sizeof(float);
+        return values_f32(s, m);
+    psd_regions_count_in(s->shm, m->hdr->count * sizeof(float));
     return (const float *)shm_in;
 }
 
@@ -67,10 +131,10 @@ static int refuse_nonfinite(struct psd *s, const Ps__Header *req, const struct p
                             const float *g, size_t n, const uint64_t *keys, uint32_t dim,
                             struct psd_reply *rep)
 {
-    size_t i = s->allow_nonfinite ? n : ps_first_nonfinite(g, n);
+    size_t i = s->conf.allow_nonfinite ? n : ps_first_nonfinite(g, n);
     if (i == n)
         return 0;
-    s->nonfinite_refused++;
+    s->ops->nonfinite_refused++;
     char at[64];
     if (keys == NULL)
         snprintf(at, sizeof at, "element %llu", (unsigned long long)(req->offset + i));
@@ -89,14 +153,15 @@ static int refuse_nonfinite(struct psd *s, const Ps__Header *req, const struct p
 /* n keys into the scratch array (NULL when it cannot grow). */
 static uint64_t *keys_scratch(struct psd *s, size_t n)
 {
-    if (n > s->keys_cap) {
-        uint64_t *p = realloc(s->keys_scratch, n * sizeof *p);
+    struct psd_ops *o = s->ops;
+    if (n > o->keys_cap) {
+        uint64_t *p = realloc(o->keys_scratch, n * sizeof *p);
         if (p == NULL)
             return NULL;
-        s->keys_scratch = p;
-        s->keys_cap = n;
+        o->keys_scratch = p;
+        o->keys_cap = n;
     }
-    return s->keys_scratch;
+    return o->keys_scratch;
 }
 
 /* The keys frame as aligned uint64s: the frame itself where it is aligned
@@ -121,7 +186,7 @@ static const uint64_t *keys_from_region(struct psd *s, const struct ps_frame *ro
                                         const Ps__Header *req, struct psd_reply *rep)
 {
     unsigned char *p = NULL;
-    if (psd_shm_part(s, route, req, req->shm, PS_SHM_KEYS, req->shm_keys, &p, rep) != 0)
+    if (psd_region_part(s, route, req, req->shm, PS_SHM_KEYS, req->shm_keys, &p, rep) != 0)
         return NULL;
     size_t n = (size_t)req->count;
     uint64_t *k = keys_scratch(s, n);
@@ -151,7 +216,7 @@ static const uint64_t *keys_from_region(struct psd *s, const struct ps_frame *ro
     for (size_t i = 0; i < n; i++)
         k[i] = le64toh(k[i]);
 #endif
-    s->shm.bytes_in += n * sizeof *k;
+    psd_regions_count_in(s->shm, n * sizeof *k);
     return k;
 }
 
@@ -164,7 +229,7 @@ static const uint64_t *keys_from_region(struct psd *s, const struct ps_frame *ro
  * time. */
 static int ack_first(const struct psd *s, const Ps__Header *req)
 {
-    return s->send != NULL && !(req->shm & PS_SHM_IN);
+    return psd_can_send(s) && !(req->shm & PS_SHM_IN);
 }
 
 /* A push's reply: its clock, and whether it was dropped as stale. */
@@ -174,7 +239,7 @@ static void push_reply(struct psd *s, const Ps__Header *req, struct psd_table *t
     Ps__Header h;
     psd_reply_init(&h, req);
     h.stale = stale != 0;
-    h.clock = psd_cons_clock(&s->cons, t);
+    h.clock = psd_cons_clock(&s->conf.cons, t);
     psd_reply_header(s, &h, rep);
 }
 
@@ -186,7 +251,7 @@ static void answer_first(struct psd *s, const struct ps_frame *route, const Ps__
                          struct psd_reply *rep)
 {
     push_reply(s, req, t, 0, rep);
-    psd_send_now(s, route->data, route->size, rep);
+    psd_reply_send(s, route->data, route->size, rep);
     psd_cons_apply_later(later);
 }
 
@@ -196,12 +261,12 @@ static enum psd_answer op_keys(struct psd *s, struct psd_table *t, const struct 
                                const struct ps_wire_msg *m, struct psd_reply *rep)
 {
     const Ps__Header *req = m->hdr;
-    if (psd_seen_push(s, req)) {
-        psd_reply_duplicate(s, req, rep);
+    if (psd_dedup_seen(s, req)) {
+        reply_duplicate(s, req, rep);
         return PSD_ANSWER_NOW;
     }
     unsigned char *shm_in = NULL;
-    if (psd_shm_part(s, route, req, req->shm, PS_SHM_IN, req->shm_in, &shm_in, rep) != 0)
+    if (psd_region_part(s, route, req, req->shm, PS_SHM_IN, req->shm_in, &shm_in, rep) != 0)
         return PSD_ANSWER_NOW;
     const uint64_t *keys = NULL;
     if (req->shm & PS_SHM_KEYS) {
@@ -222,7 +287,7 @@ static enum psd_answer op_keys(struct psd *s, struct psd_table *t, const struct 
     if (first < t->lo || last >= t->hi) {
         psd_reply_errorf(s, req, PS_ERANGE, rep,
                          "push: keys %llu..%llu are outside shard %u's range [%llu, %llu) of '%s'",
-                         (unsigned long long)first, (unsigned long long)last, s->shard,
+                         (unsigned long long)first, (unsigned long long)last, s->conf.shard,
                          (unsigned long long)t->lo, (unsigned long long)t->hi, t->name);
         return PSD_ANSWER_NOW;
     }
@@ -231,21 +296,21 @@ static enum psd_answer op_keys(struct psd *s, struct psd_table *t, const struct 
     struct psd_cons_later later = {0};
     const struct psd_cons_push push = {
         .worker = req->worker_id, .clock = req->clock, .keys = keys, .count = req->count, .g = g};
-    int rc = psd_cons_push(&s->cons, t, &push, &applied, ack_first(s, req) ? &later : NULL, err,
-                           sizeof err);
+    int rc = psd_cons_push(&s->conf.cons, t, &push, &applied, ack_first(s, req) ? &later : NULL,
+                           err, sizeof err);
     if (rc < 0) {
         psd_reply_error(s, req, rc, err, rep);
         return PSD_ANSWER_NOW;
     }
     t->pushes++;
     if (rc == PSD_CONS_STALE)
-        psd_note_stale(s, req, t);
+        psd_live_stale(s, req, t);
     else
-        psd_applied_push(s, req);
+        psd_dedup_applied(s, req);
     if (later.t != NULL)
         answer_first(s, route, req, t, &later, rep);
     if (applied)
-        psd_release_waits(s); /* before this reply's header: both are packed in s->hdr_buf */
+        psd_release_waits(s); /* before this reply's header: both are packed in one buffer */
     if (later.t != NULL)
         return PSD_ANSWER_LATER;
     push_reply(s, req, t, rc == PSD_CONS_STALE, rep);
@@ -271,22 +336,22 @@ static void op_rows(struct psd *s, struct psd_table *t, const struct ps_wire_msg
     }
     size_t n = (size_t)req->count;
     for (size_t i = 0; i < n; i++) {
-        uint32_t owner = ps_shard_of_key(keys[i], s->shards);
-        if (owner != s->shard) {
+        uint32_t owner = ps_shard_of_key(keys[i], s->conf.shards);
+        if (owner != s->conf.shard) {
             psd_reply_errorf(
                 s, req, PS_ERANGE, rep, "%s: key %llu of '%s' belongs to shard %u, not %u",
-                ps_op_name(req->op), (unsigned long long)keys[i], t->name, owner, s->shard);
+                ps_op_name(req->op), (unsigned long long)keys[i], t->name, owner, s->conf.shard);
             return;
         }
     }
     char err[PS_ERROR_TEXT_MAX];
-    int dup = req->op != PS__OP__OP_PULL && psd_seen_push(s, req);
+    int dup = req->op != PS__OP__OP_PULL && psd_dedup_seen(s, req);
     if (dup && req->op == PS__OP__OP_PUSH) {
-        psd_reply_duplicate(s, req, rep);
+        reply_duplicate(s, req, rep);
         return;
     }
     if (req->op != PS__OP__OP_PULL && !dup) {
-        const float *g = psd_values_f32(s, m);
+        const float *g = values_f32(s, m);
         if (g != NULL && refuse_nonfinite(s, req, t, g, (size_t)n * t->dim, keys, t->dim, rep))
             return;
         int rc = g == NULL ? PS_ENOMEM : psd_table_push_rows(t, keys, g, n, err, sizeof err);
@@ -295,8 +360,8 @@ static void op_rows(struct psd *s, struct psd_table *t, const struct ps_wire_msg
             return;
         }
         t->pushes++;
-        psd_applied_push(s, req);
-        if (req->worker_id < s->cons.workers && req->clock + 1 > t->completed[req->worker_id])
+        psd_dedup_applied(s, req);
+        if (req->worker_id < s->conf.cons.workers && req->clock + 1 > t->completed[req->worker_id])
             t->completed[req->worker_id] = req->clock + 1;
     }
     Ps__Header h;
@@ -336,12 +401,12 @@ static void log_push(struct psd *s, const struct psd_table *t, uint64_t prune_up
                      uint64_t lost)
 {
     if (t->rounds_lost != lost)
-        PS_LOG(s->log, PS_LOG_WARN, S0620,
+        PS_LOG(s->conf.log, PS_LOG_WARN, S0620,
                "'%s' restored at an older clock caught up with its workers at clock %llu: %llu "
                "round(s) of its updates were lost",
                t->name, (unsigned long long)t->clock, (unsigned long long)(t->rounds_lost - lost));
     if (t->prune_updates != prune_updates)
-        PS_LOG(s->log, PS_LOG_INFO, S0320,
+        PS_LOG(s->conf.log, PS_LOG_INFO, S0320,
                "pruned '%s' at step %llu: %llu of %llu weights (target now %.4f)", t->name,
                (unsigned long long)t->steps, (unsigned long long)t->npruned,
                (unsigned long long)(t->hi - t->lo), t->prune_target_now);
@@ -367,16 +432,16 @@ enum psd_answer psd_op_data(struct psd *s, const struct ps_frame *route,
     if (req->layout == PS__LAYOUT__LAYOUT_KEYS)
         return op_keys(s, t, route, m, rep);
     unsigned char *shm_in, *shm_out;
-    if (psd_shm_part(s, route, req, req->shm, PS_SHM_IN, req->shm_in, &shm_in, rep) != 0 ||
-        psd_shm_part(s, route, req, req->shm, PS_SHM_OUT, req->shm_out, &shm_out, rep) != 0)
+    if (psd_region_part(s, route, req, req->shm, PS_SHM_IN, req->shm_in, &shm_in, rep) != 0 ||
+        psd_region_part(s, route, req, req->shm, PS_SHM_OUT, req->shm_out, &shm_out, rep) != 0)
         return PSD_ANSWER_NOW;
     int applied = 0;
     uint64_t prune_updates = t->prune_updates, lost = t->rounds_lost;
     /* a retried push is acknowledged; a retried push-pull is answered again;
      * neither is applied twice */
-    int dup = req->op != PS__OP__OP_PULL && psd_seen_push(s, req);
+    int dup = req->op != PS__OP__OP_PULL && psd_dedup_seen(s, req);
     if (dup && req->op == PS__OP__OP_PUSH) {
-        psd_reply_duplicate(s, req, rep);
+        reply_duplicate(s, req, rep);
         return PSD_ANSWER_NOW;
     }
     int stale = 0;
@@ -394,7 +459,7 @@ enum psd_answer psd_op_data(struct psd *s, const struct ps_frame *route,
                                            .continues = req->continues};
         struct psd_cons_later *lp = req->op == PS__OP__OP_PUSH && ack_first(s, req) ? &later : NULL;
         int rc = g == NULL ? PS_ENOMEM
-                           : psd_cons_push(&s->cons, t, &push, &applied, lp, err, sizeof err);
+                           : psd_cons_push(&s->conf.cons, t, &push, &applied, lp, err, sizeof err);
         if (rc < 0) {
             psd_reply_error(s, req, rc, g == NULL ? "out of memory" : err, rep);
             return PSD_ANSWER_NOW;
@@ -402,15 +467,15 @@ enum psd_answer psd_op_data(struct psd *s, const struct ps_frame *route,
         t->pushes++;
         stale = rc == PSD_CONS_STALE;
         if (stale)
-            psd_note_stale(s, req, t);
+            psd_live_stale(s, req, t);
         else
-            psd_applied_push(s, req);
+            psd_dedup_applied(s, req);
     }
     if (later.t != NULL)
         answer_first(s, route, req, t, &later, rep);
     log_push(s, t, prune_updates, lost);
     if (applied)
-        psd_release_waits(s); /* before this reply's header: both are packed in s->hdr_buf */
+        psd_release_waits(s); /* before this reply's header: both are packed in one buffer */
     if (later.t != NULL)
         return PSD_ANSWER_LATER;
     if (req->op == PS__OP__OP_PUSH) {
@@ -419,7 +484,7 @@ enum psd_answer psd_op_data(struct psd *s, const struct ps_frame *route,
     }
     /* push-pull asks for the weights after its own clock's update */
     uint64_t clock = req->op == PS__OP__OP_PUSH_PULL ? req->clock + 1 : req->clock;
-    if (!psd_cons_ready(&s->cons, t, clock, req->offset, req->count))
+    if (!psd_cons_ready(&s->conf.cons, t, clock, req->offset, req->count))
         return psd_defer(s, route, req, clock, rep);
     psd_answer_pull(s, req, t, clock, req->offset, req->count, dup, stale, shm_out, rep);
     return PSD_ANSWER_NOW;
@@ -457,7 +522,7 @@ void psd_op_set(struct psd *s, const struct ps_wire_msg *m, struct psd_reply *re
                          (unsigned long long)(req->offset + req->count));
         return;
     }
-    const float *v = psd_values_f32(s, m);
+    const float *v = values_f32(s, m);
     if (v == NULL) {
         psd_reply_error(s, req, PS_ENOMEM, "set: out of memory", rep);
         return;
@@ -466,14 +531,14 @@ void psd_op_set(struct psd *s, const struct ps_wire_msg *m, struct psd_reply *re
         return;
     psd_table_own(t, req->offset, req->offset + req->count);
     memcpy(t->w + (req->offset - t->lo), v, (size_t)req->count * sizeof(float));
-    s->changes++;
+    psd_count_change(s);
     int became_set = 0;
     if (req->offset + req->count > t->set_next) {
         became_set = t->await_set && t->set_next < t->hi && req->offset + req->count == t->hi;
         t->set_next = req->offset + req->count;
     }
     if (became_set)
-        psd_release_waits(s); /* before this reply's header: both are packed in s->hdr_buf */
+        psd_release_waits(s); /* before this reply's header: both are packed in one buffer */
     Ps__Header h;
     psd_reply_init(&h, req);
     psd_reply_header(s, &h, rep);

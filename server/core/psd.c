@@ -1,249 +1,245 @@
-/* psd's core: its lifetime, the periodic tick, and dispatch of a
+/* psd's core: a shard's lifetime, the periodic tick, and dispatch of a
  * request to the op that serves it. Transport-free: net.c feeds it frames
- * and sends what it answers (psd.h). */
-#include "psd_impl.h"
+ * and sends what it answers (psd.h). The top of the core's stack: the
+ * parts below never call back into it. */
+#include "psd.h"
+
+#include "admin.h"
+#include "catalog.h"
+#include "checkpoint.h"
+#include "counters.h"
+#include "dedup.h"
+#include "hooks.h"
+#include "live.h"
+#include "ops.h"
+#include "regions.h"
+#include "reply.h"
+#include "waits.h"
 
 #include "ps_clock.h"
 #include "ps_err.h"
 #include "ps_local.h"
 #include "ps_pool.h"
 
-#include <stdarg.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* The dispatcher's own part: the arena each request's header is decoded
+ * into (reset per request). */
+struct psd_dispatch {
+    struct ps_arena arena;
+    unsigned char buf[PS_ARENA_BYTES_SERVER];
+};
+
+/* conf is const to every other file; this is the one place it is set. */
+static void set_conf(struct psd *s, struct ps_log *log, const struct psd_params *p)
+{
+    struct psd_conf c;
+    memset(&c, 0, sizeof c);
+    c.log = log;
+    c.pool = p->pool;
+    c.shard = p->shard;
+    c.shards = p->shards;
+    c.value_bytes_max = p->value_bytes_max;
+    c.cons = p->cons;
+    if (c.cons.workers == 0)
+        c.cons.workers = 1;
+    c.table_bytes_max = p->table_bytes_max ? p->table_bytes_max : PS_TABLE_BYTES_DEFAULT;
+    c.nprunes = p->nprunes < PSD_PRUNE_SPECS_MAX ? p->nprunes : PSD_PRUNE_SPECS_MAX;
+    if (c.nprunes > 0)
+        memcpy(c.prunes, p->prunes, c.nprunes * sizeof *c.prunes);
+    c.allow_nonfinite = p->allow_nonfinite;
+    c.instance = ps_random_id();
+    c.start_ns = (uint64_t)ps_mono_ns();
+    memcpy((void *)&s->conf, &c, sizeof c);
+}
 
 int psd_init(struct psd *s, struct ps_log *log, const struct psd_params *p)
 {
     memset(s, 0, sizeof *s);
-    s->log = log;
-    s->pool = p->pool;
-    s->shard = p->shard;
-    s->shards = p->shards;
-    s->value_bytes_max = p->value_bytes_max;
-    s->cons = p->cons;
-    if (s->cons.workers == 0)
-        s->cons.workers = 1;
-    s->wait_timeout_ms = p->wait_timeout_ms ? p->wait_timeout_ms : PS_WAIT_TIMEOUT_MS_DEFAULT;
-    s->table_bytes_max = p->table_bytes_max ? p->table_bytes_max : PS_TABLE_BYTES_DEFAULT;
-    s->nprunes = p->nprunes < PSD_PRUNE_SPECS_MAX ? p->nprunes : PSD_PRUNE_SPECS_MAX;
-    if (s->nprunes > 0)
-        memcpy(s->prunes, p->prunes, s->nprunes * sizeof *s->prunes);
-    s->start_ns = (uint64_t)ps_mono_ns();
-    s->instance = ps_random_id();
-    s->arena_buf = malloc(PS_ARENA_BYTES_SERVER);
-    s->waits = calloc(PS_WAITS_MAX, sizeof *s->waits);
-    s->live = calloc(s->cons.workers, sizeof *s->live);
-    s->worker_timeout_ms = p->worker_timeout_ms;
-    s->allow_nonfinite = p->allow_nonfinite;
-    s->unread_bytes_max = p->unread_bytes_max ? p->unread_bytes_max : PS_UNREAD_BYTES_DEFAULT;
-    s->unread_bytes_total_max =
-        p->unread_bytes_total_max ? p->unread_bytes_total_max : PS_UNREAD_BYTES_TOTAL_DEFAULT;
-    if (s->arena_buf == NULL || s->waits == NULL || s->live == NULL) {
+    set_conf(s, log, p);
+    const struct psd_conf *c = &s->conf;
+    s->ctr = psd_counters_create();
+    s->hooks = psd_hooks_create();
+    s->out = psd_replies_create(p->unread_bytes_max, p->unread_bytes_total_max);
+    s->cat = psd_catalog_create();
+    s->dedup = psd_dedup_create();
+    s->waits = psd_waits_create(p->wait_timeout_ms);
+    s->live = psd_live_create(c->cons.workers, p->worker_timeout_ms);
+    s->ops = psd_ops_create();
+    s->save = psd_autosave_create(p->checkpoint_dir, p->checkpoint_every_ms);
+    s->shm = psd_regions_create();
+    s->in = malloc(sizeof *s->in);
+    if (!s->ctr || !s->hooks || !s->out || !s->cat || !s->dedup || !s->waits || !s->live ||
+        !s->ops || !s->save || !s->shm || !s->in) {
         psd_fini(s);
         return PS_ENOMEM;
     }
-    ps_arena_init(&s->arena, s->arena_buf, PS_ARENA_BYTES_SERVER);
+    ps_arena_init(&s->in->arena, s->in->buf, sizeof s->in->buf);
     return 0;
-}
-
-void psd_set_sender(struct psd *s, psd_send_cb send, void *ctx)
-{
-    s->send = send;
-    s->send_ctx = ctx;
-}
-
-void psd_set_unread(struct psd *s, psd_unread_cb unread)
-{
-    s->unread = unread;
-}
-
-void psd_set_may_use(struct psd *s, psd_may_use_cb may_use)
-{
-    s->may_use = may_use;
-}
-
-uint64_t psd_unread_total(const struct psd *s)
-{
-    uint64_t peer = 0, total = 0;
-    if (s->unread != NULL) /* no route: the total alone */
-        s->unread(s->send_ctx, NULL, 0, &peer, &total);
-    return total;
-}
-
-void psd_set_local_endpoint(struct psd *s, const char *endpoint)
-{
-    snprintf(s->local_endpoint, sizeof s->local_endpoint, "%s", endpoint ? endpoint : "");
-}
-
-int psd_shm_take(struct psd *s, uint64_t token, void *base, size_t size)
-{
-    return psd_shm_offer(&s->shm, token, base, size, (uint64_t)ps_mono_ms());
 }
 
 void psd_fini(struct psd *s)
 {
-    psd_reset_tables(s);
-    ps_pool_stop(s->pool);
-    s->pool = NULL;
-    psd_shm_fini(&s->shm);
-    free(s->arena_buf);
-    free(s->scratch);
-    free(s->keys_scratch);
-    free(s->waits);
-    free(s->live);
-    s->live = NULL;
-    s->arena_buf = NULL;
-    s->scratch = NULL;
-    s->waits = NULL;
+    if (s->cat != NULL)
+        psd_tables_reset(s);
+    ps_pool_stop(s->conf.pool);
+    psd_catalog_destroy(s->cat);
+    psd_counters_destroy(s->ctr);
+    psd_hooks_destroy(s->hooks);
+    psd_replies_destroy(s->out);
+    psd_dedup_destroy(s->dedup);
+    psd_waits_destroy(s->waits);
+    psd_live_destroy(s->live);
+    psd_ops_destroy(s->ops);
+    psd_autosave_destroy(s->save);
+    psd_regions_destroy(s->shm);
+    free(s->in);
+    struct psd_conf c = s->conf;
+    memset(s, 0, sizeof *s);
+    c.pool = NULL; /* stopped */
+    memcpy((void *)&s->conf, &c, sizeof c);
 }
 
-int psd_op_index(const Ps__Header *h)
+void psd_reset_state(struct psd *s)
 {
-    return h != NULL && h->op > 0 && h->op < PSD_OPS_COUNT ? (int)h->op : PSD_OPS_COUNT;
+    psd_tables_reset(s);
+    psd_dedup_reset(s);
+    psd_live_reset(s);
+    psd_waits_clear(s); /* their connections are another process's */
+    psd_count_change(s);
+}
+
+int psd_shm_take(struct psd *s, uint64_t token, void *base, size_t size)
+{
+    return psd_regions_offer(s->shm, token, base, size, (uint64_t)ps_mono_ms());
+}
+
+void psd_take_over(struct psd *s, uint64_t worker_timeout_ms)
+{
+    psd_set_worker_timeout(s, worker_timeout_ms);
+    psd_live_heard_all(s);
+    psd_waits_clear(s);
+}
+
+void psd_tick_at(struct psd *s, uint64_t now)
+{
+    psd_checkpoint_if_due(s, now);
+    psd_live_drop_silent(s, now);
+    psd_regions_expire(s->shm, now);
+    psd_waits_expire(s, now);
 }
 
 void psd_tick(struct psd *s)
 {
-    psd_checkpoint_if_due(s);
-    uint64_t now = (uint64_t)ps_mono_ms();
-    psd_drop_silent(s, now);
-    psd_shm_expire(&s->shm, now);
-    for (uint32_t i = 0; i < s->nwaits;) {
-        struct psd_wait *w = &s->waits[i];
-        struct psd_table *t = s->tables[w->table_id];
-        char missing[128];
-        psd_cons_missing(&s->cons, t, w->clock, missing, sizeof missing);
-        if (missing[0] == '\0') /* no member holds it back: none is left to move the rounds */
-            snprintf(
-                missing, sizeof missing,
-                "none (no worker of the round is left to reach it; the table is at clock %llu)",
-                (unsigned long long)psd_cons_clock(&s->cons, t));
-        if (now >= w->deadline_ms) {
-            Ps__Header h;
-            psd_wait_header(w, &h);
-            struct psd_reply rep;
-            memset(&rep, 0, sizeof rep);
-            psd_reply_errorf(s, &h, PS_ETIMEDOUT, &rep,
-                             "%s of '%s' at clock %llu waited %llu ms; workers not there yet: %s",
-                             ps_op_name(w->op), t->name, (unsigned long long)w->clock,
-                             (unsigned long long)(now - w->since_ms), missing);
-            s->wait_timeouts++;
-            psd_send_now(s, w->route, w->route_len, &rep);
-            s->waits[i] = s->waits[--s->nwaits];
-            continue;
-        }
-        if (!w->logged && now - w->since_ms >= 5000) {
-            w->logged = 1;
-            PS_LOG(s->log, PS_LOG_WARN, S0400,
-                   "worker %u's %s of '%s' at clock %llu has waited %llu ms for workers %s",
-                   w->worker_id, ps_op_name(w->op), t->name, (unsigned long long)w->clock,
-                   (unsigned long long)(now - w->since_ms), missing);
-        }
-        i++;
-    }
-}
-
-uint64_t psd_worker_clock(const struct psd *s, uint32_t w)
-{
-    uint64_t c = s->ntables ? UINT64_MAX : 0;
-    for (uint32_t i = 0; i < s->ntables; i++)
-        if (s->tables[i]->completed[w] < c)
-            c = s->tables[i]->completed[w];
-    return c;
+    psd_tick_at(s, (uint64_t)ps_mono_ms());
 }
 
 static enum psd_answer dispatch_one(struct psd *s, const struct ps_frame *route, const char *user,
                                     const struct ps_frame *frames, size_t nframes,
-                                    struct psd_reply *rep, int in_batch);
+                                    struct psd_reply *rep, int in_batch, int replaying);
 
 /* OP_BATCH: each record handled as a request of its own, in order, and
  * answered through the sender (a record may wait like any request). */
-static void op_batch(struct psd *s, const struct ps_frame *route, const struct ps_wire_msg *m)
+static void op_batch(struct psd *s, const struct ps_frame *route, const struct ps_wire_msg *m,
+                     int replaying)
 {
     const uint8_t *recs = m->batch; /* in the message, not the arena each record reuses */
     size_t bytes = m->batch_bytes, pos = 0;
     struct ps_frame one;
     while (ps_wire_batch_next(recs, bytes, &pos, &one)) {
         struct psd_reply r;
-        if (dispatch_one(s, route, NULL, &one, 1, &r, 1) ==
+        if (dispatch_one(s, route, NULL, &one, 1, &r, 1, replaying) ==
             PSD_ANSWER_NOW) /* no hello in a batch */
-            s->send(s->send_ctx, route->data, route->size, &r);
+            psd_reply_send(s, route->data, route->size, &r);
+    }
+}
+
+/* The op of a request that decoded and may go on. */
+static enum psd_answer run_op(struct psd *s, const struct ps_frame *route, const char *user,
+                              const struct ps_wire_msg *m, struct psd_reply *rep, int replaying)
+{
+    const Ps__Header *req = m->hdr;
+    switch (req->op) {
+    case PS__OP__OP_HELLO:
+        psd_op_hello(s, route, user, req, rep);
+        return PSD_ANSWER_NOW;
+    case PS__OP__OP_CREATE_TABLE:
+        psd_op_create(s, req, rep);
+        return PSD_ANSWER_NOW;
+    case PS__OP__OP_PULL:
+    case PS__OP__OP_PUSH:
+    case PS__OP__OP_PUSH_PULL:
+        return psd_op_data(s, route, m, rep);
+    case PS__OP__OP_STATS:
+        psd_op_stats(s, req, rep);
+        return PSD_ANSWER_NOW;
+    case PS__OP__OP_CHECKPOINT:
+        psd_op_checkpoint(s, req, rep);
+        return PSD_ANSWER_NOW;
+    case PS__OP__OP_SET:
+        psd_op_set(s, m, rep);
+        return PSD_ANSWER_NOW;
+    case PS__OP__OP_ROWS:
+        psd_op_list_rows(s, req, rep);
+        return PSD_ANSWER_NOW;
+    case PS__OP__OP_HEARTBEAT:
+        return PSD_ANSWER_LATER; /* noted by psd_live_heard; never answered */
+    case PS__OP__OP_BATCH:
+        op_batch(s, route, m, replaying);
+        return PSD_ANSWER_LATER; /* each request in it was answered */
+    case PS__OP__OP_FOLLOW:
+    case PS__OP__OP_REPLICATE: /* the transport takes them where replicas run (repl.h) */
+        psd_reply_errorf(s, req, PS_ENOTSUP, rep,
+                         "%s: this shard runs without replicas (psd --etcd)", ps_op_name(req->op));
+        return PSD_ANSWER_NOW;
+    default:
+        psd_reply_errorf(s, req, PS_EOP, rep, "unknown op %d", (int)req->op);
+        return PSD_ANSWER_NOW;
     }
 }
 
 static enum psd_answer dispatch_one(struct psd *s, const struct ps_frame *route, const char *user,
                                     const struct ps_frame *frames, size_t nframes,
-                                    struct psd_reply *rep, int in_batch)
+                                    struct psd_reply *rep, int in_batch, int replaying)
 {
     memset(rep, 0, sizeof *rep);
-    s->ctr.requests++;
     for (size_t i = 0; i < nframes && i <= PS_FRAMES_MAX && !in_batch; i++)
-        s->ctr.bytes_in += frames[i].size;
+        psd_count_bytes_in(s, frames[i].size);
     struct ps_wire_msg m;
     char err[PS_ERROR_TEXT_MAX];
-    int rc = ps_wire_decode(&s->arena, frames, nframes, PS_WIRE_REQUEST, s->value_bytes_max, &m,
-                            err, sizeof err);
+    int rc = ps_wire_decode(&s->in->arena, frames, nframes, PS_WIRE_REQUEST,
+                            s->conf.value_bytes_max, &m, err, sizeof err);
     enum psd_answer now = PSD_ANSWER_NOW;
-    s->ctr.by_op[psd_op_index(m.hdr)]++;
+    psd_count_request(s, m.hdr);
     if (rc != 0) {
         psd_reply_error(s, m.hdr, rc, err, rep);
     } else if (in_batch && !ps_wire_op_moves_data(m.hdr->op)) {
         psd_reply_errorf(s, m.hdr, PS_EOP, rep, "%s: only pull, push and push_pull go in a batch",
                          ps_op_name(m.hdr->op));
-    } else if (m.hdr->op == PS__OP__OP_BATCH && s->send == NULL) {
+    } else if (m.hdr->op == PS__OP__OP_BATCH && !psd_can_send(s)) {
         psd_reply_errorf(s, m.hdr, PS_EOP, rep, "batch: this shard cannot answer batches");
-    } else if (m.hdr->op == PS__OP__OP_HELLO && psd_hello_refused(s, route, user, m.hdr, rep)) {
+    } else if (m.hdr->op == PS__OP__OP_HELLO &&
+               psd_live_hello_refused(s, route, user, m.hdr, replaying, rep)) {
         /* not heard as the worker it claims: its holder keeps the id */
     } else {
-        const Ps__Header *req = m.hdr;
-        psd_worker_heard(s, req);
-        switch (req->op) {
-        case PS__OP__OP_HELLO:
-            psd_op_hello(s, route, user, req, rep);
-            break;
-        case PS__OP__OP_CREATE_TABLE:
-            psd_op_create(s, req, rep);
-            break;
-        case PS__OP__OP_PULL:
-        case PS__OP__OP_PUSH:
-        case PS__OP__OP_PUSH_PULL:
-            now = psd_op_data(s, route, &m, rep);
-            break;
-        case PS__OP__OP_STATS:
-            psd_op_stats(s, req, rep);
-            break;
-        case PS__OP__OP_CHECKPOINT:
-            psd_op_checkpoint(s, req, rep);
-            break;
-        case PS__OP__OP_SET:
-            psd_op_set(s, &m, rep);
-            break;
-        case PS__OP__OP_ROWS:
-            psd_op_list_rows(s, req, rep);
-            break;
-        case PS__OP__OP_HEARTBEAT:
-            now = PSD_ANSWER_LATER; /* noted by worker_heard; never answered */
-            break;
-        case PS__OP__OP_BATCH:
-            op_batch(s, route, &m);
-            now = PSD_ANSWER_LATER; /* each request in it was answered */
-            break;
-        case PS__OP__OP_FOLLOW:
-        case PS__OP__OP_REPLICATE: /* the transport takes them where replicas run (repl.h) */
-            psd_reply_errorf(s, req, PS_ENOTSUP, rep,
-                             "%s: this shard runs without replicas (psd --etcd)",
-                             ps_op_name(req->op));
-            break;
-        default:
-            psd_reply_errorf(s, req, PS_EOP, rep, "unknown op %d", (int)req->op);
-            break;
-        }
+        psd_live_heard(s, m.hdr);
+        now = run_op(s, route, user, &m, rep, replaying);
     }
     if (now == PSD_ANSWER_NOW && rc == 0)
         psd_fit_unread(s, route->data, route->size, m.hdr, rep);
     if (now == PSD_ANSWER_NOW)
-        s->ctr.bytes_out += rep->hdr_len + rep->mask_bytes + rep->vals_bytes;
+        psd_count_bytes_out(s, rep->hdr_len + rep->mask_bytes + rep->vals_bytes);
+    return now;
+}
+
+/* One request from outside a batch; then a checkpoint if one is due. */
+static enum psd_answer dispatch(struct psd *s, const struct ps_frame *route, const char *user,
+                                const struct ps_frame *frames, size_t nframes,
+                                struct psd_reply *rep, int replaying)
+{
+    enum psd_answer now = dispatch_one(s, route, user, frames, nframes, rep, 0, replaying);
+    psd_checkpoint_if_due(s, (uint64_t)ps_mono_ms());
     return now;
 }
 
@@ -251,9 +247,14 @@ enum psd_answer psd_dispatch_from(struct psd *s, const struct ps_frame *route, c
                                   const struct ps_frame *frames, size_t nframes,
                                   struct psd_reply *rep)
 {
-    enum psd_answer now = dispatch_one(s, route, user, frames, nframes, rep, 0);
-    psd_checkpoint_if_due(s);
-    return now;
+    return dispatch(s, route, user, frames, nframes, rep, 0);
+}
+
+enum psd_answer psd_dispatch_replayed(struct psd *s, const struct ps_frame *route,
+                                      const char *user, const struct ps_frame *frames,
+                                      size_t nframes, struct psd_reply *rep)
+{
+    return dispatch(s, route, user, frames, nframes, rep, 1);
 }
 
 enum psd_answer psd_dispatch(struct psd *s, const struct ps_frame *route,

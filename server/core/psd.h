@@ -1,43 +1,35 @@
-/* The psd server core: its state and request dispatch, free of transport.
+/* The psd server core: a shard's state and request dispatch, free of
+ * transport.
  *
  * psd_dispatch takes the frames of one request (after the routing id) and
  * produces one reply (a packed header and an optional values buffer). It
  * validates everything: malformed input gets an error reply, never an abort.
- * The zmq transport (net.c) and the fuzz targets both drive it. Owned by one
- * loop thread; no locks. */
+ * The zmq transport (net/net.c), the replicas (repl/) and the fuzz targets
+ * drive it. Owned by one loop thread; no locks.
+ *
+ * A shard is a handful of parts, each owned by one file of this folder
+ * and opaque to the others, so the compiler checks that no other file
+ * writes it; they form a one-way stack under psd.c, the dispatcher
+ * (server/README.md, "The core"). */
 #ifndef PSD_PSD_H
 #define PSD_PSD_H
 
 #include "consistency.h"
-#include "ps_log.h"
-#include "shm.h"
-#include "ps_wire.h"
+#include "prune.h"
 #include "table.h"
 
 #include "ps_limits.h"
+#include "ps_log.h"
+#include "ps_wire.h"
 
 #include <stdint.h>
 
-#define PSD_OPS_COUNT    14             /* ps.Op values, OP_NONE included */
-#define PSD_ERR_CODES    32             /* room for -PS_E* codes */
-#define PSD_PEERS        PS_WORKERS_MAX /* exactly-once state for this many worker ids */
-#define PSD_DEDUP_WINDOW 2048           /* request ids remembered one by one per worker */
-#define PSD_USER_MAX     41             /* a CURVE key in Z85 and its NUL */
+#define PSD_OPS_COUNT 14 /* ps.Op values, OP_NONE included */
+#define PSD_ERR_CODES 32 /* room for -PS_E* codes */
 /* psctl's worker id (PSC_OBSERVER): never bound to a connection */
 #define PSD_OBSERVER_ID UINT32_MAX
-/* How long an id stays with a silent holder when --worker-timeout is 0. */
-#define PSD_HOLD_MS_DEFAULT 10000u
 
-struct psd_counters {
-    uint64_t requests;
-    uint64_t errors;
-    uint64_t bytes_in;
-    uint64_t bytes_out;
-    /* requests and error replies by op (psd_op_index) and, for errors,
-     * by -code (PSD_ERR_CODES: outside the known codes) */
-    uint64_t by_op[PSD_OPS_COUNT + 1];
-    uint64_t errors_by[PSD_OPS_COUNT + 1][PSD_ERR_CODES + 1];
-};
+struct ps_pool;
 
 struct psd_params {
     uint32_t shard, shards;
@@ -53,137 +45,40 @@ struct psd_params {
     uint64_t unread_bytes_max;       /* per connection (--max-unread-bytes); 0: default */
     uint64_t unread_bytes_total_max; /* in all (--max-unread-bytes-total); 0: default */
     int allow_nonfinite;             /* take pushes holding NaN or infinities */
+    const char *checkpoint_dir;      /* NULL: no checkpoints (copied) */
+    uint64_t checkpoint_every_ms;    /* 0: only when asked for and at shutdown */
 };
 
-/* A request waiting for a clock: what is needed to answer it later. */
-struct psd_wait {
-    uint8_t route[PS_ROUTE_ID_MAX];
-    size_t route_len;
-    Ps__Op op;
-    uint64_t request_id;
-    uint32_t worker_id, table_id;
-    uint64_t clock; /* the clock it waits for */
-    uint64_t offset, count;
-    Ps__DType dtype; /* of the reply's values */
-    int nonzero_only;
-    uint32_t shm; /* PS_SHM_OUT: the values go into the route's region at shm_out */
-    uint64_t shm_out;
-    uint64_t since_ms, deadline_ms;
-    int logged;
-};
-
-struct psd_reply;
-
-/* Whether a request was answered: a reply in *rep to send now, or none
- * now (it waits and is answered later through the sender, or it needs no
- * answer). */
-enum psd_answer {
-    PSD_ANSWER_LATER = 0,
-    PSD_ANSWER_NOW = 1,
-};
-/* Sends a deferred reply to a routing id (the transport implements it). */
-typedef void (*psd_send_cb)(void *ctx, const void *route, size_t route_len, struct psd_reply *rep);
-/* Reply bytes the transport holds that have not been read: by the
- * connection `route` (*peer; route NULL: none asked) and in all (*total).
- * 0 when it keeps no record of route (too many connections hold bytes),
- * else 1. Called with the sender's ctx. */
-typedef int (*psd_unread_cb)(void *ctx, const void *route, size_t route_len, uint64_t *peer,
-                             uint64_t *total);
-/* Whether the client with CURVE key `user` (Z85) may use worker id w.
- * Called with the sender's ctx. */
-typedef int (*psd_may_use_cb)(void *ctx, const char *user, uint32_t w);
-
-struct psd {
+/* What psd_init was given, checked and defaulted. */
+struct psd_conf {
     struct ps_log *log;
     struct ps_pool *pool; /* psd_params.pool, stopped by psd_fini */
     uint32_t shard, shards;
     uint64_t value_bytes_max;
-    uint64_t start_ns;
-    struct psd_cons cons;
-    uint64_t wait_timeout_ms;
+    struct psd_cons cons; /* cons.workers is at least 1 */
     uint64_t table_bytes_max;
     struct psd_prune_spec prunes[PSD_PRUNE_SPECS_MAX];
     size_t nprunes;
-
-    struct psd_wait *waits; /* PS_WAITS_MAX entries */
-    uint32_t nwaits;
-    uint64_t deferred_total, wait_timeouts, max_staleness;
-    uint64_t waits_refreshed; /* retries of a request already waiting */
-    uint64_t waits_refused;   /* pulls not ready that could not wait (wait_refusal) */
     int allow_nonfinite;
-    uint64_t nonfinite_refused; /* pushes refused for a NaN or an infinity */
-    /* exactly-once pushes: per worker id (hashed into PSD_PEERS slots) the
-     * session that said hello and the highest request id applied */
-    struct psd_peer {
-        uint32_t worker_id;
-        uint64_t session, last_applied;
-        /* ids in (last_applied - PSD_DEDUP_WINDOW, last_applied] applied so
-         * far, bit id % PSD_DEDUP_WINDOW: after a restart, requests queued
-         * behind a lost one arrive before its retry, out of order */
-        uint64_t applied_bits[PSD_DEDUP_WINDOW / 64];
-        int used;
-        /* who holds the id: the connection of its session's hello and
-         * that connection's CURVE key ("" without CURVE); the live set
-         * says when it was last heard from */
-        uint8_t route[PS_ROUTE_ID_MAX];
-        size_t route_len;
-        char user[PSD_USER_MAX];
-    } peers[PSD_PEERS];
-    uint64_t hellos_refused; /* hellos for an id another connection holds, or a key may not use */
-    uint64_t duplicates_dropped;
-    /* the live set: worker ids [0, cons.workers) heard from within
-     * worker_timeout_ms. Any request but stats counts (workers heartbeat
-     * when otherwise quiet). Never-seen ids are not dropped. */
-    struct psd_live {
-        uint64_t last_ms;
-        uint8_t seen, live, stale_logged;
-    } * live;
-    uint64_t worker_timeout_ms;
-    uint64_t workers_dropped, workers_rejoined, stale_pushes;
-    /* checkpoints (checkpoint.c); dir NULL: off */
-    const char *ckpt_dir;
-    uint64_t ckpt_every_ms, ckpt_last_ms, ckpt_written;
-    uint64_t ckpt_ok_ms;      /* when the last one was written */
-    uint64_t ckpt_current_ms; /* when the newest was last found to hold the current state */
-    uint64_t ckpt_state;      /* psd_state_version() the newest holds */
-    uint64_t changes; /* bumped by every change a checkpoint saves (see psd_state_version) */
-    int ckpt_pending; /* asked for (psctl checkpoint) while a round was in progress */
-    char ckpt_path[PS_PATH_MAX]; /* the newest written */
-    psd_send_cb send;
-    void *send_ctx;
-    psd_unread_cb unread;   /* NULL: replies are not held back */
-    psd_may_use_cb may_use; /* NULL: any key may use any worker id */
-    uint64_t unread_bytes_max, unread_bytes_total_max;
-    uint64_t unread_refused; /* replies refused for unread bytes */
-    /* hello replies offer local_endpoint (ipc://, "" when none) and this
-     * process's random instance */
-    char local_endpoint[PS_ENDPOINT_MAX];
-    uint64_t instance;
+    uint64_t instance; /* this process's random id: hello replies, replicas */
+    uint64_t start_ns;
+};
 
-    struct psd_table *tables[PS_TABLES_MAX];
-    uint32_t ntables;
-
-    struct psd_shm_set shm; /* regions of clients on this host */
-
-    struct psd_counters ctr;
-    uint64_t errors_logged; /* rate limit for malformed-request warnings */
-
-    /* replicas (repl.h), all NULL/0 without: replaying says a request is a
-     * backup's copy of one its primary took (a hello is then never
-     * refused: the primary decided); on_drop hears each worker dropped from
-     * the live set; on_stats adds the replicas' part to a stats reply */
-    int replaying;
-    void (*on_drop)(void *ctx, uint32_t w);
-    void (*on_stats)(void *ctx, Ps__Stats *st);
-    void *hook_ctx;
-
-    struct ps_arena arena;
-    unsigned char *arena_buf;
-    float *scratch; /* aligned copy of values when a frame is misaligned */
-    size_t scratch_cap;
-    uint64_t *keys_scratch; /* aligned copy of a keys frame */
-    size_t keys_cap;
-    uint8_t hdr_buf[PS_HEADER_BYTES_MAX];
+/* A shard. conf is psd_init's and read-only (const: the compiler checks
+ * it); each part is owned by its file, opaque elsewhere. */
+struct psd {
+    const struct psd_conf conf;
+    struct psd_counters *ctr;  /* counters.c: requests, errors, bytes, changes */
+    struct psd_hooks *hooks;   /* hooks.c: replication's */
+    struct psd_replies *out;   /* reply.c: the header buffer, the sender, unread bytes */
+    struct psd_catalog *cat;   /* catalog.c: the tables */
+    struct psd_dedup *dedup;   /* dedup.c: the exactly-once record */
+    struct psd_waits *waits;   /* waits.c: pulls waiting for a clock */
+    struct psd_live *live;     /* live.c: the live set, who holds each worker id */
+    struct psd_ops *ops;       /* ops.c: scratch for a request's values and keys */
+    struct psd_autosave *save; /* checkpoint.c: the checkpoint schedule */
+    struct psd_regions *shm;   /* regions.c: clients' shared regions */
+    struct psd_dispatch *in;   /* psd.c: the arena requests are decoded into */
 };
 
 /* One reply. hdr points into the server (valid until the next dispatch);
@@ -204,31 +99,38 @@ struct psd_reply {
                             * copied when sent, which is at once, never freed */
 };
 
+/* Whether a request was answered: a reply in *rep to send now, or none
+ * now (it waits and is answered later through the sender, or it needs no
+ * answer). */
+enum psd_answer {
+    PSD_ANSWER_LATER = 0,
+    PSD_ANSWER_NOW = 1,
+};
+/* Sends a deferred reply to a routing id (the transport implements it). */
+typedef void (*psd_send_cb)(void *ctx, const void *route, size_t route_len, struct psd_reply *rep);
+/* Reply bytes the transport holds that have not been read: by the
+ * connection `route` (*peer; route NULL: none asked) and in all (*total).
+ * 0 when it keeps no record of route (too many connections hold bytes),
+ * else 1. */
+typedef int (*psd_unread_cb)(void *ctx, const void *route, size_t route_len, uint64_t *peer,
+                             uint64_t *total);
+/* Whether the client with CURVE key `user` (Z85) may use worker id w. */
+typedef int (*psd_may_use_cb)(void *ctx, const char *user, uint32_t w);
+/* Replication's hooks: worker w leaves the live set (before the rounds
+ * it closes); a stats reply gets the replicas' part. */
+typedef void (*psd_drop_hook)(void *ctx, uint32_t w);
+typedef void (*psd_stats_hook)(void *ctx, Ps__Stats *st);
+
+/* 0, or PS_ENOMEM (with nothing left allocated). */
 int psd_init(struct psd *s, struct ps_log *log, const struct psd_params *p);
-/* Checkpoint support: a worker's exactly-once record, and dropping every
- * table (a restore that failed half way). */
-/* bits: the applied window as saved (PSD_DEDUP_WINDOW / 64 words), or NULL
- * when the checkpoint has none: every id up to last_applied counts then. */
-void psd_peer_restore(struct psd *s, uint32_t worker_id, uint64_t session, uint64_t last_applied,
-                      const uint64_t *bits);
-void psd_reset_tables(struct psd *s);
+void psd_fini(struct psd *s);
 /* Forgets everything a checkpoint or a state transfer would bring: tables,
  * workers' exactly-once records, the live set and waiting requests (a
  * backup about to load its primary's state). */
 void psd_reset_state(struct psd *s);
-/* A new table of this shard (spec checked), with the consistency mode's
- * state and the apply helper; the caller adds it to s->tables. 0, or an
- * error with nothing left allocated. */
-int psd_table_new(struct psd *s, const Ps__TableSpec *spec, struct psd_table **out);
-
-/* Bytes a table of spec (checked) would take on this shard at most:
- * weights and optimizer state, the rows_max rows of a sparse one. Checked
- * against --max-table-bytes before anything is allocated for it. */
-uint64_t psd_table_bytes_needed(const struct psd *s, const Ps__TableSpec *spec);
 
 /* Frees a reply's buffers (what dispatch handed over and was not sent). */
 void psd_reply_drop(struct psd_reply *rep);
-void psd_fini(struct psd *s);
 
 /* Sets where deferred replies go. Without it requests never wait: a pull
  * that is not ready is refused with PS_EAGAIN. */
@@ -236,17 +138,23 @@ void psd_set_sender(struct psd *s, psd_send_cb send, void *ctx);
 /* Sets how psd learns the reply bytes a connection has not read: a reply
  * with values that would take it past unread_bytes_max, or every
  * connection past unread_bytes_total_max, is refused with PS_ELIMIT. */
-void psd_set_unread(struct psd *s, psd_unread_cb unread);
+void psd_set_unread(struct psd *s, psd_unread_cb unread, void *ctx);
 /* Sets how psd asks which worker ids a CURVE key may use. */
-void psd_set_may_use(struct psd *s, psd_may_use_cb may_use);
+void psd_set_may_use(struct psd *s, psd_may_use_cb may_use, void *ctx);
+/* Sets replication's hooks (repl/repl.h). */
+void psd_set_hooks(struct psd *s, psd_drop_hook on_drop, psd_stats_hook on_stats, void *ctx);
 /* Reply bytes no connection has read yet, in all (0 without a transport). */
 uint64_t psd_unread_total(const struct psd *s);
 /* The ipc:// endpoint hello replies offer to clients on this host ("" or
  * NULL: none). */
 void psd_set_local_endpoint(struct psd *s, const char *endpoint);
+/* What SIGHUP changes while running. */
+void psd_set_wait_timeout(struct psd *s, uint64_t ms);
+void psd_set_worker_timeout(struct psd *s, uint64_t ms);
+void psd_set_checkpoint_every(struct psd *s, uint64_t ms);
 
 /* A region a client on this host handed over (net.c's fd socket), mapped;
- * psd unmaps it when it goes (server/core/shm.h). PS_ELIMIT when every region
+ * psd unmaps it when it goes (regions.h). PS_ELIMIT when every region
  * psd may map is bound: the caller unmaps it. */
 int psd_shm_take(struct psd *s, uint64_t token, void *base, size_t size);
 
@@ -289,6 +197,11 @@ enum psd_answer psd_dispatch(struct psd *s, const struct ps_frame *route,
 enum psd_answer psd_dispatch_from(struct psd *s, const struct ps_frame *route, const char *user,
                                   const struct ps_frame *frames, size_t nframes,
                                   struct psd_reply *rep);
+/* psd_dispatch_from for a backup's copy of a request its primary took
+ * (repl/follow.c): a hello is then never refused (the primary decided). */
+enum psd_answer psd_dispatch_replayed(struct psd *s, const struct ps_frame *route, const char *user,
+                                      const struct ps_frame *frames, size_t nframes,
+                                      struct psd_reply *rep);
 
 /* What psd_checkpoint_now did, when it did not fail. */
 enum psd_ckpt_now {
@@ -303,11 +216,19 @@ int psd_checkpoint_now(struct psd *s, const char *why);
 /* Drops worker w from the live set now, as the worker timeout does: the
  * rounds go on without it until it rejoins. */
 void psd_drop_worker(struct psd *s, uint32_t w);
+/* A backup becomes primary: the live workers count as heard now (through
+ * the old primary until now), the waits are forgotten (they were the old
+ * primary's connections: the clients send again), and workers are
+ * dropped after worker_timeout_ms from here on. */
+void psd_take_over(struct psd *s, uint64_t worker_timeout_ms);
 
 /* Drops workers silent past the worker timeout from the live set (rounds
  * go on without them), expires waits past their deadline (error replies
- * naming who is missing) and logs waits older than 5 s once. Call
- * periodically from the loop. */
+ * naming who is missing) and logs long waits once, expires shared
+ * regions nobody bound, and writes a checkpoint when one is due. Call
+ * periodically from the loop; psd_tick_at takes the time (ms of
+ * ps_mono_ms) instead of reading it. */
 void psd_tick(struct psd *s);
+void psd_tick_at(struct psd *s, uint64_t now);
 
 #endif

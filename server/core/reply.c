@@ -1,15 +1,80 @@
-/* Replies: headers, error replies, values (lent, masked or converted)
- * and the unread-bytes check before values go out. */
-#include "psd_impl.h"
+/* Replies (reply.h). */
+#include "reply.h"
 
+#include "counters.h"
+#include "regions.h"
+
+#include "ps_clock.h"
 #include "ps_err.h"
 #include "ps_half.h"
-#include "ps_pool.h"
 
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+struct psd_replies {
+    psd_send_cb send; /* NULL: requests never wait */
+    void *send_ctx;
+    psd_unread_cb unread; /* NULL: replies are not held back */
+    void *unread_ctx;
+    uint64_t unread_bytes_max, unread_bytes_total_max;
+    uint64_t unread_refused; /* replies refused for unread bytes */
+    uint64_t errors_logged;  /* rate limit for error-reply warnings */
+    uint8_t hdr_buf[PS_HEADER_BYTES_MAX];
+};
+
+struct psd_replies *psd_replies_create(uint64_t unread_bytes_max, uint64_t unread_bytes_total_max)
+{
+    struct psd_replies *r = calloc(1, sizeof *r);
+    if (r == NULL)
+        return NULL;
+    r->unread_bytes_max = unread_bytes_max ? unread_bytes_max : PS_UNREAD_BYTES_DEFAULT;
+    r->unread_bytes_total_max =
+        unread_bytes_total_max ? unread_bytes_total_max : PS_UNREAD_BYTES_TOTAL_DEFAULT;
+    return r;
+}
+
+void psd_replies_destroy(struct psd_replies *r)
+{
+    free(r);
+}
+
+void psd_set_sender(struct psd *s, psd_send_cb send, void *ctx)
+{
+    s->out->send = send;
+    s->out->send_ctx = ctx;
+}
+
+void psd_set_unread(struct psd *s, psd_unread_cb unread, void *ctx)
+{
+    s->out->unread = unread;
+    s->out->unread_ctx = ctx;
+}
+
+uint64_t psd_unread_total(const struct psd *s)
+{
+    uint64_t peer = 0, total = 0;
+    if (s->out->unread != NULL) /* no route: the total alone */
+        s->out->unread(s->out->unread_ctx, NULL, 0, &peer, &total);
+    return total;
+}
+
+uint64_t psd_unread_refused(const struct psd *s)
+{
+    return s->out->unread_refused;
+}
+
+int psd_can_send(const struct psd *s)
+{
+    return s->out->send != NULL;
+}
+
+void psd_reply_send(struct psd *s, const void *route, size_t route_len, struct psd_reply *rep)
+{
+    psd_count_bytes_out(s, rep->hdr_len + rep->mask_bytes + rep->vals_bytes);
+    s->out->send(s->out->send_ctx, route, route_len, rep);
+}
 
 void psd_reply_drop(struct psd_reply *rep)
 {
@@ -26,7 +91,8 @@ void psd_reply_drop(struct psd_reply *rep)
 
 void psd_reply_header(struct psd *s, const Ps__Header *h, struct psd_reply *rep)
 {
-    int64_t n = ps_wire_header_pack(h, s->hdr_buf, sizeof s->hdr_buf);
+    uint8_t *buf = s->out->hdr_buf;
+    int64_t n = ps_wire_header_pack(h, buf, PS_HEADER_BYTES_MAX);
     if (n < 0) {
         /* Our own reply outgrew the header limit (e.g. stats of many tables):
          * fall back to a bare error so the peer still gets an answer. */
@@ -35,10 +101,10 @@ void psd_reply_header(struct psd *s, const Ps__Header *h, struct psd_reply *rep)
         e.request_id = h->request_id;
         e.status = PS_ELIMIT;
         e.error = "reply header exceeds the header size limit";
-        n = ps_wire_header_pack(&e, s->hdr_buf, sizeof s->hdr_buf);
+        n = ps_wire_header_pack(&e, buf, PS_HEADER_BYTES_MAX);
         psd_reply_drop(rep);
     }
-    rep->hdr = s->hdr_buf;
+    rep->hdr = buf;
     rep->hdr_len = n < 0 ? 0 : (size_t)n;
 }
 
@@ -63,13 +129,11 @@ void psd_reply_error(struct psd *s, const Ps__Header *req, int code, const char 
     char buf[PS_ERROR_TEXT_MAX];
     snprintf(buf, sizeof buf, "%s", text);
     h.error = buf;
-    s->ctr.errors++;
-    s->ctr
-        .errors_by[psd_op_index(req)][code < 0 && code > -PSD_ERR_CODES ? -code : PSD_ERR_CODES]++;
-    if (ps_log_sampled(++s->errors_logged))
-        PS_LOG(s->log, PS_LOG_WARN, S0200, "error reply to worker %u (%s): %s [%s] (%llu so far)",
-               req ? req->worker_id : 0, req ? ps_op_name(req->op) : "?", buf, ps_err_name(code),
-               (unsigned long long)s->ctr.errors);
+    uint64_t errors = psd_count_error(s, req, code);
+    if (ps_log_sampled(++s->out->errors_logged))
+        PS_LOG(s->conf.log, PS_LOG_WARN, S0200,
+               "error reply to worker %u (%s): %s [%s] (%llu so far)", req ? req->worker_id : 0,
+               req ? ps_op_name(req->op) : "?", buf, ps_err_name(code), (unsigned long long)errors);
     psd_reply_drop(rep);
     psd_reply_header(s, &h, rep);
 }
@@ -91,15 +155,16 @@ void psd_reply_errorf(struct psd *s, const Ps__Header *req, int code, struct psd
 void psd_fit_unread(struct psd *s, const void *route, size_t route_len, const Ps__Header *req,
                     struct psd_reply *rep)
 {
+    struct psd_replies *r = s->out;
     uint64_t bytes = rep->mask_bytes + rep->vals_bytes, peer = 0, total = 0;
-    if (bytes == 0 || s->unread == NULL)
+    if (bytes == 0 || r->unread == NULL)
         return;
-    int known = s->unread(s->send_ctx, route, route_len, &peer, &total);
-    int peer_ok = peer == 0 || peer + bytes <= s->unread_bytes_max;
-    int total_ok = total + bytes <= s->unread_bytes_total_max;
+    int known = r->unread(r->unread_ctx, route, route_len, &peer, &total);
+    int peer_ok = peer == 0 || peer + bytes <= r->unread_bytes_max;
+    int total_ok = total + bytes <= r->unread_bytes_total_max;
     if (known && peer_ok && total_ok)
         return;
-    s->unread_refused++;
+    r->unread_refused++;
     if (!known)
         psd_reply_errorf(s, req, PS_ELIMIT, rep,
                          "%s: %u connections hold replies they have not read: read yours, or retry",
@@ -110,36 +175,14 @@ void psd_fit_unread(struct psd *s, const void *route, size_t route_len, const Ps
             "%s: this connection has %llu reply bytes it has not read; %llu more would "
             "pass psd --max-unread-bytes %llu: read your replies",
             ps_op_name(req->op), (unsigned long long)peer, (unsigned long long)bytes,
-            (unsigned long long)s->unread_bytes_max);
+            (unsigned long long)r->unread_bytes_max);
     else
         psd_reply_errorf(
             s, req, PS_ELIMIT, rep,
             "%s: connections have %llu reply bytes they have not read; %llu more would "
             "pass psd --max-unread-bytes-total %llu",
             ps_op_name(req->op), (unsigned long long)total, (unsigned long long)bytes,
-            (unsigned long long)s->unread_bytes_total_max);
-}
-
-/* Values as aligned f32: the frame itself when it is aligned f32, else a
- * copy or a conversion into the server's scratch buffer. */
-const float *psd_values_f32(struct psd *s, const struct ps_wire_msg *m)
-{
-    int f32 = m->hdr->dtype == PS__DTYPE__DTYPE_F32;
-    if (f32 && ((uintptr_t)m->vals % _Alignof(float)) == 0)
-        return m->vals;
-    size_t need = (size_t)m->hdr->count * m->hdr->dim * sizeof(float);
-    if (need > s->scratch_cap) {
-        float *p = realloc(s->scratch, need);
-        if (p == NULL)
-            return NULL;
-        s->scratch = p;
-        s->scratch_cap = need;
-    }
-    if (f32)
-        memcpy(s->scratch, m->vals, need);
-    else
-        ps_half_to_f32_n(m->hdr->dtype, m->vals, s->scratch, need / sizeof(float));
-    return s->scratch;
+            (unsigned long long)r->unread_bytes_total_max);
 }
 
 /* Writes the nonzeros of w[0..n) as a bitmap plus values in dtype, when
@@ -205,12 +248,12 @@ void psd_reply_values(struct psd *s, const Ps__Header *req, struct psd_table *t,
     h.count = count;
     h.dim = 1;
     h.dtype = req->dtype;
-    h.clock = psd_cons_clock(&s->cons, t);
+    h.clock = psd_cons_clock(&s->conf.cons, t);
     t->pulls++;
     const float *w = t->w + (offset - t->lo);
     if (dst != NULL) {
         memcpy(dst, w, (size_t)count * sizeof(float));
-        s->shm.bytes_out += count * sizeof(float);
+        psd_regions_count_out(s->shm, count * sizeof(float));
         h.shm = PS_SHM_OUT;
         h.shm_out = req->shm_out;
         psd_reply_header(s, &h, rep);
@@ -246,4 +289,33 @@ void psd_reply_values(struct psd *s, const Ps__Header *req, struct psd_table *t,
     rep->vals = out;
     rep->vals_bytes = bytes;
     psd_reply_header(s, &h, rep);
+}
+
+int psd_region_part(struct psd *s, const struct ps_frame *route, const Ps__Header *req,
+                    uint32_t shm, uint32_t bit, uint64_t off, unsigned char **p,
+                    struct psd_reply *rep)
+{
+    *p = NULL;
+    if (!(shm & bit))
+        return 0;
+    size_t size = 0;
+    uint64_t bytes = req->count * (bit == PS_SHM_KEYS ? sizeof(uint64_t) : sizeof(float));
+    int rc = psd_regions_at(s->shm, route->data, route->size, off, bytes, (uint64_t)ps_mono_ms(), p,
+                            &size);
+    if (rc == PS_ESHM)
+        psd_reply_errorf(
+            s, req, rc, rep,
+            "%s: this connection has no shared memory region (none was bound, or it was "
+            "dropped): send the values in frames",
+            ps_op_name(req->op));
+    else if (rc != 0)
+        psd_reply_errorf(
+            s, req, rc, rep,
+            "%s: shared-memory %s [%llu, +%llu) is past the end of the region (%zu bytes)",
+            ps_op_name(req->op),
+            bit == PS_SHM_IN     ? "values"
+            : bit == PS_SHM_KEYS ? "keys"
+                                 : "reply",
+            (unsigned long long)off, (unsigned long long)bytes, size);
+    return rc;
 }

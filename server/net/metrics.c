@@ -3,8 +3,17 @@
 #include "metrics.h"
 #include "ps_clock.h"
 
+#include "catalog.h"
+#include "checkpoint.h"
 #include "consistency.h"
+#include "counters.h"
+#include "dedup.h"
+#include "live.h"
+#include "ops.h"
+#include "regions.h"
+#include "reply.h"
 #include "table.h"
+#include "waits.h"
 
 #include "ps_err.h"
 #include "ps_pool.h"
@@ -53,7 +62,7 @@ static double table_value(const struct psd *s, const struct psd_table *t, enum t
 {
     switch (f) {
     case T_CLOCK:
-        return (double)psd_cons_clock(&s->cons, t);
+        return (double)psd_cons_clock(&s->conf.cons, t);
     case T_UPDATES:
         return (double)t->steps;
     case T_PUSHES:
@@ -78,34 +87,35 @@ static void tables_family(struct ps_buf *b, const struct psd *s, const char *nam
                           const char *help, enum table_field f)
 {
     ps_prom_family(b, name, type, help);
-    for (uint32_t i = 0; i < s->ntables; i++) {
+    for (uint32_t i = 0; i < psd_ntables(s); i++) {
         char lab[512];
-        table_label(lab, sizeof lab, s->tables[i]);
-        ps_prom_sample(b, name, lab, table_value(s, s->tables[i], f));
+        table_label(lab, sizeof lab, psd_table_at(s, i));
+        ps_prom_sample(b, name, lab, table_value(s, psd_table_at(s, i), f));
     }
 }
 
 static void requests(struct ps_buf *b, const struct psd *s)
 {
     char lab[128];
+    const struct psd_counts *n = psd_counts(s);
     ps_prom_family(b, "psd_requests_total", "counter", "Requests received, by operation.");
     for (int op = 1; op <= PSD_OPS_COUNT; op++) {
         lab[0] = '\0';
         ps_prom_label(lab, sizeof lab, "op", op_label(op));
-        ps_prom_sample(b, "psd_requests_total", lab, (double)s->ctr.by_op[op]);
+        ps_prom_sample(b, "psd_requests_total", lab, (double)n->by_op[op]);
     }
     ps_prom_family(b, "psd_error_replies_total", "counter",
                    "Error replies, by operation and error code (requests without one were "
                    "answered ok).");
     for (int op = 0; op <= PSD_OPS_COUNT; op++)
         for (int c = 1; c <= PSD_ERR_CODES; c++) {
-            if (s->ctr.errors_by[op][c] == 0)
+            if (n->errors_by[op][c] == 0)
                 continue;
             lab[0] = '\0';
             ps_prom_label(lab, sizeof lab, "op", op_label(op));
             const char *code = c < PSD_ERR_CODES ? ps_err_name(-c) : "other";
             ps_prom_label(lab, sizeof lab, "code", strncmp(code, "PS_", 3) ? code : code + 3);
-            ps_prom_sample(b, "psd_error_replies_total", lab, (double)s->ctr.errors_by[op][c]);
+            ps_prom_sample(b, "psd_error_replies_total", lab, (double)n->errors_by[op][c]);
         }
 }
 
@@ -114,14 +124,14 @@ static void workers(struct ps_buf *b, const struct psd *s)
     ps_prom_family(b, "psd_worker_clock", "gauge",
                    "Clocks each worker has pushed (lowest over tables).");
     uint64_t lo = UINT64_MAX, hi = 0;
-    for (uint32_t w = 0; w < s->cons.workers; w++) {
+    for (uint32_t w = 0; w < s->conf.cons.workers; w++) {
         char lab[64], id[16];
         uint64_t c = psd_worker_clock(s, w);
         snprintf(id, sizeof id, "%u", w);
         lab[0] = '\0';
         ps_prom_label(lab, sizeof lab, "worker", id);
         ps_prom_sample(b, "psd_worker_clock", lab, (double)c);
-        if (s->live[w].live) {
+        if (psd_live_is_live(s, w)) {
             lo = c < lo ? c : lo;
             hi = c > hi ? c : hi;
         }
@@ -131,80 +141,82 @@ static void workers(struct ps_buf *b, const struct psd *s)
                    hi >= lo ? (double)(hi - lo) : 0.0);
     ps_prom_metric(b, "psd_max_staleness", "gauge",
                    "Largest staleness (clocks) a pull has been answered with.",
-                   (double)s->max_staleness);
+                   (double)psd_waits_stats(s).max_staleness);
 }
 
 int psd_metrics_render(const struct psd *s, struct ps_buf *b)
 {
     char lab[256] = "", v[32], mode[32];
-    psd_cons_name(&s->cons, mode, sizeof mode);
-    snprintf(v, sizeof v, "%u", s->shard);
+    const struct psd_conf *c = &s->conf;
+    const struct psd_counts *n = psd_counts(s);
+    struct psd_waits_stats ws = psd_waits_stats(s);
+    struct psd_live_stats ls = psd_live_stats(s);
+    psd_cons_name(&c->cons, mode, sizeof mode);
+    snprintf(v, sizeof v, "%u", c->shard);
     ps_prom_label(lab, sizeof lab, "shard", v);
-    snprintf(v, sizeof v, "%u", s->shards);
+    snprintf(v, sizeof v, "%u", c->shards);
     ps_prom_label(lab, sizeof lab, "shards", v);
     ps_prom_label(lab, sizeof lab, "consistency", mode);
     ps_prom_family(b, "psd_shard_info", "gauge", "This shard: index, count and consistency mode.");
     ps_prom_sample(b, "psd_shard_info", lab, 1);
     ps_prom_metric(b, "psd_uptime_seconds", "gauge", "Seconds since start.",
-                   (double)((uint64_t)ps_mono_ns() - s->start_ns) / 1e9);
+                   (double)((uint64_t)ps_mono_ns() - c->start_ns) / 1e9);
     requests(b, s);
     const struct scalar scalars[] = {
-        {"psd_received_bytes_total", "counter", "Bytes of requests received.",
-         (double)s->ctr.bytes_in},
-        {"psd_sent_bytes_total", "counter", "Bytes of replies sent.", (double)s->ctr.bytes_out},
+        {"psd_received_bytes_total", "counter", "Bytes of requests received.", (double)n->bytes_in},
+        {"psd_sent_bytes_total", "counter", "Bytes of replies sent.", (double)n->bytes_out},
         {"psd_unread_bytes", "gauge",
          "Reply bytes queued that their connections have not read yet.",
          (double)psd_unread_total(s)},
         {"psd_unread_refused_total", "counter",
          "Replies refused because their connection, or all, had too many bytes unread.",
-         (double)s->unread_refused},
+         (double)psd_unread_refused(s)},
         {"psd_nonfinite_pushes_refused_total", "counter",
          "Pushes refused for holding a NaN or an infinity (psd --allow-nonfinite takes them).",
-         (double)s->nonfinite_refused},
+         (double)psd_nonfinite_refused(s)},
         {"psd_hellos_refused_total", "counter",
          "Hellos refused: a worker id another live connection holds, or one a CURVE key may not "
          "use.",
-         (double)s->hellos_refused},
+         (double)ls.hellos_refused},
         {"psd_waits_refused_total", "counter",
          "Pulls not ready that could not wait: a worker id outside the round, a clock out of "
          "reach, or a worker's or connection's share of the queue used.",
-         (double)s->waits_refused},
+         (double)ws.refused},
         {"psd_waiting_requests", "gauge", "Pulls (and push-pulls) waiting for their clock now.",
-         (double)s->nwaits},
+         (double)ws.waiting},
         {"psd_deferred_requests_total", "counter", "Requests that had to wait for their clock.",
-         (double)s->deferred_total},
+         (double)ws.deferred_total},
         {"psd_waiting_retries_total", "counter",
-         "Retries of a request already waiting, merged with it.", (double)s->waits_refreshed},
+         "Retries of a request already waiting, merged with it.", (double)ws.refreshed},
         {"psd_wait_timeouts_total", "counter", "Waiting requests answered with a timeout error.",
-         (double)s->wait_timeouts},
+         (double)ws.timeouts},
         {"psd_duplicate_pushes_dropped_total", "counter",
-         "Retried pushes recognised and not applied twice.", (double)s->duplicates_dropped},
+         "Retried pushes recognised and not applied twice.", (double)psd_dedup_dropped(s)},
         {"psd_stale_pushes_total", "counter",
          "Pushes from workers outside the rounds, acknowledged and not applied.",
-         (double)s->stale_pushes},
-        {"psd_workers", "gauge", "Workers the consistency mode expects.", s->cons.workers},
+         (double)ls.stale_pushes},
+        {"psd_workers", "gauge", "Workers the consistency mode expects.", c->cons.workers},
         {"psd_live_workers", "gauge",
          "Workers in the live set (heard from within --worker-timeout).", psd_live_count(s)},
         {"psd_workers_dropped_total", "counter",
-         "Times a silent worker was dropped from the live set.", (double)s->workers_dropped},
+         "Times a silent worker was dropped from the live set.", (double)ls.dropped},
         {"psd_workers_rejoined_total", "counter",
-         "Times a dropped or restarted worker joined the rounds again.",
-         (double)s->workers_rejoined},
-        {"psd_tables", "gauge", "Tables on this shard.", s->ntables},
+         "Times a dropped or restarted worker joined the rounds again.", (double)ls.rejoined},
+        {"psd_tables", "gauge", "Tables on this shard.", psd_ntables(s)},
         {"psd_apply_helper_pieces_total", "counter",
          "Pieces of large applies run by the helper thread (--apply-threads 2).",
-         (double)ps_pool_helped(s->pool)},
+         (double)ps_pool_helped(c->pool)},
         {"psd_checkpoints_written_total", "counter", "Checkpoints written.",
-         (double)s->ckpt_written},
+         (double)psd_checkpoints_written(s)},
         {"psd_shm_regions", "gauge",
          "Memory regions shared with workers on this host, bound to their connections now.",
-         psd_shm_bound(&s->shm)},
+         psd_regions_bound(s->shm)},
         {"psd_shm_received_bytes_total", "counter",
          "Push values read from shared regions (not counted as received bytes).",
-         (double)s->shm.bytes_in},
+         (double)psd_regions_bytes_in(s->shm)},
         {"psd_shm_sent_bytes_total", "counter",
          "Pull values written into shared regions (not counted as sent bytes).",
-         (double)s->shm.bytes_out},
+         (double)psd_regions_bytes_out(s->shm)},
     };
     put_scalars(b, scalars, sizeof scalars / sizeof scalars[0]);
     workers(b, s);
@@ -227,12 +239,12 @@ int psd_metrics_render(const struct psd *s, struct ps_buf *b)
                   "first.",
                   T_COW);
     ps_prom_family(b, "psd_apply_seconds", "histogram", "Time of one optimizer apply.");
-    for (uint32_t i = 0; i < s->ntables; i++) {
+    for (uint32_t i = 0; i < psd_ntables(s); i++) {
         char tl[512];
-        table_label(tl, sizeof tl, s->tables[i]);
-        ps_prom_hist(b, "psd_apply_seconds", tl, &s->tables[i]->apply_hist);
+        table_label(tl, sizeof tl, psd_table_at(s, i));
+        ps_prom_hist(b, "psd_apply_seconds", tl, &psd_table_at(s, i)->apply_hist);
     }
-    if (s->ckpt_written) /* absent until there is one */
+    if (psd_checkpoints_written(s)) /* absent until there is one */
         ps_prom_metric(b, "psd_checkpoint_age_seconds", "gauge",
                        "Seconds since the newest checkpoint was written or last found to hold the "
                        "shard's current state (an idle shard writes none).",

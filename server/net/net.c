@@ -2,6 +2,8 @@
 #define _GNU_SOURCE
 #include "net.h"
 
+#include "live.h"
+
 #include "ps_err.h"
 #include "ps_zmsg.h"
 #include "ps_limits.h"
@@ -41,7 +43,7 @@ int psd_net_reply(struct psd_net *n, const void *route, size_t route_len, struct
         (rep->vals && psd_unread_send(&n->unread, p, n->sock, &rep->vals, rep->vals_bytes,
                                       &rep->lent, own_vals, f) != 0)) {
         n->send_drops++;
-        PS_LOG(n->srv->log, PS_LOG_DEBUG, S0110, "reply dropped: %s", zmq_strerror(errno));
+        PS_LOG(n->srv->conf.log, PS_LOG_DEBUG, S0110, "reply dropped: %s", zmq_strerror(errno));
         psd_reply_drop(rep);
         return PS_EAGAIN;
     }
@@ -155,7 +157,7 @@ static void on_conn(uv_poll_t *h, int status, int events)
                  PS_SHM_REGIONS_MAX);
     }
     if (rc != 0 && ps_log_sampled(++n->shm_refused)) {
-        PS_LOG(n->srv->log, PS_LOG_WARN, S0112,
+        PS_LOG(n->srv->conf.log, PS_LOG_WARN, S0112,
                "a shared region handed over was refused (%llu so far): %s",
                (unsigned long long)n->shm_refused, err);
     }
@@ -234,7 +236,7 @@ static void shm_start(struct psd_net *n, uv_loop_t *loop, const char *local)
     char err[200];
     int fd = ps_shm_listen(local, err, sizeof err);
     if (fd < 0 || uv_poll_init(loop, &n->shm_poll, fd) != 0) {
-        PS_LOG(n->srv->log, PS_LOG_WARN, S0113,
+        PS_LOG(n->srv->conf.log, PS_LOG_WARN, S0113,
                "no shared memory for clients on this host (%s): their values go through %s",
                fd < 0 ? err : "cannot watch the fd socket", local);
         if (fd >= 0)
@@ -277,7 +279,7 @@ int psd_net_start(struct psd_net *n, struct psd *srv, uv_loop_t *loop, const cha
         return PS_EZMQ;
     }
     n->sock = zmq_socket(n->ctx, ZMQ_ROUTER);
-    int64_t maxmsg = (int64_t)srv->value_bytes_max;
+    int64_t maxmsg = (int64_t)srv->conf.value_bytes_max;
     if (n->sock == NULL || set_int(n->sock, ZMQ_LINGER, 0) != 0 ||
         set_int(n->sock, ZMQ_ROUTER_MANDATORY, 1) != 0 ||
         set_int(n->sock, ZMQ_SNDBUF, PS_SOCKET_BUFFER_BYTES) != 0 ||
@@ -306,21 +308,21 @@ int psd_net_start(struct psd_net *n, struct psd *srv, uv_loop_t *loop, const cha
         if (zmq_bind(n->sock, local) == 0)
             psd_set_local_endpoint(srv, local);
         else
-            PS_LOG(srv->log, PS_LOG_WARN, S0111,
+            PS_LOG(srv->conf.log, PS_LOG_WARN, S0111,
                    "cannot bind the same-host endpoint %s (%s): clients on this host use %s", local,
                    zmq_strerror(errno), n->endpoint);
     }
     psd_set_sender(srv, send_deferred, n);
-    psd_set_unread(srv, unread_of);
-    psd_set_may_use(srv, may_use);
+    psd_set_unread(srv, unread_of, n);
+    psd_set_may_use(srv, may_use, n);
     int rc = ps_zsock_start(loop, &n->zs, n->sock, on_readable, n);
     if (rc != 0) {
         snprintf(err, errlen, "cannot watch the socket on the event loop");
         psd_net_fini(n);
         return rc;
     }
-    if (srv->local_endpoint[0] != '\0')
-        shm_start(n, loop, srv->local_endpoint);
+    if (psd_local_endpoint(srv)[0] != '\0')
+        shm_start(n, loop, psd_local_endpoint(srv));
     return 0;
 }
 

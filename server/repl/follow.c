@@ -3,8 +3,8 @@
 #define _GNU_SOURCE
 #include "repl_impl.h"
 
+#include "catalog.h"
 #include "checkpoint.h"
-#include "psd_impl.h"
 
 #include "ps_clock.h"
 #include "ps_err.h"
@@ -81,7 +81,7 @@ static void load_snapshot(struct psd_repl *r, uint64_t seq)
     PS_LOG(r->log, PS_LOG_INFO, S0714,
            "state from %s loaded (%u tables, %" PRIu64 " bytes, record %" PRIu64
            "); applying its changes",
-           r->primary, r->srv->ntables, r->snap_bytes, seq);
+           r->primary, psd_ntables(r->srv), r->snap_bytes, seq);
 }
 
 static void on_snapshot_piece(struct psd_repl *r, const Ps__Header *h, zmq_msg_t *parts,
@@ -135,11 +135,9 @@ static void apply_record(struct psd_repl *r, const Ps__Header *h, zmq_msg_t *par
         }
         struct ps_frame route = {h->route.data, h->route.len};
         struct psd_reply rep;
-        r->srv->replaying = 1;
-        if (psd_dispatch_from(r->srv, &route, h->user && h->user[0] ? h->user : NULL, frames,
-                              total - 1, &rep) == PSD_ANSWER_NOW)
+        if (psd_dispatch_replayed(r->srv, &route, h->user && h->user[0] ? h->user : NULL, frames,
+                                  total - 1, &rep) == PSD_ANSWER_NOW)
             psd_reply_drop(&rep);
-        r->srv->replaying = 0;
     }
     r->seq = h->seq;
     r->records_applied++;
@@ -214,16 +212,11 @@ static void promote(struct psd_repl *r)
     r->seq = 0;
     memset(r->backups, 0, sizeof r->backups);
     r->promotions++;
-    s->worker_timeout_ms = r->worker_timeout_ms;
-    uint64_t now = (uint64_t)ps_mono_ms();
-    for (uint32_t w = 0; w < s->cons.workers; w++)
-        if (s->live[w].live)
-            s->live[w].last_ms = now; /* heard through the old primary until now */
-    s->nwaits = 0; /* they were the old primary's connections: the clients send again */
+    psd_take_over(s, r->worker_timeout_ms);
     PS_LOG(r->log, PS_LOG_WARN, S0715,
            "shard %u: this replica is the primary now, epoch %" PRIu64 " (the last was %s); %u "
            "tables",
-           s->shard, r->epoch, was, s->ntables);
+           s->conf.shard, r->epoch, was, psd_ntables(s));
 }
 
 void psd__repl_consult(struct psd_repl *r, uint64_t now)
@@ -260,7 +253,7 @@ void psd__repl_consult(struct psd_repl *r, uint64_t now)
                    "shard %u has no primary, and only a replica in etcd's in-sync set (%s) may "
                    "take over: start one, or if all are lost delete %s to let any take over "
                    "(what they acknowledged since their last checkpoint is lost)",
-                   r->srv->shard, v.members, r->lead.insync_key);
+                   r->srv->conf.shard, v.members, r->lead.insync_key);
         return;
     }
     int won = 0;

@@ -3,8 +3,10 @@
 #define _GNU_SOURCE
 #include "repl_impl.h"
 
+#include "catalog.h"
 #include "checkpoint.h"
-#include "psd_impl.h"
+#include "live.h"
+#include "reply.h"
 
 #include "ps_clock.h"
 #include "ps_err.h"
@@ -392,8 +394,9 @@ static void reply_not_primary(struct psd_repl *r, const struct ps_frame *route,
     psd_reply_init(&h, req);
     h.status = PS_ENOTPRIMARY;
     char text[PS_ENDPOINT_MAX + 96];
-    snprintf(text, sizeof text, "shard %u: this replica is a %s; the primary is %s", r->srv->shard,
-             psd_role_name(r->role), r->primary[0] ? r->primary : "not known yet");
+    snprintf(text, sizeof text, "shard %u: this replica is a %s; the primary is %s",
+             r->srv->conf.shard, psd_role_name(r->role),
+             r->primary[0] ? r->primary : "not known yet");
     h.error = text;
     h.detail = r->primary;
     uint8_t buf[PS_HEADER_BYTES_MAX];
@@ -534,11 +537,11 @@ void psd__repl_step_down(struct psd_repl *r, const char *why)
     PS_LOG(r->log, PS_LOG_ERROR, S0716,
            "shard %u: no longer primary (%s); %u replies held are refused as not primary, the "
            "clients send them again",
-           r->srv->shard, why, r->held_n);
+           r->srv->conf.shard, why, r->held_n);
     refuse_held(r);
     psd_lead_resign(&r->lead);
     memset(r->backups, 0, sizeof r->backups);
-    r->srv->worker_timeout_ms = 0;
+    psd_set_worker_timeout(r->srv, 0);
     r->view_ms = 0;
 }
 
@@ -624,7 +627,7 @@ int psd_repl_start(struct psd_repl *r, struct psd_net *net, uv_loop_t *loop,
     memset(r, 0, sizeof *r);
     r->net = net;
     r->srv = net->srv;
-    r->log = net->srv->log;
+    r->log = net->srv->conf.log;
     r->loop = loop;
     r->timeout_ms = cfg->timeout_ms;
     r->snap_fd = -1;
@@ -641,8 +644,9 @@ int psd_repl_start(struct psd_repl *r, struct psd_net *net, uv_loop_t *loop,
         return ps_errf(PS_ENOMEM, err, errlen, "out of memory for held replies");
     ps_arena_init(&r->req_arena, r->arena_buf, PSD_REPL_ARENA_BYTES);
     ps_arena_init(&r->rec_arena, r->arena_buf + PSD_REPL_ARENA_BYTES, PSD_REPL_ARENA_BYTES);
-    int rc = psd_lead_init(&r->lead, cfg->etcd, cfg->prefix, r->srv->shard, r->srv->shards,
-                           r->srv->instance, cfg->advertise, cfg->lease_ttl_s, err, errlen);
+    const struct psd_conf *c = &r->srv->conf;
+    int rc = psd_lead_init(&r->lead, cfg->etcd, cfg->prefix, c->shard, c->shards, c->instance,
+                           cfg->advertise, cfg->lease_ttl_s, err, errlen);
     if (rc != 0)
         return rc;
     r->follow = zmq_socket(net->ctx, ZMQ_DEALER);
@@ -659,11 +663,9 @@ int psd_repl_start(struct psd_repl *r, struct psd_net *net, uv_loop_t *loop,
         (rc = ps_zsock_start(loop, &r->fzs, r->follow, psd__repl_on_record, r)) != 0)
         return ps_errf(PS_EZMQ, err, errlen, "cannot open the socket to a primary: %s",
                        zmq_strerror(errno));
-    r->worker_timeout_ms = r->srv->worker_timeout_ms;
-    r->srv->worker_timeout_ms = 0; /* until primary: only the primary drops workers */
-    r->srv->on_drop = on_drop;
-    r->srv->on_stats = on_stats;
-    r->srv->hook_ctx = r;
+    r->worker_timeout_ms = psd_worker_timeout_ms(r->srv);
+    psd_set_worker_timeout(r->srv, 0); /* until primary: only the primary drops workers */
+    psd_set_hooks(r->srv, on_drop, on_stats, r);
     net->repl = r;
     net->repl_request = psd_repl_request;
     net->repl_hold = psd_repl_hold;

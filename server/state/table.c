@@ -29,6 +29,15 @@ static float *alloc_floats(uint64_t n, int zero)
     return ps_alloc_big((size_t)n * sizeof(float), zero);
 }
 
+uint64_t psd_table_bytes_for(const Ps__TableSpec *spec, uint32_t shard, uint32_t shards)
+{
+    uint64_t lo = 0, hi = 0;
+    if (!spec->sparse)
+        ps_shard_range(spec->size, shards, shard, &lo, &hi);
+    uint64_t elems = spec->sparse ? spec->rows_max * spec->dim : hi - lo;
+    return elems * 4u * (1u + (uint64_t)psk_optim_state_arrays((int)spec->optimizer));
+}
+
 int psd_table_create(const Ps__TableSpec *spec, uint32_t id, uint32_t shard, uint32_t shards,
                      struct psd_table **out)
 {

@@ -119,6 +119,12 @@ int psd_table_create(const Ps__TableSpec *spec, uint32_t id, uint32_t shard, uin
                      struct psd_table **out);
 void psd_table_destroy(struct psd_table *t);
 
+/* Bytes a table of spec (checked) would take on shard `shard` of
+ * `shards` at most: weights and optimizer state, the rows_max rows of a
+ * sparse one. Checked against psd --max-table-bytes before anything is
+ * allocated for it. */
+uint64_t psd_table_bytes_for(const Ps__TableSpec *spec, uint32_t shard, uint32_t shards);
+
 /* 1 when spec describes exactly this table (idempotent create). */
 int psd_table_same_spec(const struct psd_table *t, const Ps__TableSpec *spec);
 

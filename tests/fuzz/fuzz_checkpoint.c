@@ -4,7 +4,10 @@
  * written to a file and loaded into a fresh server (bsp, 2 workers, shard 0
  * of 1), which then answers a pull of table 0. */
 #include "checkpoint.h"
+#include "catalog.h"
+#include "counters.h"
 #include "psd.h"
+#include "waits.h"
 
 #include "ps_log.h"
 
@@ -79,12 +82,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (psd_init(&s, &log, &p) != 0)
         return 0;
     char err[512];
-    if (psd_checkpoint_load(&s, path, err, sizeof err) == 0 && s.ntables > 0) {
+    if (psd_checkpoint_load(&s, path, err, sizeof err) == 0 && psd_ntables(&s) > 0) {
         Ps__Header h;
         ps_wire_header_init(&h, PS__OP__OP_PULL);
         h.count = 1;
-        h.offset = s.tables[0]->lo;
-        h.clock = s.tables[0]->clock;
+        h.offset = psd_table_at(&s, 0)->lo;
+        h.clock = psd_table_at(&s, 0)->clock;
         uint8_t buf[256];
         struct ps_frame fr = {buf, ps__header__pack(&h, buf)}, route = {"r", 1};
         struct psd_reply rep;

@@ -7,7 +7,10 @@
  * reply or wait; nothing may crash, leak or trip a sanitizer; waiting pulls are then expired. */
 #include "fuzz_frames.h"
 
+#include "catalog.h"
+#include "counters.h"
 #include "psd.h"
+#include "waits.h"
 
 #include "ps_err.h"
 #include "ps_log.h"

@@ -4,7 +4,10 @@
  * it came alone: what may not go in a batch (a hello, a batch, a request
  * that needs frames, bytes that are no header) is refused one by one, and
  * the rest is handled. */
+#include "catalog.h"
+#include "counters.h"
 #include "psd.h"
+#include "waits.h"
 
 #include "ps_err.h"
 #include "ps_limits.h"
@@ -219,7 +222,7 @@ static void test_each_request_answered(void **state)
     pull(&h, 17, 6, 2);
     add(recs, &len, &h);
 
-    uint64_t before = s.ctr.requests;
+    uint64_t before = psd_counts(&s)->requests;
     struct psd_reply rep;
     assert_int_equal(dispatch(&s, 7, recs, len, &rep), 0); /* all answered through the sender */
     assert_int_equal(sent.n, 7);
@@ -234,13 +237,13 @@ static void test_each_request_answered(void **state)
     assert_int_equal(sent.vals_bytes[0], 16);
     assert_true(sent.first[0] == 1.0f);
     assert_int_equal(sent.vals_bytes[6], 8);
-    assert_int_equal(s.ctr.requests - before, 8);       /* the batch and each in it */
-    assert_int_equal(s.ctr.by_op[PS__OP__OP_BATCH], 2); /* this one and the one in it */
-    assert_int_equal(s.ctr.by_op[PS__OP__OP_HELLO], 1);
+    assert_int_equal(psd_counts(&s)->requests - before, 8);       /* the batch and each in it */
+    assert_int_equal(psd_counts(&s)->by_op[PS__OP__OP_BATCH], 2); /* this one and the one in it */
+    assert_int_equal(psd_counts(&s)->by_op[PS__OP__OP_HELLO], 1);
 
     /* a malformed batch: one error reply, nothing in it handled */
     memset(&sent, 0, sizeof sent);
-    before = s.ctr.requests;
+    before = psd_counts(&s)->requests;
     assert_int_equal(dispatch(&s, 8, recs, len, &rep), 1);
     Ps__Header *r = ps__header__unpack(NULL, rep.hdr_len, rep.hdr);
     assert_int_equal(r->status, PS_EFRAMES);
@@ -248,7 +251,7 @@ static void test_each_request_answered(void **state)
     ps__header__free_unpacked(r, NULL);
     psd_reply_drop(&rep);
     assert_int_equal(sent.n, 0);
-    assert_int_equal(s.ctr.requests - before, 1);
+    assert_int_equal(psd_counts(&s)->requests - before, 1);
 
     /* a shard with no sender (no transport) refuses batches whole */
     psd_set_sender(&s, NULL, NULL);

@@ -4,7 +4,10 @@
  * other elements do not copy, and that a table whose replies are
  * overwritten in flight copies a shard's worth of replies before it lends
  * again, each time. */
+#include "catalog.h"
+#include "counters.h"
 #include "psd.h"
+#include "waits.h"
 
 #include "ps_err.h"
 #include "ps_limits.h"
@@ -61,7 +64,7 @@ static void lend_overwrite(struct psd *s, uint64_t cow)
     assert_non_null(held.lent);
     request(s, PS__OP__OP_PUSH, 0, Q, PS__DTYPE__DTYPE_F32, &rep);
     psd_reply_drop(&rep);
-    assert_int_equal(s->tables[0]->cow, cow);
+    assert_int_equal(psd_table_at(s, 0)->cow, cow);
     psd_reply_drop(&held);
 }
 
@@ -73,7 +76,7 @@ static void test_lent_replies(void **state)
     inproc_start(&s, &log);
     inproc_create_ones(&s, SIZE);
     struct psd_reply rep, held;
-    struct psd_table *t = s.tables[0];
+    struct psd_table *t = psd_table_at(&s, 0);
     for (size_t i = 0; i < SIZE; i++)
         grad[i] = 0.5f;
 

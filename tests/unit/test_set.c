@@ -2,7 +2,10 @@
  * before the first optimizer step, the refusals (after a step, a gap, a
  * keyed or non-finite request), a lent reply kept while its range is set,
  * and await_set tables holding pulls until the values are all there. */
+#include "catalog.h"
+#include "counters.h"
 #include "psd.h"
+#include "waits.h"
 
 #include "ps_err.h"
 #include "ps_half.h"
@@ -190,17 +193,17 @@ static void test_await_set_holds_pulls(void **state)
         Ps__Header *e = ps__header__unpack(NULL, rep.hdr_len, rep.hdr);
         fail_msg("the pull was answered: status %d, %s", e ? e->status : 0, e ? e->error : "");
     }
-    assert_int_equal(s.nwaits, 1);
+    assert_int_equal(psd_waits_stats(&s).waiting, 1);
     for (int i = 0; i < 8; i++)
         vals[i] = (float)i;
     /* a piece that leaves a gap is refused; in order they complete the set */
     assert_int_equal(set(&s, 4, 4), PS_EAGAIN);
-    assert_int_equal(s.nwaits, 1);
+    assert_int_equal(psd_waits_stats(&s).waiting, 1);
     assert_int_equal(set(&s, 0, 4), 0);
-    assert_int_equal(s.nwaits, 1);      /* half of it is not enough */
-    assert_int_equal(set(&s, 0, 4), 0); /* a resend is taken */
+    assert_int_equal(psd_waits_stats(&s).waiting, 1); /* half of it is not enough */
+    assert_int_equal(set(&s, 0, 4), 0);               /* a resend is taken */
     assert_int_equal(set(&s, 4, 4), 0);
-    assert_int_equal(s.nwaits, 0); /* answered when the last piece came */
+    assert_int_equal(psd_waits_stats(&s).waiting, 0); /* answered when the last piece came */
     assert_int_equal(sent, 1);
     float got[8];
     pull(&s, 0, 8, got);

@@ -1,10 +1,14 @@
-/* Shared regions (common/protocol/ps_shm.h, server/core/shm.h): what a shard takes from
+/* Shared regions (common/protocol/ps_shm.h, server/core/regions.h): what a shard takes from
  * its fd socket, how a hello binds a region to a connection, push values
  * read from and pull values written into it through an in-process psd,
  * and the refusals: no region on this connection, bytes past its end, a
  * sparse table, bits an op does not allow. */
 #define _GNU_SOURCE
+#include "catalog.h"
+#include "counters.h"
 #include "psd.h"
+#include "regions.h"
+#include "waits.h"
 
 #include "ps_err.h"
 #include "ps_limits.h"
@@ -124,36 +128,36 @@ static void test_take_checks_the_region(void **state)
 static void test_set_binds_and_evicts(void **state)
 {
     (void)state;
-    static struct psd_shm_set set;
-    memset(&set, 0, sizeof set);
+    struct psd_regions *set = psd_regions_create();
+    assert_non_null(set);
     void *a = mmap(NULL, REGION, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    psd_shm_offer(&set, 11, a, REGION, 1000);
+    psd_regions_offer(set, 11, a, REGION, 1000);
     unsigned char *p = NULL;
     size_t size = 0;
-    assert_int_equal(psd_shm_at(&set, "r1", 2, 0, 4, 1000, &p, &size), PS_ESHM); /* not bound */
-    assert_int_equal(psd_shm_bind(&set, 12, "r1", 2, 0, 1000), 0);               /* wrong token */
-    assert_int_equal(psd_shm_bind(&set, 11, "r1", 2, 0, 1000), 1);
-    assert_int_equal(psd_shm_bind(&set, 11, "r2", 2, 0, 1000), 0); /* bound once only */
-    assert_int_equal(psd_shm_at(&set, "r1", 2, REGION - 8, 8, 1001, &p, &size), 0);
+    assert_int_equal(psd_regions_at(set, "r1", 2, 0, 4, 1000, &p, &size), PS_ESHM); /* not bound */
+    assert_int_equal(psd_regions_bind(set, 12, "r1", 2, 0, 1000), 0); /* wrong token */
+    assert_int_equal(psd_regions_bind(set, 11, "r1", 2, 0, 1000), 1);
+    assert_int_equal(psd_regions_bind(set, 11, "r2", 2, 0, 1000), 0); /* bound once only */
+    assert_int_equal(psd_regions_at(set, "r1", 2, REGION - 8, 8, 1001, &p, &size), 0);
     assert_ptr_equal(p, (unsigned char *)a + REGION - 8);
-    assert_int_equal(psd_shm_at(&set, "r1", 2, REGION - 8, 12, 1001, &p, &size), PS_ERANGE);
-    assert_int_equal(psd_shm_at(&set, "r1", 2, UINT64_MAX - 2, 8, 1001, &p, &size), PS_ERANGE);
-    assert_int_equal(psd_shm_at(&set, "r2", 2, 0, 4, 1001, &p, &size), PS_ESHM);
-    assert_int_equal(psd_shm_bound(&set), 1);
+    assert_int_equal(psd_regions_at(set, "r1", 2, REGION - 8, 12, 1001, &p, &size), PS_ERANGE);
+    assert_int_equal(psd_regions_at(set, "r1", 2, UINT64_MAX - 2, 8, 1001, &p, &size), PS_ERANGE);
+    assert_int_equal(psd_regions_at(set, "r2", 2, 0, 4, 1001, &p, &size), PS_ESHM);
+    assert_int_equal(psd_regions_bound(set), 1);
     /* a hand-over nobody binds waits PS_SHM_PENDING_MS, no longer */
     void *b = mmap(NULL, REGION, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     void *b2 = mmap(NULL, REGION, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    assert_int_equal(psd_shm_offer(&set, 13, b, REGION, 2000), 0);
-    assert_int_equal(psd_shm_offer(&set, 14, b2, REGION, 2000), 0);
-    psd_shm_expire(&set, 2000 + PS_SHM_PENDING_MS);
-    assert_int_equal(psd_shm_bind(&set, 14, "r4", 2, 0, 2000 + PS_SHM_PENDING_MS), 1);
-    psd_shm_expire(&set, 2000 + PS_SHM_PENDING_MS + 1);
-    assert_int_equal(psd_shm_bind(&set, 13, "r3", 2, 0, 3000), 0);
+    assert_int_equal(psd_regions_offer(set, 13, b, REGION, 2000), 0);
+    assert_int_equal(psd_regions_offer(set, 14, b2, REGION, 2000), 0);
+    psd_regions_expire(set, 2000 + PS_SHM_PENDING_MS);
+    assert_int_equal(psd_regions_bind(set, 14, "r4", 2, 0, 2000 + PS_SHM_PENDING_MS), 1);
+    psd_regions_expire(set, 2000 + PS_SHM_PENDING_MS + 1);
+    assert_int_equal(psd_regions_bind(set, 13, "r3", 2, 0, 3000), 0);
     /* a worker's regions go, but for the connection named */
-    psd_shm_drop_worker(&set, 0, "r1", 2);
-    assert_int_equal(psd_shm_bound(&set), 1);
-    psd_shm_drop_worker(&set, 0, NULL, 0);
-    assert_int_equal(psd_shm_bound(&set), 0);
+    psd_regions_drop_worker(set, 0, "r1", 2);
+    assert_int_equal(psd_regions_bound(set), 1);
+    psd_regions_drop_worker(set, 0, NULL, 0);
+    assert_int_equal(psd_regions_bound(set), 0);
     /* hand-overs not bound yet push out the oldest of them, never a bound
      * region; with every region bound a new one is refused */
     void *m[PS_SHM_REGIONS_MAX + 2];
@@ -161,22 +165,22 @@ static void test_set_binds_and_evicts(void **state)
         m[i] =
             mmap(NULL, PS_SHM_BYTES_MIN, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     for (uint32_t i = 0; i < PS_SHM_REGIONS_MAX - 1; i++) {
-        assert_int_equal(psd_shm_offer(&set, 100 + i, m[i], PS_SHM_BYTES_MIN, 5000 + i), 0);
+        assert_int_equal(psd_regions_offer(set, 100 + i, m[i], PS_SHM_BYTES_MIN, 5000 + i), 0);
         char route[8];
         snprintf(route, sizeof route, "w%u", i);
-        assert_int_equal(psd_shm_bind(&set, 100 + i, route, strlen(route), i, 5000 + i), 1);
+        assert_int_equal(psd_regions_bind(set, 100 + i, route, strlen(route), i, 5000 + i), 1);
     }
     uint32_t last = PS_SHM_REGIONS_MAX - 1;
-    assert_int_equal(psd_shm_offer(&set, 900, m[last], PS_SHM_BYTES_MIN, 6000), 0);
-    assert_int_equal(psd_shm_offer(&set, 901, m[last + 1], PS_SHM_BYTES_MIN, 6001), 0);
-    assert_int_equal(psd_shm_bind(&set, 900, "x", 1, 0, 6002), 0); /* pushed out */
-    assert_int_equal(psd_shm_bound(&set), PS_SHM_REGIONS_MAX - 1);
-    assert_int_equal(psd_shm_at(&set, "w0", 2, 0, 4, 6003, &p, &size), 0); /* still there */
-    assert_int_equal(psd_shm_bind(&set, 901, "x", 1, 0, 6004), 1);
-    assert_int_equal(psd_shm_bound(&set), PS_SHM_REGIONS_MAX);
-    assert_int_equal(psd_shm_offer(&set, 902, m[last + 2], PS_SHM_BYTES_MIN, 6005), PS_ELIMIT);
+    assert_int_equal(psd_regions_offer(set, 900, m[last], PS_SHM_BYTES_MIN, 6000), 0);
+    assert_int_equal(psd_regions_offer(set, 901, m[last + 1], PS_SHM_BYTES_MIN, 6001), 0);
+    assert_int_equal(psd_regions_bind(set, 900, "x", 1, 0, 6002), 0); /* pushed out */
+    assert_int_equal(psd_regions_bound(set), PS_SHM_REGIONS_MAX - 1);
+    assert_int_equal(psd_regions_at(set, "w0", 2, 0, 4, 6003, &p, &size), 0); /* still there */
+    assert_int_equal(psd_regions_bind(set, 901, "x", 1, 0, 6004), 1);
+    assert_int_equal(psd_regions_bound(set), PS_SHM_REGIONS_MAX);
+    assert_int_equal(psd_regions_offer(set, 902, m[last + 2], PS_SHM_BYTES_MIN, 6005), PS_ELIMIT);
     munmap(m[last + 2], PS_SHM_BYTES_MIN); /* refused: still the caller's */
-    psd_shm_fini(&set);
+    psd_regions_destroy(set);
 }
 
 /* A request on connection `route` through the in-process psd. */
@@ -459,7 +463,7 @@ static void note_send(void *ctx, const void *route, size_t route_len, struct psd
     const struct psd *s = ctx;
     (void)route;
     (void)route_len;
-    memcpy(w_at_send, s->tables[0]->w + 100, sizeof w_at_send);
+    memcpy(w_at_send, psd_table_at(s, 0)->w + 100, sizeof w_at_send);
     sends++;
     psd_reply_drop(rep);
 }
@@ -489,13 +493,13 @@ static void test_region_values_answered_after_the_step(void **state)
     assert_int_equal(status_of(&rep), 0);
     psd_reply_drop(&rep);
     assert_int_equal(sends, 0);
-    assert_true(s.tables[0]->w[100] == 0.0f); /* 1 - 1 */
+    assert_true(psd_table_at(&s, 0)->w[100] == 0.0f); /* 1 - 1 */
 
     data_header(&h, PS__OP__OP_PUSH, 2, 0, 0, 0);
     assert_int_equal(request(&s, "a", &h, g, 200 * sizeof(float), &rep), 0);
     assert_int_equal(sends, 1);
-    assert_true(w_at_send[0] == 0.0f);         /* answered before the step */
-    assert_true(s.tables[0]->w[100] == -1.0f); /* done by the return */
+    assert_true(w_at_send[0] == 0.0f);                 /* answered before the step */
+    assert_true(psd_table_at(&s, 0)->w[100] == -1.0f); /* done by the return */
 
     enum { KAT = 16384, VAT = 20480 };
     uint64_t *k = (uint64_t *)(r.base + KAT);
@@ -505,12 +509,12 @@ static void test_region_values_answered_after_the_step(void **state)
     v[0] = v[1] = 1.0f;
     assert_int_equal(keyed_push(&s, "a", 3, PS_SHM_KEYS | PS_SHM_IN, 2, KAT, VAT, NULL), 0);
     assert_int_equal(sends, 1);
-    assert_true(s.tables[0]->w[100] == -2.0f);
+    assert_true(psd_table_at(&s, 0)->w[100] == -2.0f);
     keyed_header(&h, 4, PS_SHM_KEYS, 2, KAT, 0);
     assert_int_equal(request(&s, "a", &h, v, 2 * sizeof(float), &rep), 0);
     assert_int_equal(sends, 2);
     assert_true(w_at_send[0] == -2.0f && w_at_send[1] == -2.0f);
-    assert_true(s.tables[0]->w[100] == -3.0f && s.tables[0]->w[101] == -3.0f);
+    assert_true(psd_table_at(&s, 0)->w[100] == -3.0f && psd_table_at(&s, 0)->w[101] == -3.0f);
     psd_fini(&s);
     ps_shm_close(&r);
 }

@@ -5,8 +5,13 @@
  * answers them all, and one that waits too long is answered with a
  * timeout. Pushes in asp/ssp answered before their step. */
 #define _GNU_SOURCE /* memmem */
+#include "catalog.h"
 #include "checkpoint.h"
+#include "counters.h"
+#include "dedup.h"
 #include "psd.h"
+#include "reply.h"
+#include "waits.h"
 
 #include "ps_clock.h"
 #include "ps_err.h"
@@ -53,8 +58,8 @@ static void count_sent(void *ctx, const void *route, size_t route_len, struct ps
     if (rep->vals != NULL)
         memcpy(r->vals, rep->vals,
                rep->vals_bytes < sizeof r->vals ? rep->vals_bytes : sizeof r->vals);
-    if (s->ntables > 0)
-        memcpy(r->w, s->tables[0]->w, sizeof r->w);
+    if (psd_ntables(s) > 0)
+        memcpy(r->w, psd_table_at(s, 0)->w, sizeof r->w);
     psd_reply_drop(rep);
 }
 
@@ -128,13 +133,19 @@ static void create_t(struct psd *s)
 }
 
 /* A shard in mode `mode` with `workers` workers and a table "t" of 4
- * floats; with a session, worker 0 says hello first (exactly-once on). */
-static void start(struct psd *s, struct ps_log *log, const char *mode, uint32_t workers,
-                  uint64_t session)
+ * floats; with a session, worker 0 says hello first (exactly-once on).
+ * Its unread-bytes limits are unread_max and unread_total_max (0: the
+ * defaults). */
+static void start_with(struct psd *s, struct ps_log *log, const char *mode, uint32_t workers,
+                       uint64_t session, uint64_t unread_max, uint64_t unread_total_max)
 {
     ps_log_init(log, "test", PS_LOG_ERROR);
-    struct psd_params p = {
-        .shard = 0, .shards = 1, .value_bytes_max = 1u << 20, .wait_timeout_ms = 3600000};
+    struct psd_params p = {.shard = 0,
+                           .shards = 1,
+                           .value_bytes_max = 1u << 20,
+                           .wait_timeout_ms = 3600000,
+                           .unread_bytes_max = unread_max,
+                           .unread_bytes_total_max = unread_total_max};
     assert_int_equal(psd_cons_parse(mode, &p.cons), 0);
     p.cons.workers = workers;
     assert_int_equal(psd_init(s, log, &p), 0);
@@ -151,6 +162,17 @@ static void start(struct psd *s, struct ps_log *log, const char *mode, uint32_t 
     create_t(s);
 }
 
+static void start(struct psd *s, struct ps_log *log, const char *mode, uint32_t workers,
+                  uint64_t session)
+{
+    start_with(s, log, mode, workers, session, 0, 0);
+}
+
+static uint32_t waiting(const struct psd *s)
+{
+    return psd_waits_stats(s).waiting;
+}
+
 static void test_waits_per_worker(void **state)
 {
     (void)state;
@@ -164,7 +186,7 @@ static void test_waits_per_worker(void **state)
     pull(&s, 0, 9999, 0, PS_ELIMIT); /* one past: refused at once */
     pull(&s, 0, 10, 1, 0);           /* a retry of a waiting one: merged, not refused */
     pull(&s, 1, 5, 1, 0);            /* another worker still waits normally */
-    assert_int_equal(s.nwaits, PS_WAITS_PER_WORKER_MAX + 1);
+    assert_int_equal(waiting(&s), PS_WAITS_PER_WORKER_MAX + 1);
     const float g[4] = {1, 1, 1, 1};
     for (uint32_t w = 0; w < 2; w++) { /* both push clock 0: the round completes */
         ps_wire_header_init(&h, PS__OP__OP_PUSH);
@@ -173,7 +195,7 @@ static void test_waits_per_worker(void **state)
         assert_true(send_req(&s, &h, g, sizeof g, &status));
         assert_int_equal(status, 0);
     }
-    assert_int_equal(s.nwaits, 0);
+    assert_int_equal(waiting(&s), 0);
     assert_int_equal(sent, PS_WAITS_PER_WORKER_MAX + 1); /* every waiting pull answered */
     psd_fini(&s);
 }
@@ -201,10 +223,6 @@ static void test_unread_bounds(void **state)
     (void)state;
     static struct psd s;
     struct ps_log log;
-    start(&s, &log, "asp", 1, 0);
-    psd_set_unread(&s, fake_unread);
-    s.unread_bytes_max = 1000;
-    s.unread_bytes_total_max = 5000;
     const struct {
         uint64_t peer, total, max;
         int known, status;
@@ -220,12 +238,12 @@ static void test_unread_bounds(void **state)
         unread_peer = cases[i].peer;
         unread_total = cases[i].total;
         unread_known = cases[i].known;
-        s.unread_bytes_max = cases[i].max;
-        uint64_t before = s.unread_refused;
+        start_with(&s, &log, "asp", 1, 0, cases[i].max, 5000);
+        psd_set_unread(&s, fake_unread, NULL);
         pull(&s, 0, 100 + i, 0, cases[i].status);
-        assert_int_equal(s.unread_refused - before, cases[i].status != 0);
+        assert_int_equal(psd_unread_refused(&s), cases[i].status != 0);
+        psd_fini(&s);
     }
-    psd_fini(&s);
 }
 
 /* A pull that waits past psd's wait timeout: psd_tick answers it with
@@ -236,10 +254,10 @@ static void test_wait_times_out(void **state)
     static struct psd s;
     struct ps_log log;
     start(&s, &log, "bsp", 2, 0);
-    s.wait_timeout_ms = 1;
+    psd_set_wait_timeout(&s, 1);
     pull(&s, 0, 77, 1, 0);
     unsigned before = sent;
-    uint64_t out = s.ctr.bytes_out;
+    uint64_t out = psd_counts(&s)->bytes_out;
     int64_t give_up = ps_mono_ms() + 5000;
     while (sent == before && ps_mono_ms() < give_up)
         psd_tick(&s);
@@ -247,10 +265,10 @@ static void test_wait_times_out(void **state)
     const struct sent_reply *r = &sent_log[before % SENT_MAX];
     assert_int_equal(r->request_id, 77);
     assert_int_equal(r->status, PS_ETIMEDOUT);
-    assert_int_equal(s.wait_timeouts, 1);
-    assert_int_equal(s.nwaits, 0);
+    assert_int_equal(psd_waits_stats(&s).timeouts, 1);
+    assert_int_equal(waiting(&s), 0);
     assert_true(r->bytes > 0);
-    assert_int_equal(s.ctr.bytes_out - out, r->bytes);
+    assert_int_equal(psd_counts(&s)->bytes_out - out, r->bytes);
     psd_fini(&s);
 }
 
@@ -278,25 +296,25 @@ static void test_push_retry_out_of_order(void **state)
     start(&s, &log, "asp", 1, 77);
     push_id(&s, 5);
     push_id(&s, 7); /* 6 was lost on the way */
-    assert_int_equal(s.tables[0]->steps, 2);
+    assert_int_equal(psd_table_at(&s, 0)->steps, 2);
     push_id(&s, 6); /* its retry: applied */
-    assert_int_equal(s.tables[0]->steps, 3);
-    assert_int_equal(s.duplicates_dropped, 0);
+    assert_int_equal(psd_table_at(&s, 0)->steps, 3);
+    assert_int_equal(psd_dedup_dropped(&s), 0);
     push_id(&s, 6); /* copies of applied ones: not */
     push_id(&s, 7);
     push_id(&s, 5);
-    assert_int_equal(s.tables[0]->steps, 3);
-    assert_int_equal(s.duplicates_dropped, 3);
-    push_id(&s, 5 + PSD_DEDUP_WINDOW + 10); /* far ahead: the window moves */
-    push_id(&s, 8);                         /* below it: counted as applied */
-    assert_int_equal(s.tables[0]->steps, 4);
-    assert_int_equal(s.duplicates_dropped, 4);
-    uint64_t top = 5 + PSD_DEDUP_WINDOW + 10;
-    push_id(&s, top - (PSD_DEDUP_WINDOW - 1)); /* at the window's edge: remembered, applied */
-    assert_int_equal(s.tables[0]->steps, 5);
-    push_id(&s, top - PSD_DEDUP_WINDOW); /* one past it: counted as applied */
-    assert_int_equal(s.tables[0]->steps, 5);
-    assert_int_equal(s.duplicates_dropped, 5);
+    assert_int_equal(psd_table_at(&s, 0)->steps, 3);
+    assert_int_equal(psd_dedup_dropped(&s), 3);
+    push_id(&s, 5 + PS_DEDUP_WINDOW + 10); /* far ahead: the window moves */
+    push_id(&s, 8);                        /* below it: counted as applied */
+    assert_int_equal(psd_table_at(&s, 0)->steps, 4);
+    assert_int_equal(psd_dedup_dropped(&s), 4);
+    uint64_t top = 5 + PS_DEDUP_WINDOW + 10;
+    push_id(&s, top - (PS_DEDUP_WINDOW - 1)); /* at the window's edge: remembered, applied */
+    assert_int_equal(psd_table_at(&s, 0)->steps, 5);
+    push_id(&s, top - PS_DEDUP_WINDOW); /* one past it: counted as applied */
+    assert_int_equal(psd_table_at(&s, 0)->steps, 5);
+    assert_int_equal(psd_dedup_dropped(&s), 5);
     psd_fini(&s);
 }
 
@@ -318,17 +336,17 @@ static void test_retry_of_waiting_request(void **state)
     int status = -1;
     for (int copy = 0; copy < 3; copy++)
         assert_false(send_req(&s, &h, g, sizeof g, &status)); /* waits for worker 1 */
-    assert_int_equal(s.nwaits, 1);
-    assert_int_equal(s.waits_refreshed, 2);
-    assert_int_equal(s.duplicates_dropped, 2);
+    assert_int_equal(waiting(&s), 1);
+    assert_int_equal(psd_waits_stats(&s).refreshed, 2);
+    assert_int_equal(psd_dedup_dropped(&s), 2);
     h.worker_id = 1;
     h.request_id = 3;
     assert_true(send_req(&s, &h, g, sizeof g, &status)); /* completes the round: answered */
     assert_int_equal(status, 0);
-    assert_int_equal(s.nwaits, 0);
+    assert_int_equal(waiting(&s), 0);
     assert_int_equal(sent, 1); /* worker 0's, once */
     for (int i = 0; i < 4; i++)
-        assert_float_equal(s.tables[0]->w[i], -1.0f, 0); /* the mean of two pushes of 1 */
+        assert_float_equal(psd_table_at(&s, 0)->w[i], -1.0f, 0); /* the mean of two pushes of 1 */
     psd_fini(&s);
 }
 
@@ -361,9 +379,9 @@ static void test_push_answered_before_its_step(void **state)
     assert_int_equal(sent, 1);
     assert_int_equal(sent_log[0].request_id, 1);
     assert_int_equal(sent_log[0].status, 0);
-    assert_weights(sent_log[0].w, 0, 0, 0, 0);      /* before the step */
-    assert_weights(s.tables[0]->w, -1, -2, -3, -4); /* after it */
-    pull(&s, 1, 2, 1, 0);                           /* clock 1 waits for worker 0's clock 0 */
+    assert_weights(sent_log[0].w, 0, 0, 0, 0);              /* before the step */
+    assert_weights(psd_table_at(&s, 0)->w, -1, -2, -3, -4); /* after it */
+    pull(&s, 1, 2, 1, 0); /* clock 1 waits for worker 0's clock 0 */
 
     /* worker 0's keyed push of clock 0: its answer, its step, then the pull */
     ps_wire_header_init(&h, PS__OP__OP_PUSH);
@@ -384,8 +402,8 @@ static void test_push_answered_before_its_step(void **state)
     assert_int_equal(sent_log[2].request_id, 2);
     assert_int_equal(sent_log[2].status, 0);
     assert_weights(sent_log[2].vals, -11, -2, -23, -4);
-    assert_weights(s.tables[0]->w, -11, -2, -23, -4);
-    assert_int_equal(s.nwaits, 0);
+    assert_weights(psd_table_at(&s, 0)->w, -11, -2, -23, -4);
+    assert_int_equal(waiting(&s), 0);
     psd_fini(&s);
 }
 
@@ -418,9 +436,23 @@ static void test_answered_after_the_step(void **state)
     int status = -1;
     assert_true(send_req(&s, &h, g, sizeof g, &status));
     assert_int_equal(status, 0);
-    assert_weights(s.tables[0]->w, -1, -2, -3, -4);
+    assert_weights(psd_table_at(&s, 0)->w, -1, -2, -3, -4);
     assert_int_equal(sent, 0);
     psd_fini(&s);
+}
+
+/* An empty asp shard of one worker whose tables may take table_bytes_max
+ * (0: the default). */
+static void empty_shard(struct psd *r, struct ps_log *log, uint64_t table_bytes_max)
+{
+    struct psd_params p = {.shard = 0,
+                           .shards = 1,
+                           .value_bytes_max = 1u << 20,
+                           .wait_timeout_ms = 3600000,
+                           .table_bytes_max = table_bytes_max};
+    assert_int_equal(psd_cons_parse("asp", &p.cons), 0);
+    p.cons.workers = 1;
+    assert_int_equal(psd_init(r, log, &p), 0);
 }
 
 /* A checkpoint in dir (path set) of an asp shard whose worker 0 pushed
@@ -436,11 +468,7 @@ static void checkpoint_and_empty(const uint64_t *ids, size_t n, char *dir, char 
         push_id(&s, ids[i]);
     assert_int_equal(psd_checkpoint_write(&s, dir, path, pathlen, err, sizeof err), 0);
     psd_fini(&s);
-    struct psd_params p = {
-        .shard = 0, .shards = 1, .value_bytes_max = 1u << 20, .wait_timeout_ms = 3600000};
-    assert_int_equal(psd_cons_parse("asp", &p.cons), 0);
-    p.cons.workers = 1;
-    assert_int_equal(psd_init(r, log, &p), 0);
+    empty_shard(r, log, 0);
 }
 
 /* The window of ids applied one by one survives a checkpoint: a request
@@ -455,12 +483,12 @@ static void test_dedup_window_in_checkpoint(void **state)
     const uint64_t ids[] = {5, 7}; /* 6 lost on the way */
     checkpoint_and_empty(ids, 2, dir, path, sizeof path, &r, &log);
     assert_int_equal(psd_checkpoint_restore(&r, dir, path, sizeof path), 1);
-    assert_int_equal(r.tables[0]->steps, 2);
+    assert_int_equal(psd_table_at(&r, 0)->steps, 2);
     push_id(&r, 6); /* its retry: applied */
-    assert_int_equal(r.tables[0]->steps, 3);
+    assert_int_equal(psd_table_at(&r, 0)->steps, 3);
     push_id(&r, 7);
     push_id(&r, 5);
-    assert_int_equal(r.tables[0]->steps, 3);
+    assert_int_equal(psd_table_at(&r, 0)->steps, 3);
     psd_fini(&r);
     unlink(path);
     rmdir(dir);
@@ -474,7 +502,7 @@ static void load_refused(struct psd *r, const char *path, int code, const char *
     assert_int_equal(psd_checkpoint_load(r, path, err, sizeof err), code);
     if (strstr(err, why) == NULL)
         fail_msg("refused for another reason: %s", err);
-    assert_int_equal(r->ntables, 0);
+    assert_int_equal(psd_ntables(r), 0);
 }
 
 static void checkpoint_gone(struct psd *r, const char *dir, const char *path)
@@ -524,11 +552,13 @@ static void test_checkpoint_table_over_limit(void **state)
     char dir[] = "/tmp/pstest-waits-XXXXXX", path[4200], err[512];
     const uint64_t ids[] = {5};
     checkpoint_and_empty(ids, 1, dir, path, sizeof path, &r, &log);
-    r.table_bytes_max = 15; /* table "t": 4 floats of SGD, 16 bytes */
+    psd_fini(&r);
+    empty_shard(&r, &log, 15); /* table "t": 4 floats of SGD, 16 bytes */
     load_refused(&r, path, PS_ELIMIT, "16 bytes, over psd --max-table-bytes 15");
-    r.table_bytes_max = 16;
+    psd_fini(&r);
+    empty_shard(&r, &log, 16);
     assert_int_equal(psd_checkpoint_load(&r, path, err, sizeof err), 0);
-    assert_int_equal(r.ntables, 1);
+    assert_int_equal(psd_ntables(&r), 1);
     checkpoint_gone(&r, dir, path);
 }
 
@@ -544,14 +574,16 @@ static void test_interval_checkpoint_only_on_change(void **state)
     char dir[] = "/tmp/pstest-waits-XXXXXX";
     assert_non_null(mkdtemp(dir));
     ps_log_init(&log, "test", PS_LOG_ERROR);
-    struct psd_params p = {
-        .shard = 0, .shards = 1, .value_bytes_max = 1u << 20, .wait_timeout_ms = 3600000};
+    struct psd_params p = {.shard = 0,
+                           .shards = 1,
+                           .value_bytes_max = 1u << 20,
+                           .wait_timeout_ms = 3600000,
+                           .checkpoint_dir = dir,
+                           .checkpoint_every_ms = 1000};
     assert_int_equal(psd_cons_parse("asp", &p.cons), 0);
     p.cons.workers = 1;
     assert_int_equal(psd_init(&s, &log, &p), 0);
     psd_set_sender(&s, count_sent, &s);
-    s.ckpt_dir = dir;
-    s.ckpt_every_ms = 1000;
     psd_checkpoint_mark_saved(&s);
     const uint64_t written[] = {0, 1, 1, 2, 2};
     for (int step = 0; step < 5; step++) {
@@ -559,9 +591,8 @@ static void test_interval_checkpoint_only_on_change(void **state)
             create_t(&s);
         if (step == 3)
             push_id(&s, 0);
-        s.ckpt_last_ms = 0; /* the interval has passed */
-        psd_tick(&s);
-        assert_int_equal(s.ckpt_written, written[step]);
+        psd_tick_at(&s, (uint64_t)ps_mono_ms() + 1000); /* the interval has passed */
+        assert_int_equal(psd_checkpoints_written(&s), written[step]);
     }
     assert_true(psd_checkpoint_age_s(&s) >= 0);
     psd_fini(&s);

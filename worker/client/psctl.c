@@ -13,7 +13,7 @@
  * status is 1. */
 #include "psclient.h"
 
-#include "checkpoint.h"
+#include "snapshot.h"
 
 #include "ps_clock.h"
 #include "ps_curve.h"
@@ -522,7 +522,7 @@ static int cmd_export(struct cluster *k, const char *path, int json)
     return rc == 0 ? 0 : 1;
 }
 
-/* psctl reshard: offline, on the checkpoint files (server/core/checkpoint.h). */
+/* psctl reshard: offline, on the checkpoint files (server/state/snapshot.h). */
 static int cmd_reshard(const struct config *cfg)
 {
     char err[1024];
@@ -533,7 +533,7 @@ static int cmd_reshard(const struct config *cfg)
     }
     uint32_t old = 0;
     struct psd_cons cons;
-    if (psd_checkpoint_params(cfg->from, &old, &cons, err, sizeof err) != 0) {
+    if (psd_snapshot_params(cfg->from, &old, &cons, err, sizeof err) != 0) {
         fprintf(stderr, "psctl: reshard: %s\n", err);
         return 1;
     }
@@ -542,33 +542,25 @@ static int cmd_reshard(const struct config *cfg)
         fprintf(stderr, "psctl: reshard: cannot make %s: %s\n", cfg->to, strerror(errno));
         return 1;
     }
-    if (psd_checkpoint_found(cfg->to, what, sizeof what) > 0) {
+    if (psd_snapshot_found(cfg->to, what, sizeof what) > 0) {
         fprintf(stderr,
                 "psctl: reshard: %s holds checkpoints already (%s): give an empty "
                 "directory\n",
                 cfg->to, what);
         return 1;
     }
-    struct ps_log log;
-    ps_log_init(&log, "psctl", PS_LOG_WARN);
-    struct psd *s = calloc(1, sizeof *s);
-    int rc = s == NULL ? PS_ENOMEM : 0;
+    int rc = 0;
     for (uint32_t j = 0; rc == 0 && j < cfg->shards; j++) {
-        struct psd_params p = {.shard = j, .shards = (uint32_t)cfg->shards, .cons = cons};
+        struct psd_snapshot s = {.shard = j, .shards = (uint32_t)cfg->shards, .cons = cons};
         char path[PS_PATH_MAX];
-        if ((rc = psd_init(s, &log, &p)) != 0) {
-            snprintf(err, sizeof err, "out of memory");
-            break;
-        }
-        rc = psd_checkpoint_reshard(s, cfg->from, old, err, sizeof err);
+        rc = psd_reshard(&s, cfg->from, old, err, sizeof err);
         if (rc == 0)
-            rc = psd_checkpoint_write(s, cfg->to, path, sizeof path, err, sizeof err);
+            rc = psd_snapshot_write(&s, cfg->to, path, sizeof path, err, sizeof err);
         if (rc == 0)
             printf("shard %u of %llu: %s (%u tables)\n", j, (unsigned long long)cfg->shards, path,
-                   s->ntables);
-        psd_fini(s);
+                   s.ntables);
+        psd_snapshot_free(&s);
     }
-    free(s);
     if (rc != 0) {
         fprintf(stderr, "psctl: reshard: %s\n", err);
         return 1;

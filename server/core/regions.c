@@ -1,25 +1,48 @@
-/* psd's shared regions: hand-over, binding, lookup, eviction. */
-#include "shm.h"
+/* psd's shared regions: hand-over, binding, lookup, eviction (regions.h). */
+#include "regions.h"
 
 #include "ps_err.h"
 
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 
-static void drop(struct psd_shm_region *r)
+struct region {
+    unsigned char *base; /* NULL: free */
+    size_t size;
+    uint64_t token;   /* handed over, not yet bound: its token; 0 once bound */
+    uint64_t used_ms; /* handed over, bound or last used */
+    uint32_t worker_id;
+    uint8_t route[PS_ROUTE_ID_MAX];
+    size_t route_len;
+};
+
+struct psd_regions {
+    struct region r[PS_SHM_REGIONS_MAX];
+    uint32_t last;                /* the region found last (a worker's requests come in runs) */
+    uint64_t bytes_in, bytes_out; /* values read from and written to regions */
+};
+
+struct psd_regions *psd_regions_create(void)
+{
+    return calloc(1, sizeof(struct psd_regions));
+}
+
+static void drop(struct region *r)
 {
     munmap(r->base, r->size);
     memset(r, 0, sizeof *r);
 }
 
-int psd_shm_offer(struct psd_shm_set *set, uint64_t token, void *base, size_t size, uint64_t now_ms)
+int psd_regions_offer(struct psd_regions *set, uint64_t token, void *base, size_t size,
+                      uint64_t now_ms)
 {
     if (token == 0) /* 0 marks a bound region */
         return PS_EINVAL;
-    psd_shm_expire(set, now_ms);
-    struct psd_shm_region *slot = NULL;
+    psd_regions_expire(set, now_ms);
+    struct region *slot = NULL;
     for (uint32_t i = 0; i < PS_SHM_REGIONS_MAX; i++) {
-        struct psd_shm_region *r = &set->r[i];
+        struct region *r = &set->r[i];
         if (r->base == NULL) {
             slot = r;
             break;
@@ -38,18 +61,18 @@ int psd_shm_offer(struct psd_shm_set *set, uint64_t token, void *base, size_t si
     return 0;
 }
 
-static int same_route(const struct psd_shm_region *r, const void *route, size_t len)
+static int same_route(const struct region *r, const void *route, size_t len)
 {
     return r->base != NULL && r->token == 0 && r->route_len == len &&
            memcmp(r->route, route, len) == 0;
 }
 
-int psd_shm_bind(struct psd_shm_set *set, uint64_t token, const void *route, size_t route_len,
-                 uint32_t worker_id, uint64_t now_ms)
+int psd_regions_bind(struct psd_regions *set, uint64_t token, const void *route, size_t route_len,
+                     uint32_t worker_id, uint64_t now_ms)
 {
     if (token == 0 || route_len > PS_ROUTE_ID_MAX)
         return 0;
-    struct psd_shm_region *found = NULL;
+    struct region *found = NULL;
     for (uint32_t i = 0; i < PS_SHM_REGIONS_MAX && found == NULL; i++)
         if (set->r[i].base != NULL && set->r[i].token == token)
             found = &set->r[i];
@@ -66,10 +89,10 @@ int psd_shm_bind(struct psd_shm_set *set, uint64_t token, const void *route, siz
     return 1;
 }
 
-int psd_shm_at(struct psd_shm_set *set, const void *route, size_t route_len, uint64_t off,
-               uint64_t bytes, uint64_t now_ms, unsigned char **p, size_t *size)
+int psd_regions_at(struct psd_regions *set, const void *route, size_t route_len, uint64_t off,
+                   uint64_t bytes, uint64_t now_ms, unsigned char **p, size_t *size)
 {
-    struct psd_shm_region *r = &set->r[set->last];
+    struct region *r = &set->r[set->last];
     if (!same_route(r, route, route_len)) {
         r = NULL;
         for (uint32_t i = 0; i < PS_SHM_REGIONS_MAX && r == NULL; i++)
@@ -88,26 +111,27 @@ int psd_shm_at(struct psd_shm_set *set, const void *route, size_t route_len, uin
     return 0;
 }
 
-void psd_shm_drop_worker(struct psd_shm_set *set, uint32_t w, const void *route, size_t route_len)
+void psd_regions_drop_worker(struct psd_regions *set, uint32_t w, const void *route,
+                             size_t route_len)
 {
     for (uint32_t i = 0; i < PS_SHM_REGIONS_MAX; i++) {
-        struct psd_shm_region *r = &set->r[i];
+        struct region *r = &set->r[i];
         if (r->base != NULL && r->token == 0 && r->worker_id == w &&
             (route == NULL || !same_route(r, route, route_len)))
             drop(r);
     }
 }
 
-void psd_shm_expire(struct psd_shm_set *set, uint64_t now_ms)
+void psd_regions_expire(struct psd_regions *set, uint64_t now_ms)
 {
     for (uint32_t i = 0; i < PS_SHM_REGIONS_MAX; i++) {
-        struct psd_shm_region *r = &set->r[i];
+        struct region *r = &set->r[i];
         if (r->base != NULL && r->token != 0 && now_ms - r->used_ms > PS_SHM_PENDING_MS)
             drop(r);
     }
 }
 
-uint32_t psd_shm_bound(const struct psd_shm_set *set)
+uint32_t psd_regions_bound(const struct psd_regions *set)
 {
     uint32_t n = 0;
     for (uint32_t i = 0; i < PS_SHM_REGIONS_MAX; i++)
@@ -115,10 +139,32 @@ uint32_t psd_shm_bound(const struct psd_shm_set *set)
     return n;
 }
 
-void psd_shm_fini(struct psd_shm_set *set)
+void psd_regions_destroy(struct psd_regions *set)
 {
+    if (set == NULL)
+        return;
     for (uint32_t i = 0; i < PS_SHM_REGIONS_MAX; i++)
         if (set->r[i].base != NULL)
             munmap(set->r[i].base, set->r[i].size);
-    memset(set, 0, sizeof *set);
+    free(set);
+}
+
+void psd_regions_count_in(struct psd_regions *set, uint64_t bytes)
+{
+    set->bytes_in += bytes;
+}
+
+void psd_regions_count_out(struct psd_regions *set, uint64_t bytes)
+{
+    set->bytes_out += bytes;
+}
+
+uint64_t psd_regions_bytes_in(const struct psd_regions *set)
+{
+    return set->bytes_in;
+}
+
+uint64_t psd_regions_bytes_out(const struct psd_regions *set)
+{
+    return set->bytes_out;
 }
