@@ -3,6 +3,9 @@
 #define _GNU_SOURCE
 #include "repl_impl.h"
 
+#include "backups.h"
+#include "record.h"
+
 #include "catalog.h"
 #include "checkpoint.h"
 
@@ -24,7 +27,7 @@ void psd__repl_send_follow(struct psd_repl *r)
     h.epoch = r->epoch;
     h.instance = r->lead.id;
     h.detail = r->lead.endpoint;
-    psd__repl_send_hdr(r->follow, &h, 0);
+    psd_record_send(r->follow, &h, 0);
     r->followed_ms = (uint64_t)ps_mono_ms();
 }
 
@@ -89,8 +92,7 @@ static void on_snapshot_piece(struct psd_repl *r, const Ps__Header *h, zmq_msg_t
 {
     char path[PS_PATH_MAX + 16];
     snprintf(path, sizeof path, "%s/transfer", r->snap_dir);
-    if (kept != 2 || h->offset != r->snap_bytes || h->count > (UINT64_C(1) << 40) ||
-        h->offset + zmq_msg_size(&parts[1]) > h->count) {
+    if (kept != 2 || !psd_record_piece_fits(h, zmq_msg_size(&parts[1]), r->snap_bytes)) {
         resync(r, "a piece of the state transfer is out of order");
         return;
     }
@@ -168,21 +170,17 @@ static void on_record_apply(struct psd_repl *r, const Ps__Header *h, zmq_msg_t *
         zmq_getsockopt(r->follow, ZMQ_EVENTS, &events, &len) == 0 && (events & ZMQ_POLLIN))
         return; /* the next record's acknowledgement covers this one */
     Ps__Header a;
-    psd__repl_record_header(r, &a, PS__RECORD__REC_BEAT);
+    psd_record_header(&a, PS__RECORD__REC_BEAT, r->epoch, r->seq);
     a.instance = r->lead.id;
-    if (psd__repl_send_hdr(r->follow, &a, 0) == 0)
+    if (psd_record_send(r->follow, &a, 0) == 0)
         r->acked_sent = r->seq;
 }
 
-int psd__repl_on_record(struct ps_zsock *zs, void *arg)
+void psd__repl_message(struct psd_repl *r, zmq_msg_t *parts, size_t kept, size_t total)
 {
-    (void)zs;
-    struct psd_repl *r = arg;
-    zmq_msg_t parts[PARTS_MAX];
-    size_t kept = 0, total = 0;
-    if (ps_zmsg_recv(r->follow, ZMQ_DONTWAIT, parts, PARTS_MAX, &kept, &total, NULL) != 0)
-        return -1;
-    Ps__Header *h = kept > 0 ? psd__repl_unpack(&r->rec_arena, &parts[0]) : NULL;
+    Ps__Header *h = kept > 0 ? psd_record_unpack(&r->rec_arena, zmq_msg_data(&parts[0]),
+                                                 zmq_msg_size(&parts[0]))
+                             : NULL;
     if (h == NULL || r->role != PSD_ROLE_BACKUP) {
         /* nothing a primary sends, or a reply to a follow when it was not one */
     } else if (h->status == PS_ENOTPRIMARY) {
@@ -194,6 +192,17 @@ int psd__repl_on_record(struct ps_zsock *zs, void *arg)
     } else if (h->op == PS__OP__OP_REPLICATE && h->epoch == r->epoch) {
         on_record_apply(r, h, parts, kept, total);
     }
+}
+
+int psd__repl_on_record(struct ps_zsock *zs, void *arg)
+{
+    (void)zs;
+    struct psd_repl *r = arg;
+    zmq_msg_t parts[PARTS_MAX];
+    size_t kept = 0, total = 0;
+    if (ps_zmsg_recv(r->follow, ZMQ_DONTWAIT, parts, PARTS_MAX, &kept, &total, NULL) != 0)
+        return -1;
+    psd__repl_message(r, parts, kept, total);
     for (size_t i = 0; i < kept; i++)
         zmq_msg_close(&parts[i]);
     return 0;
@@ -210,7 +219,7 @@ static void promote(struct psd_repl *r)
     r->role = PSD_ROLE_PRIMARY;
     r->epoch = r->lead.epoch;
     r->seq = 0;
-    memset(r->backups, 0, sizeof r->backups);
+    memset(&r->backups, 0, sizeof r->backups);
     r->promotions++;
     psd_take_over(s, r->worker_timeout_ms);
     PS_LOG(r->log, PS_LOG_WARN, S0715,

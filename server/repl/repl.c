@@ -3,6 +3,9 @@
 #define _GNU_SOURCE
 #include "repl_impl.h"
 
+#include "backups.h"
+#include "record.h"
+
 #include "catalog.h"
 #include "checkpoint.h"
 #include "live.h"
@@ -10,7 +13,6 @@
 
 #include "ps_clock.h"
 #include "ps_err.h"
-#include "ps_header.h"
 #include "ps_zmsg.h"
 
 #include <errno.h>
@@ -39,18 +41,12 @@ static uint64_t now_ms(void)
     return (uint64_t)ps_mono_ms();
 }
 
-/* ---- held replies (primary) ---------------------------------------------- */
+/* This process stops answering as primary (it lost its lease, or etcd
+ * names another): held replies are refused as not primary, the clients
+ * send them again. */
+static void step_down(struct psd_repl *r, const char *why);
 
-/* The fewest records every required backup has applied (3 in sync, 4
- * leaving: still waited for until etcd no longer lists it). */
-static uint64_t required_acked(const struct psd_repl *r)
-{
-    uint64_t m = UINT64_MAX;
-    for (uint32_t i = 0; i < PSD_BACKUPS_MAX; i++)
-        if (r->backups[i].state >= 3 && r->backups[i].acked < m)
-            m = r->backups[i].acked;
-    return m;
-}
+/* ---- held replies (primary) ---------------------------------------------- */
 
 static int lease_ok(const struct psd_repl *r)
 {
@@ -64,7 +60,7 @@ int psd_repl_hold(void *repl, const void *route, size_t route_len, struct psd_re
         psd_reply_drop(rep);
         return 1;
     }
-    if (r->held_n == 0 && required_acked(r) == UINT64_MAX && lease_ok(r))
+    if (r->held_n == 0 && psd_backups_required(&r->backups) == UINT64_MAX && lease_ok(r))
         return 0;
     if (r->held_n == PSD_HELD_MAX || route_len > PS_ROUTE_ID_MAX) {
         r->held_dropped++; /* the client sends it again */
@@ -105,7 +101,7 @@ static void flush(struct psd_repl *r)
 {
     if (r->role != PSD_ROLE_PRIMARY || !lease_ok(r))
         return;
-    uint64_t acked = required_acked(r);
+    uint64_t acked = psd_backups_required(&r->backups);
     while (r->held_n > 0) {
         struct psd_held *e = &r->held[r->held_head];
         if (e->tag > acked)
@@ -130,23 +126,6 @@ static void drop_held(struct psd_repl *r)
 
 /* ---- records (primary) ------------------------------------------------- */
 
-int psd__repl_send_hdr(void *sock, const Ps__Header *h, int more)
-{
-    uint8_t buf[PS_HEADER_BYTES_MAX];
-    int64_t n = ps_wire_header_pack(h, buf, sizeof buf);
-    if (n < 0)
-        return -1;
-    return zmq_send(sock, buf, (size_t)n, (more ? ZMQ_SNDMORE : 0) | ZMQ_DONTWAIT) < 0 ? -1 : 0;
-}
-
-void psd__repl_record_header(const struct psd_repl *r, Ps__Header *h, Ps__Record kind)
-{
-    ps_wire_header_init(h, PS__OP__OP_REPLICATE);
-    h->record = kind;
-    h->epoch = r->epoch;
-    h->seq = r->seq;
-}
-
 static void drop_backup(struct psd_repl *r, struct psd_backup *b, const char *why);
 
 /* One record to backup b: the header, then frames (copies that share the
@@ -156,7 +135,7 @@ static void send_record(struct psd_repl *r, struct psd_backup *b, const Ps__Head
 {
     void *sock = r->net->sock;
     int bad = zmq_send(sock, b->route, b->route_len, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
-              psd__repl_send_hdr(sock, h, n > 0) != 0;
+              psd_record_send(sock, h, n > 0) != 0;
     for (size_t i = 0; !bad && i < n; i++) {
         zmq_msg_t m;
         zmq_msg_init(&m);
@@ -182,8 +161,8 @@ static void forward(struct psd_repl *r, Ps__Header *h, zmq_msg_t *frames, size_t
     h->seq = r->seq;
     r->records_sent++;
     for (uint32_t i = 0; i < PSD_BACKUPS_MAX; i++)
-        if (r->backups[i].state >= 2)
-            send_record(r, &r->backups[i], h, frames, n);
+        if (psd_backup_gets_records(&r->backups.b[i]))
+            send_record(r, &r->backups.b[i], h, frames, n);
 }
 
 static void on_drop(void *ctx, uint32_t w)
@@ -192,7 +171,7 @@ static void on_drop(void *ctx, uint32_t w)
     if (r->role != PSD_ROLE_PRIMARY)
         return;
     Ps__Header h;
-    psd__repl_record_header(r, &h, PS__RECORD__REC_DROP);
+    psd_record_header(&h, PS__RECORD__REC_DROP, r->epoch, r->seq);
     h.worker_id = w;
     forward(r, &h, NULL, 0);
 }
@@ -205,12 +184,7 @@ static int update_insync(struct psd_repl *r)
 {
     uint64_t ids[PSD_BACKUPS_MAX];
     const char *eps[PSD_BACKUPS_MAX];
-    uint32_t n = 0;
-    for (uint32_t i = 0; i < PSD_BACKUPS_MAX; i++)
-        if (r->backups[i].state == 3) {
-            ids[n] = r->backups[i].id;
-            eps[n++] = r->backups[i].endpoint;
-        }
+    uint32_t n = psd_backups_in_sync(&r->backups, ids, eps);
     int ok = 0;
     int rc = psd_lead_set_insync(&r->lead, ids, eps, n, &ok);
     if (rc != 0) {
@@ -220,30 +194,25 @@ static int update_insync(struct psd_repl *r)
         return rc;
     }
     if (!ok) {
-        psd__repl_step_down(r, "etcd's leader key is no longer this process's");
+        step_down(r, "etcd's leader key is no longer this process's");
         return PS_ESTATE;
     }
-    for (uint32_t i = 0; i < PSD_BACKUPS_MAX; i++)
-        if (r->backups[i].state == 4)
-            r->backups[i].state = 0;
+    psd_backups_listed(&r->backups);
     PS_LOG(r->log, PS_LOG_INFO, S0703, "in sync: this primary and %u backup(s)", n);
     return 0;
 }
 
 static void drop_backup(struct psd_repl *r, struct psd_backup *b, const char *why)
 {
-    if (b->state == 0 || b->state == 4)
+    if (b->state == PSD_BACKUP_FREE || b->state == PSD_BACKUP_LEAVING)
         return;
     PS_LOG(r->log, PS_LOG_WARN, S0704, "backup %s (%016" PRIx64 ") dropped: %s; %s", b->endpoint,
            b->id, why,
-           b->state == 3 ? "replies wait until etcd no longer lists it" : "it was not in sync yet");
+           b->state == PSD_BACKUP_IN_SYNC ? "replies wait until etcd no longer lists it"
+                                          : "it was not in sync yet");
     r->backups_dropped++;
-    if (b->state == 3) {
-        b->state = 4;
+    if (psd_backup_drop(b))
         update_insync(r);
-    } else {
-        b->state = 0;
-    }
 }
 
 /* ---- state transfer (primary) ----------------------------------------------- */
@@ -265,16 +234,16 @@ static void send_snapshot(struct psd_repl *r, const char *path)
         if (got <= 0)
             break;
         Ps__Header h;
-        psd__repl_record_header(r, &h, PS__RECORD__REC_SNAPSHOT);
+        psd_record_header(&h, PS__RECORD__REC_SNAPSHOT, r->epoch, r->seq);
         h.offset = off;
         h.count = size;
         h.last = off + (uint64_t)got >= size;
         for (uint32_t i = 0; i < PSD_BACKUPS_MAX; i++) {
-            struct psd_backup *b = &r->backups[i];
-            if (b->state != 1)
+            struct psd_backup *b = &r->backups.b[i];
+            if (b->state != PSD_BACKUP_TRANSFER)
                 continue;
             if (zmq_send(r->net->sock, b->route, b->route_len, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
-                psd__repl_send_hdr(r->net->sock, &h, 1) != 0 ||
+                psd_record_send(r->net->sock, &h, 1) != 0 ||
                 zmq_send(r->net->sock, buf, (size_t)got, ZMQ_DONTWAIT) < 0)
                 drop_backup(r, b, "its state transfer could not be sent");
         }
@@ -283,10 +252,9 @@ static void send_snapshot(struct psd_repl *r, const char *path)
             break;
     }
     for (uint32_t i = 0; i < PSD_BACKUPS_MAX; i++) {
-        struct psd_backup *b = &r->backups[i];
-        if (b->state == 1) {
-            b->state = 2;
-            b->from_seq = r->seq;
+        struct psd_backup *b = &r->backups.b[i];
+        if (b->state == PSD_BACKUP_TRANSFER) {
+            psd_backup_transferred(b, r->seq);
             PS_LOG(r->log, PS_LOG_INFO, S0706,
                    "backup %s: state transfer sent (%" PRIu64 " bytes, up to record %" PRIu64
                    "); it follows from there",
@@ -302,10 +270,7 @@ out:
 /* Backups waiting for their state get it once no round is in progress. */
 static void try_snapshots(struct psd_repl *r)
 {
-    int waiting = 0;
-    for (uint32_t i = 0; i < PSD_BACKUPS_MAX; i++)
-        waiting |= r->backups[i].state == 1;
-    if (!waiting || !psd_quiescent(r->srv))
+    if (!psd_backups_waiting(&r->backups) || !psd_quiescent(r->srv))
         return;
     char path[PS_PATH_MAX], err[256];
     if (psd_checkpoint_write(r->srv, r->snap_dir, path, sizeof path, err, sizeof err) != 0) {
@@ -322,23 +287,18 @@ static void on_follow(struct psd_repl *r, const struct ps_frame *route, const Ps
         char why[96];
         snprintf(why, sizeof why, "a backup follows epoch %" PRIu64 ", past this one's %" PRIu64,
                  h->epoch, r->epoch);
-        psd__repl_step_down(r, why);
+        step_down(r, why);
         return;
     }
     const char *ep = h->detail != NULL ? h->detail : "";
     if (route->size > PS_ROUTE_ID_MAX || strlen(ep) >= PS_ENDPOINT_MAX || h->instance == 0)
         return;
-    struct psd_backup *b = NULL;
     for (uint32_t i = 0; i < PSD_BACKUPS_MAX; i++) {
-        struct psd_backup *o = &r->backups[i];
-        if (o->state != 0 && o->state != 4 && o->id != h->instance && strcmp(o->endpoint, ep) == 0)
+        struct psd_backup *o = &r->backups.b[i];
+        if (o->id != h->instance && strcmp(o->endpoint, ep) == 0)
             drop_backup(r, o, "a new process follows from its endpoint");
-        if (o->state != 0 && o->id == h->instance)
-            b = o;
     }
-    for (uint32_t i = 0; b == NULL && i < PSD_BACKUPS_MAX; i++)
-        if (r->backups[i].state == 0)
-            b = &r->backups[i];
+    struct psd_backup *b = psd_backups_slot(&r->backups, h->instance);
     if (b == NULL) { /* it asks again every --replica-timeout-ms */
         if (ps_log_sampled(++r->follows_refused))
             PS_LOG(r->log, PS_LOG_WARN, S0707,
@@ -346,18 +306,12 @@ static void on_follow(struct psd_repl *r, const struct ps_frame *route, const Ps
                    PSD_BACKUPS_MAX, (unsigned long long)r->follows_refused);
         return;
     }
-    if (b->state == 3 || b->state == 4) { /* in the set: it must leave before it starts over */
-        drop_backup(r, b, "it asked for its state again");
-        if (b->state != 0)
+    if (b->state == PSD_BACKUP_IN_SYNC || b->state == PSD_BACKUP_LEAVING) {
+        drop_backup(r, b, "it asked for its state again"); /* it must leave the set first */
+        if (b->state != PSD_BACKUP_FREE)
             return; /* etcd still lists it: it asks again */
     }
-    memset(b, 0, sizeof *b);
-    b->state = 1;
-    memcpy(b->route, route->data, route->size);
-    b->route_len = route->size;
-    b->id = h->instance;
-    snprintf(b->endpoint, sizeof b->endpoint, "%s", ep);
-    b->heard_ms = now_ms();
+    psd_backup_follows(b, h->instance, ep, route->data, route->size, now_ms());
     PS_LOG(r->log, PS_LOG_INFO, S0708,
            "backup %s (%016" PRIx64 ") follows; its state goes "
            "between rounds",
@@ -368,17 +322,12 @@ static void on_follow(struct psd_repl *r, const struct ps_frame *route, const Ps
 static void on_ack(struct psd_repl *r, const struct ps_frame *route, const Ps__Header *h)
 {
     for (uint32_t i = 0; i < PSD_BACKUPS_MAX; i++) {
-        struct psd_backup *b = &r->backups[i];
-        if (b->state == 0 || b->id != h->instance || b->route_len != route->size ||
+        struct psd_backup *b = &r->backups.b[i];
+        if (b->state == PSD_BACKUP_FREE || b->id != h->instance || b->route_len != route->size ||
             memcmp(b->route, route->data, route->size) != 0 || h->epoch != r->epoch)
             continue;
-        b->heard_ms = now_ms();
-        if (h->seq > b->acked && h->seq <= r->seq)
-            b->acked = h->seq;
-        if (b->state == 2 && b->acked >= b->from_seq) {
-            b->state = 3; /* waited for from here on; then listed */
+        if (psd_backup_acked(b, h->seq, r->seq, now_ms()))
             update_insync(r);
-        }
     }
     flush(r);
 }
@@ -446,22 +395,13 @@ static int replicable(const Ps__Header *h, enum psd_answer ans, const struct psd
     }
 }
 
-Ps__Header *psd__repl_unpack(struct ps_arena *arena, const zmq_msg_t *frame)
-{
-    size_t n = zmq_msg_size((zmq_msg_t *)frame);
-    const uint8_t *data = zmq_msg_data((zmq_msg_t *)frame);
-    if (n > PS_HEADER_BYTES_MAX)
-        return NULL;
-    ps_arena_reset(arena);
-    Ps__Header *h = ps_header_unpack_fast(&arena->pa, n, data);
-    return h != NULL ? h : ps__header__unpack(&arena->pa, n, data);
-}
-
 void psd_repl_request(void *repl, const struct ps_frame *route, const char *user, zmq_msg_t *parts,
                       size_t kept, size_t total)
 {
     struct psd_repl *r = repl;
-    Ps__Header *h = kept > 1 ? psd__repl_unpack(&r->req_arena, &parts[1]) : NULL;
+    Ps__Header *h = kept > 1 ? psd_record_unpack(&r->req_arena, zmq_msg_data(&parts[1]),
+                                                 zmq_msg_size(&parts[1]))
+                             : NULL;
     int op = h != NULL ? (int)h->op : 0;
     if (op == PS__OP__OP_FOLLOW || op == PS__OP__OP_REPLICATE) {
         if (r->curve_pub[0] != '\0' && (user == NULL || strcmp(user, r->curve_pub) != 0)) {
@@ -490,7 +430,7 @@ void psd_repl_request(void *repl, const struct ps_frame *route, const char *user
     r->in_dispatch = 0;
     if (r->role == PSD_ROLE_PRIMARY && h != NULL && kept == total && replicable(h, ans, &rep)) {
         Ps__Header rec;
-        psd__repl_record_header(r, &rec, PS__RECORD__REC_REQUEST);
+        psd_record_header(&rec, PS__RECORD__REC_REQUEST, r->epoch, r->seq);
         rec.route.data = (uint8_t *)route->data;
         rec.route.len = route->size;
         rec.user = (char *)(user ? user : "");
@@ -530,7 +470,7 @@ static void refuse_held(struct psd_repl *r)
     }
 }
 
-void psd__repl_step_down(struct psd_repl *r, const char *why)
+static void step_down(struct psd_repl *r, const char *why)
 {
     if (r->role != PSD_ROLE_PRIMARY)
         return;
@@ -540,7 +480,7 @@ void psd__repl_step_down(struct psd_repl *r, const char *why)
            r->srv->conf.shard, why, r->held_n);
     refuse_held(r);
     psd_lead_resign(&r->lead);
-    memset(r->backups, 0, sizeof r->backups);
+    memset(&r->backups, 0, sizeof r->backups);
     psd_set_worker_timeout(r->srv, 0);
     r->view_ms = 0;
 }
@@ -550,7 +490,7 @@ static void primary_tick(struct psd_repl *r, uint64_t now)
 {
     int rc = psd_lead_renew(&r->lead, now);
     if (rc == PS_ESTATE) {
-        psd__repl_step_down(r, "etcd no longer holds its lease");
+        step_down(r, "etcd no longer holds its lease");
         return;
     }
     if (rc != 0)
@@ -558,25 +498,24 @@ static void primary_tick(struct psd_repl *r, uint64_t now)
             PS_LOG(r->log, PS_LOG_WARN, S0717, "lease not renewed: %s (replies stop in %lld ms)",
                    r->lead.etcd.err, (long long)r->lead.lease_until_ms - (long long)now);
     for (uint32_t i = 0; i < PSD_BACKUPS_MAX; i++) {
-        struct psd_backup *b = &r->backups[i];
-        uint64_t limit = b->state == 3 ? r->timeout_ms : CATCH_UP_MS;
-        if ((b->state >= 1 && b->state <= 3) && now - b->heard_ms > limit) {
+        struct psd_backup *b = &r->backups.b[i];
+        if (psd_backup_silent(b, now, r->timeout_ms, CATCH_UP_MS)) {
             char why[64];
             snprintf(why, sizeof why, "silent for %" PRIu64 " ms", now - b->heard_ms);
             drop_backup(r, b, why);
         }
-        if (b->state == 4)
-            update_insync(r); /* etcd did not answer before */
     }
+    if (psd_backups_leaving(&r->backups))
+        update_insync(r); /* etcd did not answer before */
     if (r->role != PSD_ROLE_PRIMARY)
         return;
     if (now - r->beat_ms >= BEAT_MS) {
         r->beat_ms = now;
         Ps__Header h;
-        psd__repl_record_header(r, &h, PS__RECORD__REC_BEAT);
+        psd_record_header(&h, PS__RECORD__REC_BEAT, r->epoch, r->seq);
         for (uint32_t i = 0; i < PSD_BACKUPS_MAX; i++)
-            if (r->backups[i].state >= 1 && r->backups[i].state <= 3)
-                send_record(r, &r->backups[i], &h, NULL, 0);
+            if (psd_backup_gets_beats(&r->backups.b[i]))
+                send_record(r, &r->backups.b[i], &h, NULL, 0);
     }
     try_snapshots(r);
     flush(r);
@@ -607,16 +546,16 @@ static void on_stats(void *ctx, Ps__Stats *st)
     st->n_replicas = 0;
     st->replicas = rp;
     for (uint32_t i = 0; r->role == PSD_ROLE_PRIMARY && i < PSD_BACKUPS_MAX; i++) {
-        const struct psd_backup *b = &r->backups[i];
-        if (b->state == 0)
+        const struct psd_backup *b = &r->backups.b[i];
+        if (b->state == PSD_BACKUP_FREE)
             continue;
         Ps__ReplicaStats *o = &rs[st->n_replicas];
         ps__replica_stats__init(o);
         o->endpoint = (char *)b->endpoint;
         o->id = b->id;
         o->acked = b->acked;
-        o->lag = b->state >= 2 ? r->seq - b->acked : r->seq;
-        o->in_sync = b->state == 3;
+        o->lag = psd_backup_lag(b, r->seq);
+        o->in_sync = b->state == PSD_BACKUP_IN_SYNC;
         rp[st->n_replicas++] = o;
     }
 }
@@ -753,13 +692,12 @@ void psd_repl_metrics(const struct psd_repl *r, struct ps_buf *b)
     ps_prom_family(b, "psd_replica_backup_lag", "gauge",
                    "Records a backup has not acknowledged, by backup (in_sync: etcd lists it).");
     for (uint32_t i = 0; r->role == PSD_ROLE_PRIMARY && i < PSD_BACKUPS_MAX; i++) {
-        const struct psd_backup *k = &r->backups[i];
-        if (k->state == 0)
+        const struct psd_backup *k = &r->backups.b[i];
+        if (k->state == PSD_BACKUP_FREE)
             continue;
         labels[0] = '\0';
         ps_prom_label(labels, sizeof labels, "backup", k->endpoint);
-        ps_prom_label(labels, sizeof labels, "in_sync", k->state == 3 ? "1" : "0");
-        ps_prom_sample(b, "psd_replica_backup_lag", labels,
-                       (double)(k->state >= 2 ? r->seq - k->acked : r->seq));
+        ps_prom_label(labels, sizeof labels, "in_sync", k->state == PSD_BACKUP_IN_SYNC ? "1" : "0");
+        ps_prom_sample(b, "psd_replica_backup_lag", labels, (double)psd_backup_lag(k, r->seq));
     }
 }

@@ -17,6 +17,7 @@
 #ifndef PSD_REPL_H
 #define PSD_REPL_H
 
+#include "backups.h"
 #include "lead.h"
 #include "ps_curve.h"
 #include "net.h"
@@ -28,25 +29,13 @@
 #include <stdint.h>
 #include <uv.h>
 
-#define PSD_BACKUPS_MAX (PSD_REPLICAS_MAX - 1u)
-#define PSD_HELD_MAX    65536u /* replies waiting for backups; past it they are dropped (re-sent) */
-#define PSD_SNAP_PIECE  (16u << 20) /* bytes of a state transfer per record */
+#define PSD_HELD_MAX   65536u /* replies waiting for backups; past it they are dropped (re-sent) */
+#define PSD_SNAP_PIECE (16u << 20) /* bytes of a state transfer per record */
 
 enum psd_role {
     PSD_ROLE_CANDIDATE = 0, /* no primary known yet, or one lost: asks etcd */
     PSD_ROLE_BACKUP = 1,
     PSD_ROLE_PRIMARY = 2,
-};
-
-struct psd_backup {
-    int state; /* 0 free, 1 waiting for its state transfer, 2 catching up, 3 in sync */
-    uint8_t route[PS_ROUTE_ID_MAX];
-    size_t route_len;
-    char endpoint[PS_ENDPOINT_MAX];
-    uint64_t id;
-    uint64_t from_seq; /* its state transfer held every record up to this */
-    uint64_t acked;
-    uint64_t heard_ms;
 };
 
 struct psd_held {
@@ -78,7 +67,7 @@ struct psd_repl {
     uint64_t epoch; /* the primary's: this process's as primary, or the one it follows */
     uint64_t seq;   /* records sent (primary) or applied (backup) in this epoch */
     uint64_t worker_timeout_ms; /* psd's, kept while a backup (which never drops) */
-    struct psd_backup backups[PSD_BACKUPS_MAX];
+    struct psd_backups backups;
     struct psd_held *held; /* a ring of PSD_HELD_MAX */
     uint32_t held_head, held_n;
     int in_dispatch;

@@ -13,17 +13,6 @@
 #define ACK_EVERY            64u    /* records a backup applies at most before it acknowledges */
 #define PSD_REPL_ARENA_BYTES (4u * PS_HEADER_BYTES_MAX) /* as psd's own arena */
 
-/* The header frame (at most PS_HEADER_BYTES_MAX bytes) unpacked into
- * arena, which is reset first; NULL when it is not a ps.Header. */
-Ps__Header *psd__repl_unpack(struct ps_arena *arena, const zmq_msg_t *frame);
-
-/* repl.c */
-int psd__repl_send_hdr(void *sock, const Ps__Header *h, int more);
-void psd__repl_record_header(const struct psd_repl *r, Ps__Header *h, Ps__Record kind);
-/* This process stops answering as primary (it lost its lease, or etcd
- * names another): held replies are dropped, the clients send again. */
-void psd__repl_step_down(struct psd_repl *r, const char *why);
-
 /* follow.c */
 void psd__repl_send_follow(struct psd_repl *r);
 /* Follows the primary at endpoint (epoch): asks for its state, which
@@ -31,6 +20,9 @@ void psd__repl_send_follow(struct psd_repl *r);
 void psd__repl_follow(struct psd_repl *r, const char *endpoint, uint64_t epoch);
 /* The follow socket's reader (ps_zsock_read_cb). */
 int psd__repl_on_record(struct ps_zsock *zs, void *arg);
+/* One message from the primary, as received (kept of total frames):
+ * a record to apply, a piece of a state transfer, a beat, or a refusal. */
+void psd__repl_message(struct psd_repl *r, zmq_msg_t *parts, size_t kept, size_t total);
 /* A replica without a working primary asks etcd what to do: follow the
  * primary it names, or take over. */
 void psd__repl_consult(struct psd_repl *r, uint64_t now);
