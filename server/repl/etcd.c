@@ -70,14 +70,15 @@ void psd_etcd_fini(struct psd_etcd *e)
     e->body = NULL;
 }
 
-/* POSTs req (taken) to url/v3/path; the parsed answer in *out. */
-static int call(struct psd_etcd *e, const char *path, json_t *req, json_t **out)
+void psd_etcd_set_transport(struct psd_etcd *e, psd_etcd_post_fn post, void *ctx)
 {
-    *out = NULL;
-    char *text = json_dumps(req, JSON_COMPACT);
-    json_decref(req);
-    if (text == NULL)
-        return fail(e, PS_ENOMEM, "etcd %s: out of memory", path);
+    e->post = post;
+    e->post_ctx = ctx;
+}
+
+/* libcurl's psd_etcd_post_fn. */
+static int curl_post(struct psd_etcd *e, const char *path, const char *text, long *status)
+{
     char url[PSD_ETCD_URL_MAX + 32];
     snprintf(url, sizeof url, "%s/v3/%s", e->url, path);
     CURL *c = e->curl;
@@ -89,18 +90,45 @@ static int call(struct psd_etcd *e, const char *path, json_t *req, json_t **out)
     curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
     curl_easy_setopt(c, CURLOPT_WRITEDATA, e);
-    e->body_len = 0;
-    e->body_over = 0;
-    e->calls++;
     CURLcode rc = curl_easy_perform(c);
-    free(text);
-    long status = 0;
-    curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
+    curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, status);
     if (e->body_over)
         return fail(e, PS_ELIMIT, "etcd %s: answer longer than %u bytes", path, PSD_ETCD_BODY_MAX);
     if (rc != CURLE_OK)
         return fail(e, rc == CURLE_OPERATION_TIMEDOUT ? PS_ETIMEDOUT : PS_EIO, "etcd %s (%s): %s",
                     path, e->url, curl_easy_strerror(rc));
+    return 0;
+}
+
+/* POSTs text to url/v3/path over the transport: the answer in e->body. */
+static int post(struct psd_etcd *e, const char *path, const char *text, long *status)
+{
+    e->body_len = 0;
+    e->body_over = 0;
+    e->calls++;
+    if (e->post == NULL)
+        return curl_post(e, path, text, status);
+    int rc = e->post(e->post_ctx, path, text, e->body, PSD_ETCD_BODY_MAX, &e->body_len, status);
+    if (rc == PS_ELIMIT)
+        return fail(e, rc, "etcd %s: answer longer than %u bytes", path, PSD_ETCD_BODY_MAX);
+    if (rc != 0)
+        return fail(e, rc, "etcd %s (%s): no answer", path, e->url);
+    return 0;
+}
+
+/* POSTs req (taken) to url/v3/path; the parsed answer in *out. */
+static int call(struct psd_etcd *e, const char *path, json_t *req, json_t **out)
+{
+    *out = NULL;
+    char *text = json_dumps(req, JSON_COMPACT);
+    json_decref(req);
+    if (text == NULL)
+        return fail(e, PS_ENOMEM, "etcd %s: out of memory", path);
+    long status = 0;
+    int rc = post(e, path, text, &status);
+    free(text);
+    if (rc != 0)
+        return rc;
     e->body[e->body_len] = '\0';
     json_error_t je;
     json_t *ans = json_loadb(e->body, e->body_len, 0, &je);

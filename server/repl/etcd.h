@@ -18,8 +18,18 @@
 #define PSD_ETCD_VALUE_MAX 4096u       /* a value read back; longer ones are refused */
 #define PSD_ETCD_BODY_MAX  (64u << 10) /* a response body; longer ones are refused */
 
+/* The HTTP boundary: POSTs request (JSON text) to the gateway's
+ * /v3/path and writes the answer's body into answer (at most answer_max
+ * bytes) and *answer_len, its HTTP status into *status. 0; PS_ELIMIT for
+ * an answer longer than answer_max; PS_ETIMEDOUT or PS_EIO when none
+ * came. libcurl's by default; tests put a stand-in here. */
+typedef int (*psd_etcd_post_fn)(void *ctx, const char *path, const char *request, char *answer,
+                                size_t answer_max, size_t *answer_len, long *status);
+
 struct psd_etcd {
-    void *curl; /* CURL * */
+    void *curl;            /* CURL * */
+    psd_etcd_post_fn post; /* NULL: libcurl */
+    void *post_ctx;
     char url[PSD_ETCD_URL_MAX];
     long timeout_ms;
     char *body; /* the response being read, PSD_ETCD_BODY_MAX + 1 bytes */
@@ -57,6 +67,9 @@ struct psd_etcd_put {
 /* url: http://HOST:PORT. 0, or PS_EINVAL / PS_ENOMEM with err. */
 int psd_etcd_init(struct psd_etcd *e, const char *url, long timeout_ms, char *err, size_t errlen);
 void psd_etcd_fini(struct psd_etcd *e);
+/* Carries the calls over post instead of libcurl (a stand-in for etcd
+ * in tests). */
+void psd_etcd_set_transport(struct psd_etcd *e, psd_etcd_post_fn post, void *ctx);
 
 /* Each returns 0, or a PS_E* code with the reason in e->err. */
 int psd_etcd_grant(struct psd_etcd *e, int64_t ttl_s, int64_t *lease, int64_t *granted_s);
