@@ -36,7 +36,7 @@ test_rc=$?
 # that takes over 10 s fails it. PSD_FUZZ_SECONDS=0 skips this phase.
 fuzz_seconds=${PSD_FUZZ_SECONDS:-60}
 fuzz_pass=0 fuzz_fail=0 fuzz_skip=0
-fuzz_targets=(wire dispatch checkpoint replies)
+fuzz_targets=(wire dispatch checkpoint replies records)
 if [ "$fuzz_seconds" -gt 0 ] && command -v clang >/dev/null; then
   FUZZ_BUILD=${PSD_FUZZ_BUILD_DIR:-build-fuzz}
   if [ ! -f "$FUZZ_BUILD/build.ninja" ]; then
