@@ -6,18 +6,9 @@
 #include "ps_err.h"
 #include "ps_opts.h"
 
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-void psk__set_error(struct psk_backend *b, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(b->err, sizeof b->err, fmt, ap);
-    va_end(ap);
-}
 
 static int parse_spec(const char *spec, int *want_cuda, int *device)
 {

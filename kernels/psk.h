@@ -109,7 +109,11 @@ struct psk_conv {
     int n, c_in, h, w;
     int c_out, k, pad;
 };
-int psk_conv_out(int size, int k, int pad);
+/* Output rows (or columns) of a convolution of size with k and pad. */
+static inline int psk_conv_out(int size, int k, int pad)
+{
+    return size + 2 * pad - k + 1;
+}
 /* col (c k k x ho wo) of one c x h x w image x. */
 int psk_im2col(struct psk_backend *b, int c, int h, int w, int k, int pad, const float *x,
                float *col);

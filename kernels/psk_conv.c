@@ -8,11 +8,6 @@
 
 #define DIM_MAX 65536 /* any one size; products stay far below INT_MAX per image */
 
-int psk_conv_out(int size, int k, int pad)
-{
-    return size + 2 * pad - k + 1;
-}
-
 static int pool_ok(int planes, int h, int w, int s)
 {
     return planes >= 0 && h > 0 && w > 0 && s > 0 && s <= h && s <= w && h <= DIM_MAX &&
