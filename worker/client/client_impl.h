@@ -1,5 +1,8 @@
 /* libpsclient's insides, shared by its files and used by nothing else:
- * the client, its ticket slots and tables, then one section per file.
+ * the client, its ticket slots and tables, then one section per file,
+ * from the bottom of the library's stack up: slots.c, region.c, send.c,
+ * failover.c, recv.c, tickets.c, admin.c; psclient.c and the calls in
+ * dense.c, rows.c, vote.c on top. No file calls one above it.
  * A client is a DEALER per shard; a ticket is a slot; replies are matched
  * by (request id, socket); large gradients go without a copy. */
 #ifndef PSC_CLIENT_IMPL_H
@@ -197,7 +200,7 @@ struct rows_out {
  * take, and how long before another is tried. */
 enum { REBIND_WAIT_MS = 1000 };
 
-/* tickets.c */
+/* slots.c */
 int pc_set_error(struct psc_client *c, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 void pc_slot_fail(struct slot *sl, int code, const char *fmt, ...)
@@ -207,6 +210,17 @@ struct slot *pc_slot_alloc(struct psc_client *c, Ps__Op op, uint64_t *id);
 void pc_view_drop(struct psc_client *c, struct slot *sl);
 void pc_slot_release(struct psc_client *c, struct slot *sl);
 struct slot *pc_slot_lookup(struct psc_client *c, uint64_t id);
+int pc_shard_replied(const struct slot *sl, uint32_t shard);
+int pc_range_part(const struct psc_client *c, const struct slot *sl, uint32_t s, uint64_t *a,
+                  uint64_t *b);
+
+/* region.c */
+int pc_in_region(const struct psc_client *c, const void *p, size_t bytes);
+int pc_region_has(const struct psc_client *c, uint32_t s, const void *p, size_t bytes,
+                  size_t align);
+int pc_shm_in_region(const struct psc_client *c, uint32_t s, const void *p, size_t bytes);
+int pc_shm_out_at(const struct psc_client *c, const struct slot *sl, uint32_t s, uint64_t a,
+                  uint64_t b, uint64_t *off);
 
 /* send.c */
 void pc_flush_all(struct psc_client *c);
@@ -227,15 +241,6 @@ int pc_send_all(struct psc_client *c, struct slot *sl, uint64_t id, uint64_t *ti
 void pc_resend_all_due(struct psc_client *c);
 
 /* recv.c */
-int pc_shard_replied(const struct slot *sl, uint32_t shard);
-int pc_range_part(const struct psc_client *c, const struct slot *sl, uint32_t s, uint64_t *a,
-                  uint64_t *b);
-int pc_in_region(const struct psc_client *c, const void *p, size_t bytes);
-int pc_region_has(const struct psc_client *c, uint32_t s, const void *p, size_t bytes,
-                  size_t align);
-int pc_shm_in_region(const struct psc_client *c, uint32_t s, const void *p, size_t bytes);
-int pc_shm_out_at(const struct psc_client *c, const struct slot *sl, uint32_t s, uint64_t a,
-                  uint64_t b, uint64_t *off);
 unsigned pc_await_replies(struct psc_client *c, const struct slot *sl, int wait_ms);
 
 /* failover.c */

@@ -500,24 +500,3 @@ uint64_t psc_resends(const struct psc_client *c)
 {
     return c->resends;
 }
-
-void psc_heartbeat(struct psc_client *c)
-{
-    if (c->heartbeat_ms <= 0)
-        return;
-    int64_t now = ps_mono_ms();
-    for (uint32_t s = 0; s < c->nshards; s++) {
-        if (now - c->last_send_ms[s] < c->heartbeat_ms)
-            continue;
-        Ps__Header h;
-        ps_wire_header_init(&h, PS__OP__OP_HEARTBEAT);
-        h.worker_id = c->worker_id;
-        int64_t len = ps_wire_header_pack(&h, c->hdr_buf, sizeof c->hdr_buf);
-        /* best effort: a full queue means the shard is not reading, and the
-         * next turn tries again */
-        if (len > 0 && zmq_send(c->socks[s], c->hdr_buf, (size_t)len, ZMQ_DONTWAIT) >= 0) {
-            c->bytes_sent += (uint64_t)len;
-            c->last_send_ms[s] = now;
-        }
-    }
-}

@@ -15,11 +15,6 @@
 #include <string.h>
 #include <unistd.h>
 
-int pc_shard_replied(const struct slot *sl, uint32_t shard)
-{
-    return (sl->replied[shard / 64] >> (shard % 64)) & 1u;
-}
-
 /* out[i] = the next value for each set bit of the mask, 0 elsewhere. The
  * decoder checked that the values frame holds exactly the set bits. */
 static void expand_masked(const struct psc_client *c, const struct ps_wire_msg *m, float *out,
@@ -71,53 +66,6 @@ static void handle_rows_reply(struct psc_client *c, uint32_t shard, struct slot 
         else
             ps_half_to_f32_n(c->dtype, v + (i - a) * rowb, dst, d);
     }
-}
-
-/* The part [*a, *b) of a range ticket's elements that shard s holds;
- * 0 when it holds none of them. */
-int pc_range_part(const struct psc_client *c, const struct slot *sl, uint32_t s, uint64_t *a,
-                  uint64_t *b)
-{
-    uint64_t lo, hi;
-    ps_shard_range(c->tables[sl->table]->size, c->nshards, s, &lo, &hi);
-    *a = sl->offset > lo ? sl->offset : lo;
-    *b = sl->offset + sl->count < hi ? sl->offset + sl->count : hi;
-    return *a < *b;
-}
-
-/* Whether [p, p+bytes) lies in the shared region. */
-int pc_in_region(const struct psc_client *c, const void *p, size_t bytes)
-{
-    const unsigned char *q = p;
-    return q != NULL && c->shm.base != NULL && q >= c->shm.base && bytes <= c->shm.size &&
-           q - c->shm.base <= (ptrdiff_t)(c->shm.size - bytes);
-}
-
-/* Whether [p, p+bytes) lies in the region, a multiple of align bytes in,
- * and shard s took the region. */
-int pc_region_has(const struct psc_client *c, uint32_t s, const void *p, size_t bytes, size_t align)
-{
-    return c->shm_on != NULL && c->shm_on[s] && pc_in_region(c, p, bytes) &&
-           (size_t)((const unsigned char *)p - c->shm.base) % align == 0;
-}
-
-/* Whether values [p, p+bytes) may move through the region (f32 only). */
-int pc_shm_in_region(const struct psc_client *c, uint32_t s, const void *p, size_t bytes)
-{
-    return c->dtype == PS__DTYPE__DTYPE_F32 && pc_region_has(c, s, p, bytes, sizeof(float));
-}
-
-/* Where shard s's part [a, b) of a pull's output lies in the region (*off
- * bytes in), when it does and the shard took the region: the shard writes
- * those values there itself. */
-int pc_shm_out_at(const struct psc_client *c, const struct slot *sl, uint32_t s, uint64_t a,
-                  uint64_t b, uint64_t *off)
-{
-    float *out = sl->out != NULL && !sl->view ? sl->out + (a - sl->offset) : NULL;
-    if (!pc_shm_in_region(c, s, out, (b - a) * sizeof(float)))
-        return 0;
-    *off = (uint64_t)((unsigned char *)out - c->shm.base);
-    return 1;
 }
 
 /* A view's reply: its values message is kept in the slot, or a copy of

@@ -1,5 +1,6 @@
-/* Tickets: the slot behind each, errors, and waiting for or canceling
- * one. */
+/* Tickets: waiting for one (driving the sends, the replies, failover
+ * and heartbeats while it waits), canceling one, and the errors they
+ * leave. The slots behind them are slots.c's. */
 #include "client_impl.h"
 
 #include "ps_clock.h"
@@ -12,97 +13,6 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
-
-int pc_set_error(struct psc_client *c, int code, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(c->last_error, sizeof c->last_error, fmt, ap);
-    va_end(ap);
-    return code;
-}
-
-void pc_slot_fail(struct slot *sl, int code, const char *fmt, ...)
-{
-    if (sl == NULL || sl->status != 0)
-        return; /* no ticket's (send_frames), or keep the first error */
-    sl->status = code;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(sl->error, sizeof sl->error, fmt, ap);
-    va_end(ap);
-}
-
-void pc_zc_release(void *data, void *hint)
-{
-    (void)data;
-    atomic_fetch_sub((atomic_uint *)hint, 1u);
-}
-
-struct slot *pc_slot_alloc(struct psc_client *c, Ps__Op op, uint64_t *id)
-{
-    if (c->nfree == 0)
-        return NULL;
-    uint16_t idx = c->free_stack[--c->nfree];
-    struct slot *sl = &c->slots[idx];
-    /* the next id whose map entry is free: at most PS_CLIENT_TICKETS_MAX
-     * are taken, so this skips few ids, and rarely */
-    uint64_t seq;
-    do
-        seq = ++c->next_seq;
-    while (c->id_map[seq & (ID_MAP - 1)] != 0);
-    c->id_map[seq & (ID_MAP - 1)] = (uint16_t)(idx + 1);
-    memset(sl->replied, 0, sizeof sl->replied);
-    sl->seq = seq;
-    sl->op = op;
-    sl->out = NULL;
-    sl->ctx = NULL;
-    sl->pending = 0;
-    sl->status = 0;
-    sl->remote = 0;
-    sl->canceled = 0;
-    sl->rows = 0;
-    sl->view = 0;
-    sl->kind = SUB_SYNC;
-    sl->nkids = 0;
-    sl->continues = 0;
-    sl->src = NULL;
-    sl->keys = NULL;
-    sl->attempts = 0;
-    sl->sync_len = 0;
-    memset(sl->expected, 0, sizeof sl->expected);
-    memset(sl->via_shm, 0, sizeof sl->via_shm);
-    sl->error[0] = '\0';
-    *id = seq;
-    return sl;
-}
-
-/* Lets go of a view's messages (they stay initialised, empty). */
-void pc_view_drop(struct psc_client *c, struct slot *sl)
-{
-    for (uint32_t s = 0; sl->vmsg != NULL && s < c->nshards; s++) {
-        zmq_msg_close(&sl->vmsg[s]);
-        zmq_msg_init(&sl->vmsg[s]);
-    }
-    sl->held = 0;
-}
-
-void pc_slot_release(struct psc_client *c, struct slot *sl)
-{
-    pc_view_drop(c, sl);
-    c->id_map[sl->seq & (ID_MAP - 1)] = 0;
-    sl->seq = 0;
-    c->free_stack[c->nfree++] = (uint16_t)(sl - c->slots);
-}
-
-struct slot *pc_slot_lookup(struct psc_client *c, uint64_t id)
-{
-    uint16_t e = c->id_map[id & (ID_MAP - 1)];
-    if (e == 0)
-        return NULL;
-    struct slot *sl = &c->slots[e - 1];
-    return sl->seq == id ? sl : NULL;
-}
 
 /* Adds the shards sl was sent to and has no reply from to the mask m. */
 static void add_missing(const struct slot *sl, uint64_t *m)
