@@ -390,3 +390,36 @@ int psw_load_batch(struct trainer *tr, const struct psw_split *d, const uint32_t
     psw_data_batch(d, idx, rows, tr->h_in, tr->h_lab);
     return psk_upload(tr->be, psw_input(tr), tr->h_in, (size_t)rows * d->pixels * 4);
 }
+
+/* Forward while the weights arrive: the convolutions wait for theirs
+ * whole, the head piece by piece. */
+int psw_forward_ready(struct trainer *tr, int rows)
+{
+    int rc = 0;
+    for (int k = 0; k < tr->k0 && rc == 0; k++)
+        rc = psw_wait_table(tr, k);
+    if (rc == 0 && tr->k0 > 0)
+        rc = psw_cnn_forward(&tr->cnn, rows);
+    return rc != 0 ? rc : psw_mlp_forward_ready(&tr->mlp, rows, psw_weights_ready, tr);
+}
+
+/* Backward, each table's gradient going out as soon as it is computed
+ * (the head's in row chunks, each convolution's whole). */
+int psw_backward_sending(struct trainer *tr, int rows)
+{
+    int rc = psw_mlp_backward(&tr->mlp, rows, psw_on_chunk, tr);
+    if (rc == 0 && tr->k0 > 0)
+        rc = psw_cnn_backward(&tr->cnn, rows, psw_on_conv_grads, tr);
+    return rc;
+}
+
+/* Every gradient out, as backward's callbacks would have sent them: the
+ * head's chunks from its last layer, then each convolution from the last
+ * (a loss-scaled step checks them all before any goes). */
+int psw_send_all_grads(struct trainer *tr)
+{
+    int rc = psw_mlp_each_chunk(&tr->mlp, psw_on_chunk, tr);
+    for (int l = tr->cnn.n - 1; l >= 0 && tr->k0 > 0 && rc == 0; l--)
+        rc = psw_on_conv_grads(tr, 2 * l);
+    return rc;
+}

@@ -75,35 +75,11 @@ int psw_model_forward(struct trainer *tr, int rows)
     return rc != 0 ? rc : psw_mlp_forward(&tr->mlp, rows);
 }
 
-/* Forward while the weights arrive: the convolutions wait for theirs
- * whole, the head piece by piece. */
-int psw_model_forward_ready(struct trainer *tr, int rows)
+/* Backward (no gradient leaves: standalone, or sent afterwards). */
+int psw_model_backward(struct trainer *tr, int rows)
 {
-    int rc = 0;
-    for (int k = 0; k < tr->k0 && rc == 0; k++)
-        rc = psw_wait_table(tr, k);
+    int rc = psw_mlp_backward(&tr->mlp, rows, NULL, tr);
     if (rc == 0 && tr->k0 > 0)
-        rc = psw_cnn_forward(&tr->cnn, rows);
-    return rc != 0 ? rc : psw_mlp_forward_ready(&tr->mlp, rows, psw_weights_ready, tr);
-}
-
-/* Backward; send: each table's gradient goes out as soon as it is
- * computed (the head's in row chunks, each convolution's whole). */
-int psw_model_backward(struct trainer *tr, int rows, int send)
-{
-    int rc = psw_mlp_backward(&tr->mlp, rows, send ? psw_on_chunk : NULL, tr);
-    if (rc == 0 && tr->k0 > 0)
-        rc = psw_cnn_backward(&tr->cnn, rows, send ? psw_on_conv_grads : NULL, tr);
-    return rc;
-}
-
-/* Every gradient out, as backward's callbacks would have sent them: the
- * head's chunks from its last layer, then each convolution from the last
- * (a loss-scaled step checks them all before any goes). */
-int psw_model_send_all(struct trainer *tr)
-{
-    int rc = psw_mlp_each_chunk(&tr->mlp, psw_on_chunk, tr);
-    for (int l = tr->cnn.n - 1; l >= 0 && tr->k0 > 0 && rc == 0; l--)
-        rc = psw_on_conv_grads(tr, 2 * l);
+        rc = psw_cnn_backward(&tr->cnn, rows, NULL, tr);
     return rc;
 }

@@ -211,14 +211,6 @@ static int write_summary(struct trainer *tr, const char *path, double acc, doubl
     return 0;
 }
 
-static int wire_dtype_of(const char *s)
-{
-    return strcmp(s, "f32") == 0    ? PSC_F32
-           : strcmp(s, "f16") == 0  ? PSC_F16
-           : strcmp(s, "bf16") == 0 ? PSC_BF16
-                                    : -1;
-}
-
 static int check_config(struct config *c, char *err, size_t errlen)
 {
     int sparse = strcmp(c->model, "sparse-lr") == 0;
@@ -246,7 +238,7 @@ static int check_config(struct config *c, char *err, size_t errlen)
         snprintf(err, errlen, "--lr-schedule: '%s' is not constant or cosine", c->lr_schedule);
         return PS_EINVAL;
     }
-    if (wire_dtype_of(c->wire_dtype) < 0) {
+    if (psw_wire_dtype(c->wire_dtype) < 0) {
         snprintf(err, errlen, "--wire-dtype: '%s' is not f32, f16 or bf16", c->wire_dtype);
         return PS_EINVAL;
     }
@@ -283,128 +275,6 @@ static int check_config(struct config *c, char *err, size_t errlen)
                            c->log_level),
                   PS_EINVAL)
                : 0;
-}
-
-/* Buffers of a table's size in the shared region: its gradient and two
- * sets of its weights (setup_shm). */
-#define SHM_BUFFERS 3
-
-/* The region to share with shards on this host (CPU backend; 0: none):
- * those buffers, and with --topk each table's keys and values. */
-static size_t shm_bytes(const struct trainer *tr)
-{
-    /* the region carries f32 values: with 16-bit ones on the wire every
-     * request would take the socket anyway (setup_shm says so) */
-    if (!tr->alias || tr->cfg.no_shm || wire_dtype_of(tr->cfg.wire_dtype) != PSC_F32)
-        return 0;
-    size_t b = 4096;
-    for (int k = 0; k < psw_ntables(tr); k++) {
-        size_t n = (size_t)psw_table_size(tr, k);
-        b += SHM_BUFFERS * (n * 4 + 64);
-        if (tr->cfg.topk > 0)
-            b += psw_topk_count(tr, n) * (sizeof(uint64_t) + sizeof(float)) + 128;
-    }
-    return b;
-}
-
-/* Puts the gradients and two sets of weights in the shared region when
- * shards took it: their values then move without sockets, and pulled
- * weights are used where they land. */
-static void setup_shm(struct trainer *tr)
-{
-    uint32_t local = 0;
-    for (uint32_t s = 0; s < psc_shards(tr->c); s++)
-        local += strncmp(psc_endpoint(tr->c, s), "ipc://", 6) == 0;
-    if (local > 0 && tr->alias && !tr->cfg.no_shm && wire_dtype_of(tr->cfg.wire_dtype) != PSC_F32)
-        PS_LOG(&tr->log, PS_LOG_INFO, W0016,
-               "%u of %u shards are on this host, but --wire-dtype %s values go through their "
-               "sockets: shared memory carries f32 only (--wire-dtype f32 moves them without "
-               "sockets there)",
-               local, psc_shards(tr->c), tr->cfg.wire_dtype);
-    uint32_t on = psc_shm_shards(tr->c);
-    if (on == 0)
-        return;
-    int n = psw_ntables(tr);
-    float *g[TABLES_MAX];
-    for (int k = 0; k < n; k++) {
-        size_t b = (size_t)psw_table_size(tr, k) * 4;
-        if ((g[k] = psc_shm_alloc(tr->c, b)) == NULL ||
-            (tr->wset[0][k] = psc_shm_alloc(tr->c, b)) == NULL ||
-            (tr->wset[1][k] = psc_shm_alloc(tr->c, b)) == NULL)
-            return;
-    }
-    psw_place_grads(tr, g);
-    psw_point_params(tr, tr->wset[0]);
-    if (on == psc_shards(tr->c)) /* nothing of a step on a socket */
-        psw_mlp_set_chunk_bytes(&tr->mlp, PSW_CHUNK_BYTES_SHM);
-    tr->wsets = 1;
-    PS_LOG(&tr->log, PS_LOG_INFO, W0008,
-           "%u of %u shards share memory with this worker: gradients and weights move without "
-           "sockets there",
-           on, psc_shards(tr->c));
-}
-
-/* psc_config's hello_waiting: which shards have not answered yet. */
-static void log_hello_waiting(void *arg, const uint32_t *shards, uint32_t n, int waited_ms,
-                              const char *why)
-{
-    struct trainer *tr = arg;
-    char list[1024];
-    size_t used = 0;
-    for (uint32_t i = 0; i < n && used < sizeof list; i++)
-        used += (size_t)snprintf(list + used, sizeof list - used, "%s%u (%s)", i ? ", " : "",
-                                 shards[i], tr->eps[shards[i]]);
-    PS_LOG(&tr->log, PS_LOG_WARN, W0014,
-           "waited %d ms for %u of %u shard(s) to answer: %s (giving up after --timeout-ms "
-           "%llu)%s%s",
-           waited_ms, n, tr->neps, list, (unsigned long long)tr->cfg.timeout_ms, why ? ": " : "",
-           why ? why : "");
-}
-
-/* Connects the client to --servers (hello to every shard). */
-int psw_connect_client(struct trainer *tr, int nonzero_pulls, char *err, size_t errlen)
-{
-    const struct config *c = &tr->cfg;
-    char buf[8192];
-    const char *eps[PS_SHARDS_MAX];
-    size_t n = 0;
-    int rc = ps_split_servers(c->servers, buf, sizeof buf, eps, &n, err, errlen);
-    if (rc != 0)
-        return rc;
-    struct psc_config pc = {.servers = eps,
-                            .nservers = n,
-                            .worker_id = (uint32_t)c->rank,
-                            .connect_timeout_ms = (int)c->timeout_ms,
-                            .wire_dtype = wire_dtype_of(c->wire_dtype),
-                            .nonzero_pulls = nonzero_pulls,
-                            .retry_ms = (int)c->retry_ms,
-                            .heartbeat_ms = c->heartbeat_ms ? (int)c->heartbeat_ms : -1,
-                            .local_ipc = !c->no_local_ipc,
-                            .shm_bytes = shm_bytes(tr),
-                            .io_cpus = tr->io_cpus.cpu,
-                            .nio_cpus = tr->io_cpus.n,
-                            .hello_waiting = log_hello_waiting,
-                            .hello_waiting_arg = tr};
-    tr->eps = eps;
-    tr->neps = (uint32_t)n;
-    struct ps_curve_keys mine, server;
-    if ((rc = ps_curve_client(c->curve_secret, c->curve_server_key, &mine, &server, err, errlen)) !=
-        0)
-        return rc;
-    if (mine.pub[0] != '\0') {
-        pc.curve_server_key = server.pub;
-        pc.curve_public = mine.pub;
-        pc.curve_secret = mine.sec;
-    }
-    rc = psc_create(&pc, &tr->c, err, errlen);
-    tr->eps = NULL; /* eps is this function's */
-    if (rc != 0)
-        return rc;
-    for (uint32_t s = 0; s < n; s++)
-        if (strcmp(psc_endpoint(tr->c, s), eps[s]) != 0)
-            PS_LOG(&tr->log, PS_LOG_INFO, W0006, "shard %u (%s) is on this host: using %s", s,
-                   eps[s], psc_endpoint(tr->c, s));
-    return 0;
 }
 
 static int setup(struct trainer *tr, char *err, size_t errlen)
@@ -491,7 +361,7 @@ static int setup(struct trainer *tr, char *err, size_t errlen)
     if (!c->standalone && (rc = psw_connect_client(tr, 1, err, errlen)) != 0)
         return rc;
     if (!c->standalone)
-        setup_shm(tr);
+        psw_setup_shm(tr);
     /* The schedule spans the run's clocks (the server converts its own
      * application count in asp/ssp). Every worker computes the same value,
      * so the table specs agree. */

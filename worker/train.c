@@ -48,7 +48,7 @@ static int micro_batch(struct trainer *tr, uint64_t step_in_epoch, uint64_t j, i
     uint64_t slot = (step_in_epoch * tr->cfg.accum_steps + j) * tr->cfg.workers + tr->cfg.rank;
     if (psw_load_batch(tr, &tr->train, tr->perm + slot * (uint64_t)b, b))
         return PS_EDEVICE;
-    int rc = overlap ? psw_model_forward_ready(tr, b) : psw_model_forward(tr, b);
+    int rc = overlap ? psw_forward_ready(tr, b) : psw_model_forward(tr, b);
     if (overlap) { /* whatever forward did not need: waited for all the same */
         int rest = psw_sync_weights(tr);
         rc = rc != 0 ? rc : rest;
@@ -139,7 +139,7 @@ static int scaled_step(struct trainer *tr)
                tr->scale, (unsigned long long)tr->cfg.growth_interval);
     }
     psw_cork(tr, 1);
-    rc = psw_model_send_all(tr);
+    rc = psw_send_all_grads(tr);
     psw_cork(tr, 0);
     return rc;
 }
@@ -200,18 +200,18 @@ static int train_step(struct trainer *tr, uint64_t step_in_epoch, double *loss, 
         *loss += l;
         *correct += ok;
         if (j + 1 == n_acc && tr->prec == PSK_PREC_F16) { /* checked before anything goes */
-            rc = psw_model_backward(tr, b, 0);
+            rc = psw_model_backward(tr, b);
             if (rc == 0)
                 rc = scaled_step(tr);
             break;
         }
         if (j + 1 == n_acc) {
             psw_cork(tr, 1); /* the step's pushes go out as one message per shard */
-            rc = psw_model_backward(tr, b, 1);
+            rc = psw_backward_sending(tr, b);
             psw_cork(tr, 0);
             break;
         }
-        rc = psw_model_backward(tr, b, 0);
+        rc = psw_model_backward(tr, b);
         for (int k = 0; k < tr->ntables && rc == 0; k++) {
             size_t n = (size_t)psw_table_size(tr, k);
             const float *g = psw_grad(tr, k);
@@ -282,64 +282,6 @@ static void progress(struct trainer *tr, uint64_t epoch, uint64_t epochs, uint64
                (unsigned long long)epoch + 1, (unsigned long long)epochs, (unsigned long long)step,
                (unsigned long long)steps, loss, sps, eta);
     }
-}
-
-/* Publishes this worker's metrics: at most every 250 ms unless forced. */
-void psw_worker_metrics(struct trainer *tr, int force)
-{
-    double now = ps_mono_s();
-    if (tr->metrics == NULL || (!force && now - tr->m_at < 0.25))
-        return;
-    double per_step = (double)(tr->cfg.batch * tr->cfg.accum_steps);
-    if (now > tr->m_at && tr->done >= tr->m_done)
-        tr->m_sps = (double)(tr->done - tr->m_done) * per_step / (now - tr->m_at);
-    tr->m_at = now;
-    tr->m_done = tr->done;
-    struct ps_buf *b = &tr->mtext;
-    char lab[256] = "", v[32];
-    snprintf(v, sizeof v, "%llu", (unsigned long long)tr->cfg.rank);
-    ps_prom_label(lab, sizeof lab, "rank", v);
-    snprintf(v, sizeof v, "%llu", (unsigned long long)tr->cfg.workers);
-    ps_prom_label(lab, sizeof lab, "workers", v);
-    ps_prom_label(lab, sizeof lab, "device", tr->be != NULL ? psk_describe(tr->be) : "?");
-    ps_prom_label(lab, sizeof lab, "mode", tr->cfg.standalone ? "standalone" : "servers");
-    ps_prom_family(b, "psworker_info", "gauge", "This worker: rank, workers, device.");
-    ps_prom_sample(b, "psworker_info", lab, 1);
-    ps_prom_metric(b, "psworker_clock", "gauge", "The run's clock this worker is at (its step).",
-                   (double)tr->clock);
-    ps_prom_metric(b, "psworker_steps_total", "counter", "Steps this process has taken.",
-                   (double)tr->done);
-    ps_prom_metric(b, "psworker_samples_total", "counter", "Training samples this process used.",
-                   (double)tr->done * per_step);
-    ps_prom_metric(b, "psworker_samples_per_second", "gauge",
-                   "Training samples per second since the previous publish.", tr->m_sps);
-    ps_prom_metric(b, "psworker_loss", "gauge", "Mean training loss of the last step.", tr->m_loss);
-    ps_prom_metric(b, "psworker_loss_scale", "gauge",
-                   "The loss scale (--precision f16; 1 otherwise).", tr->scale);
-    ps_prom_metric(b, "psworker_skipped_steps_total", "counter",
-                   "Steps skipped because a worker's gradients overflowed (--precision f16).",
-                   (double)tr->skipped);
-    if (tr->m_accuracy >= 0)
-        ps_prom_metric(b, "psworker_test_accuracy_ratio", "gauge",
-                       "Test accuracy at the last evaluation.", tr->m_accuracy);
-    uint64_t sent = 0, received = 0;
-    if (tr->c != NULL) {
-        psc_bytes(tr->c, &sent, &received);
-        ps_prom_metric(b, "psworker_stale_pushes_total", "counter",
-                       "Pushes the servers refused as outside the rounds.",
-                       (double)psc_stale_pushes(tr->c));
-        ps_prom_metric(b, "psworker_resent_requests_total", "counter",
-                       "Requests sent again: unanswered after --retry-ms, or refused as not yet.",
-                       (double)psc_resends(tr->c));
-        ps_prom_metric(b, "psworker_failovers_total", "counter",
-                       "Moves from one replica of a shard to another (a primary changed).",
-                       (double)psc_failovers(tr->c));
-    }
-    ps_prom_metric(b, "psworker_sent_bytes_total", "counter", "Bytes sent to the servers.",
-                   (double)sent);
-    ps_prom_metric(b, "psworker_received_bytes_total", "counter",
-                   "Bytes received from the servers.", (double)received);
-    ps_metrics_publish(tr->metrics, b);
 }
 
 int psw_train(struct trainer *tr, double *accuracy)
