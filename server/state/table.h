@@ -14,7 +14,7 @@
 #include "sparse.h"
 
 #include "ps.pb-c.h"
-#include "ps_metrics.h"
+#include "ps_prom.h"
 #include "psk_optim.h"
 
 #include <stdatomic.h>
