@@ -2,7 +2,10 @@
  * the flags (endpoints, CURVE keys, the wire's dtype, timing), and the
  * region it shares with shards on this host, where the gradients and two
  * sets of weights then lie. */
-#include "trainer.h"
+#include "connect.h"
+
+#include "exchange.h"
+#include "model.h"
 
 #include "ps_curve.h"
 #include "ps_err.h"

@@ -1,7 +1,10 @@
 /* Moving weights and gradients: the tables a model needs, pulls for a
  * clock, pushes (whole, in chunks as backward produces them, or top-k),
  * and loading a batch. */
-#include "trainer.h"
+#include "exchange.h"
+
+#include "model.h"
+#include "report.h"
 
 #include "ps_clock.h"
 #include "ps_err.h"

@@ -1,7 +1,7 @@
 /* The model a trainer trains: an MLP, or a CNN (a convolutional front
  * whose tables come first, k < k0, then its MLP head). Everything the
  * trainer does per table goes through these. */
-#include "trainer.h"
+#include "model.h"
 
 #include "ps_err.h"
 

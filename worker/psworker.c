@@ -5,6 +5,12 @@
  * behind it, so communication overlaps the rest of the backward pass. */
 #include "trainer.h"
 
+#include "connect.h"
+#include "exchange.h"
+#include "model.h"
+#include "report.h"
+#include "train.h"
+
 #include "ps_auto.h"
 #include "ps_clock.h"
 #include "ps_cpus.h"

@@ -1,6 +1,6 @@
 /* What a run reports beside its log: this worker's metrics in Prometheus
  * text, published to --metrics-listen's HTTP thread. */
-#include "trainer.h"
+#include "report.h"
 
 #include "ps_clock.h"
 

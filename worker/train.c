@@ -1,7 +1,12 @@
 /* The steps: a training step (with micro-batches and overlap), rejoining
- * after a drop, evaluation, progress and metrics, the epochs, and the
- * sparse logistic regression run. */
-#include "trainer.h"
+ * after a drop, evaluation, progress, the epochs, and the sparse logistic
+ * regression run. */
+#include "train.h"
+
+#include "connect.h"
+#include "exchange.h"
+#include "model.h"
+#include "report.h"
 
 #include "ps_clock.h"
 #include "ps_err.h"

@@ -1,8 +1,9 @@
-/* psworker's trainer: its configuration (the flags), the state of a run,
- * and one section per file, from the bottom of psworker's stack up:
- * model.c (the passes), report.c (/metrics), exchange.c (weights and
- * gradients), connect.c (the client), train.c (the steps); psworker.c on
- * top sets up, runs and saves. No file calls one above it. */
+/* psworker's trainer: its configuration (the flags) and the state of a
+ * run. The files that work on it each have their own header, from the
+ * bottom of psworker's stack up: model.h (the passes), report.h
+ * (/metrics), exchange.h (weights and gradients), connect.h (the
+ * client), train.h (the steps); psworker.c on top sets up, runs and
+ * saves. No file calls one above it. */
 #ifndef PSW_TRAINER_H
 #define PSW_TRAINER_H
 
@@ -106,49 +107,5 @@ struct trainer {
     uint64_t failovers;                     /* moves between replicas logged (W0240) */
     uint64_t m_done;                        /* steps at the last publish */
 };
-
-/* model.c: the tables and passes of the MLP or the CNN, without the
- * network */
-int psw_ntables(const struct trainer *tr);
-uint64_t psw_table_size(const struct trainer *tr, int k);
-void psw_table_name(const struct trainer *tr, int k, char *buf, size_t len);
-int psw_table_shape(const struct trainer *tr, int k, uint64_t *shape);
-uint64_t psw_fan_in(const struct trainer *tr, int k);
-float *psw_param(struct trainer *tr, int k);
-float *psw_grad(struct trainer *tr, int k);
-float *psw_input(struct trainer *tr);
-void psw_point_params(struct trainer *tr, float *const *p);
-void psw_place_grads(struct trainer *tr, float *const *g);
-int psw_model_forward(struct trainer *tr, int rows);
-int psw_model_backward(struct trainer *tr, int rows);
-
-/* report.c: publishes /metrics (throttled unless forced) */
-void psw_worker_metrics(struct trainer *tr, int force);
-
-/* exchange.c: weights in, gradients out, overlapped with the passes */
-size_t psw_topk_count(const struct trainer *tr, size_t n);
-int psw_setup_tables(struct trainer *tr, char *err, size_t errlen);
-void psw_next_weights(struct trainer *tr);
-void psw_cork(struct trainer *tr, int on);
-int psw_pull_all(struct trainer *tr, uint64_t clock);
-int psw_sync_weights(struct trainer *tr);
-int psw_weights_ready(void *arg, int l, int r0, int r1);
-int psw_send_topk(struct trainer *tr, int k);
-int psw_on_chunk(void *arg, int l, int r0, int r1);
-int psw_on_conv_grads(void *arg, int k);
-int psw_wait_table(struct trainer *tr, int k);
-int psw_load_batch(struct trainer *tr, const struct psw_split *d, const uint32_t *idx, int rows);
-int psw_forward_ready(struct trainer *tr, int rows);
-int psw_backward_sending(struct trainer *tr, int rows);
-int psw_send_all_grads(struct trainer *tr);
-
-/* connect.c: the client and the shared region */
-int psw_wire_dtype(const char *s);
-int psw_connect_client(struct trainer *tr, int nonzero_pulls, char *err, size_t errlen);
-void psw_setup_shm(struct trainer *tr);
-
-/* train.c: the steps */
-int psw_train(struct trainer *tr, double *accuracy);
-int psw_run_sparse_lr(struct trainer *tr);
 
 #endif

@@ -1,5 +1,7 @@
 /* Resharding: the snapshots of S shards rewritten for N (snapshot.h,
  * psd_reshard). */
+#include "reshard.h"
+
 #include "snapshot_impl.h"
 
 #include "ps_err.h"

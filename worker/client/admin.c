@@ -13,18 +13,18 @@
 #include <unistd.h>
 
 /* Sends h to shards [s0, s1] and waits for all. */
-int pc_call_sync(struct psc_client *c, Ps__Header *h, uint32_t s0, uint32_t s1, void *ctx,
-                 int timeout_ms)
+int psc__call_sync(struct psc_client *c, Ps__Header *h, uint32_t s0, uint32_t s1, void *ctx,
+                   int timeout_ms)
 {
     uint64_t id = 0;
-    struct slot *sl = pc_slot_alloc(c, h->op, &id);
+    struct slot *sl = psc__slot_alloc(c, h->op, &id);
     if (sl == NULL)
-        return pc_set_error(c, PS_EBUSY, "%s: too many requests outstanding", ps_op_name(h->op));
+        return psc__set_error(c, PS_EBUSY, "%s: too many requests outstanding", ps_op_name(h->op));
     sl->ctx = ctx;
     h->request_id = id;
     h->worker_id = c->worker_id;
     for (uint32_t s = s0; s <= s1; s++)
-        if (pc_send_frames(c, s, h, NULL, 0, NULL, 0, sl, 0) != 0)
+        if (psc__send_frames(c, s, h, NULL, 0, NULL, 0, sl, 0) != 0)
             break;
     int rc = psc_wait(c, id, timeout_ms);
     if (rc == PS_ETIMEDOUT)
@@ -87,16 +87,16 @@ int psc_table_create(struct psc_client *c, const struct psc_table_spec *spec, in
     char err[PS_ERROR_TEXT_MAX];
     int rc = ps_wire_check_spec(&ts, err, sizeof err);
     if (rc != 0)
-        return pc_set_error(c, rc, "create_table: %s", err);
+        return psc__set_error(c, rc, "create_table: %s", err);
     int64_t existing = -1; /* created before: the servers still check the spec */
     for (uint32_t i = 0; i < c->ntables && existing < 0; i++)
         if (strcmp(c->tables[i]->name, ts.name) == 0)
             existing = i;
     if (existing < 0 && c->ntables >= PS_CLIENT_TABLES_MAX)
-        return pc_set_error(c, PS_ELIMIT, "create_table: %u tables already", c->ntables);
+        return psc__set_error(c, PS_ELIMIT, "create_table: %u tables already", c->ntables);
     struct table_h *t = calloc(1, sizeof *t + c->nshards * sizeof t->ids[0]);
     if (t == NULL)
-        return pc_set_error(c, PS_ENOMEM, "create_table: out of memory");
+        return psc__set_error(c, PS_ENOMEM, "create_table: out of memory");
     snprintf(t->name, sizeof t->name, "%s", ts.name);
     t->size = ts.size;
     t->sparse = ts.sparse;
@@ -104,7 +104,7 @@ int psc_table_create(struct psc_client *c, const struct psc_table_spec *spec, in
     Ps__Header h;
     ps_wire_header_init(&h, PS__OP__OP_CREATE_TABLE);
     h.spec = &ts;
-    rc = pc_call_sync(c, &h, 0, c->nshards - 1, t, timeout_ms);
+    rc = psc__call_sync(c, &h, 0, c->nshards - 1, t, timeout_ms);
     if (rc != 0 || existing >= 0) {
         free(t);
         if (rc == 0)
@@ -120,12 +120,12 @@ int psc_stats_tables(struct psc_client *c, uint32_t shard, int timeout_ms,
                      struct psc_shard_stats *out, struct psc_table_stats *list, uint32_t cap)
 {
     if (shard >= c->nshards)
-        return pc_set_error(c, PS_EINVAL, "stats: shard %u of %u", shard, c->nshards);
+        return psc__set_error(c, PS_EINVAL, "stats: shard %u of %u", shard, c->nshards);
     memset(out, 0, sizeof *out);
     struct stats_out so = {out, list, list ? cap : 0};
     Ps__Header h;
     ps_wire_header_init(&h, PS__OP__OP_STATS);
-    return pc_call_sync(c, &h, shard, shard, &so, timeout_ms);
+    return psc__call_sync(c, &h, shard, shard, &so, timeout_ms);
 }
 
 int psc_stats(struct psc_client *c, uint32_t shard, int timeout_ms, struct psc_shard_stats *out)
@@ -136,11 +136,11 @@ int psc_stats(struct psc_client *c, uint32_t shard, int timeout_ms, struct psc_s
 int psc_checkpoint(struct psc_client *c, uint32_t shard, int timeout_ms, char *detail, size_t len)
 {
     if (shard >= c->nshards)
-        return pc_set_error(c, PS_EINVAL, "checkpoint: shard %u of %u", shard, c->nshards);
+        return psc__set_error(c, PS_EINVAL, "checkpoint: shard %u of %u", shard, c->nshards);
     char buf[PS_ERROR_TEXT_MAX] = "";
     Ps__Header h;
     ps_wire_header_init(&h, PS__OP__OP_CHECKPOINT);
-    int rc = pc_call_sync(c, &h, shard, shard, buf, timeout_ms);
+    int rc = psc__call_sync(c, &h, shard, shard, buf, timeout_ms);
     if (detail != NULL && len > 0)
         snprintf(detail, len, "%s", buf);
     return rc;
@@ -150,22 +150,22 @@ int psc_rows(struct psc_client *c, uint32_t table, uint32_t shard, uint64_t offs
              uint64_t *keys, float *vals, uint64_t *got, uint64_t *total, int timeout_ms)
 {
     if (table >= c->ntables)
-        return pc_set_error(c, PS_ENOTABLE, "rows: no table handle %u", table);
+        return psc__set_error(c, PS_ENOTABLE, "rows: no table handle %u", table);
     const struct table_h *t = c->tables[table];
     if (!t->sparse)
-        return pc_set_error(c, PS_ENOTABLE, "rows: '%s' is not a sparse table", t->name);
+        return psc__set_error(c, PS_ENOTABLE, "rows: '%s' is not a sparse table", t->name);
     if (shard >= c->nshards)
-        return pc_set_error(c, PS_EINVAL, "rows: shard %u of %u", shard, c->nshards);
+        return psc__set_error(c, PS_EINVAL, "rows: shard %u of %u", shard, c->nshards);
     if (max == 0 || max > PS_ROWS_PAGE_MAX)
-        return pc_set_error(c, PS_EINVAL, "rows: page of %u rows, expected 1..%u", max,
-                            PS_ROWS_PAGE_MAX);
+        return psc__set_error(c, PS_EINVAL, "rows: page of %u rows, expected 1..%u", max,
+                              PS_ROWS_PAGE_MAX);
     struct rows_out ro = {.offset = offset, .max = max, .dim = t->dim, .keys = keys, .vals = vals};
     Ps__Header h;
     ps_wire_header_init(&h, PS__OP__OP_ROWS);
     h.table_id = t->ids[shard];
     h.offset = offset;
     h.count = max;
-    int rc = pc_call_sync(c, &h, shard, shard, &ro, timeout_ms);
+    int rc = psc__call_sync(c, &h, shard, shard, &ro, timeout_ms);
     *got = ro.got;
     *total = ro.total;
     return rc;
@@ -180,10 +180,10 @@ int psc_table_open(struct psc_client *c, const char *name, int timeout_ms, uint3
         }
     }
     if (c->ntables >= PS_CLIENT_TABLES_MAX)
-        return pc_set_error(c, PS_ELIMIT, "open: %u tables already", c->ntables);
+        return psc__set_error(c, PS_ELIMIT, "open: %u tables already", c->ntables);
     struct table_h *t = calloc(1, sizeof *t + c->nshards * sizeof t->ids[0]);
     struct psc_table_stats *list = calloc(PS_TABLES_MAX, sizeof *list);
-    int rc = t && list ? 0 : pc_set_error(c, PS_ENOMEM, "open: out of memory");
+    int rc = t && list ? 0 : psc__set_error(c, PS_ENOMEM, "open: out of memory");
     for (uint32_t s = 0; s < c->nshards && rc == 0; s++) {
         struct psc_shard_stats st;
         if ((rc = psc_stats_tables(c, s, timeout_ms, &st, list, PS_TABLES_MAX)) != 0)
@@ -192,18 +192,18 @@ int psc_table_open(struct psc_client *c, const char *name, int timeout_ms, uint3
         while (i < st.tables && i < PS_TABLES_MAX && strcmp(list[i].name, name) != 0)
             i++;
         if (i == st.tables || i == PS_TABLES_MAX) {
-            rc = pc_set_error(c, PS_ENOTABLE, "open: shard %u (%s) has no table '%s'", s,
-                              c->endpoints[s], name);
+            rc = psc__set_error(c, PS_ENOTABLE, "open: shard %u (%s) has no table '%s'", s,
+                                c->endpoints[s], name);
             break;
         }
         uint64_t lo, hi;
         ps_shard_range(list[i].size, c->nshards, s, &lo, &hi);
         if (!list[i].sparse && (list[i].lo != lo || list[i].hi != hi)) {
-            rc = pc_set_error(c, PS_ESTATE,
-                              "open: shard %u holds [%llu, %llu) of '%s', expected "
-                              "[%llu, %llu)",
-                              s, (unsigned long long)list[i].lo, (unsigned long long)list[i].hi,
-                              name, (unsigned long long)lo, (unsigned long long)hi);
+            rc = psc__set_error(c, PS_ESTATE,
+                                "open: shard %u holds [%llu, %llu) of '%s', expected "
+                                "[%llu, %llu)",
+                                s, (unsigned long long)list[i].lo, (unsigned long long)list[i].hi,
+                                name, (unsigned long long)lo, (unsigned long long)hi);
             break;
         }
         snprintf(t->name, sizeof t->name, "%s", name);

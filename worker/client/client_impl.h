@@ -201,62 +201,63 @@ struct rows_out {
 enum { REBIND_WAIT_MS = 1000 };
 
 /* slots.c */
-int pc_set_error(struct psc_client *c, int code, const char *fmt, ...)
+int psc__set_error(struct psc_client *c, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
-void pc_slot_fail(struct slot *sl, int code, const char *fmt, ...)
+void psc__slot_fail(struct slot *sl, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
-void pc_zc_release(void *data, void *hint);
-struct slot *pc_slot_alloc(struct psc_client *c, Ps__Op op, uint64_t *id);
-void pc_view_drop(struct psc_client *c, struct slot *sl);
-void pc_slot_release(struct psc_client *c, struct slot *sl);
-struct slot *pc_slot_lookup(struct psc_client *c, uint64_t id);
-int pc_shard_replied(const struct slot *sl, uint32_t shard);
-int pc_range_part(const struct psc_client *c, const struct slot *sl, uint32_t s, uint64_t *a,
-                  uint64_t *b);
+void psc__zc_release(void *data, void *hint);
+struct slot *psc__slot_alloc(struct psc_client *c, Ps__Op op, uint64_t *id);
+void psc__view_drop(struct psc_client *c, struct slot *sl);
+void psc__slot_release(struct psc_client *c, struct slot *sl);
+struct slot *psc__slot_lookup(struct psc_client *c, uint64_t id);
+int psc__shard_replied(const struct slot *sl, uint32_t shard);
+int psc__range_part(const struct psc_client *c, const struct slot *sl, uint32_t s, uint64_t *a,
+                    uint64_t *b);
 
 /* region.c */
-int pc_in_region(const struct psc_client *c, const void *p, size_t bytes);
-int pc_region_has(const struct psc_client *c, uint32_t s, const void *p, size_t bytes,
-                  size_t align);
-int pc_shm_in_region(const struct psc_client *c, uint32_t s, const void *p, size_t bytes);
-int pc_shm_out_at(const struct psc_client *c, const struct slot *sl, uint32_t s, uint64_t a,
-                  uint64_t b, uint64_t *off);
+int psc__in_region(const struct psc_client *c, const void *p, size_t bytes);
+int psc__region_has(const struct psc_client *c, uint32_t s, const void *p, size_t bytes,
+                    size_t align);
+int psc__shm_in_region(const struct psc_client *c, uint32_t s, const void *p, size_t bytes);
+int psc__shm_out_at(const struct psc_client *c, const struct slot *sl, uint32_t s, uint64_t a,
+                    uint64_t b, uint64_t *off);
 
 /* send.c */
-void pc_flush_all(struct psc_client *c);
-int pc_send_frames(struct psc_client *c, uint32_t shard, const Ps__Header *h, const void *keys,
-                   size_t kbytes, const void *vals, size_t vbytes, struct slot *sl, int resend);
-const unsigned char *pc_wire_values(struct psc_client *c, struct slot *sl, const float *v,
-                                    size_t n);
-/* What pc_send_sub did, when it did not fail. */
-enum pc_sub_sent {
-    PC_SUB_SENT = 0, /* shard s's part went out */
-    PC_SUB_NONE = 1, /* nothing of the request is on shard s */
+void psc__flush_all(struct psc_client *c);
+int psc__send_frames(struct psc_client *c, uint32_t shard, const Ps__Header *h, const void *keys,
+                     size_t kbytes, const void *vals, size_t vbytes, struct slot *sl, int resend);
+const unsigned char *psc__wire_values(struct psc_client *c, struct slot *sl, const float *v,
+                                      size_t n);
+/* What psc__send_sub did, when it did not fail. */
+enum psc__sub_sent {
+    PSC_SUB_SENT = 0, /* shard s's part went out */
+    PSC_SUB_NONE = 1, /* nothing of the request is on shard s */
 };
 /* Sends shard s's part of the slot's request (again, when resend), by
- * the slot's kind (send.c's send_part). Returns an enum pc_sub_sent, or
+ * the slot's kind (send.c's send_part). Returns an enum psc__sub_sent, or
  * a PS_E* code (the slot failed). */
-int pc_send_sub(struct psc_client *c, struct slot *sl, uint32_t s, int resend);
-int pc_send_all(struct psc_client *c, struct slot *sl, uint64_t id, uint64_t *ticket);
-void pc_resend_all_due(struct psc_client *c);
+int psc__send_sub(struct psc_client *c, struct slot *sl, uint32_t s, int resend);
+int psc__send_all(struct psc_client *c, struct slot *sl, uint64_t id, uint64_t *ticket);
+void psc__resend_all_due(struct psc_client *c);
 
 /* recv.c */
-unsigned pc_await_replies(struct psc_client *c, const struct slot *sl, int wait_ms);
+unsigned psc__await_replies(struct psc_client *c, const struct slot *sl, int wait_ms);
 
 /* failover.c */
-int pc_replicas_init(struct psc_client *c, const struct psc_config *cfg, char *err, size_t errlen);
-void pc_replicas_fini(struct psc_client *c);
-void pc_replicas_watch(struct psc_client *c);
+int psc__replicas_init(struct psc_client *c, const struct psc_config *cfg, char *err,
+                       size_t errlen);
+void psc__replicas_fini(struct psc_client *c);
+void psc__replicas_watch(struct psc_client *c);
 /* A PS_ENOTPRIMARY reply from shard s: 1 when the shard has replicas to
  * move between (the request stays outstanding), else 0. */
-int pc_not_primary(struct psc_client *c, uint32_t s, const Ps__Header *h);
+int psc__not_primary(struct psc_client *c, uint32_t s, const Ps__Header *h);
 /* 1 when h answers shard s's probe. */
-int pc_probe_answered(struct psc_client *c, uint32_t s, const Ps__Header *h);
-void pc_failover_poll(struct psc_client *c);
-int pc_failover_wait_ms(const struct psc_client *c, int wait);
+int psc__probe_answered(struct psc_client *c, uint32_t s, const Ps__Header *h);
+void psc__failover_poll(struct psc_client *c);
+int psc__failover_wait_ms(const struct psc_client *c, int wait);
 
 /* admin.c */
-int pc_call_sync(struct psc_client *c, Ps__Header *h, uint32_t s0, uint32_t s1, void *ctx,
-                 int timeout_ms);
+int psc__call_sync(struct psc_client *c, Ps__Header *h, uint32_t s0, uint32_t s1, void *ctx,
+                   int timeout_ms);
 
 #endif

@@ -24,7 +24,8 @@ static uint64_t piece_elems(const struct psc_client *c, uint64_t count, const fl
                             const float *out, int view)
 {
     if (view || count <= c->piece_bytes / c->esize ||
-        pc_in_region(c, grad, count * sizeof(float)) || pc_in_region(c, out, count * sizeof(float)))
+        psc__in_region(c, grad, count * sizeof(float)) ||
+        psc__in_region(c, out, count * sizeof(float)))
         return 0;
     uint64_t per = c->piece_bytes / c->esize, least = (count + PSC_PIECES_MAX - 1) / PSC_PIECES_MAX;
     return per > least ? per : least;
@@ -56,7 +57,7 @@ static int start_pieces(struct psc_client *c, Ps__Op op, uint32_t table, uint64_
     for (uint64_t a = offset; a < end; n++)
         a = piece_end(c, t, a, end, per, &shard_start);
     uint64_t id = 0;
-    struct slot *sl = c->nfree > n ? pc_slot_alloc(c, op, &id) : NULL;
+    struct slot *sl = c->nfree > n ? psc__slot_alloc(c, op, &id) : NULL;
     if (sl != NULL && sl->kids_cap < n) {
         uint64_t *k = realloc(sl->kids, n * sizeof *k);
         if (k != NULL) {
@@ -66,7 +67,7 @@ static int start_pieces(struct psc_client *c, Ps__Op op, uint32_t table, uint64_
     }
     if (sl == NULL || sl->kids_cap < n) {
         if (sl != NULL)
-            pc_slot_release(c, sl);
+            psc__slot_release(c, sl);
         return range_ticket(c, op, table, offset, count, grad, out, 0, 0, clock, ticket);
     }
     sl->kind = SUB_PIECES;
@@ -79,11 +80,11 @@ static int start_pieces(struct psc_client *c, Ps__Op op, uint32_t table, uint64_
         int rc = range_ticket(c, op, table, a, b - a, grad ? grad + (a - offset) : NULL,
                               out ? out + (a - offset) : NULL, 0, continues, clock, &kid);
         if (rc != 0 && sl->nkids == 0) {
-            pc_slot_release(c, sl);
+            psc__slot_release(c, sl);
             return rc; /* nothing went: as a request sent whole */
         }
         if (rc != 0) { /* fails at wait, after the pieces that went */
-            pc_slot_fail(sl, rc, "%s", c->last_error);
+            psc__slot_fail(sl, rc, "%s", c->last_error);
             break;
         }
         sl->kids[sl->nkids++] = kid;
@@ -97,20 +98,20 @@ static int start_range(struct psc_client *c, Ps__Op op, uint32_t table, uint64_t
                        uint64_t *ticket)
 {
     if (table >= c->ntables)
-        return pc_set_error(c, PS_ENOTABLE, "%s: no table handle %u", ps_op_name(op), table);
+        return psc__set_error(c, PS_ENOTABLE, "%s: no table handle %u", ps_op_name(op), table);
     const struct table_h *t = c->tables[table];
     if (t->sparse)
-        return pc_set_error(c, PS_EINVAL, "%s: '%s' is sparse: use the _rows calls", ps_op_name(op),
-                            t->name);
+        return psc__set_error(c, PS_EINVAL, "%s: '%s' is sparse: use the _rows calls",
+                              ps_op_name(op), t->name);
     if (count == 0 || offset >= t->size || count > t->size - offset)
-        return pc_set_error(c, PS_ERANGE, "%s: [%llu, +%llu) is outside table '%s' of %llu",
-                            ps_op_name(op), (unsigned long long)offset, (unsigned long long)count,
-                            t->name, (unsigned long long)t->size);
+        return psc__set_error(c, PS_ERANGE, "%s: [%llu, +%llu) is outside table '%s' of %llu",
+                              ps_op_name(op), (unsigned long long)offset, (unsigned long long)count,
+                              t->name, (unsigned long long)t->size);
     int reads = op == PS__OP__OP_PULL || op == PS__OP__OP_PUSH_PULL;
     if ((op != PS__OP__OP_PULL && grad == NULL) || (reads && out == NULL && !view))
-        return pc_set_error(c, PS_EINVAL, "%s: NULL buffer", ps_op_name(op));
+        return psc__set_error(c, PS_EINVAL, "%s: NULL buffer", ps_op_name(op));
     if (view && c->dtype != PS__DTYPE__DTYPE_F32)
-        return pc_set_error(c, PS_EINVAL, "pull view: the values must be f32 on the wire");
+        return psc__set_error(c, PS_EINVAL, "pull view: the values must be f32 on the wire");
     uint64_t per = piece_elems(c, count, grad, out, view);
     if (per != 0)
         return start_pieces(c, op, table, offset, count, grad, out, clock, per, ticket);
@@ -122,14 +123,14 @@ static int range_ticket(struct psc_client *c, Ps__Op op, uint32_t table, uint64_
                         uint64_t clock, uint64_t *ticket)
 {
     uint64_t id = 0;
-    struct slot *sl = pc_slot_alloc(c, op, &id);
+    struct slot *sl = psc__slot_alloc(c, op, &id);
     if (sl == NULL)
-        return pc_set_error(c, PS_EBUSY, "%s: %u requests already outstanding", ps_op_name(op),
-                            PS_CLIENT_TICKETS_MAX);
+        return psc__set_error(c, PS_EBUSY, "%s: %u requests already outstanding", ps_op_name(op),
+                              PS_CLIENT_TICKETS_MAX);
     if (view && sl->vmsg == NULL) {
         if ((sl->vmsg = malloc(c->nshards * sizeof *sl->vmsg)) == NULL) {
-            pc_slot_release(c, sl);
-            return pc_set_error(c, PS_ENOMEM, "pull view: no memory");
+            psc__slot_release(c, sl);
+            return psc__set_error(c, PS_ENOMEM, "pull view: no memory");
         }
         for (uint32_t s = 0; s < c->nshards; s++)
             zmq_msg_init(&sl->vmsg[s]);
@@ -139,17 +140,17 @@ static int range_ticket(struct psc_client *c, Ps__Op op, uint32_t table, uint64_
     sl->offset = offset;
     sl->count = count;
     sl->out = out;
-    const unsigned char *src = pc_wire_values(c, sl, grad, (size_t)count);
+    const unsigned char *src = psc__wire_values(c, sl, grad, (size_t)count);
     if (grad != NULL && src == NULL) {
-        pc_slot_release(c, sl);
-        return pc_set_error(c, PS_ENOMEM, "%s: no memory to convert %llu values", ps_op_name(op),
-                            (unsigned long long)count);
+        psc__slot_release(c, sl);
+        return psc__set_error(c, PS_ENOMEM, "%s: no memory to convert %llu values", ps_op_name(op),
+                              (unsigned long long)count);
     }
     sl->kind = SUB_RANGE;
     sl->continues = continues;
     sl->clock = clock;
     sl->src = src;
-    return pc_send_all(c, sl, id, ticket);
+    return psc__send_all(c, sl, id, ticket);
 }
 
 int psc_pull(struct psc_client *c, uint32_t table, uint64_t offset, uint64_t count, float *out,
@@ -185,10 +186,10 @@ int psc_pull_view(struct psc_client *c, uint32_t table, uint64_t offset, uint64_
 /* The held view of ticket, or NULL (error set). */
 static struct slot *held_view(struct psc_client *c, uint64_t ticket)
 {
-    struct slot *sl = pc_slot_lookup(c, ticket);
+    struct slot *sl = psc__slot_lookup(c, ticket);
     if (sl == NULL || !sl->view || !sl->held) {
-        pc_set_error(c, PS_EINVAL, "ticket %llu is not a pull view that was waited for",
-                     (unsigned long long)ticket);
+        psc__set_error(c, PS_EINVAL, "ticket %llu is not a pull view that was waited for",
+                       (unsigned long long)ticket);
         return NULL;
     }
     return sl;
@@ -202,15 +203,15 @@ int psc_view_part(struct psc_client *c, uint64_t ticket, uint32_t i, const float
         return PS_EINVAL;
     for (uint32_t s = 0, k = 0; s < c->nshards; s++) {
         uint64_t a, b;
-        if (!pc_range_part(c, sl, s, &a, &b) || k++ != i)
+        if (!psc__range_part(c, sl, s, &a, &b) || k++ != i)
             continue;
         *vals = zmq_msg_data(&sl->vmsg[s]);
         *offset = a;
         *count = b - a;
         return 0;
     }
-    return pc_set_error(c, PS_ERANGE, "pull view %llu has no part %u", (unsigned long long)ticket,
-                        i);
+    return psc__set_error(c, PS_ERANGE, "pull view %llu has no part %u", (unsigned long long)ticket,
+                          i);
 }
 
 int psc_view_release(struct psc_client *c, uint64_t ticket)
@@ -218,6 +219,6 @@ int psc_view_release(struct psc_client *c, uint64_t ticket)
     struct slot *sl = held_view(c, ticket);
     if (sl == NULL)
         return PS_EINVAL;
-    pc_slot_release(c, sl);
+    psc__slot_release(c, sl);
     return 0;
 }

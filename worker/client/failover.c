@@ -37,14 +37,14 @@ static int silent(struct psc_client *c, uint32_t s, int64_t now)
     for (uint32_t i = 0; i < PS_CLIENT_TICKETS_MAX; i++) {
         const struct slot *sl = &c->slots[i];
         if (sl->seq != 0 && !sl->canceled && sl->pending != 0 &&
-            ((sl->expected[s / 64] >> (s % 64)) & 1u) && !pc_shard_replied(sl, s) &&
+            ((sl->expected[s / 64] >> (s % 64)) & 1u) && !psc__shard_replied(sl, s) &&
             now - sl->sent_ms >= SILENT_MS)
             return 1;
     }
     return 0;
 }
 
-int pc_replicas_init(struct psc_client *c, const struct psc_config *cfg, char *err, size_t errlen)
+int psc__replicas_init(struct psc_client *c, const struct psc_config *cfg, char *err, size_t errlen)
 {
     int any = 0;
     for (uint32_t s = 0; s < c->nshards; s++)
@@ -76,7 +76,7 @@ int pc_replicas_init(struct psc_client *c, const struct psc_config *cfg, char *e
     return 0;
 }
 
-void pc_replicas_fini(struct psc_client *c)
+void psc__replicas_fini(struct psc_client *c)
 {
     for (uint32_t s = 0; c->reps != NULL && s < c->nshards; s++) {
         for (uint32_t i = 0; i < c->reps[s].n; i++)
@@ -89,7 +89,7 @@ void pc_replicas_fini(struct psc_client *c)
 }
 
 /* Watches each replicated shard's socket for its connection dropping. */
-void pc_replicas_watch(struct psc_client *c)
+void psc__replicas_watch(struct psc_client *c)
 {
     for (uint32_t s = 0; c->reps != NULL && s < c->nshards; s++) {
         struct replicas *r = &c->reps[s];
@@ -138,7 +138,7 @@ static void probe(struct psc_client *c, uint32_t s)
     h.worker_id = c->worker_id;
     h.session = c->session;
     r->probe_ms = ps_mono_ms();
-    if (pc_send_frames(c, s, &h, NULL, 0, NULL, 0, NULL, 1) != 0)
+    if (psc__send_frames(c, s, &h, NULL, 0, NULL, 0, NULL, 1) != 0)
         r->probe_id = 0;
 }
 
@@ -168,7 +168,7 @@ static void unconfirm(struct psc_client *c, uint32_t s, const char *hint)
     move(c, s, to);
 }
 
-int pc_not_primary(struct psc_client *c, uint32_t s, const Ps__Header *h)
+int psc__not_primary(struct psc_client *c, uint32_t s, const Ps__Header *h)
 {
     if (c->reps == NULL || c->reps[s].n < 2)
         return 0;
@@ -196,7 +196,7 @@ static void resend_shard(struct psc_client *c, uint32_t s)
     for (uint32_t i = 0; i < PS_CLIENT_TICKETS_MAX; i++) {
         struct slot *sl = &c->slots[i];
         if (sl->seq != 0 && !sl->canceled && sl->pending != 0 &&
-            ((sl->expected[s / 64] >> (s % 64)) & 1u) && !pc_shard_replied(sl, s))
+            ((sl->expected[s / 64] >> (s % 64)) & 1u) && !psc__shard_replied(sl, s))
             out[n++] = sl;
     }
     qsort(out, n, sizeof *out, by_seq);
@@ -205,14 +205,14 @@ static void resend_shard(struct psc_client *c, uint32_t s)
         if (sl->kind == SUB_SYNC && sl->sync_len > 0) {
             if (zmq_send(c->socks[s], sl->sync_hdr, sl->sync_len, ZMQ_DONTWAIT) >= 0)
                 c->resends++;
-        } else if (pc_send_sub(c, sl, s, 1) == PC_SUB_SENT) {
+        } else if (psc__send_sub(c, sl, s, 1) == PSC_SUB_SENT) {
             c->resends++;
         }
         sl->sent_ms = ps_mono_ms();
     }
 }
 
-int pc_probe_answered(struct psc_client *c, uint32_t s, const Ps__Header *h)
+int psc__probe_answered(struct psc_client *c, uint32_t s, const Ps__Header *h)
 {
     if (c->reps == NULL || c->reps[s].probe_id == 0 || h->request_id != c->reps[s].probe_id)
         return 0;
@@ -228,7 +228,7 @@ int pc_probe_answered(struct psc_client *c, uint32_t s, const Ps__Header *h)
 }
 
 /* The monitors' news, and probes due. Called from every wait. */
-void pc_failover_poll(struct psc_client *c)
+void psc__failover_poll(struct psc_client *c)
 {
     if (c->reps == NULL)
         return;
@@ -273,7 +273,7 @@ void pc_failover_poll(struct psc_client *c)
     }
 }
 
-int pc_failover_wait_ms(const struct psc_client *c, int wait)
+int psc__failover_wait_ms(const struct psc_client *c, int wait)
 {
     if (c->reps == NULL)
         return wait;

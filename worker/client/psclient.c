@@ -189,8 +189,8 @@ static int watch_refused(struct psc_client *c, const struct psc_config *cfg, str
                 ? "the server's CURVE allow list does not admit this client's public key"
                 : "the CURVE handshake failed: the server does not speak CURVE, or its public "
                   "key is not the one given (--curve-server-key)";
-        return pc_set_error(c, PS_EAUTH, "hello: shard %u (%s) refused this client: %s", s,
-                            c->endpoints[s], why);
+        return psc__set_error(c, PS_EAUTH, "hello: shard %u (%s) refused this client: %s", s,
+                              c->endpoints[s], why);
     }
     return 0;
 }
@@ -218,14 +218,14 @@ static int say_hello(struct psc_client *c, const struct psc_config *cfg, int tim
         watch_start(c, &hw);
     for (int sent = 0;;) {
         if (!sent) { /* the hello, again with the same session after a refusal */
-            struct slot *sl = pc_slot_alloc(c, h.op, &id);
+            struct slot *sl = psc__slot_alloc(c, h.op, &id);
             if (sl == NULL) {
-                rc = pc_set_error(c, PS_EBUSY, "hello: too many requests outstanding");
+                rc = psc__set_error(c, PS_EBUSY, "hello: too many requests outstanding");
                 break;
             }
             h.request_id = id;
             for (uint32_t s = 0; s < c->nshards; s++)
-                if (pc_send_frames(c, s, &h, NULL, 0, NULL, 0, sl, 0) != 0)
+                if (psc__send_frames(c, s, &h, NULL, 0, NULL, 0, sl, 0) != 0)
                     break;
             sent = 1;
         }
@@ -268,15 +268,15 @@ static int say_hello(struct psc_client *c, const struct psc_config *cfg, int tim
         const char *from = strstr(c->last_error, " from shard ");
         snprintf(why, sizeof why, "%s", from ? from : "");
         if (held[0] != '\0')
-            pc_set_error(c, PS_EBUSY, "%s (for %d ms)", held, waited);
+            psc__set_error(c, PS_EBUSY, "%s (for %d ms)", held, waited);
         else
-            pc_set_error(c, rc, "hello: no reply within %d ms%s", waited, why);
+            psc__set_error(c, rc, "hello: no reply within %d ms%s", waited, why);
         psc_cancel(c, id); /* no zero-copy frames: always releases */
         return held[0] != '\0' ? PS_EBUSY : rc;
     }
     if (rc != 0) {
         snprintf(why, sizeof why, "%s", c->last_error);
-        return pc_set_error(c, rc, "hello: %s", why);
+        return psc__set_error(c, rc, "hello: %s", why);
     }
     c->outside = 0;
     return 0;
@@ -308,7 +308,7 @@ static void go_local(struct psc_client *c, const struct psc_config *cfg, int tim
         if (c->shm.fd >= 0 &&
             ps_shm_hand(want.local, c->shm.fd, c->shm_token, timeout_ms, err, sizeof err) == 0)
             h.shm_token = c->shm_token; /* bound to this connection by the hello */
-        if (pc_call_sync(c, &h, s, s, NULL, timeout_ms) == 0 &&
+        if (psc__call_sync(c, &h, s, s, NULL, timeout_ms) == 0 &&
             c->offers[s].instance == want.instance) {
             zmq_close(tcp);
             free(c->endpoints[s]);
@@ -339,8 +339,8 @@ int psc_outside_round(const struct psc_client *c)
 int psc_rejoin(struct psc_client *c, int timeout_ms)
 {
     if (c->nfree != PS_CLIENT_TICKETS_MAX)
-        return pc_set_error(c, PS_EBUSY, "rejoin: %u tickets are outstanding",
-                            PS_CLIENT_TICKETS_MAX - c->nfree);
+        return psc__set_error(c, PS_EBUSY, "rejoin: %u tickets are outstanding",
+                              PS_CLIENT_TICKETS_MAX - c->nfree);
     return say_hello(c, NULL, timeout_ms);
 }
 
@@ -418,7 +418,7 @@ int psc_create(const struct psc_config *cfg, struct psc_client **out, char *err,
             psc_destroy(c);
             return PS_EINVAL;
         }
-    int rc = pc_replicas_init(c, cfg, err, errlen);
+    int rc = psc__replicas_init(c, cfg, err, errlen);
     if (rc == 0)
         rc = open_sockets(c, cfg, err, errlen);
     if (rc == 0 && (rc = say_hello(c, cfg, cfg->connect_timeout_ms)) != 0) {
@@ -438,7 +438,7 @@ int psc_create(const struct psc_config *cfg, struct psc_client **out, char *err,
         psc_destroy(c);
         return rc;
     }
-    pc_replicas_watch(c);
+    psc__replicas_watch(c);
     *out = c;
     return 0;
 }
@@ -452,7 +452,7 @@ void psc_destroy(struct psc_client *c)
 {
     if (c == NULL)
         return;
-    pc_replicas_fini(c);
+    psc__replicas_fini(c);
     for (uint32_t s = 0; c->socks != NULL && s < c->nshards; s++) {
         if (c->socks[s] != NULL)
             zmq_close(c->socks[s]);
@@ -463,7 +463,7 @@ void psc_destroy(struct psc_client *c)
     for (uint32_t i = 0; i < c->ntables; i++)
         free(c->tables[i]);
     for (uint32_t i = 0; i < PS_CLIENT_TICKETS_MAX; i++) {
-        pc_view_drop(c, &c->slots[i]);
+        psc__view_drop(c, &c->slots[i]);
         free(c->slots[i].vmsg);
         free(c->slots[i].conv);
         free(c->slots[i].order);

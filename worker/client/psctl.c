@@ -13,6 +13,7 @@
  * status is 1. */
 #include "psclient.h"
 
+#include "reshard.h"
 #include "snapshot.h"
 
 #include "ps_clock.h"

@@ -44,8 +44,9 @@ static void handle_rows_reply(struct psc_client *c, uint32_t shard, struct slot 
     uint32_t a = sl->grp[shard], b = sl->grp[shard + 1];
     if (h->layout != PS__LAYOUT__LAYOUT_KEYS || h->count != b - a || h->dim != t->dim ||
         h->dtype != c->dtype || m->vals_bytes != (size_t)(b - a) * t->dim * c->esize) {
-        pc_slot_fail(sl, PS_EPROTO, "shard %u answered %llu rows of dim %u, expected %u of dim %u",
-                     shard, (unsigned long long)h->count, h->dim, b - a, t->dim);
+        psc__slot_fail(sl, PS_EPROTO,
+                       "shard %u answered %llu rows of dim %u, expected %u of dim %u", shard,
+                       (unsigned long long)h->count, h->dim, b - a, t->dim);
         return;
     }
     if (sl->canceled)
@@ -82,8 +83,8 @@ static void view_keep(struct slot *sl, uint32_t shard, const struct ps_wire_msg 
     zmq_msg_close(dst);
     if (zmq_msg_init_size(dst, m->vals_bytes) != 0) {
         zmq_msg_init(dst);
-        pc_slot_fail(sl, PS_ENOMEM, "no memory for %zu bytes of shard %u's values", m->vals_bytes,
-                     shard);
+        psc__slot_fail(sl, PS_ENOMEM, "no memory for %zu bytes of shard %u's values", m->vals_bytes,
+                       shard);
         return;
     }
     memcpy(zmq_msg_data(dst), m->vals, m->vals_bytes);
@@ -102,11 +103,11 @@ static void handle_data_reply(struct psc_client *c, uint32_t shard, struct slot 
         return;
     }
     uint64_t a, b;
-    int asked = pc_range_part(c, sl, shard, &a, &b);
+    int asked = psc__range_part(c, sl, shard, &a, &b);
     int masked = m->mask != NULL;
     uint64_t off;
     if (asked && h->shm == PS_SHM_OUT && h->offset == a && h->count == b - a &&
-        pc_shm_out_at(c, sl, shard, a, b, &off) && h->shm_out == off) {
+        psc__shm_out_at(c, sl, shard, a, b, &off) && h->shm_out == off) {
         /* the shard wrote the values where they belong */
         c->shm_received += (b - a) * sizeof(float);
         c->bytes_received += (b - a) * sizeof(float);
@@ -115,9 +116,9 @@ static void handle_data_reply(struct psc_client *c, uint32_t shard, struct slot 
     if (!asked || h->offset != a || h->count != b - a || h->dtype != c->dtype || h->shm != 0 ||
         (masked && (!c->nonzero_pulls || sl->view)) ||
         (!masked && m->vals_bytes != (b - a) * c->esize)) {
-        pc_slot_fail(sl, PS_EPROTO, "shard %u answered [%llu, +%llu), expected [%llu, +%llu)",
-                     shard, (unsigned long long)h->offset, (unsigned long long)h->count,
-                     (unsigned long long)a, (unsigned long long)(asked ? b - a : 0));
+        psc__slot_fail(sl, PS_EPROTO, "shard %u answered [%llu, +%llu), expected [%llu, +%llu)",
+                       shard, (unsigned long long)h->offset, (unsigned long long)h->count,
+                       (unsigned long long)a, (unsigned long long)(asked ? b - a : 0));
         return;
     }
     if (sl->canceled)
@@ -142,12 +143,12 @@ static void handle_rows_page(uint32_t shard, struct slot *sl, const struct ps_wi
     struct rows_out *ro = sl->ctx;
     if (h->offset != ro->offset || h->count > ro->max || h->dim != ro->dim ||
         h->rows < h->offset + h->count) {
-        pc_slot_fail(sl, PS_EPROTO,
-                     "shard %u answered rows [%llu, +%llu) of dim %u (of %llu), asked for [%llu, "
-                     "+%llu) of dim %u",
-                     shard, (unsigned long long)h->offset, (unsigned long long)h->count, h->dim,
-                     (unsigned long long)h->rows, (unsigned long long)ro->offset,
-                     (unsigned long long)ro->max, ro->dim);
+        psc__slot_fail(sl, PS_EPROTO,
+                       "shard %u answered rows [%llu, +%llu) of dim %u (of %llu), asked for [%llu, "
+                       "+%llu) of dim %u",
+                       shard, (unsigned long long)h->offset, (unsigned long long)h->count, h->dim,
+                       (unsigned long long)h->rows, (unsigned long long)ro->offset,
+                       (unsigned long long)ro->max, ro->dim);
         return;
     }
     for (uint64_t i = 0; i < h->count; i++)
@@ -165,10 +166,10 @@ static void handle_sync_reply(struct psc_client *c, uint32_t shard, struct slot 
         handle_rows_page(shard, sl, m);
     } else if (sl->op == PS__OP__OP_HELLO) {
         if (h->shard != shard || h->shards != c->nshards)
-            pc_slot_fail(sl, PS_ESTATE,
-                         "server %u (%s) says it is shard %u of %u, but was listed as %u of %u: "
-                         "check the order of the server list",
-                         shard, c->endpoints[shard], h->shard, h->shards, shard, c->nshards);
+            psc__slot_fail(sl, PS_ESTATE,
+                           "server %u (%s) says it is shard %u of %u, but was listed as %u of %u: "
+                           "check the order of the server list",
+                           shard, c->endpoints[shard], h->shard, h->shards, shard, c->nshards);
         if (h->clock > c->start_clock)
             c->start_clock = h->clock;
         /* only a hint: one that is malformed or out of reach leaves tcp */
@@ -184,10 +185,10 @@ static void handle_sync_reply(struct psc_client *c, uint32_t shard, struct slot 
         uint64_t lo, hi;
         ps_shard_range(t->size, c->nshards, shard, &lo, &hi);
         if (h->offset != lo || h->count != hi - lo)
-            pc_slot_fail(sl, PS_ESTATE,
-                         "shard %u holds [%llu, %llu) of '%s', expected [%llu, %llu)", shard,
-                         (unsigned long long)h->offset, (unsigned long long)(h->offset + h->count),
-                         t->name, (unsigned long long)lo, (unsigned long long)hi);
+            psc__slot_fail(
+                sl, PS_ESTATE, "shard %u holds [%llu, %llu) of '%s', expected [%llu, %llu)", shard,
+                (unsigned long long)h->offset, (unsigned long long)(h->offset + h->count), t->name,
+                (unsigned long long)lo, (unsigned long long)hi);
         t->ids[shard] = h->table_id;
     } else if (sl->op == PS__OP__OP_CHECKPOINT) {
         snprintf(sl->ctx, PS_ERROR_TEXT_MAX, "%s", h->detail);
@@ -195,7 +196,7 @@ static void handle_sync_reply(struct psc_client *c, uint32_t shard, struct slot 
         const struct stats_out *so = sl->ctx;
         struct psc_shard_stats *st = so->st;
         if (h->stats == NULL) {
-            pc_slot_fail(sl, PS_EPROTO, "shard %u: stats reply without stats", shard);
+            psc__slot_fail(sl, PS_EPROTO, "shard %u: stats reply without stats", shard);
             return;
         }
         st->shard = h->stats->shard;
@@ -288,7 +289,7 @@ static void rebind_region(struct psc_client *c, uint32_t s)
     h.worker_id = c->worker_id;
     h.session = c->session;
     h.shm_token = c->shm_token;
-    if (pc_send_frames(c, s, &h, NULL, 0, NULL, 0, NULL, 1) == 0) {
+    if (psc__send_frames(c, s, &h, NULL, 0, NULL, 0, NULL, 1) == 0) {
         rb->id = h.request_id;
         rb->sent_ms = now;
     }
@@ -313,14 +314,14 @@ static void handle_reply(struct psc_client *c, uint32_t shard, const struct ps_f
     char err[PS_ERROR_TEXT_MAX];
     int rc = ps_wire_decode(&c->arena, frames, nframes, PS_WIRE_REPLY, PS_MESSAGE_BYTES_MAX, &m,
                             err, sizeof err);
-    struct slot *sl = m.hdr ? pc_slot_lookup(c, m.hdr->request_id) : NULL;
+    struct slot *sl = m.hdr ? psc__slot_lookup(c, m.hdr->request_id) : NULL;
     if (sl == NULL && rc == 0 && rebound(c, shard, m.hdr))
         return;
-    if (sl == NULL && rc == 0 && pc_probe_answered(c, shard, m.hdr))
+    if (sl == NULL && rc == 0 && psc__probe_answered(c, shard, m.hdr))
         return;
-    if (rc == 0 && m.hdr->status == PS_ENOTPRIMARY && pc_not_primary(c, shard, m.hdr))
+    if (rc == 0 && m.hdr->status == PS_ENOTPRIMARY && psc__not_primary(c, shard, m.hdr))
         return; /* still outstanding: it goes again to the primary */
-    if (sl == NULL || pc_shard_replied(sl, shard) || sl->pending == 0) {
+    if (sl == NULL || psc__shard_replied(sl, shard) || sl->pending == 0) {
         c->bad_replies++; /* stale, duplicate or unattributable: dropped */
         return;
     }
@@ -341,7 +342,7 @@ static void handle_reply(struct psc_client *c, uint32_t shard, const struct ps_f
         /* the shard lost the region (it restarted): frames until it
          * takes the region again */
         c->shm_on[shard] = 0;
-        int sent = pc_send_sub(c, sl, shard, 1) == PC_SUB_SENT;
+        int sent = psc__send_sub(c, sl, shard, 1) == PSC_SUB_SENT;
         rebind_region(c, shard);
         if (sent)
             return;
@@ -349,20 +350,20 @@ static void handle_reply(struct psc_client *c, uint32_t shard, const struct ps_f
     sl->replied[shard / 64] |= UINT64_C(1) << (shard % 64);
     sl->pending--;
     if (rc != 0) {
-        pc_slot_fail(sl, PS_EPROTO, "shard %u sent a malformed reply: %s", shard, err);
+        psc__slot_fail(sl, PS_EPROTO, "shard %u sent a malformed reply: %s", shard, err);
         return;
     }
     const Ps__Header *h = m.hdr;
     if (h->op != sl->op) {
-        pc_slot_fail(sl, PS_EPROTO, "shard %u answered %s to a %s request", shard,
-                     ps_op_name(h->op), ps_op_name(sl->op));
+        psc__slot_fail(sl, PS_EPROTO, "shard %u answered %s to a %s request", shard,
+                       ps_op_name(h->op), ps_op_name(sl->op));
         return;
     }
     if (h->status != 0) {
         if (sl->status == 0)
             sl->remote = h->status; /* what the shard said, kept with the first error */
-        pc_slot_fail(sl, PS_EREMOTE, "shard %u (%s): %s [%s]", shard, c->endpoints[shard], h->error,
-                     ps_err_name(h->status));
+        psc__slot_fail(sl, PS_EREMOTE, "shard %u (%s): %s [%s]", shard, c->endpoints[shard],
+                       h->error, ps_err_name(h->status));
         return;
     }
     if (sl->op == PS__OP__OP_SET)
@@ -404,7 +405,7 @@ static int recv_one(struct psc_client *c, uint32_t shard, int flags)
  *   processed and its ZMQ_FD armed (zmq's rule for polling ZMQ_FD), then
  *   one poll() on those fds. Nothing may touch a socket between its EAGAIN
  *   and the poll: a send can swallow the fd's edge. */
-unsigned pc_await_replies(struct psc_client *c, const struct slot *sl, int wait_ms)
+unsigned psc__await_replies(struct psc_client *c, const struct slot *sl, int wait_ms)
 {
     if (c->nshards == 1 && zmq_setsockopt(c->socks[0], ZMQ_RCVTIMEO, &wait_ms, sizeof wait_ms) == 0)
         return recv_one(c, 0, 0) == 0;

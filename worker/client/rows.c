@@ -16,36 +16,36 @@ int psc_push_keys(struct psc_client *c, uint32_t table, const uint64_t *keys, co
                   size_t n, uint64_t clock, uint64_t *ticket)
 {
     if (table >= c->ntables)
-        return pc_set_error(c, PS_ENOTABLE, "push: no table handle %u", table);
+        return psc__set_error(c, PS_ENOTABLE, "push: no table handle %u", table);
     const struct table_h *t = c->tables[table];
     if (t->sparse)
-        return pc_set_error(c, PS_EINVAL, "push: '%s' is sparse: use psc_push_rows", t->name);
+        return psc__set_error(c, PS_EINVAL, "push: '%s' is sparse: use psc_push_rows", t->name);
     if (n == 0 || keys == NULL || vals == NULL)
-        return pc_set_error(c, PS_EINVAL, "push: no keys");
+        return psc__set_error(c, PS_EINVAL, "push: no keys");
     size_t bad = ps_wire_keys_unordered(keys, n); /* increasing: only the last can be too big */
     if (bad == n && keys[n - 1] >= t->size)
         bad = n - 1;
     if (bad < n)
-        return pc_set_error(c, PS_EINVAL,
-                            "push: key[%zu]=%llu must be below %llu and above the one before", bad,
-                            (unsigned long long)keys[bad], (unsigned long long)t->size);
+        return psc__set_error(c, PS_EINVAL,
+                              "push: key[%zu]=%llu must be below %llu and above the one before",
+                              bad, (unsigned long long)keys[bad], (unsigned long long)t->size);
     uint64_t id = 0;
-    struct slot *sl = pc_slot_alloc(c, PS__OP__OP_PUSH, &id);
+    struct slot *sl = psc__slot_alloc(c, PS__OP__OP_PUSH, &id);
     if (sl == NULL)
-        return pc_set_error(c, PS_EBUSY, "push: %u requests already outstanding",
-                            PS_CLIENT_TICKETS_MAX);
+        return psc__set_error(c, PS_EBUSY, "push: %u requests already outstanding",
+                              PS_CLIENT_TICKETS_MAX);
     sl->table = table;
-    const unsigned char *src = pc_wire_values(c, sl, vals, n);
+    const unsigned char *src = psc__wire_values(c, sl, vals, n);
     if (src == NULL) {
-        pc_slot_release(c, sl);
-        return pc_set_error(c, PS_ENOMEM, "push: no memory to convert %zu values", n);
+        psc__slot_release(c, sl);
+        return psc__set_error(c, PS_ENOMEM, "push: no memory to convert %zu values", n);
     }
     sl->kind = SUB_KEYS;
     sl->clock = clock;
     sl->src = src;
     sl->keys = keys;
     sl->nkeys = n;
-    return pc_send_all(c, sl, id, ticket);
+    return psc__send_all(c, sl, id, ticket);
 }
 
 /* Grows the slot's row buffers to n keys of dim floats. */
@@ -109,27 +109,27 @@ static int start_rows(struct psc_client *c, Ps__Op op, uint32_t table, const uin
                       size_t n, const float *grads, float *out, uint64_t clock, uint64_t *ticket)
 {
     if (table >= c->ntables || !c->tables[table]->sparse)
-        return pc_set_error(c, PS_ENOTABLE, "%s: handle %u is not a sparse table", ps_op_name(op),
-                            table);
+        return psc__set_error(c, PS_ENOTABLE, "%s: handle %u is not a sparse table", ps_op_name(op),
+                              table);
     const struct table_h *t = c->tables[table];
     if (n == 0 || n > UINT32_MAX || keys == NULL)
-        return pc_set_error(c, PS_EINVAL, "%s: need 1..%u keys", ps_op_name(op), UINT32_MAX);
+        return psc__set_error(c, PS_EINVAL, "%s: need 1..%u keys", ps_op_name(op), UINT32_MAX);
     size_t bad = ps_wire_keys_unordered(keys, n);
     if (bad < n)
-        return pc_set_error(c, PS_EINVAL, "%s: key[%zu]=%llu is not above key[%zu]", ps_op_name(op),
-                            bad, (unsigned long long)keys[bad], bad - 1);
+        return psc__set_error(c, PS_EINVAL, "%s: key[%zu]=%llu is not above key[%zu]",
+                              ps_op_name(op), bad, (unsigned long long)keys[bad], bad - 1);
     uint64_t id = 0;
-    struct slot *sl = pc_slot_alloc(c, op, &id);
+    struct slot *sl = psc__slot_alloc(c, op, &id);
     if (sl == NULL)
-        return pc_set_error(c, PS_EBUSY, "%s: too many requests outstanding", ps_op_name(op));
+        return psc__set_error(c, PS_EBUSY, "%s: too many requests outstanding", ps_op_name(op));
     size_t d = t->dim;
     const unsigned char *src = NULL;
     int grouped = c->nshards > 1; /* else the gradients go from grads (buffer rules) */
     if (rows_reserve(c, sl, n, grads && grouped ? d : 0) != 0 ||
         (rows_group(c, sl, keys, grouped ? grads : NULL, n, d),
-         grads && (src = pc_wire_values(c, sl, grouped ? sl->svals : grads, n * d)) == NULL)) {
-        pc_slot_release(c, sl);
-        return pc_set_error(c, PS_ENOMEM, "%s: out of memory for %zu rows", ps_op_name(op), n);
+         grads && (src = psc__wire_values(c, sl, grouped ? sl->svals : grads, n * d)) == NULL)) {
+        psc__slot_release(c, sl);
+        return psc__set_error(c, PS_ENOMEM, "%s: out of memory for %zu rows", ps_op_name(op), n);
     }
     sl->rows = 1;
     sl->table = table;
@@ -137,14 +137,14 @@ static int start_rows(struct psc_client *c, Ps__Op op, uint32_t table, const uin
     sl->kind = SUB_ROWS;
     sl->clock = clock;
     sl->src = src;
-    return pc_send_all(c, sl, id, ticket);
+    return psc__send_all(c, sl, id, ticket);
 }
 
 int psc_pull_rows(struct psc_client *c, uint32_t table, const uint64_t *keys, size_t n, float *out,
                   uint64_t clock, uint64_t *ticket)
 {
     if (out == NULL)
-        return pc_set_error(c, PS_EINVAL, "pull: NULL output");
+        return psc__set_error(c, PS_EINVAL, "pull: NULL output");
     return start_rows(c, PS__OP__OP_PULL, table, keys, n, NULL, out, clock, ticket);
 }
 
@@ -152,7 +152,7 @@ int psc_push_rows(struct psc_client *c, uint32_t table, const uint64_t *keys, si
                   const float *grads, uint64_t clock, uint64_t *ticket)
 {
     if (grads == NULL)
-        return pc_set_error(c, PS_EINVAL, "push: NULL gradients");
+        return psc__set_error(c, PS_EINVAL, "push: NULL gradients");
     return start_rows(c, PS__OP__OP_PUSH, table, keys, n, grads, NULL, clock, ticket);
 }
 
@@ -160,6 +160,6 @@ int psc_push_pull_rows(struct psc_client *c, uint32_t table, const uint64_t *key
                        const float *grads, float *out, uint64_t clock, uint64_t *ticket)
 {
     if (grads == NULL || out == NULL)
-        return pc_set_error(c, PS_EINVAL, "push_pull: NULL buffer");
+        return psc__set_error(c, PS_EINVAL, "push_pull: NULL buffer");
     return start_rows(c, PS__OP__OP_PUSH_PULL, table, keys, n, grads, out, clock, ticket);
 }

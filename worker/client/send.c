@@ -35,7 +35,7 @@ static int send_payload(struct psc_client *c, void *sock, const void *buf, size_
     zmq_msg_t m;
     if (len >= PS_ZEROCOPY_BYTES_MIN) {
         atomic_fetch_add(&sl->zc_refs, 1u);
-        zmq_msg_init_data(&m, (void *)buf, len, pc_zc_release, &sl->zc_refs);
+        zmq_msg_init_data(&m, (void *)buf, len, psc__zc_release, &sl->zc_refs);
     } else {
         zmq_msg_init_size(&m, len);
         memcpy(zmq_msg_data(&m), buf, len);
@@ -83,13 +83,13 @@ static void flush_shard(struct psc_client *c, uint32_t s)
     }
     int e = errno;
     for (uint32_t i = 0; i < q->n && rc < 0; i++) {
-        struct slot *sl = pc_slot_lookup(c, q->ids[i]);
+        struct slot *sl = psc__slot_lookup(c, q->ids[i]);
         if (sl == NULL || sl->pending == 0)
             continue;
         sl->pending--;
         sl->replied[s / 64] |= UINT64_C(1) << (s % 64);
-        pc_slot_fail(sl, PS_EAGAIN, "shard %u (%s): cannot send: %s", s, c->endpoints[s],
-                     zmq_strerror(e));
+        psc__slot_fail(sl, PS_EAGAIN, "shard %u (%s): cannot send: %s", s, c->endpoints[s],
+                       zmq_strerror(e));
     }
     if (rc >= 0) {
         c->bytes_sent += bytes;
@@ -101,7 +101,7 @@ static void flush_shard(struct psc_client *c, uint32_t s)
     q->named = 0;
 }
 
-void pc_flush_all(struct psc_client *c)
+void psc__flush_all(struct psc_client *c)
 {
     for (uint32_t s = 0; c->held > 0 && s < c->nshards; s++)
         flush_shard(c, s);
@@ -131,10 +131,10 @@ static int hold(struct psc_client *c, uint32_t s, const Ps__Header *h, size_t le
 int psc_cork(struct psc_client *c, int on)
 {
     if (on && c->batches == NULL && (c->batches = calloc(c->nshards, sizeof *c->batches)) == NULL)
-        return pc_set_error(c, PS_ENOMEM, "cork: no memory for %u batches", c->nshards);
+        return psc__set_error(c, PS_ENOMEM, "cork: no memory for %u batches", c->nshards);
     c->corked = on;
     if (!on)
-        pc_flush_all(c);
+        psc__flush_all(c);
     return 0;
 }
 
@@ -147,8 +147,8 @@ uint64_t psc_batches_sent(const struct psc_client *c)
  * data request for a batch (psc_cork). On failure the slot is failed and
  * nothing is pending for this shard. sl NULL: a header of no ticket's
  * (rebind_region), sent with resend set. */
-int pc_send_frames(struct psc_client *c, uint32_t shard, const Ps__Header *h, const void *keys,
-                   size_t kbytes, const void *vals, size_t vbytes, struct slot *sl, int resend)
+int psc__send_frames(struct psc_client *c, uint32_t shard, const Ps__Header *h, const void *keys,
+                     size_t kbytes, const void *vals, size_t vbytes, struct slot *sl, int resend)
 {
     void *sock = c->socks[shard];
     int64_t len = ps_wire_header_pack(h, c->hdr_buf, sizeof c->hdr_buf);
@@ -158,21 +158,21 @@ int pc_send_frames(struct psc_client *c, uint32_t shard, const Ps__Header *h, co
     if (c->held > 0)
         flush_shard(c, shard); /* whatever this is, it goes after what is held */
     if (len < 0) {
-        pc_slot_fail(sl, PS_ELIMIT, "request header too large");
+        psc__slot_fail(sl, PS_ELIMIT, "request header too large");
         return PS_ELIMIT;
     }
     if (zmq_send(sock, c->hdr_buf, (size_t)len, (keys || vals ? ZMQ_SNDMORE : 0) | ZMQ_DONTWAIT) <
         0) {
         int e = errno;
-        pc_slot_fail(sl, PS_EAGAIN, "shard %u (%s): cannot send: %s", shard, c->endpoints[shard],
-                     zmq_strerror(e));
+        psc__slot_fail(sl, PS_EAGAIN, "shard %u (%s): cannot send: %s", shard, c->endpoints[shard],
+                       zmq_strerror(e));
         return PS_EAGAIN;
     }
     /* After the first part is queued the rest of the message is too. */
     if ((keys != NULL && send_payload(c, sock, keys, kbytes, vals != NULL, sl) != 0) ||
         (vals != NULL && send_payload(c, sock, vals, vbytes, 0, sl) != 0)) {
-        pc_slot_fail(sl, PS_EZMQ, "shard %u: payload frame not sent: %s", shard,
-                     zmq_strerror(errno));
+        psc__slot_fail(sl, PS_EZMQ, "shard %u: payload frame not sent: %s", shard,
+                       zmq_strerror(errno));
         return PS_EZMQ;
     }
     if (sl != NULL && sl->kind == SUB_SYNC && !resend && c->reps != NULL && keys == NULL &&
@@ -194,8 +194,8 @@ static int issued(struct psc_client *c, struct slot *sl, uint64_t id, uint64_t *
 {
     if (sl->pending == 0 && sl->status != 0) {
         int rc = sl->status;
-        pc_set_error(c, rc, "%s", sl->error);
-        pc_slot_release(c, sl);
+        psc__set_error(c, rc, "%s", sl->error);
+        psc__slot_release(c, sl);
         return rc;
     }
     *ticket = id;
@@ -204,7 +204,8 @@ static int issued(struct psc_client *c, struct slot *sl, uint64_t id, uint64_t *
 
 /* The values as they go on the wire: the caller's f32 as they are, or a
  * 16-bit copy in the slot's buffer. NULL when that cannot be allocated. */
-const unsigned char *pc_wire_values(struct psc_client *c, struct slot *sl, const float *v, size_t n)
+const unsigned char *psc__wire_values(struct psc_client *c, struct slot *sl, const float *v,
+                                      size_t n)
 {
     if (v == NULL || c->dtype == PS__DTYPE__DTYPE_F32)
         return (const unsigned char *)v;
@@ -226,8 +227,8 @@ const unsigned char *pc_wire_values(struct psc_client *c, struct slot *sl, const
 static const void *via_region(struct psc_client *c, uint32_t s, Ps__Header *h, uint32_t bit,
                               const void *p, size_t bytes)
 {
-    if (bit == PS_SHM_KEYS ? !pc_region_has(c, s, p, bytes, sizeof(uint64_t))
-                           : !pc_shm_in_region(c, s, p, bytes))
+    if (bit == PS_SHM_KEYS ? !psc__region_has(c, s, p, bytes, sizeof(uint64_t))
+                           : !psc__shm_in_region(c, s, p, bytes))
         return p;
     uint64_t off = (uint64_t)((const unsigned char *)p - c->shm.base);
     h->shm |= bit;
@@ -253,8 +254,8 @@ static int send_range_part(struct psc_client *c, struct slot *sl, const struct t
 {
     (void)t;
     uint64_t a, b;
-    if (!pc_range_part(c, sl, s, &a, &b))
-        return PC_SUB_NONE;
+    if (!psc__range_part(c, sl, s, &a, &b))
+        return PSC_SUB_NONE;
     h->offset = a;
     h->count = b - a;
     h->continues = sl->continues;
@@ -264,12 +265,12 @@ static int send_range_part(struct psc_client *c, struct slot *sl, const struct t
     const void *vals = sl->src ? sl->src + (a - sl->offset) * c->esize : NULL;
     if (sl->op != PS__OP__OP_SET) /* set goes in frames */
         vals = via_region(c, s, h, PS_SHM_IN, vals, vbytes);
-    if (pc_shm_out_at(c, sl, s, a, b, &h->shm_out)) {
+    if (psc__shm_out_at(c, sl, s, a, b, &h->shm_out)) {
         h->shm |= PS_SHM_OUT; /* the shard writes the values there; none need masking */
         h->nonzero_only = 0;
     }
     mark_via_shm(sl, s, h->shm);
-    return pc_send_frames(c, s, h, NULL, 0, vals, vals ? vbytes : 0, sl, resend);
+    return psc__send_frames(c, s, h, NULL, 0, vals, vals ? vbytes : 0, sl, resend);
 }
 
 /* Shard s's rows of a sparse table: its group of the keys (rows_group). */
@@ -278,14 +279,14 @@ static int send_rows_part(struct psc_client *c, struct slot *sl, const struct ta
 {
     uint32_t a = sl->grp[s], b = sl->grp[s + 1];
     if (a == b)
-        return PC_SUB_NONE;
+        return PSC_SUB_NONE;
     size_t d = t->dim;
     h->layout = PS__LAYOUT__LAYOUT_KEYS;
     h->count = b - a;
     h->dim = t->dim;
     const void *v = sl->src ? sl->src + (size_t)a * d * c->esize : NULL;
-    return pc_send_frames(c, s, h, sl->skeys + a, (size_t)(b - a) * 8, v,
-                          v ? (size_t)(b - a) * d * c->esize : 0, sl, resend);
+    return psc__send_frames(c, s, h, sl->skeys + a, (size_t)(b - a) * 8, v,
+                            v ? (size_t)(b - a) * d * c->esize : 0, sl, resend);
 }
 
 /* Shard s's part of a keyed push into a dense table: the keys that fall
@@ -297,7 +298,7 @@ static int send_keys_part(struct psc_client *c, struct slot *sl, const struct ta
     uint64_t lo, hi;
     ps_shard_range(t->size, c->nshards, s, &lo, &hi);
     if (lo == hi)
-        return PC_SUB_NONE; /* this shard holds nothing of the table */
+        return PSC_SUB_NONE; /* this shard holds nothing of the table */
     size_t i = ps_keys_below(sl->keys, sl->nkeys, lo), j = ps_keys_below(sl->keys, sl->nkeys, hi);
     /* keys are sent as they lie in memory: uint64 little-endian hosts only */
     uint64_t pad_key = lo;
@@ -310,11 +311,11 @@ static int send_keys_part(struct psc_client *c, struct slot *sl, const struct ta
     k = via_region(c, s, h, PS_SHM_KEYS, k, kbytes); /* psd copies them out */
     v = via_region(c, s, h, PS_SHM_IN, v, vbytes);
     mark_via_shm(sl, s, h->shm);
-    return pc_send_frames(c, s, h, k, k ? kbytes : 0, v, v ? vbytes : 0, sl, resend);
+    return psc__send_frames(c, s, h, k, k ? kbytes : 0, v, v ? vbytes : 0, sl, resend);
 }
 
 /* How each kind of slot puts shard s's part on the wire. Synchronous
- * requests go whole (pc_call_sync), and a request in pieces sends each
+ * requests go whole (psc__call_sync), and a request in pieces sends each
  * piece as a range slot of its own: neither has a part to send. */
 typedef int (*send_part_fn)(struct psc_client *c, struct slot *sl, const struct table_h *t,
                             uint32_t s, Ps__Header *h, int resend);
@@ -323,21 +324,21 @@ static const send_part_fn send_part[] = {
     [SUB_ROWS] = send_rows_part, [SUB_PIECES] = NULL,
 };
 
-int pc_send_sub(struct psc_client *c, struct slot *sl, uint32_t s, int resend)
+int psc__send_sub(struct psc_client *c, struct slot *sl, uint32_t s, int resend)
 {
     send_part_fn send = send_part[sl->kind];
     if (send == NULL)
-        return PC_SUB_NONE;
+        return PSC_SUB_NONE;
     const struct table_h *t = c->tables[sl->table];
     Ps__Header h;
     request_header(c, &h, sl->op, sl->seq, t, s, sl->clock);
     return send(c, sl, t, s, &h, resend);
 }
 
-int pc_send_all(struct psc_client *c, struct slot *sl, uint64_t id, uint64_t *ticket)
+int psc__send_all(struct psc_client *c, struct slot *sl, uint64_t id, uint64_t *ticket)
 {
     for (uint32_t s = 0; s < c->nshards; s++)
-        if (pc_send_sub(c, sl, s, 0) < 0)
+        if (psc__send_sub(c, sl, s, 0) < 0)
             break;
     sl->sent_ms = ps_mono_ms();
     return issued(c, sl, id, ticket);
@@ -354,8 +355,8 @@ static void resend_due(struct psc_client *c, struct slot *sl, int64_t now)
     if (sl->kind == SUB_SYNC || sl->canceled || sl->pending == 0 || now - sl->sent_ms < after)
         return;
     for (uint32_t s = 0; s < c->nshards; s++)
-        if ((sl->expected[s / 64] >> (s % 64)) & 1u && !pc_shard_replied(sl, s) &&
-            pc_send_sub(c, sl, s, 1) == PC_SUB_SENT)
+        if ((sl->expected[s / 64] >> (s % 64)) & 1u && !psc__shard_replied(sl, s) &&
+            psc__send_sub(c, sl, s, 1) == PSC_SUB_SENT)
             c->resends++;
     sl->sent_ms = now;
     sl->attempts++;
@@ -364,7 +365,7 @@ static void resend_due(struct psc_client *c, struct slot *sl, int64_t now)
 /* Every outstanding request, not only the one being waited for: waits go
  * in ticket order, and the request a restart lost may be a later ticket
  * that an earlier one (a bsp pull) is waiting on. */
-void pc_resend_all_due(struct psc_client *c)
+void psc__resend_all_due(struct psc_client *c)
 {
     int64_t now = ps_mono_ms();
     if (c->retry_ms <= 0 || now - c->swept_ms < (c->retry_ms + 3) / 4)

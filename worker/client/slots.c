@@ -10,7 +10,7 @@
 #include <stdio.h>
 #include <string.h>
 
-int pc_set_error(struct psc_client *c, int code, const char *fmt, ...)
+int psc__set_error(struct psc_client *c, int code, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
@@ -19,7 +19,7 @@ int pc_set_error(struct psc_client *c, int code, const char *fmt, ...)
     return code;
 }
 
-void pc_slot_fail(struct slot *sl, int code, const char *fmt, ...)
+void psc__slot_fail(struct slot *sl, int code, const char *fmt, ...)
 {
     if (sl == NULL || sl->status != 0)
         return; /* no ticket's (send_frames), or keep the first error */
@@ -30,13 +30,13 @@ void pc_slot_fail(struct slot *sl, int code, const char *fmt, ...)
     va_end(ap);
 }
 
-void pc_zc_release(void *data, void *hint)
+void psc__zc_release(void *data, void *hint)
 {
     (void)data;
     atomic_fetch_sub((atomic_uint *)hint, 1u);
 }
 
-struct slot *pc_slot_alloc(struct psc_client *c, Ps__Op op, uint64_t *id)
+struct slot *psc__slot_alloc(struct psc_client *c, Ps__Op op, uint64_t *id)
 {
     if (c->nfree == 0)
         return NULL;
@@ -75,7 +75,7 @@ struct slot *pc_slot_alloc(struct psc_client *c, Ps__Op op, uint64_t *id)
 }
 
 /* Lets go of a view's messages (they stay initialised, empty). */
-void pc_view_drop(struct psc_client *c, struct slot *sl)
+void psc__view_drop(struct psc_client *c, struct slot *sl)
 {
     for (uint32_t s = 0; sl->vmsg != NULL && s < c->nshards; s++) {
         zmq_msg_close(&sl->vmsg[s]);
@@ -84,15 +84,15 @@ void pc_view_drop(struct psc_client *c, struct slot *sl)
     sl->held = 0;
 }
 
-void pc_slot_release(struct psc_client *c, struct slot *sl)
+void psc__slot_release(struct psc_client *c, struct slot *sl)
 {
-    pc_view_drop(c, sl);
+    psc__view_drop(c, sl);
     c->id_map[sl->seq & (ID_MAP - 1)] = 0;
     sl->seq = 0;
     c->free_stack[c->nfree++] = (uint16_t)(sl - c->slots);
 }
 
-struct slot *pc_slot_lookup(struct psc_client *c, uint64_t id)
+struct slot *psc__slot_lookup(struct psc_client *c, uint64_t id)
 {
     uint16_t e = c->id_map[id & (ID_MAP - 1)];
     if (e == 0)
@@ -101,15 +101,15 @@ struct slot *pc_slot_lookup(struct psc_client *c, uint64_t id)
     return sl->seq == id ? sl : NULL;
 }
 
-int pc_shard_replied(const struct slot *sl, uint32_t shard)
+int psc__shard_replied(const struct slot *sl, uint32_t shard)
 {
     return (sl->replied[shard / 64] >> (shard % 64)) & 1u;
 }
 
 /* The part [*a, *b) of a range ticket's elements that shard s holds;
  * 0 when it holds none of them. */
-int pc_range_part(const struct psc_client *c, const struct slot *sl, uint32_t s, uint64_t *a,
-                  uint64_t *b)
+int psc__range_part(const struct psc_client *c, const struct slot *sl, uint32_t s, uint64_t *a,
+                    uint64_t *b)
 {
     uint64_t lo, hi;
     ps_shard_range(c->tables[sl->table]->size, c->nshards, s, &lo, &hi);

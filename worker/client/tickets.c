@@ -41,12 +41,12 @@ static int finish(struct psc_client *c, struct slot *sl)
     int rc = sl->status;
     c->last_remote = rc == PS_EREMOTE ? sl->remote : 0;
     if (rc != 0)
-        pc_set_error(c, rc, "%s", sl->error);
+        psc__set_error(c, rc, "%s", sl->error);
     if (rc == 0 && sl->view && !sl->canceled) {
         sl->held = 1; /* the caller reads it, then psc_view_release */
         return 0;
     }
-    pc_slot_release(c, sl);
+    psc__slot_release(c, sl);
     return rc;
 }
 
@@ -57,8 +57,9 @@ static int timed_out(struct psc_client *c, const uint64_t *m, Ps__Op op, int tim
 {
     char missing[256];
     describe_missing(c, m, missing, sizeof missing);
-    return pc_set_error(c, PS_ETIMEDOUT, "%s: no reply within %d ms from shard %s", ps_op_name(op),
-                        timeout_ms, missing[0] ? missing : "(zero-copy buffer still held)");
+    return psc__set_error(c, PS_ETIMEDOUT, "%s: no reply within %d ms from shard %s",
+                          ps_op_name(op), timeout_ms,
+                          missing[0] ? missing : "(zero-copy buffer still held)");
 }
 
 /* psc_wait for a request sent as pieces: each piece in turn, within the
@@ -75,7 +76,7 @@ static int wait_pieces(struct psc_client *c, struct slot *sl, int timeout_ms)
         if (rc == PS_ETIMEDOUT) { /* every shard a piece still waits for */
             uint64_t m[PS_SHARDS_MAX / 64] = {0};
             for (uint32_t j = i; j < sl->nkids; j++) {
-                const struct slot *k = sl->kids[j] ? pc_slot_lookup(c, sl->kids[j]) : NULL;
+                const struct slot *k = sl->kids[j] ? psc__slot_lookup(c, sl->kids[j]) : NULL;
                 if (k != NULL)
                     add_missing(k, m);
             }
@@ -83,18 +84,18 @@ static int wait_pieces(struct psc_client *c, struct slot *sl, int timeout_ms)
         }
         sl->kids[i] = 0;
         if (rc != 0)
-            pc_slot_fail(sl, rc, "%s", c->last_error);
+            psc__slot_fail(sl, rc, "%s", c->last_error);
     }
     return finish(c, sl);
 }
 
 int psc_wait(struct psc_client *c, uint64_t ticket, int timeout_ms)
 {
-    struct slot *sl = pc_slot_lookup(c, ticket);
+    struct slot *sl = psc__slot_lookup(c, ticket);
     if (sl == NULL || sl->canceled || sl->held)
-        return pc_set_error(c, PS_EINVAL, "ticket %llu is not outstanding",
-                            (unsigned long long)ticket);
-    pc_flush_all(c);
+        return psc__set_error(c, PS_EINVAL, "ticket %llu is not outstanding",
+                              (unsigned long long)ticket);
+    psc__flush_all(c);
     if (sl->kind == SUB_PIECES)
         return wait_pieces(c, sl, timeout_ms);
     int64_t deadline = ps_mono_ms() + (timeout_ms < 0 ? 0 : timeout_ms);
@@ -113,15 +114,15 @@ int psc_wait(struct psc_client *c, uint64_t ticket, int timeout_ms)
         }
         if (got == 0 && timeout_ms >= 0 && left <= 0)
             break; /* time is up only once nothing more is waiting (so 0 takes what came) */
-        pc_resend_all_due(c);
-        pc_failover_poll(c);
+        psc__resend_all_due(c);
+        psc__failover_poll(c);
         psc_heartbeat(c);
         int wait = timeout_ms < 0 ? -1 : left > 0 ? (int)left : 0; /* left <= timeout_ms */
         if (c->retry_ms > 0 && (wait < 0 || wait > c->retry_ms))
             wait = c->retry_ms;
         if (c->heartbeat_ms > 0 && (wait < 0 || wait > c->heartbeat_ms))
             wait = c->heartbeat_ms;
-        got = pc_await_replies(c, sl, pc_failover_wait_ms(c, wait));
+        got = psc__await_replies(c, sl, psc__failover_wait_ms(c, wait));
     }
     uint64_t m[PS_SHARDS_MAX / 64] = {0};
     add_missing(sl, m);
@@ -130,11 +131,11 @@ int psc_wait(struct psc_client *c, uint64_t ticket, int timeout_ms)
 
 int psc_cancel(struct psc_client *c, uint64_t ticket)
 {
-    struct slot *sl = pc_slot_lookup(c, ticket);
+    struct slot *sl = psc__slot_lookup(c, ticket);
     if (sl == NULL)
-        return pc_set_error(c, PS_EINVAL, "ticket %llu is not outstanding",
-                            (unsigned long long)ticket);
-    pc_flush_all(c); /* held requests count as sent: they go, as they would uncorked */
+        return psc__set_error(c, PS_EINVAL, "ticket %llu is not outstanding",
+                              (unsigned long long)ticket);
+    psc__flush_all(c); /* held requests count as sent: they go, as they would uncorked */
     sl->canceled = 1;
     sl->out = NULL;
     int busy = atomic_load(&sl->zc_refs) != 0;
@@ -144,9 +145,9 @@ int psc_cancel(struct psc_client *c, uint64_t ticket)
         busy |= sl->kids[i] != 0;
     }
     if (busy)
-        return pc_set_error(c, PS_EBUSY, "ticket %llu: zmq still holds its gradient buffer",
-                            (unsigned long long)ticket);
-    pc_slot_release(c, sl);
+        return psc__set_error(c, PS_EBUSY, "ticket %llu: zmq still holds its gradient buffer",
+                              (unsigned long long)ticket);
+    psc__slot_release(c, sl);
     return 0;
 }
 

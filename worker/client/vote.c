@@ -18,8 +18,8 @@ int psc_vote_open(struct psc_client *c, const char *name, int timeout_ms, struct
     char full[PSC_TABLE_NAME_MAX + 1];
     if (name == NULL || name[0] == '\0' ||
         strlen(name) + strlen(PS_TABLE_RESERVED_PREFIX) > PSC_TABLE_NAME_MAX)
-        return pc_set_error(c, PS_EINVAL, "vote: a name of 1..%zu characters is needed",
-                            (size_t)PSC_TABLE_NAME_MAX - strlen(PS_TABLE_RESERVED_PREFIX));
+        return psc__set_error(c, PS_EINVAL, "vote: a name of 1..%zu characters is needed",
+                              (size_t)PSC_TABLE_NAME_MAX - strlen(PS_TABLE_RESERVED_PREFIX));
     snprintf(full, sizeof full, PS_TABLE_RESERVED_PREFIX "%s", name);
     struct psc_table_spec s;
     psc_table_spec_init(&s, full, 1);
@@ -34,7 +34,7 @@ int psc_vote_open(struct psc_client *c, const char *name, int timeout_ms, struct
      * where the others are), and whether the servers hold rounds at all */
     struct psc_table_stats *list = calloc(PS_TABLES_MAX, sizeof *list);
     if (list == NULL)
-        return pc_set_error(c, PS_ENOMEM, "vote: out of memory");
+        return psc__set_error(c, PS_ENOMEM, "vote: out of memory");
     for (uint32_t sh = 0; sh < c->nshards && rc == 0; sh++) {
         struct psc_shard_stats st;
         rc = psc_stats_tables(c, sh, timeout_ms, &st, list, PS_TABLES_MAX);
@@ -59,8 +59,8 @@ int psc_vote(struct psc_client *c, struct psc_vote *v, int flag, int timeout_ms,
         /* grad and share live in *v, which outlives the call: a cancel the
          * library cannot finish yet (PS_EBUSY) leaves nothing dangling */
         (void)psc_cancel(c, ticket);
-        pc_set_error(c, rc, "vote at round %llu: no answer within %d ms",
-                     (unsigned long long)v->clock, timeout_ms);
+        psc__set_error(c, rc, "vote at round %llu: no answer within %d ms",
+                       (unsigned long long)v->clock, timeout_ms);
     }
     if (rc != 0)
         return rc;
