@@ -6,7 +6,7 @@
 #include "live.h"
 #include "snapshot.h"
 #include "ps_clock.h"
-#include "metrics.h"
+#include "exposition.h"
 #include "net.h"
 #include "psd.h"
 #include "repl.h"
@@ -31,6 +31,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include <uv.h>
+
+/* psd_tick's period: dropping silent workers, expiring waits and
+ * regions, interval checkpoints, publishing /metrics, the watchdog. */
+#define PSD_TICK_MS 250
 
 struct psd_config {
     const char *listen;
@@ -110,8 +114,8 @@ static const struct ps_opt psd_opts[] = {
         "apply pushes whose gradients hold NaN or infinities (by default they are refused, "
         "since one would poison the weights for good)"),
     OPT("prune", PS_OPT_STR, prune, NULL, 0, 0, "SPEC[,SPEC]",
-        "gradual magnitude pruning, SPEC = TABLE:TARGET[:START:END:EVERY] (steps; defaults "
-        "200:2000:100)"),
+        "gradual magnitude pruning, SPEC = TABLE:TARGET[:START:END:EVERY] (steps; "
+        "defaults " PSD_PRUNE_DEFAULTS ")"),
     OPT("checkpoint-dir", PS_OPT_STR, checkpoint_dir, NULL, 0, 0, "DIR",
         "write checkpoints here, and restore the newest valid one at start"),
     OPT("start-empty", PS_OPT_FLAG, start_empty, NULL, 0, 0, NULL,
@@ -180,10 +184,9 @@ static void publish_metrics(struct app *a)
 {
     if (a->metrics == NULL)
         return;
-    psd_metrics_render(&a->srv, &a->metrics_text);
+    psd_expose(&a->srv, &a->metrics_text);
     if (a->net.sock != NULL) /* started */
-        psd_metrics_render_net(&a->net, a->cfg.curve_secret != NULL ? &a->sec : NULL,
-                               &a->metrics_text);
+        psd_expose_net(&a->net, a->cfg.curve_secret != NULL ? &a->sec : NULL, &a->metrics_text);
     if (a->replicated)
         psd_repl_metrics(&a->repl, &a->metrics_text);
     ps_metrics_publish(a->metrics, &a->metrics_text);
@@ -578,7 +581,7 @@ int main(int argc, char **argv)
     uv_signal_start(&a.sighup, on_hup, SIGHUP);
     uv_timer_init(&a.loop, &a.tick);
     a.tick.data = &a;
-    uv_timer_start(&a.tick, on_tick, 250, 250);
+    uv_timer_start(&a.tick, on_tick, PSD_TICK_MS, PSD_TICK_MS);
 
     PS_LOG(&a.log, PS_LOG_INFO, S0010,
            "shard %llu of %llu listening on %s (psd %s, %s, %llu workers)",

@@ -26,6 +26,8 @@ int psw_wire_dtype(const char *s)
 /* Buffers of a table's size in the shared region: its gradient and two
  * sets of its weights (psw_setup_shm). */
 #define SHM_BUFFERS 3
+/* Bytes the region has beyond its buffers and their alignment: a page. */
+#define SHM_SPARE_BYTES 4096u
 
 /* The region to share with shards on this host (CPU backend; 0: none):
  * those buffers, and with --topk each table's keys and values. */
@@ -35,12 +37,12 @@ static size_t shm_bytes(const struct trainer *tr)
      * request would take the socket anyway (psw_setup_shm says so) */
     if (!tr->alias || tr->cfg.no_shm || psw_wire_dtype(tr->cfg.wire_dtype) != PSC_F32)
         return 0;
-    size_t b = 4096;
+    size_t b = SHM_SPARE_BYTES;
     for (int k = 0; k < psw_ntables(tr); k++) {
         size_t n = (size_t)psw_table_size(tr, k);
-        b += SHM_BUFFERS * (n * 4 + 64);
-        if (tr->cfg.topk > 0)
-            b += psw_topk_count(tr, n) * (sizeof(uint64_t) + sizeof(float)) + 128;
+        b += SHM_BUFFERS * (n * 4 + PS_SHM_ALIGN);
+        if (tr->cfg.topk > 0) /* its keys and its values */
+            b += psw_topk_count(tr, n) * (sizeof(uint64_t) + sizeof(float)) + 2 * PS_SHM_ALIGN;
     }
     return b;
 }

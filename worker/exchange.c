@@ -196,11 +196,13 @@ static int wait_pulls(struct trainer *tr, int k, uint64_t a, uint64_t b, int upl
         if (p->done || (k >= 0 && (p->k != k || p->first >= b || p->first + p->n <= a)))
             continue;
         p->done = 1;
-        /* in slices, petting the service watchdog while a round waits */
+        /* in slices of WAIT_SLICE_MS, petting the service watchdog while a
+         * round waits */
+        enum { WAIT_SLICE_MS = 1000 };
         int rc = PS_ETIMEDOUT;
         double until = ps_mono_s() + (double)tr->cfg.timeout_ms / 1e3;
         while (rc == PS_ETIMEDOUT && ps_mono_s() < until) {
-            rc = psc_wait(tr->c, tr->pull_tk[i], 1000);
+            rc = psc_wait(tr->c, tr->pull_tk[i], WAIT_SLICE_MS);
             ps_notify_watchdog();
             if (rc == PS_ETIMEDOUT)
                 psw_worker_metrics(tr, 0); /* waiting, not stuck: /healthz stays ok */

@@ -225,9 +225,13 @@ static int step(struct slr *m, const struct psw_svm *d, const uint32_t *idx, siz
     return rc;
 }
 
+/* Rows evaluated at once, and the fewest a model's buffers hold: a batch
+ * of evaluation or of training, whichever is larger. */
+#define SLR_EVAL_ROWS 4096u
+
 static int evaluate(struct slr *m, const struct psw_svm *d, double *logloss, double *acc)
 {
-    enum { EB = 4096 };
+    enum { EB = SLR_EVAL_ROWS };
     uint32_t idx[EB];
     double loss = 0;
     uint64_t correct = 0;
@@ -262,7 +266,7 @@ static int setup_mlp(struct slr *m, char *err, size_t errlen)
                cfg->device ? cfg->device : "auto", err);
     PS_LOG(m->log, PS_LOG_INFO, W0018, "embedding MLP on %s", psk_describe(m->be));
     int dims[3] = {(int)cfg->embed_dim, (int)cfg->hidden, 2};
-    int bmax = cfg->batch > 4096 ? (int)cfg->batch : 4096;
+    int bmax = cfg->batch > SLR_EVAL_ROWS ? (int)cfg->batch : (int)SLR_EVAL_ROWS;
     if ((rc = psw_mlp_init(&m->mlp, m->be, dims, 2, bmax, err, errlen)) != 0 ||
         (rc = psw_mlp_enable_input_grad(&m->mlp)) != 0)
         return rc;
@@ -354,7 +358,7 @@ int psw_slr_train(const struct psw_slr_config *cfg, struct psc_client *c, struct
     uint64_t gb = cfg->batch * cfg->workers, steps = train.n / gb;
     uint32_t *perm = malloc((size_t)train.n * sizeof *perm);
     /* A batch touches at most (its rows) x (the widest row) keys. */
-    uint64_t widest = 1, rows = cfg->batch > 4096 ? cfg->batch : 4096;
+    uint64_t widest = 1, rows = cfg->batch > SLR_EVAL_ROWS ? cfg->batch : SLR_EVAL_ROWS;
     for (uint32_t i = 0; i < train.n; i++)
         widest =
             train.row[i + 1] - train.row[i] > widest ? train.row[i + 1] - train.row[i] : widest;

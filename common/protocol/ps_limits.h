@@ -123,6 +123,7 @@ _Static_assert(PS_DEDUP_WINDOW % 64 == 0, "the window is whole words of bits");
  * how long a handed-over region waits for its hello, and fd-socket
  * connections in progress. */
 #define PS_SHM_BYTES_MIN   4096u
+#define PS_SHM_ALIGN       64u /* what psc_shm_alloc hands out is aligned to it */
 #define PS_SHM_BYTES_MAX   (UINT64_C(1) << 36)
 #define PS_SHM_REGIONS_MAX 64u
 #define PS_SHM_PENDING_MS  10000u

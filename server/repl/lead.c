@@ -15,9 +15,10 @@ int psd_lead_init(struct psd_lead *l, const char *url, const char *prefix, uint3
                   size_t errlen)
 {
     memset(l, 0, sizeof *l);
-    if (prefix[0] != '/' || strlen(prefix) > 128)
+    if (prefix[0] != '/' || strlen(prefix) > PSD_ETCD_PREFIX_MAX)
         return ps_errf(PS_EINVAL, err, errlen,
-                       "--etcd-prefix: '%s' must start with / and be at most 128 bytes", prefix);
+                       "--etcd-prefix: '%s' must start with / and be at most %u bytes", prefix,
+                       PSD_ETCD_PREFIX_MAX);
     snprintf(l->leader_key, sizeof l->leader_key, "%s/shard-%u-of-%u/leader", prefix, shard,
              shards);
     snprintf(l->insync_key, sizeof l->insync_key, "%s/shard-%u-of-%u/insync", prefix, shard,
@@ -149,7 +150,7 @@ int psd_lead_campaign(struct psd_lead *l, const struct psd_lead_view *v, int *wo
         snprintf(l->leader_value, sizeof l->leader_value, "%s", lv);
         l->epoch = epoch;
         l->renewed_ms = asked;
-        l->lease_until_ms = asked + (uint64_t)l->granted_s * 900u;
+        l->lease_until_ms = asked + (uint64_t)l->granted_s * PSD_LEASE_SURE_MS_PER_S;
     }
     free(lv);
     free(sv);
@@ -160,7 +161,7 @@ int psd_lead_renew(struct psd_lead *l, uint64_t now_ms)
 {
     if (l->lease == 0)
         return PS_ESTATE;
-    if (now_ms - l->renewed_ms < (uint64_t)l->granted_s * 1000u / 3u ||
+    if (now_ms - l->renewed_ms < (uint64_t)l->granted_s * 1000u / PSD_RENEWS_PER_TTL ||
         now_ms - l->tried_ms < PSD_ETCD_RETRY_MS)
         return 0;
     l->tried_ms = now_ms;
@@ -175,7 +176,7 @@ int psd_lead_renew(struct psd_lead *l, uint64_t now_ms)
         return PS_ESTATE;
     }
     l->renewed_ms = now_ms;
-    l->lease_until_ms = now_ms + (uint64_t)ttl * 900u; /* a tenth to spare for clock rates */
+    l->lease_until_ms = now_ms + (uint64_t)ttl * PSD_LEASE_SURE_MS_PER_S;
     return 0;
 }
 

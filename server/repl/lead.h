@@ -24,9 +24,15 @@
 
 #include <stdint.h>
 
-#define PSD_REPLICAS_MAX  PS_REPLICAS_MAX
-#define PSD_ETCD_CALL_MS  100 /* the longest one etcd call may hold psd's loop */
-#define PSD_ETCD_RETRY_MS 50  /* between renewals that etcd did not answer */
+#define PSD_REPLICAS_MAX    PS_REPLICAS_MAX
+#define PSD_ETCD_CALL_MS    100  /* the longest one etcd call may hold psd's loop */
+#define PSD_ETCD_RETRY_MS   50   /* between renewals that etcd did not answer */
+#define PSD_ETCD_PREFIX_MAX 128u /* bytes of --etcd-prefix: keys stay under PSD_ETCD_KEY_MAX */
+/* A lease of TTL s is sure to hold for s x this many ms after it was
+ * granted or renewed: nine tenths, a tenth to spare for clock rates. */
+#define PSD_LEASE_SURE_MS_PER_S 900u
+/* Renewals a primary sends within one TTL (one every third of it). */
+#define PSD_RENEWS_PER_TTL 3u
 
 /* What etcd says about a shard now. */
 struct psd_lead_view {

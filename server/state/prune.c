@@ -12,9 +12,9 @@
 int psd_prune_parse(const char *s, struct psd_prune_spec *out, char *err, size_t errlen)
 {
     memset(out, 0, sizeof *out);
-    out->start = 200;
-    out->end = 2000;
-    out->every = 100;
+    out->start = PSD_PRUNE_START;
+    out->end = PSD_PRUNE_END;
+    out->every = PSD_PRUNE_EVERY;
     const char *colon = strchr(s, ':');
     size_t nlen = colon ? (size_t)(colon - s) : 0;
     if (colon == NULL || nlen == 0 || nlen >= sizeof out->table) {

@@ -17,6 +17,16 @@
 #include <stdint.h>
 
 #define PSD_PRUNE_SPECS_MAX 64
+/* A spec's schedule when it names only TABLE:TARGET (steps). Plain
+ * numbers: psd's --help writes them with PSD_PRUNE_DEFAULTS. */
+#define PSD_PRUNE_START   200
+#define PSD_PRUNE_END     2000
+#define PSD_PRUNE_EVERY   100
+#define PSD_PRUNE_STR_(x) #x
+#define PSD_PRUNE_STR(x)  PSD_PRUNE_STR_(x)
+#define PSD_PRUNE_DEFAULTS                                                                         \
+    PSD_PRUNE_STR(PSD_PRUNE_START)                                                                 \
+    ":" PSD_PRUNE_STR(PSD_PRUNE_END) ":" PSD_PRUNE_STR(PSD_PRUNE_EVERY)
 
 struct psd_prune_spec {
     char table[PS_TABLE_NAME_MAX + 1];
@@ -24,7 +34,7 @@ struct psd_prune_spec {
     uint64_t start, end, every; /* steps; start < end, every >= 1 */
 };
 
-/* Parses "TABLE:TARGET[:START:END:EVERY]" (defaults 200, 2000, 100). 0 or
+/* Parses "TABLE:TARGET[:START:END:EVERY]" (defaults PSD_PRUNE_*). 0 or
  * PS_EINVAL with a sentence naming the bad part. */
 int psd_prune_parse(const char *s, struct psd_prune_spec *out, char *err, size_t errlen);
 

@@ -23,7 +23,7 @@ void psc_bytes(const struct psc_client *c, uint64_t *sent, uint64_t *received)
 
 void *psc_shm_alloc(struct psc_client *c, size_t bytes)
 {
-    size_t at = (c->shm_used + 63u) & ~(size_t)63u;
+    size_t at = (c->shm_used + PS_SHM_ALIGN - 1u) & ~(size_t)(PS_SHM_ALIGN - 1u);
     if (c->shm.base == NULL || at > c->shm.size || bytes > c->shm.size - at)
         return NULL;
     c->shm_used = at + bytes;
@@ -209,8 +209,10 @@ static int say_hello(struct psc_client *c, const struct psc_config *cfg, int tim
     h.worker_id = c->worker_id;
     h.session = c->session = ps_random_id();
     c->start_clock = 0;
-    enum { WATCH_MS = 200 };
-    int rc = 0, waited = 0, tell_at = 1000;
+    /* a refused hello is tried again every WATCH_MS; hello_waiting hears
+     * after TELL_FIRST_MS, then every TELL_EVERY_MS */
+    enum { WATCH_MS = 200, TELL_FIRST_MS = 1000, TELL_EVERY_MS = 5000 };
+    int rc = 0, waited = 0, tell_at = TELL_FIRST_MS;
     uint64_t id = 0;
     char held[sizeof c->last_error] = ""; /* why a shard would not let go of the id yet */
     struct hello_watch hw;
@@ -254,7 +256,7 @@ static int say_hello(struct psc_client *c, const struct psc_config *cfg, int tim
         rc = PS_ETIMEDOUT;
         if (cfg->hello_waiting != NULL && waited >= tell_at) {
             hello_waiting(c, cfg, waited, held[0] ? held : NULL);
-            tell_at += 5000;
+            tell_at += TELL_EVERY_MS;
         }
     }
     if (cfg != NULL)

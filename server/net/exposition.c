@@ -1,6 +1,6 @@
 /* psd's state in Prometheus text format. Runs on the loop thread; the
  * text is then published to the HTTP thread (ps_metrics). */
-#include "metrics.h"
+#include "exposition.h"
 #include "ps_clock.h"
 
 #include "catalog.h"
@@ -144,7 +144,7 @@ static void workers(struct ps_buf *b, const struct psd *s)
                    (double)psd_waits_stats(s).max_staleness);
 }
 
-int psd_metrics_render(const struct psd *s, struct ps_buf *b)
+int psd_expose(const struct psd *s, struct ps_buf *b)
 {
     char lab[256] = "", v[32], mode[32];
     const struct psd_conf *c = &s->conf;
@@ -252,8 +252,7 @@ int psd_metrics_render(const struct psd *s, struct ps_buf *b)
     return b->oom ? PS_ENOMEM : 0;
 }
 
-void psd_metrics_render_net(const struct psd_net *n, const struct psd_security *sec,
-                            struct ps_buf *b)
+void psd_expose_net(const struct psd_net *n, const struct psd_security *sec, struct ps_buf *b)
 {
     const struct scalar scalars[] = {
         {"psd_replies_dropped_total", "counter",
