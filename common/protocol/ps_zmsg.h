@@ -23,7 +23,8 @@ int ps_zmsg_recv(void *sock, int flags, zmq_msg_t *parts, size_t max, size_t *ke
  * above glibc's mmap threshold each of those is a fresh mmap (a page fault
  * per 4 KiB touched, an munmap after) until glibc's dynamic threshold
  * happens to rise. A fixed threshold of 64 MiB keeps them on the heap:
- * 1+1 training went from 48-52k to 55k samples/s (tests/bench/HISTORY.md, "Allocator"). */
+ * 1+1 training went from 41-50k to 48-53k samples/s (tests/bench/HISTORY.md,
+ * "Page faults on every large message"). */
 void ps_malloc_tune(void);
 
 #endif
