@@ -4,7 +4,7 @@
  * sets of weights then lie. */
 #include "connect.h"
 
-#include "exchange.h"
+#include "topk.h"
 #include "model.h"
 
 #include "ps_curve.h"
@@ -24,7 +24,7 @@ int psw_wire_dtype(const char *s)
 }
 
 /* Buffers of a table's size in the shared region: its gradient and two
- * sets of its weights (psw_setup_shm). */
+ * sets of its weights (psw_use_region). */
 #define SHM_BUFFERS 3
 /* Bytes the region has beyond its buffers and their alignment: a page. */
 #define SHM_SPARE_BYTES 4096u
@@ -34,7 +34,7 @@ int psw_wire_dtype(const char *s)
 static size_t shm_bytes(const struct trainer *tr)
 {
     /* the region carries f32 values: with 16-bit ones on the wire every
-     * request would take the socket anyway (psw_setup_shm says so) */
+     * request would take the socket anyway (psw_use_region says so) */
     if (!tr->alias || tr->cfg.no_shm || psw_wire_dtype(tr->cfg.wire_dtype) != PSC_F32)
         return 0;
     size_t b = SHM_SPARE_BYTES;
@@ -42,46 +42,10 @@ static size_t shm_bytes(const struct trainer *tr)
         size_t n = (size_t)psw_table_size(tr, k);
         b += SHM_BUFFERS * (n * 4 + PS_SHM_ALIGN);
         if (tr->cfg.topk > 0) /* its keys and its values */
-            b += psw_topk_count(tr, n) * (sizeof(uint64_t) + sizeof(float)) + 2 * PS_SHM_ALIGN;
+            b +=
+                psw_topk_count(&tr->cfg, n) * (sizeof(uint64_t) + sizeof(float)) + 2 * PS_SHM_ALIGN;
     }
     return b;
-}
-
-/* Puts the gradients and two sets of weights in the shared region when
- * shards took it: their values then move without sockets, and pulled
- * weights are used where they land. */
-void psw_setup_shm(struct trainer *tr)
-{
-    uint32_t local = 0;
-    for (uint32_t s = 0; s < psc_shards(tr->c); s++)
-        local += strncmp(psc_endpoint(tr->c, s), "ipc://", 6) == 0;
-    if (local > 0 && tr->alias && !tr->cfg.no_shm && psw_wire_dtype(tr->cfg.wire_dtype) != PSC_F32)
-        PS_LOG(&tr->log, PS_LOG_INFO, W0016,
-               "%u of %u shards are on this host, but --wire-dtype %s values go through their "
-               "sockets: shared memory carries f32 only (--wire-dtype f32 moves them without "
-               "sockets there)",
-               local, psc_shards(tr->c), tr->cfg.wire_dtype);
-    uint32_t on = psc_shm_shards(tr->c);
-    if (on == 0)
-        return;
-    int n = psw_ntables(tr);
-    float *g[TABLES_MAX];
-    for (int k = 0; k < n; k++) {
-        size_t b = (size_t)psw_table_size(tr, k) * 4;
-        if ((g[k] = psc_shm_alloc(tr->c, b)) == NULL ||
-            (tr->wset[0][k] = psc_shm_alloc(tr->c, b)) == NULL ||
-            (tr->wset[1][k] = psc_shm_alloc(tr->c, b)) == NULL)
-            return;
-    }
-    psw_place_grads(tr, g);
-    psw_point_params(tr, tr->wset[0]);
-    if (on == psc_shards(tr->c)) /* nothing of a step on a socket */
-        psw_mlp_set_chunk_bytes(&tr->mlp, PSW_CHUNK_BYTES_SHM);
-    tr->wsets = 1;
-    PS_LOG(&tr->log, PS_LOG_INFO, W0008,
-           "%u of %u shards share memory with this worker: gradients and weights move without "
-           "sockets there",
-           on, psc_shards(tr->c));
 }
 
 /* psc_config's hello_waiting: which shards have not answered yet. */

@@ -10,6 +10,5 @@
 
 int psw_wire_dtype(const char *s);
 int psw_connect_client(struct trainer *tr, int nonzero_pulls, char *err, size_t errlen);
-void psw_setup_shm(struct trainer *tr);
 
 #endif

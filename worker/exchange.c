@@ -3,8 +3,11 @@
  * and loading a batch. */
 #include "exchange.h"
 
+#include "connect.h"
+#include "local.h"
 #include "model.h"
 #include "report.h"
+#include "topk.h"
 
 #include "ps_clock.h"
 #include "ps_err.h"
@@ -26,16 +29,41 @@ static float *grad_src(struct trainer *tr, int k)
     return tr->acc[k] ? tr->acc[k] : psw_grad(tr, k);
 }
 
-/* With --topk and momentum, momentum runs on the worker (DGC's momentum
- * correction) and the servers apply plain SGD. */
-static int momentum_on_worker(const struct config *c)
+#define TICKETS_MAX 1024 /* push-pulls of one step: one per weight chunk and bias */
+
+/* The distributed exchange's state: the tables' ids on the shards, the
+ * pulls (and push-pulls) in flight this step, and the two sets of
+ * weights in the shared region. */
+struct psw_exchange {
+    uint32_t th[TABLES_MAX];
+    uint64_t pull_tk[TICKETS_MAX]; /* pulls, or push-pulls, in flight */
+    struct pull_range {            /* what each brings: table k's [first, first+n) */
+        int k;                     /* -1: no weights (a top-k push) */
+        uint64_t first, n;
+        int done; /* waited for */
+    } pull_at[TICKETS_MAX];
+    int pulls_pending;
+    /* with shared memory: two sets of weights in the region; the model
+     * reads set wcur while the pulls of the next clock land in the other */
+    float *wset[2][TABLES_MAX];
+    int wcur, wsets;
+};
+
+struct psw_exchange *psw_exchange_create(void)
 {
-    return c->topk > 0 && psk_optim_parse(c->optimizer) == PSK_OPT_MOMENTUM;
+    return calloc(1, sizeof(struct psw_exchange));
 }
 
+void psw_exchange_destroy(struct psw_exchange *x)
+{
+    free(x);
+}
+
+/* The optimizer that applies the pushes (psd's, or --standalone's): with
+ * --topk and momentum the worker keeps the momentum, and it is SGD. */
 static int server_optimizer(const struct config *c)
 {
-    return momentum_on_worker(c) ? PSK_OPT_SGD : psk_optim_parse(c->optimizer);
+    return psw_topk_momentum(c) ? PSK_OPT_SGD : psk_optim_parse(c->optimizer);
 }
 
 /* shape: room for the table's dimensions, which a CNN's tables carry
@@ -62,45 +90,21 @@ static void table_spec(const struct trainer *tr, int k, struct psc_table_spec *s
     }
 }
 
-/* Elements --topk sends of a table of n. */
-size_t psw_topk_count(const struct trainer *tr, size_t n)
-{
-    return (size_t)psc_topk_count(n, tr->cfg.topk);
-}
-
-static int setup_topk(struct trainer *tr, int k, size_t n)
-{
-    size_t kk = tr->sel_k[k] = psw_topk_count(tr, n);
-    float *zeros = calloc(n, sizeof *zeros);
-    /* in the shared region when shards took it: the keys and values of
-     * the keyed push then move without sockets */
-    tr->sel_shm[k] = tr->c != NULL && psc_shm_shards(tr->c) > 0 &&
-                     (tr->sel_idx[k] = psc_shm_alloc(tr->c, kk * sizeof(uint64_t))) != NULL &&
-                     (tr->sel_val[k] = psc_shm_alloc(tr->c, kk * sizeof(float))) != NULL;
-    if (!tr->sel_shm[k]) {
-        tr->sel_idx[k] = malloc(kk * sizeof *tr->sel_idx[k]);
-        tr->sel_val[k] = malloc(kk * sizeof *tr->sel_val[k]);
-    }
-    int rc = zeros == NULL || tr->sel_idx[k] == NULL || tr->sel_val[k] == NULL ||
-             psk_alloc(tr->be, n * 4, (void **)&tr->resid[k]) ||
-             psk_upload(tr->be, tr->resid[k], zeros, n * 4);
-    if (rc == 0 && momentum_on_worker(&tr->cfg))
-        rc = psk_alloc(tr->be, n * 4, (void **)&tr->vel[k]) ||
-             psk_upload(tr->be, tr->vel[k], zeros, n * 4);
-    free(zeros);
-    return rc ? PS_ENOMEM : 0;
-}
-
 int psw_setup_tables(struct trainer *tr, char *err, size_t errlen)
 {
     tr->ntables = psw_ntables(tr);
+    if (tr->cfg.standalone && (tr->local = psw_local_create(&tr->cfg, server_optimizer(&tr->cfg),
+                                                            tr->decay_steps)) == NULL)
+        return PS_ENOMEM;
+    if (tr->cfg.topk > 0 && (tr->topk = psw_topk_create()) == NULL)
+        return PS_ENOMEM;
     for (int k = 0; k < tr->ntables; k++) {
         size_t n = (size_t)psw_table_size(tr, k);
         if (tr->cfg.accum_steps > 1 && psk_alloc(tr->be, n * 4, (void **)&tr->acc[k])) {
             snprintf(err, errlen, "cannot allocate accumulation buffers");
             return PS_ENOMEM;
         }
-        if (tr->cfg.topk > 0 && setup_topk(tr, k, n) != 0) {
+        if (tr->cfg.topk > 0 && psw_topk_table(tr, k, n) != 0) {
             snprintf(err, errlen, "cannot allocate top-k buffers");
             return PS_ENOMEM;
         }
@@ -119,27 +123,16 @@ int psw_setup_tables(struct trainer *tr, char *err, size_t errlen)
         if (tr->cfg.standalone) {
             /* the same initialiser the servers run, element by element */
             ps_init_fill(tr->hw[k], n, (enum ps_init_kind)s.init, s.init_scale, s.seed, 0);
-            tr->s1[k] = calloc(n, 4);
-            tr->s2[k] = calloc(n, 4);
-            if (!tr->s1[k] || !tr->s2[k])
+            if (psw_local_table(tr->local, k, n) != 0)
                 return PS_ENOMEM;
             continue;
         }
-        int rc = psc_table_create(tr->c, &s, (int)tr->cfg.timeout_ms, &tr->th[k]);
+        int rc = psc_table_create(tr->c, &s, (int)tr->cfg.timeout_ms, &tr->ex->th[k]);
         if (rc != 0) {
             snprintf(err, errlen, "create table '%s': %s", name, psc_last_error(tr->c));
             return rc;
         }
     }
-    tr->opt = (struct psk_optim){.kind = server_optimizer(&tr->cfg),
-                                 .lr = (float)tr->cfg.lr,
-                                 .weight_decay = (float)tr->cfg.weight_decay,
-                                 .momentum = (float)tr->cfg.momentum,
-                                 .beta1 = 0.9f,
-                                 .beta2 = 0.999f,
-                                 .eps = 1e-8f,
-                                 .schedule = strcmp(tr->cfg.lr_schedule, "cosine") == 0,
-                                 .decay_steps = tr->decay_steps};
     int rc = 0;
     if (tr->prec == PSK_PREC_F16 && !tr->cfg.standalone &&
         (rc = psc_vote_open(tr->c, "found_inf", (int)tr->cfg.timeout_ms, &tr->vote)) != 0)
@@ -164,7 +157,8 @@ int psw_setup_tables(struct trainer *tr, char *err, size_t errlen)
  * writes inside psc_wait only. */
 static float *pull_dst(struct trainer *tr, int k)
 {
-    return tr->wsets ? tr->wset[1 - tr->wcur][k] : tr->hw[k];
+    struct psw_exchange *x = tr->ex;
+    return x->wsets ? x->wset[1 - x->wcur][k] : tr->hw[k];
 }
 
 /* The pulls of the next clock are all on their way into the other set:
@@ -172,17 +166,18 @@ static float *pull_dst(struct trainer *tr, int k)
  * it as before), and the next pulls land in this one. */
 void psw_next_weights(struct trainer *tr)
 {
-    if (!tr->wsets)
+    struct psw_exchange *x = tr->ex;
+    if (x == NULL || !x->wsets)
         return;
-    tr->wcur = 1 - tr->wcur;
-    memcpy(tr->hw, tr->wset[tr->wcur], (size_t)tr->ntables * sizeof *tr->hw);
+    x->wcur = 1 - x->wcur;
+    memcpy(tr->hw, x->wset[x->wcur], (size_t)tr->ntables * sizeof *tr->hw);
     psw_point_params(tr, tr->hw);
 }
 
 /* Notes what pull i (a ticket in pull_tk) brings. */
 static void note_pull(struct trainer *tr, int i, int k, uint64_t first, uint64_t n)
 {
-    tr->pull_at[i] = (struct pull_range){k, first, n, 0};
+    tr->ex->pull_at[i] = (struct pull_range){k, first, n, 0};
 }
 
 /* Waits for the pulls not yet waited for that bring elements [a, b) of
@@ -190,9 +185,10 @@ static void note_pull(struct trainer *tr, int i, int k, uint64_t first, uint64_t
  * upload is set. Returns the first error; waits for the others anyway. */
 static int wait_pulls(struct trainer *tr, int k, uint64_t a, uint64_t b, int upload)
 {
+    struct psw_exchange *x = tr->ex;
     int first = 0;
-    for (int i = 0; i < tr->pulls_pending; i++) {
-        struct pull_range *p = &tr->pull_at[i];
+    for (int i = 0; i < x->pulls_pending; i++) {
+        struct pull_range *p = &x->pull_at[i];
         if (p->done || (k >= 0 && (p->k != k || p->first >= b || p->first + p->n <= a)))
             continue;
         p->done = 1;
@@ -202,13 +198,13 @@ static int wait_pulls(struct trainer *tr, int k, uint64_t a, uint64_t b, int upl
         int rc = PS_ETIMEDOUT;
         double until = ps_mono_s() + (double)tr->cfg.timeout_ms / 1e3;
         while (rc == PS_ETIMEDOUT && ps_mono_s() < until) {
-            rc = psc_wait(tr->c, tr->pull_tk[i], WAIT_SLICE_MS);
+            rc = psc_wait(tr->c, x->pull_tk[i], WAIT_SLICE_MS);
             ps_notify_watchdog();
             if (rc == PS_ETIMEDOUT)
                 psw_worker_metrics(tr, 0); /* waiting, not stuck: /healthz stays ok */
         }
         if (rc == PS_ETIMEDOUT)
-            psc_cancel(tr->c, tr->pull_tk[i]);
+            psc_cancel(tr->c, x->pull_tk[i]);
         if (rc == 0 && upload && p->k >= 0 &&
             psk_upload(tr->be, psw_param(tr, p->k) + p->first, tr->hw[p->k] + p->first,
                        (size_t)p->n * 4))
@@ -227,7 +223,7 @@ static int pull_table(struct trainer *tr, int k, uint64_t clock)
 {
     uint64_t n = psw_table_size(tr, k);
     note_pull(tr, k, k, 0, n);
-    int rc = psc_pull(tr->c, tr->th[k], 0, n, pull_dst(tr, k), clock, &tr->pull_tk[k]);
+    int rc = psc_pull(tr->c, tr->ex->th[k], 0, n, pull_dst(tr, k), clock, &tr->ex->pull_tk[k]);
     if (rc != 0)
         PS_LOG(&tr->log, PS_LOG_ERROR, W0301, "pull: %s", psc_last_error(tr->c));
     return rc;
@@ -249,7 +245,7 @@ int psw_pull_all(struct trainer *tr, uint64_t clock)
     for (int k = 0; k < tr->ntables && rc == 0; k++)
         rc = pull_table(tr, k, clock);
     psw_cork(tr, 0);
-    tr->pulls_pending = tr->ntables;
+    tr->ex->pulls_pending = tr->ntables;
     psw_next_weights(tr);
     return rc;
 }
@@ -264,7 +260,7 @@ int psw_sync_weights(struct trainer *tr)
         return 0;
     if (!tr->cfg.standalone) {
         int rc = wait_pulls(tr, -1, 0, UINT64_MAX, !tr->alias);
-        tr->pulls_pending = 0;
+        tr->ex->pulls_pending = 0;
         if (rc != 0)
             return rc;
     }
@@ -310,16 +306,17 @@ static int send_range(struct trainer *tr, int k, uint64_t first, uint64_t n)
         return PS_EDEVICE;
     if (tr->cfg.standalone)
         return 0; /* applied after backward, which still reads the weights */
-    if (tr->pulls_pending >= TICKETS_MAX)
+    struct psw_exchange *x = tr->ex;
+    if (x->pulls_pending >= TICKETS_MAX)
         return PS_ELIMIT;
-    note_pull(tr, tr->pulls_pending, k, first, n);
-    int rc = psc_push_pull(tr->c, tr->th[k], first, n, tr->hg[k] + first, pull_dst(tr, k) + first,
-                           tr->clock, &tr->pull_tk[tr->pulls_pending]);
+    note_pull(tr, x->pulls_pending, k, first, n);
+    int rc = psc_push_pull(tr->c, x->th[k], first, n, tr->hg[k] + first, pull_dst(tr, k) + first,
+                           tr->clock, &x->pull_tk[x->pulls_pending]);
     if (rc != 0) {
         PS_LOG(&tr->log, PS_LOG_ERROR, W0302, "push: %s", psc_last_error(tr->c));
         return rc;
     }
-    tr->pulls_pending++;
+    x->pulls_pending++;
     return 0;
 }
 
@@ -329,33 +326,30 @@ static int send_range(struct trainer *tr, int k, uint64_t first, uint64_t n)
  * weights. Standalone applies them with the same optimizer code. */
 int psw_send_topk(struct trainer *tr, int k)
 {
-    size_t n = (size_t)psw_table_size(tr, k);
-    const float *g = grad_src(tr, k);
-    float *v = tr->resid[k], *u = tr->vel[k];
-    int rc = u != NULL ? psk_scale(tr->be, n, (float)tr->cfg.momentum, u) ||
-                             psk_axpy(tr->be, n, 1.0f, g, u) || psk_axpy(tr->be, n, 1.0f, u, v)
-                       : psk_axpy(tr->be, n, 1.0f, g, v);
-    if (rc || psk_topk(tr->be, n, v, u, tr->sel_k[k], tr->sel_idx[k], tr->sel_val[k]))
-        return PS_EDEVICE;
+    size_t n = (size_t)psw_table_size(tr, k), nsel = 0;
+    const uint64_t *idx = NULL;
+    const float *val = NULL;
+    int rc = psw_topk_select(tr, k, grad_src(tr, k), &idx, &val, &nsel);
+    if (rc != 0)
+        return rc;
     if (tr->cfg.standalone) {
-        psk_optim_apply_sparse(&tr->opt, tr->clock + 1, tr->hw[k], tr->s1[k], tr->s2[k],
-                               tr->sel_idx[k], 0, tr->sel_val[k], tr->sel_k[k]);
+        psw_local_apply_sparse(tr, k, idx, val, nsel);
         return 0;
     }
-    if (tr->pulls_pending + 2 > TICKETS_MAX)
+    struct psw_exchange *x = tr->ex;
+    if (x->pulls_pending + 2 > TICKETS_MAX)
         return PS_ELIMIT;
-    note_pull(tr, tr->pulls_pending, -1, 0, 0);
-    note_pull(tr, tr->pulls_pending + 1, k, 0, n);
-    rc = psc_push_keys(tr->c, tr->th[k], tr->sel_idx[k], tr->sel_val[k], tr->sel_k[k], tr->clock,
-                       &tr->pull_tk[tr->pulls_pending]);
+    note_pull(tr, x->pulls_pending, -1, 0, 0);
+    note_pull(tr, x->pulls_pending + 1, k, 0, n);
+    rc = psc_push_keys(tr->c, x->th[k], idx, val, nsel, tr->clock, &x->pull_tk[x->pulls_pending]);
     if (rc == 0)
-        rc = psc_pull(tr->c, tr->th[k], 0, n, pull_dst(tr, k), tr->clock + 1,
-                      &tr->pull_tk[tr->pulls_pending + 1]);
+        rc = psc_pull(tr->c, x->th[k], 0, n, pull_dst(tr, k), tr->clock + 1,
+                      &x->pull_tk[x->pulls_pending + 1]);
     if (rc != 0) {
         PS_LOG(&tr->log, PS_LOG_ERROR, W0303, "top-k push: %s", psc_last_error(tr->c));
         return rc;
     }
-    tr->pulls_pending += 2;
+    x->pulls_pending += 2;
     return 0;
 }
 
@@ -427,4 +421,42 @@ int psw_send_all_grads(struct trainer *tr)
     for (int l = tr->cnn.n - 1; l >= 0 && tr->k0 > 0 && rc == 0; l--)
         rc = psw_on_conv_grads(tr, 2 * l);
     return rc;
+}
+
+/* Puts the gradients and two sets of weights in the shared region when
+ * shards took it: their values then move without sockets, and pulled
+ * weights are used where they land. */
+void psw_use_region(struct trainer *tr)
+{
+    struct psw_exchange *x = tr->ex;
+    uint32_t local = 0;
+    for (uint32_t s = 0; s < psc_shards(tr->c); s++)
+        local += strncmp(psc_endpoint(tr->c, s), "ipc://", 6) == 0;
+    if (local > 0 && tr->alias && !tr->cfg.no_shm && psw_wire_dtype(tr->cfg.wire_dtype) != PSC_F32)
+        PS_LOG(&tr->log, PS_LOG_INFO, W0016,
+               "%u of %u shards are on this host, but --wire-dtype %s values go through their "
+               "sockets: shared memory carries f32 only (--wire-dtype f32 moves them without "
+               "sockets there)",
+               local, psc_shards(tr->c), tr->cfg.wire_dtype);
+    uint32_t on = psc_shm_shards(tr->c);
+    if (on == 0)
+        return;
+    int n = psw_ntables(tr);
+    float *g[TABLES_MAX];
+    for (int k = 0; k < n; k++) {
+        size_t b = (size_t)psw_table_size(tr, k) * 4;
+        if ((g[k] = psc_shm_alloc(tr->c, b)) == NULL ||
+            (x->wset[0][k] = psc_shm_alloc(tr->c, b)) == NULL ||
+            (x->wset[1][k] = psc_shm_alloc(tr->c, b)) == NULL)
+            return;
+    }
+    psw_place_grads(tr, g);
+    psw_point_params(tr, x->wset[0]);
+    if (on == psc_shards(tr->c)) /* nothing of a step on a socket */
+        psw_mlp_set_chunk_bytes(&tr->mlp, PSW_CHUNK_BYTES_SHM);
+    x->wsets = 1;
+    PS_LOG(&tr->log, PS_LOG_INFO, W0008,
+           "%u of %u shards share memory with this worker: gradients and weights move without "
+           "sockets there",
+           on, psc_shards(tr->c));
 }

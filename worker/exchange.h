@@ -9,7 +9,14 @@
 #include <stddef.h>
 #include <stdint.h>
 
-size_t psw_topk_count(const struct trainer *tr, size_t n);
+/* The distributed exchange's part of the trainer (opaque outside
+ * exchange.c). NULL: out of memory. */
+struct psw_exchange *psw_exchange_create(void);
+void psw_exchange_destroy(struct psw_exchange *x);
+/* Puts the gradients and two sets of weights in the client's shared
+ * region when shards took one: their values then move without sockets,
+ * and pulled weights are used where they land. */
+void psw_use_region(struct trainer *tr);
 int psw_setup_tables(struct trainer *tr, char *err, size_t errlen);
 void psw_next_weights(struct trainer *tr);
 void psw_cork(struct trainer *tr, int on);

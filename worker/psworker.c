@@ -7,8 +7,10 @@
 
 #include "connect.h"
 #include "exchange.h"
+#include "local.h"
 #include "model.h"
 #include "report.h"
+#include "topk.h"
 #include "train.h"
 
 #include "ps_auto.h"
@@ -366,8 +368,12 @@ static int setup(struct trainer *tr, char *err, size_t errlen)
      * them where they save bytes */
     if (!c->standalone && (rc = psw_connect_client(tr, 1, err, errlen)) != 0)
         return rc;
+    if (!c->standalone && (tr->ex = psw_exchange_create()) == NULL) {
+        snprintf(err, errlen, "out of memory for the exchange's state");
+        return PS_ENOMEM;
+    }
     if (!c->standalone)
-        psw_setup_shm(tr);
+        psw_use_region(tr);
     /* The schedule spans the run's clocks (the server converts its own
      * application count in asp/ssp). Every worker computes the same value,
      * so the table specs agree. */
@@ -403,18 +409,12 @@ static void teardown(struct trainer *tr)
             psk_host_free(tr->be, tr->hw[k]);
             psk_host_free(tr->be, tr->hg[k]);
         }
-        free(tr->s1[k]);
-        free(tr->s2[k]);
         psk_free(tr->be, tr->acc[k]);
-        psk_free(tr->be, tr->resid[k]);
-        psk_free(tr->be, tr->vel[k]);
-        if (!tr->sel_shm[k]) {
-            free(tr->sel_idx[k]);
-            free(tr->sel_val[k]);
-        }
     }
-    ps_metrics_stop(tr->metrics);
-    ps_buf_free(&tr->mtext);
+    psw_local_destroy(tr->local);
+    psw_topk_destroy(tr);
+    psw_exchange_destroy(tr->ex);
+    psw_report_destroy(tr->rep);
     psc_destroy(tr->c);
     ps_pool_stop(tr->pool);
     if (tr->be != NULL) {
@@ -471,15 +471,15 @@ int main(int argc, char **argv)
     if (strcmp(tr.cfg.model, "sparse-lr") == 0)
         return psw_run_sparse_lr(&tr);
     double t0 = ps_mono_s(), acc = -1;
-    tr.m_accuracy = -1;
-    tr.m_at = t0;
-    if (tr.cfg.metrics_listen != NULL) {
-        if (ps_metrics_start(&tr.metrics, tr.cfg.metrics_listen, err, sizeof err) != 0) {
-            PS_LOG(&tr.log, PS_LOG_ERROR, W0005, "%s", err);
-            return 2;
-        }
-        PS_LOG(&tr.log, PS_LOG_INFO, W0013, "metrics on %s (port %d): GET /metrics, /healthz",
-               tr.cfg.metrics_listen, ps_metrics_port(tr.metrics));
+    if ((tr.rep = psw_report_create()) == NULL) {
+        PS_LOG(&tr.log, PS_LOG_ERROR, W0002, "out of memory at start");
+        return 1;
+    }
+    if (tr.cfg.metrics_listen != NULL &&
+        psw_report_listen(&tr, tr.cfg.metrics_listen, err, sizeof err) != 0) {
+        PS_LOG(&tr.log, PS_LOG_ERROR, W0005, "%s", err);
+        psw_report_destroy(tr.rep);
+        return 2;
     }
     int rc = setup(&tr, err, sizeof err);
     if (rc != 0) {

@@ -5,6 +5,7 @@
 
 #include "connect.h"
 #include "exchange.h"
+#include "local.h"
 #include "model.h"
 #include "report.h"
 
@@ -231,8 +232,7 @@ static int train_step(struct trainer *tr, uint64_t step_in_epoch, double *loss, 
     if (rc != 0)
         return rc;
     for (int k = 0; k < tr->ntables && tr->cfg.standalone && tr->cfg.topk == 0; k++)
-        psk_optim_apply(&tr->opt, tr->clock + 1, tr->hw[k], tr->s1[k], tr->s2[k], tr->hg[k],
-                        (size_t)psw_table_size(tr, k));
+        psw_local_apply(tr, k);
     tr->fresh = 0;
     if (!tr->cfg.standalone)
         psw_next_weights(tr);
@@ -253,18 +253,7 @@ static int train_step(struct trainer *tr, uint64_t step_in_epoch, double *loss, 
 static void progress(struct trainer *tr, uint64_t epoch, uint64_t epochs, uint64_t first,
                      uint64_t step, uint64_t steps, double loss, double t0, int done)
 {
-    uint64_t moves = tr->c != NULL ? psc_failovers(tr->c) : 0;
-    if (moves != tr->failovers) { /* the run goes on; say where */
-        tr->failovers = moves;
-        char at[512];
-        size_t used = 0;
-        for (uint32_t s = 0; s < psc_shards(tr->c) && used < sizeof at; s++)
-            used += (size_t)snprintf(at + used, sizeof at - used, "%s%s", s ? ", " : "",
-                                     psc_endpoint(tr->c, s));
-        PS_LOG(&tr->log, PS_LOG_WARN, W0240,
-               "a shard's primary changed: %llu move(s) between replicas so far; shards now at %s",
-               (unsigned long long)moves, at);
-    }
+    psw_report_failovers(tr);
     double el = ps_mono_s() - t0;
     uint64_t did = step > first ? step - first : 0;
     double sps = el > 0 ? (double)(did * tr->cfg.batch * tr->cfg.accum_steps) / el : 0;
@@ -322,7 +311,7 @@ int psw_train(struct trainer *tr, double *accuracy)
             loss_sum += loss;
             seen += tr->cfg.batch * tr->cfg.accum_steps;
             progress(tr, e, epochs, first, s + 1, end, loss_sum / seen, t0, 0);
-            tr->m_loss = loss / (double)(tr->cfg.batch * tr->cfg.accum_steps);
+            psw_report_loss(tr, loss / (double)(tr->cfg.batch * tr->cfg.accum_steps));
             psw_worker_metrics(tr, 0);
         }
         tr->train_seconds += ps_mono_s() - t0;
@@ -334,13 +323,13 @@ int psw_train(struct trainer *tr, double *accuracy)
             *accuracy = evaluate(tr);
             PS_LOG(&tr->log, PS_LOG_INFO, W0210, "epoch %llu: test accuracy %.4f",
                    (unsigned long long)e + 1, *accuracy);
-            tr->m_accuracy = *accuracy;
+            psw_report_accuracy(tr, *accuracy);
             psw_worker_metrics(tr, 1);
         }
     }
     if (rc == 0 && (rc = psw_sync_weights(tr)) == 0 && tr->cfg.rank != 0)
         *accuracy = evaluate(tr); /* the final weights, so every summary has it */
-    tr->m_accuracy = *accuracy;
+    psw_report_accuracy(tr, *accuracy);
     psw_worker_metrics(tr, 1);
     return rc;
 }

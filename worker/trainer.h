@@ -1,9 +1,11 @@
-/* psworker's trainer: its configuration (the flags) and the state of a
- * run. The files that work on it each have their own header, from the
+/* psworker's trainer: its configuration (the flags), the state of a run
+ * every file reads, and the parts of its modes, each owned by one file
+ * and opaque elsewhere. The files each have their own header, from the
  * bottom of psworker's stack up: model.h (the passes), report.h
- * (/metrics), exchange.h (weights and gradients), connect.h (the
- * client), train.h (the steps); psworker.c on top sets up, runs and
- * saves. No file calls one above it. */
+ * (/metrics), local.h (--standalone's optimizer), topk.h (--topk),
+ * connect.h (the client), exchange.h (weights and gradients), train.h
+ * (the steps); psworker.c on top sets up, runs and saves. No file calls
+ * one above it. */
 #ifndef PSW_TRAINER_H
 #define PSW_TRAINER_H
 
@@ -18,14 +20,12 @@
 
 #include "ps_cpus.h"
 #include "ps_log.h"
-#include "ps_metrics.h"
 
 #include <stddef.h>
 #include <stdint.h>
 
-#define EVAL_BATCH  1000
-#define TABLES_MAX  (2 * (PSW_LAYERS_MAX + PSW_CONV_MAX))
-#define TICKETS_MAX 1024 /* push-pulls of one step: one per weight chunk and bias */
+#define EVAL_BATCH 1000
+#define TABLES_MAX (2 * (PSW_LAYERS_MAX + PSW_CONV_MAX))
 
 struct config {
     const char *servers;
@@ -60,39 +60,21 @@ struct trainer {
     int *h_lab;
     int ntables;
     float *hw[TABLES_MAX], *hg[TABLES_MAX]; /* host weights and gradients */
-    /* with shared memory: two sets of weights in the region; the model
-     * reads set wcur while the pulls of the next clock land in the other */
-    float *wset[2][TABLES_MAX];
-    int wcur, wsets;
-    struct ps_pool *pool; /* --compute-threads 2 */
-    /* distributed */
-    struct psc_client *c;
-    uint32_t th[TABLES_MAX];
-    uint64_t pull_tk[TICKETS_MAX]; /* pulls, or push-pulls, in flight */
-    struct pull_range {            /* what each brings: table k's [first, first+n) */
-        int k;                     /* -1: no weights (a top-k push) */
-        uint64_t first, n;
-        int done; /* waited for */
-    } pull_at[TICKETS_MAX];
-    int pulls_pending;
+    struct ps_pool *pool;                   /* --compute-threads 2 */
+    /* the modes' parts, each owned by its file and opaque elsewhere (NULL
+     * where the mode is off) */
+    struct psc_client *c;         /* distributed: the client (libpsclient's) */
+    struct psw_exchange *ex;      /* distributed: exchange.c's pulls in flight, weight sets */
+    struct psw_local *local;      /* --standalone: local.c's optimizer and its state */
+    struct psw_topk *topk;        /* --topk: topk.c's residuals and selections */
     int alias;                    /* CPU backend: host buffers are the model's own buffers */
     struct ps_cpus cpus, io_cpus; /* --cpus, --io-cpus (n == 0: not given) */
-    /* standalone */
-    struct psk_optim opt;
-    float *s1[TABLES_MAX], *s2[TABLES_MAX];
-    float *acc[TABLES_MAX]; /* --accum-steps > 1: summed gradients (device) */
-    /* --topk: residual and (momentum correction) velocity on the device,
-     * the selection on the host */
-    float *resid[TABLES_MAX], *vel[TABLES_MAX];
-    uint64_t *sel_idx[TABLES_MAX];
-    float *sel_val[TABLES_MAX];
-    int sel_shm[TABLES_MAX]; /* sel_idx and sel_val lie in the shared region */
-    size_t sel_k[TABLES_MAX];
-    uint64_t decay_steps; /* optimizer steps of the whole run (lr schedule) */
-    uint64_t clock;       /* steps done (in the run: a rejoining worker starts later) */
-    uint64_t clock0;      /* where this process started */
-    uint64_t done;        /* steps this process took */
-    int fresh;            /* device weights are those of `clock` */
+    float *acc[TABLES_MAX];       /* --accum-steps > 1: summed gradients (device) */
+    uint64_t decay_steps;         /* optimizer steps of the whole run (lr schedule) */
+    uint64_t clock;               /* steps done (in the run: a rejoining worker starts later) */
+    uint64_t clock0;              /* where this process started */
+    uint64_t done;                /* steps this process took */
+    int fresh;                    /* device weights are those of `clock` */
     double train_seconds;
     /* --precision: 16-bit compute; f16 scales the loss (GradScaler's rules) */
     int prec;                /* enum psk_precision */
@@ -100,12 +82,7 @@ struct trainer {
     uint64_t clean, skipped; /* steps since the last overflow or growth; steps skipped */
     int overflow_injected;   /* --test-overflow-at did its one */
     struct psc_vote vote;    /* the workers' "found inf" rounds */
-    /* --metrics-listen */
-    struct ps_metrics *metrics;
-    struct ps_buf mtext;
-    double m_at, m_sps, m_loss, m_accuracy; /* last publish; its rate; last step; last eval */
-    uint64_t failovers;                     /* moves between replicas logged (W0240) */
-    uint64_t m_done;                        /* steps at the last publish */
+    struct psw_report *rep;  /* report.c's: /metrics and what it shows */
 };
 
 #endif
