@@ -461,7 +461,7 @@ int main(int argc, char **argv)
         return 2;
     }
 
-    static struct app a; /* large (header buffer); static, not on the stack */
+    static struct app a; /* large (the transport and replicas); static, not on the stack */
     ps_log_init(&a.log, "psd", level);
     struct psd_params params = {
         .shard = (uint32_t)cfg.shard,

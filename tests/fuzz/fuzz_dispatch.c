@@ -6,6 +6,7 @@
  * with bit 3, the messages' connection has a shared region bound. Every message must get a
  * reply or wait; nothing may crash, leak or trip a sanitizer; waiting pulls are then expired. */
 #include "fuzz_frames.h"
+#include "fuzz_shard.h"
 
 #include "catalog.h"
 #include "counters.h"
@@ -58,18 +59,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     if (size == 0)
         return 0;
-    static const char *const modes[] = {"asp", "bsp", "ssp:1"};
     struct ps_log log;
-    ps_log_init(&log, "fuzz", PS_LOG_ERROR - 1); /* silent */
-    struct psd_params p = {.shard = 0,
-                           .shards = 1,
-                           .value_bytes_max = UINT64_C(1) << 20,
-                           .wait_timeout_ms = 1,
-                           .table_bytes_max = UINT64_C(1) << 24};
-    psd_cons_parse(modes[data[0] % 3], &p.cons);
-    p.cons.workers = 2;
-    static struct psd s; /* large; zeroed by psd_init */
-    if (psd_init(&s, &log, &p) != 0)
+    static struct psd s; /* psd_init fills it; psd_fini empties it */
+    if (fuzz_shard(&s, &log, data[0]) != 0)
         return 0;
     psd_set_sender(&s, sink, NULL);
     create(&s, "dense", 0);

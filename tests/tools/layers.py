@@ -181,10 +181,27 @@ def check(deps, exceptions, say=print):
     return bad
 
 
+def plant(d, files):
+    """Writes files (path relative to d: text) under d, compiles each .c
+    with $CC into an object beside it, and writes the compile_commands.json
+    a build would: a tree the checks read as they read a build."""
+    cc = os.environ.get("CC", "cc")
+    cmds = []
+    for rel, text in files.items():
+        path = os.path.join(d, rel)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as f:
+            f.write(text)
+        if rel.endswith(".c"):
+            subprocess.run([cc, "-c", path, "-o", path + ".o"], check=True)
+            cmds.append({"directory": d, "file": rel, "output": rel + ".o"})
+    with open(os.path.join(d, "compile_commands.json"), "w") as f:
+        json.dump(cmds, f)
+
+
 def self_test():
     """Plants circles in objects compiled here and checks they are caught:
     the check must be able to fail."""
-    cc = os.environ.get("CC", "cc")
     sources = {
         "server/a.c": "int b(void); int a(void) { return b(); }\n",
         "server/b.c": "int a(void); int b(void) { return 1; } int c(void) { return a(); }\n",
@@ -197,16 +214,7 @@ def self_test():
         "kernels/two.c": "int two(void) { return 3; }\n",
     }
     with tempfile.TemporaryDirectory() as d:
-        cmds = []
-        for rel, text in sources.items():
-            src = os.path.join(d, rel)
-            os.makedirs(os.path.dirname(src), exist_ok=True)
-            with open(src, "w") as f:
-                f.write(text)
-            subprocess.run([cc, "-c", src, "-o", src + ".o"], check=True)
-            cmds.append({"directory": d, "file": rel, "output": rel + ".o"})
-        with open(os.path.join(d, "compile_commands.json"), "w") as f:
-            json.dump(cmds, f)
+        plant(d, sources)
         deps = graph(objects(d, d))
         quiet = []
         cases = [

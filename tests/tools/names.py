@@ -16,10 +16,8 @@ not checked.
 
 usage: names.py BUILD_DIR SOURCE_ROOT
        names.py --self-test    break the rule in planted files, expect failures"""
-import json
 import os
 import re
-import subprocess
 import sys
 import tempfile
 
@@ -85,7 +83,6 @@ def check(objs, root, say=print):
 
 
 def self_test():
-    cc = os.environ.get("CC", "cc")
     files = {
         "worker/client/a.c": "int psc_a(void) { return 1; } int psc__shared(void) { return 2; }\n",
         "worker/client/a.h": "int psc_a(void);\n",
@@ -97,17 +94,7 @@ def self_test():
         "server/core/psd.h": "int psd_e(void);\n",
     }
     with tempfile.TemporaryDirectory() as d:
-        cmds = []
-        for rel, text in files.items():
-            path = os.path.join(d, rel)
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            with open(path, "w") as f:
-                f.write(text)
-            if rel.endswith(".c"):
-                subprocess.run([cc, "-c", path, "-o", path + ".o"], check=True)
-                cmds.append({"directory": d, "file": rel, "output": rel + ".o"})
-        with open(os.path.join(d, "compile_commands.json"), "w") as f:
-            json.dump(cmds, f)
+        layers.plant(d, files)
         said = []
         check(layers.objects(d, d), d, say=said.append)
         text = "\n".join(said)
