@@ -150,8 +150,8 @@ static void op_batch(struct psd *s, const struct ps_frame *route, const struct p
     while (ps_wire_batch_next(recs, bytes, &pos, &one)) {
         struct psd_reply r;
         if (dispatch_one(s, route, NULL, &one, 1, &r, 1, replaying) ==
-            PSD_ANSWER_NOW) /* no hello in a batch */
-            psd_reply_send(s, route->data, route->size, &r);
+            PSD_ANSWER_NOW) /* no hello in a batch; dispatch_one counted its bytes */
+            psd_reply_deliver(s, route->data, route->size, &r);
     }
 }
 
@@ -250,9 +250,9 @@ enum psd_answer psd_dispatch_from(struct psd *s, const struct ps_frame *route, c
     return dispatch(s, route, user, frames, nframes, rep, 0);
 }
 
-enum psd_answer psd_dispatch_replayed(struct psd *s, const struct ps_frame *route,
-                                      const char *user, const struct ps_frame *frames,
-                                      size_t nframes, struct psd_reply *rep)
+enum psd_answer psd_dispatch_replayed(struct psd *s, const struct ps_frame *route, const char *user,
+                                      const struct ps_frame *frames, size_t nframes,
+                                      struct psd_reply *rep)
 {
     return dispatch(s, route, user, frames, nframes, rep, 1);
 }

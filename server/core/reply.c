@@ -70,10 +70,15 @@ int psd_can_send(const struct psd *s)
     return s->out->send != NULL;
 }
 
+void psd_reply_deliver(struct psd *s, const void *route, size_t route_len, struct psd_reply *rep)
+{
+    s->out->send(s->out->send_ctx, route, route_len, rep);
+}
+
 void psd_reply_send(struct psd *s, const void *route, size_t route_len, struct psd_reply *rep)
 {
     psd_count_bytes_out(s, rep->hdr_len + rep->mask_bytes + rep->vals_bytes);
-    s->out->send(s->out->send_ctx, route, route_len, rep);
+    psd_reply_deliver(s, route, route_len, rep);
 }
 
 void psd_reply_drop(struct psd_reply *rep)

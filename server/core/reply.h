@@ -47,6 +47,9 @@ int psd_region_part(struct psd *s, const struct ps_frame *route, const Ps__Heade
 int psd_can_send(const struct psd *s);
 /* Sends rep through the sender at once, counting its bytes. */
 void psd_reply_send(struct psd *s, const void *route, size_t route_len, struct psd_reply *rep);
+/* The same for a reply whose bytes the dispatch counted already (a
+ * request of a batch). */
+void psd_reply_deliver(struct psd *s, const void *route, size_t route_len, struct psd_reply *rep);
 /* Replies refused for unread bytes so far. */
 uint64_t psd_unread_refused(const struct psd *s);
 

@@ -33,6 +33,7 @@ static struct {
     int status[SENT_MAX];
     size_t vals_bytes[SENT_MAX];
     float first[SENT_MAX];
+    uint64_t bytes; /* of every reply sent: header, mask and values */
 } sent;
 
 static void capture(void *ctx, const void *route, size_t route_len, struct psd_reply *rep)
@@ -46,6 +47,7 @@ static void capture(void *ctx, const void *route, size_t route_len, struct psd_r
     sent.id[sent.n] = h->request_id;
     sent.status[sent.n] = h->status;
     sent.vals_bytes[sent.n] = rep->vals_bytes;
+    sent.bytes += rep->hdr_len + rep->mask_bytes + rep->vals_bytes;
     sent.first[sent.n] = rep->vals_bytes >= 4 ? ((const float *)rep->vals)[0] : -1.0f;
     sent.n++;
     ps__header__free_unpacked(h, NULL);
@@ -222,9 +224,11 @@ static void test_each_request_answered(void **state)
     pull(&h, 17, 6, 2);
     add(recs, &len, &h);
 
-    uint64_t before = psd_counts(&s)->requests;
+    uint64_t before = psd_counts(&s)->requests, out = psd_counts(&s)->bytes_out;
+    sent.bytes = 0;
     struct psd_reply rep;
     assert_int_equal(dispatch(&s, 7, recs, len, &rep), 0); /* all answered through the sender */
+    assert_int_equal(psd_counts(&s)->bytes_out - out, sent.bytes); /* each reply counted once */
     assert_int_equal(sent.n, 7);
     const uint64_t id[] = {11, 12, 13, 14, 15, 0, 17};
     const int status[] = {0, PS_EOP, PS_ERANGE, PS_EFRAMES, PS_EFRAMES, PS_EPROTO, 0};
