@@ -287,6 +287,20 @@ int ps_wire_check_spec(const Ps__TableSpec *spec, char *err, size_t errlen)
                            "table '%s': its shape holds %llu elements, its size is %llu",
                            spec->name, (unsigned long long)n, (unsigned long long)spec->size);
     }
+    if (spec->n_pushers > 0 && spec->sparse)
+        return ps_errf(PS_EINVAL, err, errlen,
+                       "table '%s': pushers take a dense table (a sparse one has no rounds)",
+                       spec->name);
+    if (spec->n_pushers > PS_WORKERS_MAX)
+        return ps_errf(PS_ELIMIT, err, errlen, "table '%s': %zu pushers, at most %u", spec->name,
+                       spec->n_pushers, PS_WORKERS_MAX);
+    for (size_t i = 0; i < spec->n_pushers; i++)
+        if (spec->pushers[i] >= PS_WORKERS_MAX ||
+            (i > 0 && spec->pushers[i] <= spec->pushers[i - 1]))
+            return ps_errf(PS_EINVAL, err, errlen,
+                           "table '%s': pushers must be worker ids below %u, strictly increasing "
+                           "(pusher %zu is %u)",
+                           spec->name, PS_WORKERS_MAX, i, spec->pushers[i]);
     if (spec->sparse && spec->await_set)
         return ps_errf(PS_EINVAL, err, errlen,
                        "table '%s': await_set takes a dense table (a sparse one's rows are made "

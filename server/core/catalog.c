@@ -130,6 +130,11 @@ void psd_op_create(struct psd *s, const Ps__Header *req, struct psd_reply *rep)
             t->name, (unsigned long long)t->size, psd_optimizer_name(t->optimizer), (double)t->lr);
         return;
     }
+    char why[PS_ERROR_TEXT_MAX];
+    if (t == NULL && psd_cons_check_pushers(&s->conf.cons, spec, why, sizeof why) != 0) {
+        psd_reply_error(s, req, PS_EINVAL, why, rep);
+        return;
+    }
     if (t == NULL) {
         uint64_t bytes = psd_table_bytes_needed(s, spec);
         if (bytes > s->conf.table_bytes_max) {

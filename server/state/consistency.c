@@ -47,9 +47,10 @@ int psd_cons_table_init(const struct psd_cons *c, struct psd_table *t)
     t->member = malloc(c->workers ? c->workers : 1);
     if (!t->completed || !t->next || !t->pass_end || !t->wgrad || !t->member)
         return PS_ENOMEM;
-    memset(t->member, 1, c->workers);
-    for (uint32_t w = 0; w < c->workers; w++)
+    for (uint32_t w = 0; w < c->workers; w++) {
+        t->member[w] = (uint8_t)psd_table_pushed_by(t, w); /* only its pushers make rounds */
         t->next[w] = t->lo;
+    }
     t->watermark = t->lo;
     return 0;
 }
@@ -262,7 +263,7 @@ static int bsp_join(struct psd_table *t, uint32_t w, uint64_t clock, uint64_t of
 {
     if (t->member[w])
         return 1;
-    if (clock != t->clock || offset != t->lo || t->watermark != t->lo)
+    if (!psd_table_pushed_by(t, w) || clock != t->clock || offset != t->lo || t->watermark != t->lo)
         return 0;
     t->member[w] = 1;
     t->next[w] = t->lo;
@@ -494,8 +495,29 @@ int psd_cons_push(const struct psd_cons *c, struct psd_table *t, const struct ps
                   int *applied, struct psd_cons_later *later, char *err, size_t errlen)
 {
     *applied = 0;
+    if (!psd_table_pushed_by(t, p->worker)) {
+        snprintf(err, errlen,
+                 "worker %u does not push '%s': its spec names the %u workers that do (the first "
+                 "is %u)",
+                 p->worker, t->name, t->npushers, t->pushers[0]);
+        return PS_EINVAL;
+    }
     return p->keys != NULL ? push_keys(c, t, p, applied, later, err, errlen)
                            : push_range(c, t, p, applied, later, err, errlen);
+}
+
+int psd_cons_check_pushers(const struct psd_cons *c, const Ps__TableSpec *spec, char *err,
+                           size_t errlen)
+{
+    for (size_t i = 0; i < spec->n_pushers; i++)
+        if (spec->pushers[i] >= c->workers) {
+            snprintf(err, errlen,
+                     "table '%s': pusher %u is not one of the %u workers of the rounds (psd "
+                     "--workers)",
+                     spec->name, spec->pushers[i], c->workers);
+            return PS_EINVAL;
+        }
+    return 0;
 }
 
 void psd_cons_leave(const struct psd_cons *c, struct psd_table *t, uint32_t w, int *applied)

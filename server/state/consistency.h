@@ -49,7 +49,13 @@ int psd_cons_parse(const char *s, struct psd_cons *out);
 /* Writes the mode as text ("ssp:2"). */
 void psd_cons_name(const struct psd_cons *c, char *buf, size_t len);
 
-/* Allocates a table's per-worker state. 0 or PS_ENOMEM. */
+/* A spec's pushers must be workers of the rounds (below c->workers). 0, or
+ * PS_EINVAL with err naming the first that is not. */
+int psd_cons_check_pushers(const struct psd_cons *c, const Ps__TableSpec *spec, char *err,
+                           size_t errlen);
+
+/* Allocates a table's per-worker state; only its pushers are members of
+ * its rounds (psd_table_pushed_by). 0 or PS_ENOMEM. */
 int psd_cons_table_init(const struct psd_cons *c, struct psd_table *t);
 void psd_cons_table_fini(const struct psd_cons *c, struct psd_table *t);
 

@@ -86,6 +86,12 @@ static json_t *table_state(const struct psd_snapshot *s, const struct psd_table 
             json_array_append_new(shape, json_integer((json_int_t)t->shape[i]));
         json_object_set_new(o, "shape", shape);
     }
+    if (o != NULL && t->npushers > 0) {
+        json_t *pushers = json_array();
+        for (uint32_t i = 0; i < t->npushers; i++)
+            json_array_append_new(pushers, json_integer((json_int_t)t->pushers[i]));
+        json_object_set_new(o, "pushers", pushers);
+    }
     if (o != NULL && t->mask != NULL)
         json_object_set_new(
             o, "prune",
@@ -451,6 +457,21 @@ int psd__snapshot_table(const struct psd_snapshot *s, json_t *o, uint32_t id,
     }
     spec.n_shape = js != NULL ? json_array_size(js) : 0;
     spec.shape = shape;
+    uint32_t pushers[PS_WORKERS_MAX]; /* 16 KiB: psd_table_create copies them */
+    json_t *jp = json_object_get(o, "pushers");
+    if (jp != NULL && (!json_is_array(jp) || json_array_size(jp) > PS_WORKERS_MAX))
+        return ps_errf(PS_EPROTO, err, errlen, "'%s': pushers is not a list of at most %u ids",
+                       spec.name, PS_WORKERS_MAX);
+    for (size_t i = 0; jp != NULL && i < json_array_size(jp); i++) {
+        json_t *d = json_array_get(jp, i);
+        if (!json_is_integer(d) || json_integer_value(d) < 0 ||
+            json_integer_value(d) >= PS_WORKERS_MAX)
+            return ps_errf(PS_EPROTO, err, errlen, "'%s': pusher %zu is not a worker id", spec.name,
+                           i);
+        pushers[i] = (uint32_t)json_integer_value(d);
+    }
+    spec.n_pushers = jp != NULL ? json_array_size(jp) : 0;
+    spec.pushers = pushers;
     char why[PS_ERROR_TEXT_MAX];
     if (ps_wire_check_spec(&spec, why, sizeof why) != 0)
         return ps_errf(PS_EPROTO, err, errlen, "%s", why);
@@ -458,6 +479,8 @@ int psd__snapshot_table(const struct psd_snapshot *s, json_t *o, uint32_t id,
     if (json_array_size(completed) != s->cons.workers)
         return ps_errf(PS_EPROTO, err, errlen, "'%s' was saved for %zu workers, this server has %u",
                        spec.name, json_array_size(completed), s->cons.workers);
+    if (psd_cons_check_pushers(&s->cons, &spec, why, sizeof why) != 0)
+        return ps_errf(PS_EPROTO, err, errlen, "%s", why);
     uint64_t bytes = psd_table_bytes_for(&spec, s->shard, s->shards);
     if (bytes > table_bytes_max)
         return ps_errf(PS_ELIMIT, err, errlen,

@@ -69,6 +69,15 @@ int psd_table_create(const Ps__TableSpec *spec, uint32_t id, uint32_t shard, uin
     t->ndims = (uint32_t)spec->n_shape; /* checked: at most PS_SHAPE_DIMS_MAX */
     for (uint32_t i = 0; i < t->ndims; i++)
         t->shape[i] = spec->shape[i];
+    if (spec->n_pushers > 0) { /* checked: dense, at most PS_WORKERS_MAX, increasing */
+        t->pushers = malloc(spec->n_pushers * sizeof *t->pushers);
+        if (t->pushers == NULL) {
+            free(t);
+            return PS_ENOMEM;
+        }
+        memcpy(t->pushers, spec->pushers, spec->n_pushers * sizeof *t->pushers);
+        t->npushers = (uint32_t)spec->n_pushers;
+    }
     if (spec->sparse) {
         t->sparse = 1;
         t->dim = spec->dim;
@@ -152,7 +161,25 @@ void psd_table_destroy(struct psd_table *t)
     free(t->spare);
     free(t->s1);
     free(t->s2);
+    free(t->pushers);
     free(t);
+}
+
+int psd_table_pushed_by(const struct psd_table *t, uint32_t w)
+{
+    if (t->npushers == 0)
+        return 1;
+    uint32_t lo = 0, hi = t->npushers; /* sorted: a binary search */
+    while (lo < hi) {
+        uint32_t mid = lo + (hi - lo) / 2;
+        if (t->pushers[mid] == w)
+            return 1;
+        if (t->pushers[mid] < w)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return 0;
 }
 
 static int feq(float a, float b)
@@ -173,7 +200,10 @@ int psd_table_same_spec(const struct psd_table *t, const Ps__TableSpec *spec)
            t->rows_max == (t->sparse ? spec->rows_max : 0) && feq(t->l1, spec->l1) &&
            feq(t->l2, spec->l2) && t->await_set == (spec->await_set && !spec->sparse) &&
            t->ndims == spec->n_shape &&
-           (t->ndims == 0 || memcmp(t->shape, spec->shape, t->ndims * sizeof t->shape[0]) == 0);
+           (t->ndims == 0 || memcmp(t->shape, spec->shape, t->ndims * sizeof t->shape[0]) == 0) &&
+           t->npushers == spec->n_pushers &&
+           (t->npushers == 0 ||
+            memcmp(t->pushers, spec->pushers, t->npushers * sizeof t->pushers[0]) == 0);
 }
 
 struct psk_optim psd_table_optim(const struct psd_table *t)

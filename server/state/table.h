@@ -67,6 +67,8 @@ struct psd_table {
     uint64_t set_next; /* the end of what OP_SET has written from lo so far */
     uint32_t ndims;    /* the spec's shape (0: a vector) */
     uint64_t shape[PS_SHAPE_DIMS_MAX];
+    uint32_t *pushers; /* the worker ids that push it, increasing (NULL: every one) */
+    uint32_t npushers;
     struct psd_sparse sp;
 
     float *w;              /* hi - lo weights */
@@ -189,6 +191,10 @@ int psd_table_prune_step(struct psd_table *t, uint64_t step);
  * [lo, hi), strictly increasing), as optimizer step `step`. */
 void psd_table_apply_keys(struct psd_table *t, const uint64_t *keys, const float *g, size_t n,
                           uint64_t step);
+
+/* 1 when worker w pushes t (its spec names no pushers, or names w): only
+ * those are members of its rounds (consistency.h). */
+int psd_table_pushed_by(const struct psd_table *t, uint32_t w);
 
 /* The table's optimizer settings, as its applies use them. */
 struct psk_optim psd_table_optim(const struct psd_table *t);

@@ -383,6 +383,50 @@ static void c_shape_sparse(struct case_msg *m)
 {
     create_with(m, e_shape_sparse);
 }
+static void e_pushers_unsorted(Ps__TableSpec *s)
+{
+    static uint32_t ids[2] = {2, 1};
+    s->n_pushers = 2;
+    s->pushers = ids;
+}
+static void c_pushers_unsorted(struct case_msg *m)
+{
+    create_with(m, e_pushers_unsorted);
+}
+static void e_pusher_past_limit(Ps__TableSpec *s)
+{
+    static uint32_t ids[1] = {PS_WORKERS_MAX};
+    s->n_pushers = 1;
+    s->pushers = ids;
+}
+static void c_pusher_past_limit(struct case_msg *m)
+{
+    create_with(m, e_pusher_past_limit);
+}
+static void e_pushers_sparse(Ps__TableSpec *s)
+{
+    static uint32_t ids[1] = {0};
+    s->size = 0;
+    s->sparse = 1;
+    s->dim = 4;
+    s->rows_max = 16;
+    s->n_pushers = 1;
+    s->pushers = ids;
+}
+static void c_pushers_sparse(struct case_msg *m)
+{
+    create_with(m, e_pushers_sparse);
+}
+static void e_pusher_not_a_worker(Ps__TableSpec *s)
+{
+    static uint32_t ids[2] = {0, PS_WORKERS_MAX - 1}; /* valid on the wire, past --workers */
+    s->n_pushers = 2;
+    s->pushers = ids;
+}
+static void c_pusher_not_a_worker(struct case_msg *m)
+{
+    create_with(m, e_pusher_not_a_worker);
+}
 static void c_opt_unknown(struct case_msg *m)
 {
     create_with(m, e_opt_unknown);
@@ -543,6 +587,10 @@ const struct bad_case bad_cases[] = {
     {"create with a shape that is not its size", PS_EINVAL, 0, c_shape_not_size},
     {"create with 9 dimensions", PS_ELIMIT, 0, c_shape_deep},
     {"create a sparse table with a shape", PS_EINVAL, 0, c_shape_sparse},
+    {"create with pushers out of order", PS_EINVAL, 0, c_pushers_unsorted},
+    {"create with a pusher past PS_WORKERS_MAX", PS_EINVAL, 0, c_pusher_past_limit},
+    {"create a sparse table with pushers", PS_EINVAL, 0, c_pushers_sparse},
+    {"create with a pusher past --workers", PS_EINVAL, 1, c_pusher_not_a_worker},
     {"create momentum 1.5", PS_EINVAL, 0, c_momentum_big},
     {"create adam eps 0", PS_EINVAL, 0, c_adam_eps_zero},
     {"header one past limit", PS_ELIMIT, 0, c_header_oversize},

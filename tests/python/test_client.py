@@ -144,6 +144,32 @@ def test_a_pull_waits_for_its_round_and_keeps_its_buffer(cluster):
             h.wait()
 
 
+def test_a_table_waits_for_its_pushers_alone(cluster):
+    """A pipeline stage's table: pushed by workers 0 and 2 of 3, its bsp
+    round closes with their pushes, worker 1 pulls it without being waited
+    for, and a push by worker 1 is refused naming the table."""
+    servers = cluster.start(args=["--consistency", "bsp", "--workers", "3"])
+    cs = [psd.Client(servers, rank=r, workers=3) for r in range(3)]
+    try:
+        for c in cs:
+            c.create_table("stage", 4, lr=1.0, pushers=[0, 2])
+        cs[0].push("stage", np.ones(4, np.float32)).wait()
+        cs[2].push("stage", 3 * np.ones(4, np.float32)).wait()
+        out = np.zeros(4, np.float32)
+        cs[1].pull("stage", out).wait(timeout_ms=5000)  # clock 0: at once
+        cs[0].pull("stage", out).wait(timeout_ms=5000)  # clock 1: the round of 0 and 2
+        np.testing.assert_array_equal(out, -2.0)  # the mean of their gradients
+        with pytest.raises(psd.Error, match="worker 1 does not push 'stage'"):
+            cs[1].push("stage", np.ones(4, np.float32)).wait()
+        with pytest.raises(psd.Error, match="another spec|exists with another spec"):
+            cs[0].create_table("stage", 4, lr=1.0, pushers=[0])
+        with pytest.raises(ValueError, match="strictly increasing"):
+            cs[0].create_table("other", 4, pushers=[2, 0])
+    finally:
+        for c in cs:
+            c.close()
+
+
 def test_environment_defaults(cluster, monkeypatch):
     servers = cluster.start()
     monkeypatch.setenv("PSD_SERVERS", servers)

@@ -443,6 +443,79 @@ static void test_bsp_leave_and_rejoin(void **state)
     drop(&c, t);
 }
 
+/* A table its spec says workers 0 and 2 of 4 push (a pipeline stage's
+ * processes): in bsp its rounds close with their pushes alone, a pull by
+ * another worker waits for them and never makes it a member, its push is
+ * refused naming the table, and a pusher that leaves and comes back
+ * rejoins; in ssp the bound is over the pushers alone. */
+static void test_pushers_alone_make_rounds(void **state)
+{
+    (void)state;
+    const uint32_t stage[] = {0, 2};
+    for (int mode = 0; mode < 2; mode++) {
+        struct psd_cons c = {mode ? PSD_SSP : PSD_BSP, 0, 4};
+        Ps__TableSpec sp;
+        case_table_spec(&sp, "stage0", N);
+        sp.pushers = (uint32_t *)stage;
+        sp.n_pushers = 2;
+        struct psd_table *t = NULL;
+        assert_int_equal(psd_table_create(&sp, 0, 0, 1, &t), 0);
+        assert_int_equal(psd_cons_table_init(&c, t), 0);
+        assert_true(psd_table_pushed_by(t, 0) && psd_table_pushed_by(t, 2));
+        assert_false(psd_table_pushed_by(t, 1) || psd_table_pushed_by(t, 3));
+        assert_int_equal(psd_table_same_spec(t, &sp), 1);
+        float g[N];
+        for (int i = 0; i < N; i++)
+            g[i] = 0.5f;
+        char who[64];
+        psd_cons_missing(&c, t, 1, who, sizeof who);
+        assert_string_equal(who, "0, 2");
+        assert_int_equal(psd_cons_ready(&c, t, 1, 0, N), 0);
+        assert_int_equal(push(&c, t, 0, 0, 0, N, g), 0);
+        assert_int_equal(psd_cons_ready(&c, t, 1, 0, N), 0);
+        psd_cons_pulled(&c, t, 1, 0); /* worker 1 reads it: no member for that */
+        assert_int_equal(push(&c, t, 2, 0, 0, N, g), 0);
+        assert_int_equal(psd_cons_ready(&c, t, 1, 0, N), 1); /* 0 and 2 alone */
+        if (mode == 0)
+            assert_int_equal(t->clock, 1);
+        assert_int_equal(push(&c, t, 1, 1, 0, N, g), PS_EINVAL);
+        char err[256];
+        const struct psd_cons_push p = {.worker = 3, .clock = 1, .count = N, .g = g};
+        int applied = 0;
+        assert_int_equal(psd_cons_push(&c, t, &p, &applied, NULL, err, sizeof err), PS_EINVAL);
+        assert_non_null(strstr(err, "worker 3 does not push 'stage0'"));
+        /* pusher 2 leaves: the rounds go on with 0; back at a boundary, it
+         * is waited for again */
+        leave(&c, t, 2);
+        assert_int_equal(push(&c, t, 0, 1, 0, N, g), 0);
+        assert_int_equal(psd_cons_ready(&c, t, 2, 0, N), 1);
+        assert_int_equal(push(&c, t, 2, 2, 0, N, g), 0);
+        assert_int_equal(psd_cons_ready(&c, t, 3, 0, N), 0);
+        psd_cons_missing(&c, t, 3, who, sizeof who);
+        assert_string_equal(who, "0");
+        sp.n_pushers = 1; /* another set is another spec */
+        assert_int_equal(psd_table_same_spec(t, &sp), 0);
+        drop(&c, t);
+    }
+}
+
+/* Pushers must be workers of the rounds. */
+static void test_pushers_checked_against_workers(void **state)
+{
+    (void)state;
+    struct psd_cons c = {PSD_BSP, 0, 3};
+    const uint32_t ok[] = {0, 2}, past[] = {1, 3};
+    Ps__TableSpec sp;
+    case_table_spec(&sp, "t", N);
+    char err[256];
+    sp.pushers = (uint32_t *)ok;
+    sp.n_pushers = 2;
+    assert_int_equal(psd_cons_check_pushers(&c, &sp, err, sizeof err), 0);
+    sp.pushers = (uint32_t *)past;
+    assert_int_equal(psd_cons_check_pushers(&c, &sp, err, sizeof err), PS_EINVAL);
+    assert_non_null(strstr(err, "pusher 3 is not one of the 3 workers"));
+}
+
 static void test_ssp_leave_and_rejoin(void **state)
 {
     (void)state;
@@ -500,6 +573,8 @@ int main(void)
         cmocka_unit_test(test_parse),
         cmocka_unit_test(test_bsp_leave_and_rejoin),
         cmocka_unit_test(test_ssp_leave_and_rejoin),
+        cmocka_unit_test(test_pushers_alone_make_rounds),
+        cmocka_unit_test(test_pushers_checked_against_workers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -562,6 +562,52 @@ static void test_checkpoint_table_over_limit(void **state)
     checkpoint_gone(&r, dir, path);
 }
 
+/* A table's pushers go into a checkpoint and come back with it: the
+ * restored table is the same spec (creating it again opens it) and its
+ * rounds still wait for its pushers alone. */
+static void test_pushers_survive_a_checkpoint(void **state)
+{
+    (void)state;
+    static struct psd s, r;
+    struct ps_log log;
+    char dir[] = "/tmp/pstest-waits-XXXXXX", path[4200], err[512];
+    assert_non_null(mkdtemp(dir));
+    start(&s, &log, "bsp", 3, 0);
+    const uint32_t ids[] = {0, 2};
+    Ps__TableSpec sp;
+    ps__table_spec__init(&sp);
+    sp.name = "stage";
+    sp.size = 4;
+    sp.lr = 1.0f;
+    sp.pushers = (uint32_t *)ids;
+    sp.n_pushers = 2;
+    Ps__Header h;
+    ps_wire_header_init(&h, PS__OP__OP_CREATE_TABLE);
+    h.spec = &sp;
+    int status = -1;
+    assert_true(send_req(&s, &h, NULL, 0, &status));
+    assert_int_equal(status, 0);
+    assert_int_equal(psd_checkpoint_write(&s, dir, path, sizeof path, err, sizeof err), 0);
+    psd_fini(&s);
+    struct psd_params p = {
+        .shard = 0, .shards = 1, .value_bytes_max = 1u << 20, .wait_timeout_ms = 3600000};
+    assert_int_equal(psd_cons_parse("bsp", &p.cons), 0);
+    p.cons.workers = 3;
+    assert_int_equal(psd_init(&r, &log, &p), 0);
+    assert_int_equal(psd_checkpoint_load(&r, path, err, sizeof err), 0);
+    const struct psd_table *t = psd_table_named(&r, "stage");
+    assert_non_null(t);
+    assert_int_equal(t->npushers, 2);
+    assert_true(psd_table_pushed_by(t, 2) && !psd_table_pushed_by(t, 1));
+    assert_int_equal(psd_table_same_spec(t, &sp), 1);
+    assert_true(send_req(&r, &h, NULL, 0, &status)); /* the same spec: opened */
+    assert_int_equal(status, 0);
+    sp.n_pushers = 1; /* another set of pushers: another spec */
+    assert_true(send_req(&r, &h, NULL, 0, &status));
+    assert_int_equal(status, PS_EEXIST);
+    checkpoint_gone(&r, dir, path);
+}
+
 /* Interval checkpoints are written only when the state changed: none for
  * a shard with no tables (a restart would restore an empty shard over
  * nothing), none for an idle one, one after a table is created and one
@@ -626,6 +672,7 @@ int main(void)
         cmocka_unit_test(test_dedup_window_damaged),
         cmocka_unit_test(test_checkpoint_table_over_limit),
         cmocka_unit_test(test_interval_checkpoint_only_on_change),
+        cmocka_unit_test(test_pushers_survive_a_checkpoint),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -84,6 +84,8 @@ int psc_table_create(struct psc_client *c, const struct psc_table_spec *spec, in
     ts.await_set = spec->await_set != 0;
     ts.n_shape = spec->shape != NULL ? spec->ndims : 0;
     ts.shape = (uint64_t *)spec->shape;
+    ts.n_pushers = spec->pushers != NULL ? spec->npushers : 0;
+    ts.pushers = (uint32_t *)spec->pushers;
     char err[PS_ERROR_TEXT_MAX];
     int rc = ps_wire_check_spec(&ts, err, sizeof err);
     if (rc != 0)

@@ -18,6 +18,14 @@
 #include <stdatomic.h>
 #include <zmq.h>
 
+/* The largest request header: a table spec with a name of
+ * PS_TABLE_NAME_MAX bytes, a shape and PS_WORKERS_MAX pushers (each a
+ * varint of at most 2 bytes below 16384), and the header's other fields. */
+#define PSC__REQUEST_HEADER_MAX 12288u
+_Static_assert(PS_WORKERS_MAX <= 16384u &&
+                   2u * PS_WORKERS_MAX + PS_TABLE_NAME_MAX + 1024u <= PSC__REQUEST_HEADER_MAX,
+               "a spec naming every worker as a pusher fits a request header");
+
 /* Request ids are consecutive (a server remembers a window of them per
  * worker, see psd's exactly-once rule); id_map finds an id's slot. */
 #define ID_MAP             (4u * PS_CLIENT_TICKETS_MAX)
@@ -177,7 +185,7 @@ struct psc_client {
     uint64_t batches_sent;
     struct replicas *reps; /* per shard, NULL when no shard lists replicas */
     uint64_t failovers;
-    uint8_t hdr_buf[2048]; /* requests carry at most a table spec */
+    uint8_t hdr_buf[PSC__REQUEST_HEADER_MAX]; /* requests carry at most a table spec */
     char last_error[512];
     int last_remote; /* the shard's code behind the last PS_EREMOTE, else 0 */
 };

@@ -143,6 +143,11 @@ struct psc_table_spec {
     const uint64_t *shape;   /* dense: ndims dimensions whose product is size (a
                               * tensor's, for psctl export); ndims 0: a vector */
     uint32_t ndims;          /* at most PSC_SHAPE_DIMS_MAX */
+    const uint32_t *pushers; /* dense: the worker ids that push it, strictly increasing
+                              * (a pipeline stage's processes); its bsp and ssp rounds
+                              * wait for them alone, and another worker's push is
+                              * refused. npushers 0: every worker of the rounds */
+    uint32_t npushers;       /* at most 4096 (PS_WORKERS_MAX) */
 };
 
 struct psc_table_stats {

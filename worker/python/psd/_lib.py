@@ -77,6 +77,8 @@ class TableSpec(ctypes.Structure):
         ("await_set", ctypes.c_int),
         ("shape", ctypes.POINTER(ctypes.c_uint64)),
         ("ndims", ctypes.c_uint32),
+        ("pushers", ctypes.POINTER(ctypes.c_uint32)),
+        ("npushers", ctypes.c_uint32),
     ]
 
 SHAPE_DIMS_MAX = 8  # PSC_SHAPE_DIMS_MAX

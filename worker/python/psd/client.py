@@ -392,7 +392,7 @@ class Client:
         return name
 
     def create_table(self, name, size, optimizer="sgd", lr=0.01, *, init="zeros", init_scale=0.0,
-                     seed=0, await_set=False, **hyper):
+                     seed=0, await_set=False, pushers=None, **hyper):
         """Creates a dense table on every shard (or opens it when one of that
         name has the same spec): size float32 elements, or a shape (a tuple
         such as (32, 1, 3, 3): the table holds their product, and psctl
@@ -400,7 +400,11 @@ class Client:
         momentum, adagrad, adam or ftrl; hyper: weight_decay, momentum,
         nesterov, beta1, beta2, eps, lr_schedule, lr_decay_steps, l1, l2.
         await_set: pulls wait until a worker has set the initial values
-        (set_weights), so every worker starts from the same model."""
+        (set_weights), so every worker starts from the same model.
+        pushers: the worker ids that push the table (a pipeline stage's
+        processes), strictly increasing; its bsp and ssp rounds wait for
+        them alone and another worker's push is refused (None: every
+        worker of the rounds)."""
         self._check_open()
         shape = None
         if isinstance(size, (tuple, list)):
@@ -419,6 +423,15 @@ class Client:
             dims = (ctypes.c_uint64 * len(shape))(*shape)
             spec.shape = dims
             spec.ndims = len(shape)
+        ids = None
+        if pushers is not None:
+            pushers = [int(p) for p in pushers]
+            if not pushers or any(b <= a for a, b in zip(pushers, pushers[1:])) or pushers[0] < 0:
+                raise ValueError("pushers: worker ids, at least one, strictly increasing (got %r)"
+                                 % (pushers,))
+            ids = (ctypes.c_uint32 * len(pushers))(*pushers)
+            spec.pushers = ids
+            spec.npushers = len(pushers)
         return self._create(name, spec, bname, size, None)
 
     def create_sparse_table(self, name, dim, optimizer="sgd", lr=0.01, *, rows_max=1 << 20,
