@@ -103,6 +103,8 @@ const char *ps_op_name(int op)
         return "follow";
     case PS__OP__OP_REPLICATE:
         return "replicate";
+    case PS__OP__OP_STAGE:
+        return "stage";
     default:
         return "?";
     }
@@ -634,6 +636,10 @@ int ps_wire_decode(struct ps_arena *arena, const struct ps_frame *frames, size_t
     if (h->version != PS_PROTOCOL_VERSION)
         return ps_errf(PS_EVERSION, err, errlen, "protocol version %u, this side speaks %u",
                        h->version, PS_PROTOCOL_VERSION);
+    if (h->op == PS__OP__OP_STAGE)
+        return ps_errf(PS_EOP, err, errlen,
+                       "stage: a message between a pipeline's stages, which a psd shard does not "
+                       "take (does a stage's next endpoint name a psd?)");
     if (!op_known(h->op))
         return ps_errf(PS_EOP, err, errlen, "unknown op %d", (int)h->op);
     if (nframes > PS_FRAMES_MAX)

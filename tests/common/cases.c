@@ -112,6 +112,19 @@ static void c_op_unknown(struct case_msg *m)
     case_put_header(m, &h);
 }
 
+/* a pipeline stage's activations, sent to psd */
+static void c_op_stage(struct case_msg *m)
+{
+    Ps__Header h;
+    uint64_t dims[2] = {2, 5};
+    ps_wire_header_init(&h, PS__OP__OP_STAGE);
+    h.count = 10;
+    h.shape = dims;
+    h.n_shape = 2;
+    case_put_header(m, &h);
+    case_add_frame(m, 40);
+}
+
 static void c_pull_extra_frame(struct case_msg *m)
 {
     Ps__Header h;
@@ -559,6 +572,7 @@ const struct bad_case bad_cases[] = {
     {"wrong version", PS_EVERSION, 0, c_version},
     {"op none", PS_EOP, 0, c_op_none},
     {"unknown op", PS_EOP, 0, c_op_unknown},
+    {"a pipeline stage's op", PS_EOP, 0, c_op_stage},
     {"pull with a values frame", PS_EFRAMES, 0, c_pull_extra_frame},
     {"push without values", PS_EFRAMES, 0, c_push_no_values},
     {"set without values", PS_EFRAMES, 0, c_set_no_values},
