@@ -481,6 +481,72 @@ PSC_API uint32_t psc_shards(const struct psc_client *c);
  * hello_optional goes on without the shards that did not), else 0. */
 PSC_API int psc_shard_answered(const struct psc_client *c, uint32_t shard);
 
+/* ---- Pipeline links --------------------------------------------------
+ * The neighbouring stages of a pipeline (a model split into contiguous
+ * runs of layers, one process each) send a micro-batch's activations
+ * forward, stage s to s+1, and their gradient backward, s+1 to s. Each
+ * message carries its step, its micro-batch, dtype and shape (no shape is
+ * fixed in advance); the receiver checks them and the bytes against its
+ * bytes_max before it uses them, and refuses a bad one back to the sender
+ * (the sender's next receive says why). A stage may have at most window
+ * micro-batches' activations in flight: the gradient of one gives its
+ * credit back. A neighbour that exits, or whose heartbeats stop for
+ * timeout_ms, is named in the error of the next call that needs it. One
+ * link per process, used from one thread; no CURVE between stages yet. */
+
+#define PSC_LINK_WINDOW_MAX         1024u
+#define PSC_LINK_TIMEOUT_MS_DEFAULT 2000
+
+enum psc_link_dir {
+    PSC_LINK_FORWARD = 0,  /* activations, stage s to s + 1 */
+    PSC_LINK_BACKWARD = 1, /* their gradient, stage s + 1 to s */
+};
+
+struct psc_link_config {
+    uint32_t stage, stages; /* this process's stage of its pipeline, 0-based; stages >= 2 */
+    const char *listen;     /* stage > 0: where stage - 1 connects (tcp://HOST:PORT, port 0
+                             * picks one: psc_link_endpoint) */
+    const char *next;       /* stage < stages - 1: where stage + 1 listens */
+    uint32_t window;        /* stage < stages - 1: activations in flight, 1..PSC_LINK_WINDOW_MAX */
+    uint64_t bytes_max;     /* the largest tensor a neighbour may send (and this one) */
+    int timeout_ms;         /* a neighbour silent this long is gone (0: the default) */
+};
+
+/* A tensor of a micro-batch: shape[0..ndims) of dtype at data. Received,
+ * data stays valid until the next receive from the same neighbour. */
+struct psc_tensor {
+    uint64_t step;  /* the training step it belongs to */
+    uint32_t micro; /* its micro-batch in the step */
+    int dtype;      /* enum psc_dtype */
+    uint32_t ndims; /* 1..PSC_SHAPE_DIMS_MAX */
+    uint64_t shape[PSC_SHAPE_DIMS_MAX];
+    const void *data;
+};
+
+struct psc_link;
+
+/* Binds listen and connects to next. 0, or a PS_E* code with err. */
+PSC_API int psc_link_create(const struct psc_link_config *cfg, struct psc_link **out, char *err,
+                            size_t errlen);
+PSC_API void psc_link_destroy(struct psc_link *l);
+/* The endpoint bound for stage - 1 ("" for stage 0). */
+PSC_API const char *psc_link_endpoint(const struct psc_link *l);
+/* Sends t in direction dir (enum psc_link_dir). The values are copied.
+ * PS_ELIMIT when window activations are in flight; PS_EIO when the
+ * neighbour is gone; PS_ETIMEDOUT when it took nothing for timeout_ms. */
+PSC_API int psc_link_send(struct psc_link *l, int dir, const struct psc_tensor *t);
+/* Receives the next tensor of direction dir, waiting up to timeout_ms
+ * (< 0: as long as the neighbour is there). PS_EIO when it is gone,
+ * PS_EREMOTE when it refused this stage's last message, another PS_E*
+ * code when what it sent is malformed (and it is told so). */
+PSC_API int psc_link_recv(struct psc_link *l, int dir, int timeout_ms, struct psc_tensor *t);
+/* Why the last call failed. */
+PSC_API const char *psc_link_error(const struct psc_link *l);
+/* Activations sent whose gradient has not come back. */
+PSC_API uint32_t psc_link_in_flight(const struct psc_link *l);
+/* Bytes of values sent to and received from the neighbours. */
+PSC_API void psc_link_bytes(const struct psc_link *l, uint64_t *sent, uint64_t *received);
+
 #ifdef __cplusplus
 }
 #endif
