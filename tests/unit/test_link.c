@@ -146,6 +146,7 @@ static void raw_send(struct raw *w, uint32_t from, const uint64_t *dims, size_t 
     Ps__Header h;
     ps_wire_header_init(&h, PS__OP__OP_STAGE);
     h.stage = from;
+    h.stages = 3;
     h.count = count;
     h.shape = (uint64_t *)dims;
     h.n_shape = nd;
@@ -212,6 +213,70 @@ static void test_checks_what_a_neighbour_sends(void **state)
     assert_int_equal(raw_refusal(&w, why, sizeof why), PS_EPROTO);
     raw_close(&w);
     psc_link_destroy(b);
+}
+
+/* A neighbour started with another stage count is refused by name. */
+static void test_stage_count_mismatch(void **state)
+{
+    (void)state;
+    struct psc_link *b = stage(1, 3, "tcp://127.0.0.1:1", 1, 1 << 10);
+    struct psc_link *a = stage(0, 2, psc_link_endpoint(b), 2, 1 << 10);
+    float x[4] = {0};
+    struct psc_tensor t = tensor(0, 0, 1, 4, x), r;
+    assert_int_equal(psc_link_send(a, PSC_LINK_FORWARD, &t), 0);
+    assert_int_equal(psc_link_recv(b, PSC_LINK_FORWARD, 5000, &r), PS_EPROTO);
+    assert_non_null(strstr(psc_link_error(b), "stage 0's pipeline has 2 stages, this one's 3"));
+    assert_int_equal(psc_link_recv(a, PSC_LINK_BACKWARD, 5000, &r), PS_EREMOTE);
+    psc_link_destroy(a);
+    psc_link_destroy(b);
+}
+
+/* Evaluation's forwards take no credit, and its backward gives none. */
+static void test_eval_takes_no_credit(void **state)
+{
+    (void)state;
+    struct psc_link *a, *b;
+    pair(&a, &b, 1, 1 << 20);
+    float x[4] = {1, 2, 3, 4};
+    struct psc_tensor t = tensor(3, 0, 1, 4, x), r;
+    assert_int_equal(psc_link_send(a, PSC_LINK_FORWARD, &t), 0); /* the window's one */
+    t.eval = 1;
+    for (uint32_t i = 0; i < 5; i++) {
+        t.micro = i;
+        assert_int_equal(psc_link_send(a, PSC_LINK_FORWARD, &t), 0);
+    }
+    assert_int_equal(psc_link_in_flight(a), 1);
+    for (uint32_t i = 0; i < 6; i++) {
+        assert_int_equal(psc_link_recv(b, PSC_LINK_FORWARD, 5000, &r), 0);
+        assert_int_equal(r.eval, i > 0);
+    }
+    struct psc_tensor acc = tensor(3, 0, 1, 1, x);
+    acc.eval = 1;
+    assert_int_equal(psc_link_send(b, PSC_LINK_BACKWARD, &acc), 0);
+    assert_int_equal(psc_link_recv(a, PSC_LINK_BACKWARD, 5000, &r), 0);
+    assert_true(r.eval);
+    assert_int_equal(psc_link_in_flight(a), 1); /* the training activations' credit is still out */
+    psc_link_destroy(a);
+    psc_link_destroy(b);
+}
+
+/* Waiting for the neighbours: a middle stage names the one missing, and
+ * returns once both are there. */
+static void test_wait_connected(void **state)
+{
+    (void)state;
+    struct psc_link *c = stage(2, 3, NULL, 0, 64);
+    struct psc_link *b = stage(1, 3, psc_link_endpoint(c), 1, 64);
+    assert_int_equal(psc_link_wait_connected(b, 300), PS_ETIMEDOUT);
+    assert_non_null(strstr(psc_link_error(b), "stage 0"));
+    assert_null(strstr(psc_link_error(b), "stage 2"));
+    struct psc_link *a = stage(0, 3, psc_link_endpoint(b), 1, 64);
+    assert_int_equal(psc_link_wait_connected(a, 5000), 0);
+    assert_int_equal(psc_link_wait_connected(b, 5000), 0);
+    assert_int_equal(psc_link_wait_connected(c, 5000), 0);
+    psc_link_destroy(a);
+    psc_link_destroy(b);
+    psc_link_destroy(c);
 }
 
 /* A tensor the next stage refuses: the sender's next receive says why. */
@@ -321,6 +386,9 @@ int main(void)
         cmocka_unit_test(test_forward_and_back),
         cmocka_unit_test(test_window),
         cmocka_unit_test(test_checks_what_a_neighbour_sends),
+        cmocka_unit_test(test_stage_count_mismatch),
+        cmocka_unit_test(test_eval_takes_no_credit),
+        cmocka_unit_test(test_wait_connected),
         cmocka_unit_test(test_refusal_reaches_the_sender),
         cmocka_unit_test(test_never_connected),
         cmocka_unit_test(test_dead_neighbour_is_named),

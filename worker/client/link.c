@@ -86,7 +86,7 @@ uint32_t psc_link_in_flight(const struct psc_link *l)
  * connection. */
 static int open_side(struct psc_link *l, struct side *s, const char *name, int timeout_ms)
 {
-    int zero = 0, hb = LINK_HEARTBEAT_MS, one = 1;
+    int zero = 0, hb = LINK_HEARTBEAT_MS, one = 1, hwm = (int)PSC_LINK_QUEUE_MAX;
     int64_t max = (int64_t)l->bytes_max + PS_HEADER_BYTES_MAX;
     zmq_msg_init(&s->held);
     s->sock = zmq_socket(l->ctx, ZMQ_DEALER);
@@ -96,6 +96,8 @@ static int open_side(struct psc_link *l, struct side *s, const char *name, int t
         zmq_setsockopt(s->sock, ZMQ_HEARTBEAT_TTL, &timeout_ms, sizeof timeout_ms) != 0 ||
         zmq_setsockopt(s->sock, ZMQ_SNDTIMEO, &timeout_ms, sizeof timeout_ms) != 0 ||
         zmq_setsockopt(s->sock, ZMQ_IMMEDIATE, &one, sizeof one) != 0 ||
+        zmq_setsockopt(s->sock, ZMQ_SNDHWM, &hwm, sizeof hwm) != 0 ||
+        zmq_setsockopt(s->sock, ZMQ_RCVHWM, &hwm, sizeof hwm) != 0 ||
         zmq_setsockopt(s->sock, ZMQ_MAXMSGSIZE, &max, sizeof max) != 0)
         return fail(l, PS_EZMQ, "link: cannot make the socket to stage %u: %s", s->stage,
                     zmq_strerror(errno));
@@ -228,14 +230,21 @@ static int send_msg(struct psc_link *l, struct side *s, const Ps__Header *h, con
     int64_t n = ps_wire_header_pack(h, l->hdr_buf, sizeof l->hdr_buf);
     if (n < 0)
         return fail(l, PS_ELIMIT, "link: a header past %u bytes", PS_HEADER_BYTES_MAX);
-    if (zmq_send(s->sock, l->hdr_buf, (size_t)n, data != NULL ? ZMQ_SNDMORE : 0) < 0 ||
-        (data != NULL && zmq_send(s->sock, data, bytes, 0) < 0))
-        return errno == EAGAIN ? fail(l, PS_ETIMEDOUT,
-                                      "stage %u (%s) took nothing within the link's timeout "
-                                      "(never connected, or not reading)",
-                                      s->stage, s->endpoint)
-                               : fail(l, PS_EZMQ, "link: sending to stage %u: %s", s->stage,
-                                      zmq_strerror(errno));
+    /* the header's send waits (SNDTIMEO at a time) while the neighbour
+     * is there with its queue full; the values frame of a message whose
+     * header went never waits (ZeroMQ takes a message's frames whole) */
+    while (zmq_send(s->sock, l->hdr_buf, (size_t)n, data != NULL ? ZMQ_SNDMORE : 0) < 0) {
+        if (errno != EAGAIN && errno != EINTR)
+            return fail(l, PS_EZMQ, "link: sending to stage %u: %s", s->stage, zmq_strerror(errno));
+        watch(s);
+        if (s->gone)
+            return gone(l, s);
+        if (!s->up)
+            return fail(l, PS_ETIMEDOUT, "stage %u (%s) never connected within the link's timeout",
+                        s->stage, s->endpoint);
+    }
+    if (data != NULL && zmq_send(s->sock, data, bytes, 0) < 0)
+        return fail(l, PS_EZMQ, "link: sending to stage %u: %s", s->stage, zmq_strerror(errno));
     if (data != NULL)
         s->sent += bytes;
     return 0;
@@ -285,7 +294,8 @@ int psc_link_send(struct psc_link *l, int dir, const struct psc_tensor *t)
                     "link: a shape of %u dimensions, each at least 1, their %s bytes at most %llu",
                     t->ndims, t->ndims > PSC_SHAPE_DIMS_MAX ? "many" : "product's",
                     (unsigned long long)l->bytes_max);
-    if (dir == PSC_LINK_FORWARD && l->in_flight >= l->window)
+    int credit = dir == PSC_LINK_FORWARD && !t->eval;
+    if (credit && l->in_flight >= l->window)
         return fail(l, PS_ELIMIT,
                     "link: %u micro-batches' activations in flight to stage %u, its window: "
                     "receive a gradient first",
@@ -298,10 +308,12 @@ int psc_link_send(struct psc_link *l, int dir, const struct psc_tensor *t)
     h.dtype = (Ps__DType)t->dtype;
     h.stage = l->stage;
     h.backward = dir == PSC_LINK_BACKWARD;
+    h.stages = l->stages;
+    h.eval = t->eval != 0;
     h.n_shape = t->ndims;
     h.shape = (uint64_t *)t->shape;
     int rc = send_msg(l, s, &h, t->data, (size_t)(n * es));
-    if (rc == 0 && dir == PSC_LINK_FORWARD)
+    if (rc == 0 && credit)
         l->in_flight++;
     return rc;
 }
@@ -313,6 +325,7 @@ static void refuse(struct psc_link *l, struct side *s, int code)
     ps_wire_header_init(&h, PS__OP__OP_STAGE);
     h.status = code;
     h.stage = l->stage;
+    h.stages = l->stages;
     h.error = l->err;
     (void)send_msg(l, s, &h, NULL, 0);
 }
@@ -333,6 +346,11 @@ static int check(struct psc_link *l, struct side *s, int dir, zmq_msg_t *parts, 
     if (h->status != 0)
         return fail(l, PS_EREMOTE, "stage %u refused this stage's message: %s", s->stage,
                     h->error ? h->error : "(no reason given)");
+    if (h->stages != l->stages)
+        return fail(l, PS_EPROTO,
+                    "stage %u's pipeline has %u stages, this one's %u (a run started with "
+                    "different stage counts?)",
+                    s->stage, h->stages, l->stages);
     if (h->stage != s->stage || h->backward != (dir == PSC_LINK_BACKWARD))
         return fail(l, PS_EPROTO, "a message from stage %u says it is stage %u's %s", s->stage,
                     h->stage, h->backward ? "gradient" : "activations");
@@ -356,6 +374,7 @@ static int check(struct psc_link *l, struct side *s, int dir, zmq_msg_t *parts, 
     t->ndims = (uint32_t)h->n_shape;
     memcpy(t->shape, h->shape, h->n_shape * sizeof t->shape[0]);
     t->data = zmq_msg_data(&parts[1]);
+    t->eval = h->eval != 0;
     return 0;
 }
 
@@ -379,6 +398,36 @@ static int wait_for(struct psc_link *l, struct side *s, int timeout_ms)
         if (timeout_ms >= 0 && waited >= timeout_ms)
             return fail(l, PS_ETIMEDOUT, "stage %u (%s) sent nothing for %d ms%s", s->stage,
                         s->endpoint, waited, s->up ? "" : " (it never connected)");
+    }
+}
+
+int psc_link_wait_connected(struct psc_link *l, int timeout_ms)
+{
+    struct side *sides[2] = {&l->prev, &l->next};
+    for (int waited = 0;; waited += LINK_POLL_MS) {
+        char missing[2 * (PS_ENDPOINT_MAX + 32)] = "";
+        size_t used = 0;
+        for (int i = 0; i < 2; i++) {
+            struct side *s = sides[i];
+            if (s->sock == NULL)
+                continue;
+            watch(s);
+            if (s->gone)
+                return gone(l, s);
+            if (!s->up)
+                used += (size_t)snprintf(missing + used, sizeof missing - used, "%sstage %u (%s)",
+                                         used ? ", " : "", s->stage, s->endpoint);
+        }
+        if (used == 0)
+            return 0;
+        if (waited >= timeout_ms)
+            return fail(l, PS_ETIMEDOUT, "%s never connected within %d ms", missing, timeout_ms);
+        zmq_pollitem_t it[2];
+        int n = 0;
+        for (int i = 0; i < 2; i++)
+            if (sides[i]->mon != NULL)
+                it[n++] = (zmq_pollitem_t){sides[i]->mon, 0, ZMQ_POLLIN, 0};
+        zmq_poll(it, n, LINK_POLL_MS);
     }
 }
 
@@ -420,7 +469,7 @@ int psc_link_recv(struct psc_link *l, int dir, int timeout_ms, struct psc_tensor
         zmq_msg_move(&s->held, &parts[1]);
         t->data = zmq_msg_data(&s->held);
         s->received += zmq_msg_size(&s->held);
-        if (dir == PSC_LINK_BACKWARD && l->in_flight > 0)
+        if (dir == PSC_LINK_BACKWARD && !t->eval && l->in_flight > 0)
             l->in_flight--;
     } else if (rc == PS_EREMOTE) {
         /* the next stage refused activations: no gradient will give their

@@ -496,6 +496,9 @@ PSC_API int psc_shard_answered(const struct psc_client *c, uint32_t shard);
 
 #define PSC_LINK_WINDOW_MAX         1024u
 #define PSC_LINK_TIMEOUT_MS_DEFAULT 2000
+/* Messages queued toward or from a neighbour at most (ZeroMQ's high-water
+ * marks): what a link holds is bounded by this times bytes_max. */
+#define PSC_LINK_QUEUE_MAX (PSC_LINK_WINDOW_MAX + 16u)
 
 enum psc_link_dir {
     PSC_LINK_FORWARD = 0,  /* activations, stage s to s + 1 */
@@ -521,19 +524,26 @@ struct psc_tensor {
     uint32_t ndims; /* 1..PSC_SHAPE_DIMS_MAX */
     uint64_t shape[PSC_SHAPE_DIMS_MAX];
     const void *data;
+    int eval; /* evaluation: forward only; no gradient comes back, no credit is taken */
 };
 
 struct psc_link;
 
-/* Binds listen and connects to next. 0, or a PS_E* code with err. */
+/* Binds listen and connects to next (in the background: the neighbours
+ * may start in any order). 0, or a PS_E* code with err. */
 PSC_API int psc_link_create(const struct psc_link_config *cfg, struct psc_link **out, char *err,
                             size_t errlen);
+/* Waits up to timeout_ms until every neighbour has connected: 0, or
+ * PS_ETIMEDOUT naming those that have not (PS_EIO: one came and went). */
+PSC_API int psc_link_wait_connected(struct psc_link *l, int timeout_ms);
 PSC_API void psc_link_destroy(struct psc_link *l);
 /* The endpoint bound for stage - 1 ("" for stage 0). */
 PSC_API const char *psc_link_endpoint(const struct psc_link *l);
 /* Sends t in direction dir (enum psc_link_dir). The values are copied.
  * PS_ELIMIT when window activations are in flight; PS_EIO when the
- * neighbour is gone; PS_ETIMEDOUT when it took nothing for timeout_ms. */
+ * neighbour is gone; PS_ETIMEDOUT when it never connected within
+ * timeout_ms. A neighbour that is there but has PSC_LINK_QUEUE_MAX
+ * messages unread holds the send until it reads one. */
 PSC_API int psc_link_send(struct psc_link *l, int dir, const struct psc_tensor *t);
 /* Receives the next tensor of direction dir, waiting up to timeout_ms
  * (< 0: as long as the neighbour is there). PS_EIO when it is gone,
