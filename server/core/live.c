@@ -276,11 +276,12 @@ void psd_op_hello(struct psd *s, const struct ps_frame *route, const char *user,
     h.shards = s->conf.shards;
     h.local_endpoint = s->live->local_endpoint;
     h.instance = s->conf.instance;
-    h.clock = 0; /* where a worker joining now starts: the model's clock, which the
-                  * client library's vote tables ("psd:...", psclient.h) run ahead of */
+    h.clock = 0; /* where a worker joining now starts: the clock of the tables it
+                  * pushes (a pipeline stage's own; the client library's vote tables,
+                  * "psd:..." in psclient.h, run ahead of the model's) */
     for (uint32_t i = 0; i < psd_ntables(s); i++) {
         const struct psd_table *t = psd_table_at(s, i);
-        if (PS_TABLE_RESERVED(t->name))
+        if (PS_TABLE_RESERVED(t->name) || !psd_table_pushed_by(t, w))
             continue;
         uint64_t c = psd_cons_join_clock(&s->conf.cons, t, w);
         h.clock = c > h.clock ? c : h.clock;

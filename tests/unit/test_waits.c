@@ -608,6 +608,69 @@ static void test_pushers_survive_a_checkpoint(void **state)
     checkpoint_gone(&r, dir, path);
 }
 
+/* The clock a hello from worker w is answered with. */
+static uint64_t hello_clock(struct psd *s, uint32_t w)
+{
+    Ps__Header h;
+    ps_wire_header_init(&h, PS__OP__OP_HELLO);
+    h.worker_id = w;
+    uint8_t buf[512];
+    struct ps_frame f = {buf, ps__header__pack(&h, buf)};
+    char id[2] = {'h', (char)('0' + w)};
+    struct ps_frame route = {id, sizeof id};
+    struct psd_reply rep;
+    assert_true(psd_dispatch(s, &route, &f, 1, &rep));
+    Ps__Header *r = ps__header__unpack(NULL, rep.hdr_len, rep.hdr);
+    assert_non_null(r);
+    assert_int_equal(r->status, 0);
+    uint64_t clock = r->clock;
+    ps__header__free_unpacked(r, NULL);
+    psd_reply_drop(&rep);
+    return clock;
+}
+
+/* A worker joins at the clock of the tables it pushes: a pipeline stage
+ * whose hello comes after another stage's tables moved on starts where
+ * its own tables are, not where the other stage's are. */
+static void test_join_at_own_tables_clock(void **state)
+{
+    (void)state;
+    static struct psd s;
+    struct ps_log log;
+    start(&s, &log, "bsp", 2, 0); /* "t" (id 0), pushed by both */
+    const char *names[] = {"a", "b"};
+    for (uint32_t i = 0; i < 2; i++) { /* "a" (id 1) pushed by worker 0, "b" (id 2) by 1 */
+        Ps__TableSpec sp;
+        ps__table_spec__init(&sp);
+        sp.name = (char *)names[i];
+        sp.size = 4;
+        sp.lr = 1.0f;
+        sp.pushers = &i;
+        sp.n_pushers = 1;
+        Ps__Header h;
+        ps_wire_header_init(&h, PS__OP__OP_CREATE_TABLE);
+        h.spec = &sp;
+        int status = -1;
+        assert_true(send_req(&s, &h, NULL, 0, &status));
+        assert_int_equal(status, 0);
+    }
+    const float g[4] = {1, 1, 1, 1};
+    for (uint64_t c = 0; c < 3; c++) { /* worker 0 takes "a" to clock 3 alone */
+        Ps__Header h;
+        ps_wire_header_init(&h, PS__OP__OP_PUSH);
+        h.table_id = 1;
+        h.clock = c;
+        h.count = 4;
+        int status = -1;
+        assert_true(answered(&s, &h, g, sizeof g, &status));
+        assert_int_equal(status, 0);
+    }
+    assert_int_equal(psd_table_named(&s, "a")->clock, 3);
+    assert_int_equal(hello_clock(&s, 0), 3); /* "a" is its */
+    assert_int_equal(hello_clock(&s, 1), 0); /* "t" and "b" are at 0 */
+    psd_fini(&s);
+}
+
 /* Interval checkpoints are written only when the state changed: none for
  * a shard with no tables (a restart would restore an empty shard over
  * nothing), none for an idle one, one after a table is created and one
@@ -673,6 +736,7 @@ int main(void)
         cmocka_unit_test(test_checkpoint_table_over_limit),
         cmocka_unit_test(test_interval_checkpoint_only_on_change),
         cmocka_unit_test(test_pushers_survive_a_checkpoint),
+        cmocka_unit_test(test_join_at_own_tables_clock),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
