@@ -313,8 +313,9 @@ static void test_never_connected(void **state)
     psc_link_destroy(b);
 }
 
-/* The next stage's process exits mid-step: the waiting stage's receive
- * ends with an error naming it, not a silent wait. */
+/* The next stage's process answers, then exits mid-step: its answer is
+ * still read, and the waiting stage's next receive ends with an error
+ * naming it, not a silent wait. */
 static void test_dead_neighbour_is_named(void **state)
 {
     (void)state;
@@ -322,7 +323,7 @@ static void test_dead_neighbour_is_named(void **state)
     assert_int_equal(pipe(fds), 0);
     pid_t pid = fork();
     assert_true(pid >= 0);
-    if (pid == 0) { /* stage 1: takes one activation, then dies */
+    if (pid == 0) { /* stage 1: takes one activation, answers, then dies */
         close(fds[0]);
         struct psc_link_config cfg = {
             .stage = 1, .stages = 2, .listen = "tcp://127.0.0.1:0", .bytes_max = 64};
@@ -334,7 +335,12 @@ static void test_dead_neighbour_is_named(void **state)
         if (write(fds[1], ep, strlen(ep) + 1) < 0)
             _exit(3);
         struct psc_tensor r;
-        _exit(psc_link_recv(b, PSC_LINK_FORWARD, 10000, &r) == 0 ? 0 : 4);
+        if (psc_link_recv(b, PSC_LINK_FORWARD, 10000, &r) != 0)
+            _exit(4);
+        r.eval = 0;
+        int sent = psc_link_send(b, PSC_LINK_BACKWARD, &r);
+        psc_link_destroy(b); /* an exit as psworker's: what was sent goes */
+        _exit(sent == 0 ? 0 : 5);
     }
     close(fds[1]);
     char ep[256] = "";
@@ -351,6 +357,8 @@ static void test_dead_neighbour_is_named(void **state)
     int status = -1;
     assert_int_equal(waitpid(pid, &status, 0), pid);
     assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    assert_int_equal(psc_link_recv(a, PSC_LINK_BACKWARD, 30000, &r), 0); /* sent before it went */
+    assert_int_equal(psc_link_in_flight(a), 0);
     assert_int_equal(psc_link_recv(a, PSC_LINK_BACKWARD, 30000, &r), PS_EIO);
     assert_non_null(strstr(psc_link_error(a), "stage 1"));
     assert_non_null(strstr(psc_link_error(a), "is gone"));

@@ -41,6 +41,7 @@ struct side {
 struct psc_link {
     void *ctx;
     uint32_t stage, stages, window, in_flight;
+    int timeout_ms;
     uint64_t bytes_max;
     struct side prev, next; /* stage - 1 (it connects here), stage + 1 (this one connects) */
     struct ps_arena arena;
@@ -83,10 +84,12 @@ uint32_t psc_link_in_flight(const struct psc_link *l)
 }
 
 /* The socket to one neighbour, with heartbeats and a monitor of its
- * connection. */
+ * connection. Not ZMQ_IMMEDIATE: with it, what a neighbour sent just
+ * before it closed (the last answer of a run) is dropped with its
+ * connection, unread. */
 static int open_side(struct psc_link *l, struct side *s, const char *name, int timeout_ms)
 {
-    int zero = 0, hb = LINK_HEARTBEAT_MS, one = 1, hwm = (int)PSC_LINK_QUEUE_MAX;
+    int zero = 0, hb = LINK_HEARTBEAT_MS, hwm = (int)PSC_LINK_QUEUE_MAX;
     int64_t max = (int64_t)l->bytes_max + PS_HEADER_BYTES_MAX;
     zmq_msg_init(&s->held);
     s->sock = zmq_socket(l->ctx, ZMQ_DEALER);
@@ -95,7 +98,6 @@ static int open_side(struct psc_link *l, struct side *s, const char *name, int t
         zmq_setsockopt(s->sock, ZMQ_HEARTBEAT_TIMEOUT, &timeout_ms, sizeof timeout_ms) != 0 ||
         zmq_setsockopt(s->sock, ZMQ_HEARTBEAT_TTL, &timeout_ms, sizeof timeout_ms) != 0 ||
         zmq_setsockopt(s->sock, ZMQ_SNDTIMEO, &timeout_ms, sizeof timeout_ms) != 0 ||
-        zmq_setsockopt(s->sock, ZMQ_IMMEDIATE, &one, sizeof one) != 0 ||
         zmq_setsockopt(s->sock, ZMQ_SNDHWM, &hwm, sizeof hwm) != 0 ||
         zmq_setsockopt(s->sock, ZMQ_RCVHWM, &hwm, sizeof hwm) != 0 ||
         zmq_setsockopt(s->sock, ZMQ_MAXMSGSIZE, &max, sizeof max) != 0)
@@ -144,6 +146,7 @@ int psc_link_create(const struct psc_link_config *cfg, struct psc_link **out, ch
     l->next.stage = cfg->stage + 1;
     ps_arena_init(&l->arena, l->arena_buf, sizeof l->arena_buf);
     int timeout = cfg->timeout_ms > 0 ? cfg->timeout_ms : PSC_LINK_TIMEOUT_MS_DEFAULT;
+    l->timeout_ms = timeout;
     int rc = (l->ctx = zmq_ctx_new()) == NULL ? fail(l, PS_EZMQ, "link: no ZeroMQ context") : 0;
     if (rc == 0 && !first && (rc = open_side(l, &l->prev, "prev", timeout)) == 0) {
         size_t len = sizeof l->prev.endpoint;
@@ -166,12 +169,16 @@ int psc_link_create(const struct psc_link_config *cfg, struct psc_link **out, ch
     return 0;
 }
 
-static void close_side(struct side *s)
+/* What was sent still goes (the last answer of a run) for up to the
+ * link's timeout, unless the neighbour is gone. */
+static void close_side(struct side *s, int linger_ms)
 {
     zmq_msg_close(&s->held);
     if (s->mon != NULL)
         zmq_close(s->mon);
     if (s->sock != NULL) {
+        int linger = s->gone ? 0 : linger_ms;
+        zmq_setsockopt(s->sock, ZMQ_LINGER, &linger, sizeof linger);
         zmq_socket_monitor(s->sock, NULL, 0);
         zmq_close(s->sock);
     }
@@ -181,8 +188,8 @@ void psc_link_destroy(struct psc_link *l)
 {
     if (l == NULL)
         return;
-    close_side(&l->prev);
-    close_side(&l->next);
+    close_side(&l->prev, l->timeout_ms);
+    close_side(&l->next, l->timeout_ms);
     if (l->ctx != NULL)
         zmq_ctx_term(l->ctx);
     free(l);
@@ -382,7 +389,12 @@ static int check(struct psc_link *l, struct side *s, int dir, zmq_msg_t *parts, 
 static int wait_for(struct psc_link *l, struct side *s, int timeout_ms)
 {
     for (int waited = 0;;) {
+        /* what came before the neighbour went is still read: looked for
+         * after the monitor, which hears of the drop after the data */
         watch(s);
+        zmq_pollitem_t now = {s->sock, 0, ZMQ_POLLIN, 0};
+        if (zmq_poll(&now, 1, 0) > 0)
+            return 0;
         if (s->gone)
             return gone(l, s);
         int slice = timeout_ms < 0 || timeout_ms - waited > LINK_POLL_MS ? LINK_POLL_MS

@@ -536,6 +536,8 @@ PSC_API int psc_link_create(const struct psc_link_config *cfg, struct psc_link *
 /* Waits up to timeout_ms until every neighbour has connected: 0, or
  * PS_ETIMEDOUT naming those that have not (PS_EIO: one came and went). */
 PSC_API int psc_link_wait_connected(struct psc_link *l, int timeout_ms);
+/* Messages already sent still go, for up to timeout_ms, unless their
+ * neighbour is gone. */
 PSC_API void psc_link_destroy(struct psc_link *l);
 /* The endpoint bound for stage - 1 ("" for stage 0). */
 PSC_API const char *psc_link_endpoint(const struct psc_link *l);
