@@ -172,10 +172,82 @@ int psw_cnn_init(struct psw_cnn *m, struct psk_backend *be, int batch_max, float
     return 0;
 }
 
+static void save_slot(const struct psw_cnn *m, struct psw_cnn_slot *s)
+{
+    s->in = m->in;
+    s->feat = m->feat;
+    for (int l = 0; l < m->n; l++) {
+        s->out[l] = m->L[l].out;
+        s->pout[l] = m->L[l].pout;
+        s->arg[l] = m->L[l].arg;
+    }
+}
+
+void psw_cnn_use_slot(struct psw_cnn *m, int i)
+{
+    const struct psw_cnn_slot *s = &m->slots[i];
+    m->in = s->in;
+    m->feat = s->feat;
+    for (int l = 0; l < m->n; l++) {
+        m->L[l].out = s->out[l];
+        m->L[l].pout = s->pout[l];
+        m->L[l].arg = s->arg[l];
+    }
+}
+
+int psw_cnn_set_slots(struct psw_cnn *m, int n, int rows, float *const *feats)
+{
+    if (m->slots != NULL || n < 1 || n > PSW_SLOTS_MAX || rows < 1 || rows > m->batch_max)
+        return PS_EINVAL;
+    if ((m->slots = calloc((size_t)n, sizeof *m->slots)) == NULL)
+        return PS_ENOMEM;
+    m->nslots = n;
+    save_slot(m, &m->slots[0]);
+    size_t r = (size_t)rows;
+    for (int i = 1; i < n; i++) {
+        struct psw_cnn_slot *s = &m->slots[i];
+        s->feat = feats[i];
+        if (dev(m->be, r * m->c0 * m->h0 * m->w0, &s->in))
+            return PS_ENOMEM; /* fini frees what was made */
+        for (int l = 0; l < m->n; l++) {
+            const struct psw_conv_layer *L = &m->L[l];
+            size_t nout = r * L->g.c_out * L->ho * L->wo, npool = r * L->g.c_out * L->ph * L->pw;
+            int last = l == m->n - 1;
+            if (L->pool && ((L->pool_max && dev(m->be, npool, &s->arg[l])) ||
+                            (!last && dev(m->be, npool, &s->pout[l]))))
+                return PS_ENOMEM;
+            if (L->pool && last)
+                s->pout[l] = feats[i];
+            if (last && !L->pool)
+                s->out[l] = feats[i];
+            else if (dev(m->be, nout, &s->out[l]))
+                return PS_ENOMEM;
+        }
+    }
+    return 0;
+}
+
 void psw_cnn_fini(struct psw_cnn *m)
 {
     if (m->be == NULL)
         return;
+    if (m->slots != NULL) { /* slot 0's are the model's own, freed below */
+        psw_cnn_use_slot(m, 0);
+        for (int i = 1; i < m->nslots; i++) {
+            struct psw_cnn_slot *s = &m->slots[i];
+            psk_free(m->be, s->in);
+            for (int l = 0; l < m->n; l++) {
+                int last = l == m->n - 1;
+                psk_free(m->be, s->arg[l]);
+                if (!last)
+                    psk_free(m->be, s->pout[l]);
+                if (!last || m->L[l].pool)
+                    psk_free(m->be, s->out[l]);
+            }
+        }
+        free(m->slots);
+        m->slots = NULL;
+    }
     psk_free(m->be, m->in);
     for (int l = 0; l < m->n; l++) {
         struct psw_conv_layer *L = &m->L[l];

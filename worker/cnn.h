@@ -34,6 +34,14 @@ struct psw_conv_layer {
     float *wc, *bc;           /* 16 bits: w and b rounded (psw_cnn_set_precision) */
 };
 
+/* A slot's activations (psw_cnn_set_slots): what backward reads of a
+ * forward pass. */
+struct psw_cnn_slot {
+    float *in, *feat;
+    float *out[PSW_CONV_MAX], *pout[PSW_CONV_MAX];
+    int *arg[PSW_CONV_MAX];
+};
+
 struct psw_cnn {
     struct psk_backend *be;
     int n; /* layers */
@@ -44,6 +52,8 @@ struct psw_cnn {
     float *dfeat; /* the head's input gradient: backward starts from it */
     int params_placed, grads_placed;
     int prec; /* enum psk_precision */
+    int nslots;
+    struct psw_cnn_slot *slots;
 };
 
 /* Parses --arch for images of c0 channels, h0 x w0: the convolution layers
@@ -77,6 +87,12 @@ float *psw_cnn_grad(struct psw_cnn *m, int k);
  * caller's host buffers), as psw_mlp_point_params and psw_mlp_place_grads. */
 void psw_cnn_point_params(struct psw_cnn *m, float *const *p);
 void psw_cnn_place_grads(struct psw_cnn *m, float *const *g);
+
+/* Activation slots, as psw_mlp_set_slots: slot 0 is the model's own;
+ * slots 1..n-1 take rows images each, and slot i's last layer writes
+ * feats[i] (the head's act[0] in its slot i). */
+int psw_cnn_set_slots(struct psw_cnn *m, int n, int rows, float *const *feats);
+void psw_cnn_use_slot(struct psw_cnn *m, int i);
 
 /* in (rows images) -> feat. */
 int psw_cnn_forward(struct psw_cnn *m, int rows);

@@ -96,3 +96,9 @@ void psw_data_batch(const struct psw_split *s, const uint32_t *idx, int rows, fl
         labels[r] = s->labels.data[idx[r]];
     }
 }
+
+void psw_data_labels(const struct psw_split *s, const uint32_t *idx, int rows, int *labels)
+{
+    for (int r = 0; r < rows; r++)
+        labels[r] = s->labels.data[idx[r]];
+}

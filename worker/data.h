@@ -29,4 +29,7 @@ void psw_data_permute(uint32_t *perm, uint32_t n, uint64_t seed, uint64_t epoch)
 void psw_data_batch(const struct psw_split *s, const uint32_t *idx, int rows, float *x,
                     int *labels);
 
+/* The labels of rows idx[0..rows) alone (a pipeline's last stage). */
+void psw_data_labels(const struct psw_split *s, const uint32_t *idx, int rows, int *labels);
+
 #endif

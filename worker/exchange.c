@@ -12,6 +12,7 @@
 #include "ps_clock.h"
 #include "ps_err.h"
 #include "ps_init.h"
+#include "ps_limits.h"
 #include "ps_notify.h"
 #include "ps_shard.h"
 
@@ -69,7 +70,7 @@ static int server_optimizer(const struct config *c)
 /* shape: room for the table's dimensions, which a CNN's tables carry
  * (psctl export then writes conv1.weight as [32, 1, 3, 3]). */
 static void table_spec(const struct trainer *tr, int k, struct psc_table_spec *s, char *name,
-                       size_t len, uint64_t *shape)
+                       size_t len, uint64_t *shape, uint32_t *pushers)
 {
     psw_table_name(tr, k, name, len);
     psc_table_spec_init(s, name, psw_table_size(tr, k));
@@ -77,16 +78,24 @@ static void table_spec(const struct trainer *tr, int k, struct psc_table_spec *s
     s->lr = (float)tr->cfg.lr;
     s->momentum = (float)tr->cfg.momentum;
     s->weight_decay = (float)tr->cfg.weight_decay;
-    s->seed = ps_mix64(tr->cfg.seed * 1000003u + (uint64_t)k);
+    /* the whole model's table index: a stage's tables start where the
+     * unsplit model's do, so they start from the same weights */
+    s->seed = ps_mix64(tr->cfg.seed * 1000003u + (uint64_t)(tr->kbase + k));
     s->lr_schedule = strcmp(tr->cfg.lr_schedule, "cosine") == 0 ? 1 : 0;
     s->lr_decay_steps = tr->decay_steps;
     if (k % 2 == 0) { /* He init for ReLU layers: N(0, 2 / fan_in) */
         s->init = PSC_INIT_NORMAL;
         s->init_scale = sqrtf(2.0f / (float)psw_fan_in(tr, k));
     }
-    if (tr->k0 > 0) {
+    if (tr->shaped) {
         s->ndims = (uint32_t)psw_table_shape(tr, k, shape);
         s->shape = shape;
+    }
+    if (tr->cfg.stages > 1) { /* its rounds: this stage's processes, one per pipeline */
+        for (uint64_t p = 0; p < psw_pipelines(&tr->cfg); p++)
+            pushers[p] = (uint32_t)(p * tr->cfg.stages + psw_stage(&tr->cfg));
+        s->pushers = pushers;
+        s->npushers = (uint32_t)psw_pipelines(&tr->cfg);
     }
 }
 
@@ -100,7 +109,8 @@ int psw_setup_tables(struct trainer *tr, char *err, size_t errlen)
         return PS_ENOMEM;
     for (int k = 0; k < tr->ntables; k++) {
         size_t n = (size_t)psw_table_size(tr, k);
-        if (tr->cfg.accum_steps > 1 && psk_alloc(tr->be, n * 4, (void **)&tr->acc[k])) {
+        int summed = tr->cfg.accum_steps > 1 || (tr->cfg.stages > 1 && tr->cfg.microbatches > 1);
+        if (summed && psk_alloc(tr->be, n * 4, (void **)&tr->acc[k])) {
             snprintf(err, errlen, "cannot allocate accumulation buffers");
             return PS_ENOMEM;
         }
@@ -119,7 +129,8 @@ int psw_setup_tables(struct trainer *tr, char *err, size_t errlen)
         struct psc_table_spec s;
         char name[64];
         uint64_t shape[4];
-        table_spec(tr, k, &s, name, sizeof name, shape);
+        static uint32_t pushers[PS_WORKERS_MAX];
+        table_spec(tr, k, &s, name, sizeof name, shape, pushers);
         if (tr->cfg.standalone) {
             /* the same initialiser the servers run, element by element */
             ps_init_fill(tr->hw[k], n, (enum ps_init_kind)s.init, s.init_scale, s.seed, 0);

@@ -135,6 +135,13 @@ void psw_mlp_point_params(struct psw_mlp *m, float *const *p)
 
 void psw_mlp_fini(struct psw_mlp *m)
 {
+    if (m->slots != NULL) { /* slot 0's are the model's own, freed below */
+        psw_mlp_use_slot(m, 0);
+        for (int i = 1; i < m->nslots; i++)
+            for (int l = 0; l <= m->nlayers; l++)
+                psk_free(m->be, m->slots[i][l]);
+        free(m->slots);
+    }
     for (int l = 0; l < PSW_LAYERS_MAX; l++) {
         if (!m->params_placed) {
             psk_free(m->be, m->w[l]);
@@ -196,6 +203,40 @@ static int round_copy(struct psw_mlp *m, float *dst, const float *src, size_t n)
 static int round16(struct psw_mlp *m, float *x, size_t n)
 {
     return psk_round(m->be, m->prec, n, x) ? PS_EDEVICE : 0;
+}
+
+void psw_mlp_set_input_relu(struct psw_mlp *m)
+{
+    m->input_relu = 1;
+}
+
+int psw_mlp_set_output_grad(struct psw_mlp *m, int rows, const float *g)
+{
+    if (rows < 0 || rows > m->batch_max)
+        return PS_EINVAL;
+    return psk_upload(m->be, m->dz[0], g, (size_t)rows * m->dims[m->nlayers] * sizeof(float))
+               ? PS_EDEVICE
+               : 0;
+}
+
+int psw_mlp_set_slots(struct psw_mlp *m, int n, int rows)
+{
+    if (m->slots != NULL || n < 1 || n > PSW_SLOTS_MAX || rows < 1 || rows > m->batch_max)
+        return PS_EINVAL;
+    if ((m->slots = calloc((size_t)n, sizeof *m->slots)) == NULL)
+        return PS_ENOMEM;
+    m->nslots = n;
+    memcpy(m->slots[0], m->act, sizeof m->act);
+    for (int i = 1; i < n; i++)
+        for (int l = 0; l <= m->nlayers; l++)
+            if (dev_alloc(m, (size_t)rows * m->dims[l], (void **)&m->slots[i][l]))
+                return PS_ENOMEM; /* fini frees what was made */
+    return 0;
+}
+
+void psw_mlp_use_slot(struct psw_mlp *m, int i)
+{
+    memcpy(m->act, m->slots[i], sizeof m->act);
 }
 
 int psw_mlp_enable_input_grad(struct psw_mlp *m)
@@ -288,7 +329,8 @@ static int layer_par(const struct psw_mlp *m, int l, int rows)
 
 int psw_mlp_forward_ready(struct psw_mlp *m, int rows, psw_chunk_cb ready, void *arg)
 {
-    if (round16(m, m->act[0], (size_t)rows * m->dims[0]))
+    if (round16(m, m->act[0], (size_t)rows * m->dims[0]) ||
+        (m->input_relu && psk_relu(m->be, (size_t)rows * m->dims[0], m->act[0], m->act[0])))
         return PS_EDEVICE;
     for (int l = 0; l < m->nlayers; l++) {
         int in = m->dims[l], out = m->dims[l + 1];
@@ -391,11 +433,20 @@ int psw_mlp_backward(struct psw_mlp *m, int rows, psw_chunk_cb cb, void *arg)
         int rc = weight_grad(m, l, rows, m->dz[cur], cb, arg);
         if (rc != 0)
             return rc;
-        if (l == 0) {
+        if (l == 0 && !m->input_relu) {
             /* dx = dz W (no activation before the first layer) */
             if (m->dx != NULL && (psk_gemm(m->be, 0, 0, rows, in, out, 1.0f, m->dz[cur], out,
                                            wt(m, 0), in, 0.0f, m->dx, in) ||
                                   round16(m, m->dx, (size_t)rows * in)))
+                return PS_EDEVICE;
+            break;
+        }
+        if (l == 0) { /* through the input's ReLU, as a layer inside the network */
+            if (m->dx != NULL &&
+                (gemm_cut(m, in_pieces(m, (uint64_t)rows, (uint64_t)in, (uint64_t)out), 1, 0, 0,
+                          rows, in, out, m->dz[cur], out, wt(m, 0), in, m->dx, in) ||
+                 round16(m, m->dx, (size_t)rows * in) ||
+                 psk_relu_backward(m->be, (size_t)rows * in, m->act[0], m->dx)))
                 return PS_EDEVICE;
             break;
         }

@@ -41,6 +41,9 @@ struct psw_mlp {
     float *wc[PSW_LAYERS_MAX], *bc[PSW_LAYERS_MAX]; /* 16 bits: the weights rounded */
     float loss_scale;                               /* psw_mlp_loss's gradient is this times
                                                      * the mean loss's (1 unless set) */
+    int input_relu;                                 /* psw_mlp_set_input_relu */
+    int nslots;                                     /* psw_mlp_set_slots (0: none) */
+    float *(*slots)[PSW_LAYERS_MAX + 1];            /* each slot's act[] */
 };
 
 /* Parses "784,256,128,10" into dims; returns the number of layers or
@@ -82,6 +85,28 @@ int psw_mlp_set_precision(struct psw_mlp *m, int p);
 /* Makes backward also compute the gradient with respect to the input
  * (into m->dx), for models that train what feeds the MLP (embeddings). */
 int psw_mlp_enable_input_grad(struct psw_mlp *m);
+
+/* A pipeline stage after the first: ReLU is applied to the input (the
+ * previous stage's last layer is linear, so its output is what the
+ * unsplit network's layer gives before its ReLU), and the input gradient
+ * (with psw_mlp_enable_input_grad) is taken through that ReLU: what the
+ * previous stage's backward starts from. */
+void psw_mlp_set_input_relu(struct psw_mlp *m);
+
+/* Sets d loss / d output (rows x the last width, host memory) for a
+ * backward pass that starts from it instead of psw_mlp_loss: a pipeline
+ * stage before the last, given its output's gradient by the next one. */
+int psw_mlp_set_output_grad(struct psw_mlp *m, int rows, const float *g);
+
+/* Activation slots: each holds a pass's activations (act[0..nlayers]),
+ * so several micro-batches can be between their forward and backward
+ * passes. Slot 0 is the model's own (batch_max rows); slots 1..n-1 take
+ * rows rows each. The temporaries of backward are shared: one backward
+ * at a time. */
+#define PSW_SLOTS_MAX 1025
+int psw_mlp_set_slots(struct psw_mlp *m, int n, int rows);
+/* Passes use slot i's activations from now on (its act[0] is the input). */
+void psw_mlp_use_slot(struct psw_mlp *m, int i);
 
 int psw_mlp_tables(const struct psw_mlp *m);
 /* Name ("fc2.bias"), element count, and the device buffers of table k. */

@@ -20,7 +20,7 @@ void psw_table_name(const struct trainer *tr, int k, char *buf, size_t len)
     if (k < tr->k0)
         psw_cnn_table_name(k, buf, len);
     else
-        psw_mlp_table_name(k - tr->k0, buf, len);
+        psw_mlp_table_name(k - tr->k0 + 2 * tr->fc0, buf, len);
 }
 
 int psw_table_shape(const struct trainer *tr, int k, uint64_t *shape)

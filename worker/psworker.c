@@ -9,6 +9,7 @@
 #include "exchange.h"
 #include "local.h"
 #include "model.h"
+#include "pipe.h"
 #include "report.h"
 #include "topk.h"
 #include "train.h"
@@ -65,6 +66,28 @@ static const struct ps_opt opts[] = {
     OPT("batch", PS_OPT_U64, batch, "64", 1, 65536, "B", "examples per step on this worker"),
     OPT("accum-steps", PS_OPT_U64, accum_steps, "1", 1, 1024, "N",
         "sum N mini-batch gradients locally, push once (one clock per push)"),
+    OPT("stages", PS_OPT_U64, stages, "1", 1, PSW_LAYERS_MAX, "P",
+        "split the model into P pipeline stages, one process each: rank r runs stage r % P of "
+        "pipeline r / P, and the --workers / P pipelines train one model through psd"),
+    OPT("cuts", PS_OPT_STR, cuts, NULL, 0, 0, "N[,N...]",
+        "--stages: the P-1 fc layers after which a stage ends (2: fc1 and fc2 on stage 0, the "
+        "rest after; a CNN's convolutions go with stage 0); default: where the stages' "
+        "multiply-adds balance best"),
+    OPT("microbatches", PS_OPT_U64, microbatches, "0", 0, PSW_SLOTS_MAX - 1, "M",
+        "--stages: micro-batches of a step (--batch is their sum; it must divide by M); 0: the "
+        "most, up to 2 x P, that divide --batch"),
+    OPT("schedule", PS_OPT_STR, schedule, "1f1b", 0, 0, "NAME",
+        "--stages: gpipe (every forward, then every backward: M micro-batches' activations held) "
+        "or 1f1b (one forward, one backward: stage s holds min(P - s, M)); the same bits either "
+        "way"),
+    OPT("stage-endpoints", PS_OPT_STR, stage_endpoints, NULL, 0, 0, "EP[,EP...]",
+        "--stages: where each rank's stage listens, rank 0 first (patterns as --servers); stage "
+        "s connects to rank + 1's"),
+    OPT("stage-listen", PS_OPT_STR, stage_listen, NULL, 0, 0, "EP",
+        "--stages: bind here instead of tcp://*:PORT, PORT from this rank's --stage-endpoints"),
+    OPT("stage-timeout-ms", PS_OPT_U64, stage_timeout_ms, "2000", 100, 3600000, "MS",
+        "--stages: a neighbouring stage silent this long (no ZeroMQ heartbeat) is gone: the "
+        "run stops with an error naming it"),
     OPT("compute-threads", PS_OPT_U64, compute_threads, "0", 0, 2, "N",
         "CPU backend: 2 has a helper thread share the pieces of each big matrix product with the "
         "training thread (OpenBLAS then runs 1 thread per call), 1 leaves threading to OpenBLAS, "
@@ -198,7 +221,7 @@ static int write_summary(struct trainer *tr, const char *path, double acc, doubl
                 "\"device\": \"%s\", \"start_clock\": %llu, \"stale_pushes\": %llu, "
                 "\"resends\": %llu, \"request_batches\": %llu, \"bytes_pushed_shared\": %llu, "
                 "\"bytes_pulled_shared\": %llu, \"precision\": \"%s\", \"loss_scale\": %.9g, "
-                "\"skipped_steps\": %llu, \"failovers\": %llu}\n",
+                "\"skipped_steps\": %llu, \"failovers\": %llu",
                 accs, tr->train_seconds > 0 ? samples / tr->train_seconds : 0.0,
                 (unsigned long long)done, (unsigned long long)tr->cfg.epochs, wall,
                 (unsigned long long)sent, (unsigned long long)recvd,
@@ -211,11 +234,71 @@ static int write_summary(struct trainer *tr, const char *path, double acc, doubl
                 (unsigned long long)ssent, (unsigned long long)srecvd, psk_precision_name(tr->prec),
                 tr->scale, (unsigned long long)tr->skipped,
                 (unsigned long long)(tr->c ? psc_failovers(tr->c) : 0)) > 0;
+    const struct psw_stage_stats *st = &tr->stage;
+    const struct config *c = &tr->cfg;
+    if (c->stages > 1) /* the bubble: waiting for a neighbour, of the training time */
+        ok =
+            fprintf(f,
+                    ", \"stage\": %llu, \"stages\": %llu, \"pipeline\": %llu, "
+                    "\"pipelines\": %llu, \"schedule\": \"%s\", \"microbatches\": %llu, "
+                    "\"forward_seconds\": %.6f, \"backward_seconds\": %.6f, "
+                    "\"idle_seconds\": %.6f, \"bubble_fraction\": %.6f, "
+                    "\"activations_held_max\": %llu, \"stage_bytes_sent\": %llu, "
+                    "\"stage_bytes_received\": %llu",
+                    (unsigned long long)psw_stage(c), (unsigned long long)c->stages,
+                    (unsigned long long)psw_pipeline(c), (unsigned long long)psw_pipelines(c),
+                    c->schedule, (unsigned long long)c->microbatches, st->forward_s, st->backward_s,
+                    st->idle_s, tr->train_seconds > 0 ? st->idle_s / tr->train_seconds : 0.0,
+                    (unsigned long long)st->held_max, (unsigned long long)st->link_sent,
+                    (unsigned long long)st->link_received) > 0 &&
+            ok;
+    ok = fputs("}\n", f) >= 0 && ok;
     ok = (fclose(f) == 0) && ok;
     if (!ok || rename(tmp, path) != 0) {
         unlink(tmp);
         return PS_EIO;
     }
+    return 0;
+}
+
+/* --stages and the flags that go with it. */
+static int check_stages(struct config *c, int sparse, int prec, char *err, size_t errlen)
+{
+    if (c->stages == 1) {
+        if (c->cuts || c->stage_endpoints || c->stage_listen || c->microbatches)
+            return ps_errf(PS_EINVAL, err, errlen,
+                           "--cuts, --microbatches, --stage-endpoints and --stage-listen need "
+                           "--stages 2 or more");
+        return 0;
+    }
+    if (c->workers % c->stages != 0)
+        return ps_errf(PS_EINVAL, err, errlen,
+                       "--workers %llu is not a multiple of --stages %llu: each pipeline has one "
+                       "process per stage",
+                       (unsigned long long)c->workers, (unsigned long long)c->stages);
+    const char *with = sparse                 ? "--model sparse-lr"
+                       : c->standalone        ? "--standalone"
+                       : c->topk > 0          ? "--topk"
+                       : c->accum_steps > 1   ? "--accum-steps (micro-batches sum a step)"
+                       : prec != PSK_PREC_F32 ? "--precision bf16 or f16"
+                       : c->save != NULL      ? "--save (psctl export writes the whole model)"
+                                              : NULL;
+    if (with != NULL)
+        return ps_errf(PS_EINVAL, err, errlen, "--stages does not combine with %s yet", with);
+    if (strcmp(c->schedule, "gpipe") != 0 && strcmp(c->schedule, "1f1b") != 0)
+        return ps_errf(PS_EINVAL, err, errlen, "--schedule: '%s' is not gpipe or 1f1b",
+                       c->schedule);
+    for (uint64_t m = 2 * c->stages; c->microbatches == 0; m--)
+        if (c->batch % m == 0) /* m = 1 ends it */
+            c->microbatches = m;
+    if (c->batch % c->microbatches != 0)
+        return ps_errf(PS_EINVAL, err, errlen,
+                       "--batch %llu is not a multiple of --microbatches %llu (each micro-batch "
+                       "takes --batch / M rows)",
+                       (unsigned long long)c->batch, (unsigned long long)c->microbatches);
+    if (c->stage_endpoints == NULL)
+        return ps_errf(PS_EINVAL, err, errlen,
+                       "--stages needs --stage-endpoints: where each rank's stage listens");
     return 0;
 }
 
@@ -278,6 +361,9 @@ static int check_config(struct config *c, char *err, size_t errlen)
         snprintf(err, errlen, "--standalone trains alone: --workers must be 1");
         return PS_EINVAL;
     }
+    int rc = check_stages(c, sparse, prec, err, errlen);
+    if (rc != 0)
+        return rc;
     return ps_log_level_parse(c->log_level) < 0
                ? (snprintf(err, errlen, "--log-level: '%s' is not error, warn, info or debug",
                            c->log_level),
@@ -326,18 +412,34 @@ static int setup(struct trainer *tr, char *err, size_t errlen)
                  tr->train.pixels);
         return PS_EINVAL;
     }
-    if (c->batch * c->workers * c->accum_steps > tr->train.n) {
+    /* the data-parallel replicas: the workers, or the pipelines */
+    uint64_t replicas = c->workers / c->stages;
+    if (c->batch * replicas * c->accum_steps > tr->train.n) {
         snprintf(err, errlen,
-                 "--batch %llu x --workers %llu x --accum-steps %llu exceeds the %u training "
-                 "examples",
-                 (unsigned long long)c->batch, (unsigned long long)c->workers,
-                 (unsigned long long)c->accum_steps, tr->train.n);
+                 "--batch %llu x %llu %s x --accum-steps %llu exceeds the %u training examples",
+                 (unsigned long long)c->batch, (unsigned long long)replicas,
+                 c->stages > 1 ? "pipelines" : "workers", (unsigned long long)c->accum_steps,
+                 tr->train.n);
         return PS_EINVAL;
     }
-    int bmax = (int)c->batch > EVAL_BATCH ? (int)c->batch : EVAL_BATCH;
-    if ((rc = psw_mlp_init(&tr->mlp, tr->be, dims, nl, bmax, err, errlen)) != 0)
+    /* a pipeline stage runs head layers [first, end) */
+    int first = 0, end = nl, stage = (int)psw_stage(c);
+    if (c->stages > 1 && (rc = psw_pipe_plan(tr, dims, nl, &first, &end, err, errlen)) != 0)
         return rc;
-    if (cnn) { /* the convolutions write the head's input and read its gradient */
+    tr->fc0 = first;
+    tr->shaped = cnn;
+    int bmax = (int)c->batch > EVAL_BATCH ? (int)c->batch : EVAL_BATCH;
+    if ((rc = psw_mlp_init(&tr->mlp, tr->be, dims + first, end - first, bmax, err, errlen)) != 0)
+        return rc;
+    if (stage > 0) { /* its input is the stage before's output, its gradient goes back there */
+        tr->kbase = (cnn ? psw_cnn_tables(&tr->cnn) : 0) + 2 * first;
+        psw_mlp_set_input_relu(&tr->mlp);
+        if (psw_mlp_enable_input_grad(&tr->mlp) != 0) {
+            snprintf(err, errlen, "out of memory for the stage's input gradient");
+            return PS_ENOMEM;
+        }
+    }
+    if (cnn && stage == 0) { /* the convolutions write the head's input and read its gradient */
         if (psw_mlp_enable_input_grad(&tr->mlp) != 0) {
             snprintf(err, errlen, "out of memory for the head's input gradient");
             return PS_ENOMEM;
@@ -377,7 +479,7 @@ static int setup(struct trainer *tr, char *err, size_t errlen)
     /* The schedule spans the run's clocks (the server converts its own
      * application count in asp/ssp). Every worker computes the same value,
      * so the table specs agree. */
-    uint64_t steps = (uint64_t)(tr->train.n / (c->batch * c->workers * c->accum_steps)) * c->epochs;
+    uint64_t steps = (uint64_t)(tr->train.n / (c->batch * replicas * c->accum_steps)) * c->epochs;
     if (c->max_steps && c->max_steps < steps)
         steps = c->max_steps;
     tr->decay_steps = steps;
@@ -393,12 +495,14 @@ static int setup(struct trainer *tr, char *err, size_t errlen)
                (unsigned long long)tr->clock, (unsigned long long)steps);
         tr->clock = tr->clock0 = steps;
     } else if (tr->clock > 0) {
-        uint64_t per_epoch = tr->train.n / (c->batch * c->workers * c->accum_steps);
+        uint64_t per_epoch = tr->train.n / (c->batch * replicas * c->accum_steps);
         PS_LOG(&tr->log, PS_LOG_INFO, W0011,
                "rejoining a run in progress at clock %llu (epoch %llu, step %llu of %llu)",
                (unsigned long long)tr->clock, (unsigned long long)(tr->clock / per_epoch + 1),
                (unsigned long long)(tr->clock % per_epoch), (unsigned long long)per_epoch);
     }
+    if (c->stages > 1 && (rc = psw_pipe_start(tr, err, errlen)) != 0)
+        return rc;
     return c->standalone ? 0 : psw_pull_all(tr, tr->clock);
 }
 
@@ -411,6 +515,7 @@ static void teardown(struct trainer *tr)
         }
         psk_free(tr->be, tr->acc[k]);
     }
+    psw_pipe_stop(tr);
     psw_local_destroy(tr->local);
     psw_topk_destroy(tr);
     psw_exchange_destroy(tr->ex);
@@ -490,7 +595,7 @@ int main(int argc, char **argv)
                  (unsigned long long)tr.clock);
         ps_notify_ready(err);
         psw_worker_metrics(&tr, 1);
-        rc = psw_train(&tr, &acc);
+        rc = tr.cfg.stages > 1 ? psw_pipe_train(&tr, &acc) : psw_train(&tr, &acc);
     }
     ps_notify_stopping();
     if (rc == 0 && tr.cfg.save != NULL && tr.cfg.rank == 0)

@@ -126,6 +126,27 @@ void psw_worker_metrics(struct trainer *tr, int force)
                        "Moves from one replica of a shard to another (a primary changed).",
                        (double)psc_failovers(tr->c));
     }
+    const struct psw_stage_stats *st = &tr->stage;
+    if (tr->cfg.stages > 1) {
+        ps_prom_metric(b, "psworker_stage_forward_seconds_total", "counter",
+                       "Seconds in this pipeline stage's forward passes.", st->forward_s);
+        ps_prom_metric(b, "psworker_stage_backward_seconds_total", "counter",
+                       "Seconds in this pipeline stage's backward passes.", st->backward_s);
+        ps_prom_metric(b, "psworker_stage_idle_seconds_total", "counter",
+                       "Seconds this stage waited for a neighbouring stage's tensor in training "
+                       "(the bubble, and the stages' imbalance).",
+                       st->idle_s);
+        ps_prom_metric(b, "psworker_stage_activations_held", "gauge",
+                       "Micro-batches between their forward and backward passes now.",
+                       (double)st->held);
+        ps_prom_metric(b, "psworker_stage_activations_held_max", "gauge",
+                       "The most micro-batches held at once.", (double)st->held_max);
+        ps_prom_metric(b, "psworker_stage_sent_bytes_total", "counter",
+                       "Bytes of tensors sent to the neighbouring stages.", (double)st->link_sent);
+        ps_prom_metric(b, "psworker_stage_received_bytes_total", "counter",
+                       "Bytes of tensors received from the neighbouring stages.",
+                       (double)st->link_received);
+    }
     ps_prom_metric(b, "psworker_sent_bytes_total", "counter", "Bytes sent to the servers.",
                    (double)sent);
     ps_prom_metric(b, "psworker_received_bytes_total", "counter",

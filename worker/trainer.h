@@ -42,7 +42,18 @@ struct config {
     uint64_t compute_threads;
     double loss_scale;
     uint64_t growth_interval, test_overflow_at, test_stop_at;
+    /* pipelines (pipe.h): stage = rank % stages, pipeline = rank / stages */
+    uint64_t stages, microbatches, stage_timeout_ms;
+    const char *schedule, *cuts, *stage_endpoints, *stage_listen;
     int help;
+};
+
+/* --stages: what pipe.c measures; report.c and the summary read it. */
+struct psw_stage_stats {
+    double forward_s, backward_s; /* in this stage's passes */
+    double idle_s;                /* waiting for a neighbour's tensor: the bubble, and imbalance */
+    uint64_t held, held_max;      /* micro-batches between their forward and backward */
+    uint64_t link_sent, link_received; /* bytes of tensors to and from the neighbours */
 };
 
 struct trainer {
@@ -54,6 +65,9 @@ struct trainer {
     struct psw_mlp mlp; /* the MLP, or the CNN's head */
     struct psw_cnn cnn; /* --model cnn: the convolutions */
     int k0;             /* the convolutions' tables, which come first (0: an MLP) */
+    int fc0;            /* a pipeline stage: the whole head's layer its first layer is */
+    int kbase;          /* a pipeline stage: the whole model's index of its table 0 */
+    int shaped;         /* --model cnn: tables carry their shapes */
     struct psw_split train, test;
     uint32_t *perm;
     float *h_in; /* a device's batch before its upload (NULL on the CPU backend) */
@@ -83,6 +97,23 @@ struct trainer {
     int overflow_injected;   /* --test-overflow-at did its one */
     struct psc_vote vote;    /* the workers' "found inf" rounds */
     struct psw_report *rep;  /* report.c's: /metrics and what it shows */
+    struct psw_pipe *pipe;   /* --stages > 1: pipe.c's link and schedule */
+    struct psw_stage_stats stage;
 };
+
+/* --stages: this process's stage, its pipeline, and the pipelines (the
+ * data-parallel replicas: --workers / --stages). */
+static inline uint64_t psw_stage(const struct config *c)
+{
+    return c->rank % c->stages;
+}
+static inline uint64_t psw_pipeline(const struct config *c)
+{
+    return c->rank / c->stages;
+}
+static inline uint64_t psw_pipelines(const struct config *c)
+{
+    return c->workers / c->stages;
+}
 
 #endif

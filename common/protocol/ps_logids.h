@@ -108,6 +108,9 @@
     X(W0019, INFO,                                                                                     \
       "computing in … with f32 accumulation (loss scale …; skipped steps agreed through psd or "   \
       "decided by each worker)")                                                                       \
+    X(W0020, INFO,                                                                                     \
+      "stage … of … (pipeline … of …): its layers and its share of the model's multiply-adds")         \
+    X(W0021, INFO, "stage … of …: where it listens and connects; the schedule and micro-batches")      \
     X(W0100, INFO, "done: … steps, test accuracy …, … samples/s")                                      \
     X(W0200, INFO, "epoch …/… step …/… loss … … samples/s ETA …s")                                     \
     X(W0210, INFO, "epoch …: test accuracy …")                                                         \
@@ -116,6 +119,8 @@
     X(W0230, INFO, "loss scale … after … steps without an overflow")                                   \
     X(W0240, WARN,                                                                                     \
       "a shard's primary changed: … move(s) between replicas so far; shards now at …")                 \
+    X(W0250, INFO,                                                                                     \
+      "stage …/… epoch …/… step …/… (loss) … samples/s; forward, backward and waiting shares")         \
     X(W0300, ERROR, "dense model: a pull of this step failed")                                         \
     X(W0301, ERROR, "dense model: a pull failed")                                                      \
     X(W0302, ERROR, "dense model: a push failed")                                                      \
@@ -130,6 +135,8 @@
     X(W0307, ERROR, "the loss scale fell below …: the gradients are not finite at any scale")          \
     X(W0308, ERROR, "the overflow vote failed (why)")                                                  \
     X(W0310, ERROR, "sparse model: a table call failed (which, and why)")                              \
+    X(W0320, ERROR,                                                                                    \
+      "stage … of …: a neighbouring stage is gone, silent, or sent what this stage did not expect")    \
     X(W0311, ERROR, "sparse model: a pull of a batch's rows failed")                                   \
     X(W0312, ERROR, "sparse model: a push of a batch's rows failed")                                   \
     X(W0313, ERROR, "sparse model: waiting for an overlapped pull failed")
