@@ -261,6 +261,8 @@ void psw_cnn_fini(struct psw_cnn *m)
             psk_free(m->be, L->gb);
         }
         psk_free(m->be, L->ws);
+        psk_free(m->be, L->gwa);
+        psk_free(m->be, L->gba);
         psk_free(m->be, L->wc);
         psk_free(m->be, L->bc);
         psk_free(m->be, L->dout);
@@ -272,6 +274,19 @@ void psw_cnn_fini(struct psw_cnn *m)
             psk_free(m->be, L->out);
     }
     m->be = NULL;
+}
+
+int psw_cnn_set_accumulate(struct psw_cnn *m, int on)
+{
+    for (int l = 0; l < m->n && on; l++) {
+        struct psw_conv_layer *L = &m->L[l];
+        size_t nw = (size_t)L->g.c_out * L->g.c_in * L->g.k * L->g.k;
+        if ((L->gwa == NULL && dev(m->be, nw, &L->gwa)) ||
+            (L->gba == NULL && dev(m->be, (size_t)L->g.c_out, &L->gba)))
+            return PS_ENOMEM;
+    }
+    m->accumulate = on;
+    return 0;
 }
 
 int psw_cnn_set_precision(struct psw_cnn *m, int p)
@@ -438,14 +453,19 @@ int psw_cnn_backward(struct psw_cnn *m, int rows, psw_table_cb cb, void *arg)
         }
         if (rc == 0 && L->relu)
             rc = psk_relu_backward(m->be, nout, L->out, d);
+        /* accumulating: into the scratch, then added */
+        float *gw = m->accumulate ? L->gwa : L->gw, *gb = m->accumulate ? L->gba : L->gb;
+        size_t nw = (size_t)L->g.c_out * L->g.c_in * L->g.k * L->g.k;
         if (rc == 0)
-            rc = psk_conv_backward(m->be, &L->g, input_of(m, l), m->prec ? L->wc : L->w, d, L->gw,
-                                   L->gb, l > 0 ? L->din : NULL, L->ws);
-        if (rc == 0 && m->prec) {
-            size_t nw = (size_t)L->g.c_out * L->g.c_in * L->g.k * L->g.k;
-            rc = round16(m, L->gw, nw) || round16(m, L->gb, (size_t)L->g.c_out) ||
+            rc = psk_conv_backward(m->be, &L->g, input_of(m, l), m->prec ? L->wc : L->w, d, gw, gb,
+                                   l > 0 ? L->din : NULL, L->ws);
+        if (rc == 0 && m->prec)
+            rc = round16(m, gw, nw) || round16(m, gb, (size_t)L->g.c_out) ||
                  (l > 0 && round16(m, L->din, (size_t)rows * L->g.c_in * L->g.h * L->g.w));
-        }
+        if (rc == 0 && m->accumulate &&
+            (psk_axpy(m->be, nw, 1.0f, gw, L->gw) ||
+             psk_axpy(m->be, (size_t)L->g.c_out, 1.0f, gb, L->gb)))
+            rc = PS_EDEVICE;
         if (rc == 0 && cb != NULL)
             rc = cb(arg, 2 * l);
         if (rc != 0)

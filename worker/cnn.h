@@ -32,6 +32,7 @@ struct psw_conv_layer {
     float *din;               /* gradient of this layer's input (not layer 0) */
     float *ws;                /* psk_conv workspace */
     float *wc, *bc;           /* 16 bits: w and b rounded (psw_cnn_set_precision) */
+    float *gwa, *gba;         /* accumulating: a pass's own gradients (psw_cnn_set_accumulate) */
 };
 
 /* A slot's activations (psw_cnn_set_slots): what backward reads of a
@@ -52,6 +53,7 @@ struct psw_cnn {
     float *dfeat; /* the head's input gradient: backward starts from it */
     int params_placed, grads_placed;
     int prec; /* enum psk_precision */
+    int accumulate;
     int nslots;
     struct psw_cnn_slot *slots;
 };
@@ -93,6 +95,10 @@ void psw_cnn_place_grads(struct psw_cnn *m, float *const *g);
  * feats[i] (the head's act[0] in its slot i). */
 int psw_cnn_set_slots(struct psw_cnn *m, int n, int rows, float *const *feats);
 void psw_cnn_use_slot(struct psw_cnn *m, int i);
+
+/* While on, backward adds its gradients to gw and gb (as
+ * psw_mlp_set_accumulate); 0, or PS_ENOMEM for its scratch. */
+int psw_cnn_set_accumulate(struct psw_cnn *m, int on);
 
 /* in (rows images) -> feat. */
 int psw_cnn_forward(struct psw_cnn *m, int rows);

@@ -109,8 +109,7 @@ int psw_setup_tables(struct trainer *tr, char *err, size_t errlen)
         return PS_ENOMEM;
     for (int k = 0; k < tr->ntables; k++) {
         size_t n = (size_t)psw_table_size(tr, k);
-        int summed = tr->cfg.accum_steps > 1 || (tr->cfg.stages > 1 && tr->cfg.microbatches > 1);
-        if (summed && psk_alloc(tr->be, n * 4, (void **)&tr->acc[k])) {
+        if (tr->cfg.accum_steps > 1 && psk_alloc(tr->be, n * 4, (void **)&tr->acc[k])) {
             snprintf(err, errlen, "cannot allocate accumulation buffers");
             return PS_ENOMEM;
         }

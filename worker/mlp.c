@@ -210,6 +210,11 @@ void psw_mlp_set_input_relu(struct psw_mlp *m)
     m->input_relu = 1;
 }
 
+void psw_mlp_set_accumulate(struct psw_mlp *m, int on)
+{
+    m->accumulate = on;
+}
+
 int psw_mlp_set_output_grad(struct psw_mlp *m, int rows, const float *g)
 {
     if (rows < 0 || rows > m->batch_max)
@@ -274,6 +279,7 @@ void psw_mlp_set_pool(struct psw_mlp *m, struct ps_pool *pool)
 struct gemm_job {
     struct psw_mlp *m;
     int cols;
+    float beta;
     int ta, tb, mm, n, k;
     const float *a;
     int lda;
@@ -291,26 +297,33 @@ static int gemm_piece(void *ctx, int i)
     int rc;
     if (g->cols) /* C[:, j0:j1] from op(B)'s columns j0..j1 */
         rc = psk_gemm(g->m->be, g->ta, g->tb, g->mm, j1 - j0, g->k, 1.0f, g->a, g->lda,
-                      g->b + (g->tb ? (size_t)j0 * g->ldb : (size_t)j0), g->ldb, 0.0f, g->c + j0,
+                      g->b + (g->tb ? (size_t)j0 * g->ldb : (size_t)j0), g->ldb, g->beta, g->c + j0,
                       g->ldc);
     else /* C[j0:j1, :] from op(A)'s rows j0..j1 */
         rc = psk_gemm(g->m->be, g->ta, g->tb, j1 - j0, g->n, g->k, 1.0f,
-                      g->a + (g->ta ? (size_t)j0 : (size_t)j0 * g->lda), g->lda, g->b, g->ldb, 0.0f,
-                      g->c + (size_t)j0 * g->ldc, g->ldc);
+                      g->a + (g->ta ? (size_t)j0 : (size_t)j0 * g->lda), g->lda, g->b, g->ldb,
+                      g->beta, g->c + (size_t)j0 * g->ldc, g->ldc);
     return rc ? PS_EDEVICE : 0;
 }
 
-/* C = op(A) op(B) (alpha 1, beta 0): in pieces when par (shared with the
- * helper when there is one), else in one call. */
+/* C = op(A) op(B) + beta C (alpha 1; beta 0 or 1): in pieces when par
+ * (shared with the helper when there is one), else in one call. */
+static int gemm_beta(struct psw_mlp *m, int par, int cols, float beta, int ta, int tb, int mm,
+                     int n, int k, const float *a, int lda, const float *b, int ldb, float *c,
+                     int ldc)
+{
+    if (!par)
+        return psk_gemm(m->be, ta, tb, mm, n, k, 1.0f, a, lda, b, ldb, beta, c, ldc) ? PS_EDEVICE
+                                                                                     : 0;
+    struct gemm_job g = {m, cols, beta, ta, tb, mm, n, k, a, lda, b, ldb, c, ldc};
+    return ps_pool_run(m->pool, gemm_piece, &g,
+                       ((cols ? n : mm) + PSW_PIECE_ROWS - 1) / PSW_PIECE_ROWS);
+}
+
 static int gemm_cut(struct psw_mlp *m, int par, int cols, int ta, int tb, int mm, int n, int k,
                     const float *a, int lda, const float *b, int ldb, float *c, int ldc)
 {
-    if (!par)
-        return psk_gemm(m->be, ta, tb, mm, n, k, 1.0f, a, lda, b, ldb, 0.0f, c, ldc) ? PS_EDEVICE
-                                                                                     : 0;
-    struct gemm_job g = {m, cols, ta, tb, mm, n, k, a, lda, b, ldb, c, ldc};
-    return ps_pool_run(m->pool, gemm_piece, &g,
-                       ((cols ? n : mm) + PSW_PIECE_ROWS - 1) / PSW_PIECE_ROWS);
+    return gemm_beta(m, par, cols, 0.0f, ta, tb, mm, n, k, a, lda, b, ldb, c, ldc);
 }
 
 /* Whether a product of mm x n x k goes in pieces: on the CPU backend, when
@@ -396,8 +409,8 @@ static int weight_grad(struct psw_mlp *m, int l, int rows, const float *dz, psw_
     int step = chunk_rows(m, l), par = layer_par(m, l, rows);
     for (int r0 = 0; r0 < out; r0 += step) {
         int r1 = r0 + step < out ? r0 + step : out;
-        int rc = gemm_cut(m, par, 0, 1, 0, r1 - r0, in, rows, dz + r0, out, m->act[l], in,
-                          m->gw[l] + (size_t)r0 * in, in);
+        int rc = gemm_beta(m, par, 0, m->accumulate ? 1.0f : 0.0f, 1, 0, r1 - r0, in, rows, dz + r0,
+                           out, m->act[l], in, m->gw[l] + (size_t)r0 * in, in);
         if (rc == 0)
             rc = round16(m, m->gw[l] + (size_t)r0 * in, (size_t)(r1 - r0) * in);
         if (rc == 0 && cb)
@@ -426,9 +439,12 @@ int psw_mlp_backward(struct psw_mlp *m, int rows, psw_chunk_cb cb, void *arg)
     int cur = 0; /* dz[cur] holds d loss / d (pre-activation of layer l) */
     for (int l = m->nlayers - 1; l >= 0; l--) {
         int in = m->dims[l], out = m->dims[l + 1];
-        /* gb = column sums of dz, then gW (out x in) chunk by chunk */
-        if (psk_col_sum(m->be, rows, out, m->dz[cur], m->gb[l]) ||
-            round16(m, m->gb[l], (size_t)out))
+        /* gb = column sums of dz, then gW (out x in) chunk by chunk;
+         * accumulating, the sums go through dz[1 - cur], free until dz
+         * of the layer below is made there */
+        float *gb = m->accumulate ? m->dz[1 - cur] : m->gb[l];
+        if (psk_col_sum(m->be, rows, out, m->dz[cur], gb) || round16(m, gb, (size_t)out) ||
+            (m->accumulate && psk_axpy(m->be, (size_t)out, 1.0f, gb, m->gb[l])))
             return PS_EDEVICE;
         int rc = weight_grad(m, l, rows, m->dz[cur], cb, arg);
         if (rc != 0)

@@ -42,6 +42,7 @@ struct psw_mlp {
     float loss_scale;                               /* psw_mlp_loss's gradient is this times
                                                      * the mean loss's (1 unless set) */
     int input_relu;                                 /* psw_mlp_set_input_relu */
+    int accumulate;                                 /* psw_mlp_set_accumulate */
     int nslots;                                     /* psw_mlp_set_slots (0: none) */
     float *(*slots)[PSW_LAYERS_MAX + 1];            /* each slot's act[] */
 };
@@ -92,6 +93,11 @@ int psw_mlp_enable_input_grad(struct psw_mlp *m);
  * (with psw_mlp_enable_input_grad) is taken through that ReLU: what the
  * previous stage's backward starts from. */
 void psw_mlp_set_input_relu(struct psw_mlp *m);
+
+/* While on, backward adds its weight and bias gradients to what gw and
+ * gb hold instead of overwriting them (a product's beta 1): the
+ * micro-batches of a pipeline's step summed in place, in their order. */
+void psw_mlp_set_accumulate(struct psw_mlp *m, int on);
 
 /* Sets d loss / d output (rows x the last width, host memory) for a
  * backward pass that starts from it instead of psw_mlp_loss: a pipeline

@@ -40,17 +40,21 @@ struct psw_pipe {
 
 /* ---- the plan ------------------------------------------------------------ */
 
-/* Multiply-adds per sample of head layers [a, b), with the convolutions'
- * when the stage starts at the first. */
+/* Multiply-adds per sample of a step of head layers [a, b), with the
+ * convolutions' when the stage starts at the first: each layer's
+ * forward, its weight gradient, and its input gradient (all but the
+ * model's first layer: a stage after the first computes it for the
+ * stage before). */
 static double stage_cost(const struct trainer *tr, const int *dims, int a, int b)
 {
+    int cnn = strcmp(tr->cfg.model, "cnn") == 0;
     double c = 0;
     for (int l = a; l < b; l++)
-        c += (double)dims[l] * dims[l + 1];
-    if (a == 0 && strcmp(tr->cfg.model, "cnn") == 0)
+        c += (l > 0 || cnn ? 3.0 : 2.0) * dims[l] * dims[l + 1];
+    if (a == 0 && cnn)
         for (int l = 0; l < tr->cnn.n; l++) {
             const struct psw_conv_layer *L = &tr->cnn.L[l];
-            c += (double)L->g.c_out * L->g.c_in * L->g.k * L->g.k * L->ho * L->wo;
+            c += (l > 0 ? 3.0 : 2.0) * L->g.c_out * L->g.c_in * L->g.k * L->g.k * L->ho * L->wo;
         }
     return c;
 }
@@ -445,18 +449,13 @@ static int forward(struct trainer *tr, uint64_t step, uint32_t j)
     return rc;
 }
 
-/* The weight gradients of micro-batches before the last, summed in
- * their order (the last one's is added as it is sent: exchange.c). */
-static int accumulate(struct trainer *tr, uint32_t j)
+/* The micro-batches' weight gradients are summed where backward writes
+ * them, in micro-batch order: the first overwrites, the others add (a
+ * product's beta 1), and the last one's sum goes out as it is made. */
+static int accumulate(struct trainer *tr, int on)
 {
-    for (int k = 0; k < tr->ntables; k++) {
-        size_t n = (size_t)psw_table_size(tr, k);
-        const float *g = psw_grad(tr, k);
-        if (j == 0 ? psk_copy(tr->be, tr->acc[k], g, n * 4)
-                   : psk_axpy(tr->be, n, 1.0f, g, tr->acc[k]))
-            return PS_EDEVICE;
-    }
-    return 0;
+    psw_mlp_set_accumulate(&tr->mlp, on);
+    return tr->k0 > 0 ? psw_cnn_set_accumulate(&tr->cnn, on) : 0;
 }
 
 static int backward(struct trainer *tr, uint64_t step, uint32_t j, double *loss, int *correct)
@@ -491,14 +490,13 @@ static int backward(struct trainer *tr, uint64_t step, uint32_t j, double *loss,
         if (rc != 0)
             return rc;
     }
-    if (j + 1 == pp->m) { /* the step's gradients go out as they are made */
+    rc = accumulate(tr, j > 0);
+    if (rc == 0 && j + 1 == pp->m) { /* the step's gradients go out as they are made */
         psw_cork(tr, 1);
         rc = psw_backward_sending(tr, pp->rows);
         psw_cork(tr, 0);
-    } else {
+    } else if (rc == 0) {
         rc = psw_model_backward(tr, pp->rows);
-        if (rc == 0)
-            rc = accumulate(tr, j);
     }
     tr->stage.backward_s += ps_mono_s() - t0;
     if (rc == 0 && pp->s > 0)

@@ -159,6 +159,23 @@ def train(script, tmp):
           "train_bench.sh's JSON names its steps and batch (%s)" % r)
 
 
+def pipeline(script, tmp):
+    out = os.path.join(tmp, "pipeline.json")
+    build = os.path.dirname(os.path.dirname(os.path.abspath(PSD)))
+    if run(["bash", script, "--build-dir", build, "--no-build", "--steps", "3", "--repeat", "1",
+            "--batch", "64", "--microbatches", "4", "--layers", "784,32,32,32,10", "--json", out],
+           "pipeline_bench.sh", 600) is None:
+        return
+    r = load(out, "pipeline_bench.sh")
+    check(isinstance(r, dict) and all(isinstance(r.get(k), dict) and
+                                      r[k].get("samples_per_sec", 0) > 0
+                                      for k in ("one", "1f1b", "gpipe")),
+          "pipeline_bench.sh's JSON has samples/s above 0 for every configuration (%s)" % r)
+    check(isinstance(r, dict) and r.get("bubble_theory") == 0.2 and
+          all(0 <= r.get(k, {}).get("bubble_stage0", -1) <= 1 for k in ("1f1b", "gpipe")),
+          "pipeline_bench.sh's JSON has the bubbles, measured and (P-1)/(M+P-1) = 0.2 (%s)" % r)
+
+
 def refused(args, flag, what, preexec=None):
     p = subprocess.run(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                        timeout=60, preexec_fn=preexec)
@@ -190,6 +207,10 @@ def main():
     refused([bench_wire, "--psd", PSD, "--rounds", "100"], "--rounds", "bench_wire --rounds 100")
     refused(["bash", train_bench, "--no-build", "--repeat", "0"], "--repeat",
             "train_bench.sh --repeat 0")
+    pipeline_bench = os.path.join(os.path.dirname(os.path.abspath(train_bench)),
+                                  "pipeline_bench.sh")
+    refused(["bash", pipeline_bench, "--no-build", "--microbatches", "0"], "--micro",
+            "pipeline_bench.sh --microbatches 0")
     if conv_bench:
         refused([conv_bench, "--repeat", "0"], "--repeat", "conv_bench --repeat 0")
         refused([conv_bench, "--batch", "8x"], "--batch", "conv_bench --batch 8x")
@@ -199,6 +220,7 @@ def main():
     pinned(bench_wire, tmp)
     apply_(bench_apply, tmp)
     train(train_bench, tmp)
+    pipeline(pipeline_bench, tmp)
     if conv_bench:
         conv(conv_bench, tmp)
     finish(tmp)
