@@ -11,10 +11,11 @@ The package is pure Python over libpsclient (ctypes); it finds the
 library beside itself, in a build tree next to its source, through the
 loader, or at PSD_LIBPSCLIENT. worker/README.md ("Python") documents it."""
 from .client import Client, Handle, TopK, library
+from .link import Link
 from .errors import (AuthError, BusyError, ConnectionError, Error, InvalidArgumentError,
                      LimitError, NoTableError, StateError, TableExistsError, TimeoutError)
 from .safetensors import load_safetensors, save_safetensors
 
-__all__ = ["Client", "Handle", "TopK", "library", "Error", "TimeoutError", "InvalidArgumentError",
+__all__ = ["Client", "Handle", "TopK", "Link", "library", "Error", "TimeoutError", "InvalidArgumentError",
            "TableExistsError", "NoTableError", "LimitError", "BusyError", "AuthError",
            "StateError", "ConnectionError", "load_safetensors", "save_safetensors"]

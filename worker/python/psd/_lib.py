@@ -84,6 +84,32 @@ class TableSpec(ctypes.Structure):
 SHAPE_DIMS_MAX = 8  # PSC_SHAPE_DIMS_MAX
 
 
+class LinkConfig(ctypes.Structure):
+    """struct psc_link_config"""
+    _fields_ = [
+        ("stage", ctypes.c_uint32),
+        ("stages", ctypes.c_uint32),
+        ("listen", ctypes.c_char_p),
+        ("next", ctypes.c_char_p),
+        ("window", ctypes.c_uint32),
+        ("bytes_max", ctypes.c_uint64),
+        ("timeout_ms", ctypes.c_int),
+    ]
+
+
+class Tensor(ctypes.Structure):
+    """struct psc_tensor"""
+    _fields_ = [
+        ("step", ctypes.c_uint64),
+        ("micro", ctypes.c_uint32),
+        ("dtype", ctypes.c_int),
+        ("ndims", ctypes.c_uint32),
+        ("shape", ctypes.c_uint64 * SHAPE_DIMS_MAX),
+        ("data", ctypes.c_void_p),
+        ("eval", ctypes.c_int),
+    ]
+
+
 def _candidates():
     """Where the library may be, in the order tried."""
     env = os.environ.get("PSD_LIBPSCLIENT")
@@ -169,6 +195,15 @@ def _prototypes(lib):
         "psc_auto_workers": (c.c_int, [u64p, c.c_char_p, c.c_size_t]),
         "psc_vote": (c.c_int, [client, P(Vote), c.c_int, c.c_int, P(c.c_int)]),
         "psc_topk_select": (c.c_int, [c.c_uint64, fl, fl, fl, c.c_float, c.c_uint64, u64p, fl]),
+        "psc_link_create": (c.c_int, [P(LinkConfig), P(c.c_void_p), c.c_char_p, c.c_size_t]),
+        "psc_link_destroy": (None, [c.c_void_p]),
+        "psc_link_endpoint": (c.c_char_p, [c.c_void_p]),
+        "psc_link_wait_connected": (c.c_int, [c.c_void_p, c.c_int]),
+        "psc_link_send": (c.c_int, [c.c_void_p, c.c_int, P(Tensor)]),
+        "psc_link_recv": (c.c_int, [c.c_void_p, c.c_int, c.c_int, P(Tensor)]),
+        "psc_link_error": (c.c_char_p, [c.c_void_p]),
+        "psc_link_in_flight": (c.c_uint32, [c.c_void_p]),
+        "psc_link_bytes": (None, [c.c_void_p, u64p, u64p]),
     }
     for name, (res, args) in protos.items():
         f = getattr(lib, name)

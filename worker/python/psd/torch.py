@@ -9,13 +9,19 @@
 Each parameter is one dense table named as in model.state_dict(), with
 its shape; rank 0's initial weights become the servers'. psd.torch.Embedding
 and EmbeddingBag keep their rows in a sparse table, pulled for the
-batch's ids in forward and pushed in backward. worker/README.md ("From
-PyTorch") documents it."""
+batch's ids in forward and pushed in backward. PipelineStage,
+ScheduleGPipe and Schedule1F1B run a model split into stages, one
+process each, as torch.distributed.pipelining does, with each stage's
+weights on psd. worker/README.md ("From PyTorch") documents it."""
+import os
+import time
+
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .client import Client, TopK
+from . import link as _link
+from .client import Client, TopK, _servers_of, library
 from .errors import StateError, TimeoutError
 
 _default = None
@@ -88,8 +94,16 @@ class DistributedOptimizer:
     def __init__(self, model, optimizer="momentum", lr=0.01, *, servers=None, rank=None,
                  workers=None, client=None, bucket_bytes=1 << 20, accum_steps=1, topk=None,
                  wire_dtype="f32", timeout_ms=60000, prefix="", scaler=None, **hyper):
+        stage = model if isinstance(model, PipelineStage) else None
+        if stage is not None:  # its module, its stage's processes as the pushers
+            if accum_steps != 1:
+                raise ValueError("accum_steps: a pipeline stage sums its schedule's "
+                                 "micro-batches; other accumulation is not there yet")
+            client = stage.client if client is None else client
+            model = stage.submod
         if not isinstance(model, torch.nn.Module):
-            raise TypeError("model: a torch.nn.Module is needed (got %s)" % type(model).__name__)
+            raise TypeError("model: a torch.nn.Module or a psd.torch.PipelineStage is needed "
+                            "(got %s)" % type(model).__name__)
         if not isinstance(accum_steps, int) or accum_steps < 1:
             raise ValueError("accum_steps: an integer >= 1 is needed (got %r)" % (accum_steps,))
         if not isinstance(bucket_bytes, int) or bucket_bytes < 1:
@@ -103,13 +117,16 @@ class DistributedOptimizer:
         if scaler is not None and any(isinstance(m, _SparseRows) for m in model.modules()):
             raise ValueError("scaler: psd.torch embeddings push in backward, before a scaled "
                              "step could be checked; they do not take loss scaling yet")
+        if stage is not None and (scaler is not None or topk is not None):
+            raise ValueError("a pipeline stage does not take scaler or topk yet")
+        self._stage = stage
         self.scaler = scaler
         self.skipped = 0
         self._vote = prefix + "found_inf"
         self.client = client if client is not None else init(
             servers, rank, workers, wire_dtype=wire_dtype, timeout_ms=timeout_ms)
         self.model = model
-        self.accum_steps = accum_steps
+        self._accum = accum_steps
         self.timeout_ms = timeout_ms
         self.params = [(prefix + n, p) for n, p in model.named_parameters() if p.requires_grad]
         if not self.params:
@@ -120,8 +137,10 @@ class DistributedOptimizer:
         server_opt = "sgd" if momentum_here else optimizer
         server_hyper = {k: v for k, v in hyper.items() if not (momentum_here and k == "momentum")}
         c = self.client
+        pushers = stage.pushers if stage is not None else None
         for name, p in self.params:
-            c.create_table(name, _shape(p), server_opt, lr, await_set=True, **server_hyper)
+            c.create_table(name, _shape(p), server_opt, lr, await_set=True, pushers=pushers,
+                           **server_hyper)
         self._send = [torch.zeros_like(p, memory_format=torch.contiguous_format)
                       for _, p in self.params]
         self._recv = [torch.empty_like(p, memory_format=torch.contiguous_format)
@@ -160,10 +179,17 @@ class DistributedOptimizer:
                 self._hooks.append(node.register_hook(self._hook_for(i)))
         self.steps = 0
 
+    @property
+    def accum_steps(self):
+        """Backward passes summed into a step: accum_steps, or a pipeline
+        stage's micro-batches."""
+        return self._stage.n_microbatches if self._stage is not None else self._accum
+
     def _start(self):
-        """Rank 0 sets the initial weights; every rank pulls them."""
+        """Rank 0 (a pipeline stage: the stage's process in pipeline 0)
+        sets the initial weights; every rank pulls them."""
         c = self.client
-        if c.rank == 0:
+        if (c.rank == 0 if self._stage is None else self._stage.pipeline == 0):
             handles = []
             for name, p in self.params:
                 handles.append((name, c.set_weights(name, p.detach().contiguous().reshape(-1))))
@@ -195,7 +221,9 @@ class DistributedOptimizer:
 
     def _send_bucket(self, b, unscale=1.0):
         c = self.client
-        scale = unscale / self.accum_steps
+        # a pipeline's schedule scales each micro-batch's loss by 1/M: the
+        # sum of its micro-batches' gradients is the step's
+        scale = unscale / (1 if self._stage is not None else self.accum_steps)
         with torch.no_grad():
             for i in self.buckets[b]:
                 g = self.params[i][1].grad
@@ -459,3 +487,226 @@ class EmbeddingBag(_SparseRows):
         rows, idx = self._rows(input)
         return F.embedding_bag(idx, rows, offsets, mode=self.mode,
                                per_sample_weights=per_sample_weights)
+
+
+class PipelineStage:
+    """Stage stage_index of num_stages of a pipeline: this process runs
+    submodule, a contiguous run of the model's layers given explicitly (no
+    tracer), as torch.distributed.pipelining.PipelineStage does. Several
+    pipelines (workers / num_stages of them) train one model: the process
+    of rank r is stage r % num_stages of pipeline r // num_stages, so
+    stage_index must be rank % num_stages.
+
+    endpoints: where each rank's stage listens, rank 0 first (a list, or
+    text with hostlist ranges as servers takes; default the
+    PSD_STAGE_ENDPOINTS environment variable); this stage listens at the
+    port of its own entry on every interface (listen= to choose) and
+    connects to rank + 1's. stage_timeout_ms: a neighbour silent this long
+    (no ZeroMQ heartbeat) is gone; timeout_ms: the longest wait for a
+    neighbour that is there. bytes_max: the largest tensor either way.
+
+    Train its weights with DistributedOptimizer(stage, ...): its tables
+    are named as submodule.state_dict() names them (an nn.Sequential
+    sliced from the whole keeps the whole's names, so psctl export loads
+    into the unsplit model; prefix= on the optimizer otherwise), pushed
+    by this stage's processes alone, and the process in pipeline 0 sets
+    their initial weights. A schedule (ScheduleGPipe, Schedule1F1B) runs
+    its steps."""
+
+    def __init__(self, submodule, stage_index, num_stages, device=None, *, endpoints=None,
+                 listen=None, client=None, servers=None, rank=None, workers=None,
+                 timeout_ms=60000, stage_timeout_ms=2000, bytes_max=64 << 20):
+        if not isinstance(submodule, torch.nn.Module):
+            raise TypeError("submodule: a torch.nn.Module is needed (got %s)"
+                            % type(submodule).__name__)
+        if device is not None and torch.device(device).type != "cpu":
+            raise TypeError("device: the CPU only, for now (got %s)" % device)
+        if not isinstance(num_stages, int) or num_stages < 2:
+            raise ValueError("num_stages: 2 or more (got %r)" % (num_stages,))
+        if not isinstance(stage_index, int) or not 0 <= stage_index < num_stages:
+            raise ValueError("stage_index: 0 to %d (got %r)" % (num_stages - 1, stage_index))
+        self.client = client if client is not None else init(servers, rank, workers,
+                                                             timeout_ms=timeout_ms)
+        c = self.client
+        if c.workers % num_stages != 0:
+            raise ValueError("workers=%d is not a multiple of num_stages=%d: each pipeline has "
+                             "one process per stage" % (c.workers, num_stages))
+        if c.rank % num_stages != stage_index:
+            raise ValueError("rank %d runs stage %d of %d (rank %% num_stages), not stage %d"
+                             % (c.rank, c.rank % num_stages, num_stages, stage_index))
+        self.submod = submodule
+        self.stage_index, self.num_stages = stage_index, num_stages
+        self.is_first, self.is_last = stage_index == 0, stage_index == num_stages - 1
+        self.pipeline, self.pipelines = c.rank // num_stages, c.workers // num_stages
+        self.pushers = [p * num_stages + stage_index for p in range(self.pipelines)]
+        if endpoints is None:
+            endpoints = os.environ.get("PSD_STAGE_ENDPOINTS")
+            if not endpoints:
+                raise ValueError("endpoints: none given, and PSD_STAGE_ENDPOINTS is not set")
+        lib, _ = library()
+        self.endpoints = _servers_of(lib, endpoints)
+        if len(self.endpoints) != c.workers:
+            raise ValueError("endpoints: %d given; workers=%d takes one per rank"
+                             % (len(self.endpoints), c.workers))
+        if listen is None and not self.is_first:
+            port = self.endpoints[c.rank].rsplit(":", 1)
+            if len(port) != 2 or not port[1]:
+                raise ValueError("endpoints: %r has no port" % self.endpoints[c.rank])
+            listen = "tcp://*:" + port[1]
+        self._listen = listen
+        self._next = None if self.is_last else self.endpoints[c.rank + 1]
+        self.timeout_ms = int(timeout_ms)
+        self.stage_timeout_ms = int(stage_timeout_ms)
+        self.bytes_max = int(bytes_max)
+        self.link = None
+        self.n_microbatches = 1
+        self.activations_held = self.activations_held_max = 0
+        self.idle_seconds = 0.0
+
+    def _connect(self, window):
+        """The link, made by the first schedule (which knows the window)."""
+        if self.link is None:
+            self.link = _link.Link(self.stage_index, self.num_stages, listen=self._listen,
+                                   next=self._next, window=window, bytes_max=self.bytes_max,
+                                   timeout_ms=self.stage_timeout_ms)
+            self.link.wait_connected(self.timeout_ms)
+
+    def _recv(self, direction, step, micro, eval_):
+        t0 = time.monotonic()
+        a, s, m, e = self.link.recv(direction, self.timeout_ms)
+        self.idle_seconds += time.monotonic() - t0
+        if (s, m, e) != (step, micro, eval_):
+            kind = lambda e_: "evaluation" if e_ else "training"  # noqa: E731
+            raise RuntimeError(
+                "stage %d: stage %d sent %s micro-batch %d of step %d; this stage expected %s "
+                "micro-batch %d of step %d (are the stages run with the same schedule and "
+                "n_microbatches?)" % (self.stage_index, self.stage_index + (1 if direction else
+                                      -1), kind(e), m, s, kind(eval_), micro, step))
+        return torch.from_numpy(a)
+
+    def _send(self, direction, t, step, micro, eval_):
+        self.link.send(direction, t.detach().contiguous().numpy(), step, micro, eval_)
+
+    def close(self):
+        if self.link is not None:
+            self.link.close()
+            self.link = None
+
+
+class _Schedule:
+    """A step of n_microbatches micro-batches through a PipelineStage."""
+
+    gpipe = False
+
+    def __init__(self, stage, n_microbatches, loss_fn=None):
+        if not isinstance(stage, PipelineStage):
+            raise TypeError("stage: a psd.torch.PipelineStage is needed (got %s)"
+                            % type(stage).__name__)
+        if not isinstance(n_microbatches, int) or not 1 <= n_microbatches <= 1024:
+            raise ValueError("n_microbatches: 1 to 1024 (got %r)" % (n_microbatches,))
+        if stage.is_last and loss_fn is None:
+            raise ValueError("loss_fn: the last stage computes the loss")
+        self.stage, self.m, self.loss_fn = stage, n_microbatches, loss_fn
+        p, s = stage.num_stages, stage.stage_index
+        self.held = n_microbatches if self.gpipe else min(p - s, n_microbatches)
+        stage.n_microbatches = n_microbatches
+        stage._connect(self.held)
+        self._step = 0
+        self._evals = 0
+
+    def order(self):
+        """This stage's passes of a step: +1 + j a forward, -1 - j a
+        backward, of micro-batch j (psworker's pipe.c, the same)."""
+        m, p, s = self.m, self.stage.num_stages, self.stage.stage_index
+        if self.gpipe:
+            return list(range(1, m + 1)) + [-j for j in range(1, m + 1)]
+        warm, out, f, b = min(p - s - 1, m), [], 0, 0
+        while f < warm:
+            f += 1
+            out.append(f)
+        while b < m:
+            if f < m:
+                f += 1
+                out.append(f)
+            b += 1
+            out.append(-b)
+        return out
+
+    def _chunks(self, x, what):
+        if x is None or not torch.is_tensor(x):
+            raise ValueError("step: the %s is a tensor" % what)
+        if x.shape[0] % self.m != 0:
+            raise ValueError("step: the %s's %d rows do not split into %d micro-batches"
+                             % (what, x.shape[0], self.m))
+        return x.chunk(self.m)
+
+    def step(self, *args, target=None, losses=None):
+        """One step: the first stage gives the batch (step(x)), the last
+        the targets (step(target=y), losses=[] to get each micro-batch's
+        loss), the ones between nothing. Each micro-batch's loss is
+        scaled by 1/n_microbatches, so the summed gradients are the whole
+        batch's; the last stage returns the outputs, concatenated."""
+        st = self.stage
+        xs = self._chunks(args[0] if args else None, "input") if st.is_first else None
+        ys = self._chunks(target, "target") if st.is_last else None
+        if not st.is_first and args:
+            raise ValueError("step: only the first stage takes the input")
+        saved, outs = {}, [None] * self.m
+        fwd, bwd = _link.FORWARD, _link.BACKWARD
+        for op in self.order():
+            j = abs(op) - 1
+            if op > 0:
+                x = xs[j] if st.is_first else \
+                    st._recv(fwd, self._step, j, False).requires_grad_(True)
+                y = st.submod(x)
+                if not st.is_last:
+                    st._send(fwd, y, self._step, j, False)
+                saved[j] = (x, y)
+                st.activations_held += 1
+                st.activations_held_max = max(st.activations_held_max, st.activations_held)
+                continue
+            x, y = saved.pop(j)
+            if st.is_last:
+                loss = self.loss_fn(y, ys[j])
+                if losses is not None:
+                    losses.append(loss.detach())
+                outs[j] = y.detach()
+                (loss / self.m).backward()
+            else:
+                y.backward(st._recv(bwd, self._step, j, False))
+            if not st.is_first:
+                st._send(bwd, x.grad, self._step, j, False)
+            st.activations_held -= 1
+        self._step += 1
+        return torch.cat(outs) if st.is_last else None
+
+    def eval(self, x=None):
+        """Forward only, no gradient: the first stage gives x, the last
+        returns the output (the others None). For evaluation."""
+        st = self.stage
+        fwd = _link.FORWARD
+        with torch.no_grad():
+            if st.is_first:
+                if x is None:
+                    raise ValueError("eval: the first stage gives the input")
+            else:
+                x = st._recv(fwd, self._step, self._evals, True)
+            y = st.submod(x)
+            if not st.is_last:
+                st._send(fwd, y, self._step, self._evals, True)
+        self._evals += 1
+        return y if st.is_last else None
+
+
+class ScheduleGPipe(_Schedule):
+    """GPipe: every micro-batch's forward, then every backward (in
+    micro-batch order): each stage holds n_microbatches' activations."""
+
+    gpipe = True
+
+
+class Schedule1F1B(_Schedule):
+    """1F1B: the forwards that fill the pipeline below this stage, then one
+    forward and one backward in turn: stage s holds min(num_stages - s,
+    n_microbatches) micro-batches' activations. The backwards run in
+    micro-batch order, as GPipe's, so the two give the same bits."""

@@ -1,0 +1,132 @@
+"""psd.Link: the link between neighbouring stages of a pipeline
+(libpsclient's psc_link; worker/README.md, "Links between pipeline
+stages"). Stage s sends a micro-batch's activations forward to s + 1 and
+receives their gradient back; every message carries its step,
+micro-batch, dtype and shape, and the receiver checks them against its
+bytes_max before it hands them over. psd.torch.PipelineStage is built on
+it; this class is for pipelines of other frameworks."""
+import ctypes
+
+import numpy as np
+
+from . import _lib
+from .client import library
+from .errors import error
+
+FORWARD, BACKWARD = 0, 1  # enum psc_link_dir
+
+_DTYPES = {np.dtype(np.float32): 0, np.dtype(np.float16): 1}  # enum psc_dtype
+_NUMPY = {0: np.float32, 1: np.float16}
+
+
+class Link:
+    """One process's link to the stages before and after it.
+
+    stage, stages: this stage (0-based) and the pipeline's count (>= 2);
+    listen: stage > 0, where stage - 1 connects ("tcp://*:5590"; port 0
+    picks one: endpoint); next: stage < stages - 1, where stage + 1
+    listens; window: activations sent whose gradient has not come back, at
+    most (1..1024); bytes_max: the largest tensor either way; timeout_ms:
+    a neighbour silent this long (no ZeroMQ heartbeat) is gone."""
+
+    def __init__(self, stage, stages, *, listen=None, next=None, window=1, bytes_max=64 << 20,
+                 timeout_ms=2000):
+        self._l = None
+        self._lib, _ = library()
+        self._keep = [s.encode() if s is not None else None for s in (listen, next)]
+        cfg = _lib.LinkConfig(stage=int(stage), stages=int(stages), listen=self._keep[0],
+                              next=self._keep[1], window=int(window), bytes_max=int(bytes_max),
+                              timeout_ms=int(timeout_ms))
+        handle = ctypes.c_void_p()
+        err = ctypes.create_string_buffer(512)
+        rc = self._lib.psc_link_create(ctypes.byref(cfg), ctypes.byref(handle), err, len(err))
+        if rc != 0:
+            raise error(rc, self._lib.psc_err_name(rc).decode(), err.value.decode(errors="replace"))
+        self._l = handle
+        self.stage, self.stages = int(stage), int(stages)
+
+    def _raise(self, rc):
+        raise error(rc, self._lib.psc_err_name(rc).decode(),
+                    self._lib.psc_link_error(self._l).decode(errors="replace"))
+
+    def _open(self):
+        if self._l is None:
+            raise ValueError("the link is closed")
+        return self._l
+
+    @property
+    def endpoint(self):
+        """Where this stage listens for the one before ("" for stage 0)."""
+        return self._lib.psc_link_endpoint(self._open()).decode()
+
+    @property
+    def in_flight(self):
+        """Activations sent whose gradient has not come back."""
+        return self._lib.psc_link_in_flight(self._open())
+
+    def bytes(self):
+        """(sent, received): bytes of tensors to and from the neighbours."""
+        s, r = ctypes.c_uint64(), ctypes.c_uint64()
+        self._lib.psc_link_bytes(self._open(), ctypes.byref(s), ctypes.byref(r))
+        return s.value, r.value
+
+    def wait_connected(self, timeout_ms):
+        """Waits until both neighbours have connected; psd.TimeoutError
+        names those that have not."""
+        rc = self._lib.psc_link_wait_connected(self._open(), int(timeout_ms))
+        if rc != 0:
+            self._raise(rc)
+
+    def send(self, direction, array, step, micro, eval=False):
+        """Sends array (float32 or float16, C-contiguous, 1 to 8
+        dimensions) toward direction (FORWARD: to stage + 1, BACKWARD: to
+        stage - 1); the values are copied."""
+        a = np.ascontiguousarray(array)
+        if a.dtype not in _DTYPES:
+            raise TypeError("send: float32 or float16 values (got %s)" % a.dtype)
+        if not 1 <= a.ndim <= _lib.SHAPE_DIMS_MAX:
+            raise ValueError("send: 1 to %d dimensions (got %d)" % (_lib.SHAPE_DIMS_MAX, a.ndim))
+        t = _lib.Tensor(step=int(step), micro=int(micro), dtype=_DTYPES[a.dtype], ndims=a.ndim,
+                        data=a.ctypes.data, eval=1 if eval else 0)
+        for i, d in enumerate(a.shape):
+            t.shape[i] = d
+        rc = self._lib.psc_link_send(self._open(), int(direction), ctypes.byref(t))
+        if rc != 0:
+            self._raise(rc)
+
+    def recv(self, direction, timeout_ms):
+        """The next tensor from direction (FORWARD: activations from stage
+        - 1, BACKWARD: a gradient from stage + 1), waiting up to
+        timeout_ms (< 0: as long as the neighbour is there): (array, step,
+        micro, eval), the array a copy of its own. psd.ConnectionError
+        when the neighbour is gone, psd.TimeoutError when it sent nothing
+        in time, another psd.Error when what it sent is refused (it is
+        told why)."""
+        t = _lib.Tensor()
+        rc = self._lib.psc_link_recv(self._open(), int(direction), int(timeout_ms),
+                                     ctypes.byref(t))
+        if rc != 0:
+            self._raise(rc)
+        shape = tuple(t.shape[i] for i in range(t.ndims))
+        dt = np.dtype(_NUMPY[t.dtype]) if t.dtype in _NUMPY else None
+        if dt is None:
+            raise TypeError("recv: a tensor of dtype %d (bf16), which numpy has not" % t.dtype)
+        n = int(np.prod(shape, dtype=np.int64))
+        buf = (ctypes.c_char * (n * dt.itemsize)).from_address(t.data)
+        return np.frombuffer(buf, dt).reshape(shape).copy(), t.step, t.micro, bool(t.eval)
+
+    def close(self):
+        """Closes the link; what was sent still goes, for up to timeout_ms,
+        unless its neighbour is gone."""
+        if self._l is not None:
+            self._lib.psc_link_destroy(self._l)
+            self._l = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        self.close()
