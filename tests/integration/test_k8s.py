@@ -60,7 +60,7 @@ def kustomize_checks(tmp):
                                                                               who)],
                            capture_output=True, text=True)
         check(r.returncode == 0, "psd --keygen makes the %s key pair (%s)" % (who, r.stderr))
-    for overlay in ("base", "gpu"):
+    for overlay in ("base", "gpu", "pipeline"):
         r = subprocess.run([kubectl, "kustomize", os.path.join(d, overlay)], capture_output=True,
                            text=True, timeout=120)
         check(r.returncode == 0, "kubectl kustomize renders deploy/k8s/%s (%s)"
@@ -80,6 +80,17 @@ def kustomize_checks(tmp):
                   and "--device=cuda" in ctr["args"] and ctr["image"].endswith(":cuda"),
                   "the GPU overlay's workers ask for one GPU each, run --device=cuda on the CUDA "
                   "image")
+        if overlay == "pipeline":
+            ctr = job["containers"][0]
+            counts = [x for x in docs if x["kind"] == "ConfigMap" and
+                      x["metadata"]["name"] == "psd-counts"][0]["data"]
+            check(job.get("subdomain") == "psworker-stages" and "--stages=2" in ctr["args"] and
+                  any(a.startswith("--stage-endpoints=tcp://psworker-[0-$(PSD_LAST_RANK)]")
+                      for a in ctr["args"]) and counts.get("workers") == "4"
+                  and any(x["kind"] == "Service" and x["metadata"]["name"] == "psworker-stages"
+                          and x["spec"].get("clusterIP") == "None" for x in docs),
+                  "the pipeline overlay's workers are stages that find each other by name "
+                  "through a headless Service, 4 of them")
     # the counts, set in one place, reach every field that needs them
     k = os.path.join(d, "base", "kustomization.yaml")
     text = open(k).read().replace("shards=2", "shards=3").replace("last-shard=1", "last-shard=2")
@@ -95,7 +106,7 @@ def kustomize_checks(tmp):
 
 
 def main(tmp):
-    c = checker(os.path.join(K8S, "base"), os.path.join(K8S, "gpu"))
+    c = checker(os.path.join(K8S, "base"), os.path.join(K8S, "gpu"), os.path.join(K8S, "pipeline"))
     check(c.returncode == 0, "deploy/k8s passes the checker: %s" % (c.stdout + c.stderr).strip())
     cases = [
         ("no-api", "psd.yaml", lambda d: sts(d).pop("apiVersion"), "apiVersion None"),
