@@ -7,6 +7,7 @@
 #include "report.h"
 
 #include "ps_clock.h"
+#include "ps_curve.h"
 #include "ps_err.h"
 #include "ps_limits.h"
 #include "ps_notify.h"
@@ -196,13 +197,15 @@ static int recv_tensor(struct trainer *tr, int dir, struct psc_tensor *t)
     }
     tr->stage.idle_s += ps_mono_s() - t0;
     if (rc == PS_ETIMEDOUT) {
+        /* the link's error then names who never connected, and why */
         int never = psc_link_wait_connected(pp->link, 0) != 0;
         PS_LOG(&tr->log, PS_LOG_ERROR, W0320,
-               "stage %u of %u: stage %u sent nothing for %llu ms (--timeout-ms)%s", pp->s, pp->p,
+               "stage %u of %u: stage %u sent nothing for %llu ms (--timeout-ms)%s%s", pp->s, pp->p,
                dir == PSC_LINK_FORWARD ? pp->s - 1 : pp->s + 1,
                (unsigned long long)tr->cfg.timeout_ms,
-               never ? ": it never connected (is it running, at its --stage-endpoints entry?)"
-                     : ", though it is connected: is it stuck?");
+               never ? ": is it running, at its --stage-endpoints entry? "
+                     : ", though it is connected: is it stuck?",
+               never ? psc_link_error(pp->link) : "");
         return rc;
     }
     return rc != 0 ? link_failed(tr, rc) : 0;
@@ -365,7 +368,21 @@ int psw_pipe_start(struct trainer *tr, char *err, size_t errlen)
     char listen[PS_ENDPOINT_MAX + 16];
     if ((rc = listen_at(c, eps[c->rank], listen, sizeof listen, err, errlen)) != 0)
         return rc;
+    /* with --curve-secret, the stages encrypt with the workers' key pair
+     * and admit only its public key: every stage holds the same pair, as
+     * deploy/ gives every worker */
+    struct ps_curve_keys mine, server;
+    if ((rc = ps_curve_client(c->curve_secret, c->curve_server_key, &mine, &server, err, errlen)) !=
+        0)
+        return rc;
+    const char *allow[1] = {mine.pub};
+    int curve = mine.pub[0] != '\0';
     struct psc_link_config lc = {
+        .curve_public = curve ? mine.pub : NULL,
+        .curve_secret = curve ? mine.sec : NULL,
+        .curve_server_key = curve && pp->s + 1 < pp->p ? mine.pub : NULL,
+        .curve_allow = curve && pp->s > 0 ? allow : NULL,
+        .ncurve_allow = curve && pp->s > 0 ? 1 : 0,
         .stage = pp->s,
         .stages = pp->p,
         .listen = pp->s > 0 ? listen : NULL,
@@ -383,8 +400,9 @@ int psw_pipe_start(struct trainer *tr, char *err, size_t errlen)
         snprintf(next, sizeof next, "%s connects to stage %u at %s", pp->s > 0 ? "," : "",
                  pp->s + 1, lc.next);
     PS_LOG(&tr->log, PS_LOG_INFO, W0021,
-           "stage %u of %u%s%s; %s, %u micro-batches of %d rows, at most %u held", pp->s, pp->p,
-           prev, next, pp->gpipe ? "gpipe" : "1f1b", pp->m, pp->rows, pp->slots);
+           "stage %u of %u%s%s; %s, %u micro-batches of %d rows, at most %u held%s", pp->s, pp->p,
+           prev, next, pp->gpipe ? "gpipe" : "1f1b", pp->m, pp->rows, pp->slots,
+           curve ? "; CURVE with the workers' key pair" : "");
     rc = agree(tr);
     tr->stage.idle_s = 0; /* waiting for the neighbours to start is not the bubble */
     return rc != 0 ? ps_errf(PS_EINVAL, err, errlen, "the stages do not agree (above)") : 0;

@@ -5,8 +5,10 @@ float rounding, and GPipe and 1F1B give the same bits; 3 stages hold at
 most min(P - s, M) micro-batches' activations under 1F1B and M under
 GPipe (the counter in the summary); fewer micro-batches than stages
 trains; a stage killed mid-run is named by its neighbours and every
-process of the run exits; bad splits and mismatched stages are refused
-with an error that says what is wrong."""
+process of the run exits; with CURVE the stages encrypt with the
+workers' key pair and a stage holding another pair is refused by name;
+bad splits and mismatched stages are refused with an error that says
+what is wrong."""
 import array
 import json
 import os
@@ -37,10 +39,10 @@ def free_ports(n):
     return ports
 
 
-def start_psd(tmp, name, workers):
+def start_psd(tmp, name, workers, extra=()):
     ep = os.path.join(tmp, name + ".ep")
     spawn([PSD, "--listen", "tcp://127.0.0.1:0", "--endpoint-file", ep, "--workers",
-           str(workers), "--consistency", "bsp"], os.path.join(tmp, name + ".log"))
+           str(workers), "--consistency", "bsp"] + list(extra), os.path.join(tmp, name + ".log"))
     return poll(lambda: os.path.exists(ep) and open(ep).read().strip(), name + "'s endpoint")
 
 
@@ -168,6 +170,54 @@ def killed_stage(tmp):
               "stage %d's error names stage 1 as gone" % r)
 
 
+def curve(tmp):
+    keys = os.path.join(tmp, "keys")
+    allow = os.path.join(tmp, "allow")
+    os.makedirs(allow)
+    for who in ("server", "worker", "other"):
+        r = subprocess.run([PSD, "--keygen", os.path.join(keys, who)], capture_output=True,
+                           text=True)
+        if r.returncode != 0:
+            os.makedirs(keys, exist_ok=True)
+            r = subprocess.run([PSD, "--keygen", os.path.join(keys, who)], capture_output=True,
+                               text=True)
+        check(r.returncode == 0, "psd --keygen %s (%s)" % (who, r.stderr.strip()))
+    for who in ("worker", "other"):  # psd admits both; the stages only their own pair
+        with open(os.path.join(keys, who + ".pub")) as f, \
+                open(os.path.join(allow, who + ".pub"), "w") as g:
+            g.write(f.read())
+    ep = start_psd(tmp, "curve-psd", 2, ["--curve-secret", os.path.join(keys, "server"),
+                                         "--curve-allow", allow])
+    if not ep:
+        return
+    sk = ["--curve-server-key", os.path.join(keys, "server.pub")]
+    procs, sums = workers(tmp, "curve", ep, 2, ["--max-steps", "5", "--curve-secret",
+                                               os.path.join(keys, "worker")] + sk, 2)
+    codes = wait_all(procs)
+    log0 = open(os.path.join(tmp, "curve-0.log")).read()
+    check(codes == [0, 0] and "CURVE with the workers' key pair" in log0,
+          "2 stages train with CURVE between them (%s)" % codes)
+    # stage 0 with another key pair: it takes its own public key for stage
+    # 1's, so the handshake fails, and both stages say so
+    ep = start_psd(tmp, "curve2-psd", 2, ["--curve-secret", os.path.join(keys, "server"),
+                                          "--curve-allow", allow])
+    if not ep:
+        return
+    eps = ",".join("tcp://127.0.0.1:%d" % p for p in free_ports(2))
+    base = [PSW, "--servers", ep, "--workers", "2", "--stages", "2", "--layers", LAYERS,
+            "--device", "cpu", "--stage-endpoints", eps, "--timeout-ms", "3000"] + sk
+    p0 = spawn(base + ["--rank", "0", "--curve-secret", os.path.join(keys, "other")],
+               os.path.join(tmp, "curve2-0.log"))
+    p1 = spawn(base + ["--rank", "1", "--curve-secret", os.path.join(keys, "worker")],
+               os.path.join(tmp, "curve2-1.log"))
+    codes = wait_all([p0, p1], timeout=60)
+    t0 = open(os.path.join(tmp, "curve2-0.log")).read()
+    t1 = open(os.path.join(tmp, "curve2-1.log")).read()
+    check(codes[0] not in (None, 0) and codes[1] not in (None, 0) and
+          "a handshake failed" in t0 and "a handshake failed" in t1,
+          "a stage of another key pair is refused, and both stages say so (%s)" % codes)
+
+
 def refused(tmp):
     ep = start_psd(tmp, "bad-psd", 2)
     if not ep:
@@ -224,6 +274,7 @@ def main():
         equal_to_unpipelined(tmp)
         activations_held(tmp)
         killed_stage(tmp)
+        curve(tmp)
         refused(tmp)
     finally:
         reap()

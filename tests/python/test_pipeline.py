@@ -157,3 +157,38 @@ def test_wrong_arguments_are_refused(cluster):
         with pytest.raises(ValueError, match="accum_steps: a pipeline stage"):
             psd.torch.DistributedOptimizer(st, "sgd", accum_steps=2)
         st.close()
+
+
+def test_curve_between_stages(cluster):
+    """Stages that share a key pair train with CURVE between them; a
+    stage whose pair is another is refused in the handshake, and its
+    neighbour's wait says so."""
+    zmq = pytest.importorskip("zmq")
+    pair = tuple(k.decode() for k in zmq.curve_keypair())
+    other = tuple(k.decode() for k in zmq.curve_keypair())
+    servers = cluster.start(1, ["--workers", "2", "--consistency", "bsp"])
+    eps = free_endpoints(2)
+    whole = model()
+    x, y = data()
+
+    def run(s):
+        with psd.Client(servers, s, 2) as c:
+            st = psd.torch.PipelineStage(whole[[0, 2][s]:[2, 5][s]], s, 2, client=c,
+                                         endpoints=eps, curve_keypair=pair)
+            sched = psd.torch.ScheduleGPipe(st, 2, loss_fn=F.cross_entropy)
+            out = sched.step(x[0]) if s == 0 else sched.step(target=y[0])
+            st.close()
+            return out
+
+    out = in_threads(run, 2)
+    assert out[1] is not None and out[1].shape == (BATCH, 5)
+
+    eps = free_endpoints(2)
+    with psd.Link(1, 2, listen=eps[1], curve_keypair=pair) as b, \
+            psd.Link(0, 2, next=eps[1], curve_keypair=other) as a:
+        for _ in range(10):  # one thread plays both: the handshake needs b's handler
+            with pytest.raises(psd.TimeoutError):
+                b.wait_connected(50)
+            with pytest.raises(psd.TimeoutError) as e:
+                a.wait_connected(50)
+        assert "handshake failed" in str(e.value)

@@ -365,6 +365,106 @@ static void test_dead_neighbour_is_named(void **state)
     psc_link_destroy(a);
 }
 
+/* A CURVE pair of stages: a stage of another key, and one without
+ * CURVE, never connect, and the waits for them say why. */
+struct keys {
+    char pub[41], sec[41];
+};
+
+static struct psc_link *curve_stage(uint32_t s, const char *next, const struct keys *k,
+                                    const char *server_key, const char *allow)
+{
+    const char *allow_list[1] = {allow};
+    struct psc_link_config cfg = {.stage = s,
+                                  .stages = 2,
+                                  .listen = s > 0 ? "tcp://127.0.0.1:0" : NULL,
+                                  .next = next,
+                                  .window = 2,
+                                  .bytes_max = 1 << 10};
+    if (k != NULL) {
+        cfg.curve_public = k->pub;
+        cfg.curve_secret = k->sec;
+        cfg.curve_server_key = server_key;
+        cfg.curve_allow = allow != NULL ? allow_list : NULL;
+        cfg.ncurve_allow = allow != NULL;
+    }
+    struct psc_link *l = NULL;
+    char err[512];
+    if (psc_link_create(&cfg, &l, err, sizeof err) != 0)
+        fail_msg("stage %u: %s", s, err);
+    return l;
+}
+
+/* Waits for a and b, each in turn (one thread plays both processes: a
+ * CURVE handshake waits for the listening stage's handler, which runs in
+ * its calls). Returns a's and b's last results in ra, rb. */
+static void both_connected(struct psc_link *a, struct psc_link *b, int ms, int *ra, int *rb)
+{
+    for (int waited = 0; waited < ms; waited += 100) {
+        *rb = psc_link_wait_connected(b, 50);
+        *ra = psc_link_wait_connected(a, 50);
+        if (*ra == 0 && *rb == 0)
+            return;
+    }
+}
+
+static void test_curve_between_stages(void **state)
+{
+    (void)state;
+    struct keys a, b, other;
+    assert_int_equal(zmq_curve_keypair(a.pub, a.sec), 0);
+    assert_int_equal(zmq_curve_keypair(b.pub, b.sec), 0);
+    assert_int_equal(zmq_curve_keypair(other.pub, other.sec), 0);
+    struct psc_link *lb = curve_stage(1, NULL, &b, NULL, a.pub); /* admits a's key only */
+    struct psc_link *la = curve_stage(0, psc_link_endpoint(lb), &a, b.pub, NULL);
+    int ra = -1, rb = -1;
+    both_connected(la, lb, 5000, &ra, &rb);
+    assert_int_equal(ra, 0);
+    assert_int_equal(rb, 0);
+    float x[4] = {1, 2, 3, 4};
+    struct psc_tensor t = tensor(0, 0, 1, 4, x), r;
+    assert_int_equal(psc_link_send(la, PSC_LINK_FORWARD, &t), 0);
+    assert_int_equal(psc_link_recv(lb, PSC_LINK_FORWARD, 5000, &r), 0);
+    assert_memory_equal(r.data, x, sizeof x);
+    psc_link_destroy(la);
+    psc_link_destroy(lb);
+
+    /* another key: refused in the handshake, named on both sides */
+    lb = curve_stage(1, NULL, &b, NULL, a.pub);
+    struct psc_link *lo = curve_stage(0, psc_link_endpoint(lb), &other, b.pub, NULL);
+    both_connected(lo, lb, 1500, &ra, &rb);
+    assert_int_equal(ra, PS_ETIMEDOUT);
+    assert_non_null(strstr(psc_link_error(lo), "refused this stage's CURVE key"));
+    assert_int_equal(rb, PS_ETIMEDOUT);
+    assert_non_null(strstr(psc_link_error(lb), "a CURVE key this stage does not admit"));
+    psc_link_destroy(lo);
+
+    /* no CURVE at all, toward a stage that has it */
+    struct psc_link *lp = curve_stage(0, psc_link_endpoint(lb), NULL, NULL, NULL);
+    both_connected(lp, lb, 1500, &ra, &rb);
+    assert_int_equal(ra, PS_ETIMEDOUT);
+    assert_int_equal(rb, PS_ETIMEDOUT);
+    assert_non_null(strstr(psc_link_error(lb), "handshake failed"));
+    psc_link_destroy(lp);
+    psc_link_destroy(lb);
+
+    /* keys that are not keys */
+    struct psc_link_config bad = {.stage = 1,
+                                  .stages = 2,
+                                  .listen = "tcp://127.0.0.1:0",
+                                  .bytes_max = 64,
+                                  .curve_public = "short",
+                                  .curve_secret = b.sec};
+    char err[256];
+    struct psc_link *l = NULL;
+    assert_int_equal(psc_link_create(&bad, &l, err, sizeof err), PS_EINVAL);
+    assert_non_null(strstr(err, "40 Z85 characters"));
+    bad.curve_public = b.pub; /* no key to admit */
+    assert_int_equal(psc_link_create(&bad, &l, err, sizeof err), PS_EINVAL);
+    assert_non_null(strstr(err, "curve_allow"));
+    assert_null(l);
+}
+
 /* Bad configurations are refused by name. */
 static void test_config_refused(void **state)
 {
@@ -400,6 +500,7 @@ int main(void)
         cmocka_unit_test(test_refusal_reaches_the_sender),
         cmocka_unit_test(test_never_connected),
         cmocka_unit_test(test_dead_neighbour_is_named),
+        cmocka_unit_test(test_curve_between_stages),
         cmocka_unit_test(test_config_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

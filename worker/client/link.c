@@ -34,6 +34,7 @@ struct side {
     uint32_t stage;                 /* the neighbour's */
     char endpoint[PS_ENDPOINT_MAX]; /* bound (previous) or connected to (next) */
     int up, gone;                   /* connected once; its connection dropped since */
+    char why[192];                  /* a handshake that failed ("": none) */
     zmq_msg_t held;                 /* the last tensor received from it */
     uint64_t sent, received;        /* bytes of values */
 };
@@ -44,6 +45,10 @@ struct psc_link {
     int timeout_ms;
     uint64_t bytes_max;
     struct side prev, next; /* stage - 1 (it connects here), stage + 1 (this one connects) */
+    void *zap;              /* CURVE: the handler admitting stage - 1's keys */
+    uint8_t allow[PSC_LINK_ALLOW_MAX][32];
+    size_t nallow;
+    uint64_t refused; /* handshakes the handler refused */
     struct ps_arena arena;
     unsigned char arena_buf[LINK_ARENA_BYTES];
     uint8_t hdr_buf[PS_HEADER_BYTES_MAX];
@@ -78,6 +83,16 @@ void psc_link_bytes(const struct psc_link *l, uint64_t *sent, uint64_t *received
     *received = l->prev.received + l->next.received;
 }
 
+size_t psc_link_config_bytes(void)
+{
+    return sizeof(struct psc_link_config);
+}
+
+size_t psc_tensor_bytes(void)
+{
+    return sizeof(struct psc_tensor);
+}
+
 uint32_t psc_link_in_flight(const struct psc_link *l)
 {
     return l->in_flight;
@@ -105,11 +120,60 @@ static int open_side(struct psc_link *l, struct side *s, const char *name, int t
                     zmq_strerror(errno));
     char mon[64];
     snprintf(mon, sizeof mon, "inproc://psc-link-%p-%s", (void *)l, name);
-    if (zmq_socket_monitor(
-            s->sock, mon, ZMQ_EVENT_CONNECTED | ZMQ_EVENT_ACCEPTED | ZMQ_EVENT_DISCONNECTED) != 0 ||
+    int events = ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_DISCONNECTED |
+                 ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
+                 ZMQ_EVENT_HANDSHAKE_FAILED_AUTH;
+    if (zmq_socket_monitor(s->sock, mon, events) != 0 ||
         (s->mon = zmq_socket(l->ctx, ZMQ_PAIR)) == NULL || zmq_connect(s->mon, mon) != 0)
         return fail(l, PS_EZMQ, "link: cannot watch the connection to stage %u: %s", s->stage,
                     zmq_strerror(errno));
+    return 0;
+}
+
+/* A Z85 key of 40 characters, decoded into 32 bytes. */
+static int z85_key(const char *k, uint8_t *out)
+{
+    return k != NULL && strlen(k) == 40 && zmq_z85_decode(out, k) != NULL;
+}
+
+/* CURVE on the sockets (cfg's keys checked): stage - 1's socket a server
+ * whose handler admits the allow list, stage + 1's a client of its key. */
+static int curve(struct psc_link *l, const struct psc_link_config *cfg, int first, int last,
+                 char *err, size_t errlen)
+{
+    uint8_t pub[32], sec[32], srv[32];
+    if (!z85_key(cfg->curve_public, pub) || !z85_key(cfg->curve_secret, sec))
+        return ps_errf(PS_EINVAL, err, errlen,
+                       "link: curve_public and curve_secret: this stage's key pair, 40 Z85 "
+                       "characters each");
+    if (!last && !z85_key(cfg->curve_server_key, srv))
+        return ps_errf(PS_EINVAL, err, errlen,
+                       "link: curve_server_key: stage %u's public key, 40 Z85 characters",
+                       cfg->stage + 1);
+    if (!first && (cfg->ncurve_allow == 0 || cfg->ncurve_allow > PSC_LINK_ALLOW_MAX))
+        return ps_errf(PS_EINVAL, err, errlen,
+                       "link: curve_allow: 1 to %u public keys stage %u may connect with",
+                       PSC_LINK_ALLOW_MAX, cfg->stage - 1);
+    for (size_t i = 0; !first && i < cfg->ncurve_allow; i++)
+        if (!z85_key(cfg->curve_allow[i], l->allow[i]))
+            return ps_errf(PS_EINVAL, err, errlen,
+                           "link: curve_allow[%zu] is not a public key of 40 Z85 characters", i);
+    l->nallow = first ? 0 : cfg->ncurve_allow;
+    int one = 1;
+    if (!first) { /* the handler first: the server's handshakes ask it */
+        if ((l->zap = zmq_socket(l->ctx, ZMQ_REP)) == NULL ||
+            zmq_bind(l->zap, "inproc://zeromq.zap.01") != 0 ||
+            zmq_setsockopt(l->prev.sock, ZMQ_ZAP_DOMAIN, "psc-link", 8) != 0 ||
+            zmq_setsockopt(l->prev.sock, ZMQ_CURVE_SERVER, &one, sizeof one) != 0 ||
+            zmq_setsockopt(l->prev.sock, ZMQ_CURVE_SECRETKEY, sec, 32) != 0)
+            return ps_errf(PS_EZMQ, err, errlen, "link: cannot set up CURVE for stage %u: %s",
+                           cfg->stage - 1, zmq_strerror(errno));
+    }
+    if (!last && (zmq_setsockopt(l->next.sock, ZMQ_CURVE_SERVERKEY, srv, 32) != 0 ||
+                  zmq_setsockopt(l->next.sock, ZMQ_CURVE_PUBLICKEY, pub, 32) != 0 ||
+                  zmq_setsockopt(l->next.sock, ZMQ_CURVE_SECRETKEY, sec, 32) != 0))
+        return ps_errf(PS_EZMQ, err, errlen, "link: cannot set up CURVE for stage %u: %s",
+                       cfg->stage + 1, zmq_strerror(errno));
     return 0;
 }
 
@@ -148,14 +212,25 @@ int psc_link_create(const struct psc_link_config *cfg, struct psc_link **out, ch
     int timeout = cfg->timeout_ms > 0 ? cfg->timeout_ms : PSC_LINK_TIMEOUT_MS_DEFAULT;
     l->timeout_ms = timeout;
     int rc = (l->ctx = zmq_ctx_new()) == NULL ? fail(l, PS_EZMQ, "link: no ZeroMQ context") : 0;
-    if (rc == 0 && !first && (rc = open_side(l, &l->prev, "prev", timeout)) == 0) {
+    if (rc == 0 && !first)
+        rc = open_side(l, &l->prev, "prev", timeout);
+    if (rc == 0 && !last)
+        rc = open_side(l, &l->next, "next", timeout);
+    int keys = cfg->curve_public != NULL || cfg->curve_secret != NULL ||
+               cfg->curve_server_key != NULL || cfg->curve_allow != NULL;
+    if (rc == 0 && keys && (rc = curve(l, cfg, first, last, l->err, sizeof l->err)) != 0) {
+        snprintf(err, errlen, "%s", l->err);
+        psc_link_destroy(l);
+        return rc;
+    }
+    if (rc == 0 && !first) {
         size_t len = sizeof l->prev.endpoint;
         if (zmq_bind(l->prev.sock, cfg->listen) != 0)
             rc = fail(l, PS_EZMQ, "link: cannot bind %s: %s", cfg->listen, zmq_strerror(errno));
         else if (zmq_getsockopt(l->prev.sock, ZMQ_LAST_ENDPOINT, l->prev.endpoint, &len) != 0)
             snprintf(l->prev.endpoint, sizeof l->prev.endpoint, "%s", cfg->listen);
     }
-    if (rc == 0 && !last && (rc = open_side(l, &l->next, "next", timeout)) == 0) {
+    if (rc == 0 && !last) {
         snprintf(l->next.endpoint, sizeof l->next.endpoint, "%s", cfg->next);
         if (zmq_connect(l->next.sock, cfg->next) != 0)
             rc = fail(l, PS_EZMQ, "link: cannot connect to %s: %s", cfg->next, zmq_strerror(errno));
@@ -184,20 +259,80 @@ static void close_side(struct side *s, int linger_ms)
     }
 }
 
+static void serve_zap(struct psc_link *l);
+
 void psc_link_destroy(struct psc_link *l)
 {
     if (l == NULL)
         return;
+    if (l->zap != NULL) { /* no handshake left waiting for the handler as it goes */
+        int zero = 0;
+        serve_zap(l);
+        zmq_setsockopt(l->zap, ZMQ_LINGER, &zero, sizeof zero);
+    }
     close_side(&l->prev, l->timeout_ms);
     close_side(&l->next, l->timeout_ms);
+    if (l->zap != NULL)
+        zmq_close(l->zap);
     if (l->ctx != NULL)
         zmq_ctx_term(l->ctx);
     free(l);
 }
 
-/* Reads what the monitor of s says: its connection came up or dropped. */
-static void watch(struct side *s)
+/* Answers the ZAP requests waiting (CURVE: a neighbour's handshake
+ * waits for this): admits the keys of the allow list. */
+static void serve_zap(struct psc_link *l)
 {
+    for (;;) {
+        enum { PARTS = 8 };
+        zmq_msg_t parts[PARTS];
+        int n = 0, total = 0, more = 1;
+        while (more) {
+            zmq_msg_t junk, *m = n < PARTS ? &parts[n] : &junk;
+            zmq_msg_init(m);
+            if (zmq_msg_recv(m, l->zap, total == 0 ? ZMQ_DONTWAIT : 0) < 0) {
+                zmq_msg_close(m);
+                break;
+            }
+            more = zmq_msg_more(m);
+            total++;
+            if (m == &junk)
+                zmq_msg_close(m);
+            else
+                n++;
+        }
+        if (total == 0)
+            return;
+        /* [version][request id][domain][address][identity][mechanism][key] */
+        int ok = total == 7 && zmq_msg_size(&parts[5]) == 5 &&
+                 memcmp(zmq_msg_data(&parts[5]), "CURVE", 5) == 0 && zmq_msg_size(&parts[6]) == 32;
+        int admit = 0;
+        for (size_t i = 0; ok && i < l->nallow && !admit; i++)
+            admit = memcmp(zmq_msg_data(&parts[6]), l->allow[i], 32) == 0;
+        if (!admit)
+            l->refused++;
+        const char *code = admit ? "200" : ok ? "400" : "500";
+        const char *text = admit ? "OK" : ok ? "key not allowed" : "malformed ZAP request";
+        zmq_send(l->zap, "1.0", 3, ZMQ_SNDMORE);
+        if (n > 1)
+            zmq_send(l->zap, zmq_msg_data(&parts[1]), zmq_msg_size(&parts[1]), ZMQ_SNDMORE);
+        else
+            zmq_send(l->zap, "", 0, ZMQ_SNDMORE);
+        zmq_send(l->zap, code, 3, ZMQ_SNDMORE);
+        zmq_send(l->zap, text, strlen(text), ZMQ_SNDMORE);
+        zmq_send(l->zap, "", 0, ZMQ_SNDMORE);
+        zmq_send(l->zap, "", 0, 0);
+        for (int i = 0; i < n; i++)
+            zmq_msg_close(&parts[i]);
+    }
+}
+
+/* Reads what the monitor of s says: its connection came up or dropped,
+ * or a handshake failed. */
+static void watch(struct psc_link *l, struct side *s)
+{
+    if (l->zap != NULL)
+        serve_zap(l);
     for (;;) {
         zmq_msg_t ev, addr;
         zmq_msg_init(&ev);
@@ -212,10 +347,22 @@ static void watch(struct side *s)
         zmq_msg_init(&addr);
         zmq_msg_recv(&addr, s->mon, 0); /* the event's second frame */
         zmq_msg_close(&addr);
-        if (id == ZMQ_EVENT_CONNECTED || id == ZMQ_EVENT_ACCEPTED)
+        if (id == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) {
             s->up = 1;
-        else if (id == ZMQ_EVENT_DISCONNECTED && s->up)
+            s->why[0] = '\0';
+        } else if (id == ZMQ_EVENT_DISCONNECTED && s->up) {
             s->gone = 1;
+        } else if (id == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) {
+            snprintf(s->why, sizeof s->why, "%s",
+                     s == &l->prev ? "a stage connected with a CURVE key this stage does not "
+                                     "admit"
+                                   : "it refused this stage's CURVE key");
+        } else if (id == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL ||
+                   id == ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL) {
+            snprintf(s->why, sizeof s->why,
+                     "a handshake failed: one side runs CURVE and the other not, or the server "
+                     "key is not the one it holds");
+        }
     }
 }
 
@@ -231,7 +378,7 @@ static int gone(struct psc_link *l, const struct side *s)
 static int send_msg(struct psc_link *l, struct side *s, const Ps__Header *h, const void *data,
                     size_t bytes)
 {
-    watch(s);
+    watch(l, s);
     if (s->gone)
         return gone(l, s);
     int64_t n = ps_wire_header_pack(h, l->hdr_buf, sizeof l->hdr_buf);
@@ -243,12 +390,13 @@ static int send_msg(struct psc_link *l, struct side *s, const Ps__Header *h, con
     while (zmq_send(s->sock, l->hdr_buf, (size_t)n, data != NULL ? ZMQ_SNDMORE : 0) < 0) {
         if (errno != EAGAIN && errno != EINTR)
             return fail(l, PS_EZMQ, "link: sending to stage %u: %s", s->stage, zmq_strerror(errno));
-        watch(s);
+        watch(l, s);
         if (s->gone)
             return gone(l, s);
         if (!s->up)
-            return fail(l, PS_ETIMEDOUT, "stage %u (%s) never connected within the link's timeout",
-                        s->stage, s->endpoint);
+            return fail(l, PS_ETIMEDOUT,
+                        "stage %u (%s) never connected within the link's timeout%s%s", s->stage,
+                        s->endpoint, s->why[0] ? ": " : "", s->why);
     }
     if (data != NULL && zmq_send(s->sock, data, bytes, 0) < 0)
         return fail(l, PS_EZMQ, "link: sending to stage %u: %s", s->stage, zmq_strerror(errno));
@@ -391,7 +539,7 @@ static int wait_for(struct psc_link *l, struct side *s, int timeout_ms)
     for (int waited = 0;;) {
         /* what came before the neighbour went is still read: looked for
          * after the monitor, which hears of the drop after the data */
-        watch(s);
+        watch(l, s);
         zmq_pollitem_t now = {s->sock, 0, ZMQ_POLLIN, 0};
         if (zmq_poll(&now, 1, 0) > 0)
             return 0;
@@ -399,17 +547,19 @@ static int wait_for(struct psc_link *l, struct side *s, int timeout_ms)
             return gone(l, s);
         int slice = timeout_ms < 0 || timeout_ms - waited > LINK_POLL_MS ? LINK_POLL_MS
                                                                          : timeout_ms - waited;
-        zmq_pollitem_t it = {s->sock, 0, ZMQ_POLLIN, 0};
-        int n = zmq_poll(&it, 1, slice);
-        if (n > 0)
+        /* a neighbour's CURVE handshake may wait for this stage's handler */
+        zmq_pollitem_t it[2] = {{s->sock, 0, ZMQ_POLLIN, 0}, {l->zap, 0, ZMQ_POLLIN, 0}};
+        int n = zmq_poll(it, l->zap != NULL ? 2 : 1, slice);
+        if (n > 0 && (it[0].revents & ZMQ_POLLIN))
             return 0;
         if (n < 0 && errno != EINTR)
             return fail(l, PS_EZMQ, "link: waiting for stage %u: %s", s->stage,
                         zmq_strerror(errno));
         waited += slice;
         if (timeout_ms >= 0 && waited >= timeout_ms)
-            return fail(l, PS_ETIMEDOUT, "stage %u (%s) sent nothing for %d ms%s", s->stage,
-                        s->endpoint, waited, s->up ? "" : " (it never connected)");
+            return fail(l, PS_ETIMEDOUT, "stage %u (%s) sent nothing for %d ms%s%s%s", s->stage,
+                        s->endpoint, waited, s->up ? "" : " (it never connected)",
+                        s->why[0] ? ": " : "", s->why);
     }
 }
 
@@ -417,28 +567,31 @@ int psc_link_wait_connected(struct psc_link *l, int timeout_ms)
 {
     struct side *sides[2] = {&l->prev, &l->next};
     for (int waited = 0;; waited += LINK_POLL_MS) {
-        char missing[2 * (PS_ENDPOINT_MAX + 32)] = "";
+        char missing[2 * (PS_ENDPOINT_MAX + 256)] = "";
         size_t used = 0;
         for (int i = 0; i < 2; i++) {
             struct side *s = sides[i];
             if (s->sock == NULL)
                 continue;
-            watch(s);
+            watch(l, s);
             if (s->gone)
                 return gone(l, s);
             if (!s->up)
-                used += (size_t)snprintf(missing + used, sizeof missing - used, "%sstage %u (%s)",
-                                         used ? ", " : "", s->stage, s->endpoint);
+                used += (size_t)snprintf(missing + used, sizeof missing - used,
+                                         "%sstage %u (%s%s%s)", used ? "; " : "", s->stage,
+                                         s->endpoint, s->why[0] ? ": " : "", s->why);
         }
         if (used == 0)
             return 0;
         if (waited >= timeout_ms)
             return fail(l, PS_ETIMEDOUT, "%s never connected within %d ms", missing, timeout_ms);
-        zmq_pollitem_t it[2];
+        zmq_pollitem_t it[3];
         int n = 0;
         for (int i = 0; i < 2; i++)
             if (sides[i]->mon != NULL)
                 it[n++] = (zmq_pollitem_t){sides[i]->mon, 0, ZMQ_POLLIN, 0};
+        if (l->zap != NULL)
+            it[n++] = (zmq_pollitem_t){l->zap, 0, ZMQ_POLLIN, 0};
         zmq_poll(it, n, LINK_POLL_MS);
     }
 }

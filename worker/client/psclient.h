@@ -492,7 +492,10 @@ PSC_API int psc_shard_answered(const struct psc_client *c, uint32_t shard);
  * micro-batches' activations in flight: the gradient of one gives its
  * credit back. A neighbour that exits, or whose heartbeats stop for
  * timeout_ms, is named in the error of the next call that needs it. One
- * link per process, used from one thread; no CURVE between stages yet. */
+ * link per process, used from one thread. With CURVE, the traffic between
+ * stages is encrypted and a stage admits only the keys it is given; a
+ * neighbour refused, or one that does not speak CURVE, is named in the
+ * error of the wait for it. */
 
 #define PSC_LINK_WINDOW_MAX         1024u
 #define PSC_LINK_TIMEOUT_MS_DEFAULT 2000
@@ -513,7 +516,18 @@ struct psc_link_config {
     uint32_t window;        /* stage < stages - 1: activations in flight, 1..PSC_LINK_WINDOW_MAX */
     uint64_t bytes_max;     /* the largest tensor a neighbour may send (and this one) */
     int timeout_ms;         /* a neighbour silent this long is gone (0: the default) */
+    /* CURVE between stages (all NULL: none): this stage's key pair (Z85,
+     * 40 characters each), presented as the server to stage - 1 and as
+     * the client to stage + 1; the public key stage + 1 must present;
+     * and the public keys stage - 1 may connect with (at most
+     * PSC_LINK_ALLOW_MAX; any other is refused in the handshake). */
+    const char *curve_public, *curve_secret;
+    const char *curve_server_key;
+    const char *const *curve_allow;
+    size_t ncurve_allow;
 };
+
+#define PSC_LINK_ALLOW_MAX 64u
 
 /* A tensor of a micro-batch: shape[0..ndims) of dtype at data. Received,
  * data stays valid until the next receive from the same neighbour. */
@@ -558,6 +572,10 @@ PSC_API const char *psc_link_error(const struct psc_link *l);
 PSC_API uint32_t psc_link_in_flight(const struct psc_link *l);
 /* Bytes of values sent to and received from the neighbours. */
 PSC_API void psc_link_bytes(const struct psc_link *l, uint64_t *sent, uint64_t *received);
+/* sizeof of the two structs above as this library was built (as
+ * psc_config_bytes). */
+PSC_API size_t psc_link_config_bytes(void);
+PSC_API size_t psc_tensor_bytes(void);
 
 #ifdef __cplusplus
 }

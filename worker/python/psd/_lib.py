@@ -94,6 +94,11 @@ class LinkConfig(ctypes.Structure):
         ("window", ctypes.c_uint32),
         ("bytes_max", ctypes.c_uint64),
         ("timeout_ms", ctypes.c_int),
+        ("curve_public", ctypes.c_char_p),
+        ("curve_secret", ctypes.c_char_p),
+        ("curve_server_key", ctypes.c_char_p),
+        ("curve_allow", ctypes.POINTER(ctypes.c_char_p)),
+        ("ncurve_allow", ctypes.c_size_t),
     ]
 
 
@@ -140,7 +145,10 @@ def load():
             continue
         _prototypes(lib)
         sizes = (("struct psc_config", ctypes.sizeof(Config), lib.psc_config_bytes()),
-                 ("struct psc_table_spec", ctypes.sizeof(TableSpec), lib.psc_table_spec_bytes()))
+                 ("struct psc_table_spec", ctypes.sizeof(TableSpec), lib.psc_table_spec_bytes()),
+                 ("struct psc_link_config", ctypes.sizeof(LinkConfig),
+                  lib.psc_link_config_bytes()),
+                 ("struct psc_tensor", ctypes.sizeof(Tensor), lib.psc_tensor_bytes()))
         for name, ours, theirs in sizes:
             if ours != theirs:
                 raise ImportError("%s: %s is %d bytes there and %d in this package: the library "
@@ -195,6 +203,8 @@ def _prototypes(lib):
         "psc_auto_workers": (c.c_int, [u64p, c.c_char_p, c.c_size_t]),
         "psc_vote": (c.c_int, [client, P(Vote), c.c_int, c.c_int, P(c.c_int)]),
         "psc_topk_select": (c.c_int, [c.c_uint64, fl, fl, fl, c.c_float, c.c_uint64, u64p, fl]),
+        "psc_link_config_bytes": (c.c_size_t, []),
+        "psc_tensor_bytes": (c.c_size_t, []),
         "psc_link_create": (c.c_int, [P(LinkConfig), P(c.c_void_p), c.c_char_p, c.c_size_t]),
         "psc_link_destroy": (None, [c.c_void_p]),
         "psc_link_endpoint": (c.c_char_p, [c.c_void_p]),

@@ -27,16 +27,33 @@ class Link:
     picks one: endpoint); next: stage < stages - 1, where stage + 1
     listens; window: activations sent whose gradient has not come back, at
     most (1..1024); bytes_max: the largest tensor either way; timeout_ms:
-    a neighbour silent this long (no ZeroMQ heartbeat) is gone."""
+    a neighbour silent this long (no ZeroMQ heartbeat) is gone.
+
+    CURVE between stages: curve_keypair=(public, secret), this stage's
+    (Z85 text, as psd --keygen writes); curve_server_key, the public key
+    stage + 1 holds; curve_allow, the public keys stage - 1 may connect
+    with. Both default to this stage's own public key: stages that share
+    one key pair."""
 
     def __init__(self, stage, stages, *, listen=None, next=None, window=1, bytes_max=64 << 20,
-                 timeout_ms=2000):
+                 timeout_ms=2000, curve_keypair=None, curve_server_key=None, curve_allow=None):
         self._l = None
         self._lib, _ = library()
         self._keep = [s.encode() if s is not None else None for s in (listen, next)]
         cfg = _lib.LinkConfig(stage=int(stage), stages=int(stages), listen=self._keep[0],
                               next=self._keep[1], window=int(window), bytes_max=int(bytes_max),
                               timeout_ms=int(timeout_ms))
+        if curve_keypair is not None:
+            pub, sec = curve_keypair
+            allow = list(curve_allow) if curve_allow is not None else [pub]
+            keys = [k.encode() for k in [pub, sec, curve_server_key or pub] + allow]
+            arr = (ctypes.c_char_p * len(allow))(*keys[3:])
+            self._keep += keys + [arr]
+            cfg.curve_public, cfg.curve_secret = keys[0], keys[1]
+            if int(stage) + 1 < int(stages):
+                cfg.curve_server_key = keys[2]
+            if int(stage) > 0:
+                cfg.curve_allow, cfg.ncurve_allow = arr, len(allow)
         handle = ctypes.c_void_p()
         err = ctypes.create_string_buffer(512)
         rc = self._lib.psc_link_create(ctypes.byref(cfg), ctypes.byref(handle), err, len(err))

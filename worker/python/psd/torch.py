@@ -504,6 +504,9 @@ class PipelineStage:
     connects to rank + 1's. stage_timeout_ms: a neighbour silent this long
     (no ZeroMQ heartbeat) is gone; timeout_ms: the longest wait for a
     neighbour that is there. bytes_max: the largest tensor either way.
+    curve_keypair=(public, secret): CURVE between the stages, each
+    holding this pair and admitting only its public key (psd.Link for
+    other arrangements).
 
     Train its weights with DistributedOptimizer(stage, ...): its tables
     are named as submodule.state_dict() names them (an nn.Sequential
@@ -515,7 +518,8 @@ class PipelineStage:
 
     def __init__(self, submodule, stage_index, num_stages, device=None, *, endpoints=None,
                  listen=None, client=None, servers=None, rank=None, workers=None,
-                 timeout_ms=60000, stage_timeout_ms=2000, bytes_max=64 << 20):
+                 timeout_ms=60000, stage_timeout_ms=2000, bytes_max=64 << 20,
+                 curve_keypair=None):
         if not isinstance(submodule, torch.nn.Module):
             raise TypeError("submodule: a torch.nn.Module is needed (got %s)"
                             % type(submodule).__name__)
@@ -558,6 +562,7 @@ class PipelineStage:
         self.timeout_ms = int(timeout_ms)
         self.stage_timeout_ms = int(stage_timeout_ms)
         self.bytes_max = int(bytes_max)
+        self._curve = curve_keypair
         self.link = None
         self.n_microbatches = 1
         self.activations_held = self.activations_held_max = 0
@@ -568,7 +573,8 @@ class PipelineStage:
         if self.link is None:
             self.link = _link.Link(self.stage_index, self.num_stages, listen=self._listen,
                                    next=self._next, window=window, bytes_max=self.bytes_max,
-                                   timeout_ms=self.stage_timeout_ms)
+                                   timeout_ms=self.stage_timeout_ms,
+                                   curve_keypair=self._curve)
             self.link.wait_connected(self.timeout_ms)
 
     def _recv(self, direction, step, micro, eval_):
