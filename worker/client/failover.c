@@ -81,8 +81,13 @@ void psc__replicas_fini(struct psc_client *c)
     for (uint32_t s = 0; c->reps != NULL && s < c->nshards; s++) {
         for (uint32_t i = 0; i < c->reps[s].n; i++)
             free(c->reps[s].eps[i]);
-        if (c->reps[s].mon != NULL)
+        if (c->reps[s].mon != NULL) {
+            /* the monitor stops before its reading end closes: ZeroMQ's
+             * I/O thread sends it events blocking */
+            if (c->socks != NULL && c->socks[s] != NULL)
+                zmq_socket_monitor(c->socks[s], NULL, 0);
             zmq_close(c->reps[s].mon);
+        }
     }
     free(c->reps);
     c->reps = NULL;

@@ -12,6 +12,7 @@
 #include "ps_limits.h"
 #include "ps_local.h"
 #include "ps_wire.h"
+#include "ps_zmsg.h"
 
 #include <errno.h>
 #include <poll.h>
@@ -244,19 +245,25 @@ int psc_link_create(const struct psc_link_config *cfg, struct psc_link **out, ch
     return 0;
 }
 
+static void watch(struct psc_link *l, struct side *s);
+
 /* What was sent still goes (the last answer of a run) for up to the
- * link's timeout, unless the neighbour is gone. */
-static void close_side(struct side *s, int linger_ms)
+ * link's timeout, unless the neighbour is gone. The monitor stops before
+ * its reading end closes: ZeroMQ's I/O thread sends it events blocking,
+ * and one sent to a closed end would hold that thread, and this one
+ * with it, for ever. */
+static void close_side(struct psc_link *l, struct side *s)
 {
     zmq_msg_close(&s->held);
-    if (s->mon != NULL)
-        zmq_close(s->mon);
     if (s->sock != NULL) {
-        int linger = s->gone ? 0 : linger_ms;
-        zmq_setsockopt(s->sock, ZMQ_LINGER, &linger, sizeof linger);
+        watch(l, s); /* drained: the I/O thread is not held on a full queue */
         zmq_socket_monitor(s->sock, NULL, 0);
+        int linger = s->gone ? 0 : l->timeout_ms;
+        zmq_setsockopt(s->sock, ZMQ_LINGER, &linger, sizeof linger);
         zmq_close(s->sock);
     }
+    if (s->mon != NULL)
+        zmq_close(s->mon);
 }
 
 static void serve_zap(struct psc_link *l);
@@ -270,8 +277,8 @@ void psc_link_destroy(struct psc_link *l)
         serve_zap(l);
         zmq_setsockopt(l->zap, ZMQ_LINGER, &zero, sizeof zero);
     }
-    close_side(&l->prev, l->timeout_ms);
-    close_side(&l->next, l->timeout_ms);
+    close_side(l, &l->prev);
+    close_side(l, &l->next);
     if (l->zap != NULL)
         zmq_close(l->zap);
     if (l->ctx != NULL)
@@ -286,22 +293,8 @@ static void serve_zap(struct psc_link *l)
     for (;;) {
         enum { PARTS = 8 };
         zmq_msg_t parts[PARTS];
-        int n = 0, total = 0, more = 1;
-        while (more) {
-            zmq_msg_t junk, *m = n < PARTS ? &parts[n] : &junk;
-            zmq_msg_init(m);
-            if (zmq_msg_recv(m, l->zap, total == 0 ? ZMQ_DONTWAIT : 0) < 0) {
-                zmq_msg_close(m);
-                break;
-            }
-            more = zmq_msg_more(m);
-            total++;
-            if (m == &junk)
-                zmq_msg_close(m);
-            else
-                n++;
-        }
-        if (total == 0)
+        size_t n = 0, total = 0;
+        if (ps_zmsg_recv(l->zap, ZMQ_DONTWAIT, parts, PARTS, &n, &total, NULL) != 0)
             return;
         /* [version][request id][domain][address][identity][mechanism][key] */
         int ok = total == 7 && zmq_msg_size(&parts[5]) == 5 &&
@@ -322,7 +315,7 @@ static void serve_zap(struct psc_link *l)
         zmq_send(l->zap, text, strlen(text), ZMQ_SNDMORE);
         zmq_send(l->zap, "", 0, ZMQ_SNDMORE);
         zmq_send(l->zap, "", 0, 0);
-        for (int i = 0; i < n; i++)
+        for (size_t i = 0; i < n; i++)
             zmq_msg_close(&parts[i]);
     }
 }
@@ -609,22 +602,7 @@ int psc_link_recv(struct psc_link *l, int dir, int timeout_ms, struct psc_tensor
     enum { PARTS = 3 };
     zmq_msg_t parts[PARTS];
     size_t kept = 0, total = 0;
-    for (int more = 1; more;) {
-        zmq_msg_t *m = kept < PARTS ? &parts[kept] : NULL, junk;
-        if (m == NULL)
-            m = &junk;
-        zmq_msg_init(m);
-        if (zmq_msg_recv(m, s->sock, 0) < 0) {
-            zmq_msg_close(m);
-            break;
-        }
-        more = zmq_msg_more(m);
-        total++;
-        if (m == &junk)
-            zmq_msg_close(m);
-        else
-            kept++;
-    }
+    (void)ps_zmsg_recv(s->sock, ZMQ_DONTWAIT, parts, PARTS, &kept, &total, NULL);
     rc = kept > 0
              ? check(l, s, dir, parts, kept, total, t)
              : fail(l, PS_EZMQ, "link: receiving from stage %u: %s", s->stage, zmq_strerror(errno));
