@@ -66,7 +66,7 @@ free_port() { /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("12
 one() {
   start_shards 1 1 bsp
   rm -f "$run/one.json"
-  if ! "$psw" --servers "$servers" "${common[@]}" "${pinned[@]/@/0}" --summary-json "$run/one.json" \
+  if ! timeout 900 "$psw" --servers "$servers" "${common[@]}" "${pinned[@]/@/0}" --summary-json "$run/one.json" \
     2>"$run/one.log"; then
     echo "pipeline_bench: the single process failed; the end of its log:" >&2
     tail -n 5 "$run/one.log" >&2
@@ -79,7 +79,7 @@ stages() {
   local eps="tcp://127.0.0.1:$(free_port),tcp://127.0.0.1:$(free_port)" wp=() failed=0 r
   for r in 0 1; do
     rm -f "$run/stage$r.json"
-    "$psw" --servers "$servers" --rank "$r" --workers 2 --stages 2 --cuts "$cuts" "${pinned[@]/@/$r}" \
+    timeout 900 "$psw" --servers "$servers" --rank "$r" --workers 2 --stages 2 --cuts "$cuts" "${pinned[@]/@/$r}" \
       --microbatches "$micro" --schedule "$1" --stage-endpoints "$eps" "${common[@]}" \
       --summary-json "$run/stage$r.json" 2>"$run/stage$r.log" &
     wp+=($!)
