@@ -11,7 +11,7 @@ median() { printf '%s\n' "$@" | sort -g | awk '{v[NR]=$1} END {print v[int((NR+1
 # ports (psd_opts added), and sets servers to their endpoints.
 start_shards() { # shards workers consistency -> sets servers
   servers=""
-  local n=$1 w=$2 mode=$3
+  local n=$1 w=$2 mode=$3 i t
   for ((i = 0; i < n; i++)); do
     rm -f "$run/ep$i"
     "$psd" --listen tcp://127.0.0.1:0 --endpoint-file "$run/ep$i" --shard "$i" --shards "$n" \
