@@ -2,6 +2,7 @@
 torch.optim on the same model and data, 2 workers equal 1 of twice the
 batch, accumulation, top-k, bf16 autocast, the export loads into the
 model, and embeddings from a sparse table."""
+import contextlib
 import copy
 import os
 import subprocess
@@ -307,22 +308,33 @@ def test_a_dataloader_with_worker_processes(cluster):
     assert_same(got, ref)
 
 
-def scaled_sgd(m, batches, client, poison_at=None, prefix="", **kw):
-    """psd_sgd through a psd.torch.GradScaler; the loss of step poison_at
-    is made infinite (an overflow)."""
-    scaler = psd.torch.GradScaler(**kw)
-    opt = psd.torch.DistributedOptimizer(m, "momentum", client=client, lr=0.05, momentum=0.9,
-                                         weight_decay=1e-4, scaler=scaler, prefix=prefix)
-    scales = []
+def scaled_loop(m, batches, scaler, opt, poison_at=None, autocast=None):
+    """Steps through scaler (psd's or PyTorch's GradScaler) and opt, under
+    autocast (a context manager maker) when given; the loss of step
+    poison_at is made infinite (an overflow). Returns the scales after
+    each step and the losses."""
+    scales, losses = [], []
     for i, (x, y) in enumerate(batches):
         opt.zero_grad()
-        loss = torch.nn.functional.cross_entropy(m(x), y)
+        with (autocast() if autocast else contextlib.nullcontext()):
+            loss = torch.nn.functional.cross_entropy(m(x).float(), y)
         if i == poison_at:
             loss = loss * float("inf")
         scaler.scale(loss).backward()
         scaler.step(opt)
         scaler.update()
         scales.append(scaler.get_scale())
+        losses.append(loss.item())
+    return scales, losses
+
+
+def scaled_sgd(m, batches, client, poison_at=None, prefix="", **kw):
+    """psd_sgd through a psd.torch.GradScaler; the loss of step poison_at
+    is made infinite (an overflow)."""
+    scaler = psd.torch.GradScaler(**kw)
+    opt = psd.torch.DistributedOptimizer(m, "momentum", client=client, lr=0.05, momentum=0.9,
+                                         weight_decay=1e-4, scaler=scaler, prefix=prefix)
+    scales, _ = scaled_loop(m, batches, scaler, opt, poison_at)
     return m, opt, scales
 
 

@@ -54,8 +54,17 @@ def _f32(t):
     if t.dtype != torch.float32:
         raise TypeError("psd.torch: parameters are float32 (got %s); under autocast the "
                         "parameters stay float32 and only the computation is 16-bit" % t.dtype)
-    if t.device.type != "cpu":
-        raise TypeError("psd.torch: parameters on the CPU are needed (got %s)" % t.device)
+    if t.device.type not in ("cpu", "cuda"):
+        raise TypeError("psd.torch: parameters on the CPU or a CUDA device are needed (got %s)"
+                        % t.device)
+
+
+def _staging(p):
+    """The host buffer a parameter's gradient leaves from and its new
+    weights land in: contiguous float32 on the CPU, page-locked when the
+    parameter is on a GPU so that the copies go by DMA."""
+    t = torch.zeros(p.shape, dtype=torch.float32)
+    return t.pin_memory() if p.device.type == "cuda" else t
 
 
 class DistributedOptimizer:
@@ -141,10 +150,8 @@ class DistributedOptimizer:
         for name, p in self.params:
             c.create_table(name, _shape(p), server_opt, lr, await_set=True, pushers=pushers,
                            **server_hyper)
-        self._send = [torch.zeros_like(p, memory_format=torch.contiguous_format)
-                      for _, p in self.params]
-        self._recv = [torch.empty_like(p, memory_format=torch.contiguous_format)
-                      for _, p in self.params]
+        self._send = [_staging(p) for _, p in self.params]
+        self._recv = [_staging(p) for _, p in self.params]
         self._topk = None
         if topk is not None:
             mom = float(hyper.get("momentum", 0.0)) if momentum_here else None
@@ -192,7 +199,8 @@ class DistributedOptimizer:
         if (c.rank == 0 if self._stage is None else self._stage.pipeline == 0):
             handles = []
             for name, p in self.params:
-                handles.append((name, c.set_weights(name, p.detach().contiguous().reshape(-1))))
+                w = p.detach().to("cpu", torch.float32).contiguous().reshape(-1)
+                handles.append((name, c.set_weights(name, w)))
             for name, h in handles:
                 try:
                     h.wait(self.timeout_ms)
@@ -230,9 +238,11 @@ class DistributedOptimizer:
                 if g is None:
                     self._send[i].zero_()
                 elif scale == 1.0:
-                    self._send[i].copy_(g)
-                else:
+                    self._send[i].copy_(g)  # from a GPU: waits for backward's kernels
+                elif g.device.type == "cpu":
                     torch.mul(g, scale, out=self._send[i])
+                else:  # the same float32 product, on the host
+                    self._send[i].copy_(g).mul_(scale)
         hs = self._handles[b]
         with c.corked():
             for i in self.buckets[b]:
