@@ -10,16 +10,18 @@ cd "$(dirname "$0")/.."
 
 shards=2 workers=2 epochs=5 device=auto batch=64 lr="" consistency=bsp prune=""
 build=build-release
-extra=() python=0
+extra=() python=0 install=1
 usage() {
   cat <<USAGE
 usage: deploy/quickstart.sh [--shards N] [--workers N] [--epochs N] [--device auto|cpu|cuda]
                             [--batch B] [--lr LR] [--consistency bsp|asp|ssp:K] [--build-dir DIR]
-                            [--prune TABLE:TARGET[:START:END:EVERY]] [--python]
+                            [--prune TABLE:TARGET[:START:END:EVERY]] [--python] [--no-install]
                             [-- WORKER-ARGS...]
 Defaults: 2 shards, 2 workers, 5 epochs, batch 64 per worker, lr 0.02 x workers, bsp.
 --python: the workers run worker/python/examples/fashion_cnn.py (a CNN in PyTorch,
 lr 0.05 with momentum 0.9 unless --lr is given) on Debian's python3 and python3-torch.
+--no-install: do not run deploy/install-deps.sh (a host that is not Debian, with
+the libraries found otherwise, as tests/gpu/check.sh does).
 USAGE
 }
 while [ $# -gt 0 ]; do
@@ -34,6 +36,7 @@ while [ $# -gt 0 ]; do
     --prune) prune=$2; shift 2 ;;
     --build-dir) build=$2; shift 2 ;;
     --python) python=1; shift ;;
+    --no-install) install=0; shift ;;
     -h|--help) usage; exit 0 ;;
     --) shift; extra=("$@"); break ;;
     *) echo "quickstart: unknown option '$1'" >&2; usage >&2; exit 2 ;;
@@ -49,7 +52,8 @@ else
   [ -n "$lr" ] || lr=$(awk -v w="$workers" 'BEGIN { printf "%.4g", 0.02 * w }')
 fi
 
-if [ "$python" -eq 1 ]; then deploy/install-deps.sh python; else deploy/install-deps.sh run; fi
+if [ "$install" -eq 0 ]; then :
+elif [ "$python" -eq 1 ]; then deploy/install-deps.sh python; else deploy/install-deps.sh run; fi
 if [ ! -f "$build/build.ninja" ]; then
   meson setup "$build" -Dbuildtype=release -Dtests=false >/dev/null
 fi

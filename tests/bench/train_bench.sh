@@ -24,14 +24,17 @@
 # turns on both cores.
 #   tests/bench/train_bench.sh [--build-dir DIR] [--no-build] [--steps N] [--cnn-steps N] [--batch B]
 #                              [--device D] [--repeat N] [--blas-threads N] [--no-torch]
-#                              [--json PATH]
+#                              [--workers N,N...] [--wide-only] [--data DIR] [--json PATH]
 # --no-build uses DIR as it is (the tests run it so, on their own build);
-# --no-torch leaves out the PyTorch rows.
+# --no-torch leaves out the PyTorch rows; --workers 4,8 adds a row of
+# 2 shards + N workers for each N (a host with more cores); --wide-only
+# keeps only the standalone rows, 2+2 and those; --data is psworker's
+# (where Fashion-MNIST is).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 build=build-release steps=600 batch=64 device=cpu consistency=bsp json="" repeat=3 blas=1
 cnn_steps=150
-do_build=1 with_torch=1
+do_build=1 with_torch=1 wide=() wide_only=0 data=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --build-dir) build=$2; shift 2 ;;
@@ -45,6 +48,17 @@ while [ $# -gt 0 ]; do
     --repeat) repeat=$2; shift 2 ;;
     --blas-threads) blas=$2; shift 2 ;;
     --no-torch) with_torch=0; shift ;;
+    --workers)
+      IFS=, read -r -a wide <<<"$2"
+      for n in "${wide[@]}"; do
+        if ! [[ $n =~ ^[1-9][0-9]*$ ]] || [ "$n" -gt 256 ]; then
+          echo "train_bench: --workers takes worker counts in [1, 256] separated by commas, not '$2'" >&2
+          exit 2
+        fi
+      done
+      shift 2 ;;
+    --wide-only) wide_only=1; shift ;;
+    --data) data=(--data "$2"); shift 2 ;;
     *) echo "train_bench: unknown option '$1'" >&2; exit 2 ;;
   esac
 done
@@ -65,7 +79,7 @@ pids=() psd_opts=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
 trap cleanup EXIT INT TERM
 
-common=(--batch "$batch" --max-steps "$steps" --epochs 1000 --device "$device" --log-every 1000000)
+common=(--batch "$batch" --max-steps "$steps" --epochs 1000 --device "$device" --log-every 1000000 "${data[@]}")
 
 # sps, median, start_shards, stop_shards
 # shellcheck source=tests/bench/lib.sh
@@ -157,6 +171,19 @@ if [ "$with_torch" = 1 ] && [ "$device" = cpu ] && /usr/bin/python3 -c 'import t
   configs+=("pytorch cnn, 1 thread|pytorch_cnn_1thread|torch_cnn 1"
             "pytorch cnn, $(nproc) threads|pytorch_cnn|torch_cnn $(nproc)")
 fi
+for n in "${wide[@]}"; do
+  configs+=("2 shards + $n workers, $consistency|workers_$n|dist 2 $n $consistency")
+done
+if [ "$wide_only" = 1 ]; then
+  kept=()
+  for c in "${configs[@]}"; do
+    IFS='|' read -r _ key _ <<<"$c"
+    if [[ $key =~ ^(standalone|standalone_1thread|standalone_helper|two_plus_two|workers_[0-9]+)$ ]]; then
+      kept+=("$c")
+    fi
+  done
+  configs=("${kept[@]}")
+fi
 declare -A runs=()
 for ((i = 0; i < repeat; i++)); do # interleaved: drifts in machine speed hit every row alike
   for c in "${configs[@]}"; do
@@ -188,10 +215,12 @@ if [ -n "$json" ]; then
   printf '{%s, "batch": %s, "steps": %s, "consistency": "%s", "device": "%s"}\n' \
     "$jrows" "$batch" "$steps" "$consistency" "$device" >"$json"
 fi
+if [ -n "${med[cnn]:-}" ]; then
 printf 'mixed precision / f32, default threads: cnn bf16 %s, cnn f16 %s, mlp bf16 %s\n' \
   "$(awk -v a="${med[cnn_bf16]}" -v b="${med[cnn]}" 'BEGIN { printf "%.3fx", a / b }')" \
   "$(awk -v a="${med[cnn_f16]}" -v b="${med[cnn]}" 'BEGIN { printf "%.3fx", a / b }')" \
   "$(awk -v a="${med[standalone_bf16]}" -v b="${med[standalone_helper]}" 'BEGIN { printf "%.3fx", a / b }')"
+fi
 if [ -n "${med[pytorch_cnn_1thread]:-}" ]; then
   printf 'cnn, psworker / PyTorch: %s with 1 thread each, %s with default threads each\n' \
     "$(awk -v a="${med[cnn_1thread]}" -v b="${med[pytorch_cnn_1thread]}" 'BEGIN { printf "%.3fx", a / b }')" \
