@@ -205,7 +205,12 @@ static void on_signal(uv_signal_t *h, int signum)
     struct app *a = h->data;
     PS_LOG(&a->log, PS_LOG_INFO, S0020, "signal %d: shutting down", signum);
     ps_notify_stopping();
-    if (psd_checkpoints_on(&a->srv) && psd_checkpoint_now(&a->srv, "shutdown") == PSD_CKPT_SKIPPED)
+    const char *current = psd_checkpoints_on(&a->srv) ? psd_checkpoint_current(&a->srv) : NULL;
+    if (current != NULL)
+        PS_LOG(&a->log, PS_LOG_INFO, S0604,
+               "no checkpoint at shutdown: nothing changed since %s was written", current);
+    else if (psd_checkpoints_on(&a->srv) &&
+             psd_checkpoint_now(&a->srv, "shutdown") == PSD_CKPT_SKIPPED)
         PS_LOG(&a->log, PS_LOG_WARN, S0603,
                "no checkpoint at shutdown: a bsp round is in progress; the newest is from %llu "
                "ms ago",
@@ -502,8 +507,10 @@ int main(int argc, char **argv)
         }
         char found[256];
         size_t nfound = 0;
+        int64_t t0 = ps_mono_ms();
         if (psd_checkpoint_restore(&a.srv, cfg.checkpoint_dir, path, sizeof path) == PSD_RESTORED) {
-            PS_LOG(&a.log, PS_LOG_INFO, S0610, "restored %s: %u tables", path, psd_ntables(&a.srv));
+            PS_LOG(&a.log, PS_LOG_INFO, S0610, "restored %s: %u tables (%lld ms)", path,
+                   psd_ntables(&a.srv), (long long)(ps_mono_ms() - t0));
         } else if ((nfound = psd_snapshot_found(cfg.checkpoint_dir, found, sizeof found)) > 0 &&
                    !cfg.start_empty) {
             /* a trained model would be served empty: only when told to */

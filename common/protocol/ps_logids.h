@@ -55,7 +55,8 @@
     X(S0602, ERROR, "a checkpoint could not be written (the reason)")                                  \
     X(S0603, WARN,                                                                                     \
       "no checkpoint at shutdown: a bsp round is in progress; the newest is from … ms ago")            \
-    X(S0610, INFO, "restored …: … tables")                                                             \
+    X(S0604, INFO, "no checkpoint at shutdown: nothing changed since … was written")                   \
+    X(S0610, INFO, "restored …: … tables (… ms)")                                                      \
     X(S0611, WARN, "no valid checkpoint for this shard in --checkpoint-dir: starting empty")           \
     X(S0612, ERROR,                                                                                    \
       "--checkpoint-dir holds checkpoints none of which restores into this shard: refusing to "        \

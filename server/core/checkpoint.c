@@ -58,6 +58,12 @@ uint64_t psd_checkpoint_last_ms(const struct psd *s)
     return s->save->last_ms;
 }
 
+const char *psd_checkpoint_current(const struct psd *s)
+{
+    const struct psd_autosave *a = s->save;
+    return a->written > 0 && psd_state_version(s) == a->state ? a->path : NULL;
+}
+
 int psd_checkpoints_on(const struct psd *s)
 {
     return s->save->dir != NULL;

@@ -51,5 +51,9 @@ void psd_op_checkpoint(struct psd *s, const Ps__Header *req, struct psd_reply *r
 uint64_t psd_checkpoints_written(const struct psd *s);
 uint64_t psd_checkpoint_last_ms(const struct psd *s);
 int psd_checkpoints_on(const struct psd *s);
+/* The newest checkpoint this process wrote, when the state has not
+ * changed since it was written (a shutdown then need not write another);
+ * NULL otherwise. */
+const char *psd_checkpoint_current(const struct psd *s);
 
 #endif

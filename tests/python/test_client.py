@@ -1,12 +1,13 @@
 """psd.Client against real psd shards: every call, its values, and the
 errors it raises before and after anything is sent."""
 import os
+import subprocess
 
 import numpy as np
 import pytest
 
 import psd
-from conftest import export, in_threads
+from conftest import child_env, export, in_threads
 
 
 def test_library_is_found_and_matches():
@@ -314,6 +315,35 @@ def test_await_set_holds_pulls_until_rank_0_sets(cluster):
         # a spec with await_set is another spec
         with pytest.raises(psd.TableExistsError):
             r0.create_table("w", 64, lr=1.0)
+
+
+def test_a_shutdown_after_an_unchanged_checkpoint_writes_none(cluster, tmp_path):
+    """psctl checkpoint, then nothing changes: the shutdown writes no second
+    file (a large table would take as long again) and says which stands;
+    after a change it writes one."""
+    psctl = os.environ.get("PSCTL_BIN")
+    if not psctl:
+        pytest.skip("PSCTL_BIN is not set")
+    ckpt = str(tmp_path / "ckpt")
+    servers = cluster.start(args=["--checkpoint-dir", ckpt, "--checkpoint-every", "0"])
+    with psd.Client(servers) as c:
+        c.create_table("w", 64, lr=1.0)
+        c.set_weights("w", np.arange(64, dtype=np.float32)).wait()
+    r = subprocess.run([psctl, "--servers", servers, "checkpoint"], capture_output=True,
+                       text=True, env=child_env())
+    assert r.returncode == 0, r.stderr
+    assert cluster.stop() == [0]
+    files = sorted(f for f in os.listdir(ckpt) if f.endswith(".safetensors"))
+    assert len(files) == 1, files
+    assert "S0604 no checkpoint at shutdown: nothing changed since" in cluster.logs()
+    assert files[0] in cluster.logs()
+    # a change after the checkpoint: the shutdown writes it
+    servers = cluster.start(args=["--checkpoint-dir", ckpt, "--checkpoint-every", "0"])
+    with psd.Client(servers) as c:
+        c.create_table("w", 64, lr=1.0)
+        c.push("w", np.ones(64, dtype=np.float32)).wait()
+    assert cluster.stop() == [0, 0]
+    assert len([f for f in os.listdir(ckpt) if f.endswith(".safetensors")]) == 2
 
 
 def test_a_set_table_and_its_shape_survive_a_restart(cluster, tmp_path):
