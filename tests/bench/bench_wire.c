@@ -19,10 +19,16 @@
  *
  * Reports; never passes or fails on numbers.
  *   bench_wire [--psd PATH] [--seconds S] [--quick] [--only OP] [--size BYTES]
- *              [--shards N] [--piece-bytes N|whole] [--pin] [--rounds N] [--json PATH]
+ *              [--window N] [--shards N] [--piece-bytes N|whole] [--pin] [--rounds N]
+ *              [--rows R] [--dim D] [--json PATH]
  * --only push|pull|push-pull|pull-view|sparse runs those rows alone, --size
- * (4096, 65536, 1048576 or 16777216) and --shards (1 or 2) only those cells
- * and no latency rows (for profiling one path with perf or callgrind).
+ * (a multiple of 4096 up to 16 GiB; the table's size), --window (1 to 8)
+ * and --shards (1 or 2) only those cells and no latency rows (for
+ * profiling one path with perf or callgrind, and for the size curves of
+ * size_bench.py). --only rows --rows R: a sparse table of R rows of --dim
+ * floats (16) on 1 shard, filled by pushes of every key, then pulls and
+ * pushes of random keys (65,536 a request, or R / 4): keys/s of each,
+ * and psd's resident bytes a row.
  * --piece-bytes sets the client's piece_bytes (whole: large requests are
  * not cut into pieces), to compare with the default in alternating runs.
  * --pin gives each side of the wire its own cores, as two hosts would have:
@@ -40,6 +46,7 @@
 #include "ps_opts.h"
 
 #include <errno.h>
+#include <inttypes.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -61,7 +68,8 @@
 
 enum op { OP_PUSH, OP_PULL, OP_PUSH_PULL, OP_PULL_VIEW, OPS };
 static const char *const op_names[] = {"push", "pull", "push-pull", "pull-view"};
-#define ONLY_SPARSE OPS /* --only sparse */
+#define ONLY_SPARSE OPS   /* --only sparse */
+#define ONLY_ROWS (OPS + 1) /* --only rows */
 
 static void die(const char *what, const char *why)
 {
@@ -288,7 +296,7 @@ static double raw_run(struct raw *r, enum op op, size_t bytes, int window, doubl
         op = OP_PULL;
     size_t part = bytes / (size_t)r->n;
     uint64_t done = 0, sent = 0;
-    double sent_at[WINDOW_MAX];
+    double sent_at[WINDOW_MAX] = {0};
     double t0 = ps_mono_s(), end = t0 + secs;
     for (;;) {
         int issue =
@@ -360,13 +368,13 @@ static double ps_run(struct ps *p, enum op op, size_t bytes, int window, double 
                      const float *g, float **outs, double *lat, int nlat)
 {
     uint64_t n = bytes / 4, done = 0, sent = 0, tk[WINDOW_MAX];
-    double sent_at[WINDOW_MAX];
+    double sent_at[WINDOW_MAX] = {0};
     double t0 = ps_mono_s(), end = t0 + secs;
     for (;;) {
         int issue =
             sent - done < (uint64_t)window && (lat ? sent < (uint64_t)nlat : ps_mono_s() < end);
         if (issue) {
-            int k = (int)(sent % WINDOW_MAX);
+            int k = (int)(sent % (uint64_t)window); /* outs[0..window) exist */
             if (ps_issue(p, op, n, g, outs[k], &tk[k]) != 0)
                 die(op_names[op], psc_last_error(p->c));
             sent_at[k] = ps_mono_s();
@@ -375,7 +383,7 @@ static double ps_run(struct ps *p, enum op op, size_t bytes, int window, double 
         }
         if (done == sent)
             break;
-        int k = (int)(done % WINDOW_MAX);
+        int k = (int)(done % (uint64_t)window);
         if (psc_wait(p->c, tk[k], TIMEOUT_MS) != 0 ||
             (op == OP_PULL_VIEW && psc_view_release(p->c, tk[k]) != 0))
             die(op_names[op], psc_last_error(p->c));
@@ -469,6 +477,98 @@ static void random_keys(uint64_t *k, size_t n, uint64_t space, unsigned *seed)
 }
 
 enum via { VIA_TCP, VIA_IPC, VIA_SHM };
+
+/* Resident bytes of a process, from /proc (0 when unknown). */
+static uint64_t rss_bytes(pid_t pid)
+{
+    char path[64], line[256];
+    snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+    FILE *f = fopen(path, "r");
+    uint64_t kb = 0;
+    if (f == NULL)
+        return 0;
+    while (fgets(line, sizeof line, f) != NULL)
+        if (sscanf(line, "VmRSS: %" SCNu64, &kb) == 1)
+            break;
+    fclose(f);
+    return kb * 1024;
+}
+
+/* --only rows: a sparse table of rows x dim, filled, then pulled and
+ * pushed at random keys; psd is the shard started last (pid). */
+static void rows_bench(char eps[][256], pid_t pid, uint64_t rows, uint32_t dim, double secs)
+{
+    const char *e[1] = {eps[0]};
+    struct psc_config cfg = {.servers = e,
+                             .nservers = 1,
+                             .worker_id = 0,
+                             .connect_timeout_ms = TIMEOUT_MS,
+                             .local_ipc = 1};
+    struct psc_client *c = NULL;
+    char err[512];
+    if (psc_create(&cfg, &c, err, sizeof err) != 0)
+        die("psc_create", err);
+    uint64_t rss0 = rss_bytes(pid);
+    struct psc_table_spec s;
+    psc_table_spec_init(&s, "rows", 0);
+    s.sparse = 1;
+    s.dim = dim;
+    s.rows_max = rows;
+    s.lr = 1e-6f;
+    uint32_t t = 0;
+    if (psc_table_create(c, &s, TIMEOUT_MS, &t) != 0)
+        die("create", psc_last_error(c));
+    enum { SETS = 8, BATCH = 65536 };
+    size_t n = rows / 4 < BATCH ? (size_t)(rows / 4) : BATCH;
+    if (n == 0)
+        die("--rows", "expects at least 4 rows");
+    uint64_t *keys = xalloc(SETS * n * sizeof(uint64_t) > BATCH * sizeof(uint64_t)
+                                ? SETS * n * sizeof(uint64_t)
+                                : BATCH * sizeof(uint64_t));
+    float *g = xalloc((size_t)BATCH * dim * sizeof(float));
+    for (size_t i = 0; i < (size_t)BATCH * dim; i++)
+        g[i] = 1e-3f;
+    /* every row, in key order, BATCH a request */
+    double t0 = ps_mono_s();
+    for (uint64_t k0 = 0; k0 < rows; k0 += BATCH) {
+        size_t m = rows - k0 < BATCH ? (size_t)(rows - k0) : BATCH;
+        for (size_t i = 0; i < m; i++)
+            keys[i] = k0 + i;
+        uint64_t tk = 0;
+        if (psc_push_rows(c, t, keys, m, g, 0, &tk) != 0 || psc_wait(c, tk, TIMEOUT_MS) != 0)
+            die("fill", psc_last_error(c));
+    }
+    double fill = (double)rows / (ps_mono_s() - t0);
+    uint64_t rss = rss_bytes(pid);
+    unsigned seed = 11;
+    for (int k = 0; k < SETS; k++)
+        random_keys(keys + (size_t)k * n, n, rows, &seed);
+    double rate[2];
+    for (int op = 0; op < 2; op++) {
+        uint64_t done = 0;
+        double end = (t0 = ps_mono_s()) + secs;
+        while (ps_mono_s() < end) {
+            uint64_t tk = 0;
+            const uint64_t *k = keys + (done % SETS) * n;
+            int rc = op == 0 ? psc_pull_rows(c, t, k, n, g, 0, &tk)
+                             : psc_push_rows(c, t, k, n, g, 0, &tk);
+            if (rc != 0 || psc_wait(c, tk, TIMEOUT_MS) != 0)
+                die(op == 0 ? "pull rows" : "push rows", psc_last_error(c));
+            done++;
+        }
+        rate[op] = (double)(done * n) / (ps_mono_s() - t0);
+    }
+    double per_row = rss > rss0 ? (double)(rss - rss0) / (double)rows : 0;
+    printf("%-12" PRIu64 " %5u %8zu %14.0f %14.0f %14.0f %12.1f\n", rows, dim, n, fill, rate[0],
+           rate[1], per_row);
+    json_row("{\"bench\": \"rows\", \"rows\": %" PRIu64 ", \"dim\": %u, \"keys\": %zu, "
+             "\"fill_keys_per_s\": %.1f, \"pull_keys_per_s\": %.1f, \"push_keys_per_s\": %.1f, "
+             "\"rss_bytes_per_row\": %.1f}",
+             rows, dim, n, fill, rate[0], rate[1], per_row);
+    free(keys);
+    free(g);
+    psc_destroy(c);
+}
 
 static void sparse_bench(char eps[][256], double secs)
 {
@@ -566,8 +666,9 @@ int main(int argc, char **argv)
     const char *psd = getenv("PSD_BIN");
     const char *json_path = NULL;
     double secs = 0.5;
-    int quick = 0, only = -1, shards_only = 0, pin = 0, rounds = 5;
+    int quick = 0, only = -1, shards_only = 0, pin = 0, rounds = 5, window_only = 0;
     size_t size_only = 0;
+    uint64_t rows = 0, dim = 16;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--psd") == 0 && i + 1 < argc)
             psd = argv[++i];
@@ -592,14 +693,26 @@ int main(int argc, char **argv)
                     only = o;
             if (strcmp(argv[i], "sparse") == 0)
                 only = ONLY_SPARSE;
+            if (strcmp(argv[i], "rows") == 0)
+                only = ONLY_ROWS;
             if (only < 0)
-                die("--only", "expects push, pull, push-pull, pull-view or sparse");
+                die("--only", "expects push, pull, push-pull, pull-view, sparse or rows");
         } else if (strcmp(argv[i], "--size") == 0 && i + 1 < argc) {
             uint64_t v = 0;
-            if (ps_parse_u64(argv[++i], 1, 16u << 20, &v) != 0 ||
-                (v != 4096 && v != 65536 && v != 1u << 20 && v != 16u << 20))
-                die("--size", "expects 4096, 65536, 1048576 or 16777216");
+            if (ps_parse_u64(argv[++i], 4096, UINT64_C(16) << 30, &v) != 0 || v % 4096 != 0)
+                die("--size", "expects a multiple of 4096 bytes, at most 16 GiB");
             size_only = (size_t)v;
+        } else if (strcmp(argv[i], "--window") == 0 && i + 1 < argc) {
+            uint64_t v = 0;
+            if (ps_parse_u64(argv[++i], 1, WINDOW_MAX, &v) != 0)
+                die("--window", "expects a whole number from 1 to 8");
+            window_only = (int)v;
+        } else if (strcmp(argv[i], "--rows") == 0 && i + 1 < argc) {
+            if (ps_parse_u64(argv[++i], 4, UINT64_C(1) << 31, &rows) != 0)
+                die("--rows", "expects a whole number from 4 to 2^31");
+        } else if (strcmp(argv[i], "--dim") == 0 && i + 1 < argc) {
+            if (ps_parse_u64(argv[++i], 1, 1024, &dim) != 0)
+                die("--dim", "expects a whole number from 1 to 1024");
         } else if (strcmp(argv[i], "--shards") == 0 && i + 1 < argc) {
             uint64_t v = 0;
             if (ps_parse_u64(argv[++i], 1, SHARDS_MAX, &v) != 0)
@@ -613,8 +726,8 @@ int main(int argc, char **argv)
             piece_bytes = (size_t)v;
         } else {
             fprintf(stderr, "usage: bench_wire [--psd PATH] [--seconds S] [--quick] [--only OP] "
-                            "[--size BYTES] [--shards N] [--piece-bytes N|whole] [--pin] [--rounds "
-                            "N] [--json PATH]\n");
+                            "[--size BYTES] [--window N] [--shards N] [--piece-bytes N|whole] "
+                            "[--pin] [--rounds N] [--rows R] [--dim D] [--json PATH]\n");
             return 2;
         }
     }
@@ -634,12 +747,24 @@ int main(int argc, char **argv)
     if (mkdtemp(dir) == NULL)
         die("mkdtemp", strerror(errno));
 
-    const size_t sizes[] = {4096, 65536, 1u << 20, 16u << 20};
-    const int windows[] = {1, 8};
-    size_t nsizes = quick ? 3 : 4, max_bytes = sizes[nsizes - 1];
+    if ((only == ONLY_ROWS) != (rows > 0))
+        die("--rows", "goes with --only rows, and --only rows needs it");
+    size_t sizes[] = {4096, 65536, 1u << 20, 16u << 20};
+    int windows[] = {1, 8}, nwin = 2;
+    size_t nsizes = quick ? 3 : 4;
+    if (size_only) { /* that size alone */
+        sizes[0] = size_only;
+        nsizes = 1;
+    }
+    if (window_only) {
+        windows[0] = window_only;
+        nwin = 1;
+    }
+    size_t max_bytes = only == ONLY_ROWS ? 4096 : sizes[nsizes - 1];
+    int wmax = windows[nwin - 1];
     unsigned char *buf = xalloc(max_bytes);
-    float *outs[WINDOW_MAX];
-    for (int k = 0; k < WINDOW_MAX; k++)
+    float *outs[WINDOW_MAX] = {NULL};
+    for (int k = 0; k < wmax; k++)
         outs[k] = xalloc(max_bytes);
     for (size_t i = 0; i < max_bytes / 4; i++)
         ((float *)buf)[i] = 1e-3f;
@@ -659,10 +784,19 @@ int main(int argc, char **argv)
     printf("bench_wire: %.2f s per cell and side, in %d alternating rounds; psd asp 1 worker; "
            "client pieces: %s; raw = ZeroMQ DEALER/ROUTER echo, zero-copy%s\n\n",
            secs, rounds, pb, where);
-    printf("%-6s %-9s %7s %3s %11s %11s %11s %11s %7s\n", "shards", "op", "size", "win",
-           "psd req/s", "psd GB/s", "raw req/s", "raw GB/s", "ratio");
+    if (only != ONLY_ROWS)
+        printf("%-6s %-9s %7s %3s %11s %11s %11s %11s %7s\n", "shards", "op", "size", "win",
+               "psd req/s", "psd GB/s", "raw req/s", "raw GB/s", "ratio");
     char eps[SHARDS_MAX][256], reps[SHARDS_MAX][256], sb[32];
-    for (int n = 1; n <= (only == ONLY_SPARSE ? 1 : SHARDS_MAX); n++) {
+    if (only == ONLY_ROWS) {
+        printf("sparse rows, 1 shard, window 1, local ipc: filled in key order, then random keys\n");
+        printf("%-12s %5s %8s %14s %14s %14s %12s\n", "rows", "dim", "keys", "fill keys/s",
+               "pull keys/s", "push keys/s", "psd B/row");
+        start_psd(psd, dir, 0, 1, eps[0], sizeof eps[0]);
+        rows_bench(eps, children[nchildren - 1], rows, (uint32_t)dim, secs);
+        reap_all();
+    }
+    for (int n = 1; n <= (only >= ONLY_SPARSE ? only == ONLY_SPARSE : SHARDS_MAX); n++) {
         if (shards_only && n != shards_only)
             continue;
         for (int i = 0; i < n; i++) {
@@ -676,7 +810,7 @@ int main(int argc, char **argv)
         const struct sides sd = {&p, &r, buf, outs};
         for (int op = 0; op < OPS; op++)
             for (size_t si = 0; si < nsizes && (only < 0 || only == op); si++)
-                for (int wi = 0; wi < 2 && (!size_only || sizes[si] == size_only); wi++) {
+                for (int wi = 0; wi < nwin; wi++) {
                     size_t b = sizes[si];
                     int w = windows[wi];
                     /* warm both paths, then measure them in rounds */
@@ -702,7 +836,7 @@ int main(int argc, char **argv)
                 }
         if (n == 1 && only == ONLY_SPARSE) {
             sparse_bench(eps, secs * 2);
-        } else if (n == 1 && only < 0 && !size_only) {
+        } else if (n == 1 && only < 0 && !size_only && !window_only) {
             printf("\nlatency, push-pull, window 1, 1 shard (microseconds)\n");
             printf("%7s %10s %10s %10s %10s %7s\n", "size", "psd p50", "psd p99", "raw p50",
                    "raw p99", "p50 %");
@@ -739,7 +873,7 @@ int main(int argc, char **argv)
     printf("\nratio = median over the %d rounds of psd requests/s over raw requests/s, same size "
            "and window; latency p50 %% = raw p50 over psd p50\n",
            rounds);
-    for (int k = 0; k < WINDOW_MAX; k++)
+    for (int k = 0; k < wmax; k++)
         free(outs[k]);
     free(buf);
     for (int n = 1; n <= SHARDS_MAX; n++)
