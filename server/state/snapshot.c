@@ -488,7 +488,7 @@ int psd__snapshot_table(const struct psd_snapshot *s, json_t *o, uint32_t id,
                        " bytes, over psd --max-table-bytes %" PRIu64,
                        spec.name, bytes, table_bytes_max);
     struct psd_table *t = NULL;
-    if (psd_table_create(&spec, id, s->shard, s->shards, &t) != 0)
+    if (psd_table_create_unfilled(&spec, id, s->shard, s->shards, &t) != 0)
         return ps_errf(PS_EPROTO, err, errlen, "cannot allocate table '%s'", spec.name);
     if (psd_cons_table_init(&s->cons, t) != 0) {
         psd__table_free(s, t);

@@ -38,8 +38,10 @@ uint64_t psd_table_bytes_for(const Ps__TableSpec *spec, uint32_t shard, uint32_t
     return elems * 4u * (1u + (uint64_t)psk_optim_state_arrays((int)spec->optimizer));
 }
 
-int psd_table_create(const Ps__TableSpec *spec, uint32_t id, uint32_t shard, uint32_t shards,
-                     struct psd_table **out)
+/* fill: the weights from the spec's initialiser and the optimizer state
+ * zeroed; without it (a restore, which writes every element) neither. */
+static int create(const Ps__TableSpec *spec, uint32_t id, uint32_t shard, uint32_t shards,
+                  int fill, struct psd_table **out)
 {
     *out = NULL;
     struct psd_table *t = calloc(1, sizeof *t);
@@ -96,15 +98,28 @@ int psd_table_create(const Ps__TableSpec *spec, uint32_t id, uint32_t shard, uin
     uint64_t n = t->hi - t->lo;
     int ns = psk_optim_state_arrays((int)t->optimizer);
     t->w = alloc_floats(n, 0);
-    t->s1 = ns >= 1 ? alloc_floats(n, 1) : NULL;
-    t->s2 = ns >= 2 ? alloc_floats(n, 1) : NULL;
+    t->s1 = ns >= 1 ? alloc_floats(n, fill) : NULL;
+    t->s2 = ns >= 2 ? alloc_floats(n, fill) : NULL;
     if (t->w == NULL || (ns >= 1 && t->s1 == NULL) || (ns >= 2 && t->s2 == NULL)) {
         psd_table_destroy(t);
         return PS_ENOMEM;
     }
-    ps_init_fill(t->w, (size_t)n, (enum ps_init_kind)t->init, t->init_scale, t->seed, t->lo);
+    if (fill)
+        ps_init_fill(t->w, (size_t)n, (enum ps_init_kind)t->init, t->init_scale, t->seed, t->lo);
     *out = t;
     return 0;
+}
+
+int psd_table_create(const Ps__TableSpec *spec, uint32_t id, uint32_t shard, uint32_t shards,
+                     struct psd_table **out)
+{
+    return create(spec, id, shard, shards, 1, out);
+}
+
+int psd_table_create_unfilled(const Ps__TableSpec *spec, uint32_t id, uint32_t shard,
+                              uint32_t shards, struct psd_table **out)
+{
+    return create(spec, id, shard, shards, 0, out);
 }
 
 int psd_table_enable_prune(struct psd_table *t, const struct psd_prune_spec *spec)
