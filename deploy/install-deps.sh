@@ -34,10 +34,12 @@ PY_PKGS=(python3-numpy python3-torch)
 # numpy, pytest and torch (the Python package's tests, on Debian's python3),
 # oneDNN (conv_bench compares psk's convolutions with it; nothing links it
 # otherwise), PyYAML (the Kubernetes manifests' checker), etcd (the
-# replicas' tests start one), pyzmq (a raw peer in those tests).
+# replicas' tests start one), pyzmq (a raw peer in those tests),
+# matplotlib (tests/bench/size_bench.py's plots; the size-bench test
+# checks they are drawn).
 TEST_PKGS=(
   libcmocka-dev libdnnl-dev
-  python3-numpy python3-pytest python3-torch python3-yaml python3-zmq
+  python3-numpy python3-pytest python3-torch python3-yaml python3-zmq python3-matplotlib
   clang libclang-rt-14-dev
   procps systemd
   prometheus curl
