@@ -136,7 +136,7 @@ configs=(
 )
 # pinned: the worker's training thread on every CPU but the last; psd and
 # the worker's ZeroMQ I/O thread on the last (--cpus, --io-cpus)
-cpus=$(/usr/bin/python3 -c 'import os; print(",".join(map(str, sorted(os.sched_getaffinity(0)))))')
+cpus=$(python3 -c 'import os; print(",".join(map(str, sorted(os.sched_getaffinity(0)))))')
 if [ "${cpus//[^,]/}" != "" ]; then
   last=${cpus##*,}
   configs+=("1+1, $consistency, pinned (--cpus)|one_plus_one_pinned|dist 1 1 $consistency psd:--cpus=$last --cpus ${cpus%,*} --io-cpus $last")
