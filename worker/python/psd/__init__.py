@@ -12,10 +12,14 @@ library beside itself, in a build tree next to its source, through the
 loader, or at PSD_LIBPSCLIENT. worker/README.md ("Python") documents it."""
 from .client import Client, Handle, TopK, library
 from .link import Link
-from .errors import (AuthError, BusyError, ConnectionError, Error, InvalidArgumentError,
-                     LimitError, NoTableError, StateError, TableExistsError, TimeoutError)
+from .errors import (AuthError, BusyError, ConnectionError, DeviceError, Error,
+                     InvalidArgumentError, LimitError, NoTableError, NotPrimaryError,
+                     NotSupportedError, OutOfMemoryError, ProtocolError, RemoteError,
+                     SharedMemoryError, StateError, TableExistsError, TimeoutError)
 from .safetensors import load_safetensors, save_safetensors
 
 __all__ = ["Client", "Handle", "TopK", "Link", "library", "Error", "TimeoutError", "InvalidArgumentError",
            "TableExistsError", "NoTableError", "LimitError", "BusyError", "AuthError",
-           "StateError", "ConnectionError", "load_safetensors", "save_safetensors"]
+           "StateError", "ConnectionError", "OutOfMemoryError", "ProtocolError", "RemoteError",
+           "NotSupportedError", "DeviceError", "SharedMemoryError", "NotPrimaryError",
+           "load_safetensors", "save_safetensors"]

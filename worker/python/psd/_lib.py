@@ -155,9 +155,19 @@ def load():
                                   "and the psd package come from different versions"
                                   % (path, name, theirs, ours))
         return lib, path
-    raise ImportError("psd: cannot load libpsclient. Tried:\n  " + "\n  ".join(tried) +
+    hint = ""
+    missing = sorted({m for t in tried for m in _DEPS if m in t})
+    if missing:  # found, but a library it links is not installed
+        hint = ("\nlibpsclient needs %s, not installed here (Debian 12: apt-get install %s)."
+                % (", ".join(missing), " ".join(_DEPS[m] for m in missing)))
+    raise ImportError("psd: cannot load libpsclient. Tried:\n  " + "\n  ".join(tried) + hint +
                       "\nInstall it (meson install), or set PSD_LIBPSCLIENT to the path of "
                       "libpsclient.so.0 (in a build tree: BUILD/worker/client/).")
+
+
+# What libpsclient links, by the Debian package that has it.
+_DEPS = {"libzmq.so.5": "libzmq5", "libprotobuf-c.so.1": "libprotobuf-c1",
+         "libsodium.so.23": "libsodium23"}
 
 
 def _prototypes(lib):

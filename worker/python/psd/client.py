@@ -7,6 +7,7 @@ import threading
 import numpy as np
 
 from . import _lib
+from . import errors
 from .errors import error
 
 _lib_handle = None
@@ -250,7 +251,7 @@ class Client:
             raise ValueError("curve_server_key and curve_keypair go together")
         self.timeout_ms = int(timeout_ms)
         self.wire_dtype = wire_dtype
-        self._timedout = -12  # PS_ETIMEDOUT: stable, append-only codes
+        self._timedout = errors.PS_ETIMEDOUT
         arr = (ctypes.c_char_p * len(servers))(*[s.encode() for s in servers])
         cfg = _lib.Config(servers=arr, nservers=len(servers), worker_id=self.rank,
                           connect_timeout_ms=self.timeout_ms,
@@ -348,7 +349,7 @@ class Client:
 
     def _error(self, rc, what):
         text = self._lib.psc_last_error(self._c).decode(errors="replace") if self._c else ""
-        if rc == -20 and self._c:  # PS_EREMOTE: the kind is the shard's own code
+        if rc == errors.PS_EREMOTE and self._c:  # the kind is the shard's own code
             rc = self._lib.psc_last_remote(self._c) or rc
         name = self._lib.psc_err_name(rc).decode()
         return error(rc, name, "%s: %s" % (what, text or self._lib.psc_strerror(rc).decode()))
