@@ -36,9 +36,10 @@ PY_PKGS=(python3-numpy python3-torch)
 # otherwise), PyYAML (the Kubernetes manifests' checker), etcd (the
 # replicas' tests start one), pyzmq (a raw peer in those tests),
 # matplotlib (tests/bench/size_bench.py's plots; the size-bench test
-# checks they are drawn).
+# checks they are drawn), libabigail (the abi test: libpsclient against
+# its baseline).
 TEST_PKGS=(
-  libcmocka-dev libdnnl-dev
+  libcmocka-dev libdnnl-dev abigail-tools
   python3-numpy python3-pytest python3-torch python3-yaml python3-zmq python3-matplotlib
   clang libclang-rt-14-dev
   procps systemd
