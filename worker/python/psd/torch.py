@@ -256,6 +256,8 @@ class DistributedOptimizer:
         self._sent[b] = True
 
     def zero_grad(self, set_to_none=False):
+        """Zeroes the gradients of the parameters it trains, in place, or
+        drops them (set_to_none=True), as torch.optim.Optimizer.zero_grad."""
         for _, p in self.params:
             if p.grad is not None:
                 if set_to_none:
@@ -358,9 +360,11 @@ class GradScaler:
         self._found_inf = None
 
     def scale(self, loss):
+        """loss times the current scale, to call backward() on."""
         return loss * self._scale
 
     def get_scale(self):
+        """The current scale (a float)."""
         return self._scale
 
     def step(self, optimizer, *args, **kwargs):
@@ -386,9 +390,12 @@ class GradScaler:
         self._found_inf = None
 
     def state_dict(self):
+        """The scale and the clean steps counted toward its next growth
+        ({"scale": ..., "growth_tracker": ...}), for a checkpoint."""
         return {"scale": self._scale, "growth_tracker": self._clean}
 
     def load_state_dict(self, state):
+        """Takes back what state_dict() gave."""
         self._scale = float(state["scale"])
         self._clean = int(state["growth_tracker"])
 
@@ -604,6 +611,9 @@ class PipelineStage:
         self.link.send(direction, t.detach().contiguous().numpy(), step, micro, eval_)
 
     def close(self):
+        """Closes the stage's link to its neighbours: what was sent still goes,
+        for up to its timeout, unless the neighbour is gone (psd.Link.close).
+        The client stays open."""
         if self.link is not None:
             self.link.close()
             self.link = None
