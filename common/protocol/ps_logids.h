@@ -137,7 +137,8 @@
     X(W0308, ERROR, "the overflow vote failed (why)")                                                  \
     X(W0310, ERROR, "sparse model: a table call failed (which, and why)")                              \
     X(W0320, ERROR,                                                                                    \
-      "stage … of …: a neighbouring stage is gone, silent, or sent what this stage did not expect")    \
+      "stage … of …: a neighbouring stage is gone, silent, or sent what this stage did not "       \
+      "expect")                                                                                        \
     X(W0311, ERROR, "sparse model: a pull of a batch's rows failed")                                   \
     X(W0312, ERROR, "sparse model: a push of a batch's rows failed")                                   \
     X(W0313, ERROR, "sparse model: waiting for an overlapped pull failed")

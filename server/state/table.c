@@ -40,8 +40,8 @@ uint64_t psd_table_bytes_for(const Ps__TableSpec *spec, uint32_t shard, uint32_t
 
 /* fill: the weights from the spec's initialiser and the optimizer state
  * zeroed; without it (a restore, which writes every element) neither. */
-static int create(const Ps__TableSpec *spec, uint32_t id, uint32_t shard, uint32_t shards,
-                  int fill, struct psd_table **out)
+static int create(const Ps__TableSpec *spec, uint32_t id, uint32_t shard, uint32_t shards, int fill,
+                  struct psd_table **out)
 {
     *out = NULL;
     struct psd_table *t = calloc(1, sizeof *t);

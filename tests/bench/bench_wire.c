@@ -68,8 +68,8 @@
 
 enum op { OP_PUSH, OP_PULL, OP_PUSH_PULL, OP_PULL_VIEW, OPS };
 static const char *const op_names[] = {"push", "pull", "push-pull", "pull-view"};
-#define ONLY_SPARSE OPS   /* --only sparse */
-#define ONLY_ROWS (OPS + 1) /* --only rows */
+#define ONLY_SPARSE OPS       /* --only sparse */
+#define ONLY_ROWS   (OPS + 1) /* --only rows */
 
 static void die(const char *what, const char *why)
 {
@@ -522,9 +522,9 @@ static void rows_bench(char eps[][256], pid_t pid, uint64_t rows, uint32_t dim, 
     size_t n = rows / 4 < BATCH ? (size_t)(rows / 4) : BATCH;
     if (n == 0)
         die("--rows", "expects at least 4 rows");
-    uint64_t *keys = xalloc(SETS * n * sizeof(uint64_t) > BATCH * sizeof(uint64_t)
-                                ? SETS * n * sizeof(uint64_t)
-                                : BATCH * sizeof(uint64_t));
+    uint64_t *keys =
+        xalloc(SETS * n * sizeof(uint64_t) > BATCH * sizeof(uint64_t) ? SETS * n * sizeof(uint64_t)
+                                                                      : BATCH * sizeof(uint64_t));
     float *g = xalloc((size_t)BATCH * dim * sizeof(float));
     for (size_t i = 0; i < (size_t)BATCH * dim; i++)
         g[i] = 1e-3f;
@@ -789,7 +789,8 @@ int main(int argc, char **argv)
                "psd req/s", "psd GB/s", "raw req/s", "raw GB/s", "ratio");
     char eps[SHARDS_MAX][256], reps[SHARDS_MAX][256], sb[32];
     if (only == ONLY_ROWS) {
-        printf("sparse rows, 1 shard, window 1, local ipc: filled in key order, then random keys\n");
+        printf(
+            "sparse rows, 1 shard, window 1, local ipc: filled in key order, then random keys\n");
         printf("%-12s %5s %8s %14s %14s %14s %12s\n", "rows", "dim", "keys", "fill keys/s",
                "pull keys/s", "push keys/s", "psd B/row");
         start_psd(psd, dir, 0, 1, eps[0], sizeof eps[0]);

@@ -212,13 +212,15 @@ int main(int argc, char **argv)
             perror(json);
             return 1;
         }
-        fprintf(f, "{\"device\": \"%s\", \"batch\": %ld, \"peak_gflops\": %.3f, "
-                   "\"mlp_step_gemm_us\": %.3f, \"cnn_step_gemm_us\": %.3f, \"shapes\": [",
+        fprintf(f,
+                "{\"device\": \"%s\", \"batch\": %ld, \"peak_gflops\": %.3f, "
+                "\"mlp_step_gemm_us\": %.3f, \"cnn_step_gemm_us\": %.3f, \"shapes\": [",
                 psk_kind_of(be) == PSK_CUDA ? "cuda" : "cpu", batch, peak_gflops, step_us[0],
                 step_us[1]);
         for (size_t s = 0; s < NSHAPES; s++)
-            fprintf(f, "%s{\"model\": \"%s\", \"what\": \"%s\", \"us\": %.3f, \"gflops\": %.3f, "
-                       "\"count\": %d}",
+            fprintf(f,
+                    "%s{\"model\": \"%s\", \"what\": \"%s\", \"us\": %.3f, \"gflops\": %.3f, "
+                    "\"count\": %d}",
                     s ? ", " : "", SHAPES[s].model, SHAPES[s].what, res[s].us, res[s].gflops,
                     res[s].count);
         fprintf(f, "]}\n");
