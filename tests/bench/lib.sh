@@ -1,6 +1,22 @@
 # Shell functions the training benchmarks share (sourced by
-# train_bench.sh and torch_bench.sh). They expect $psd (the psd binary),
-# $run (a scratch folder), and the arrays pids and psd_opts.
+# train_bench.sh, torch_bench.sh and pipeline_bench.sh). bench_setup sets
+# what the others expect: $psd (the psd binary), $psw, $run (a scratch
+# folder), and the arrays pids and psd_opts.
+
+# Builds $build (release) unless do_build is 0, sets psd, psw, run (a new
+# folder /tmp/NAME.XXXXXX), pids and psd_opts, and stops what pids holds
+# when the script exits.
+bench_setup() { # name
+  if [ "$do_build" = 1 ]; then
+    if [ ! -f "$build/build.ninja" ]; then meson setup "$build" -Dbuildtype=release >/dev/null; fi
+    ninja -C "$build" >/dev/null
+  fi
+  psd="$build/server/psd" psw="$build/worker/psworker"
+  run=$(mktemp -d "/tmp/$1.XXXXXX")
+  pids=() psd_opts=()
+  trap bench_cleanup EXIT INT TERM
+}
+bench_cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
 
 # The summed samples_per_sec of the summary files given.
 sps() { python3 -c 'import json,sys; print("%.1f" % sum(json.load(open(f))["samples_per_sec"] for f in sys.argv[1:]))' "$@"; }

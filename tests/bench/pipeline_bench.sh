@@ -41,17 +41,9 @@ for v in steps batch micro repeat; do
     exit 2
   fi
 done
-if [ "$do_build" = 1 ]; then
-  if [ ! -f "$build/build.ninja" ]; then meson setup "$build" -Dbuildtype=release >/dev/null; fi
-  ninja -C "$build" >/dev/null
-fi
-psd="$build/server/psd" psw="$build/worker/psworker"
-run=$(mktemp -d /tmp/psd-pipebench.XXXXXX)
-pids=() psd_opts=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
-trap cleanup EXIT INT TERM
 # shellcheck source=tests/bench/lib.sh
 . tests/bench/lib.sh
+bench_setup psd-pipebench
 
 common=(--layers "$layers" --batch "$batch" --max-steps "$steps" --epochs 1000 --device "$device"
   --log-every 1000000 --compute-threads 1)
@@ -93,7 +85,7 @@ stages() {
   fi
 }
 field() { /usr/bin/python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])' "$@"; }
-busy() { /usr/bin/python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); print("%.3f" % (j["forward_seconds"] + j["backward_seconds"]))' "$1"; }
+busy() { /usr/bin/python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); print("%.6f" % (j["forward_seconds"] + j["backward_seconds"]))' "$1"; }
 
 declare -A rate bub0 bub1 busy0 busy1
 for ((i = 0; i < repeat; i++)); do
@@ -122,7 +114,7 @@ for s in 1f1b gpipe; do
   # shellcheck disable=SC2086
   u0=$(median ${busy0[$s]}) u1=$(median ${busy1[$s]})
   ratio=$(/usr/bin/python3 -c "print('%.2f' % ($v / $base))")
-  imb=$(/usr/bin/python3 -c "print('%.2f' % (max($u0, $u1) / min($u0, $u1)))")
+  imb=$(/usr/bin/python3 -c "print('%.2f' % (max($u0, $u1) / min($u0, $u1)) if min($u0, $u1) > 0 else 0)")
   printf '%-44s %12.0f %7s %22s %10s\n' "2 stages, $s, M = $micro" "$v" "$ratio" \
     "$(printf '%.3f / %.3f' "$b0" "$b1")" "$imb"
   rows+=", \"$s\": {\"samples_per_sec\": $v, \"ratio\": $ratio, \"bubble_stage0\": $b0, \"bubble_stage1\": $b1, \"imbalance\": $imb}"

@@ -40,23 +40,14 @@ if ! $py -c 'import torch, numpy' 2>/dev/null; then
   echo "torch_bench: Debian's python3-torch and python3-numpy are needed (deploy/install-deps.sh python)" >&2
   exit 2
 fi
-if [ "$do_build" = 1 ]; then
-  if [ ! -f "$build/build.ninja" ]; then meson setup "$build" -Dbuildtype=release >/dev/null; fi
-  ninja -C "$build" >/dev/null
-fi
-psd="$build/server/psd"
-export PYTHONPATH=worker/python PSD_LIBPSCLIENT="$build/worker/client/libpsclient.so.0"
-ncpu=$(nproc)
-run=$(mktemp -d /tmp/psd-torch-bench.XXXXXX)
-pids=() psd_opts=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
-trap cleanup EXIT INT TERM
-
-example=(worker/python/examples/fashion_cnn.py --steps "$steps" --threads "$threads")
-# sps, median, start_shards, stop_shards
+# sps, median, start_shards, stop_shards, bench_setup
 # shellcheck source=tests/bench/lib.sh
 . tests/bench/lib.sh
+bench_setup psd-torch-bench
+export PYTHONPATH=worker/python PSD_LIBPSCLIENT="$build/worker/client/libpsclient.so.0"
+ncpu=$(nproc)
 
+example=(worker/python/examples/fashion_cnn.py --steps "$steps" --threads "$threads")
 workers() { # mode (psd|ddp|local) count: runs them pinned, prints their samples/s
   local mode=$1 w=$2 files=() wp=() failed=0 port=""
   [ "$mode" = ddp ] && port=$($py -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')

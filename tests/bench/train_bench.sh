@@ -69,21 +69,11 @@ for v in steps cnn_steps batch repeat blas; do
     exit 2
   fi
 done
-if [ "$do_build" = 1 ]; then
-  if [ ! -f "$build/build.ninja" ]; then meson setup "$build" -Dbuildtype=release >/dev/null; fi
-  ninja -C "$build" >/dev/null
-fi
-psd="$build/server/psd" psw="$build/worker/psworker"
-run=$(mktemp -d /tmp/psd-bench.XXXXXX)
-pids=() psd_opts=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
-trap cleanup EXIT INT TERM
-
-common=(--batch "$batch" --max-steps "$steps" --epochs 1000 --device "$device" --log-every 1000000 "${data[@]}")
-
-# sps, median, start_shards, stop_shards
 # shellcheck source=tests/bench/lib.sh
 . tests/bench/lib.sh
+bench_setup psd-bench
+
+common=(--batch "$batch" --max-steps "$steps" --epochs 1000 --device "$device" --log-every 1000000 "${data[@]}")
 
 dist() { # shards workers consistency [options...]: psd:OPT goes to psd, the rest to psworker
   local n=$1 w=$2 mode=$3 o
