@@ -33,6 +33,12 @@ def data():
     return x, y
 
 
+def half(whole, s, client, eps, **kw):
+    """Stage s of 2 of the model: layers [0, 2) or [2, 5)."""
+    return psd.torch.PipelineStage(whole[[0, 2][s]:[2, 5][s]], s, 2, client=client,
+                                   endpoints=eps, **kw)
+
+
 def free_endpoints(n):
     socks = [socket.socket() for _ in range(n)]
     for s in socks:
@@ -121,8 +127,7 @@ def test_a_stage_that_goes_is_named(cluster):
 
     def run(s):
         with psd.Client(servers, s, 2) as c:
-            st = psd.torch.PipelineStage(whole[[0, 2][s]:[2, 5][s]], s, 2, client=c,
-                                         endpoints=eps, stage_timeout_ms=500)
+            st = half(whole, s, c, eps, stage_timeout_ms=500)
             sched = psd.torch.Schedule1F1B(st, 2, loss_fn=F.cross_entropy)
             if s == 1:  # takes one step's first activations, then goes
                 st._recv(0, 0, 0, False)
@@ -173,8 +178,7 @@ def test_curve_between_stages(cluster):
 
     def run(s):
         with psd.Client(servers, s, 2) as c:
-            st = psd.torch.PipelineStage(whole[[0, 2][s]:[2, 5][s]], s, 2, client=c,
-                                         endpoints=eps, curve_keypair=pair)
+            st = half(whole, s, c, eps, curve_keypair=pair)
             sched = psd.torch.ScheduleGPipe(st, 2, loss_fn=F.cross_entropy)
             out = sched.step(x[0]) if s == 0 else sched.step(target=y[0])
             st.close()
