@@ -116,7 +116,7 @@ int main(int argc, char **argv)
     const char *device = "auto", *json = NULL;
     long batch = 64, peak = 4096;
     double secs = 0.2;
-    for (int i = 1; i < argc; i++) {
+    for (int i = 1; i < argc; i += 2) { /* every option takes a value */
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (strcmp(a, "--device") == 0 && v) {
             device = v;
@@ -143,7 +143,6 @@ int main(int argc, char **argv)
             fprintf(stderr, "gemm_bench: unknown or incomplete option '%s'\n", a);
             return 2;
         }
-        i++;
     }
     char err[256];
     struct psk_backend *be = NULL;
