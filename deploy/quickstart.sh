@@ -100,7 +100,7 @@ for ((r = 0; r < workers; r++)); do
   if [ "$python" -eq 1 ]; then
     # torchrun's variables; the package is used from the source tree
     cmd=(env PSD_SERVERS="$servers" RANK="$r" WORLD_SIZE="$workers" PYTHONPATH=worker/python
-         PSD_LIBPSCLIENT="$build/worker/client/libpsclient.so.0"
+         PSD_LIBPSCLIENT="$build/worker/client/libpsclient.so.1"
          /usr/bin/python3 worker/python/examples/fashion_cnn.py --epochs "$epochs" --batch "$batch"
          --lr "$lr" --json "$run/summary$r.json" "${extra[@]}")
   else

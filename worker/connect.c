@@ -75,7 +75,8 @@ int psw_connect_client(struct trainer *tr, int nonzero_pulls, char *err, size_t 
     int rc = ps_split_servers(c->servers, buf, sizeof buf, eps, &n, err, errlen);
     if (rc != 0)
         return rc;
-    struct psc_config pc = {.servers = eps,
+    struct psc_config pc = {.struct_size = sizeof pc,
+                            .servers = eps,
                             .nservers = n,
                             .worker_id = (uint32_t)c->rank,
                             .connect_timeout_ms = (int)c->timeout_ms,

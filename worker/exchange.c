@@ -144,6 +144,7 @@ int psw_setup_tables(struct trainer *tr, char *err, size_t errlen)
         }
     }
     int rc = 0;
+    tr->vote.struct_size = sizeof tr->vote;
     if (tr->prec == PSK_PREC_F16 && !tr->cfg.standalone &&
         (rc = psc_vote_open(tr->c, "found_inf", (int)tr->cfg.timeout_ms, &tr->vote)) != 0)
         snprintf(err, errlen, "the overflow vote: %s", psc_last_error(tr->c));

@@ -249,8 +249,13 @@ static int send_tensor(struct trainer *tr, int dir, const float *src, int dev, i
             return PS_EDEVICE;
         src = pp->h_out;
     }
-    struct psc_tensor t = {
-        .step = tr->clock, .micro = micro, .dtype = PSC_F32, .ndims = 2, .data = src, .eval = eval};
+    struct psc_tensor t = {.struct_size = sizeof t,
+                           .step = tr->clock,
+                           .micro = micro,
+                           .dtype = PSC_F32,
+                           .ndims = 2,
+                           .data = src,
+                           .eval = eval};
     t.shape[0] = (uint64_t)rows;
     t.shape[1] = (uint64_t)width;
     int rc = psc_link_send(pp->link, dir, &t);
@@ -266,7 +271,7 @@ static int agree(struct trainer *tr)
     struct psw_pipe *pp = tr->pipe;
     float mine[PLAN_VALUES] = {(float)pp->m, (float)pp->rows, (float)pp->gpipe, 0};
     if (pp->s > 0) {
-        struct psc_tensor t;
+        struct psc_tensor t = {.struct_size = sizeof t};
         int rc = recv_tensor(tr, PSC_LINK_FORWARD, &t);
         if (rc == 0)
             rc = expect(tr, &t, PSC_LINK_FORWARD, 1, PLAN_MICRO, 1, PLAN_VALUES);
@@ -378,6 +383,7 @@ int psw_pipe_start(struct trainer *tr, char *err, size_t errlen)
     const char *allow[1] = {mine.pub};
     int curve = mine.pub[0] != '\0';
     struct psc_link_config lc = {
+        .struct_size = sizeof lc,
         .curve_public = curve ? mine.pub : NULL,
         .curve_secret = curve ? mine.sec : NULL,
         .curve_server_key = curve && pp->s + 1 < pp->p ? mine.pub : NULL,
@@ -447,7 +453,7 @@ static int forward(struct trainer *tr, uint64_t step, uint32_t j)
     if (pp->s == 0) {
         rc = psw_load_batch(tr, &tr->train, micro_rows(tr, step, j), pp->rows);
     } else {
-        struct psc_tensor t;
+        struct psc_tensor t = {.struct_size = sizeof t};
         rc = recv_tensor(tr, PSC_LINK_FORWARD, &t);
         if (rc == 0)
             rc = expect(tr, &t, PSC_LINK_FORWARD, 0, j, pp->rows, pp->in_w);
@@ -498,7 +504,7 @@ static int backward(struct trainer *tr, uint64_t step, uint32_t j, double *loss,
         *loss += l;
         *correct += ok;
     } else {
-        struct psc_tensor t;
+        struct psc_tensor t = {.struct_size = sizeof t};
         rc = recv_tensor(tr, PSC_LINK_BACKWARD, &t);
         t0 = ps_mono_s();
         if (rc == 0)
@@ -585,7 +591,7 @@ static double evaluate(struct trainer *tr)
         if (pp->s == 0) {
             rc = psw_load_batch(tr, &tr->test, idx, rows);
         } else {
-            struct psc_tensor t;
+            struct psc_tensor t = {.struct_size = sizeof t};
             rc = recv_tensor(tr, PSC_LINK_FORWARD, &t);
             if (rc == 0)
                 rc = expect(tr, &t, PSC_LINK_FORWARD, 1, chunk, rows, pp->in_w);
@@ -611,7 +617,7 @@ static double evaluate(struct trainer *tr)
         }
     }
     if (rc == 0 && !last) {
-        struct psc_tensor t;
+        struct psc_tensor t = {.struct_size = sizeof t};
         rc = recv_tensor(tr, PSC_LINK_BACKWARD, &t);
         if (rc == 0)
             rc = expect(tr, &t, PSC_LINK_BACKWARD, 1, chunk, 1, 2);

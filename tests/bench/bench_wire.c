@@ -334,7 +334,8 @@ static void ps_connect(struct ps *p, char eps[][256], int n, uint64_t size)
     const char *e[SHARDS_MAX];
     for (int i = 0; i < n; i++)
         e[i] = eps[i];
-    struct psc_config cfg = {.servers = e,
+    struct psc_config cfg = {.struct_size = sizeof cfg,
+                             .servers = e,
                              .nservers = (size_t)n,
                              .worker_id = 0,
                              .connect_timeout_ms = TIMEOUT_MS,
@@ -499,7 +500,8 @@ static uint64_t rss_bytes(pid_t pid)
 static void rows_bench(char eps[][256], pid_t pid, uint64_t rows, uint32_t dim, double secs)
 {
     const char *e[1] = {eps[0]};
-    struct psc_config cfg = {.servers = e,
+    struct psc_config cfg = {.struct_size = sizeof cfg,
+                             .servers = e,
                              .nservers = 1,
                              .worker_id = 0,
                              .connect_timeout_ms = TIMEOUT_MS,
@@ -596,7 +598,8 @@ static void sparse_bench(char eps[][256], double secs)
         const char *e[1] = {eps[0]};
         size_t n = cases[ci].nkeys, d = cases[ci].dim;
         size_t kbytes = SETS * n * sizeof(uint64_t), gbytes = n * d * sizeof(float);
-        struct psc_config cfg = {.servers = e,
+        struct psc_config cfg = {.struct_size = sizeof cfg,
+                                 .servers = e,
                                  .nservers = 1,
                                  .worker_id = 0,
                                  .connect_timeout_ms = TIMEOUT_MS,

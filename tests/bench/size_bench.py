@@ -357,7 +357,7 @@ def main():
             ap.error("%s is not built (a build with tests: meson setup %s -Dbuildtype=release)"
                      % (path, a.build_dir))
     os.environ.setdefault("PSD_LIBPSCLIENT",
-                          os.path.join(b, "worker", "client", "libpsclient.so.0"))
+                          os.path.join(b, "worker", "client", "libpsclient.so.1"))
     budget = a.max_bytes or mem_total() // 2
     print("size_bench: %s of memory for the runs (half of %s unless --max-bytes), %d CPUs" % (
         human(budget), human(mem_total()), os.cpu_count()))

@@ -44,7 +44,7 @@ fi
 # shellcheck source=tests/bench/lib.sh
 . tests/bench/lib.sh
 bench_setup psd-torch-bench
-export PYTHONPATH=worker/python PSD_LIBPSCLIENT="$build/worker/client/libpsclient.so.0"
+export PYTHONPATH=worker/python PSD_LIBPSCLIENT="$build/worker/client/libpsclient.so.1"
 ncpu=$(nproc)
 
 example=(worker/python/examples/fashion_cnn.py --steps "$steps" --threads "$threads")

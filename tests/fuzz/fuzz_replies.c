@@ -156,8 +156,11 @@ static void setup(void)
     if (pthread_create(&g.thread, NULL, shard_main, NULL) != 0)
         die("thread", "cannot start the fake shard");
     const char *eps[1] = {g.endpoint};
-    struct psc_config cfg = {
-        .servers = eps, .nservers = 1, .worker_id = 1, .connect_timeout_ms = 10000};
+    struct psc_config cfg = {.struct_size = sizeof cfg,
+                             .servers = eps,
+                             .nservers = 1,
+                             .worker_id = 1,
+                             .connect_timeout_ms = 10000};
     char err[256];
     if (psc_create(&cfg, &g.c, err, sizeof err) != 0)
         die("psc_create", err);
@@ -209,8 +212,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     uint64_t tk = 0;
     int rc = 0;
     char detail[256];
-    struct psc_shard_stats st;
-    struct psc_table_stats ts[4];
+    struct psc_shard_stats st = {.struct_size = sizeof st};
+    struct psc_table_stats ts[4] = {{.struct_size = sizeof ts[0]}};
     uint64_t total = 0, got = 0;
     uint32_t t = 0;
     switch ((data[0] & 0x7f) % FUZZ_REPLY_REQUESTS) {

@@ -300,7 +300,7 @@ torch_step() {
   local files=(tests/python/test_torch_cuda.py)
   [ "$quick" = 0 ] && files+=(tests/python/test_torch.py)
   PSD_BIN=$build/server/psd PSWORKER_BIN=$build/worker/psworker PSCTL_BIN=$build/worker/client/psctl \
-    PSD_LIBPSCLIENT=$build/worker/client/libpsclient.so.0 \
+    PSD_LIBPSCLIENT=$build/worker/client/libpsclient.so.1 \
     "$py" -m pytest -q -rs -p no:cacheprovider "${files[@]}" 2>&1 | tee "$work/torch.log"
   local rc=${PIPESTATUS[0]} last
   last=$(grep -E "(passed|failed|skipped|error)" "$work/torch.log" | tail -1)

@@ -13,7 +13,8 @@ int main(int argc, char **argv)
         return 2;
     }
     const char *servers[] = {argv[1]};
-    struct psc_config cfg = {.servers = servers, .nservers = 1, .connect_timeout_ms = 10000};
+    struct psc_config cfg = {
+        .struct_size = sizeof cfg, .servers = servers, .nservers = 1, .connect_timeout_ms = 10000};
     struct psc_client *c = NULL;
     char err[256];
     if (psc_create(&cfg, &c, err, sizeof err) != 0) {

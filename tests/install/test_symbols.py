@@ -11,7 +11,7 @@ import sys
 lib, listed_path, header = sys.argv[1:4]
 out = subprocess.run(["nm", "-D", "--defined-only", lib], capture_output=True, text=True,
                      check=True).stdout
-# the version node (PSCLIENT_0) is an absolute symbol, not a function
+# the version node (PSCLIENT_1) is an absolute symbol, not a function
 exported = sorted(l.split()[-1].split("@")[0] for l in out.splitlines()
                   if l.split() and l.split()[1] != "A")
 listed = sorted(l.strip() for l in open(listed_path) if l.strip() and not l.startswith("#"))

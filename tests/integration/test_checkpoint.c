@@ -213,6 +213,7 @@ static struct psc_client *start_and_connect(struct psd_proc *p, const char *name
     start_async(p, name, NULL);
     snprintf(first_ep, sizeof first_ep, "%s", p->endpoint);
     static const char *eps[1] = {first_ep};
+    cfg.struct_size = sizeof cfg;
     cfg.servers = eps;
     cfg.nservers = 1;
     cfg.connect_timeout_ms = 10000;
@@ -317,7 +318,7 @@ static void test_shared_memory_copies_to_restarted_server(void **state)
         fail_msg("the push-pull failed: %s", psc_last_error(c));
     for (int i = 0; i < 100; i++)
         assert_true(w[i] == -2.0f); /* applied once */
-    struct psc_shard_stats st;
+    struct psc_shard_stats st = {.struct_size = sizeof st};
     assert_int_equal(psc_stats(c, 0, 10000, &st), 0);
     if (st.errors < 2)
         fail_msg("only %llu refusal(s): the copies did not queue up",

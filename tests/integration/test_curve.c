@@ -41,8 +41,11 @@ static int connect_as(struct fixture *f, const struct ps_curve_keys *me, int tim
                       struct psc_client **out, char *err, size_t errlen)
 {
     const char *eps[1] = {f->psd.endpoint};
-    struct psc_config cfg = {
-        .servers = eps, .nservers = 1, .worker_id = 1, .connect_timeout_ms = timeout_ms};
+    struct psc_config cfg = {.struct_size = sizeof cfg,
+                             .servers = eps,
+                             .nservers = 1,
+                             .worker_id = 1,
+                             .connect_timeout_ms = timeout_ms};
     if (me != NULL) {
         cfg.curve_server_key = f->server.pub;
         cfg.curve_public = me->pub;

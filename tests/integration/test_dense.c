@@ -55,8 +55,11 @@ static int setup(void **state)
     if (harness_psd_start(&f.shard[0], a0) != 0 || harness_psd_start(&f.shard[1], a1) != 0)
         return -1;
     const char *eps[2] = {f.shard[0].endpoint, f.shard[1].endpoint};
-    struct psc_config cfg = {
-        .servers = eps, .nservers = 2, .worker_id = 1, .connect_timeout_ms = TIMEOUT_MS};
+    struct psc_config cfg = {.struct_size = sizeof cfg,
+                             .servers = eps,
+                             .nservers = 2,
+                             .worker_id = 1,
+                             .connect_timeout_ms = TIMEOUT_MS};
     char err[512];
     if (psc_create(&cfg, &f.c, err, sizeof err) != 0) {
         fprintf(stderr, "psc_create: %s\n", err);
@@ -257,7 +260,7 @@ static void test_stats(void **state)
 {
     struct fixture *f = *state;
     for (uint32_t s = 0; s < 2; s++) {
-        struct psc_shard_stats st;
+        struct psc_shard_stats st = {.struct_size = sizeof st};
         assert_int_equal(psc_stats(f->c, s, TIMEOUT_MS, &st), 0);
         assert_int_equal(st.shard, s);
         assert_int_equal(st.shards, 2);
@@ -271,12 +274,100 @@ static void test_stats(void **state)
     assert_true(sent > N * 4 && recvd > 2 * N * 4);
 }
 
+/* The structs that grow (psclient.h, "ABI"), as a program built against
+ * an older or a newer psclient.h passes them: a newer one's unknown
+ * fields must be zero, an older one's missing fields take their defaults,
+ * and what the library writes stops at the caller's struct_size. */
+struct newer_config {
+    struct psc_config cfg;
+    uint64_t later; /* a field a newer header has */
+};
+struct newer_shard_stats {
+    struct psc_shard_stats st;
+    unsigned char later[40];
+};
+struct newer_table_stats {
+    struct psc_table_stats ts;
+    unsigned char later[24];
+};
+
+static void test_sized_structs(void **state)
+{
+    struct fixture *f = *state;
+    const char *eps[2] = {f->shard[0].endpoint, f->shard[1].endpoint};
+    struct psc_client *c = NULL;
+    char err[512];
+    /* no struct_size: refused, saying what to set */
+    struct psc_config zero = {.servers = eps, .nservers = 2, .connect_timeout_ms = TIMEOUT_MS};
+    assert_int_equal(psc_create(&zero, &c, err, sizeof err), PS_EINVAL);
+    assert_non_null(strstr(err, "struct psc_config: struct_size is 0"));
+    assert_null(c);
+    /* smaller than the first version's */
+    zero.struct_size = offsetof(struct psc_config, hello_waiting);
+    assert_int_equal(psc_create(&zero, &c, err, sizeof err), PS_EINVAL);
+    /* a newer program's struct: its new field unset is fine... */
+    struct newer_config nc;
+    memset(&nc, 0, sizeof nc);
+    nc.cfg.struct_size = sizeof nc;
+    nc.cfg.servers = eps;
+    nc.cfg.nservers = 2;
+    nc.cfg.worker_id = 9;
+    nc.cfg.connect_timeout_ms = TIMEOUT_MS;
+    assert_int_equal(psc_create(&nc.cfg, &c, err, sizeof err), 0);
+    psc_destroy(c);
+    c = NULL;
+    /* ...set, it is refused: this library would ignore it */
+    nc.later = 1;
+    assert_int_equal(psc_create(&nc.cfg, &c, err, sizeof err), PS_EINVAL);
+    assert_non_null(strstr(err, "newer psclient.h"));
+    assert_null(c);
+
+    /* a spec without struct_size is named by psc_table_create */
+    struct psc_table_spec sp;
+    psc_table_spec_init(&sp, "sized", 8);
+    assert_int_equal(sp.struct_size, sizeof sp);
+    sp.struct_size = 0;
+    uint32_t h;
+    assert_int_equal(psc_table_create(f->c, &sp, TIMEOUT_MS, &h), PS_EINVAL);
+    assert_non_null(strstr(psc_last_error(f->c), "struct psc_table_spec"));
+
+    /* stats into a newer program's structs: the fields this library knows
+     * are written, the rest zeroed, struct_size and the stride kept */
+    struct newer_shard_stats ns;
+    memset(&ns, 0xa5, sizeof ns);
+    ns.st.struct_size = sizeof ns;
+    struct newer_table_stats nt[4];
+    memset(nt, 0xa5, sizeof nt);
+    nt[0].ts.struct_size = sizeof nt[0];
+    assert_int_equal(psc_stats_tables(f->c, 0, TIMEOUT_MS, &ns.st, &nt[0].ts, 4), 0);
+    assert_int_equal(ns.st.struct_size, sizeof ns);
+    assert_int_equal(ns.st.shard, 0);
+    assert_true(ns.st.tables >= 1);
+    for (size_t i = 0; i < sizeof ns.later; i++)
+        assert_int_equal(ns.later[i], 0);
+    int found = 0;
+    for (uint32_t i = 0; i < ns.st.tables && i < 4; i++) {
+        assert_int_equal(nt[i].ts.struct_size, sizeof nt[0]);
+        for (size_t j = 0; j < sizeof nt[i].later; j++)
+            assert_int_equal(nt[i].later[j], 0);
+        found |= strcmp(nt[i].ts.name, "big") == 0;
+    }
+    assert_true(found);
+    /* an output struct without struct_size is refused, and not written */
+    struct psc_shard_stats bare;
+    memset(&bare, 0, sizeof bare);
+    assert_int_equal(psc_stats(f->c, 0, TIMEOUT_MS, &bare), PS_EINVAL);
+    assert_non_null(strstr(psc_last_error(f->c), "struct psc_shard_stats"));
+    assert_int_equal(bare.shards, 0);
+}
+
 static void test_unreachable_and_misordered(void **state)
 {
     struct fixture *f = *state;
     /* Nothing listens on port 1 of loopback: hello times out, naming it. */
     const char *dead[1] = {"tcp://127.0.0.1:1"};
-    struct psc_config cfg = {.servers = dead, .nservers = 1, .connect_timeout_ms = 300};
+    struct psc_config cfg = {
+        .struct_size = sizeof cfg, .servers = dead, .nservers = 1, .connect_timeout_ms = 300};
     struct psc_client *c = NULL;
     char err[512];
     long long t0 = ps_mono_ms();
@@ -286,12 +377,16 @@ static void test_unreachable_and_misordered(void **state)
     assert_null(c);
     /* Endpoints listed in the wrong order: hello says which is which. */
     const char *swapped[2] = {f->shard[1].endpoint, f->shard[0].endpoint};
-    struct psc_config cfg2 = {.servers = swapped, .nservers = 2, .connect_timeout_ms = TIMEOUT_MS};
+    struct psc_config cfg2 = {.struct_size = sizeof cfg2,
+                              .servers = swapped,
+                              .nservers = 2,
+                              .connect_timeout_ms = TIMEOUT_MS};
     assert_int_equal(psc_create(&cfg2, &c, err, sizeof err), PS_ESTATE);
     assert_non_null(strstr(err, "check the order"));
     /* Garbage endpoint: named in the error. */
     const char *junk[1] = {"nonsense://x"};
-    struct psc_config cfg3 = {.servers = junk, .nservers = 1, .connect_timeout_ms = 100};
+    struct psc_config cfg3 = {
+        .struct_size = sizeof cfg3, .servers = junk, .nservers = 1, .connect_timeout_ms = 100};
     assert_int_equal(psc_create(&cfg3, &c, err, sizeof err), PS_EINVAL);
     assert_non_null(strstr(err, "nonsense://x"));
 }
@@ -301,6 +396,7 @@ static void test_unreachable_and_misordered(void **state)
 static struct psc_client *client_or_fail(struct psc_config cfg, const char *const *eps, size_t n,
                                          uint32_t worker)
 {
+    cfg.struct_size = sizeof cfg;
     cfg.servers = eps;
     cfg.nservers = n;
     cfg.worker_id = worker;
@@ -366,7 +462,7 @@ static void test_wait_zero_polls(void **state)
 {
     struct fixture *f = *state;
     /* no heartbeat: it would end a wait that wrongly blocked after 1 s */
-    const struct psc_config quiet = {.heartbeat_ms = -1};
+    const struct psc_config quiet = {.struct_size = sizeof quiet, .heartbeat_ms = -1};
     const char *eps[2] = {f->shard[0].endpoint, f->shard[1].endpoint};
     struct psc_client *c = client_or_fail(quiet, eps, 2, 2);
     struct psc_table_spec sp;
@@ -390,8 +486,8 @@ static void test_wait_zero_polls(void **state)
 /* Table `name` as shard s reports it (the test fails when it does not). */
 static struct psc_table_stats shard_table(struct psc_client *c, uint32_t s, const char *name)
 {
-    struct psc_shard_stats st;
-    struct psc_table_stats list[16];
+    struct psc_shard_stats st = {.struct_size = sizeof st};
+    struct psc_table_stats list[16] = {{.struct_size = sizeof list[0]}};
     int rc = psc_stats_tables(c, s, TIMEOUT_MS, &st, list, 16);
     if (rc != 0)
         fail_msg("stats of shard %u: %s", s, psc_last_error(c));
@@ -536,8 +632,10 @@ static void test_pieces(void **state)
 
     struct psc_client *bad = NULL;
     char err[512];
-    struct psc_config small = {
-        .servers = eps, .nservers = 2, .piece_bytes = PSC_PIECE_BYTES_MIN - 1};
+    struct psc_config small = {.struct_size = sizeof small,
+                               .servers = eps,
+                               .nservers = 2,
+                               .piece_bytes = PSC_PIECE_BYTES_MIN - 1};
     assert_int_equal(psc_create(&small, &bad, err, sizeof err), PS_EINVAL);
     assert_non_null(strstr(err, "piece_bytes 4095"));
     assert_null(bad);
@@ -1212,7 +1310,8 @@ static void test_shared_memory_after_restart(void **state)
     psc_shm_bytes(c, &s1, &r1);
     assert_int_equal(s1, 2 * s0); /* the refused try named the region; the re-send did not */
     assert_int_equal(r1, r0);
-    struct psc_shard_stats st; /* answered after the hello that binds the region again */
+    struct psc_shard_stats st = {
+        .struct_size = sizeof st}; /* answered after the hello that binds the region again */
     assert_int_equal(psc_stats(c, 0, TIMEOUT_MS, &st), 0);
     assert_int_equal(st.errors, 1); /* the refusal */
     assert_int_equal(psc_shm_shards(c), 1);
@@ -1292,7 +1391,8 @@ static void test_local_ipc_refused(void **state)
     assert_int_equal(zmq_getsockopt(fs.sock, ZMQ_LAST_ENDPOINT, fs.endpoint, &elen), 0);
     assert_int_equal(pthread_create(&fs.thread, NULL, fake_shard_main, &fs), 0);
     const char *eps[1] = {fs.endpoint};
-    struct psc_config cfg = {.servers = eps,
+    struct psc_config cfg = {.struct_size = sizeof cfg,
+                             .servers = eps,
                              .nservers = 1,
                              .worker_id = 3,
                              .connect_timeout_ms = TIMEOUT_MS,
@@ -1332,6 +1432,7 @@ int main(void)
         cmocka_unit_test(test_create_idempotent_and_conflict),
         cmocka_unit_test(test_client_side_errors),
         cmocka_unit_test(test_stats),
+        cmocka_unit_test(test_sized_structs),
         cmocka_unit_test(test_f16_on_the_wire),
         cmocka_unit_test(test_sparse_rows),
         cmocka_unit_test(test_sparse_rows_one_shard),

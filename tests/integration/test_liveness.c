@@ -69,7 +69,7 @@ static void stats(struct cluster *k, struct psc_shard_stats *st)
  * read through the stats op. */
 static uint64_t worker_clock(struct cluster *k, int r)
 {
-    struct psc_shard_stats st;
+    struct psc_shard_stats st = {.struct_size = sizeof st};
     stats(k, &st);
     return st.worker_clocks[r];
 }
@@ -86,8 +86,11 @@ static void start(struct cluster *k, const char *tag)
     assert_int_equal(harness_psd_start(&k->psd, args), 0);
     snprintf(k->servers, sizeof k->servers, "%s", k->psd.endpoint);
     const char *eps[1] = {k->psd.endpoint};
-    struct psc_config cfg = {
-        .servers = eps, .nservers = 1, .worker_id = PSC_OBSERVER, .connect_timeout_ms = 10000};
+    struct psc_config cfg = {.struct_size = sizeof cfg,
+                             .servers = eps,
+                             .nservers = 1,
+                             .worker_id = PSC_OBSERVER,
+                             .connect_timeout_ms = 10000};
     char err[256];
     assert_int_equal(psc_create(&cfg, &k->observer, err, sizeof err), 0);
     for (int r = 0; r < 2; r++) {
@@ -131,7 +134,7 @@ static void test_killed_worker_is_dropped_and_rejoins(void **state)
      * 1 may have been silent for a while before the kill, so when the drop
      * comes is read off psd's log (how long it was silent), not off the
      * wall clock here. */
-    struct psc_shard_stats st;
+    struct psc_shard_stats st = {.struct_size = sizeof st};
     uint64_t dead = worker_clock(&k, 1), held = 0;
     long long deadline = t_kill + WORKER_TIMEOUT_MS + 10000;
     int looks = 0;
@@ -222,7 +225,7 @@ static void test_stalled_worker_rejoins(void **state)
     start(&k, "stall");
     kill(k.w[1], SIGSTOP);
     long long deadline = ps_mono_ms() + WORKER_TIMEOUT_MS + 10000;
-    struct psc_shard_stats st;
+    struct psc_shard_stats st = {.struct_size = sizeof st};
     do {
         harness_pause_ms(20);
         stats(&k, &st);

@@ -82,8 +82,11 @@ static void start(struct cluster *k)
 static struct psc_client *observer(const struct cluster *k)
 {
     const char *eps[2] = {k->p[0].endpoint, k->p[1].endpoint};
-    struct psc_config cfg = {
-        .servers = eps, .nservers = 2, .worker_id = PSC_OBSERVER, .connect_timeout_ms = 10000};
+    struct psc_config cfg = {.struct_size = sizeof cfg,
+                             .servers = eps,
+                             .nservers = 2,
+                             .worker_id = PSC_OBSERVER,
+                             .connect_timeout_ms = 10000};
     struct psc_client *c = NULL;
     char err[256];
     if (psc_create(&cfg, &c, err, sizeof err) != 0)

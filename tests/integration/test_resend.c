@@ -166,7 +166,8 @@ static void setup(struct fixture *f, uint64_t drop_offset)
     assert_int_equal(harness_psd_start(&f->shard, args), 0);
     proxy_start(&f->proxy, f->shard.endpoint, drop_offset);
     const char *eps[1] = {f->proxy.endpoint};
-    struct psc_config cfg = {.servers = eps,
+    struct psc_config cfg = {.struct_size = sizeof cfg,
+                             .servers = eps,
                              .nservers = 1,
                              .worker_id = 0,
                              .connect_timeout_ms = TIMEOUT_MS,

@@ -48,8 +48,11 @@ static void *run(void *arg)
 {
     struct worker *w = arg;
     const char *eps[1] = {w->endpoint};
-    struct psc_config cfg = {
-        .servers = eps, .nservers = 1, .worker_id = w->id, .connect_timeout_ms = 10000};
+    struct psc_config cfg = {.struct_size = sizeof cfg,
+                             .servers = eps,
+                             .nservers = 1,
+                             .worker_id = w->id,
+                             .connect_timeout_ms = 10000};
     struct psc_client *c = NULL;
     if (psc_create(&cfg, &c, w->error, sizeof w->error) != 0) {
         w->failures++;

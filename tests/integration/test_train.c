@@ -462,8 +462,11 @@ static void stats_after(const char *mode, const char *delay, struct psc_shard_st
     start_cluster(p, 1, mode, "2", servers, sizeof servers);
     run_workers(servers, 2, "16", NULL, delay, NULL);
     const char *eps[1] = {p[0].endpoint};
-    struct psc_config cfg = {
-        .servers = eps, .nservers = 1, .worker_id = 99, .connect_timeout_ms = 10000};
+    struct psc_config cfg = {.struct_size = sizeof cfg,
+                             .servers = eps,
+                             .nservers = 1,
+                             .worker_id = 99,
+                             .connect_timeout_ms = 10000};
     struct psc_client *c = NULL;
     char err[256];
     assert_int_equal(psc_create(&cfg, &c, err, sizeof err), 0);
@@ -478,7 +481,7 @@ static void stats_after(const char *mode, const char *delay, struct psc_shard_st
 static void test_ssp_bounds_staleness(void **state)
 {
     (void)state;
-    struct psc_shard_stats st;
+    struct psc_shard_stats st = {.struct_size = sizeof st};
     stats_after("ssp:2", "200",
                 &st); /* rank 1 sleeps 200 ms a step: slower than rank 0 under any load */
     assert_string_equal(st.consistency, "ssp:2");
@@ -490,7 +493,7 @@ static void test_ssp_bounds_staleness(void **state)
 static void test_asp_never_waits(void **state)
 {
     (void)state;
-    struct psc_shard_stats st;
+    struct psc_shard_stats st = {.struct_size = sizeof st};
     stats_after("asp", "200", &st);
     assert_string_equal(st.consistency, "asp");
     assert_int_equal(st.deferred_total, 0);

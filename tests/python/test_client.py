@@ -13,7 +13,7 @@ from conftest import child_env, export, in_threads
 def test_library_is_found_and_matches():
     lib, path = psd.library()
     assert os.path.exists(path) or path.startswith("lib")
-    assert lib.psc_config_bytes() > 0
+    assert lib.psc_abi_version() == psd._lib.ABI_VERSION == 1
 
 
 def test_dense_push_pull_over_two_shards(cluster):

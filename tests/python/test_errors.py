@@ -53,7 +53,7 @@ def test_a_library_that_cannot_load_says_why(tmp_path):
     """A file that is not a library, then the library when the loader says
     libzmq is missing: the import error lists what was tried and names
     the package to install."""
-    bad = tmp_path / "libpsclient.so.0"
+    bad = tmp_path / "libpsclient.so.1"
     bad.write_bytes(b"not an ELF file")
     code = "import psd; psd.library()"
     env = dict(os.environ, PSD_LIBPSCLIENT=str(bad), PYTHONPATH=PACKAGE)

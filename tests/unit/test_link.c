@@ -25,7 +25,8 @@
 static struct psc_link *stage(uint32_t s, uint32_t n, const char *next, uint32_t window,
                               uint64_t bytes_max)
 {
-    struct psc_link_config cfg = {.stage = s,
+    struct psc_link_config cfg = {.struct_size = sizeof cfg,
+                                  .stage = s,
                                   .stages = n,
                                   .listen = s > 0 ? "tcp://127.0.0.1:0" : NULL,
                                   .next = next,
@@ -49,8 +50,12 @@ static void pair(struct psc_link **a, struct psc_link **b, uint32_t window, uint
 static struct psc_tensor tensor(uint64_t step, uint32_t micro, uint64_t rows, uint64_t cols,
                                 const float *data)
 {
-    struct psc_tensor t = {
-        .step = step, .micro = micro, .dtype = PSC_F32, .ndims = 2, .data = data};
+    struct psc_tensor t = {.struct_size = sizeof t,
+                           .step = step,
+                           .micro = micro,
+                           .dtype = PSC_F32,
+                           .ndims = 2,
+                           .data = data};
     t.shape[0] = rows;
     t.shape[1] = cols;
     return t;
@@ -64,7 +69,7 @@ static void test_forward_and_back(void **state)
     float x[12], g[12];
     for (int i = 0; i < 12; i++)
         x[i] = (float)i, g[i] = -(float)i;
-    struct psc_tensor t = tensor(7, 2, 3, 4, x), r;
+    struct psc_tensor t = tensor(7, 2, 3, 4, x), r = {.struct_size = sizeof r};
     assert_int_equal(psc_link_send(a, PSC_LINK_FORWARD, &t), 0);
     assert_int_equal(psc_link_in_flight(a), 1);
     assert_int_equal(psc_link_recv(b, PSC_LINK_FORWARD, 5000, &r), 0);
@@ -99,7 +104,7 @@ static void test_window(void **state)
     struct psc_link *a, *b;
     pair(&a, &b, 2, 1 << 20);
     float x[4] = {1, 2, 3, 4};
-    struct psc_tensor t = tensor(0, 0, 1, 4, x), r;
+    struct psc_tensor t = tensor(0, 0, 1, 4, x), r = {.struct_size = sizeof r};
     assert_int_equal(psc_link_send(a, PSC_LINK_FORWARD, &t), 0);
     t.micro = 1;
     assert_int_equal(psc_link_send(a, PSC_LINK_FORWARD, &t), 0); /* at the window */
@@ -178,7 +183,7 @@ static void test_checks_what_a_neighbour_sends(void **state)
     struct raw w;
     raw_open(&w, psc_link_endpoint(b));
     float v[17] = {0};
-    struct psc_tensor r;
+    struct psc_tensor r = {.struct_size = sizeof r};
     char why[512];
     const struct {
         uint32_t from;
@@ -222,7 +227,7 @@ static void test_stage_count_mismatch(void **state)
     struct psc_link *b = stage(1, 3, "tcp://127.0.0.1:1", 1, 1 << 10);
     struct psc_link *a = stage(0, 2, psc_link_endpoint(b), 2, 1 << 10);
     float x[4] = {0};
-    struct psc_tensor t = tensor(0, 0, 1, 4, x), r;
+    struct psc_tensor t = tensor(0, 0, 1, 4, x), r = {.struct_size = sizeof r};
     assert_int_equal(psc_link_send(a, PSC_LINK_FORWARD, &t), 0);
     assert_int_equal(psc_link_recv(b, PSC_LINK_FORWARD, 5000, &r), PS_EPROTO);
     assert_non_null(strstr(psc_link_error(b), "stage 0's pipeline has 2 stages, this one's 3"));
@@ -238,7 +243,7 @@ static void test_eval_takes_no_credit(void **state)
     struct psc_link *a, *b;
     pair(&a, &b, 1, 1 << 20);
     float x[4] = {1, 2, 3, 4};
-    struct psc_tensor t = tensor(3, 0, 1, 4, x), r;
+    struct psc_tensor t = tensor(3, 0, 1, 4, x), r = {.struct_size = sizeof r};
     assert_int_equal(psc_link_send(a, PSC_LINK_FORWARD, &t), 0); /* the window's one */
     t.eval = 1;
     for (uint32_t i = 0; i < 5; i++) {
@@ -284,13 +289,18 @@ static void test_refusal_reaches_the_sender(void **state)
 {
     (void)state;
     struct psc_link *b = stage(1, 2, NULL, 0, 16);
-    struct psc_link_config cfg = {
-        .stage = 0, .stages = 2, .next = psc_link_endpoint(b), .window = 2, .bytes_max = 64};
+    struct psc_link_config cfg = {.struct_size = sizeof cfg,
+                                  .stage = 0,
+                                  .stages = 2,
+                                  .next = psc_link_endpoint(b),
+                                  .window = 2,
+                                  .bytes_max = 64};
     struct psc_link *a = NULL;
     char err[256];
     assert_int_equal(psc_link_create(&cfg, &a, err, sizeof err), 0);
     float x[8] = {0};
-    struct psc_tensor t = tensor(0, 0, 2, 4, x), r; /* 32 bytes: past b's 16 */
+    struct psc_tensor t = tensor(0, 0, 2, 4, x),
+                      r = {.struct_size = sizeof r}; /* 32 bytes: past b's 16 */
     assert_int_equal(psc_link_send(a, PSC_LINK_FORWARD, &t), 0);
     assert_int_equal(psc_link_recv(b, PSC_LINK_FORWARD, 5000, &r), PS_ELIMIT);
     assert_int_equal(psc_link_recv(a, PSC_LINK_BACKWARD, 5000, &r), PS_EREMOTE);
@@ -306,7 +316,7 @@ static void test_never_connected(void **state)
 {
     (void)state;
     struct psc_link *b = stage(1, 2, NULL, 0, 64);
-    struct psc_tensor r;
+    struct psc_tensor r = {.struct_size = sizeof r};
     assert_int_equal(psc_link_recv(b, PSC_LINK_FORWARD, 300, &r), PS_ETIMEDOUT);
     assert_non_null(strstr(psc_link_error(b), "stage 0"));
     assert_non_null(strstr(psc_link_error(b), "never connected"));
@@ -325,8 +335,11 @@ static void test_dead_neighbour_is_named(void **state)
     assert_true(pid >= 0);
     if (pid == 0) { /* stage 1: takes one activation, answers, then dies */
         close(fds[0]);
-        struct psc_link_config cfg = {
-            .stage = 1, .stages = 2, .listen = "tcp://127.0.0.1:0", .bytes_max = 64};
+        struct psc_link_config cfg = {.struct_size = sizeof cfg,
+                                      .stage = 1,
+                                      .stages = 2,
+                                      .listen = "tcp://127.0.0.1:0",
+                                      .bytes_max = 64};
         struct psc_link *b = NULL;
         char err[256];
         if (psc_link_create(&cfg, &b, err, sizeof err) != 0)
@@ -334,7 +347,7 @@ static void test_dead_neighbour_is_named(void **state)
         const char *ep = psc_link_endpoint(b);
         if (write(fds[1], ep, strlen(ep) + 1) < 0)
             _exit(3);
-        struct psc_tensor r;
+        struct psc_tensor r = {.struct_size = sizeof r};
         if (psc_link_recv(b, PSC_LINK_FORWARD, 10000, &r) != 0)
             _exit(4);
         r.eval = 0;
@@ -346,13 +359,18 @@ static void test_dead_neighbour_is_named(void **state)
     char ep[256] = "";
     assert_true(read(fds[0], ep, sizeof ep) > 0);
     close(fds[0]);
-    struct psc_link_config cfg = {
-        .stage = 0, .stages = 2, .next = ep, .window = 1, .bytes_max = 64, .timeout_ms = 1000};
+    struct psc_link_config cfg = {.struct_size = sizeof cfg,
+                                  .stage = 0,
+                                  .stages = 2,
+                                  .next = ep,
+                                  .window = 1,
+                                  .bytes_max = 64,
+                                  .timeout_ms = 1000};
     struct psc_link *a = NULL;
     char err[256];
     assert_int_equal(psc_link_create(&cfg, &a, err, sizeof err), 0);
     float x[4] = {0};
-    struct psc_tensor t = tensor(0, 0, 1, 4, x), r;
+    struct psc_tensor t = tensor(0, 0, 1, 4, x), r = {.struct_size = sizeof r};
     assert_int_equal(psc_link_send(a, PSC_LINK_FORWARD, &t), 0);
     int status = -1;
     assert_int_equal(waitpid(pid, &status, 0), pid);
@@ -375,7 +393,8 @@ static struct psc_link *curve_stage(uint32_t s, const char *next, const struct k
                                     const char *server_key, const char *allow)
 {
     const char *allow_list[1] = {allow};
-    struct psc_link_config cfg = {.stage = s,
+    struct psc_link_config cfg = {.struct_size = sizeof cfg,
+                                  .stage = s,
                                   .stages = 2,
                                   .listen = s > 0 ? "tcp://127.0.0.1:0" : NULL,
                                   .next = next,
@@ -422,7 +441,7 @@ static void test_curve_between_stages(void **state)
     assert_int_equal(ra, 0);
     assert_int_equal(rb, 0);
     float x[4] = {1, 2, 3, 4};
-    struct psc_tensor t = tensor(0, 0, 1, 4, x), r;
+    struct psc_tensor t = tensor(0, 0, 1, 4, x), r = {.struct_size = sizeof r};
     assert_int_equal(psc_link_send(la, PSC_LINK_FORWARD, &t), 0);
     assert_int_equal(psc_link_recv(lb, PSC_LINK_FORWARD, 5000, &r), 0);
     assert_memory_equal(r.data, x, sizeof x);
@@ -449,7 +468,8 @@ static void test_curve_between_stages(void **state)
     psc_link_destroy(lb);
 
     /* keys that are not keys */
-    struct psc_link_config bad = {.stage = 1,
+    struct psc_link_config bad = {.struct_size = sizeof bad,
+                                  .stage = 1,
                                   .stages = 2,
                                   .listen = "tcp://127.0.0.1:0",
                                   .bytes_max = 64,
@@ -471,14 +491,18 @@ static void test_config_refused(void **state)
     (void)state;
     char err[256];
     struct psc_link *l = NULL;
-    struct psc_link_config one = {.stage = 0, .stages = 1, .bytes_max = 64};
+    struct psc_link_config one = {
+        .struct_size = sizeof one, .stage = 0, .stages = 1, .bytes_max = 64};
     assert_int_equal(psc_link_create(&one, &l, err, sizeof err), PS_EINVAL);
-    struct psc_link_config past = {.stage = 2, .stages = 2, .bytes_max = 64};
+    struct psc_link_config past = {
+        .struct_size = sizeof past, .stage = 2, .stages = 2, .bytes_max = 64};
     assert_int_equal(psc_link_create(&past, &l, err, sizeof err), PS_EINVAL);
-    struct psc_link_config nolisten = {.stage = 1, .stages = 2, .bytes_max = 64};
+    struct psc_link_config nolisten = {
+        .struct_size = sizeof nolisten, .stage = 1, .stages = 2, .bytes_max = 64};
     assert_int_equal(psc_link_create(&nolisten, &l, err, sizeof err), PS_EINVAL);
     assert_non_null(strstr(err, "needs listen"));
-    struct psc_link_config wide = {.stage = 0,
+    struct psc_link_config wide = {.struct_size = sizeof wide,
+                                   .stage = 0,
                                    .stages = 2,
                                    .next = "tcp://127.0.0.1:1",
                                    .window = PSC_LINK_WINDOW_MAX + 1,
@@ -486,6 +510,59 @@ static void test_config_refused(void **state)
     assert_int_equal(psc_link_create(&wide, &l, err, sizeof err), PS_EINVAL);
     assert_non_null(strstr(err, "window"));
     assert_null(l);
+}
+
+/* Tensors and link configs as programs built against other versions of
+ * psclient.h pass them (psclient.h, "ABI"). */
+struct newer_tensor {
+    struct psc_tensor t;
+    uint64_t later[2];
+};
+
+static void test_sized_structs(void **state)
+{
+    (void)state;
+    char err[256];
+    struct psc_link *l = NULL;
+    struct psc_link_config bare = {
+        .stage = 0, .stages = 2, .next = "tcp://127.0.0.1:1", .window = 1, .bytes_max = 64};
+    assert_int_equal(psc_link_create(&bare, &l, err, sizeof err), PS_EINVAL);
+    assert_non_null(strstr(err, "struct psc_link_config: struct_size is 0"));
+    assert_null(l);
+
+    struct psc_link *a, *b;
+    pair(&a, &b, 4, 1 << 10);
+    float x[4] = {1, 2, 3, 4};
+    /* a newer sender's tensor: its unknown field unset goes... */
+    struct newer_tensor nt;
+    memset(&nt, 0, sizeof nt);
+    nt.t = tensor(1, 0, 1, 4, x);
+    nt.t.struct_size = sizeof nt;
+    assert_int_equal(psc_link_send(a, PSC_LINK_FORWARD, &nt.t), 0);
+    /* ...set, it is refused and nothing is sent */
+    nt.later[1] = 7;
+    assert_int_equal(psc_link_send(a, PSC_LINK_FORWARD, &nt.t), PS_EINVAL);
+    assert_non_null(strstr(psc_link_error(a), "newer psclient.h"));
+    assert_int_equal(psc_link_in_flight(a), 1);
+    /* received into a newer struct: written up to what this library
+     * knows, the rest zeroed, struct_size kept */
+    struct newer_tensor r;
+    memset(&r, 0xa5, sizeof r);
+    r.t.struct_size = sizeof r;
+    assert_int_equal(psc_link_recv(b, PSC_LINK_FORWARD, 5000, &r.t), 0);
+    assert_int_equal(r.t.struct_size, sizeof r);
+    assert_int_equal(r.t.step, 1);
+    assert_int_equal(r.t.shape[1], 4);
+    assert_memory_equal(r.t.data, x, sizeof x);
+    assert_int_equal(r.later[0], 0);
+    assert_int_equal(r.later[1], 0);
+    /* an output tensor without struct_size: refused, not written */
+    struct psc_tensor none;
+    memset(&none, 0, sizeof none);
+    assert_int_equal(psc_link_recv(b, PSC_LINK_FORWARD, 0, &none), PS_EINVAL);
+    assert_null(none.data);
+    psc_link_destroy(a);
+    psc_link_destroy(b);
 }
 
 int main(void)
@@ -502,6 +579,7 @@ int main(void)
         cmocka_unit_test(test_dead_neighbour_is_named),
         cmocka_unit_test(test_curve_between_stages),
         cmocka_unit_test(test_config_refused),
+        cmocka_unit_test(test_sized_structs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

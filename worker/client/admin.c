@@ -32,33 +32,40 @@ int psc__call_sync(struct psc_client *c, Ps__Header *h, uint32_t s0, uint32_t s1
     return rc;
 }
 
-size_t psc_config_bytes(void)
+void psc_table_spec_init_sized(struct psc_table_spec *caller, size_t struct_size, const char *name,
+                               uint64_t size)
 {
-    return sizeof(struct psc_config);
+    struct psc_table_spec s;
+    memset(&s, 0, sizeof s);
+    s.struct_size = struct_size;
+    s.name = name;
+    s.size = size;
+    s.optimizer = PSC_SGD;
+    s.lr = 0.01f;
+    s.momentum = 0.9f;
+    s.beta1 = 0.9f;
+    s.beta2 = 0.999f;
+    s.eps = 1e-8f;
+    s.init = PSC_INIT_ZEROS;
+    /* a caller's struct smaller than the first version's (a wrong size)
+     * gets the fields it has room for: psc_table_create then names it */
+    size_t n = struct_size < sizeof s ? struct_size : sizeof s;
+    if (n >= sizeof s.struct_size) {
+        memcpy(caller, &s, n);
+        if (struct_size > sizeof s)
+            memset((char *)caller + sizeof s, 0, struct_size - sizeof s);
+    }
 }
 
-size_t psc_table_spec_bytes(void)
-{
-    return sizeof(struct psc_table_spec);
-}
-
-void psc_table_spec_init(struct psc_table_spec *s, const char *name, uint64_t size)
-{
-    memset(s, 0, sizeof *s);
-    s->name = name;
-    s->size = size;
-    s->optimizer = PSC_SGD;
-    s->lr = 0.01f;
-    s->momentum = 0.9f;
-    s->beta1 = 0.9f;
-    s->beta2 = 0.999f;
-    s->eps = 1e-8f;
-    s->init = PSC_INIT_ZEROS;
-}
-
-int psc_table_create(struct psc_client *c, const struct psc_table_spec *spec, int timeout_ms,
+int psc_table_create(struct psc_client *c, const struct psc_table_spec *caller, int timeout_ms,
                      uint32_t *table)
 {
+    struct psc_table_spec own;
+    char why[PS_ERROR_TEXT_MAX];
+    if (psc__sized_in(&own, sizeof own, PSC__TABLE_SPEC_V1, caller, "psc_table_spec", why,
+                      sizeof why) != 0)
+        return psc__set_error(c, PS_EINVAL, "create_table: %s", why);
+    const struct psc_table_spec *spec = &own;
     Ps__TableSpec ts;
     ps__table_spec__init(&ts);
     ts.name = (char *)(spec->name ? spec->name : "");
@@ -123,11 +130,34 @@ int psc_stats_tables(struct psc_client *c, uint32_t shard, int timeout_ms,
 {
     if (shard >= c->nshards)
         return psc__set_error(c, PS_EINVAL, "stats: shard %u of %u", shard, c->nshards);
-    memset(out, 0, sizeof *out);
-    struct stats_out so = {out, list, list ? cap : 0};
+    char why[PS_ERROR_TEXT_MAX];
+    if (psc__sized_check_out(out, sizeof *out, PSC__SHARD_STATS_V1, "psc_shard_stats", why,
+                             sizeof why) != 0 ||
+        (list != NULL && cap > 0 &&
+         psc__sized_check_out(list, sizeof *list, PSC__TABLE_STATS_V1, "psc_table_stats", why,
+                              sizeof why) != 0))
+        return psc__set_error(c, PS_EINVAL, "stats: %s", why);
+    if (list == NULL)
+        cap = 0;
+    if (cap > PS_TABLES_MAX)
+        cap = PS_TABLES_MAX; /* a shard holds no more */
+    struct psc_shard_stats st = {0};
+    struct psc_table_stats *own = NULL;
+    if (cap > 0 && (own = calloc(cap, sizeof *own)) == NULL)
+        return psc__set_error(c, PS_ENOMEM, "stats: out of memory");
+    struct stats_out so = {&st, own, cap};
     Ps__Header h;
     ps_wire_header_init(&h, PS__OP__OP_STATS);
-    return psc__call_sync(c, &h, shard, shard, &so, timeout_ms);
+    int rc = psc__call_sync(c, &h, shard, shard, &so, timeout_ms);
+    psc__sized_out(out, &st, sizeof st);
+    size_t stride = cap > 0 ? psc__sized_size(list) : 0;
+    for (uint32_t i = 0; i < cap; i++) {
+        struct psc_table_stats *dst = (void *)((char *)list + i * stride);
+        memcpy(dst, &stride, sizeof stride); /* each element says its size */
+        psc__sized_out(dst, &own[i], sizeof own[i]);
+    }
+    free(own);
+    return rc;
 }
 
 int psc_stats(struct psc_client *c, uint32_t shard, int timeout_ms, struct psc_shard_stats *out)
@@ -186,8 +216,10 @@ int psc_table_open(struct psc_client *c, const char *name, int timeout_ms, uint3
     struct table_h *t = calloc(1, sizeof *t + c->nshards * sizeof t->ids[0]);
     struct psc_table_stats *list = calloc(PS_TABLES_MAX, sizeof *list);
     int rc = t && list ? 0 : psc__set_error(c, PS_ENOMEM, "open: out of memory");
+    if (list != NULL)
+        list[0].struct_size = sizeof *list;
     for (uint32_t s = 0; s < c->nshards && rc == 0; s++) {
-        struct psc_shard_stats st;
+        struct psc_shard_stats st = {.struct_size = sizeof st};
         if ((rc = psc_stats_tables(c, s, timeout_ms, &st, list, PS_TABLES_MAX)) != 0)
             break;
         uint32_t i = 0;

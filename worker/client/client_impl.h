@@ -9,6 +9,7 @@
 #define PSC_CLIENT_IMPL_H
 
 #include "psclient.h"
+#include "sized_impl.h"
 
 #include "ps_limits.h"
 #include "ps_shm.h"

@@ -6,6 +6,7 @@
  * a neighbour that dies found by ZeroMQ's heartbeats and the socket's
  * monitor, and named. One link per process, used from one thread. */
 #include "psclient.h"
+#include "sized_impl.h"
 
 #include "ps_err.h"
 #include "ps_header.h"
@@ -82,16 +83,6 @@ void psc_link_bytes(const struct psc_link *l, uint64_t *sent, uint64_t *received
 {
     *sent = l->prev.sent + l->next.sent;
     *received = l->prev.received + l->next.received;
-}
-
-size_t psc_link_config_bytes(void)
-{
-    return sizeof(struct psc_link_config);
-}
-
-size_t psc_tensor_bytes(void)
-{
-    return sizeof(struct psc_tensor);
 }
 
 uint32_t psc_link_in_flight(const struct psc_link *l)
@@ -178,10 +169,16 @@ static int curve(struct psc_link *l, const struct psc_link_config *cfg, int firs
     return 0;
 }
 
-int psc_link_create(const struct psc_link_config *cfg, struct psc_link **out, char *err,
+int psc_link_create(const struct psc_link_config *caller, struct psc_link **out, char *err,
                     size_t errlen)
 {
     *out = NULL;
+    struct psc_link_config own;
+    int rc0 = psc__sized_in(&own, sizeof own, PSC__LINK_CONFIG_V1, caller, "psc_link_config", err,
+                            errlen);
+    if (rc0 != 0)
+        return rc0;
+    const struct psc_link_config *cfg = &own;
     if (cfg->stages < 2 || cfg->stage >= cfg->stages || cfg->stages > PS_WORKERS_MAX)
         return ps_errf(PS_EINVAL, err, errlen, "link: stage %u of %u (2 to %u stages)", cfg->stage,
                        cfg->stages, PS_WORKERS_MAX);
@@ -426,8 +423,13 @@ static uint64_t elements(const uint64_t *shape, size_t ndims, size_t es, uint64_
     return n;
 }
 
-int psc_link_send(struct psc_link *l, int dir, const struct psc_tensor *t)
+int psc_link_send(struct psc_link *l, int dir, const struct psc_tensor *caller)
 {
+    struct psc_tensor own;
+    char why[PS_ERROR_TEXT_MAX];
+    if (psc__sized_in(&own, sizeof own, PSC__TENSOR_V1, caller, "psc_tensor", why, sizeof why) != 0)
+        return fail(l, PS_EINVAL, "link: %s", why);
+    const struct psc_tensor *t = &own;
     struct side *s = side_of(l, dir, 1);
     if (s == NULL)
         return fail(l, PS_EINVAL, "link: stage %u of %u sends no %s", l->stage, l->stages,
@@ -589,7 +591,21 @@ int psc_link_wait_connected(struct psc_link *l, int timeout_ms)
     }
 }
 
-int psc_link_recv(struct psc_link *l, int dir, int timeout_ms, struct psc_tensor *t)
+static int link_recv(struct psc_link *l, int dir, int timeout_ms, struct psc_tensor *t);
+
+int psc_link_recv(struct psc_link *l, int dir, int timeout_ms, struct psc_tensor *caller)
+{
+    char why[PS_ERROR_TEXT_MAX];
+    if (psc__sized_check_out(caller, sizeof *caller, PSC__TENSOR_V1, "psc_tensor", why,
+                             sizeof why) != 0)
+        return fail(l, PS_EINVAL, "link: %s", why);
+    struct psc_tensor own = {0};
+    int rc = link_recv(l, dir, timeout_ms, &own);
+    psc__sized_out(caller, &own, sizeof own);
+    return rc;
+}
+
+static int link_recv(struct psc_link *l, int dir, int timeout_ms, struct psc_tensor *t)
 {
     struct side *s = side_of(l, dir, 0);
     if (s == NULL)

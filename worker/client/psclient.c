@@ -346,10 +346,15 @@ int psc_rejoin(struct psc_client *c, int timeout_ms)
     return say_hello(c, NULL, timeout_ms);
 }
 
-int psc_create(const struct psc_config *cfg, struct psc_client **out, char *err, size_t errlen)
+int psc_create(const struct psc_config *caller, struct psc_client **out, char *err, size_t errlen)
 {
     *out = NULL;
-    if (cfg != NULL && cfg->curve_server_key != NULL &&
+    struct psc_config own;
+    int rc0 = psc__sized_in(&own, sizeof own, PSC__CONFIG_V1, caller, "psc_config", err, errlen);
+    if (rc0 != 0)
+        return rc0;
+    const struct psc_config *cfg = &own;
+    if (cfg->curve_server_key != NULL &&
         (cfg->curve_public == NULL || cfg->curve_secret == NULL ||
          strlen(cfg->curve_server_key) != 40 || strlen(cfg->curve_public) != 40 ||
          strlen(cfg->curve_secret) != 40)) {
@@ -358,8 +363,7 @@ int psc_create(const struct psc_config *cfg, struct psc_client **out, char *err,
                  "Z85 characters each");
         return PS_EINVAL;
     }
-    if (cfg == NULL || cfg->servers == NULL || cfg->nservers == 0 ||
-        cfg->nservers > PS_SHARDS_MAX) {
+    if (cfg->servers == NULL || cfg->nservers == 0 || cfg->nservers > PS_SHARDS_MAX) {
         snprintf(err, errlen, "need 1..%u server endpoints", PS_SHARDS_MAX);
         return PS_EINVAL;
     }

@@ -20,7 +20,21 @@
  * sentence saying what went wrong, including a server's own error text.
  *
  * The library exports the psc_* functions declared here and nothing else
- * (libpsclient.symbols beside this file lists them; a test compares). */
+ * (libpsclient.symbols beside this file lists them; a test compares).
+ *
+ * ABI. The soname's number (libpsclient.so.1) is PSC_ABI_VERSION; it
+ * changes only when a program built against an earlier psclient.h could
+ * misbehave with this library. The structs it reads or writes grow
+ * without that: each begins with struct_size, which the caller sets to
+ * sizeof the struct it was built with (psc_table_spec_init does it for a
+ * spec), and fields are only ever added at the end. The library reads
+ * the fields a caller's struct has, takes the defaults (zero) for the
+ * ones it lacks, refuses (PS_EINVAL, naming the struct) a struct_size
+ * below the first version's or a newer struct whose fields this library
+ * does not know are set, and writes no byte past a caller's struct_size
+ * (zeroing the fields it does not know). A struct nested inside another
+ * (psc_replica_stats) never changes; what goes past it is added at the
+ * end of the outer one. */
 #ifndef PSCLIENT_H
 #define PSCLIENT_H
 
@@ -36,9 +50,15 @@ extern "C" {
 /* What the shared library exports. */
 #define PSC_API __attribute__((visibility("default")))
 
+/* The ABI this header describes: the number in libpsclient.so.N. */
+#define PSC_ABI_VERSION 1
+/* The ABI of the library loaded (a binding that loads it by path checks it). */
+PSC_API int psc_abi_version(void);
+
 struct psc_client;
 
 struct psc_config {
+    size_t struct_size;         /* sizeof(struct psc_config) (see ABI above) */
     const char *const *servers; /* endpoints, servers[i] is shard i */
     size_t nservers;
     uint32_t worker_id;     /* this client's id in requests (rank) */
@@ -122,9 +142,10 @@ enum psc_init {
 };
 
 struct psc_table_spec {
-    const char *name; /* 1..128 printable ASCII characters, no spaces */
-    uint64_t size;    /* elements in the whole table */
-    int optimizer;    /* enum psc_optimizer */
+    size_t struct_size; /* sizeof(struct psc_table_spec): psc_table_spec_init sets it */
+    const char *name;   /* 1..128 printable ASCII characters, no spaces */
+    uint64_t size;      /* elements in the whole table */
+    int optimizer;      /* enum psc_optimizer */
     float lr, weight_decay;
     float momentum;
     int nesterov;
@@ -151,6 +172,7 @@ struct psc_table_spec {
 };
 
 struct psc_table_stats {
+    size_t struct_size; /* sizeof(struct psc_table_stats); in a list, list[0]'s */
     char name[PSC_TABLE_NAME_MAX + 1];
     uint32_t id; /* on this shard */
     int sparse;
@@ -166,6 +188,7 @@ struct psc_table_stats {
 };
 
 struct psc_shard_stats {
+    size_t struct_size; /* sizeof(struct psc_shard_stats), set by the caller */
     uint32_t shard, shards;
     uint64_t requests, errors, bytes_in, bytes_out;
     uint32_t tables;
@@ -267,15 +290,15 @@ PSC_API const char *psc_strerror(int code);
 /* The name of a PS_E* code ("PS_ETIMEDOUT"); never NULL. */
 PSC_API const char *psc_err_name(int code);
 
-/* sizeof(struct psc_config) and sizeof(struct psc_table_spec) as this
- * library was built: a binding that lays the structs out itself (Python's
- * ctypes) checks its own sizes against these before it passes one. */
-PSC_API size_t psc_config_bytes(void);
-PSC_API size_t psc_table_spec_bytes(void);
-
-/* Fills *s with defaults (SGD, lr 0.01, momentum 0.9, Adam betas 0.9/0.999,
- * eps 1e-8, zeros init). */
-PSC_API void psc_table_spec_init(struct psc_table_spec *s, const char *name, uint64_t size);
+/* Fills s (struct_size bytes: sizeof *s) with defaults (SGD, lr 0.01,
+ * momentum 0.9, Adam betas 0.9/0.999, eps 1e-8, zeros init) and sets its
+ * struct_size. The macro passes the caller's sizeof, as zlib's
+ * inflateInit does: a library newer than the caller's header never
+ * writes past the caller's struct. */
+PSC_API void psc_table_spec_init_sized(struct psc_table_spec *s, size_t struct_size,
+                                       const char *name, uint64_t size);
+#define psc_table_spec_init(s, name, size)                                                         \
+    psc_table_spec_init_sized((s), sizeof *(s), (name), (size))
 
 /* Creates (or finds, when the spec is the same) a table on every shard and
  * returns a client-side handle in *table. Synchronous. */
@@ -376,6 +399,7 @@ PSC_API int psc_auto_workers(uint64_t *workers, char *err, size_t errlen);
  * flag and sends nothing. psc_vote blocks up to timeout_ms; on an error
  * the vote's round is unknown, and the run should stop. */
 struct psc_vote {
+    size_t struct_size; /* sizeof(struct psc_vote), set before psc_vote_open */
     uint32_t table;
     uint64_t clock; /* the next round */
     int bsp;
@@ -412,7 +436,8 @@ PSC_API int psc_stats(struct psc_client *c, uint32_t shard, int timeout_ms,
                       struct psc_shard_stats *out);
 
 /* psc_stats, and the shard's first cap tables into list (out->tables says
- * how many it has). */
+ * how many it has). list[0].struct_size gives every element's size (the
+ * caller's sizeof); each element is written with it. */
 PSC_API int psc_stats_tables(struct psc_client *c, uint32_t shard, int timeout_ms,
                              struct psc_shard_stats *out, struct psc_table_stats *list,
                              uint32_t cap);
@@ -509,6 +534,7 @@ enum psc_link_dir {
 };
 
 struct psc_link_config {
+    size_t struct_size;     /* sizeof(struct psc_link_config) */
     uint32_t stage, stages; /* this process's stage of its pipeline, 0-based; stages >= 2 */
     const char *listen;     /* stage > 0: where stage - 1 connects (tcp://HOST:PORT, port 0
                              * picks one: psc_link_endpoint) */
@@ -532,10 +558,11 @@ struct psc_link_config {
 /* A tensor of a micro-batch: shape[0..ndims) of dtype at data. Received,
  * data stays valid until the next receive from the same neighbour. */
 struct psc_tensor {
-    uint64_t step;  /* the training step it belongs to */
-    uint32_t micro; /* its micro-batch in the step */
-    int dtype;      /* enum psc_dtype */
-    uint32_t ndims; /* 1..PSC_SHAPE_DIMS_MAX */
+    size_t struct_size; /* sizeof(struct psc_tensor), to send and to receive */
+    uint64_t step;      /* the training step it belongs to */
+    uint32_t micro;     /* its micro-batch in the step */
+    int dtype;          /* enum psc_dtype */
+    uint32_t ndims;     /* 1..PSC_SHAPE_DIMS_MAX */
     uint64_t shape[PSC_SHAPE_DIMS_MAX];
     const void *data;
     int eval; /* evaluation: forward only; no gradient comes back, no credit is taken */
@@ -572,11 +599,6 @@ PSC_API const char *psc_link_error(const struct psc_link *l);
 PSC_API uint32_t psc_link_in_flight(const struct psc_link *l);
 /* Bytes of values sent to and received from the neighbours. */
 PSC_API void psc_link_bytes(const struct psc_link *l, uint64_t *sent, uint64_t *received);
-/* sizeof of the two structs above as this library was built (as
- * psc_config_bytes). */
-PSC_API size_t psc_link_config_bytes(void);
-PSC_API size_t psc_tensor_bytes(void);
-
 #ifdef __cplusplus
 }
 #endif

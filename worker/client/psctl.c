@@ -123,7 +123,8 @@ static int connect_cluster(const struct config *cfg, struct cluster *k)
     k->timeout_ms = (int)cfg->timeout_ms;
     k->hello_ms = k->timeout_ms - k->timeout_ms / 4;
     k->deadline_ms = (uint64_t)ps_mono_ms() + (uint64_t)k->timeout_ms;
-    struct psc_config pc = {.servers = k->eps,
+    struct psc_config pc = {.struct_size = sizeof pc,
+                            .servers = k->eps,
                             .nservers = k->n,
                             .worker_id = PSC_OBSERVER,
                             .connect_timeout_ms = k->hello_ms,
@@ -279,6 +280,8 @@ static int cmd_status(struct cluster *k, int json)
     }
     int down = 0;
     for (uint32_t s = 0; s < k->n; s++) {
+        st[s].struct_size = sizeof st[s];
+        tl[(size_t)s * PS_TABLES_MAX].struct_size = sizeof *tl;
         up[s] = answered(k, s, errs[s], sizeof errs[s]) == 0 &&
                 psc_stats_tables(k->c, s, left_ms(k), &st[s], tl + (size_t)s * PS_TABLES_MAX,
                                  PS_TABLES_MAX) == 0;
@@ -440,8 +443,9 @@ static int cmd_export(struct cluster *k, const char *path, int json)
     struct ps_st_tensor *ts = calloc(2 * PS_TABLES_MAX, sizeof *ts);
     void **bufs = calloc(2 * PS_TABLES_MAX, sizeof *bufs);
     int rc = tl && ts && bufs ? 0 : PS_ENOMEM;
-    struct psc_shard_stats st;
-    memset(&st, 0, sizeof st);
+    struct psc_shard_stats st = {.struct_size = sizeof st};
+    if (tl != NULL)
+        tl[0].struct_size = sizeof *tl;
     if (rc == 0 && (rc = psc_stats_tables(k->c, 0, k->timeout_ms, &st, tl, PS_TABLES_MAX)) != 0)
         fprintf(stderr, "psctl: export: %s\n", psc_last_error(k->c));
     size_t n = 0, nb = 0, tables = 0, sparse = 0;

@@ -12,9 +12,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-int psc_vote_open(struct psc_client *c, const char *name, int timeout_ms, struct psc_vote *v)
+static int vote_open(struct psc_client *c, const char *name, int timeout_ms, struct psc_vote *v)
 {
-    memset(v, 0, sizeof *v);
     char full[PSC_TABLE_NAME_MAX + 1];
     if (name == NULL || name[0] == '\0' ||
         strlen(name) + strlen(PS_TABLE_RESERVED_PREFIX) > PSC_TABLE_NAME_MAX)
@@ -35,8 +34,9 @@ int psc_vote_open(struct psc_client *c, const char *name, int timeout_ms, struct
     struct psc_table_stats *list = calloc(PS_TABLES_MAX, sizeof *list);
     if (list == NULL)
         return psc__set_error(c, PS_ENOMEM, "vote: out of memory");
+    list[0].struct_size = sizeof *list;
     for (uint32_t sh = 0; sh < c->nshards && rc == 0; sh++) {
-        struct psc_shard_stats st;
+        struct psc_shard_stats st = {.struct_size = sizeof st};
         rc = psc_stats_tables(c, sh, timeout_ms, &st, list, PS_TABLES_MAX);
         v->bsp = rc == 0 && strcmp(st.consistency, "bsp") == 0;
         for (uint32_t i = 0; rc == 0 && i < st.tables && i < PS_TABLES_MAX; i++)
@@ -47,9 +47,25 @@ int psc_vote_open(struct psc_client *c, const char *name, int timeout_ms, struct
     return rc;
 }
 
+int psc_vote_open(struct psc_client *c, const char *name, int timeout_ms, struct psc_vote *v)
+{
+    char why[PS_ERROR_TEXT_MAX];
+    if (psc__sized_check_out(v, sizeof *v, PSC__VOTE_V1, "psc_vote", why, sizeof why) != 0)
+        return psc__set_error(c, PS_EINVAL, "vote: %s", why);
+    struct psc_vote own = {0};
+    int rc = vote_open(c, name, timeout_ms, &own);
+    psc__sized_out(v, &own, sizeof own);
+    return rc;
+}
+
+/* Reads and writes only the first version's fields of *v, which every
+ * caller's struct has. */
 int psc_vote(struct psc_client *c, struct psc_vote *v, int flag, int timeout_ms, int *any)
 {
     *any = flag != 0;
+    char why[PS_ERROR_TEXT_MAX];
+    if (psc__sized_check_out(v, sizeof *v, PSC__VOTE_V1, "psc_vote", why, sizeof why) != 0)
+        return psc__set_error(c, PS_EINVAL, "vote: %s", why);
     if (!v->bsp)
         return 0; /* no rounds to agree in: this worker's own answer */
     v->grad = flag ? -1.0f : 0.0f;

@@ -1,7 +1,6 @@
 """libpsclient through ctypes: finding the library, the structs it takes,
 and the prototypes of the functions the package calls."""
 import ctypes
-import ctypes.util
 import glob
 import os
 
@@ -15,9 +14,25 @@ HELLO_WAITING = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.POINTER(ctypes.c_
                                  ctypes.c_uint32, ctypes.c_int, ctypes.c_char_p)
 
 
-class Config(ctypes.Structure):
+# The number in libpsclient.so.N this package speaks (PSC_ABI_VERSION).
+ABI_VERSION = 1
+LIBRARY = "libpsclient.so.%d" % ABI_VERSION
+
+
+class _Sized(ctypes.Structure):
+    """A struct of psclient.h that grows: its first member, struct_size, is
+    set to the size this package lays it out with, so a library with more
+    fields takes their defaults (psclient.h, "ABI")."""
+
+    def __init__(self, *args, **kw):
+        super().__init__(*args, **kw)
+        self.struct_size = ctypes.sizeof(self)
+
+
+class Config(_Sized):
     """struct psc_config"""
     _fields_ = [
+        ("struct_size", ctypes.c_size_t),
         ("servers", ctypes.POINTER(ctypes.c_char_p)),
         ("nservers", ctypes.c_size_t),
         ("worker_id", ctypes.c_uint32),
@@ -40,9 +55,10 @@ class Config(ctypes.Structure):
     ]
 
 
-class Vote(ctypes.Structure):
+class Vote(_Sized):
     """struct psc_vote"""
     _fields_ = [
+        ("struct_size", ctypes.c_size_t),
         ("table", ctypes.c_uint32),
         ("clock", ctypes.c_uint64),
         ("bsp", ctypes.c_int),
@@ -51,9 +67,10 @@ class Vote(ctypes.Structure):
     ]
 
 
-class TableSpec(ctypes.Structure):
+class TableSpec(_Sized):
     """struct psc_table_spec"""
     _fields_ = [
+        ("struct_size", ctypes.c_size_t),
         ("name", ctypes.c_char_p),
         ("size", ctypes.c_uint64),
         ("optimizer", ctypes.c_int),
@@ -84,9 +101,10 @@ class TableSpec(ctypes.Structure):
 SHAPE_DIMS_MAX = 8  # PSC_SHAPE_DIMS_MAX
 
 
-class LinkConfig(ctypes.Structure):
+class LinkConfig(_Sized):
     """struct psc_link_config"""
     _fields_ = [
+        ("struct_size", ctypes.c_size_t),
         ("stage", ctypes.c_uint32),
         ("stages", ctypes.c_uint32),
         ("listen", ctypes.c_char_p),
@@ -102,9 +120,10 @@ class LinkConfig(ctypes.Structure):
     ]
 
 
-class Tensor(ctypes.Structure):
+class Tensor(_Sized):
     """struct psc_tensor"""
     _fields_ = [
+        ("struct_size", ctypes.c_size_t),
         ("step", ctypes.c_uint64),
         ("micro", ctypes.c_uint32),
         ("dtype", ctypes.c_int),
@@ -122,14 +141,15 @@ def _candidates():
         yield env, "PSD_LIBPSCLIENT"
         return
     here = os.path.dirname(os.path.abspath(__file__))
-    yield os.path.join(here, "libpsclient.so.0"), "beside the package"
+    # a wheel carries its own copy beside the package
+    yield os.path.join(here, "libpsclient.so"), "beside the package (a wheel's)"
+    yield os.path.join(here, LIBRARY), "beside the package"
     # a build tree next to the source tree this package sits in
     # (worker/python/psd -> the top of the tree is three folders up)
     top = os.path.normpath(os.path.join(here, "..", "..", ".."))
-    for lib in sorted(glob.glob(os.path.join(top, "*", "worker", "client", "libpsclient.so.0"))):
+    for lib in sorted(glob.glob(os.path.join(top, "*", "worker", "client", LIBRARY))):
         yield lib, "the build tree"
-    found = ctypes.util.find_library("psclient")
-    yield found or "libpsclient.so.0", "the loader"
+    yield LIBRARY, "the loader"
 
 
 def load():
@@ -143,17 +163,18 @@ def load():
         except OSError as e:
             tried.append("%s (%s): %s" % (path, where, e))
             continue
+        try:
+            abi = lib.psc_abi_version
+        except AttributeError:
+            tried.append("%s (%s): no psc_abi_version: a libpsclient older than ABI %d"
+                         % (path, where, ABI_VERSION))
+            continue
+        abi.restype, abi.argtypes = ctypes.c_int, []
+        if abi() != ABI_VERSION:
+            tried.append("%s (%s): ABI %d, this package speaks %d"
+                         % (path, where, abi(), ABI_VERSION))
+            continue
         _prototypes(lib)
-        sizes = (("struct psc_config", ctypes.sizeof(Config), lib.psc_config_bytes()),
-                 ("struct psc_table_spec", ctypes.sizeof(TableSpec), lib.psc_table_spec_bytes()),
-                 ("struct psc_link_config", ctypes.sizeof(LinkConfig),
-                  lib.psc_link_config_bytes()),
-                 ("struct psc_tensor", ctypes.sizeof(Tensor), lib.psc_tensor_bytes()))
-        for name, ours, theirs in sizes:
-            if ours != theirs:
-                raise ImportError("%s: %s is %d bytes there and %d in this package: the library "
-                                  "and the psd package come from different versions"
-                                  % (path, name, theirs, ours))
         return lib, path
     hint = ""
     missing = sorted({m for t in tried for m in _DEPS if m in t})
@@ -161,8 +182,9 @@ def load():
         hint = ("\nlibpsclient needs %s, not installed here (Debian 12: apt-get install %s)."
                 % (", ".join(missing), " ".join(_DEPS[m] for m in missing)))
     raise ImportError("psd: cannot load libpsclient. Tried:\n  " + "\n  ".join(tried) + hint +
-                      "\nInstall it (meson install), or set PSD_LIBPSCLIENT to the path of "
-                      "libpsclient.so.0 (in a build tree: BUILD/worker/client/).")
+                      "\nInstall it (meson install, or pip install of the psd wheel), or set "
+                      "PSD_LIBPSCLIENT to the path of %s (in a build tree: "
+                      "BUILD/worker/client/)." % LIBRARY)
 
 
 # What libpsclient links, by the Debian package that has it.
@@ -176,15 +198,13 @@ def _prototypes(lib):
     fl = P(c.c_float)
     u64p = P(c.c_uint64)
     protos = {
-        "psc_config_bytes": (c.c_size_t, []),
-        "psc_table_spec_bytes": (c.c_size_t, []),
         "psc_create": (c.c_int, [P(Config), P(client), c.c_char_p, c.c_size_t]),
         "psc_destroy": (None, [client]),
         "psc_last_error": (c.c_char_p, [client]),
         "psc_last_remote": (c.c_int, [client]),
         "psc_strerror": (c.c_char_p, [c.c_int]),
         "psc_err_name": (c.c_char_p, [c.c_int]),
-        "psc_table_spec_init": (None, [P(TableSpec), c.c_char_p, c.c_uint64]),
+        "psc_table_spec_init_sized": (None, [P(TableSpec), c.c_size_t, c.c_char_p, c.c_uint64]),
         "psc_table_create": (c.c_int, [client, P(TableSpec), c.c_int, P(c.c_uint32)]),
         "psc_table_open": (c.c_int, [client, c.c_char_p, c.c_int, P(c.c_uint32)]),
         "psc_pull": (c.c_int, [client, c.c_uint32, c.c_uint64, c.c_uint64, fl, c.c_uint64, u64p]),
@@ -213,8 +233,6 @@ def _prototypes(lib):
         "psc_auto_workers": (c.c_int, [u64p, c.c_char_p, c.c_size_t]),
         "psc_vote": (c.c_int, [client, P(Vote), c.c_int, c.c_int, P(c.c_int)]),
         "psc_topk_select": (c.c_int, [c.c_uint64, fl, fl, fl, c.c_float, c.c_uint64, u64p, fl]),
-        "psc_link_config_bytes": (c.c_size_t, []),
-        "psc_tensor_bytes": (c.c_size_t, []),
         "psc_link_create": (c.c_int, [P(LinkConfig), P(c.c_void_p), c.c_char_p, c.c_size_t]),
         "psc_link_destroy": (None, [c.c_void_p]),
         "psc_link_endpoint": (c.c_char_p, [c.c_void_p]),

@@ -365,7 +365,7 @@ class Client:
             raise ValueError("init: one of %s (got %r)" % (", ".join(_lib.INITS), init))
         spec = _lib.TableSpec()
         bname = name.encode()
-        self._lib.psc_table_spec_init(ctypes.byref(spec), bname, size)
+        self._lib.psc_table_spec_init_sized(ctypes.byref(spec), ctypes.sizeof(spec), bname, size)
         spec.optimizer = _lib.OPTIMIZERS[optimizer]
         spec.lr = lr
         spec.init = _lib.INITS[init]
