@@ -37,10 +37,13 @@ PY_PKGS=(python3-numpy python3-torch)
 # replicas' tests start one), pyzmq (a raw peer in those tests),
 # matplotlib (tests/bench/size_bench.py's plots; the size-bench test
 # checks they are drawn), libabigail (the abi test: libpsclient against
-# its baseline).
+# its baseline), meson-python, build and venv (the wheel test builds the
+# Python wheel and installs it into fresh venvs), mypy (the typing test
+# checks the package's public API).
 TEST_PKGS=(
   libcmocka-dev libdnnl-dev abigail-tools
   python3-numpy python3-pytest python3-torch python3-yaml python3-zmq python3-matplotlib
+  python3-mesonpy python3-build python3-venv mypy
   clang libclang-rt-14-dev
   procps systemd
   prometheus curl

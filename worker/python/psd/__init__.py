@@ -7,9 +7,10 @@
         c.pull("w", w).wait()
         c.push("w", grad).wait()
 
-The package is pure Python over libpsclient (ctypes); it finds the
-library beside itself, in a build tree next to its source, through the
-loader, or at PSD_LIBPSCLIENT. worker/README.md ("Python") documents it."""
+The package is Python over libpsclient (ctypes); it finds the library
+at PSD_LIBPSCLIENT, beside itself (the wheel carries one), in a build
+tree next to its source, or through the loader. It is typed (py.typed).
+worker/README.md ("Python") documents it."""
 from .client import Client, Handle, TopK, library
 from .link import Link
 from .errors import (AuthError, BusyError, ConnectionError, DeviceError, Error,

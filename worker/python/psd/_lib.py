@@ -1,8 +1,11 @@
 """libpsclient through ctypes: finding the library, the structs it takes,
 and the prototypes of the functions the package calls."""
+from __future__ import annotations
+
 import ctypes
 import glob
 import os
+from typing import Any, Iterator
 
 # enum psc_dtype, enum psc_optimizer, enum psc_init (psclient.h)
 DTYPES = {"f32": 0, "f16": 1, "bf16": 2}
@@ -24,7 +27,7 @@ class _Sized(ctypes.Structure):
     set to the size this package lays it out with, so a library with more
     fields takes their defaults (psclient.h, "ABI")."""
 
-    def __init__(self, *args, **kw):
+    def __init__(self, *args: Any, **kw: Any) -> None:
         super().__init__(*args, **kw)
         self.struct_size = ctypes.sizeof(self)
 
@@ -134,7 +137,7 @@ class Tensor(_Sized):
     ]
 
 
-def _candidates():
+def _candidates() -> Iterator[tuple[str, str]]:
     """Where the library may be, in the order tried."""
     env = os.environ.get("PSD_LIBPSCLIENT")
     if env:
@@ -152,8 +155,10 @@ def _candidates():
     yield LIBRARY, "the loader"
 
 
-def load():
-    tried = []
+def load() -> tuple[ctypes.CDLL, str]:
+    """The library and its path, checked; ImportError saying where it
+    looked and what it found otherwise."""
+    tried: list[str] = []
     for path, where in _candidates():
         if os.path.sep in path and not os.path.exists(path):
             tried.append("%s (%s): no such file" % (path, where))
@@ -192,12 +197,12 @@ _DEPS = {"libzmq.so.5": "libzmq5", "libprotobuf-c.so.1": "libprotobuf-c1",
          "libsodium.so.23": "libsodium23"}
 
 
-def _prototypes(lib):
+def _prototypes(lib: ctypes.CDLL) -> None:
     P, c = ctypes.POINTER, ctypes
     client = c.c_void_p
     fl = P(c.c_float)
     u64p = P(c.c_uint64)
-    protos = {
+    protos: dict[str, tuple[Any, list[Any]]] = {
         "psc_create": (c.c_int, [P(Config), P(client), c.c_char_p, c.c_size_t]),
         "psc_destroy": (None, [client]),
         "psc_last_error": (c.c_char_p, [client]),

@@ -1,19 +1,33 @@
 """psd.Client: a connection to every shard of a psd cluster, its tables,
 and asynchronous pushes and pulls of numpy arrays or CPU torch tensors."""
+from __future__ import annotations
+
 import ctypes
 import os
 import threading
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence, Union
 
 import numpy as np
+import numpy.typing as npt
 
 from . import _lib
 from . import errors
 from .errors import error
 
-_lib_handle = None
+if TYPE_CHECKING:
+    import torch
+
+# What pushes and pulls take: a float32 numpy array or a CPU torch tensor.
+Buffer = Union[np.ndarray, "torch.Tensor"]
+# Keys of rows: integers, strictly increasing (a numpy array, a CPU torch
+# tensor or a sequence).
+Keys = Union[npt.ArrayLike, "torch.Tensor"]
+
+_lib_handle: tuple[ctypes.CDLL, str] | None = None
 
 
-def library():
+def library() -> tuple[ctypes.CDLL, str]:
     """(the loaded libpsclient, its path); loaded on first use."""
     global _lib_handle
     if _lib_handle is None:
@@ -25,7 +39,7 @@ _RANK_VARS = ("JOB_COMPLETION_INDEX", "RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_R
 _WORKERS_VARS = ("WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PSD_WORKERS")
 
 
-def _servers_of(lib, servers):
+def _servers_of(lib: ctypes.CDLL, servers: str | Iterable[str] | None) -> list[str]:
     """A list of endpoints from a list, or from text with hostlist ranges
     ("tcp://psd-[0-3].psd:5570"), expanded by libpsclient as psworker
     expands --servers."""
@@ -42,7 +56,7 @@ def _servers_of(lib, servers):
                                    ctypes.byref(n), err, len(err))
         if rc != 0:
             raise ValueError(err.value.decode(errors="replace"))
-        return [eps[i].decode() for i in range(n.value)]
+        return [(eps[i] or b"").decode() for i in range(n.value)]
     servers = list(servers)
     if not servers or any(not isinstance(s, str) or not s for s in servers):
         raise ValueError("servers: a comma-separated string or a list of endpoints, shard 0 "
@@ -50,7 +64,8 @@ def _servers_of(lib, servers):
     return servers
 
 
-def _from_env(lib, value, arg, fn, names, default):
+def _from_env(lib: ctypes.CDLL, value: int | None, arg: str, fn: Callable[..., int],
+              names: Sequence[str], default: int) -> int:
     """value; else the first of the environment variables names that is
     set (libpsclient's psc_auto_rank/psc_auto_workers, as psworker --rank
     auto); else default."""
@@ -66,7 +81,7 @@ def _from_env(lib, value, arg, fn, names, default):
     return v
 
 
-def _as_f32(arg, a, writable):
+def _as_f32(arg: str, a: Any, writable: bool) -> np.ndarray:
     """A float32 view of numpy array or CPU torch tensor a, without a copy;
     TypeError or ValueError naming arg when it cannot be one."""
     if type(a).__module__.startswith("torch"):
@@ -90,7 +105,7 @@ def _as_f32(arg, a, writable):
     return a
 
 
-def _as_keys(arg, k):
+def _as_keys(arg: str, k: Any) -> np.ndarray:
     if type(k).__module__.startswith("torch"):
         k = k.detach().cpu().numpy()
     k = np.asarray(k)
@@ -106,11 +121,11 @@ def _as_keys(arg, k):
     return k
 
 
-def _ptr(a):
+def _ptr(a: np.ndarray) -> Any:
     return a.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
 
 
-def _keys_ptr(k):
+def _keys_ptr(k: np.ndarray) -> Any:
     return k.ctypes.data_as(ctypes.POINTER(ctypes.c_uint64))
 
 
@@ -119,13 +134,13 @@ class Handle:
     given belong to the library until wait() returns (or raises anything
     but psd.TimeoutError, after which it may be waited for again)."""
 
-    def __init__(self, client, ticket, keep):
+    def __init__(self, client: Client, ticket: int, keep: list[Any]) -> None:
         self._client = client
         self._ticket = ticket
-        self._keep = keep  # the buffers the library reads or writes
+        self._keep: list[Any] | None = keep  # the buffers the library reads or writes
         self.done = False
 
-    def wait(self, timeout_ms=None):
+    def wait(self, timeout_ms: int | None = None) -> Any:
         """Waits for every shard's reply (timeout_ms None: the client's
         timeout; <0: forever). Returns the output array of a pull, else
         None."""
@@ -137,7 +152,7 @@ class Handle:
         with c._lock:
             rc = c._lib.psc_wait(c._c, self._ticket, t)
             err = c._error(rc, "wait") if rc != 0 else None
-        if rc == c._timedout:
+        if err is not None and rc == c._timedout:
             raise err  # the ticket, and the buffers, stay the library's
         self.done = True
         keep, self._keep = self._keep, None
@@ -145,7 +160,7 @@ class Handle:
             raise err
         return keep[-1] if keep and keep[-1] is not None else None
 
-    def cancel(self):
+    def cancel(self) -> None:
         """Gives the buffers back without waiting (the shards may still
         apply a push)."""
         if not self.done:
@@ -157,16 +172,16 @@ class Handle:
 
 
 class _Cork:
-    def __init__(self, client):
+    def __init__(self, client: Client) -> None:
         self._client = client
 
-    def __enter__(self):
+    def __enter__(self) -> Client:
         c = self._client
         c._check_open()
         c._call("cork", c._lib.psc_cork, 1)
         return c
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         c = self._client
         if c._c is not None:
             c._call("uncork", c._lib.psc_cork, 0)
@@ -182,7 +197,7 @@ class TopK:
     returns are this object's buffers: push them (Client.push_keys) and
     wait before the next select."""
 
-    def __init__(self, n, ratio, momentum=None):
+    def __init__(self, n: int, ratio: float, momentum: float | None = None) -> None:
         lib, _ = library()
         if not isinstance(n, int) or n <= 0:
             raise ValueError("n: a positive number of elements is needed (got %r)" % (n,))
@@ -190,14 +205,14 @@ class TopK:
             raise ValueError("ratio: a fraction in (0, 1] is needed (got %r)" % (ratio,))
         self._lib = lib
         self.n = n
-        self.k = int(lib.psc_topk_count(n, float(ratio)))
+        self.k: int = int(lib.psc_topk_count(n, float(ratio)))
         self.momentum = momentum
         self.residual = np.zeros(n, np.float32)
-        self.velocity = np.zeros(n, np.float32) if momentum is not None else None
+        self.velocity: np.ndarray | None = np.zeros(n, np.float32) if momentum is not None else None
         self._keys = np.zeros(self.k, np.uint64)
         self._vals = np.zeros(self.k, np.float32)
 
-    def select(self, grad):
+    def select(self, grad: Buffer) -> tuple[np.ndarray, np.ndarray]:
         """(keys, values): the k entries to push for gradient grad."""
         g = _as_f32("grad", grad, False)
         if g.size != self.n:
@@ -232,11 +247,13 @@ class Client:
     --worker-timeout does not get the worker dropped); heartbeat_ms < 0
     turns it off."""
 
-    def __init__(self, servers=None, rank=None, workers=None, *, timeout_ms=10000,
-                 wire_dtype="f32", curve_server_key=None, curve_keypair=None, local_ipc=True,
-                 retry_ms=0, heartbeat_ms=0):
-        self._c = None
-        self._beat = None
+    def __init__(self, servers: str | Sequence[str] | None = None, rank: int | None = None,
+                 workers: int | None = None, *, timeout_ms: int = 10000, wire_dtype: str = "f32",
+                 curve_server_key: str | None = None,
+                 curve_keypair: tuple[str, str] | None = None, local_ipc: bool = True,
+                 retry_ms: int = 0, heartbeat_ms: int = 0) -> None:
+        self._c: ctypes.c_void_p | None = None
+        self._beat: threading.Thread | None = None
         self._lib, self.library_path = library()
         servers = _servers_of(self._lib, servers)
         self.rank = _from_env(self._lib, rank, "rank", self._lib.psc_auto_rank, _RANK_VARS, 0)
@@ -257,8 +274,8 @@ class Client:
                           connect_timeout_ms=self.timeout_ms,
                           wire_dtype=_lib.DTYPES[wire_dtype], retry_ms=int(retry_ms),
                           heartbeat_ms=int(heartbeat_ms), local_ipc=1 if local_ipc else 0)
-        keep = [arr]
-        if curve_server_key is not None:
+        keep: list[Any] = [arr]
+        if curve_server_key is not None and curve_keypair is not None:
             pub, sec = curve_keypair
             keep += [curve_server_key.encode(), pub.encode(), sec.encode()]
             cfg.curve_server_key, cfg.curve_public, cfg.curve_secret = keep[1:]
@@ -271,11 +288,12 @@ class Client:
         self._c = handle
         self._pid = os.getpid()
         self.servers = servers
-        self.shards = self._lib.psc_shards(self._c)
-        self._tables = {}  # name -> (client table id, size or None, dim or None)
-        self._clock = {}   # name -> the clock of this worker's next push
-        self._votes = {}   # name -> its struct psc_vote
-        self.start_clock = self._lib.psc_start_clock(self._c)
+        self.shards: int = self._lib.psc_shards(self._c)
+        # name -> (client table id, size or None, dim or None)
+        self._tables: dict[str, tuple[int, int | None, int | None]] = {}
+        self._clock: dict[str, int] = {}  # name -> the clock of this worker's next push
+        self._votes: dict[str, _lib.Vote] = {}  # name -> its struct psc_vote
+        self.start_clock: int = self._lib.psc_start_clock(self._c)
         self._lock = threading.Lock()
         if heartbeat_ms >= 0:
             self._stop = threading.Event()
@@ -284,7 +302,7 @@ class Client:
                                           name="psd-heartbeat", daemon=True)
             self._beat.start()
 
-    def _heartbeats(self, every):
+    def _heartbeats(self, every: float) -> None:
         """Tells the shards this worker is alive while no call is under way
         (a call under way sends its own)."""
         while not self._stop.wait(every):
@@ -295,20 +313,20 @@ class Client:
                 finally:
                     self._lock.release()
 
-    def endpoint(self, shard=0):
+    def endpoint(self, shard: int = 0) -> str:
         """The endpoint this client talks to for shard: one of its replicas
         (they move when a primary goes), or its same-host socket."""
         self._check_open()
         return self._lib.psc_endpoint(self._c, shard).decode()
 
     @property
-    def failovers(self):
+    def failovers(self) -> int:
         """Moves from one replica of a shard to another so far."""
         self._check_open()
-        return self._lib.psc_failovers(self._c)
+        return int(self._lib.psc_failovers(self._c))
 
     # -- lifetime -----------------------------------------------------------
-    def close(self):
+    def close(self) -> None:
         """Closes the connections; pushes not waited for may be lost."""
         if self._beat is not None and os.getpid() == self._pid:
             self._stop.set()
@@ -320,26 +338,27 @@ class Client:
                     self._lib.psc_destroy(self._c)
             self._c = None
 
-    def __enter__(self):
+    def __enter__(self) -> Client:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
         self.close()
 
-    def __del__(self):
+    def __del__(self) -> None:
         try:
             self.close()
         except Exception:
             pass
 
-    def _check_open(self):
+    def _check_open(self) -> None:
         if self._c is None:
             raise ValueError("the client is closed")
         if os.getpid() != self._pid:
             raise RuntimeError("this psd.Client was made in process %d; a forked child (a "
                                "DataLoader worker?) must make its own" % self._pid)
 
-    def _call(self, what, fn, *args):
+    def _call(self, what: str, fn: Callable[..., int], *args: Any) -> None:
         """fn(client, *args) under the lock; a failure raises its Error,
         read under the same lock (no heartbeat in between)."""
         with self._lock:
@@ -347,7 +366,7 @@ class Client:
             if rc != 0:
                 raise self._error(rc, what)
 
-    def _error(self, rc, what):
+    def _error(self, rc: int, what: str) -> errors.Error:
         text = self._lib.psc_last_error(self._c).decode(errors="replace") if self._c else ""
         if rc == errors.PS_EREMOTE and self._c:  # the kind is the shard's own code
             rc = self._lib.psc_last_remote(self._c) or rc
@@ -355,7 +374,8 @@ class Client:
         return error(rc, name, "%s: %s" % (what, text or self._lib.psc_strerror(rc).decode()))
 
     # -- tables -------------------------------------------------------------
-    def _spec(self, name, size, optimizer, lr, init, init_scale, seed, hyper):
+    def _spec(self, name: str, size: int, optimizer: str, lr: float, init: str,
+              init_scale: float, seed: int, hyper: dict[str, Any]) -> tuple[_lib.TableSpec, bytes]:
         if not isinstance(name, str) or not name:
             raise ValueError("name: a non-empty string is needed")
         if optimizer not in _lib.OPTIMIZERS:
@@ -383,7 +403,8 @@ class Client:
             setattr(spec, k, v)
         return spec, bname
 
-    def _create(self, name, spec, bname, size, dim):
+    def _create(self, name: str, spec: _lib.TableSpec, bname: bytes, size: int | None,
+                dim: int | None) -> str:
         t = ctypes.c_uint32()
         self._call("create_table %r" % name, self._lib.psc_table_create, ctypes.byref(spec),
                    self.timeout_ms, ctypes.byref(t))
@@ -392,8 +413,10 @@ class Client:
         self._clock.setdefault(name, self.start_clock)
         return name
 
-    def create_table(self, name, size, optimizer="sgd", lr=0.01, *, init="zeros", init_scale=0.0,
-                     seed=0, await_set=False, pushers=None, **hyper):
+    def create_table(self, name: str, size: int | Sequence[int], optimizer: str = "sgd",
+                     lr: float = 0.01, *, init: str = "zeros", init_scale: float = 0.0,
+                     seed: int = 0, await_set: bool = False,
+                     pushers: Sequence[int] | None = None, **hyper: Any) -> str:
         """Creates a dense table on every shard (or opens it when one of that
         name has the same spec): size float32 elements, or a shape (a tuple
         such as (32, 1, 3, 3): the table holds their product, and psctl
@@ -435,8 +458,9 @@ class Client:
             spec.npushers = len(pushers)
         return self._create(name, spec, bname, size, None)
 
-    def create_sparse_table(self, name, dim, optimizer="sgd", lr=0.01, *, rows_max=1 << 20,
-                            init="zeros", init_scale=0.0, seed=0, **hyper):
+    def create_sparse_table(self, name: str, dim: int, optimizer: str = "sgd", lr: float = 0.01,
+                            *, rows_max: int = 1 << 20, init: str = "zeros",
+                            init_scale: float = 0.0, seed: int = 0, **hyper: Any) -> str:
         """Creates a sparse table: rows of dim float32 by uint64 key, at most
         rows_max on each shard."""
         self._check_open()
@@ -448,36 +472,39 @@ class Client:
         spec.rows_max = rows_max
         return self._create(name, spec, bname, None, dim)
 
-    def _table(self, name, dense):
+    def _table(self, name: str, dense: bool) -> tuple[int, int]:
+        """(its handle, its size) for a dense table, (its handle, its dim)
+        for a sparse one."""
         try:
             t, size, dim = self._tables[name]
         except KeyError:
             raise KeyError("table %r: not created or opened by this client" % (name,)) from None
-        if dense and size is None:
-            raise TypeError("table %r is sparse: use pull_rows/push_rows" % name)
-        if not dense and dim is None:
+        if dense:
+            if size is None:
+                raise TypeError("table %r is sparse: use pull_rows/push_rows" % name)
+            return t, size
+        if dim is None:
             raise TypeError("table %r is dense: use pull/push/push_pull" % name)
-        return t, size, dim
+        return t, dim
 
-    def clock(self, name):
+    def clock(self, name: str) -> int:
         """The clock of this worker's next push to table name."""
         return self._clock[name]
 
     # -- dense --------------------------------------------------------------
-    def _dense(self, name, arrays, offset):
-        t, size, _ = self._table(name, True)
-        n = None
+    def _dense(self, name: str, arrays: list[tuple[str, np.ndarray]],
+               offset: int) -> tuple[int, int]:
+        t, size = self._table(name, True)
+        n = arrays[0][1].size
         for arg, a in arrays:
-            if n is None:
-                n = a.size
-            elif a.size != n:
+            if a.size != n:
                 raise ValueError("%s: %d elements, but the other array has %d" % (arg, a.size, n))
         if not isinstance(offset, int) or offset < 0 or offset + n > size:
             raise ValueError("elements [%r, %r) are outside table %r of %d" %
                              (offset, offset + n if isinstance(offset, int) else "?", name, size))
         return t, n
 
-    def push(self, name, grad, *, offset=0):
+    def push(self, name: str, grad: Buffer, *, offset: int = 0) -> Handle:
         """Pushes gradient grad (float32, as many elements as the table, or
         a range from offset) at this worker's clock. Returns a Handle."""
         self._check_open()
@@ -490,7 +517,7 @@ class Client:
         self._clock[name] = clock + 1
         return Handle(self, ticket.value, [grad, None])
 
-    def pull(self, name, out, *, offset=0):
+    def pull(self, name: str, out: Buffer, *, offset: int = 0) -> Handle:
         """Pulls the weights into out (float32) for this worker's clock: in
         bsp, once every worker has pushed the clocks before it. Returns a
         Handle whose wait() returns out."""
@@ -502,7 +529,7 @@ class Client:
                    ctypes.byref(ticket))
         return Handle(self, ticket.value, [out])
 
-    def push_pull(self, name, grad, out, *, offset=0):
+    def push_pull(self, name: str, grad: Buffer, out: Buffer, *, offset: int = 0) -> Handle:
         """Pushes grad at this worker's clock and pulls the weights after it
         into out, in one round trip. Returns a Handle whose wait() returns
         out."""
@@ -519,7 +546,7 @@ class Client:
         self._clock[name] = clock + 1
         return Handle(self, ticket.value, [grad, out])
 
-    def set_weights(self, name, values, *, offset=0):
+    def set_weights(self, name: str, values: Buffer, *, offset: int = 0) -> Handle:
         """Writes values (float32) into the table as they are: a model's own
         initial weights, before any optimizer step (the shards refuse it
         after one: psd.StateError). Returns a Handle."""
@@ -531,14 +558,14 @@ class Client:
                    ctypes.byref(ticket))
         return Handle(self, ticket.value, [values, None])
 
-    def push_keys(self, name, keys, values):
+    def push_keys(self, name: str, keys: Keys, values: Buffer) -> Handle:
         """Pushes a sparse gradient into a dense table: values[i] for
         element keys[i] (strictly increasing uint64, below the table's
         size), at this worker's clock; what TopK.select gives. Every shard
         gets a push, so bsp rounds complete. Returns a Handle."""
         self._check_open()
         v = _as_f32("values", values, False)
-        t, size, _ = self._table(name, True)
+        t, size = self._table(name, True)
         k = _as_keys("keys", keys)
         if v.size != k.size:
             raise ValueError("values: %d values for %d keys" % (v.size, k.size))
@@ -551,7 +578,7 @@ class Client:
         self._clock[name] = clock + 1
         return Handle(self, ticket.value, [k, values, None])
 
-    def vote(self, name, flag, timeout_ms=None):
+    def vote(self, name: str, flag: bool, timeout_ms: int | None = None) -> bool:
         """One round of vote `name`: every worker of the round says flag
         (a bool), and all get True when any said True: "did anyone's
         gradients overflow?", so that all skip the step together, as
@@ -574,14 +601,15 @@ class Client:
                    ctypes.byref(any_))
         return bool(any_.value)
 
-    def corked(self):
+    def corked(self) -> _Cork:
         """A context manager: the requests made inside it go to each shard
         together, as one message, when it ends (a bucket of pushes)."""
         return _Cork(self)
 
     # -- sparse -------------------------------------------------------------
-    def _rows(self, name, keys, arrays):
-        t, _, dim = self._table(name, False)
+    def _rows(self, name: str, keys: Keys,
+              arrays: list[tuple[str, np.ndarray]]) -> tuple[int, np.ndarray]:
+        t, dim = self._table(name, False)
         k = _as_keys("keys", keys)
         for arg, a in arrays:
             if a.size != k.size * dim:
@@ -589,7 +617,7 @@ class Client:
                                  % (arg, k.size, dim, k.size * dim, a.size))
         return t, k
 
-    def pull_rows(self, name, keys, out):
+    def pull_rows(self, name: str, keys: Keys, out: Buffer) -> Handle:
         """Pulls the rows of keys (strictly increasing uint64) into out
         (len(keys) x dim float32). Returns a Handle whose wait() returns out."""
         self._check_open()
@@ -600,7 +628,7 @@ class Client:
                    self._clock[name], ctypes.byref(ticket))
         return Handle(self, ticket.value, [k, out])
 
-    def push_rows(self, name, keys, grads):
+    def push_rows(self, name: str, keys: Keys, grads: Buffer) -> Handle:
         """Pushes gradients grads (len(keys) x dim float32) for the rows of
         keys (strictly increasing uint64). Returns a Handle."""
         self._check_open()

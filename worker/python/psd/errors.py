@@ -4,6 +4,8 @@ has a kind; the codes are common/protocol/ps_errcodes.h's (they travel
 on the wire, so their values never change: new ones are appended), and
 tests/python/test_errors.py checks this list against that header and
 the library."""
+from __future__ import annotations
+
 import builtins
 
 PS_EINVAL = -1
@@ -34,7 +36,7 @@ PS_EAUTH = -25
 PS_ENOTPRIMARY = -26
 
 # name -> code, every PS_E* above
-CODES = {k: v for k, v in globals().items() if k.startswith("PS_E")}
+CODES: dict[str, int] = {k: v for k, v in globals().items() if k.startswith("PS_E")}
 
 
 class Error(Exception):
@@ -42,7 +44,7 @@ class Error(Exception):
     ("PS_ETIMEDOUT"); message: what went wrong, the server's own sentence
     where a server refused."""
 
-    def __init__(self, code, name, message):
+    def __init__(self, code: int, name: str, message: str) -> None:
         super().__init__("%s: %s" % (name, message))
         self.code = code
         self.name = name
@@ -116,7 +118,7 @@ class NotPrimaryError(ConnectionError):
     (PS_ENOTPRIMARY)."""
 
 
-_KINDS = {
+_KINDS: dict[str, type[Error]] = {
     "PS_ETIMEDOUT": TimeoutError,
     "PS_EINVAL": InvalidArgumentError,
     "PS_ERANGE": InvalidArgumentError,
@@ -146,6 +148,6 @@ _KINDS = {
 }
 
 
-def error(code, name, message):
+def error(code: int, name: str, message: str) -> Error:
     """The Error of the kind code names."""
     return _KINDS.get(name, Error)(code, name, message)

@@ -5,9 +5,13 @@ receives their gradient back; every message carries its step,
 micro-batch, dtype and shape, and the receiver checks them against its
 bytes_max before it hands them over. psd.torch.PipelineStage is built on
 it; this class is for pipelines of other frameworks."""
+from __future__ import annotations
+
 import ctypes
+from typing import Any, NoReturn, Sequence
 
 import numpy as np
+import numpy.typing as npt
 
 from . import _lib
 from .client import library
@@ -35,11 +39,14 @@ class Link:
     with. Both default to this stage's own public key: stages that share
     one key pair."""
 
-    def __init__(self, stage, stages, *, listen=None, next=None, window=1, bytes_max=64 << 20,
-                 timeout_ms=2000, curve_keypair=None, curve_server_key=None, curve_allow=None):
-        self._l = None
+    def __init__(self, stage: int, stages: int, *, listen: str | None = None,
+                 next: str | None = None, window: int = 1, bytes_max: int = 64 << 20,
+                 timeout_ms: int = 2000, curve_keypair: tuple[str, str] | None = None,
+                 curve_server_key: str | None = None,
+                 curve_allow: Sequence[str] | None = None) -> None:
+        self._l: ctypes.c_void_p | None = None
         self._lib, _ = library()
-        self._keep = [s.encode() if s is not None else None for s in (listen, next)]
+        self._keep: list[Any] = [s.encode() if s is not None else None for s in (listen, next)]
         cfg = _lib.LinkConfig(stage=int(stage), stages=int(stages), listen=self._keep[0],
                               next=self._keep[1], window=int(window), bytes_max=int(bytes_max),
                               timeout_ms=int(timeout_ms))
@@ -62,39 +69,40 @@ class Link:
         self._l = handle
         self.stage, self.stages = int(stage), int(stages)
 
-    def _raise(self, rc):
+    def _raise(self, rc: int) -> NoReturn:
         raise error(rc, self._lib.psc_err_name(rc).decode(),
                     self._lib.psc_link_error(self._l).decode(errors="replace"))
 
-    def _open(self):
+    def _open(self) -> ctypes.c_void_p:
         if self._l is None:
             raise ValueError("the link is closed")
         return self._l
 
     @property
-    def endpoint(self):
+    def endpoint(self) -> str:
         """Where this stage listens for the one before ("" for stage 0)."""
-        return self._lib.psc_link_endpoint(self._open()).decode()
+        return str(self._lib.psc_link_endpoint(self._open()).decode())
 
     @property
-    def in_flight(self):
+    def in_flight(self) -> int:
         """Activations sent whose gradient has not come back."""
-        return self._lib.psc_link_in_flight(self._open())
+        return int(self._lib.psc_link_in_flight(self._open()))
 
-    def bytes(self):
+    def bytes(self) -> tuple[int, int]:
         """(sent, received): bytes of tensors to and from the neighbours."""
         s, r = ctypes.c_uint64(), ctypes.c_uint64()
         self._lib.psc_link_bytes(self._open(), ctypes.byref(s), ctypes.byref(r))
         return s.value, r.value
 
-    def wait_connected(self, timeout_ms):
+    def wait_connected(self, timeout_ms: int) -> None:
         """Waits until both neighbours have connected; psd.TimeoutError
         names those that have not."""
         rc = self._lib.psc_link_wait_connected(self._open(), int(timeout_ms))
         if rc != 0:
             self._raise(rc)
 
-    def send(self, direction, array, step, micro, eval=False):
+    def send(self, direction: int, array: npt.ArrayLike, step: int, micro: int,
+             eval: bool = False) -> None:
         """Sends array (float32 or float16, C-contiguous, 1 to 8
         dimensions) toward direction (FORWARD: to stage + 1, BACKWARD: to
         stage - 1); the values are copied."""
@@ -111,7 +119,7 @@ class Link:
         if rc != 0:
             self._raise(rc)
 
-    def recv(self, direction, timeout_ms):
+    def recv(self, direction: int, timeout_ms: int) -> tuple[np.ndarray, int, int, bool]:
         """The next tensor from direction (FORWARD: activations from stage
         - 1, BACKWARD: a gradient from stage + 1), waiting up to
         timeout_ms (< 0: as long as the neighbour is there): (array, step,
@@ -130,20 +138,21 @@ class Link:
             raise TypeError("recv: a tensor of dtype %d (bf16), which numpy has not" % t.dtype)
         n = int(np.prod(shape, dtype=np.int64))
         buf = (ctypes.c_char * (n * dt.itemsize)).from_address(t.data)
-        return np.frombuffer(buf, dt).reshape(shape).copy(), t.step, t.micro, bool(t.eval)
+        return (np.frombuffer(memoryview(buf), dt).reshape(shape).copy(), int(t.step), int(t.micro),
+                bool(t.eval))
 
-    def close(self):
+    def close(self) -> None:
         """Closes the link; what was sent still goes, for up to timeout_ms,
         unless its neighbour is gone."""
         if self._l is not None:
             self._lib.psc_link_destroy(self._l)
             self._l = None
 
-    def __enter__(self):
+    def __enter__(self) -> Link:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def __del__(self):
+    def __del__(self) -> None:
         self.close()

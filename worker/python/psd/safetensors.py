@@ -1,8 +1,12 @@
 """The safetensors format psctl export and psworker --save write: an 8-byte
 little-endian header length, a JSON header naming each tensor's dtype,
 shape and byte range, then the data."""
+from __future__ import annotations
+
 import json
+import os
 import struct
+from typing import Any, Mapping
 
 import numpy as np
 
@@ -12,7 +16,7 @@ _NAMES = {np.dtype(v): k for k, v in _DTYPES.items()}
 _HEADER_MAX = 100 << 20
 
 
-def load_safetensors(path):
+def load_safetensors(path: str | os.PathLike[str]) -> dict[str, np.ndarray]:
     """{name: numpy array} from a safetensors file (metadata is left out).
     ValueError names what is wrong with a malformed file."""
     with open(path, "rb") as f:
@@ -28,7 +32,7 @@ def load_safetensors(path):
         except ValueError as e:
             raise ValueError("%s: the header is not JSON (%s)" % (path, e)) from None
         data = f.read()
-    out = {}
+    out: dict[str, np.ndarray] = {}
     for name, t in header.items():
         if name == "__metadata__":
             continue
@@ -47,9 +51,12 @@ def load_safetensors(path):
     return out
 
 
-def save_safetensors(path, tensors, metadata=None):
+def save_safetensors(path: str | os.PathLike[str], tensors: Mapping[str, Any],
+                     metadata: Mapping[str, object] | None = None) -> None:
     """Writes {name: array or CPU tensor} as a safetensors file."""
-    arrays, header, off = [], {}, 0
+    arrays: list[np.ndarray] = []
+    header: dict[str, Any] = {}
+    off = 0
     for name, a in tensors.items():
         if type(a).__module__.startswith("torch"):
             a = a.detach().cpu().numpy()

@@ -13,21 +13,25 @@ batch's ids in forward and pushed in backward. PipelineStage,
 ScheduleGPipe and Schedule1F1B run a model split into stages, one
 process each, as torch.distributed.pipelining does, with each stage's
 weights on psd. worker/README.md ("From PyTorch") documents it."""
+from __future__ import annotations
+
 import os
 import time
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 from . import link as _link
-from .client import Client, TopK, _servers_of, library
+from .client import Client, Handle, TopK, _servers_of, library
 from .errors import StateError, TimeoutError
 
-_default = None
+_default: Client | None = None
 
 
-def init(servers=None, rank=None, workers=None, **client_args):
+def init(servers: str | Sequence[str] | None = None, rank: int | None = None,
+         workers: int | None = None, **client_args: Any) -> Client:
     """The process's psd.Client, made on the first call from the
     arguments or the environment (PSD_SERVERS, RANK, WORLD_SIZE), then
     returned as it is; DistributedOptimizer and Embedding use it when they
@@ -46,11 +50,11 @@ def init(servers=None, rank=None, workers=None, **client_args):
     return _default
 
 
-def _shape(p):
+def _shape(p: torch.Tensor) -> tuple[int, ...]:
     return tuple(p.shape) if p.dim() > 0 else (1,)
 
 
-def _f32(t):
+def _f32(t: torch.Tensor) -> None:
     if t.dtype != torch.float32:
         raise TypeError("psd.torch: parameters are float32 (got %s); under autocast the "
                         "parameters stay float32 and only the computation is 16-bit" % t.dtype)
@@ -59,7 +63,7 @@ def _f32(t):
                         % t.device)
 
 
-def _staging(p):
+def _staging(p: torch.Tensor) -> torch.Tensor:
     """The host buffer a parameter's gradient leaves from and its new
     weights land in: contiguous float32 on the CPU, page-locked when the
     parameter is on a GPU so that the copies go by DMA."""
@@ -100,9 +104,13 @@ class DistributedOptimizer:
     any had a non-finite one; if so every worker skips the step (nothing
     is pushed, the weights stay) and the scale backs off on each."""
 
-    def __init__(self, model, optimizer="momentum", lr=0.01, *, servers=None, rank=None,
-                 workers=None, client=None, bucket_bytes=1 << 20, accum_steps=1, topk=None,
-                 wire_dtype="f32", timeout_ms=60000, prefix="", scaler=None, **hyper):
+    def __init__(self, model: torch.nn.Module | PipelineStage, optimizer: str = "momentum",
+                 lr: float = 0.01, *, servers: str | Sequence[str] | None = None,
+                 rank: int | None = None, workers: int | None = None,
+                 client: Client | None = None, bucket_bytes: int = 1 << 20,
+                 accum_steps: int = 1, topk: float | None = None, wire_dtype: str = "f32",
+                 timeout_ms: int = 60000, prefix: str = "", scaler: GradScaler | None = None,
+                 **hyper: Any) -> None:
         stage = model if isinstance(model, PipelineStage) else None
         if stage is not None:  # its module, its stage's processes as the pushers
             if accum_steps != 1:
@@ -152,7 +160,7 @@ class DistributedOptimizer:
                            **server_hyper)
         self._send = [_staging(p) for _, p in self.params]
         self._recv = [_staging(p) for _, p in self.params]
-        self._topk = None
+        self._topk: list[TopK] | None = None
         if topk is not None:
             mom = float(hyper.get("momentum", 0.0)) if momentum_here else None
             self._topk = [TopK(p.numel(), float(topk), mom) for _, p in self.params]
@@ -160,8 +168,9 @@ class DistributedOptimizer:
         # buckets in the order backward reaches the parameters (the
         # reverse of their registration, as DDP assumes)
         self._bucket_of = [0] * len(self.params)
-        self.buckets = []
-        cur, cur_bytes = [], 0
+        self.buckets: list[list[int]] = []
+        cur: list[int] = []
+        cur_bytes = 0
         for i in reversed(range(len(self.params))):
             cur.append(i)
             cur_bytes += self.params[i][1].numel() * 4
@@ -175,10 +184,10 @@ class DistributedOptimizer:
                 self._bucket_of[i] = b
         self._count = [0] * len(self.params)
         self._missing = [len(m) for m in self.buckets]
-        self._handles = [[] for _ in self.buckets]
+        self._handles: list[list[Handle]] = [[] for _ in self.buckets]
         self._sent = [False] * len(self.buckets)
-        self._hooks = []
-        self._acc_nodes = []  # the hooks live as long as their nodes
+        self._hooks: list[Any] = []
+        self._acc_nodes: list[Any] = []  # the hooks live as long as their nodes
         with torch.enable_grad():
             for i, (_, p) in enumerate(self.params):
                 node = p.expand_as(p).grad_fn.next_functions[0][0]
@@ -187,12 +196,12 @@ class DistributedOptimizer:
         self.steps = 0
 
     @property
-    def accum_steps(self):
+    def accum_steps(self) -> int:
         """Backward passes summed into a step: accum_steps, or a pipeline
         stage's micro-batches."""
         return self._stage.n_microbatches if self._stage is not None else self._accum
 
-    def _start(self):
+    def _start(self) -> None:
         """Rank 0 (a pipeline stage: the stage's process in pipeline 0)
         sets the initial weights; every rank pulls them."""
         c = self.client
@@ -206,8 +215,8 @@ class DistributedOptimizer:
                     h.wait(self.timeout_ms)
                 except StateError:
                     pass  # trained already (restored): the servers' weights win
-        handles = [c.pull(name, r) for (name, _), r in zip(self.params, self._recv)]
-        for (name, _), h in zip(self.params, handles):
+        pulls = [c.pull(name, r) for (name, _), r in zip(self.params, self._recv)]
+        for h in pulls:
             try:
                 h.wait(self.timeout_ms)
             except TimeoutError as e:
@@ -217,8 +226,8 @@ class DistributedOptimizer:
             for (_, p), r in zip(self.params, self._recv):
                 p.copy_(r)
 
-    def _hook_for(self, i):
-        def hook(*_):
+    def _hook_for(self, i: int) -> Callable[..., None]:
+        def hook(*_: Any) -> None:
             self._count[i] += 1
             if self._count[i] == self.accum_steps:
                 b = self._bucket_of[i]
@@ -227,7 +236,7 @@ class DistributedOptimizer:
                     self._send_bucket(b)
         return hook
 
-    def _send_bucket(self, b, unscale=1.0):
+    def _send_bucket(self, b: int, unscale: float = 1.0) -> None:
         c = self.client
         # a pipeline's schedule scales each micro-batch's loss by 1/M: the
         # sum of its micro-batches' gradients is the step's
@@ -255,7 +264,7 @@ class DistributedOptimizer:
                     hs.append(c.push_pull(name, self._send[i].view(-1), self._recv[i].view(-1)))
         self._sent[b] = True
 
-    def zero_grad(self, set_to_none=False):
+    def zero_grad(self, set_to_none: bool = False) -> None:
         """Zeroes the gradients of the parameters it trains, in place, or
         drops them (set_to_none=True), as torch.optim.Optimizer.zero_grad."""
         for _, p in self.params:
@@ -266,7 +275,7 @@ class DistributedOptimizer:
                     p.grad.detach_()
                     p.grad.zero_()
 
-    def step(self, closure=None):
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """Sends what backward did not (parameters it did not reach get a
         zero gradient), waits for every bucket's new weights and copies
         them into the parameters; also finishes the pushes of the model's
@@ -284,7 +293,7 @@ class DistributedOptimizer:
         for b in range(len(self.buckets)):
             if not self._sent[b]:
                 self._send_bucket(b)
-        first_error = None
+        first_error: BaseException | None = None
         for b in range(len(self.buckets)):
             for h in self._handles[b]:
                 try:
@@ -306,7 +315,7 @@ class DistributedOptimizer:
         self.steps += 1
         return loss
 
-    def _scaled_skip(self):
+    def _scaled_skip(self) -> bool:
         """With a scaler: whether any worker's gradients are non-finite
         (then the step is skipped here and everywhere); if not, the
         buckets go out unscaled."""
@@ -316,6 +325,7 @@ class DistributedOptimizer:
                 if p.grad is not None and not bool(torch.isfinite(p.grad).all()):
                     bad = True
                     break
+        assert self.scaler is not None  # step() calls it with one
         found = self.client.vote(self._vote, bad, self.timeout_ms)
         self.scaler._found_inf = found
         if found:
@@ -327,7 +337,7 @@ class DistributedOptimizer:
             self._send_bucket(b, 1.0 / self.scaler.get_scale())
         return False
 
-    def close(self):
+    def close(self) -> None:
         """Removes the gradient hooks (the client stays open)."""
         for h in self._hooks:
             h.remove()
@@ -346,8 +356,8 @@ class GradScaler:
         scaler.step(opt)     # opt.step(): unscales, votes, pushes or skips
         scaler.update()"""
 
-    def __init__(self, init_scale=65536.0, growth_factor=2.0, backoff_factor=0.5,
-                 growth_interval=2000):
+    def __init__(self, init_scale: float = 65536.0, growth_factor: float = 2.0,
+                 backoff_factor: float = 0.5, growth_interval: int = 2000) -> None:
         if not (init_scale > 0 and growth_factor > 1 and 0 < backoff_factor < 1 and
                 isinstance(growth_interval, int) and growth_interval >= 1):
             raise ValueError("GradScaler: init_scale > 0, growth_factor > 1, 0 < backoff_factor "
@@ -357,17 +367,17 @@ class GradScaler:
         self._backoff = float(backoff_factor)
         self._interval = growth_interval
         self._clean = 0
-        self._found_inf = None
+        self._found_inf: bool | None = None
 
-    def scale(self, loss):
+    def scale(self, loss: torch.Tensor) -> torch.Tensor:
         """loss times the current scale, to call backward() on."""
         return loss * self._scale
 
-    def get_scale(self):
+    def get_scale(self) -> float:
         """The current scale (a float)."""
         return self._scale
 
-    def step(self, optimizer, *args, **kwargs):
+    def step(self, optimizer: DistributedOptimizer, *args: Any, **kwargs: Any) -> Any:
         """optimizer.step(); None when the step was skipped."""
         if not isinstance(optimizer, DistributedOptimizer) or optimizer.scaler is not self:
             raise ValueError("step: the DistributedOptimizer made with scaler=this scaler is "
@@ -375,7 +385,7 @@ class GradScaler:
         out = optimizer.step(*args, **kwargs)
         return None if self._found_inf else out
 
-    def update(self):
+    def update(self) -> None:
         """The scale for the next step, from whether this one overflowed."""
         if self._found_inf is None:
             raise RuntimeError("update(): no step() since the last update")
@@ -389,12 +399,12 @@ class GradScaler:
                 self._clean = 0
         self._found_inf = None
 
-    def state_dict(self):
+    def state_dict(self) -> dict[str, float | int]:
         """The scale and the clean steps counted toward its next growth
         ({"scale": ..., "growth_tracker": ...}), for a checkpoint."""
         return {"scale": self._scale, "growth_tracker": self._clean}
 
-    def load_state_dict(self, state):
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         """Takes back what state_dict() gave."""
         self._scale = float(state["scale"])
         self._clean = int(state["growth_tracker"])
@@ -404,8 +414,10 @@ class _SparseRows(torch.nn.Module):
     """The rows of a sparse table, pulled by id in forward and pushed in
     backward."""
 
-    def __init__(self, num_embeddings, embedding_dim, name, client, optimizer, lr, init,
-                 init_scale, seed, rows_max, hyper):
+    def __init__(self, num_embeddings: int, embedding_dim: int, name: str,
+                 client: Client | None, optimizer: str, lr: float, init: str,
+                 init_scale: float, seed: int, rows_max: int | None,
+                 hyper: dict[str, Any]) -> None:
         super().__init__()
         if not isinstance(num_embeddings, int) or num_embeddings <= 0:
             raise ValueError("num_embeddings: a positive integer is needed (got %r)"
@@ -421,23 +433,23 @@ class _SparseRows(torch.nn.Module):
         self._client = client
         self._spec = dict(optimizer=optimizer, lr=lr, init=init, init_scale=init_scale,
                           seed=seed, rows_max=rows_max or num_embeddings, **hyper)
-        self._pending = None
-        self._made = None
+        self._pending: Handle | None = None
+        self._made: Client | None = None
 
-    def _ready(self):
+    def _ready(self) -> Client:
         c = self._client or init()
         if self._made is not c:
             c.create_sparse_table(self.name, self.embedding_dim, **self._spec)
             self._made = c
         return c
 
-    def finish(self):
+    def finish(self) -> None:
         """Waits for the last backward's push."""
         h, self._pending = self._pending, None
         if h is not None:
             h.wait()
 
-    def _rows(self, ids):
+    def _rows(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(the batch's rows as a leaf tensor, ids as indices into them)."""
         if ids.dtype not in (torch.int64, torch.int32):
             raise TypeError("input: integer ids are needed (got %s)" % ids.dtype)
@@ -455,12 +467,12 @@ class _SparseRows(torch.nn.Module):
             rows.register_hook(lambda g: self._push(keys, g))
         return rows, inv.reshape(ids.shape)
 
-    def _push(self, keys, grad):
+    def _push(self, keys: np.ndarray, grad: torch.Tensor) -> None:
         g = grad.detach().to(torch.float32).contiguous()
         self.finish()
         self._pending = self._ready().push_rows(self.name, keys, g)
 
-    def extra_repr(self):
+    def extra_repr(self) -> str:
         return "%d, %d, name=%r" % (self.num_embeddings, self.embedding_dim, self.name)
 
 
@@ -473,12 +485,15 @@ class Embedding(_SparseRows):
     Client.create_sparse_table; init="normal" with init_scale=1.0 is
     torch's own N(0, 1)."""
 
-    def __init__(self, num_embeddings, embedding_dim, name, *, client=None, optimizer="sgd",
-                 lr=0.01, init="normal", init_scale=1.0, seed=0, rows_max=None, **hyper):
+    def __init__(self, num_embeddings: int, embedding_dim: int, name: str, *,
+                 client: Client | None = None, optimizer: str = "sgd", lr: float = 0.01,
+                 init: str = "normal", init_scale: float = 1.0, seed: int = 0,
+                 rows_max: int | None = None, **hyper: Any) -> None:
         super().__init__(num_embeddings, embedding_dim, name, client, optimizer, lr, init,
                          init_scale, seed, rows_max, hyper)
 
-    def forward(self, input):
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        """The rows of input's ids (pulled from the table)."""
         rows, idx = self._rows(input)
         return F.embedding(idx, rows)
 
@@ -487,16 +502,18 @@ class EmbeddingBag(_SparseRows):
     """torch.nn.EmbeddingBag (mode "sum" or "mean") with its rows in psd's
     sparse table name; input is 2-D (one bag a row) or 1-D with offsets."""
 
-    def __init__(self, num_embeddings, embedding_dim, name, *, mode="mean", client=None,
-                 optimizer="sgd", lr=0.01, init="normal", init_scale=1.0, seed=0, rows_max=None,
-                 **hyper):
+    def __init__(self, num_embeddings: int, embedding_dim: int, name: str, *, mode: str = "mean",
+                 client: Client | None = None, optimizer: str = "sgd", lr: float = 0.01,
+                 init: str = "normal", init_scale: float = 1.0, seed: int = 0,
+                 rows_max: int | None = None, **hyper: Any) -> None:
         if mode not in ("sum", "mean"):
             raise ValueError("mode: sum or mean (got %r)" % (mode,))
         super().__init__(num_embeddings, embedding_dim, name, client, optimizer, lr, init,
                          init_scale, seed, rows_max, hyper)
         self.mode = mode
 
-    def forward(self, input, offsets=None, per_sample_weights=None):
+    def forward(self, input: torch.Tensor, offsets: torch.Tensor | None = None,
+                per_sample_weights: torch.Tensor | None = None) -> torch.Tensor:
         if input.dim() == 2 and offsets is not None:
             raise ValueError("offsets: only with a 1-D input")
         if input.dim() == 1 and offsets is None:
@@ -533,10 +550,13 @@ class PipelineStage:
     their initial weights. A schedule (ScheduleGPipe, Schedule1F1B) runs
     its steps."""
 
-    def __init__(self, submodule, stage_index, num_stages, device=None, *, endpoints=None,
-                 listen=None, client=None, servers=None, rank=None, workers=None,
-                 timeout_ms=60000, stage_timeout_ms=2000, bytes_max=64 << 20,
-                 curve_keypair=None):
+    def __init__(self, submodule: torch.nn.Module, stage_index: int, num_stages: int,
+                 device: str | torch.device | None = None, *,
+                 endpoints: str | Sequence[str] | None = None, listen: str | None = None,
+                 client: Client | None = None, servers: str | Sequence[str] | None = None,
+                 rank: int | None = None, workers: int | None = None, timeout_ms: int = 60000,
+                 stage_timeout_ms: int = 2000, bytes_max: int = 64 << 20,
+                 curve_keypair: tuple[str, str] | None = None) -> None:
         if not isinstance(submodule, torch.nn.Module):
             raise TypeError("submodule: a torch.nn.Module is needed (got %s)"
                             % type(submodule).__name__)
@@ -580,12 +600,12 @@ class PipelineStage:
         self.stage_timeout_ms = int(stage_timeout_ms)
         self.bytes_max = int(bytes_max)
         self._curve = curve_keypair
-        self.link = None
+        self.link: _link.Link | None = None
         self.n_microbatches = 1
         self.activations_held = self.activations_held_max = 0
         self.idle_seconds = 0.0
 
-    def _connect(self, window):
+    def _connect(self, window: int) -> _link.Link:
         """The link, made by the first schedule (which knows the window)."""
         if self.link is None:
             self.link = _link.Link(self.stage_index, self.num_stages, listen=self._listen,
@@ -593,10 +613,11 @@ class PipelineStage:
                                    timeout_ms=self.stage_timeout_ms,
                                    curve_keypair=self._curve)
             self.link.wait_connected(self.timeout_ms)
+        return self.link
 
-    def _recv(self, direction, step, micro, eval_):
+    def _recv(self, direction: int, step: int, micro: int, eval_: bool) -> torch.Tensor:
         t0 = time.monotonic()
-        a, s, m, e = self.link.recv(direction, self.timeout_ms)
+        a, s, m, e = self._open().recv(direction, self.timeout_ms)
         self.idle_seconds += time.monotonic() - t0
         if (s, m, e) != (step, micro, eval_):
             kind = lambda e_: "evaluation" if e_ else "training"  # noqa: E731
@@ -607,10 +628,15 @@ class PipelineStage:
                                       -1), kind(e), m, s, kind(eval_), micro, step))
         return torch.from_numpy(a)
 
-    def _send(self, direction, t, step, micro, eval_):
-        self.link.send(direction, t.detach().contiguous().numpy(), step, micro, eval_)
+    def _send(self, direction: int, t: torch.Tensor, step: int, micro: int, eval_: bool) -> None:
+        self._open().send(direction, t.detach().contiguous().numpy(), step, micro, eval_)
 
-    def close(self):
+    def _open(self) -> _link.Link:
+        if self.link is None:
+            raise RuntimeError("stage %d: no link yet (a schedule makes it)" % self.stage_index)
+        return self.link
+
+    def close(self) -> None:
         """Closes the stage's link to its neighbours: what was sent still goes,
         for up to its timeout, unless the neighbour is gone (psd.Link.close).
         The client stays open."""
@@ -624,7 +650,9 @@ class _Schedule:
 
     gpipe = False
 
-    def __init__(self, stage, n_microbatches, loss_fn=None):
+    def __init__(self, stage: PipelineStage, n_microbatches: int,
+                 loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
+                 ) -> None:
         if not isinstance(stage, PipelineStage):
             raise TypeError("stage: a psd.torch.PipelineStage is needed (got %s)"
                             % type(stage).__name__)
@@ -640,7 +668,7 @@ class _Schedule:
         self._step = 0
         self._evals = 0
 
-    def order(self):
+    def order(self) -> list[int]:
         """This stage's passes of a step: +1 + j a forward, -1 - j a
         backward, of micro-batch j (psworker's pipe.c, the same)."""
         m, p, s = self.m, self.stage.num_stages, self.stage.stage_index
@@ -658,7 +686,7 @@ class _Schedule:
             out.append(-b)
         return out
 
-    def _chunks(self, x, what):
+    def _chunks(self, x: Any, what: str) -> tuple[torch.Tensor, ...]:
         if x is None or not torch.is_tensor(x):
             raise ValueError("step: the %s is a tensor" % what)
         if x.shape[0] % self.m != 0:
@@ -666,7 +694,8 @@ class _Schedule:
                              % (what, x.shape[0], self.m))
         return x.chunk(self.m)
 
-    def step(self, *args, target=None, losses=None):
+    def step(self, *args: torch.Tensor, target: torch.Tensor | None = None,
+             losses: list[torch.Tensor] | None = None) -> torch.Tensor | None:
         """One step: the first stage gives the batch (step(x)), the last
         the targets (step(target=y), losses=[] to get each micro-batch's
         loss), the ones between nothing. Each micro-batch's loss is
@@ -677,12 +706,13 @@ class _Schedule:
         ys = self._chunks(target, "target") if st.is_last else None
         if not st.is_first and args:
             raise ValueError("step: only the first stage takes the input")
-        saved, outs = {}, [None] * self.m
+        saved: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        outs: list[Any] = [None] * self.m
         fwd, bwd = _link.FORWARD, _link.BACKWARD
         for op in self.order():
             j = abs(op) - 1
             if op > 0:
-                x = xs[j] if st.is_first else \
+                x = xs[j] if xs is not None else \
                     st._recv(fwd, self._step, j, False).requires_grad_(True)
                 y = st.submod(x)
                 if not st.is_last:
@@ -692,7 +722,7 @@ class _Schedule:
                 st.activations_held_max = max(st.activations_held_max, st.activations_held)
                 continue
             x, y = saved.pop(j)
-            if st.is_last:
+            if self.loss_fn is not None and ys is not None:  # the last stage
                 loss = self.loss_fn(y, ys[j])
                 if losses is not None:
                     losses.append(loss.detach())
@@ -706,7 +736,7 @@ class _Schedule:
         self._step += 1
         return torch.cat(outs) if st.is_last else None
 
-    def eval(self, x=None):
+    def eval(self, x: torch.Tensor | None = None) -> torch.Tensor | None:
         """Forward only, no gradient: the first stage gives x, the last
         returns the output (the others None). For evaluation."""
         st = self.stage
