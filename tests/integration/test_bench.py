@@ -2,7 +2,7 @@
 """The benchmarks still run: `bench_wire --quick` against real psd
 processes (every cell of 1 and 2 shards, the latency rows, the sparse
 pushes over tcp, the Unix socket and shared memory), `bench_apply
---repeat 1`, `train_bench.sh --steps 20 --repeat 1` on this build's
+--repeat 1`, `topk_bench --calls 1`, `train_bench.sh --steps 20 --repeat 1` on this build's
 psd and psworker, and `conv_bench --repeat 1` where oneDNN is installed, each ending with status 0 and a --json file with every
 row and no empty number. Never a check on speed: a number only has to be
 there, finite and above zero. In the test build (ASan, UBSan) this also
@@ -138,6 +138,16 @@ def conv(bench, tmp):
           "conv_bench's JSON has every time, above 0, and its batch (%s)" % r)
 
 
+def topk(bench, tmp):
+    out = os.path.join(tmp, "topk.json")
+    if run([bench, "--calls", "1", "--json", out], "topk_bench", 600) is None:
+        return
+    r = load(out, "topk_bench")
+    check(isinstance(r, list) and len(r) == 6 and
+          all(positive(row, "n", "k", "exact_us", "sampled_us") for row in r),
+          "topk_bench's JSON has its six rows, every time above 0 (%s)" % r)
+
+
 def train(script, tmp):
     out = os.path.join(tmp, "train.json")
     build = os.path.dirname(os.path.dirname(os.path.abspath(PSD)))
@@ -185,12 +195,12 @@ def refused(args, flag, what, preexec=None):
 
 
 def main():
-    if len(sys.argv) not in (4, 5):
-        print("usage: test_bench.py BENCH_WIRE BENCH_APPLY TRAIN_BENCH_SH [CONV_BENCH]",
-              file=sys.stderr)
+    if len(sys.argv) not in (5, 6):
+        print("usage: test_bench.py BENCH_WIRE BENCH_APPLY TRAIN_BENCH_SH TOPK_BENCH "
+              "[CONV_BENCH]", file=sys.stderr)
         return 2
-    bench_wire, bench_apply, train_bench = sys.argv[1:4]
-    conv_bench = sys.argv[4] if len(sys.argv) == 5 else None
+    bench_wire, bench_apply, train_bench, topk_bench = sys.argv[1:5]
+    conv_bench = sys.argv[5] if len(sys.argv) == 6 else None
     tmp = tempfile.mkdtemp(prefix="psd-bench.")
     refused([bench_apply, "--repeat", "0"], "--repeat", "bench_apply --repeat 0")
     refused([bench_apply, "--repeat", "101"], "--repeat", "bench_apply --repeat 101")
@@ -205,6 +215,7 @@ def main():
     refused([bench_wire, "--psd", PSD, "--seconds", "1x"], "--seconds", "bench_wire --seconds 1x")
     refused([bench_wire, "--psd", PSD, "--rounds", "0"], "--rounds", "bench_wire --rounds 0")
     refused([bench_wire, "--psd", PSD, "--rounds", "100"], "--rounds", "bench_wire --rounds 100")
+    refused([topk_bench, "--calls", "0"], "--calls", "topk_bench --calls 0")
     refused(["bash", train_bench, "--no-build", "--repeat", "0"], "--repeat",
             "train_bench.sh --repeat 0")
     pipeline_bench = os.path.join(os.path.dirname(os.path.abspath(train_bench)),
@@ -219,6 +230,7 @@ def main():
     wire(bench_wire, tmp)
     pinned(bench_wire, tmp)
     apply_(bench_apply, tmp)
+    topk(topk_bench, tmp)
     train(train_bench, tmp)
     pipeline(pipeline_bench, tmp)
     if conv_bench:

@@ -2,6 +2,7 @@
  * per-element math (psk_math.h) that the CUDA kernels compile too. */
 #include "psk.h"
 #include "psk_math.h"
+#include "psk_select.h"
 
 #include "ps_err.h"
 #include "ps_half.h"
@@ -232,6 +233,120 @@ static void test_topk_cpu(void **state)
     psk_close(b);
 }
 
+/* The selection as it was before sampling, spelled out: the k-th
+ * magnitude by sorting, then in index order every entry above it and the
+ * ties at it until k are taken. */
+static void topk_reference(size_t n, float *v, float *u, size_t k, uint64_t *idx, float *val)
+{
+    float *m = malloc(n * sizeof *m);
+    assert_non_null(m);
+    for (size_t i = 0; i < n; i++)
+        m[i] = fabsf(v[i]);
+    qsort(m, n, sizeof *m, cmp_desc_abs);
+    float thr = m[k - 1];
+    free(m);
+    size_t above = 0, got = 0;
+    for (size_t i = 0; i < n; i++)
+        above += fabsf(v[i]) > thr;
+    size_t ties = k - above;
+    for (size_t i = 0; i < n && got < k; i++) {
+        float a = fabsf(v[i]);
+        if (a > thr || (a == thr && ties > 0 && ties--)) {
+            idx[got] = i;
+            val[got++] = v[i];
+            v[i] = 0.0f;
+            if (u != NULL)
+                u[i] = 0.0f;
+        }
+    }
+}
+
+/* The sampled selection and its exact fallback against the reference,
+ * bit for bit (indices, values, and what is left in v and u), on inputs
+ * that take the sampled path and on inputs that must fall back. */
+static void test_topk_sampled_is_exact(void **state)
+{
+    (void)state;
+    enum { N = 200003 };
+    float *v0 = malloc(N * sizeof(float)), *v[3], *u[3], *val[3];
+    uint64_t *idx[3];
+    for (int j = 0; j < 3; j++) {
+        v[j] = malloc(N * sizeof(float));
+        u[j] = malloc(N * sizeof(float));
+        val[j] = malloc(N * sizeof(float));
+        idx[j] = malloc(N * sizeof(uint64_t));
+        assert_true(v[j] && u[j] && val[j] && idx[j]);
+    }
+    assert_non_null(v0);
+    /* kind: 0 smooth, 1 cubed (heavy tails), 2 a period of 784 (a
+     * matrix's rows, one hot column), 3 coarse (ties everywhere), 4
+     * mostly zeros, 5 all equal */
+    const struct {
+        int kind;
+        size_t n, k;
+        int fallback; /* the path each must take: -1 either */
+    } cases[] = {
+        {0, N, N / 100, 0}, {1, N, N / 100, 0},     {2, N, N / 100, 0},   {0, N, N / 500, 0},
+        {0, N, 1, -1},      {0, N, N / 10, -1},     {0, N, N / 1000, -1}, {3, N, N / 100, 1},
+        {4, N, N / 100, 1}, {5, N, N / 100, 1},     {0, 4000, 1000, 1},   {0, 1000, 7, 1},
+        {0, N, N, 1},       {1, 100000, 30000, -1},
+    };
+    uint64_t seed = 17;
+    int paths[2] = {0, 0};
+    for (size_t t = 0; t < sizeof cases / sizeof cases[0]; t++) {
+        size_t n = cases[t].n, k = cases[t].k;
+        for (size_t i = 0; i < n; i++) {
+            float g = frand(&seed) - 0.5f;
+            switch (cases[t].kind) {
+            case 1:
+                v0[i] = g * g * g;
+                break;
+            case 2:
+                v0[i] = i % 784 == 3 ? 4.0f * g : g;
+                break;
+            case 3:
+                v0[i] = (float)((int)(g * 4)) / 2.0f;
+                break;
+            case 4:
+                v0[i] = i % 97 == 0 ? g : 0.0f;
+                break;
+            case 5:
+                v0[i] = 0.25f;
+                break;
+            default:
+                v0[i] = g;
+                break;
+            }
+        }
+        for (int j = 0; j < 3; j++) {
+            memcpy(v[j], v0, n * sizeof(float));
+            for (size_t i = 0; i < n; i++)
+                u[j][i] = 1.0f + (float)i;
+        }
+        topk_reference(n, v[0], u[0], k, idx[0], val[0]);
+        assert_int_equal(psk_topk_exact(n, v[1], u[1], k, idx[1], val[1]), 0);
+        int exact = -1;
+        assert_int_equal(psk_topk_sampled(n, v[2], u[2], k, idx[2], val[2], &exact), 0);
+        if (cases[t].fallback >= 0 && exact != cases[t].fallback)
+            fail_msg("case %zu: the %s path was taken", t, exact ? "exact" : "sampled");
+        paths[exact]++;
+        for (int j = 1; j < 3; j++) {
+            assert_memory_equal(idx[j], idx[0], k * sizeof(uint64_t));
+            assert_memory_equal(val[j], val[0], k * sizeof(float));
+            assert_memory_equal(v[j], v[0], n * sizeof(float));
+            assert_memory_equal(u[j], u[0], n * sizeof(float));
+        }
+    }
+    assert_true(paths[0] >= 4 && paths[1] >= 4); /* both paths were checked */
+    for (int j = 0; j < 3; j++) {
+        free(v[j]);
+        free(u[j]);
+        free(val[j]);
+        free(idx[j]);
+    }
+    free(v0);
+}
+
 static void test_shared_math(void **state)
 {
     (void)state;
@@ -306,8 +421,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gemm),        cmocka_unit_test(test_axpy_scale),
         cmocka_unit_test(test_open_errors), cmocka_unit_test(test_layer_ops_cpu),
-        cmocka_unit_test(test_topk_cpu),    cmocka_unit_test(test_shared_math),
-        cmocka_unit_test(test_rounding),
+        cmocka_unit_test(test_topk_cpu),    cmocka_unit_test(test_topk_sampled_is_exact),
+        cmocka_unit_test(test_shared_math), cmocka_unit_test(test_rounding),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
