@@ -33,9 +33,9 @@ int psw_wire_dtype(const char *s)
  * those buffers, and with --topk each table's keys and values. */
 static size_t shm_bytes(const struct trainer *tr)
 {
-    /* the region carries f32 values: with 16-bit ones on the wire every
-     * request would take the socket anyway (psw_use_region says so) */
-    if (!tr->alias || tr->cfg.no_shm || psw_wire_dtype(tr->cfg.wire_dtype) != PSC_F32)
+    /* with 16-bit values on the wire too: the shards that take the region
+     * take f32 through it (libpsclient's dtype per shard) */
+    if (!tr->alias || tr->cfg.no_shm)
         return 0;
     size_t b = SHM_SPARE_BYTES;
     for (int k = 0; k < psw_ntables(tr); k++) {

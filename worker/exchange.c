@@ -440,18 +440,14 @@ int psw_send_all_grads(struct trainer *tr)
 void psw_use_region(struct trainer *tr)
 {
     struct psw_exchange *x = tr->ex;
-    uint32_t local = 0;
-    for (uint32_t s = 0; s < psc_shards(tr->c); s++)
-        local += strncmp(psc_endpoint(tr->c, s), "ipc://", 6) == 0;
-    if (local > 0 && tr->alias && !tr->cfg.no_shm && psw_wire_dtype(tr->cfg.wire_dtype) != PSC_F32)
-        PS_LOG(&tr->log, PS_LOG_INFO, W0016,
-               "%u of %u shards are on this host, but --wire-dtype %s values go through their "
-               "sockets: shared memory carries f32 only (--wire-dtype f32 moves them without "
-               "sockets there)",
-               local, psc_shards(tr->c), tr->cfg.wire_dtype);
     uint32_t on = psc_shm_shards(tr->c);
     if (on == 0)
         return;
+    if (psw_wire_dtype(tr->cfg.wire_dtype) != PSC_F32)
+        PS_LOG(&tr->log, PS_LOG_INFO, W0022,
+               "--wire-dtype %s: the %u shard(s) sharing memory with this worker take f32 through "
+               "it; the other %u take %s on their sockets",
+               tr->cfg.wire_dtype, on, psc_shards(tr->c) - on, tr->cfg.wire_dtype);
     int n = psw_ntables(tr);
     float *g[TABLES_MAX];
     for (int k = 0; k < n; k++) {

@@ -106,7 +106,8 @@ static const struct ps_opt opts[] = {
          "added next step; with momentum, momentum moves to the worker as in DGC); 0: off"),
     FOPT("weight-decay", weight_decay, "0", 0.0, 1.0, "WD", "L2 weight decay"),
     OPT("wire-dtype", PS_OPT_STR, wire_dtype, "f32", 0, 0, "DTYPE",
-        "values on the wire: f32, f16 or bf16 (servers keep f32)"),
+        "values on the wire: f32, f16 or bf16 (servers keep f32; shards sharing memory with "
+        "the worker take f32 through it)"),
     OPT("precision", PS_OPT_STR, precision, "f32", 0, 0, "P",
         "compute in f32, bf16 or f16 as torch.autocast does: the servers keep f32 weights, the "
         "worker rounds a copy of them, every activation and every gradient to P, and matrix "

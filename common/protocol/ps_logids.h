@@ -99,9 +99,6 @@
     X(W0013, INFO, "metrics on … (port …): GET /metrics, /healthz")                                    \
     X(W0014, WARN, "waited … ms for shards to answer their hello (which, why, and the deadline)")      \
     X(W0015, INFO, "--device …: …; training on the CPU")                                               \
-    X(W0016, INFO,                                                                                     \
-      "… of … shards are on this host, but --wire-dtype … values go through their sockets: "     \
-      "shared memory carries f32 only (--wire-dtype f32 moves them without sockets there)")            \
     X(W0017, WARN,                                                                                     \
       "the run is over: the servers are at clock … and this run has … steps; reading the final "   \
       "weights only")                                                                                  \
@@ -112,6 +109,9 @@
     X(W0020, INFO,                                                                                     \
       "stage … of … (pipeline … of …): its layers and its share of the model's multiply-adds")         \
     X(W0021, INFO, "stage … of …: where it listens and connects; the schedule and micro-batches")      \
+    X(W0022, INFO,                                                                                     \
+      "--wire-dtype …: the … shard(s) sharing memory with this worker take f32 through it; the "   \
+      "other … take … on their sockets")                                                          \
     X(W0100, INFO, "done: … steps, test accuracy …, … samples/s")                                      \
     X(W0200, INFO, "epoch …/… step …/… loss … … samples/s ETA …s")                                     \
     X(W0210, INFO, "epoch …: test accuracy …")                                                         \

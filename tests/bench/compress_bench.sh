@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # What each saving costs, side by side in one run: the quick start's cluster
 # (2 shards + 2 workers, BSP, MLP 784-256-128-10, 5 epochs, same seed) dense,
-# with --wire-dtype f16, with --topk 0.01, with --prune fc1.weight:0.9, and
+# with --wire-dtype f16 (and --no-shm: a shard sharing memory with a
+# worker takes f32 through it, so without it no f16 would go anywhere),
+# with --topk 0.01, with --prune fc1.weight:0.9, and
 # with --accum-steps 4. Prints test accuracy, bytes pushed and pulled per
 # worker, and each against the dense run. Reports; never fails on numbers.
 #   tests/bench/compress_bench.sh [--epochs N] [--json PATH]
@@ -25,7 +27,7 @@ run() { # name, quickstart args...
   cp "$dir/summary0.json" "$out/$name.json"
 }
 run dense
-run f16 -- --wire-dtype f16
+run f16 -- --wire-dtype f16 --no-shm
 run topk -- --topk 0.01
 run prune --prune fc1.weight:0.9
 run accum -- --accum-steps 4
@@ -33,7 +35,7 @@ python3 - "$out" "$json" <<'PY'
 import json, sys
 out, js = sys.argv[1], sys.argv[2]
 rows = ["dense", "f16", "topk", "prune", "accum"]
-label = {"dense": "dense f32", "f16": "--wire-dtype f16", "topk": "--topk 0.01",
+label = {"dense": "dense f32", "f16": "--wire-dtype f16 --no-shm", "topk": "--topk 0.01",
          "prune": "--prune fc1.weight:0.9", "accum": "--accum-steps 4"}
 s = {r: json.load(open(f"{out}/{r}.json")) for r in rows}
 d = s["dense"]

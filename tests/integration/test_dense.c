@@ -1326,6 +1326,62 @@ static void test_shared_memory_after_restart(void **state)
     assert_int_equal(harness_psd_stop(&p), 0);
 }
 
+/* A dtype per shard: a client with f16 on the wire sends f32 to the
+ * shard that took its shared region (on this host there is no wire to
+ * save), through the region or in frames, and f16 to the shard it
+ * reaches over tcp (psd --no-local-ipc). Shard 0's weights come out
+ * exact, shard 1's rounded to f16 both ways. */
+static void test_dtype_per_shard(void **state)
+{
+    (void)state;
+    struct psd_proc p[2];
+    const char *a0[] = {"--shard", "0", "--shards", "2", NULL};
+    const char *a1[] = {"--shard", "1", "--shards", "2", "--no-local-ipc", NULL};
+    assert_int_equal(harness_psd_start(&p[0], a0), 0);
+    assert_int_equal(harness_psd_start(&p[1], a1), 0);
+    const char *eps[2] = {p[0].endpoint, p[1].endpoint};
+    enum { M = 1000 };
+    struct psc_client *c = client_or_fail(
+        (struct psc_config){.wire_dtype = PSC_F16, .local_ipc = 1, .shm_bytes = 4 * M * 4}, eps, 2,
+        0);
+    assert_int_equal(psc_shm_shards(c), 1);
+    assert_non_null(strstr(psc_endpoint(c, 0), "ipc://"));
+    assert_non_null(strstr(psc_endpoint(c, 1), "tcp://"));
+    struct psc_table_spec sp;
+    psc_table_spec_init(&sp, "per_shard", M);
+    sp.lr = 1.0f;
+    uint32_t t;
+    assert_int_equal(psc_table_create(c, &sp, TIMEOUT_MS, &t), 0);
+    float *g = psc_shm_alloc(c, M * 4), *w = psc_shm_alloc(c, M * 4);
+    float *plain = malloc(M * 4), *w2 = malloc(M * 4);
+    assert_true(g && w && plain && w2);
+    for (int i = 0; i < M; i++) /* not one of them an f16 */
+        plain[i] = g[i] = 1.0f / 3.0f + (float)i * 1e-4f;
+    uint64_t k, s0, r0, s1, r1;
+    psc_shm_bytes(c, &s0, &r0);
+    assert_int_equal(psc_push_pull(c, t, 0, M, g, w, 0, &k), 0);
+    wait_ok(c, k);
+    psc_shm_bytes(c, &s1, &r1);
+    assert_int_equal(s1 - s0, (M / 2) * 4); /* shard 0's half, through the region */
+    assert_int_equal(r1 - r0, (M / 2) * 4);
+    /* and from buffers outside the region: f32 frames to shard 0 */
+    assert_int_equal(psc_push_pull(c, t, 0, M, plain, w2, 1, &k), 0);
+    wait_ok(c, k);
+    for (int i = 0; i < M; i++) {
+        float h = ps_f16_to_f32(ps_f32_to_f16(plain[i]));
+        float one = i < M / 2 ? -plain[i] : ps_f16_to_f32(ps_f32_to_f16(-h));
+        float two = i < M / 2 ? -2.0f * plain[i] : ps_f16_to_f32(ps_f32_to_f16(-2.0f * h));
+        if (w[i] != one || w2[i] != two)
+            fail_msg("element %d (shard %d): %.9g and %.9g, expected %.9g and %.9g", i,
+                     i < M / 2 ? 0 : 1, (double)w[i], (double)w2[i], (double)one, (double)two);
+    }
+    free(plain);
+    free(w2);
+    psc_destroy(c);
+    assert_int_equal(harness_psd_stop(&p[0]), 0);
+    assert_int_equal(harness_psd_stop(&p[1]), 0);
+}
+
 /* Answers one hello as shard 0 of 1, offering `offer` as its same-host
  * endpoint under an instance no psd has. */
 struct fake_shard {
@@ -1432,6 +1488,7 @@ int main(void)
         cmocka_unit_test(test_create_idempotent_and_conflict),
         cmocka_unit_test(test_client_side_errors),
         cmocka_unit_test(test_stats),
+        cmocka_unit_test(test_dtype_per_shard),
         cmocka_unit_test(test_sized_structs),
         cmocka_unit_test(test_f16_on_the_wire),
         cmocka_unit_test(test_sparse_rows),

@@ -67,11 +67,14 @@ struct slot {
     /* what it takes to send (and re-send) each shard's sub-request */
     int kind; /* enum sub_kind */
     uint64_t clock;
-    const unsigned char *src; /* values as they go on the wire, or NULL */
+    const float *src32;       /* SUB_RANGE, SUB_KEYS: the caller's f32 values, or NULL */
+    const unsigned char *src; /* values as they go on the wire (SUB_RANGE, SUB_KEYS: the
+                               * 16-bit copy, made when a shard first needs it), or NULL */
     const uint64_t *keys;     /* SUB_KEYS: the caller's keys */
     size_t nkeys;
     uint64_t expected[PS_SHARDS_MAX / 64]; /* shards sent a sub-request */
     uint64_t via_shm[PS_SHARDS_MAX / 64];  /* ...whose last one named the shared region */
+    uint64_t f32_to[PS_SHARDS_MAX / 64];   /* ...or went in f32 (psc__shard_dtype) */
     int64_t sent_ms;
     uint32_t attempts;
     /* row requests: keys grouped by shard, and where each came from */
@@ -228,6 +231,8 @@ int psc__in_region(const struct psc_client *c, const void *p, size_t bytes);
 int psc__region_has(const struct psc_client *c, uint32_t s, const void *p, size_t bytes,
                     size_t align);
 int psc__shm_in_region(const struct psc_client *c, uint32_t s, const void *p, size_t bytes);
+Ps__DType psc__shard_dtype(const struct psc_client *c, uint32_t s);
+Ps__DType psc__sent_dtype(const struct psc_client *c, const struct slot *sl, uint32_t s);
 int psc__shm_out_at(const struct psc_client *c, const struct slot *sl, uint32_t s, uint64_t a,
                     uint64_t b, uint64_t *off);
 

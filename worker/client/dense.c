@@ -140,16 +140,10 @@ static int range_ticket(struct psc_client *c, Ps__Op op, uint32_t table, uint64_
     sl->offset = offset;
     sl->count = count;
     sl->out = out;
-    const unsigned char *src = psc__wire_values(c, sl, grad, (size_t)count);
-    if (grad != NULL && src == NULL) {
-        psc__slot_release(c, sl);
-        return psc__set_error(c, PS_ENOMEM, "%s: no memory to convert %llu values", ps_op_name(op),
-                              (unsigned long long)count);
-    }
     sl->kind = SUB_RANGE;
     sl->continues = continues;
     sl->clock = clock;
-    sl->src = src;
+    sl->src32 = grad; /* converted for the shards that take 16 bits (send.c) */
     return psc__send_all(c, sl, id, ticket);
 }
 

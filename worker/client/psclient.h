@@ -65,7 +65,10 @@ struct psc_config {
     int connect_timeout_ms; /* for the hello to every shard in psc_create */
     int hello_optional;     /* psc_create succeeds when some shards do not answer (an
                              * admin tool reports which); requests to them time out */
-    int wire_dtype;         /* enum psc_dtype: values on the wire (servers keep f32) */
+    int wire_dtype;         /* enum psc_dtype: values on the wire (servers keep f32). A
+                             * shard that took the shared region (shm_bytes) is sent
+                             * f32, through the region or in frames: on one host there
+                             * is no wire to save. Sparse rows go in wire_dtype. */
     int nonzero_pulls;      /* let servers send only the nonzeros of pruned tables */
     int retry_ms;           /* re-send unanswered requests after this long (0: never) */
     int heartbeat_ms;       /* tell a shard we are alive when nothing else went to it for
@@ -229,7 +232,8 @@ struct psc_shard_stats {
  * when there is none or it is full; they live until psc_destroy). A push
  * whose values lie in such a buffer, or a pull whose output buffer does,
  * moves those values through the region instead of a socket, on shards
- * that took the region (f32 on the wire; the others get frames): no copy
+ * that took the region (in f32, whatever wire_dtype says; the others get
+ * frames): no copy
  * on the client's side, one on the shard's. What the caller sees is the
  * same either way, with one difference: a shard writes a pull's values
  * into such a buffer when it answers, not inside psc_wait, so the caller

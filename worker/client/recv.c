@@ -17,17 +17,16 @@
 
 /* out[i] = the next value for each set bit of the mask, 0 elsewhere. The
  * decoder checked that the values frame holds exactly the set bits. */
-static void expand_masked(const struct psc_client *c, const struct ps_wire_msg *m, float *out,
-                          size_t n)
+static void expand_masked(Ps__DType dtype, const struct ps_wire_msg *m, float *out, size_t n)
 {
     const unsigned char *v = m->vals;
     size_t k = 0;
     for (size_t i = 0; i < n; i++) {
         if ((m->mask[i / 8] >> (i % 8)) & 1u) {
-            if (c->dtype == PS__DTYPE__DTYPE_F32)
+            if (dtype == PS__DTYPE__DTYPE_F32)
                 memcpy(&out[i], v + 4 * k, 4);
             else
-                ps_half_to_f32_n(c->dtype, v + 2 * k, &out[i], 1);
+                ps_half_to_f32_n(dtype, v + 2 * k, &out[i], 1);
             k++;
         } else {
             out[i] = 0.0f;
@@ -113,9 +112,10 @@ static void handle_data_reply(struct psc_client *c, uint32_t shard, struct slot 
         c->bytes_received += (b - a) * sizeof(float);
         return;
     }
-    if (!asked || h->offset != a || h->count != b - a || h->dtype != c->dtype || h->shm != 0 ||
-        (masked && (!c->nonzero_pulls || sl->view)) ||
-        (!masked && m->vals_bytes != (b - a) * c->esize)) {
+    Ps__DType dt = psc__sent_dtype(c, sl, shard);
+    size_t es = ps_dtype_size(dt);
+    if (!asked || h->offset != a || h->count != b - a || h->dtype != dt || h->shm != 0 ||
+        (masked && (!c->nonzero_pulls || sl->view)) || (!masked && m->vals_bytes != (b - a) * es)) {
         psc__slot_fail(sl, PS_EPROTO, "shard %u answered [%llu, +%llu), expected [%llu, +%llu)",
                        shard, (unsigned long long)h->offset, (unsigned long long)h->count,
                        (unsigned long long)a, (unsigned long long)(asked ? b - a : 0));
@@ -124,17 +124,17 @@ static void handle_data_reply(struct psc_client *c, uint32_t shard, struct slot 
     if (sl->canceled)
         return;
     if (masked) {
-        expand_masked(c, m, sl->out + (a - sl->offset), (size_t)(b - a));
+        expand_masked(dt, m, sl->out + (a - sl->offset), (size_t)(b - a));
         return;
     }
     if (sl->view) {
         view_keep(sl, shard, m, vals_msg);
         return;
     }
-    if (c->dtype == PS__DTYPE__DTYPE_F32)
+    if (dt == PS__DTYPE__DTYPE_F32)
         memcpy(sl->out + (a - sl->offset), m->vals, m->vals_bytes);
     else
-        ps_half_to_f32_n(c->dtype, m->vals, sl->out + (a - sl->offset), (size_t)(b - a));
+        ps_half_to_f32_n(dt, m->vals, sl->out + (a - sl->offset), (size_t)(b - a));
 }
 
 static void handle_rows_page(uint32_t shard, struct slot *sl, const struct ps_wire_msg *m)

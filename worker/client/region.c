@@ -21,10 +21,26 @@ int psc__region_has(const struct psc_client *c, uint32_t s, const void *p, size_
            (size_t)((const unsigned char *)p - c->shm.base) % align == 0;
 }
 
-/* Whether values [p, p+bytes) may move through the region (f32 only). */
+/* Whether values [p, p+bytes) may move through the region (in f32: see
+ * psc__shard_dtype). */
 int psc__shm_in_region(const struct psc_client *c, uint32_t s, const void *p, size_t bytes)
 {
-    return c->dtype == PS__DTYPE__DTYPE_F32 && psc__region_has(c, s, p, bytes, sizeof(float));
+    return psc__region_has(c, s, p, bytes, sizeof(float));
+}
+
+/* The dtype of shard s's dense values: f32 to a shard on this host that
+ * took the region (there is no wire to save: its values move through the
+ * region, or in f32 frames), the wire dtype to the others. */
+Ps__DType psc__shard_dtype(const struct psc_client *c, uint32_t s)
+{
+    return c->shm_on != NULL && c->shm_on[s] ? PS__DTYPE__DTYPE_F32 : c->dtype;
+}
+
+/* The dtype shard s's last sub-request of sl went in, which its reply
+ * comes in. */
+Ps__DType psc__sent_dtype(const struct psc_client *c, const struct slot *sl, uint32_t s)
+{
+    return (sl->f32_to[s / 64] >> (s % 64)) & 1u ? PS__DTYPE__DTYPE_F32 : c->dtype;
 }
 
 /* Where shard s's part [a, b) of a pull's output lies in the region (*off

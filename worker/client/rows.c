@@ -35,14 +35,9 @@ int psc_push_keys(struct psc_client *c, uint32_t table, const uint64_t *keys, co
         return psc__set_error(c, PS_EBUSY, "push: %u requests already outstanding",
                               PS_CLIENT_TICKETS_MAX);
     sl->table = table;
-    const unsigned char *src = psc__wire_values(c, sl, vals, n);
-    if (src == NULL) {
-        psc__slot_release(c, sl);
-        return psc__set_error(c, PS_ENOMEM, "push: no memory to convert %zu values", n);
-    }
     sl->kind = SUB_KEYS;
     sl->clock = clock;
-    sl->src = src;
+    sl->src32 = vals; /* converted for the shards that take 16 bits (send.c) */
     sl->keys = keys;
     sl->nkeys = n;
     return psc__send_all(c, sl, id, ticket);

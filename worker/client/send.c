@@ -246,6 +246,29 @@ static void mark_via_shm(struct slot *sl, uint32_t s, uint32_t shm)
     sl->via_shm[s / 64] = shm ? sl->via_shm[s / 64] | bit : sl->via_shm[s / 64] & ~bit;
 }
 
+/* Shard s's values from element first on (of total), in the dtype that
+ * shard takes (psc__shard_dtype), which h and the slot record: the
+ * caller's f32, or the 16-bit copy of the whole request, made when a
+ * shard first needs it. NULL when the request has no values, or the copy
+ * cannot be allocated (then the slot has failed). */
+static const unsigned char *part_values(struct psc_client *c, struct slot *sl, uint32_t s,
+                                        size_t first, size_t total, Ps__Header *h, size_t *esize)
+{
+    int f32 = psc__shard_dtype(c, s) == PS__DTYPE__DTYPE_F32;
+    uint64_t bit = UINT64_C(1) << (s % 64);
+    sl->f32_to[s / 64] = f32 ? sl->f32_to[s / 64] | bit : sl->f32_to[s / 64] & ~bit;
+    h->dtype = f32 ? PS__DTYPE__DTYPE_F32 : c->dtype;
+    *esize = f32 ? sizeof(float) : c->esize;
+    if (sl->src32 == NULL)
+        return NULL;
+    if (f32)
+        return (const unsigned char *)(sl->src32 + first);
+    if (sl->src == NULL && (sl->src = psc__wire_values(c, sl, sl->src32, total)) == NULL)
+        psc__slot_fail(sl, PS_ENOMEM, "%s: no memory to convert %zu values", ps_op_name(sl->op),
+                       total);
+    return sl->src ? sl->src + first * c->esize : NULL;
+}
+
 /* Shard s's part of a dense range: its slice, the values through the
  * region where they lie in it, and where the shard writes a pull's
  * values when the caller's buffer is in the region. */
@@ -261,8 +284,11 @@ static int send_range_part(struct psc_client *c, struct slot *sl, const struct t
     h->continues = sl->continues;
     int reads = sl->op == PS__OP__OP_PULL || sl->op == PS__OP__OP_PUSH_PULL;
     h->nonzero_only = c->nonzero_pulls && reads && !sl->view;
-    size_t vbytes = (b - a) * c->esize;
-    const void *vals = sl->src ? sl->src + (a - sl->offset) * c->esize : NULL;
+    size_t es;
+    const void *vals = part_values(c, sl, s, (size_t)(a - sl->offset), (size_t)sl->count, h, &es);
+    if (sl->src32 != NULL && vals == NULL)
+        return PS_ENOMEM;
+    size_t vbytes = (b - a) * es;
     if (sl->op != PS__OP__OP_SET) /* set goes in frames */
         vals = via_region(c, s, h, PS_SHM_IN, vals, vbytes);
     if (psc__shm_out_at(c, sl, s, a, b, &h->shm_out)) {
@@ -306,8 +332,13 @@ static int send_keys_part(struct psc_client *c, struct slot *sl, const struct ta
     h->layout = PS__LAYOUT__LAYOUT_KEYS;
     h->count = j > i ? j - i : 1;
     const void *k = j > i ? (const void *)(sl->keys + i) : &pad_key;
-    const void *v = j > i ? (const void *)(sl->src + i * c->esize) : pad_val;
-    size_t kbytes = h->count * sizeof(uint64_t), vbytes = h->count * c->esize;
+    size_t es;
+    const void *v = part_values(c, sl, s, i, sl->nkeys, h, &es);
+    if (v == NULL)
+        return PS_ENOMEM;
+    if (j == i)
+        v = pad_val; /* zero in f32 and in 16 bits */
+    size_t kbytes = h->count * sizeof(uint64_t), vbytes = h->count * es;
     k = via_region(c, s, h, PS_SHM_KEYS, k, kbytes); /* psd copies them out */
     v = via_region(c, s, h, PS_SHM_IN, v, vbytes);
     mark_via_shm(sl, s, h->shm);

@@ -64,11 +64,13 @@ struct slot *psc__slot_alloc(struct psc_client *c, Ps__Op op, uint64_t *id)
     sl->nkids = 0;
     sl->continues = 0;
     sl->src = NULL;
+    sl->src32 = NULL;
     sl->keys = NULL;
     sl->attempts = 0;
     sl->sync_len = 0;
     memset(sl->expected, 0, sizeof sl->expected);
     memset(sl->via_shm, 0, sizeof sl->via_shm);
+    memset(sl->f32_to, 0, sizeof sl->f32_to);
     sl->error[0] = '\0';
     *id = seq;
     return sl;
