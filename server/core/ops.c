@@ -361,8 +361,11 @@ static void op_rows(struct psd *s, struct psd_table *t, const struct ps_wire_msg
         }
         t->pushes++;
         psd_dedup_applied(s, req);
-        if (req->worker_id < s->conf.cons.workers && req->clock + 1 > t->completed[req->worker_id])
+        if (req->worker_id < s->conf.cons.workers &&
+            req->clock + 1 > t->completed[req->worker_id]) {
             t->completed[req->worker_id] = req->clock + 1;
+            psd_cons_touched(t);
+        }
     }
     Ps__Header h;
     psd_reply_init(&h, req);

@@ -45,7 +45,8 @@ int psd_cons_table_init(const struct psd_cons *c, struct psd_table *t)
     t->pass_end = calloc(c->workers, sizeof *t->pass_end);
     t->wgrad = calloc(c->workers, sizeof *t->wgrad);
     t->member = malloc(c->workers ? c->workers : 1);
-    if (!t->completed || !t->next || !t->pass_end || !t->wgrad || !t->member)
+    t->slowest = calloc(1, sizeof *t->slowest);
+    if (!t->completed || !t->next || !t->pass_end || !t->wgrad || !t->member || !t->slowest)
         return PS_ENOMEM;
     for (uint32_t w = 0; w < c->workers; w++) {
         t->member[w] = (uint8_t)psd_table_pushed_by(t, w); /* only its pushers make rounds */
@@ -64,6 +65,8 @@ void psd_cons_table_fini(const struct psd_cons *c, struct psd_table *t)
     free(t->pass_end);
     free(t->completed);
     free(t->member);
+    free(t->slowest);
+    t->slowest = NULL;
     t->member = NULL;
     t->wgrad = NULL;
     t->next = NULL;
@@ -81,15 +84,54 @@ static uint64_t max_completed(const struct psd_cons *c, const struct psd_table *
 }
 
 /* The slowest member's clock; with no members, the furthest clock pushed
- * (*none set: nobody to wait for). */
+ * (*none set: nobody to wait for). A scan of every worker, kept in
+ * t->slowest until something changes what it found: asp and ssp answer
+ * every request with it, and a thousand workers made the scan a third
+ * of a request's cost. */
 static uint64_t slowest_member(const struct psd_cons *c, const struct psd_table *t, int *none)
 {
+    struct psd_slowest *sl = t->slowest;
+    if (sl != NULL && sl->ok) {
+        *none = 0;
+        return sl->clock;
+    }
     uint64_t m = UINT64_MAX;
+    uint32_t at = 0;
     for (uint32_t w = 0; w < c->workers; w++)
-        if (t->member[w] && t->completed[w] < m)
+        if (t->member[w] && t->completed[w] <= m) {
+            at = t->completed[w] == m ? at + 1 : 1;
             m = t->completed[w];
+        }
     *none = m == UINT64_MAX;
+    if (sl != NULL && !*none)
+        *sl = (struct psd_slowest){.clock = m, .at = at, .ok = 1};
     return *none ? max_completed(c, t) : m;
+}
+
+void psd_cons_touched(struct psd_table *t)
+{
+    if (t->slowest != NULL)
+        t->slowest->ok = 0;
+}
+
+void psd_cons_completed(const struct psd_cons *c, struct psd_table *t, uint32_t w, uint64_t clock)
+{
+    (void)c;
+    uint64_t old = t->completed[w];
+    int was = t->member[w];
+    t->member[w] = 1;
+    if (clock + 1 > old)
+        t->completed[w] = clock + 1;
+    struct psd_slowest *sl = t->slowest;
+    if (sl == NULL || !sl->ok)
+        return;
+    uint64_t now = t->completed[w];
+    if (was && old == sl->clock && now != old && --sl->at == 0)
+        sl->ok = 0; /* the last at the slowest clock moved on: scan again */
+    else if (!was && now < sl->clock)
+        *sl = (struct psd_slowest){.clock = now, .at = 1, .ok = 1};
+    else if (!was && now == sl->clock)
+        sl->at++;
 }
 
 uint64_t psd_cons_clock(const struct psd_cons *c, const struct psd_table *t)
@@ -266,6 +308,7 @@ static int bsp_join(struct psd_table *t, uint32_t w, uint64_t clock, uint64_t of
     if (!psd_table_pushed_by(t, w) || clock != t->clock || offset != t->lo || t->watermark != t->lo)
         return 0;
     t->member[w] = 1;
+    psd_cons_touched(t);
     t->next[w] = t->lo;
     return 1;
 }
@@ -331,8 +374,10 @@ static int bsp_push(const struct psd_cons *c, struct psd_table *t, uint32_t w, u
     if (t->watermark == t->lo) /* at most once per round, see round_begin */
         round_begin(c, t);
     t->next[w] += count;
-    if (t->next[w] == t->hi)
+    if (t->next[w] == t->hi) {
         t->completed[w] = clock + 1;
+        psd_cons_touched(t);
+    }
     if (c->workers == 1) { /* a round of one: apply straight from the frame */
         psd_table_apply(t, offset, count, g, clock + 1);
     } else {
@@ -386,9 +431,7 @@ static int push_range(const struct psd_cons *c, struct psd_table *t, const struc
     } else if (c->mode == PSD_BSP) {
         return bsp_push(c, t, worker, clock, offset, count, g, applied, err, errlen);
     } else {
-        t->member[worker] = 1;
-        if (clock + 1 > t->completed[worker])
-            t->completed[worker] = clock + 1;
+        psd_cons_completed(c, t, worker, clock);
     }
     /* The optimizer's step (Adam's bias correction, the lr schedule, the
      * pruning schedule) counts passes over the table, not requests: a
@@ -443,9 +486,7 @@ static int push_keys(const struct psd_cons *c, struct psd_table *t, const struct
         catch_up(c, t, clock);
     if (c->mode != PSD_BSP) {
         if (worker < c->workers) {
-            t->member[worker] = 1;
-            if (clock + 1 > t->completed[worker])
-                t->completed[worker] = clock + 1;
+            psd_cons_completed(c, t, worker, clock);
             t->pass_end[worker] = 0; /* a pass of its own (push_range) */
         }
         t->steps++;
@@ -474,6 +515,7 @@ static int push_keys(const struct psd_cons *c, struct psd_table *t, const struct
         round_begin(c, t);
     t->next[worker] = t->hi;
     t->completed[worker] = clock + 1;
+    psd_cons_touched(t);
     if (c->workers == 1) {
         psd_table_apply_keys(t, keys, g, n, clock + 1);
     } else {
@@ -526,6 +568,7 @@ void psd_cons_leave(const struct psd_cons *c, struct psd_table *t, uint32_t w, i
     if (w >= c->workers || !t->member[w])
         return;
     t->member[w] = 0;
+    psd_cons_touched(t);
     if (c->mode == PSD_BSP)
         bsp_settle(c, t, applied);
     else

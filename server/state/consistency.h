@@ -58,6 +58,13 @@ int psd_cons_check_pushers(const struct psd_cons *c, const Ps__TableSpec *spec, 
  * its rounds (psd_table_pushed_by). 0 or PS_ENOMEM. */
 int psd_cons_table_init(const struct psd_cons *c, struct psd_table *t);
 void psd_cons_table_fini(const struct psd_cons *c, struct psd_table *t);
+/* After code outside consistency.c changed t->completed or t->member
+ * (a restore, a reshard, a rows push): the slowest member is found again
+ * when next asked for. */
+void psd_cons_touched(struct psd_table *t);
+/* A push of worker w < workers at clock in asp or ssp: w is a member
+ * and has completed clock + 1 (the slowest member follows). */
+void psd_cons_completed(const struct psd_cons *c, struct psd_table *t, uint32_t w, uint64_t clock);
 
 struct psd_cons_later;
 

@@ -150,6 +150,7 @@ static int reshard_table(struct psd_snapshot *out, const struct psd__blob *b, js
             uint64_t v = (uint64_t)json_integer_value(json_array_get(c, w));
             t->completed[w] = v > t->completed[w] ? v : t->completed[w];
         }
+    psd_cons_touched(t);
     json_t *pr = json_object_get(o, "prune");
     if (!t->sparse) {
         psd_table_own(t, t->lo, t->hi);

@@ -503,6 +503,7 @@ int psd__snapshot_table(const struct psd_snapshot *s, json_t *o, uint32_t id,
     t->pulls = psd__json_u64(o, "pulls");
     for (uint32_t w = 0; w < s->cons.workers; w++)
         t->completed[w] = (uint64_t)json_integer_value(json_array_get(completed, w));
+    psd_cons_touched(t);
     *out = t;
     return 0;
 }

@@ -100,10 +100,19 @@ struct psd_table {
     double prune_target_now;
 
     /* consistency (consistency.c): */
-    uint64_t clock;       /* bsp: rounds applied */
-    uint64_t *completed;  /* per worker: clocks pushed */
-    uint8_t *member;      /* per worker: 1 when in the rounds (bsp) and the slowest-clock
-                           * bound (ssp); a dropped worker is 0 until it rejoins */
+    uint64_t clock;      /* bsp: rounds applied */
+    uint64_t *completed; /* per worker: clocks pushed */
+    uint8_t *member;     /* per worker: 1 when in the rounds (bsp) and the slowest-clock
+                          * bound (ssp); a dropped worker is 0 until it rejoins */
+    /* asp/ssp: the slowest member's clock, kept so that a reply does not
+     * scan every worker (consistency.c, slowest_member): ok says clock
+     * holds, with at members at it; a change the pushes' own update does
+     * not follow clears ok (psd_cons_touched) */
+    struct psd_slowest {
+        uint64_t clock;
+        uint32_t at;
+        int ok;
+    } * slowest;
     uint64_t *next;       /* bsp: per worker, the next offset it must push this round */
     uint64_t *pass_end;   /* asp/ssp: per worker, where its last push ended (0: none yet);
                            * a push below it starts the worker's next pass over the table */

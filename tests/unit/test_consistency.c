@@ -542,6 +542,62 @@ static void test_ssp_leave_and_rejoin(void **state)
     drop(&a, t);
 }
 
+/* The slowest member's clock, as asp and ssp answer with it: kept
+ * between requests instead of scanned, it must equal a scan of every
+ * worker after any sequence of pushes (in and out of order, keyed and
+ * ranged), leaves, rejoins and changes made from outside
+ * (psd_cons_touched). */
+static uint64_t scanned_clock(const struct psd_cons *c, const struct psd_table *t)
+{
+    uint64_t m = UINT64_MAX, most = 0;
+    for (uint32_t w = 0; w < c->workers; w++) {
+        most = t->completed[w] > most ? t->completed[w] : most;
+        if (t->member[w] && t->completed[w] < m)
+            m = t->completed[w];
+    }
+    return m == UINT64_MAX ? most : m;
+}
+
+static void test_slowest_member_kept(void **state)
+{
+    (void)state;
+    const struct psd_cons modes[2] = {{PSD_ASP, 0, 37}, {PSD_SSP, 3, 37}};
+    float g[N] = {0};
+    uint64_t k1[1] = {2};
+    uint64_t seed = 11;
+    for (int m = 0; m < 2; m++) {
+        const struct psd_cons *c = &modes[m];
+        struct psd_table *t = make(c);
+        for (int step = 0; step < 20000; step++) {
+            seed = seed * 6364136223846793005ULL + 1442695040888963407ULL;
+            uint32_t r = (uint32_t)(seed >> 33), w = r % c->workers;
+            uint64_t clock =
+                t->completed[w] + (r >> 8) % 3 - (t->completed[w] > 0 && (r >> 8) % 7 == 0);
+            int applied = 0;
+            switch ((r >> 16) % 16) {
+            case 0:
+                psd_cons_leave(c, t, w, &applied);
+                break;
+            case 1: /* a restore or a reshard changed the clocks */
+                t->completed[w] = (r >> 4) % 64;
+                psd_cons_touched(t);
+                break;
+            case 2:
+                assert_int_equal(push_keys(c, t, w, clock, k1, g, 1, &applied), 0);
+                break;
+            default:
+                assert_int_equal(push(c, t, w, clock, 0, N, g), 0);
+                break;
+            }
+            if (psd_cons_clock(c, t) != scanned_clock(c, t))
+                fail_msg("%s, step %d: the slowest member's clock is %llu, a scan says %llu",
+                         m ? "ssp" : "asp", step, (unsigned long long)psd_cons_clock(c, t),
+                         (unsigned long long)scanned_clock(c, t));
+        }
+        drop(c, t);
+    }
+}
+
 static void test_parse(void **state)
 {
     (void)state;
@@ -573,6 +629,7 @@ int main(void)
         cmocka_unit_test(test_parse),
         cmocka_unit_test(test_bsp_leave_and_rejoin),
         cmocka_unit_test(test_ssp_leave_and_rejoin),
+        cmocka_unit_test(test_slowest_member_kept),
         cmocka_unit_test(test_pushers_alone_make_rounds),
         cmocka_unit_test(test_pushers_checked_against_workers),
     };
