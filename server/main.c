@@ -28,6 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <errno.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <uv.h>
@@ -466,6 +467,20 @@ int main(int argc, char **argv)
         return 2;
     }
 
+    /* each connection takes a descriptor: as many as the hard limit allows
+     * (shells often set 1,024 soft) */
+    struct rlimit rl;
+    unsigned long long nofile = 0;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0) {
+        if (rl.rlim_cur < rl.rlim_max) {
+            rlim_t soft = rl.rlim_cur;
+            rl.rlim_cur = rl.rlim_max;
+            if (setrlimit(RLIMIT_NOFILE, &rl) != 0)
+                rl.rlim_cur = soft;
+        }
+        nofile = (unsigned long long)rl.rlim_cur;
+    }
+
     static struct app a; /* large (the transport and replicas); static, not on the stack */
     ps_log_init(&a.log, "psd", level);
     struct psd_params params = {
@@ -602,6 +617,9 @@ int main(int argc, char **argv)
         ps_cpus_format(&cpus, list, sizeof list);
         PS_LOG(&a.log, PS_LOG_INFO, S0014, "every thread runs on CPUs %s (--cpus)", list);
     }
+    PS_LOG(&a.log, PS_LOG_INFO, S0016,
+           "file descriptors: %llu (about that many connections; ulimit -n, LimitNOFILE=)",
+           (unsigned long long)nofile);
     if (cfg.endpoint_file != NULL && write_endpoint_file(cfg.endpoint_file, a.net.endpoint) != 0)
         PS_LOG(&a.log, PS_LOG_ERROR, S0003, "--endpoint-file: cannot write '%s'",
                cfg.endpoint_file);

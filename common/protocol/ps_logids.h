@@ -21,6 +21,7 @@
     X(S0013, INFO, "clients on this host may use …")                                                   \
     X(S0014, INFO, "every thread runs on CPUs … (--cpus)")                                             \
     X(S0015, INFO, "a replica of shard … as … (etcd …, keys under …, lease … s)")                      \
+    X(S0016, INFO, "file descriptors: … (about that many connections; ulimit -n, LimitNOFILE=)")       \
     X(S0020, INFO, "signal …: shutting down")                                                          \
     X(S0021, INFO, "stopped after … requests (… errors)")                                              \
     X(S0030, INFO, "SIGHUP: an option that may change live changed (its old and new value)")           \
@@ -32,6 +33,9 @@
     X(S0111, WARN, "cannot bind the same-host endpoint … (…): clients on this host use …")             \
     X(S0112, WARN, "a shared region handed over was refused (… so far): …")                            \
     X(S0113, WARN, "no shared memory for clients on this host (…): their values go through …")         \
+    X(S0114, WARN,                                                                                     \
+      "… connections on …: at the file-descriptor limit (… less what psd holds): ZeroMQ cannot "   \
+      "accept more and retries at once, taking a core, until one closes")                              \
     X(S0200, WARN, "an error reply to a worker (the request, the code, the reason; sampled)")          \
     X(S0300, DEBUG, "hello from worker …")                                                             \
     X(S0301, INFO, "worker … shares a memory region with this shard (… regions bound)")                \

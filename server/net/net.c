@@ -10,9 +10,11 @@
 #include "ps_local.h"
 #include "ps_shm.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <stdio.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 #include <stdlib.h>
@@ -250,6 +252,88 @@ static void shm_start(struct psd_net *n, uv_loop_t *loop, const char *local)
     uv_poll_start(&n->shm_poll, UV_READABLE, on_shm_accept);
 }
 
+/* Descriptors psd keeps free of connections (the monitor, checkpoints,
+ * the metrics endpoint, shared regions being handed over). */
+#define FD_SPARE 16u
+
+/* The ROUTER's events: connections come and go (near the descriptor
+ * limit, said once each time), a CURVE handshake fails. Accepts that fail
+ * are not watched: past the limit ZeroMQ retries them at once, and an
+ * event for each would take this loop too. */
+static int on_monitor(struct ps_zsock *zs, void *arg)
+{
+    struct psd_net *n = arg;
+    zmq_msg_t parts[2];
+    size_t kept = 0, total = 0;
+    if (ps_zmsg_recv(zs->sock, ZMQ_DONTWAIT, parts, 2, &kept, &total, NULL) != 0)
+        return -1;
+    if (kept == 2 && zmq_msg_size(&parts[0]) >= 6) {
+        const uint8_t *d = zmq_msg_data(&parts[0]);
+        uint16_t ev = (uint16_t)(d[0] | d[1] << 8);
+        char ep[128];
+        size_t len =
+            zmq_msg_size(&parts[1]) < sizeof ep - 1 ? zmq_msg_size(&parts[1]) : sizeof ep - 1;
+        memcpy(ep, zmq_msg_data(&parts[1]), len);
+        ep[len] = '\0';
+        uint64_t room = n->nofile > n->fd_base + FD_SPARE ? n->nofile - n->fd_base - FD_SPARE : 0;
+        if (ev == ZMQ_EVENT_ACCEPTED) {
+            n->connections++;
+            if (n->nofile > 0 && n->connections >= room && !n->at_limit) {
+                n->at_limit = 1;
+                n->limit_reached++;
+                PS_LOG(
+                    n->srv->conf.log, PS_LOG_WARN, S0114,
+                    "%llu connections on %s: at the file-descriptor limit (%llu, ulimit -n, less "
+                    "what psd holds): ZeroMQ cannot accept more and retries at once, taking "
+                    "a core, until one closes (raise LimitNOFILE=, or bound connections at "
+                    "the firewall)",
+                    (unsigned long long)n->connections, ep, (unsigned long long)n->nofile);
+            }
+        } else if (ev == ZMQ_EVENT_DISCONNECTED) {
+            n->connections -= n->connections > 0;
+            if (n->connections + FD_SPARE < room)
+                n->at_limit = 0;
+        } else if (n->sec != NULL) {
+            psd_security_handshake_failed(n->sec, ev, ep);
+        }
+    }
+    for (size_t i = 0; i < kept; i++)
+        zmq_msg_close(&parts[i]);
+    return 0;
+}
+
+/* Descriptors this process has open. */
+static uint64_t fds_open(void)
+{
+    DIR *d = opendir("/proc/self/fd");
+    uint64_t k = 0;
+    for (struct dirent *e; d != NULL && (e = readdir(d)) != NULL;)
+        k += e->d_name[0] != '.';
+    if (d != NULL)
+        closedir(d);
+    return k;
+}
+
+/* Before the ROUTER binds, so that no connection goes uncounted. */
+static int monitor_start(struct psd_net *n, uv_loop_t *loop, char *err, size_t errlen)
+{
+    int events =
+        ZMQ_EVENT_ACCEPTED | ZMQ_EVENT_DISCONNECTED | (n->sec != NULL ? PSD_SECURITY_EVENTS : 0);
+    struct rlimit rl;
+    n->nofile = getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY
+                    ? (uint64_t)rl.rlim_cur
+                    : 0;
+    int linger = 0;
+    if (zmq_socket_monitor(n->sock, "inproc://psd-monitor", events) != 0 ||
+        (n->monitor = zmq_socket(n->ctx, ZMQ_PAIR)) == NULL ||
+        zmq_setsockopt(n->monitor, ZMQ_LINGER, &linger, sizeof linger) != 0 ||
+        zmq_connect(n->monitor, "inproc://psd-monitor") != 0) {
+        snprintf(err, errlen, "cannot monitor the socket: %s", zmq_strerror(errno));
+        return PS_EZMQ;
+    }
+    return ps_zsock_start(loop, &n->mon_zs, n->monitor, on_monitor, n);
+}
+
 static int set_int(void *sock, int opt, int v)
 {
     return zmq_setsockopt(sock, opt, &v, sizeof v);
@@ -289,7 +373,8 @@ int psd_net_start(struct psd_net *n, struct psd *srv, uv_loop_t *loop, const cha
         psd_net_fini(n);
         return PS_EZMQ;
     }
-    if (sec != NULL && psd_security_apply(sec, n->ctx, n->sock, loop, err, errlen) != 0) {
+    if ((sec != NULL && psd_security_apply(sec, n->sock, err, errlen) != 0) ||
+        monitor_start(n, loop, err, errlen) != 0) {
         psd_net_fini(n);
         return PS_EZMQ;
     }
@@ -323,6 +408,7 @@ int psd_net_start(struct psd_net *n, struct psd *srv, uv_loop_t *loop, const cha
     }
     if (psd_local_endpoint(srv)[0] != '\0')
         shm_start(n, loop, psd_local_endpoint(srv));
+    n->fd_base = fds_open();
     return 0;
 }
 
@@ -330,6 +416,8 @@ void psd_net_stop(struct psd_net *n)
 {
     if (n->sock != NULL)
         ps_zsock_close(&n->zs);
+    if (n->monitor != NULL)
+        ps_zsock_close(&n->mon_zs);
     if (n->shm_fd >= 0) {
         uv_poll_stop(&n->shm_poll);
         uv_close((uv_handle_t *)&n->shm_poll, NULL);
@@ -349,6 +437,9 @@ void psd_net_fini(struct psd_net *n)
         zmq_socket_monitor(n->sock, NULL, 0);
         zmq_close(n->sock);
     }
+    if (n->monitor != NULL)
+        zmq_close(n->monitor);
+    n->monitor = NULL;
     if (n->sec != NULL)
         psd_security_fini(n->sec);
     if (n->ctx != NULL)

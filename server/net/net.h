@@ -51,6 +51,15 @@ struct psd_net {
     uv_timer_t shm_timer; /* closes idle connections while accepting waits */
     int shm_paused;       /* every slot taken: new connections wait in the backlog */
     uint64_t shm_refused, shm_idle_closed;
+    /* the ROUTER's monitor: connections accepted and not yet gone; when
+     * they reach the file-descriptor limit (nofile, less the fd_base psd
+     * holds otherwise) ZeroMQ cannot accept more, and retries at once:
+     * said once each time (at_limit), counted in limit_reached. Handshake
+     * failures go to sec. */
+    void *monitor;
+    struct ps_zsock mon_zs;
+    uint64_t connections, nofile, fd_base, limit_reached;
+    int at_limit;
 };
 
 /* Binds `listen` and registers on `loop`. io_threads sizes zmq's I/O pool.

@@ -1,4 +1,4 @@
-/* ZAP handler and handshake monitor for CURVE. */
+/* ZAP handler for CURVE, and what the ROUTER's monitor says of handshakes. */
 #include "security.h"
 
 #include "ps_err.h"
@@ -97,32 +97,15 @@ static int on_zap(struct ps_zsock *zs, void *arg)
 
 /* A handshake that failed: a plaintext client meeting a CURVE server, a
  * bad key, or garbage. */
-static int on_monitor(struct ps_zsock *zs, void *arg)
+void psd_security_handshake_failed(struct psd_security *sec, int event, const char *ep)
 {
-    struct psd_security *sec = arg;
-    zmq_msg_t parts[2];
-    size_t kept = 0, total = 0;
-    if (ps_zmsg_recv(zs->sock, ZMQ_DONTWAIT, parts, 2, &kept, &total, NULL) != 0)
-        return -1;
-    if (kept == 2 && zmq_msg_size(&parts[0]) >= 6) {
-        const uint8_t *d = zmq_msg_data(&parts[0]);
-        uint16_t ev = (uint16_t)(d[0] | d[1] << 8);
-        char ep[128];
-        size_t n =
-            zmq_msg_size(&parts[1]) < sizeof ep - 1 ? zmq_msg_size(&parts[1]) : sizeof ep - 1;
-        memcpy(ep, zmq_msg_data(&parts[1]), n);
-        ep[n] = '\0';
-        /* AUTH ones were counted and logged by ZAP */
-        if (ev != ZMQ_EVENT_HANDSHAKE_FAILED_AUTH && ps_log_sampled(++sec->refused))
-            PS_LOG(sec->log, PS_LOG_WARN, S0502,
-                   "refused a connection on %s: handshake failed (%s; a plaintext or "
-                   "non-CURVE client?) (%llu refused so far)",
-                   ep, ev == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL ? "protocol" : "no detail",
-                   (unsigned long long)sec->refused);
-    }
-    for (size_t i = 0; i < kept; i++)
-        zmq_msg_close(&parts[i]);
-    return 0;
+    /* AUTH ones were counted and logged by ZAP */
+    if (event != ZMQ_EVENT_HANDSHAKE_FAILED_AUTH && ps_log_sampled(++sec->refused))
+        PS_LOG(sec->log, PS_LOG_WARN, S0502,
+               "refused a connection on %s: handshake failed (%s; a plaintext or "
+               "non-CURVE client?) (%llu refused so far)",
+               ep, event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL ? "protocol" : "no detail",
+               (unsigned long long)sec->refused);
 }
 
 int psd_security_start(struct psd_security *sec, void *ctx, uv_loop_t *loop, char *err,
@@ -138,8 +121,7 @@ int psd_security_start(struct psd_security *sec, void *ctx, uv_loop_t *loop, cha
     return ps_zsock_start(loop, &sec->zap_zs, sec->zap, on_zap, sec);
 }
 
-int psd_security_apply(struct psd_security *sec, void *ctx, void *router, uv_loop_t *loop,
-                       char *err, size_t errlen)
+int psd_security_apply(struct psd_security *sec, void *router, char *err, size_t errlen)
 {
     int one = 1;
     if (zmq_setsockopt(router, ZMQ_CURVE_SERVER, &one, sizeof one) != 0 ||
@@ -148,17 +130,7 @@ int psd_security_apply(struct psd_security *sec, void *ctx, void *router, uv_loo
         snprintf(err, errlen, "cannot make the socket a CURVE server: %s", zmq_strerror(errno));
         return PS_EZMQ;
     }
-    const int events = ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
-                       ZMQ_EVENT_HANDSHAKE_FAILED_AUTH;
-    int linger = 0;
-    if (zmq_socket_monitor(router, "inproc://psd-monitor", events) != 0 ||
-        (sec->monitor = zmq_socket(ctx, ZMQ_PAIR)) == NULL ||
-        zmq_setsockopt(sec->monitor, ZMQ_LINGER, &linger, sizeof linger) != 0 ||
-        zmq_connect(sec->monitor, "inproc://psd-monitor") != 0) {
-        snprintf(err, errlen, "cannot monitor handshakes: %s", zmq_strerror(errno));
-        return PS_EZMQ;
-    }
-    return ps_zsock_start(loop, &sec->mon_zs, sec->monitor, on_monitor, sec);
+    return 0;
 }
 
 int psd_security_may_use(const struct psd_security *sec, const char *user, uint32_t w)
@@ -173,17 +145,13 @@ void psd_security_stop(struct psd_security *sec)
 {
     if (sec->zap != NULL)
         ps_zsock_close(&sec->zap_zs);
-    if (sec->monitor != NULL)
-        ps_zsock_close(&sec->mon_zs);
 }
 
 void psd_security_fini(struct psd_security *sec)
 {
-    if (sec->monitor != NULL)
-        zmq_close(sec->monitor);
     if (sec->zap != NULL)
         zmq_close(sec->zap);
     free(sec->allow);
-    sec->zap = sec->monitor = NULL;
+    sec->zap = NULL;
     sec->allow = NULL;
 }

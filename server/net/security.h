@@ -1,11 +1,11 @@
 /* psd's CURVE security: encryption with the server's key pair, and a ZAP
  * handler that admits only the public keys in the allow list.
  *
- * Both the ZAP handler (a REP socket on inproc://zeromq.zap.01) and a
- * monitor of the ROUTER (handshake failures, which is how a plaintext
- * client that never reaches ZAP is seen) run on the server's own loop, so
- * every refusal is logged by the process that refused it. Off unless
- * --curve-secret is given. */
+ * The ZAP handler (a REP socket on inproc://zeromq.zap.01) runs on the
+ * server's own loop, and the ROUTER's monitor (net.c) hands it the failed
+ * handshakes (which is how a plaintext client that never reaches ZAP is
+ * seen), so every refusal is logged by the process that refused it. Off
+ * unless --curve-secret is given. */
 #ifndef PSD_SECURITY_H
 #define PSD_SECURITY_H
 
@@ -15,13 +15,14 @@
 
 #include <stdint.h>
 #include <uv.h>
+#include <zmq.h>
 
 struct psd_security {
     struct ps_log *log;
     struct ps_curve_keys keys;
     struct ps_curve_allow *allow; /* owned */
-    void *zap, *monitor;
-    struct ps_zsock zap_zs, mon_zs;
+    void *zap;
+    struct ps_zsock zap_zs;
     uint64_t admitted, refused;
     int replicas; /* admit this shard's own key: its replicas share the key pair (repl.h) */
 };
@@ -32,9 +33,14 @@ int psd_security_load(struct psd_security *sec, struct ps_log *log, const char *
 /* Before the ROUTER binds: the ZAP handler in ctx, on the loop. */
 int psd_security_start(struct psd_security *sec, void *ctx, uv_loop_t *loop, char *err,
                        size_t errlen);
-/* Makes router a CURVE server and monitors its handshakes. */
-int psd_security_apply(struct psd_security *sec, void *ctx, void *router, uv_loop_t *loop,
-                       char *err, size_t errlen);
+/* Makes router a CURVE server. */
+int psd_security_apply(struct psd_security *sec, void *router, char *err, size_t errlen);
+/* The monitor's events for it (net.c), and one of them: a handshake that
+ * failed on endpoint ep. */
+#define PSD_SECURITY_EVENTS                                                                        \
+    (ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |                  \
+     ZMQ_EVENT_HANDSHAKE_FAILED_AUTH)
+void psd_security_handshake_failed(struct psd_security *sec, int event, const char *ep);
 /* 1 when the client whose ZAP user id is `user` (its public key, Z85, as
  * the handler admitted it) may use worker id w (its allow file's
  * "workers:" line, or any id without one). */
