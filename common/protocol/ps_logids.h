@@ -34,7 +34,7 @@
     X(S0112, WARN, "a shared region handed over was refused (… so far): …")                            \
     X(S0113, WARN, "no shared memory for clients on this host (…): their values go through …")         \
     X(S0114, WARN,                                                                                     \
-      "… connections on …: at the file-descriptor limit (… less what psd holds): ZeroMQ cannot "   \
+      "… connections on …: at the file-descriptor limit (… less what psd holds): ZeroMQ cannot " \
       "accept more and retries at once, taking a core, until one closes")                              \
     X(S0200, WARN, "an error reply to a worker (the request, the code, the reason; sampled)")          \
     X(S0300, DEBUG, "hello from worker …")                                                             \
@@ -115,7 +115,7 @@
     X(W0021, INFO, "stage … of …: where it listens and connects; the schedule and micro-batches")      \
     X(W0022, INFO,                                                                                     \
       "--wire-dtype …: the … shard(s) sharing memory with this worker take f32 through it; the "   \
-      "other … take … on their sockets")                                                          \
+      "other … take … on their sockets")                                                               \
     X(W0100, INFO, "done: … steps, test accuracy …, … samples/s")                                      \
     X(W0200, INFO, "epoch …/… step …/… loss … … samples/s ETA …s")                                     \
     X(W0210, INFO, "epoch …: test accuracy …")                                                         \
