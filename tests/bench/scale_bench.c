@@ -17,8 +17,13 @@
  * measured): a cost that grows faster than W shows as a per-worker or
  * per-request number that grows with W.
  *
+ * A process's clients share one ZeroMQ context (psc_config.zmq_context:
+ * one I/O thread for all of them); --context own gives each its own, as
+ * a client made without one has.
+ *
  *   scale_bench [--psd PATH] [--workers 1,10,100,1000] [--per-process N]
- *               [--size N] [--seconds S] [--rounds R] [--idle S] [--json PATH]
+ *               [--context shared|own] [--size N] [--seconds S] [--rounds R]
+ *               [--idle S] [--json PATH]
  * Exits 1 when a process or a request fails; never on a number. */
 #define _GNU_SOURCE
 #include "psclient.h"
@@ -36,6 +41,7 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+#include <zmq.h>
 
 #define TIMEOUT_MS  60000
 #define WORKERS_MAX 4096
@@ -154,6 +160,7 @@ struct run_args {
     uint64_t size;
     double seconds;
     int rounds;
+    int shared; /* one ZeroMQ context for the process's clients */
 };
 
 static int read_byte(int fd, int timeout_ms)
@@ -175,6 +182,7 @@ static void client_proc(const struct run_args *a, int ctl, int out)
     float *g = calloc(a->size, sizeof *g), *w = calloc((size_t)a->n * a->size, sizeof *w);
     struct report r = {0};
     const char *eps[1] = {a->ep};
+    void *ctx = a->shared ? zmq_ctx_new() : NULL;
     for (uint64_t i = 0; i < a->size; i++)
         g[i] = 1e-6f;
     for (int i = 0; i < a->n && !r.failed; i++) {
@@ -182,7 +190,8 @@ static void client_proc(const struct run_args *a, int ctl, int out)
                                  .servers = eps,
                                  .nservers = 1,
                                  .worker_id = (uint32_t)(a->first + i),
-                                 .connect_timeout_ms = TIMEOUT_MS};
+                                 .connect_timeout_ms = TIMEOUT_MS,
+                                 .zmq_context = ctx};
         struct psc_table_spec s;
         psc_table_spec_init(&s, "w", a->size);
         s.lr = 1e-3f;
@@ -226,6 +235,8 @@ static void client_proc(const struct run_args *a, int ctl, int out)
         _exit(1);
     for (int i = 0; i < a->n; i++)
         psc_destroy(c[i]);
+    if (ctx != NULL)
+        zmq_ctx_term(ctx);
     _exit(0);
 }
 
@@ -235,8 +246,8 @@ struct result {
     double rss_base_kb, rss_idle_kb, per_worker_kb, beat_share, rate, cpu_per_req_us, round_ms;
 };
 
-static void measure(const char *psd, const char *mode, int workers, int per, uint64_t size,
-                    double seconds, int rounds, double idle, struct result *res)
+static void measure(const char *psd, const char *mode, int workers, int per, int shared,
+                    uint64_t size, double seconds, int rounds, double idle, struct result *res)
 {
     char ep[256];
     pid_t sp = start_psd(psd, mode, workers, ep, sizeof ep);
@@ -257,7 +268,8 @@ static void measure(const char *psd, const char *mode, int workers, int per, uin
                               .workers = workers,
                               .size = size,
                               .seconds = seconds,
-                              .rounds = rounds};
+                              .rounds = rounds,
+                              .shared = shared};
         pid_t pid = fork();
         if (pid < 0)
             die("fork", strerror(errno));
@@ -316,7 +328,7 @@ static void measure(const char *psd, const char *mode, int workers, int per, uin
 int main(int argc, char **argv)
 {
     const char *psd = "build-release/server/psd", *json = NULL, *list = "1,10,100,1000";
-    int per = 100, rounds = 50;
+    int per = 100, rounds = 50, shared = 1;
     uint64_t size = 1024;
     double seconds = 2, idle = 3;
     for (int i = 1; i < argc; i += 2) { /* every option takes a value */
@@ -338,6 +350,9 @@ int main(int argc, char **argv)
             rounds = atoi(v);
         } else if (strcmp(a, "--idle") == 0 && atof(v) > 0 && atof(v) <= 600) {
             idle = atof(v);
+        } else if (strcmp(a, "--context") == 0 &&
+                   (strcmp(v, "shared") == 0 || strcmp(v, "own") == 0)) {
+            shared = strcmp(v, "shared") == 0;
         } else if (strcmp(a, "--json") == 0) {
             json = v;
         } else {
@@ -361,14 +376,18 @@ int main(int argc, char **argv)
     const char *modes[2] = {"asp", "bsp"};
     struct result res[2][16];
     printf("one psd shard, a %llu-float dense table, W clients over tcp loopback (%d a "
-           "process); idle %.0f s, asp %.0f s, bsp %d rounds\n",
-           (unsigned long long)size, per, idle, seconds, rounds);
+           "process, %s); idle %.0f s, asp %.0f s, bsp %d rounds\n",
+           (unsigned long long)size, per,
+           shared ? "one ZeroMQ context each process"
+                  : "a "
+                    "ZeroMQ context each client",
+           idle, seconds, rounds);
     printf("%4s %6s %10s %12s %10s %12s %12s %10s\n", "mode", "W", "psd MiB", "kB/worker",
            "beats %", "requests/s", "cpu us/req", "round ms");
     for (int m = 0; m < 2; m++)
         for (int i = 0; i < nw; i++) {
             struct result *r = &res[m][i];
-            measure(psd, modes[m], ws[i], per, size, seconds, rounds, idle, r);
+            measure(psd, modes[m], ws[i], per, shared, size, seconds, rounds, idle, r);
             printf("%4s %6d %10.1f %12.1f %9.2f%% %12.0f %12.1f %10.2f\n", r->mode, r->workers,
                    r->rss_idle_kb / 1024, r->per_worker_kb, r->beat_share * 100, r->rate,
                    r->cpu_per_req_us, r->round_ms);

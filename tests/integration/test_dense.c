@@ -19,6 +19,7 @@
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <dirent.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -1326,6 +1327,85 @@ static void test_shared_memory_after_restart(void **state)
     assert_int_equal(harness_psd_stop(&p), 0);
 }
 
+/* Threads of this process. */
+static int threads_now(void)
+{
+    DIR *d = opendir("/proc/self/task");
+    int n = 0;
+    for (struct dirent *e; d != NULL && (e = readdir(d)) != NULL;)
+        n += e->d_name[0] != '.';
+    if (d != NULL)
+        closedir(d);
+    return n;
+}
+
+/* Clients sharing one ZeroMQ context (psc_config.zmq_context): one I/O
+ * thread for all of them, payloads past the zero-copy size copied, one
+ * client destroyed while the others go on, the context terminated by
+ * its owner after the last. */
+static void test_shared_context(void **state)
+{
+    struct fixture *f = *state;
+    const char *eps[2] = {f->shard[0].endpoint, f->shard[1].endpoint};
+    void *ctx = zmq_ctx_new();
+    assert_non_null(ctx);
+    struct psc_client *c[3] = {NULL};
+    char err[512];
+    int io_cpu = 0;
+    struct psc_config bad = {.struct_size = sizeof bad,
+                             .servers = eps,
+                             .nservers = 2,
+                             .worker_id = 20,
+                             .connect_timeout_ms = TIMEOUT_MS,
+                             .zmq_context = ctx,
+                             .io_cpus = &io_cpu,
+                             .nio_cpus = 1};
+    assert_int_equal(psc_create(&bad, &c[0], err, sizeof err), PS_EINVAL);
+    assert_non_null(strstr(err, "shared zmq_context"));
+    int after_first = 0;
+    for (int k = 0; k < 3; k++) {
+        struct psc_config cfg = {.struct_size = sizeof cfg,
+                                 .servers = eps,
+                                 .nservers = 2,
+                                 .worker_id = 20 + (uint32_t)k,
+                                 .connect_timeout_ms = TIMEOUT_MS,
+                                 .zmq_context = ctx};
+        if (psc_create(&cfg, &c[k], err, sizeof err) != 0)
+            fail_msg("client %d: %s", k, err);
+        if (k == 0)
+            after_first = threads_now();
+    }
+    assert_true(threads_now() <= after_first); /* no thread of their own */
+    enum { M = 64 * 1024 };                    /* 256 KiB: past the zero-copy size */
+    struct psc_table_spec sp;
+    psc_table_spec_init(&sp, "shared_ctx", M);
+    sp.lr = 1.0f;
+    float *g = malloc(M * 4), *w = malloc(M * 4);
+    assert_true(g && w);
+    for (int i = 0; i < M; i++)
+        g[i] = 0.5f;
+    for (int k = 0; k < 3; k++) {
+        uint32_t t;
+        uint64_t tk;
+        assert_int_equal(psc_table_create(c[k], &sp, TIMEOUT_MS, &t), 0);
+        assert_int_equal(psc_push_pull(c[k], t, 0, M, g, w, 0, &tk), 0);
+        wait_ok(c[k], tk);
+        if (k == 0)
+            psc_destroy(c[0]); /* the others go on in the context */
+    }
+    uint32_t t;
+    uint64_t tk;
+    assert_int_equal(psc_table_open(c[2], "shared_ctx", TIMEOUT_MS, &t), 0);
+    assert_int_equal(psc_pull(c[2], t, 0, M, w, 3, &tk), 0);
+    wait_ok(c[2], tk);
+    assert_true(w[0] == -1.5f && w[M - 1] == -1.5f); /* three pushes of 0.5, lr 1 */
+    psc_destroy(c[1]);
+    psc_destroy(c[2]);
+    assert_int_equal(zmq_ctx_term(ctx), 0);
+    free(g);
+    free(w);
+}
+
 /* A dtype per shard: a client with f16 on the wire sends f32 to the
  * shard that took its shared region (on this host there is no wire to
  * save), through the region or in frames, and f16 to the shard it
@@ -1489,6 +1569,7 @@ int main(void)
         cmocka_unit_test(test_client_side_errors),
         cmocka_unit_test(test_stats),
         cmocka_unit_test(test_dtype_per_shard),
+        cmocka_unit_test(test_shared_context),
         cmocka_unit_test(test_sized_structs),
         cmocka_unit_test(test_f16_on_the_wire),
         cmocka_unit_test(test_sparse_rows),

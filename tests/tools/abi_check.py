@@ -7,8 +7,9 @@ them with the baseline (libpsclient.abi.supp beside it leaves out the
 opaque struct psc_client, whose members are the library's own). Any
 change fails: an incompatible one (a struct
 member removed, moved or retyped, a function gone) must come with a new
-soname; a compatible one (a function added) with a new baseline in the
-same commit.
+soname; a compatible one (a function added, a field added at the end of
+a struct that carries struct_size) with a new baseline in the same
+commit.
 
     abi_check.py LIB HEADERS_DIR BASELINE           check (the 'abi' test)
     abi_check.py LIB HEADERS_DIR BASELINE --write   write the baseline
@@ -66,9 +67,11 @@ def verdict(rc, report, baseline):
               file=sys.stderr)
     else:
         print("abi_check: libpsclient's ABI changed against %s (a struct's members or a "
-              "function's types, or a function added). A struct passed to the library must not "
-              "change under the same soname; for a function added, rewrite the baseline "
-              "(--write) in the same commit." % baseline, file=sys.stderr)
+              "function's types, or a function added). Under the same soname a struct may only "
+              "grow at its end (its struct_size tells the library which fields a caller has; "
+              "psclient.h, \"ABI\"), and functions may only be added: for those, rewrite the "
+              "baseline (--write) in the same commit; anything else needs a new soname."
+              % baseline, file=sys.stderr)
     return 1
 
 

@@ -145,6 +145,7 @@ struct psc_client {
     int nonzero_pulls;
     size_t esize;
     void *ctx;
+    int own_ctx; /* made by psc_create, terminated by psc_destroy (else cfg.zmq_context) */
     void **socks;
     char **endpoints; /* in use: as given, or the shard's same-host one */
     /* per shard, from its last hello reply: the same-host endpoint it

@@ -363,6 +363,12 @@ int psc_create(const struct psc_config *caller, struct psc_client **out, char *e
                  "Z85 characters each");
         return PS_EINVAL;
     }
+    if (cfg->zmq_context != NULL && cfg->nio_cpus > 0) {
+        snprintf(err, errlen,
+                 "io_cpus with a shared zmq_context: set the context's own "
+                 "ZMQ_THREAD_AFFINITY_CPU_ADD instead");
+        return PS_EINVAL;
+    }
     if (cfg->servers == NULL || cfg->nservers == 0 || cfg->nservers > PS_SHARDS_MAX) {
         snprintf(err, errlen, "need 1..%u server endpoints", PS_SHARDS_MAX);
         return PS_EINVAL;
@@ -403,7 +409,8 @@ int psc_create(const struct psc_config *caller, struct psc_client **out, char *e
     c->pfds = calloc(c->nshards, sizeof *c->pfds);
     c->last_send_ms = calloc(c->nshards, sizeof *c->last_send_ms);
     c->arena_buf = malloc(CLIENT_ARENA_BYTES);
-    c->ctx = zmq_ctx_new();
+    c->own_ctx = cfg->zmq_context == NULL;
+    c->ctx = c->own_ctx ? zmq_ctx_new() : cfg->zmq_context;
     for (uint32_t i = 0; i < PS_CLIENT_TICKETS_MAX; i++) {
         atomic_init(&c->slots[i].zc_refs, 0u);
         c->free_stack[i] = (uint16_t)(PS_CLIENT_TICKETS_MAX - 1 - i);
@@ -464,7 +471,7 @@ void psc_destroy(struct psc_client *c)
             zmq_close(c->socks[s]);
         free(c->endpoints ? c->endpoints[s] : NULL);
     }
-    if (c->ctx != NULL)
+    if (c->ctx != NULL && c->own_ctx)
         zmq_ctx_term(c->ctx); /* linger 0: drops unsent frames, runs free callbacks */
     for (uint32_t i = 0; i < c->ntables; i++)
         free(c->tables[i]);

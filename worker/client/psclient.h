@@ -96,6 +96,16 @@ struct psc_config {
     void (*hello_waiting)(void *arg, const uint32_t *shards, uint32_t n, int waited_ms,
                           const char *why);
     void *hello_waiting_arg;
+    /* Added after ABI 1's first version (a program built before passes a
+     * smaller struct, and gets NULL). A ZeroMQ context (zmq_ctx_new) to
+     * make the client's sockets in, shared by several clients of one
+     * process, so that they share its I/O thread instead of each running
+     * its own; NULL: the client's own. The caller terminates it after
+     * destroying every client in it. Payloads are then copied as they are
+     * sent (no zero-copy: ZeroMQ may still hold a frame after
+     * psc_destroy), and nio_cpus must be 0 (set the context's own
+     * ZMQ_THREAD_AFFINITY_CPU_ADD). */
+    void *zmq_context;
 };
 
 /* the most dimensions a table's shape has */

@@ -28,12 +28,14 @@ static void request_header(const struct psc_client *c, Ps__Header *h, Ps__Op op,
 }
 
 /* Queues one frame after the header: zero-copy when large (the slot keeps
- * the buffer busy until zmq lets go), copied when small. */
+ * the buffer busy until zmq lets go) and the context is the client's own
+ * (a shared one outlives psc_destroy, and could still hold the frame),
+ * copied otherwise. */
 static int send_payload(struct psc_client *c, void *sock, const void *buf, size_t len, int more,
                         struct slot *sl)
 {
     zmq_msg_t m;
-    if (len >= PS_ZEROCOPY_BYTES_MIN) {
+    if (len >= PS_ZEROCOPY_BYTES_MIN && c->own_ctx) {
         atomic_fetch_add(&sl->zc_refs, 1u);
         zmq_msg_init_data(&m, (void *)buf, len, psc__zc_release, &sl->zc_refs);
     } else {

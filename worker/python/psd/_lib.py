@@ -55,6 +55,7 @@ class Config(_Sized):
         ("curve_secret", ctypes.c_char_p),
         ("hello_waiting", HELLO_WAITING),
         ("hello_waiting_arg", ctypes.c_void_p),
+        ("zmq_context", ctypes.c_void_p),
     ]
 
 
