@@ -2,13 +2,15 @@
 """Compression on slow links: 2 psd shards and 2 psworkers, each in its
 own network namespace on a bridge, every link limited to RATE in both
 directions (tc tbf on both ends: this kernel has no netem, and tbf works
-in a namespace), bsp, the MLP, one epoch. Dense against --topk 0.01 and
+in a namespace), bsp, the MLP (and with --models mlp,cnn the CNN), one
+epoch or --max-steps. Dense against --topk 0.01 and
 against --wire-dtype f16, at each rate; prints samples/s, test accuracy,
 bytes moved per step and each against the dense run at the same rate.
 Reports; never fails on a number.
 
     sudo /usr/bin/python3 tests/bench/slowlink_bench.py [--build-dir DIR]
-        [--rates 1gbit,100mbit] [--epochs N] [--max-steps N] [--json PATH]
+        [--rates 1gbit,100mbit] [--models mlp[,cnn]] [--epochs N] [--max-steps N]
+        [--json PATH]
 
 Needs root, ip and tc; everything it creates is named after its pid and
 removed at the end, also on failure."""
@@ -107,35 +109,44 @@ def run(tmp, args, name, extra):
 
 def main(tmp, args):
     rows = []
-    for rate in args.rates.split(","):
-        limit(rate)
-        dense = None
-        for name, extra in CONFIGS:
-            s = run(tmp, args, "%s-%s" % (rate, name), extra)
-            if s is None:
-                continue
-            sps = 2 * s["samples_per_sec"]  # both workers, as train_bench counts
-            dense = sps if name == "dense" else dense
-            steps = max(s["steps"], 1)
-            row = {"rate": rate, "config": name, "samples_per_s": sps,
-                   "ratio": sps / dense if dense else None,
-                   "test_accuracy": s["test_accuracy"],
-                   "kb_pushed_per_step": s["bytes_pushed"] / steps / 1024,
-                   "kb_pulled_per_step": s["bytes_pulled"] / steps / 1024}
-            rows.append(row)
-            print("%8s %6s %10.0f samples/s %6s  accuracy %.4f  pushed %7.1f kB/step  pulled "
-                  "%7.1f kB/step" % (rate, name, sps, "%.2fx" % row["ratio"] if row["ratio"]
-                                     else "-", row["test_accuracy"], row["kb_pushed_per_step"],
-                                     row["kb_pulled_per_step"]), flush=True)
+    for model in args.models.split(","):
+        for rate in args.rates.split(","):
+            rows += one_rate(tmp, args, model, rate)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
+
+
+def one_rate(tmp, args, model, rate):
+    rows = []
+    limit(rate)
+    dense = None
+    for name, extra in CONFIGS:
+        s = run(tmp, args, "%s-%s-%s" % (model, rate, name), extra + ["--model", model])
+        if s is None:
+            continue
+        sps = 2 * s["samples_per_sec"]  # both workers, as train_bench counts
+        dense = sps if name == "dense" else dense
+        steps = max(s["steps"], 1)
+        row = {"model": model, "rate": rate, "config": name, "samples_per_s": sps,
+               "ratio": sps / dense if dense else None,
+               "test_accuracy": s["test_accuracy"],
+               "kb_pushed_per_step": s["bytes_pushed"] / steps / 1024,
+               "kb_pulled_per_step": s["bytes_pulled"] / steps / 1024}
+        rows.append(row)
+        print("%4s %8s %6s %10.0f samples/s %6s  accuracy %.4f  pushed %7.1f kB/step  "
+              "pulled %7.1f kB/step" % (model, rate, name, sps, "%.2fx" % row["ratio"]
+                                        if row["ratio"] else "-", row["test_accuracy"],
+                                        row["kb_pushed_per_step"], row["kb_pulled_per_step"]),
+              flush=True)
+    return rows
 
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--build-dir", default="build-release")
     ap.add_argument("--rates", default="1gbit,100mbit")
+    ap.add_argument("--models", default="mlp")
     ap.add_argument("--epochs", type=int, default=1)
     ap.add_argument("--max-steps", type=int, default=1000000)
     ap.add_argument("--json")
