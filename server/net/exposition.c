@@ -268,7 +268,7 @@ void psd_expose_net(const struct psd_net *n, const struct psd_security *sec, str
          (double)n->connections},
         {"psd_connections_max", "gauge",
          "Connections psd can hold: its file-descriptor limit less those it holds otherwise.",
-         (double)(n->nofile > n->fd_base + 16 ? n->nofile - n->fd_base - 16 : 0)},
+         (double)psd_net_connections_max(n)},
         {"psd_connection_limit_reached_total", "counter",
          "Times the connections reached psd_connections_max (S0114).", (double)n->limit_reached},
         {"psd_handshakes_admitted_total", "counter", "CURVE clients admitted.",

@@ -256,6 +256,11 @@ static void shm_start(struct psd_net *n, uv_loop_t *loop, const char *local)
  * the metrics endpoint, shared regions being handed over). */
 #define FD_SPARE 16u
 
+uint64_t psd_net_connections_max(const struct psd_net *n)
+{
+    return n->nofile > n->fd_base + FD_SPARE ? n->nofile - n->fd_base - FD_SPARE : 0;
+}
+
 /* The ROUTER's events: connections come and go (near the descriptor
  * limit, said once each time), a CURVE handshake fails. Accepts that fail
  * are not watched: past the limit ZeroMQ retries them at once, and an
@@ -275,7 +280,7 @@ static int on_monitor(struct ps_zsock *zs, void *arg)
             zmq_msg_size(&parts[1]) < sizeof ep - 1 ? zmq_msg_size(&parts[1]) : sizeof ep - 1;
         memcpy(ep, zmq_msg_data(&parts[1]), len);
         ep[len] = '\0';
-        uint64_t room = n->nofile > n->fd_base + FD_SPARE ? n->nofile - n->fd_base - FD_SPARE : 0;
+        uint64_t room = psd_net_connections_max(n);
         if (ev == ZMQ_EVENT_ACCEPTED) {
             n->connections++;
             if (n->nofile > 0 && n->connections >= room && !n->at_limit) {

@@ -62,6 +62,10 @@ struct psd_net {
     int at_limit;
 };
 
+/* Connections psd can hold: its descriptor limit less those it holds
+ * otherwise (0: no limit known). */
+uint64_t psd_net_connections_max(const struct psd_net *n);
+
 /* Binds `listen` and registers on `loop`. io_threads sizes zmq's I/O pool.
  * local_ipc: when `listen` is tcp://, also bind its same-host endpoint
  * (ps_local.h) and offer it in hello replies, and listen for shared

@@ -114,9 +114,8 @@ void psd_cons_touched(struct psd_table *t)
         t->slowest->ok = 0;
 }
 
-void psd_cons_completed(const struct psd_cons *c, struct psd_table *t, uint32_t w, uint64_t clock)
+void psd_cons_completed(struct psd_table *t, uint32_t w, uint64_t clock)
 {
-    (void)c;
     uint64_t old = t->completed[w];
     int was = t->member[w];
     t->member[w] = 1;
@@ -431,7 +430,7 @@ static int push_range(const struct psd_cons *c, struct psd_table *t, const struc
     } else if (c->mode == PSD_BSP) {
         return bsp_push(c, t, worker, clock, offset, count, g, applied, err, errlen);
     } else {
-        psd_cons_completed(c, t, worker, clock);
+        psd_cons_completed(t, worker, clock);
     }
     /* The optimizer's step (Adam's bias correction, the lr schedule, the
      * pruning schedule) counts passes over the table, not requests: a
@@ -486,7 +485,7 @@ static int push_keys(const struct psd_cons *c, struct psd_table *t, const struct
         catch_up(c, t, clock);
     if (c->mode != PSD_BSP) {
         if (worker < c->workers) {
-            psd_cons_completed(c, t, worker, clock);
+            psd_cons_completed(t, worker, clock);
             t->pass_end[worker] = 0; /* a pass of its own (push_range) */
         }
         t->steps++;

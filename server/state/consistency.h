@@ -64,7 +64,7 @@ void psd_cons_table_fini(const struct psd_cons *c, struct psd_table *t);
 void psd_cons_touched(struct psd_table *t);
 /* A push of worker w < workers at clock in asp or ssp: w is a member
  * and has completed clock + 1 (the slowest member follows). */
-void psd_cons_completed(const struct psd_cons *c, struct psd_table *t, uint32_t w, uint64_t clock);
+void psd_cons_completed(struct psd_table *t, uint32_t w, uint64_t clock);
 
 struct psd_cons_later;
 

@@ -21,7 +21,7 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "integration"))
-from pstest import check, in_namespaces, poll, sh, spawn  # noqa: E402
+from pstest import bridge, check, in_namespaces, poll, sh, spawn  # noqa: E402
 
 TAG = "sl%d" % (os.getpid() % 100000)
 HUB = TAG + "hub"
@@ -36,20 +36,8 @@ def ns(node):
 def make_network():
     """A hub namespace with a bridge, each node a namespace with a veth into
     it at 10.78.0.N/24."""
-    sh("ip", "netns", "add", HUB)
-    sh("ip", "link", "add", "br0", "type", "bridge", ns=HUB)
-    sh("ip", "link", "set", "br0", "up", ns=HUB)
-    for i, node in enumerate(NODES):
-        n = ns(node)
-        sh("ip", "netns", "add", n)
-        here = "v%s%s" % (TAG, node)
-        sh("ip", "link", "add", here, "netns", HUB, "type", "veth", "peer", "name", "eth0",
-           "netns", n)
-        sh("ip", "link", "set", here, "master", "br0", ns=HUB)
-        sh("ip", "link", "set", here, "up", ns=HUB)
-        sh("ip", "addr", "add", "10.78.0.%d/24" % (i + 1), "dev", "eth0", ns=n)
-        sh("ip", "link", "set", "eth0", "up", ns=n)
-        sh("ip", "link", "set", "lo", "up", ns=n)
+    bridge(HUB, [(ns(node), "v%s%s" % (TAG, node), "10.78.0.%d/24" % (i + 1))
+                 for i, node in enumerate(NODES)])
 
 
 def remove_network():

@@ -65,6 +65,27 @@ def sh(*args, ns=None, env=None):
     return r.stdout
 
 
+def bridge(hub, members, run=None):
+    """Network namespace hub with a bridge, and each member a namespace
+    joined to it by a veth: members is [(netns, veth name in hub, address
+    with its /prefix)]; the member's end is eth0. run: sh, or a caller's
+    own with the same arguments."""
+    run = run or sh
+    run("ip", "netns", "add", hub)
+    run("ip", "link", "add", "br0", "type", "bridge", ns=hub)
+    run("ip", "link", "set", "br0", "up", ns=hub)
+    run("ip", "link", "set", "lo", "up", ns=hub)
+    for n, here, addr in members:
+        run("ip", "netns", "add", n)
+        run("ip", "link", "add", here, "netns", hub, "type", "veth", "peer", "name", "eth0",
+            "netns", n)
+        run("ip", "link", "set", here, "master", "br0", ns=hub)
+        run("ip", "link", "set", here, "up", ns=hub)
+        run("ip", "addr", "add", addr, "dev", "eth0", ns=n)
+        run("ip", "link", "set", "eth0", "up", ns=n)
+        run("ip", "link", "set", "lo", "up", ns=n)
+
+
 def in_namespaces(name, make, remove, main):
     """main(tmp) between make(), which makes network namespaces (a
     RuntimeError there skips the test: exit 77), and remove(), which runs

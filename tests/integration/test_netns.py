@@ -22,7 +22,7 @@ import subprocess
 import sys
 import time
 
-from pstest import check, in_namespaces, poll, sh, spawn
+from pstest import bridge, check, in_namespaces, poll, sh, spawn
 
 PSD = os.environ["PSD_BIN"]
 PSW = os.environ["PSWORKER_BIN"]
@@ -44,22 +44,11 @@ def ns(node):
 def make_network():
     """A hub namespace with a bridge; each node a namespace with a veth
     into it, address 10.77.0.N/24, netem on both ends of its link."""
-    sh("ip", "netns", "add", HUB)
-    sh("ip", "link", "add", "br0", "type", "bridge", ns=HUB)
-    sh("ip", "link", "set", "br0", "up", ns=HUB)
-    sh("ip", "link", "set", "lo", "up", ns=HUB)
-    for i, node in enumerate(NODES):
-        n = ns(node)
-        sh("ip", "netns", "add", n)
-        here, there = "v%s%s" % (TAG, node), "eth0"
-        sh("ip", "link", "add", here, "netns", HUB, "type", "veth", "peer", "name", there,
-           "netns", n)
-        sh("ip", "link", "set", here, "master", "br0", ns=HUB)
-        sh("ip", "link", "set", here, "up", ns=HUB)
-        sh("ip", "addr", "add", "10.77.0.%d/24" % (i + 1), "dev", there, ns=n)
-        sh("ip", "link", "set", there, "up", ns=n)
-        sh("ip", "link", "set", "lo", "up", ns=n)
-        add_netem(n, there)
+    links = [(ns(node), "v%s%s" % (TAG, node), "10.77.0.%d/24" % (i + 1))
+             for i, node in enumerate(NODES)]
+    bridge(HUB, links)
+    for n, here, _ in links:
+        add_netem(n, "eth0")
         add_netem(HUB, here)
 
 

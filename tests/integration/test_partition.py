@@ -71,20 +71,8 @@ def ns(node):
 
 
 def make_network():
-    sh("ip", "netns", "add", HUB)
-    sh("ip", "link", "add", "br0", "type", "bridge", ns=HUB)
-    sh("ip", "link", "set", "br0", "up", ns=HUB)
-    for node in NODES:
-        n = ns(node)
-        sh("ip", "netns", "add", n)
-        here = "v%s%s" % (TAG, node)
-        sh("ip", "link", "add", here, "netns", HUB, "type", "veth", "peer", "name", "eth0",
-           "netns", n)
-        sh("ip", "link", "set", here, "master", "br0", ns=HUB)
-        sh("ip", "link", "set", here, "up", ns=HUB)
-        sh("ip", "addr", "add", IP[node] + "/24", "dev", "eth0", ns=n)
-        sh("ip", "link", "set", "eth0", "up", ns=n)
-        sh("ip", "link", "set", "lo", "up", ns=n)
+    pstest.bridge(HUB, [(ns(node), "v%s%s" % (TAG, node), IP[node] + "/24") for node in NODES],
+                  sh)
 
 
 def remove_network():
