@@ -328,7 +328,7 @@ static int check_frames(const Ps__Header *h, size_t nframes, enum ps_wire_dir di
         if (op_carries_values(h->op, dir) && !values_in_shm(h, dir))
             want++;
         if (dir == PS_WIRE_REPLY && ps_wire_op_moves_data(h->op) &&
-            h->layout == PS__LAYOUT__LAYOUT_MASK)
+            (h->layout == PS__LAYOUT__LAYOUT_MASK || h->layout == PS__LAYOUT__LAYOUT_CHANGED))
             want++; /* the bitmap before the values */
     }
     if (nframes != want)
@@ -448,7 +448,8 @@ static int check_data(const Ps__Header *h, const struct ps_frame *frames, enum p
     size_t esize = ps_dtype_size(h->dtype);
     if (esize == 0)
         return ps_errf(PS_EDTYPE, err, errlen, "unknown dtype %d", (int)h->dtype);
-    int masked = h->layout == PS__LAYOUT__LAYOUT_MASK;
+    /* replies only: a bitmap frame, then the values of its set bits */
+    int masked = h->layout == PS__LAYOUT__LAYOUT_MASK || h->layout == PS__LAYOUT__LAYOUT_CHANGED;
     if (h->layout != PS__LAYOUT__LAYOUT_RANGE && h->layout != PS__LAYOUT__LAYOUT_KEYS &&
         !(masked && dir == PS_WIRE_REPLY))
         return ps_errf(PS_EPROTO, err, errlen, "unknown layout %d", (int)h->layout);

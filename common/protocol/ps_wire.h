@@ -46,7 +46,7 @@ struct ps_wire_msg {
     size_t keys_bytes;
     const void *vals; /* count*dim elements of hdr->dtype; NULL if none */
     size_t vals_bytes;
-    const uint8_t *mask; /* LAYOUT_MASK replies: count bits; vals has the set ones */
+    const uint8_t *mask; /* LAYOUT_MASK, _CHANGED replies: count bits; vals has the set ones */
     size_t mask_bytes;
     const uint8_t *batch; /* OP_BATCH requests: count records (ps_wire_batch_next) */
     size_t batch_bytes;

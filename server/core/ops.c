@@ -533,6 +533,7 @@ void psd_op_set(struct psd *s, const struct ps_wire_msg *m, struct psd_reply *re
     if (refuse_nonfinite(s, req, t, v, (size_t)req->count, NULL, 1, rep))
         return;
     psd_table_own(t, req->offset, req->offset + req->count);
+    psd_table_wrote(t, req->offset, req->offset + req->count);
     memcpy(t->w + (req->offset - t->lo), v, (size_t)req->count * sizeof(float));
     psd_count_change(s);
     int became_set = 0;

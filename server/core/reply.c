@@ -227,6 +227,50 @@ static int reply_masked(const float *w, size_t n, Ps__DType dtype, struct psd_re
     return 1;
 }
 
+/* A pull that asked for changes (Header.changed) gets the elements written
+ * since its version as a bitmap plus their values, when its version is
+ * one this table can compare with and that is smaller than the whole
+ * range. Returns 1 when rep holds it. The first such pull starts the
+ * table's stamps and gets the whole range. */
+static int reply_changed(const Ps__Header *req, struct psd_table *t, uint64_t offset,
+                         uint64_t count, struct psd_reply *rep)
+{
+    if (t->stamp == NULL) {
+        (void)psd_table_track(t); /* PS_ENOMEM: every pull gets the whole range */
+        return 0;
+    }
+    uint64_t n = psd_table_changed(t, req->generation, req->since, offset, count, NULL);
+    size_t esize = ps_dtype_size(req->dtype), mbytes = (size_t)(count + 7) / 8;
+    if (n == UINT64_MAX || mbytes + n * esize >= count * esize)
+        return 0;
+    int f32 = req->dtype == PS__DTYPE__DTYPE_F32;
+    uint8_t *mask = calloc(mbytes ? mbytes : 1, 1);
+    void *vals = aligned_alloc(64, ((n ? n : 1) * esize + 63u) & ~(size_t)63u);
+    float *g = f32 ? vals : malloc((n ? n : 1) * sizeof(float));
+    if (mask == NULL || vals == NULL || g == NULL) {
+        free(mask);
+        free(vals);
+        if (!f32)
+            free(g);
+        return 0; /* the whole range still works */
+    }
+    psd_table_changed(t, req->generation, req->since, offset, count, mask);
+    const float *w = t->w + (offset - t->lo);
+    size_t k = 0;
+    for (size_t i = 0; i < count; i++)
+        if ((mask[i / 8] >> (i % 8)) & 1u)
+            g[k++] = w[i];
+    if (!f32) { /* the table is f32; only the wire is 16-bit */
+        ps_f32_to_half_n(req->dtype, g, vals, n);
+        free(g);
+    }
+    rep->mask = mask;
+    rep->mask_bytes = mbytes;
+    rep->vals = vals;
+    rep->vals_bytes = n * esize;
+    return 1;
+}
+
 /* Whether a reply of `bytes` values of t goes out from the table itself
  * (psd_table_lend): f32 replies large enough that a copy would cost more
  * than the bookkeeping, when the table's copy-on-write budget allows
@@ -256,6 +300,19 @@ void psd_reply_values(struct psd *s, const Ps__Header *req, struct psd_table *t,
     h.clock = psd_cons_clock(&s->conf.cons, t);
     t->pulls++;
     const float *w = t->w + (offset - t->lo);
+    int changed = req->changed && !t->sparse;
+    if (changed) { /* whatever the reply holds, it is the range at this version */
+        h.generation = t->generation;
+        h.table_version = t->version;
+        h.since = req->since;
+        if (dst == NULL && reply_changed(req, t, offset, count, rep)) {
+            t->changed_replies++;
+            h.layout = PS__LAYOUT__LAYOUT_CHANGED;
+            psd_reply_header(s, &h, rep);
+            return;
+        }
+        t->whole_replies++;
+    }
     if (dst != NULL) {
         memcpy(dst, w, (size_t)count * sizeof(float));
         psd_regions_count_out(s->shm, count * sizeof(float));

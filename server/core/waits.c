@@ -25,6 +25,8 @@ struct wait {
     uint64_t offset, count;
     Ps__DType dtype; /* of the reply's values */
     int nonzero_only;
+    int changed; /* Header.changed, since and generation: what the client holds */
+    uint64_t since, generation;
     uint32_t shm; /* PS_SHM_OUT: the values go into the route's region at shm_out */
     uint64_t shm_out;
     uint64_t since_ms, deadline_ms;
@@ -114,6 +116,9 @@ static void wait_header(const struct wait *w, Ps__Header *h)
     h->shm_out = w->shm_out;
     h->dtype = w->dtype;
     h->nonzero_only = w->nonzero_only;
+    h->changed = w->changed != 0;
+    h->since = w->since;
+    h->generation = w->generation;
 }
 
 /* Answers every waiting request that is ready now. */
@@ -231,6 +236,9 @@ enum psd_answer psd_defer(struct psd *s, const struct ps_frame *route, const Ps_
     w->count = req->count;
     w->dtype = req->dtype;
     w->nonzero_only = req->nonzero_only;
+    w->changed = req->changed;
+    w->since = req->since;
+    w->generation = req->generation;
     w->shm = req->shm & PS_SHM_OUT;
     w->shm_out = req->shm_out;
     w->since_ms = (uint64_t)ps_mono_ms();

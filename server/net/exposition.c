@@ -55,7 +55,9 @@ enum table_field {
     T_ROWS,
     T_BYTES,
     T_LENT,
-    T_COW
+    T_COW,
+    T_CHANGED,
+    T_WHOLE
 };
 
 static double table_value(const struct psd *s, const struct psd_table *t, enum table_field f)
@@ -79,6 +81,10 @@ static double table_value(const struct psd *s, const struct psd_table *t, enum t
         return (double)t->lent_bytes;
     case T_COW:
         return (double)t->cow;
+    case T_CHANGED:
+        return (double)t->changed_replies;
+    case T_WHOLE:
+        return (double)t->whole_replies;
     }
     return 0;
 }
@@ -230,14 +236,20 @@ int psd_expose(const struct psd *s, struct ps_buf *b)
                   "Share of this shard's weights pruned to zero.", T_SPARSITY);
     tables_family(b, s, "psd_table_rows", "gauge",
                   "Elements of this shard's range (dense) or rows held (sparse).", T_ROWS);
-    tables_family(b, s, "psd_table_held_bytes", "gauge", "Bytes of weights and optimizer state.",
-                  T_BYTES);
+    tables_family(b, s, "psd_table_held_bytes", "gauge",
+                  "Bytes of weights, optimizer state and change stamps.", T_BYTES);
     tables_family(b, s, "psd_table_lent_bytes_total", "counter",
                   "Bytes of pull replies sent from the table's memory without a copy.", T_LENT);
     tables_family(b, s, "psd_table_copies_on_write_total", "counter",
                   "Times the table was written while such a reply was in flight, and copied "
                   "first.",
                   T_COW);
+    tables_family(b, s, "psd_table_changed_pulls_total", "counter",
+                  "Pulls that asked for what changed and got only that.", T_CHANGED);
+    tables_family(b, s, "psd_table_changed_pulls_whole_total", "counter",
+                  "Pulls that asked for what changed and got the whole range (the client's "
+                  "version unknown here, or the changes as large).",
+                  T_WHOLE);
     ps_prom_family(b, "psd_apply_seconds", "histogram", "Time of one optimizer apply.");
     for (uint32_t i = 0; i < psd_ntables(s); i++) {
         char tl[512];

@@ -154,6 +154,7 @@ static int reshard_table(struct psd_snapshot *out, const struct psd__blob *b, js
     json_t *pr = json_object_get(o, "prune");
     if (!t->sparse) {
         psd_table_own(t, t->lo, t->hi);
+        psd_table_wrote(t, t->lo, t->hi);
         if (pr != NULL && psd__snapshot_prune(t, pr) != 0)
             return ps_errf(PS_ENOMEM, err, errlen, "out of memory");
     }

@@ -371,6 +371,7 @@ static int restore_dense(struct psd_table *t, const struct psd__blob *b, json_t 
     if (w == NULL)
         return PS_EPROTO;
     psd_table_own(t, t->lo, t->hi);
+    psd_table_wrote(t, t->lo, t->hi);
     memcpy(t->w, w, n * 4);
     float *st[2] = {t->s1, t->s2};
     for (int a = 0; a < 2; a++) {

@@ -6,6 +6,7 @@
 
 #include "ps_err.h"
 #include "ps_init.h"
+#include "ps_local.h"
 #include "ps_mem.h"
 #include "ps_pool.h"
 #include "ps_shard.h"
@@ -66,6 +67,8 @@ static int create(const Ps__TableSpec *spec, uint32_t id, uint32_t shard, uint32
     t->lr_decay_steps = spec->lr_decay_steps;
     t->l1 = spec->l1;
     t->l2 = spec->l2;
+    t->version = 1; /* 0: a client that holds nothing */
+    t->generation = ps_random_id();
     t->await_set = spec->await_set && !spec->sparse;
     t->set_next = t->lo;                /* nothing set yet */
     t->ndims = (uint32_t)spec->n_shape; /* checked: at most PS_SHAPE_DIMS_MAX */
@@ -145,6 +148,7 @@ int psd_table_prune_step(struct psd_table *t, uint64_t step)
     double s = psd_prune_sparsity_at(&t->prune, step);
     t->prune_target_now = s;
     psd_table_own(t, t->lo, t->hi);
+    psd_table_wrote(t, t->lo, t->hi);
     t->npruned = psd_prune_apply_mask(t->w, t->s1, t->s2, t->mask, (size_t)(t->hi - t->lo), s,
                                       t->prune_scratch);
     t->prune_updates++;
@@ -177,6 +181,7 @@ void psd_table_destroy(struct psd_table *t)
     free(t->s1);
     free(t->s2);
     free(t->pushers);
+    free(t->stamp);
     free(t);
 }
 
@@ -387,6 +392,7 @@ void psd_table_apply(struct psd_table *t, uint64_t offset, uint64_t count, const
     psd_table_own(t, offset, offset + count);
     assert(offset >= t->lo);
     assert(count <= t->hi - offset);
+    psd_table_wrote(t, offset, offset + count);
     struct apply_job j = {.t = t,
                           .o = psd_table_optim(t),
                           .step = step,
@@ -404,6 +410,7 @@ void psd_table_apply_keys(struct psd_table *t, const uint64_t *keys, const float
     if (n > 0)
         psd_table_own(t, keys[0], keys[n - 1] + 1);
     assert(n == 0 || (keys[0] >= t->lo && keys[n - 1] < t->hi));
+    psd_table_wrote_keys(t, keys, n);
     struct apply_job j = {
         .t = t, .o = psd_table_optim(t), .step = step, .n = n, .keys = keys, .g = g};
     apply_run(t, &j, keys_piece, PSD_APPLY_KEYS_MIN, PSD_APPLY_KEYS_PIECE);
@@ -580,7 +587,72 @@ uint64_t psd_table_bytes_held(const struct psd_table *t)
 {
     uint64_t elems = t->sparse ? t->sp.nrows * t->dim : t->hi - t->lo;
     uint64_t arrays = 1u + (uint64_t)psk_optim_state_arrays((int)t->optimizer);
-    return elems * 4u * (arrays + (t->spare != NULL)); /* the spare: see psd_table_lend */
+    return elems * 4u * (arrays + (t->spare != NULL)) /* the spare: see psd_table_lend */
+           + (t->stamp != NULL ? (t->hi - t->lo) * sizeof *t->stamp : 0);
+}
+
+/* The next version, and the stamp that marks it: stamps count from
+ * stamp_base, and when they would pass 32 bits the base moves up to the
+ * version before this write and every stamp restarts at 0 ("at or
+ * before the base"): a client behind the base gets the whole range. */
+static uint32_t next_version(struct psd_table *t)
+{
+    uint64_t v = t->version + 1;
+    if (t->stamp != NULL && v - t->stamp_base > UINT32_MAX) {
+        memset(t->stamp, 0, (size_t)(t->hi - t->lo) * sizeof *t->stamp);
+        t->stamp_base = t->version;
+    }
+    t->version = v;
+    return (uint32_t)(v - t->stamp_base);
+}
+
+void psd_table_wrote(struct psd_table *t, uint64_t lo, uint64_t hi)
+{
+    uint32_t st = next_version(t);
+    for (uint64_t e = lo; t->stamp != NULL && e < hi; e++)
+        t->stamp[e - t->lo] = st;
+}
+
+void psd_table_wrote_keys(struct psd_table *t, const uint64_t *keys, size_t n)
+{
+    uint32_t st = next_version(t);
+    for (size_t i = 0; t->stamp != NULL && i < n; i++)
+        t->stamp[keys[i] - t->lo] = st;
+}
+
+int psd_table_track(struct psd_table *t)
+{
+    if (t->stamp != NULL || t->sparse)
+        return 0;
+    size_t n = (size_t)(t->hi - t->lo);
+    /* zero: everything was written at or before the version now */
+    if ((t->stamp = calloc(n ? n : 1, sizeof *t->stamp)) == NULL)
+        return PS_ENOMEM;
+    t->stamp_base = t->version;
+    return 0;
+}
+
+uint64_t psd_table_changed(const struct psd_table *t, uint64_t generation, uint64_t since,
+                           uint64_t offset, uint64_t count, uint8_t *mask)
+{
+    if (t->stamp == NULL || generation != t->generation || since == 0 || since > t->version ||
+        since < t->stamp_base)
+        return UINT64_MAX;
+    /* written after since: base + stamp > since, stamp > since - base */
+    uint32_t after = (uint32_t)(since - t->stamp_base);
+    const uint32_t *st = t->stamp + (offset - t->lo);
+    uint64_t n = 0;
+    if (mask == NULL) {
+        for (uint64_t i = 0; i < count; i++)
+            n += st[i] > after;
+        return n;
+    }
+    for (uint64_t i = 0; i < count; i++)
+        if (st[i] > after) {
+            mask[i / 8] |= (uint8_t)(1u << (i % 8));
+            n++;
+        }
+    return n;
 }
 
 void psd_table_read(const struct psd_table *t, uint64_t offset, uint64_t count, float *out)

@@ -81,9 +81,17 @@ struct psd_table {
                             * instead since the last copy on write (psd_table_may_lend) */
     uint64_t lent_since;   /* bytes lent since the last copy on write */
     uint32_t cow_run;      /* copies on write since lending last saved a shard's worth */
-    float *s1;             /* momentum velocity, Adagrad accumulator, Adam first moment */
-    float *s2;             /* Adam second moment */
-    uint64_t steps;        /* optimizer steps applied */
+    /* Pulls of what changed (psd_table_changed): every write to w adds 1
+     * to version; generation is random per table object (a restore or a
+     * new process starts another, and a client then takes the whole
+     * range). Once a pull first asks for changes, stamp holds per
+     * element the version it was last written at, less stamp_base. */
+    uint64_t version, generation, stamp_base;
+    uint32_t *stamp;
+    uint64_t changed_replies, whole_replies; /* changed pulls answered each way */
+    float *s1;      /* momentum velocity, Adagrad accumulator, Adam first moment */
+    float *s2;      /* Adam second moment */
+    uint64_t steps; /* optimizer steps applied */
 
     uint64_t pushes, pulls;
     struct ps_hist apply_hist; /* seconds per optimizer apply */
@@ -193,6 +201,26 @@ void psd_table_own(struct psd_table *t, uint64_t lo, uint64_t hi);
  * and the lr schedule's position). */
 void psd_table_apply(struct psd_table *t, uint64_t offset, uint64_t count, const float *g,
                      uint64_t step);
+
+/* Every write to a dense table's weights goes through one of these
+ * (after psd_table_own, before or after the values change, on the loop's
+ * thread): global elements [lo, hi), or keys[0..n). Each adds 1 to the
+ * version and, once stamps are kept, stamps what it wrote. */
+void psd_table_wrote(struct psd_table *t, uint64_t lo, uint64_t hi);
+void psd_table_wrote_keys(struct psd_table *t, const uint64_t *keys, size_t n);
+
+/* Changed pulls. psd_table_track starts keeping stamps (4 bytes per
+ * element of the shard, counted in psd_table_bytes_held): 0, or
+ * PS_ENOMEM (pulls then get the whole range). psd_table_changed counts
+ * the elements of [offset, offset + count) written after version since
+ * of this generation, and sets their bits in mask (count bits, zeroed by
+ * the caller; NULL: count only). UINT64_MAX when that cannot be told:
+ * no stamps yet, another generation, since 0, since newer than the
+ * table, or older than the stamps reach (stamp_base); the client then
+ * needs the whole range. */
+int psd_table_track(struct psd_table *t);
+uint64_t psd_table_changed(const struct psd_table *t, uint64_t generation, uint64_t since,
+                           uint64_t offset, uint64_t count, uint8_t *mask);
 
 /* Starts pruning this table by spec. 0 or PS_ENOMEM. */
 int psd_table_enable_prune(struct psd_table *t, const struct psd_prune_spec *spec);

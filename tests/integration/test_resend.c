@@ -9,12 +9,12 @@
  *  - a lost push re-sent after later ones were applied is applied.
  * Every push is applied exactly once: the weights say so. */
 #include "harness.h"
+#include "proxy.h"
 #include "psclient.h"
 
 #include "ps_err.h"
 #include "ps_wire.h"
 
-#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -23,139 +23,37 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <zmq.h>
 
 #include <cmocka.h>
 
 #define N          8
 #define RETRY_MS   100
 #define TIMEOUT_MS 20000
-#define PARTS_MAX  8
 
-/* One client <-> one psd; drops the first push whose offset is drop_offset
- * and counts pushes seen by offset. */
-struct proxy {
-    void *ctx, *front, *back;
-    char endpoint[256];
-    pthread_t thread;
-    atomic_int stop;
+/* What the proxy saw of one client's pushes: it drops the first push
+ * whose offset is drop_offset and counts pushes by offset. */
+struct seen {
     uint64_t drop_offset;
     atomic_int dropped;
     atomic_int pushes_at[N];
 };
 
-static int recv_parts(void *s, zmq_msg_t *parts, int *n)
+static enum proxy_act on_request(void *arg, const Ps__Header *h)
 {
-    int more = 1;
-    *n = 0;
-    while (more) {
-        if (*n == PARTS_MAX)
-            return -1;
-        zmq_msg_init(&parts[*n]);
-        if (zmq_msg_recv(&parts[*n], s, ZMQ_DONTWAIT) < 0) {
-            zmq_msg_close(&parts[*n]);
-            return -1;
-        }
-        more = zmq_msg_more(&parts[(*n)++]);
-    }
-    return 0;
-}
-
-static void send_parts(void *s, zmq_msg_t *parts, int from, int n)
-{
-    for (int i = from; i < n; i++)
-        zmq_msg_send(&parts[i], s, i + 1 < n ? ZMQ_SNDMORE : 0);
-}
-
-static void close_parts(zmq_msg_t *parts, int n)
-{
-    for (int i = 0; i < n; i++)
-        zmq_msg_close(&parts[i]);
-}
-
-/* 1 when the request in parts[1] is to be lost */
-static int inspect(struct proxy *p, zmq_msg_t *parts, int n)
-{
-    if (n < 2)
-        return 0;
-    Ps__Header *h = ps__header__unpack(NULL, zmq_msg_size(&parts[1]), zmq_msg_data(&parts[1]));
-    if (h == NULL)
-        return 0;
-    int lose = 0;
-    if (h->op == PS__OP__OP_PUSH && h->offset < N) {
-        atomic_fetch_add(&p->pushes_at[h->offset], 1);
-        lose = h->offset == p->drop_offset && !atomic_load(&p->dropped);
-        if (lose)
-            atomic_store(&p->dropped, 1);
-    }
-    ps__header__free_unpacked(h, NULL);
-    return lose;
-}
-
-static void *proxy_main(void *arg)
-{
-    struct proxy *p = arg;
-    zmq_msg_t route, parts[PARTS_MAX];
-    int have_route = 0;
-    zmq_msg_init(&route);
-    while (!atomic_load(&p->stop)) {
-        zmq_pollitem_t it[2] = {{p->front, 0, ZMQ_POLLIN, 0}, {p->back, 0, ZMQ_POLLIN, 0}};
-        if (zmq_poll(it, 2, 20) <= 0)
-            continue;
-        int n = 0;
-        if ((it[0].revents & ZMQ_POLLIN) && recv_parts(p->front, parts, &n) == 0) {
-            if (!inspect(p, parts, n))
-                send_parts(p->back, parts, 1, n);
-            zmq_msg_close(&route);
-            zmq_msg_init(&route);
-            zmq_msg_move(&route, &parts[0]);
-            have_route = 1;
-            close_parts(parts, n);
-        }
-        if ((it[1].revents & ZMQ_POLLIN) && recv_parts(p->back, parts, &n) == 0) {
-            if (have_route) {
-                zmq_msg_t r;
-                zmq_msg_init(&r);
-                zmq_msg_copy(&r, &route);
-                zmq_msg_send(&r, p->front, ZMQ_SNDMORE);
-                send_parts(p->front, parts, 0, n);
-            }
-            close_parts(parts, n);
-        }
-    }
-    zmq_msg_close(&route);
-    return NULL;
-}
-
-static void proxy_start(struct proxy *p, const char *server, uint64_t drop_offset)
-{
-    memset(p, 0, sizeof *p);
-    p->drop_offset = drop_offset;
-    p->ctx = zmq_ctx_new();
-    p->front = zmq_socket(p->ctx, ZMQ_ROUTER);
-    p->back = zmq_socket(p->ctx, ZMQ_DEALER);
-    int linger = 0;
-    zmq_setsockopt(p->front, ZMQ_LINGER, &linger, sizeof linger);
-    zmq_setsockopt(p->back, ZMQ_LINGER, &linger, sizeof linger);
-    assert_int_equal(zmq_bind(p->front, "tcp://127.0.0.1:*"), 0);
-    size_t len = sizeof p->endpoint;
-    assert_int_equal(zmq_getsockopt(p->front, ZMQ_LAST_ENDPOINT, p->endpoint, &len), 0);
-    assert_int_equal(zmq_connect(p->back, server), 0);
-    assert_int_equal(pthread_create(&p->thread, NULL, proxy_main, p), 0);
-}
-
-static void proxy_stop(struct proxy *p)
-{
-    atomic_store(&p->stop, 1);
-    pthread_join(p->thread, NULL);
-    zmq_close(p->front);
-    zmq_close(p->back);
-    zmq_ctx_term(p->ctx);
+    struct seen *p = arg;
+    if (h == NULL || h->op != PS__OP__OP_PUSH || h->offset >= N)
+        return PROXY_PASS;
+    atomic_fetch_add(&p->pushes_at[h->offset], 1);
+    if (h->offset != p->drop_offset || atomic_load(&p->dropped))
+        return PROXY_PASS;
+    atomic_store(&p->dropped, 1);
+    return PROXY_DROP;
 }
 
 struct fixture {
     struct psd_proc shard;
-    struct proxy proxy;
+    struct proxy px;
+    struct seen proxy;
     struct psc_client *c;
     uint32_t t;
 };
@@ -164,8 +62,10 @@ static void setup(struct fixture *f, uint64_t drop_offset)
 {
     const char *args[] = {"--consistency", "bsp", "--workers", "1", NULL};
     assert_int_equal(harness_psd_start(&f->shard, args), 0);
-    proxy_start(&f->proxy, f->shard.endpoint, drop_offset);
-    const char *eps[1] = {f->proxy.endpoint};
+    memset(&f->proxy, 0, sizeof f->proxy);
+    f->proxy.drop_offset = drop_offset;
+    proxy_start(&f->px, f->shard.endpoint, on_request, NULL, &f->proxy);
+    const char *eps[1] = {f->px.endpoint};
     struct psc_config cfg = {.struct_size = sizeof cfg,
                              .servers = eps,
                              .nservers = 1,
@@ -186,7 +86,7 @@ static void setup(struct fixture *f, uint64_t drop_offset)
 static void teardown(struct fixture *f)
 {
     psc_destroy(f->c);
-    proxy_stop(&f->proxy);
+    proxy_stop(&f->px);
     if (harness_psd_stop(&f->shard) != 0) {
         harness_psd_dump_log(&f->shard);
         fail_msg("psd did not exit cleanly");

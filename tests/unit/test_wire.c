@@ -618,14 +618,17 @@ static void test_keys_unordered(void **state)
     case_msg_free(&m);
 }
 
-/* A masked pull reply: bitmap of count bits, then the set bits' values. */
-static int masked_reply(uint64_t count, const uint8_t *mask, size_t mask_bytes, size_t nvals)
+/* A masked pull reply (LAYOUT_MASK: the nonzeros; LAYOUT_CHANGED: what
+ * was written since the request's version): bitmap of count bits, then
+ * the set bits' values. */
+static int masked_reply(Ps__Layout layout, uint64_t count, const uint8_t *mask, size_t mask_bytes,
+                        size_t nvals)
 {
     struct case_msg m;
     assert_int_equal(case_msg_alloc(&m), 0);
     Ps__Header h;
     ps_wire_header_init(&h, PS__OP__OP_PULL);
-    h.layout = PS__LAYOUT__LAYOUT_MASK;
+    h.layout = layout;
     h.count = count;
     case_put_header(&m, &h);
     memcpy(m.data[1], mask, mask_bytes);
@@ -646,24 +649,28 @@ static void test_masked_replies(void **state)
 {
     (void)state;
     const uint8_t mask[2] = {0x81, 0x02}; /* bits 0, 7, 9 of 10 */
-    assert_int_equal(masked_reply(10, mask, 2, 3), 0);
-    assert_int_equal(masked_reply(10, mask, 2, 2), PS_ESIZE); /* one value short */
-    assert_int_equal(masked_reply(10, mask, 2, 4), PS_ESIZE); /* one too many */
-    assert_int_equal(masked_reply(10, mask, 1, 2), PS_ESIZE); /* bitmap too short */
-    assert_int_equal(masked_reply(9, mask, 2, 3), PS_EPROTO); /* bit 9 past count 9 */
-    assert_int_equal(masked_reply(16, mask, 2, 3), 0);        /* whole bytes */
-    /* requests cannot use the reply-only layout */
-    struct case_msg m;
-    assert_int_equal(case_msg_alloc(&m), 0);
-    Ps__Header h;
-    ps_wire_header_init(&h, PS__OP__OP_PULL);
-    h.layout = PS__LAYOUT__LAYOUT_MASK;
-    h.count = 4;
-    case_put_header(&m, &h);
-    struct ps_wire_msg out;
-    char err[256];
-    assert_int_equal(decode(&m, PS_WIRE_REQUEST, &out, err), PS_EPROTO);
-    case_msg_free(&m);
+    const Ps__Layout layouts[2] = {PS__LAYOUT__LAYOUT_MASK, PS__LAYOUT__LAYOUT_CHANGED};
+    for (int l = 0; l < 2; l++) {
+        Ps__Layout ly = layouts[l];
+        assert_int_equal(masked_reply(ly, 10, mask, 2, 3), 0);
+        assert_int_equal(masked_reply(ly, 10, mask, 2, 2), PS_ESIZE); /* one value short */
+        assert_int_equal(masked_reply(ly, 10, mask, 2, 4), PS_ESIZE); /* one too many */
+        assert_int_equal(masked_reply(ly, 10, mask, 1, 2), PS_ESIZE); /* bitmap too short */
+        assert_int_equal(masked_reply(ly, 9, mask, 2, 3), PS_EPROTO); /* bit 9 past count 9 */
+        assert_int_equal(masked_reply(ly, 16, mask, 2, 3), 0);        /* whole bytes */
+        /* requests cannot use the reply-only layouts */
+        struct case_msg m;
+        assert_int_equal(case_msg_alloc(&m), 0);
+        Ps__Header h;
+        ps_wire_header_init(&h, PS__OP__OP_PULL);
+        h.layout = ly;
+        h.count = 4;
+        case_put_header(&m, &h);
+        struct ps_wire_msg out;
+        char err[256];
+        assert_int_equal(decode(&m, PS_WIRE_REQUEST, &out, err), PS_EPROTO);
+        case_msg_free(&m);
+    }
 }
 
 /* An OP_ROWS reply: count keys, then count x dim f32 values. */

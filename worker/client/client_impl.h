@@ -49,6 +49,26 @@ enum sub_kind {
     SUB_PIECES = 4, /* a dense range sent as pieces: the tickets in kids */
 };
 
+/* psc_mirror: a caller's copy of a dense range, and per segment (a
+ * shard's part, or a piece of it when the range goes in pieces: a
+ * sub-request's range) the table generation and version its values are
+ * known to be at least as new as (version 0: unknown, pull it whole).
+ * Linked into the client's list, which psc_destroy frees. */
+struct mirror_seg {
+    uint64_t a, b;
+    uint64_t generation, version;
+};
+struct psc_mirror {
+    struct psc_mirror *prev, *next;
+    uint32_t table;
+    uint64_t offset, count;
+    float *vals;
+    uint64_t ticket; /* the pull in flight (0: none) */
+    uint64_t changed, whole;
+    uint32_t nseg;
+    struct mirror_seg seg[];
+};
+
 struct slot {
     uint64_t seq; /* 0 when free */
     Ps__Op op;
@@ -95,6 +115,7 @@ struct slot {
     int continues; /* a push piece after one to the same shard (Header.continues) */
     uint32_t nkids, kids_cap;
     char error[PS_ERROR_TEXT_MAX + 64];
+    struct psc_mirror *mirror; /* a mirror's pull (psc_mirror_pull), or NULL */
     /* SUB_SYNC: the header as sent, for sending again to another
      * replica (failover.c) */
     uint8_t *sync_hdr;
@@ -190,6 +211,7 @@ struct psc_client {
     uint64_t batches_sent;
     struct replicas *reps; /* per shard, NULL when no shard lists replicas */
     uint64_t failovers;
+    struct psc_mirror *mirrors;               /* open ones (psc_mirror_open) */
     uint8_t hdr_buf[PSC__REQUEST_HEADER_MAX]; /* requests carry at most a table spec */
     char last_error[512];
     int last_remote; /* the shard's code behind the last PS_EREMOTE, else 0 */
@@ -226,6 +248,8 @@ struct slot *psc__slot_lookup(struct psc_client *c, uint64_t id);
 int psc__shard_replied(const struct slot *sl, uint32_t shard);
 int psc__range_part(const struct psc_client *c, const struct slot *sl, uint32_t s, uint64_t *a,
                     uint64_t *b);
+/* The segment of m that is exactly [a, b), or NULL. */
+struct mirror_seg *psc__mirror_seg(struct psc_mirror *m, uint64_t a, uint64_t b);
 
 /* region.c */
 int psc__in_region(const struct psc_client *c, const void *p, size_t bytes);

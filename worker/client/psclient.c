@@ -486,6 +486,10 @@ void psc_destroy(struct psc_client *c)
         free(c->slots[i].kids);
         free(c->slots[i].sync_hdr);
     }
+    for (struct psc_mirror *m = c->mirrors, *next; m != NULL; m = next) {
+        next = m->next;
+        free(m);
+    }
     ps_shm_close(&c->shm);
     free(c->shm_on);
     free(c->rebind);

@@ -331,6 +331,39 @@ PSC_API int psc_push(struct psc_client *c, uint32_t table, uint64_t offset, uint
 PSC_API int psc_push_pull(struct psc_client *c, uint32_t table, uint64_t offset, uint64_t count,
                           const float *grad, float *out, uint64_t clock, uint64_t *ticket);
 
+/* Mirrors: pulls that move only what changed. A mirror is the caller's
+ * buffer vals holding elements [offset, offset+count) of a dense table,
+ * which only psc_mirror_pull writes. Each of its pulls asks every shard
+ * for the elements written since the version the buffer holds of that
+ * shard's part, and a shard answers with those alone (a bitmap and their
+ * values) when that is smaller than the part; otherwise, and the first
+ * time, with the whole part. With top-k pushes to a table whose optimizer
+ * is plain SGD without weight decay (what psworker --topk runs), a pull
+ * then moves about the elements the round's pushes touched. Nothing is
+ * kept per worker on a shard: each table keeps a version stamp per
+ * element (4 bytes) once a mirror has pulled it.
+ *
+ * vals belongs to the library from psc_mirror_open to psc_mirror_close:
+ * the caller reads it between pulls and writes it never (after writing
+ * it anyway, psc_mirror_reset makes the next pull whole). A reply that is
+ * lost is asked for again from the same version, and a late or repeated
+ * one is dropped, so vals is always some version the shards held; a
+ * shard that restarted, or a replica that took over, has a table of
+ * another generation and answers whole. One pull per mirror at a time
+ * (PS_EBUSY). A pull through the shared region always goes whole.
+ * psc_mirror_pull waits as psc_pull does (its clock) and is waited for
+ * with psc_wait. psc_mirror_close cancels a pull in flight; psc_destroy
+ * closes the mirrors left open. */
+struct psc_mirror;
+PSC_API int psc_mirror_open(struct psc_client *c, uint32_t table, uint64_t offset, uint64_t count,
+                            float *vals, struct psc_mirror **m);
+PSC_API int psc_mirror_pull(struct psc_client *c, struct psc_mirror *m, uint64_t clock,
+                            uint64_t *ticket);
+PSC_API void psc_mirror_reset(struct psc_mirror *m);
+/* Parts answered with the changes alone, and whole, so far. */
+PSC_API void psc_mirror_counts(const struct psc_mirror *m, uint64_t *changed, uint64_t *whole);
+PSC_API int psc_mirror_close(struct psc_client *c, struct psc_mirror *m);
+
 /* Writes the values of [offset, offset+count) as they are (with the
  * wire dtype: f32 for exact weights), before the table's first optimizer
  * step: a model's own initial weights. The shards refuse it (PS_EREMOTE,

@@ -34,6 +34,34 @@ static void expand_masked(Ps__DType dtype, const struct ps_wire_msg *m, float *o
     }
 }
 
+/* out[i] = the next value for each set bit of the mask; the others stay
+ * as they are (a LAYOUT_CHANGED reply: what was written since the
+ * mirror's version). */
+static void expand_changed(Ps__DType dtype, const struct ps_wire_msg *m, float *out, size_t n)
+{
+    const unsigned char *v = m->vals;
+    size_t k = 0;
+    for (size_t i = 0; i < n; i += 8) {
+        unsigned bits = m->mask[i / 8];
+        for (; bits != 0; bits &= bits - 1) {
+            size_t e = i + (size_t)__builtin_ctz(bits);
+            if (dtype == PS__DTYPE__DTYPE_F32)
+                memcpy(&out[e], v + 4 * k, 4);
+            else
+                ps_half_to_f32_n(dtype, v + 2 * k, &out[e], 1);
+            k++;
+        }
+    }
+}
+
+/* Whether a LAYOUT_CHANGED reply fits what segment seg holds: changes of
+ * the generation it is at, from its version on. */
+static int changes_fit(const struct mirror_seg *seg, const Ps__Header *h)
+{
+    return seg != NULL && seg->version != 0 && h->generation == seg->generation &&
+           h->table_version >= seg->version;
+}
+
 /* Scatters the rows of shard s's reply back to the caller's order. */
 static void handle_rows_reply(struct psc_client *c, uint32_t shard, struct slot *sl,
                               const struct ps_wire_msg *m)
@@ -114,27 +142,50 @@ static void handle_data_reply(struct psc_client *c, uint32_t shard, struct slot 
     }
     Ps__DType dt = psc__sent_dtype(c, sl, shard);
     size_t es = ps_dtype_size(dt);
+    int changed = h->layout == PS__LAYOUT__LAYOUT_CHANGED;
+    struct mirror_seg *seg = sl->mirror && asked ? psc__mirror_seg(sl->mirror, a, b) : NULL;
     if (!asked || h->offset != a || h->count != b - a || h->dtype != dt || h->shm != 0 ||
-        (masked && (!c->nonzero_pulls || sl->view)) || (!masked && m->vals_bytes != (b - a) * es)) {
+        (masked && !changed && (!c->nonzero_pulls || sl->view)) ||
+        (!masked && m->vals_bytes != (b - a) * es)) {
         psc__slot_fail(sl, PS_EPROTO, "shard %u answered [%llu, +%llu), expected [%llu, +%llu)",
                        shard, (unsigned long long)h->offset, (unsigned long long)h->count,
                        (unsigned long long)a, (unsigned long long)(asked ? b - a : 0));
         return;
     }
+    if (changed && !changes_fit(seg, h)) {
+        if (seg != NULL)
+            seg->version = 0; /* the next pull takes it whole */
+        psc__slot_fail(sl, PS_EPROTO,
+                       "shard %u answered the changes since version %llu of generation %llx; this "
+                       "client holds [%llu, +%llu) at version %llu of %llx",
+                       shard, (unsigned long long)h->since, (unsigned long long)h->generation,
+                       (unsigned long long)a, (unsigned long long)(b - a),
+                       (unsigned long long)(seg ? seg->version : 0),
+                       (unsigned long long)(seg ? seg->generation : 0));
+        return;
+    }
     if (sl->canceled)
         return;
-    if (masked) {
-        expand_masked(dt, m, sl->out + (a - sl->offset), (size_t)(b - a));
+    float *out = sl->out != NULL ? sl->out + (a - sl->offset) : NULL; /* NULL: a view */
+    if (changed) {
+        expand_changed(dt, m, out, (size_t)(b - a));
+        seg->version = h->table_version;
+        sl->mirror->changed++;
         return;
     }
-    if (sl->view) {
+    if (masked)
+        expand_masked(dt, m, out, (size_t)(b - a));
+    else if (sl->view)
         view_keep(sl, shard, m, vals_msg);
-        return;
-    }
-    if (dt == PS__DTYPE__DTYPE_F32)
-        memcpy(sl->out + (a - sl->offset), m->vals, m->vals_bytes);
+    else if (dt == PS__DTYPE__DTYPE_F32)
+        memcpy(out, m->vals, m->vals_bytes);
     else
-        ps_half_to_f32_n(dt, m->vals, sl->out + (a - sl->offset), (size_t)(b - a));
+        ps_half_to_f32_n(dt, m->vals, out, (size_t)(b - a));
+    if (seg != NULL) { /* the whole part, at the version the shard says (0: unknown) */
+        seg->generation = h->generation;
+        seg->version = h->table_version;
+        sl->mirror->whole++;
+    }
 }
 
 static void handle_rows_page(uint32_t shard, struct slot *sl, const struct ps_wire_msg *m)

@@ -297,6 +297,12 @@ static int send_range_part(struct psc_client *c, struct slot *sl, const struct t
         h->shm |= PS_SHM_OUT; /* the shard writes the values there; none need masking */
         h->nonzero_only = 0;
     }
+    const struct mirror_seg *seg = sl->mirror ? psc__mirror_seg(sl->mirror, a, b) : NULL;
+    if (seg != NULL && !(h->shm & PS_SHM_OUT)) { /* through the region, a whole copy is as cheap */
+        h->changed = 1;
+        h->since = seg->version;
+        h->generation = seg->generation;
+    }
     mark_via_shm(sl, s, h->shm);
     return psc__send_frames(c, s, h, NULL, 0, vals, vals ? vbytes : 0, sl, resend);
 }

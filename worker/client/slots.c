@@ -68,6 +68,7 @@ struct slot *psc__slot_alloc(struct psc_client *c, Ps__Op op, uint64_t *id)
     sl->keys = NULL;
     sl->attempts = 0;
     sl->sync_len = 0;
+    sl->mirror = NULL;
     memset(sl->expected, 0, sizeof sl->expected);
     memset(sl->via_shm, 0, sizeof sl->via_shm);
     memset(sl->f32_to, 0, sizeof sl->f32_to);
@@ -89,6 +90,9 @@ void psc__view_drop(struct psc_client *c, struct slot *sl)
 void psc__slot_release(struct psc_client *c, struct slot *sl)
 {
     psc__view_drop(c, sl);
+    if (sl->mirror != NULL && sl->mirror->ticket == sl->seq)
+        sl->mirror->ticket = 0; /* its pull is over: another may go */
+    sl->mirror = NULL;
     c->id_map[sl->seq & (ID_MAP - 1)] = 0;
     sl->seq = 0;
     c->free_stack[c->nfree++] = (uint16_t)(sl - c->slots);
@@ -118,4 +122,12 @@ int psc__range_part(const struct psc_client *c, const struct slot *sl, uint32_t 
     *a = sl->offset > lo ? sl->offset : lo;
     *b = sl->offset + sl->count < hi ? sl->offset + sl->count : hi;
     return *a < *b;
+}
+
+struct mirror_seg *psc__mirror_seg(struct psc_mirror *m, uint64_t a, uint64_t b)
+{
+    for (uint32_t i = 0; i < m->nseg; i++)
+        if (m->seg[i].a == a && m->seg[i].b == b)
+            return &m->seg[i];
+    return NULL;
 }
