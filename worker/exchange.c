@@ -48,6 +48,9 @@ struct psw_exchange {
      * reads set wcur while the pulls of the next clock land in the other */
     float *wset[2][TABLES_MAX];
     int wcur, wsets;
+    /* --topk over sockets: each table's weights as a mirror (psclient.h),
+     * so that a pull brings what changed since the last; NULL: whole */
+    struct psc_mirror *mirror[TABLES_MAX];
 };
 
 struct psw_exchange *psw_exchange_create(void)
@@ -142,6 +145,14 @@ int psw_setup_tables(struct trainer *tr, char *err, size_t errlen)
             snprintf(err, errlen, "create table '%s': %s", name, psc_last_error(tr->c));
             return rc;
         }
+        /* top-k changes the elements it sends; through the region (two
+         * sets of weights) a whole pull is a copy in memory */
+        if (tr->cfg.topk > 0 && !tr->cfg.whole_pulls && !tr->ex->wsets &&
+            (rc = psc_mirror_open(tr->c, tr->ex->th[k], 0, n, tr->hw[k], &tr->ex->mirror[k])) !=
+                0) {
+            snprintf(err, errlen, "table '%s': %s", name, psc_last_error(tr->c));
+            return rc;
+        }
     }
     int rc = 0;
     tr->vote.struct_size = sizeof tr->vote;
@@ -234,7 +245,10 @@ static int pull_table(struct trainer *tr, int k, uint64_t clock)
 {
     uint64_t n = psw_table_size(tr, k);
     note_pull(tr, k, k, 0, n);
-    int rc = psc_pull(tr->c, tr->ex->th[k], 0, n, pull_dst(tr, k), clock, &tr->ex->pull_tk[k]);
+    struct psw_exchange *x = tr->ex;
+    int rc = x->mirror[k] != NULL
+                 ? psc_mirror_pull(tr->c, x->mirror[k], clock, &x->pull_tk[k])
+                 : psc_pull(tr->c, x->th[k], 0, n, pull_dst(tr, k), clock, &x->pull_tk[k]);
     if (rc != 0)
         PS_LOG(&tr->log, PS_LOG_ERROR, W0301, "pull: %s", psc_last_error(tr->c));
     return rc;
@@ -353,9 +367,11 @@ int psw_send_topk(struct trainer *tr, int k)
     note_pull(tr, x->pulls_pending, -1, 0, 0);
     note_pull(tr, x->pulls_pending + 1, k, 0, n);
     rc = psc_push_keys(tr->c, x->th[k], idx, val, nsel, tr->clock, &x->pull_tk[x->pulls_pending]);
+    uint64_t *tk = &x->pull_tk[x->pulls_pending + 1];
     if (rc == 0)
-        rc = psc_pull(tr->c, x->th[k], 0, n, pull_dst(tr, k), tr->clock + 1,
-                      &x->pull_tk[x->pulls_pending + 1]);
+        rc = x->mirror[k] != NULL
+                 ? psc_mirror_pull(tr->c, x->mirror[k], tr->clock + 1, tk)
+                 : psc_pull(tr->c, x->th[k], 0, n, pull_dst(tr, k), tr->clock + 1, tk);
     if (rc != 0) {
         PS_LOG(&tr->log, PS_LOG_ERROR, W0303, "top-k push: %s", psc_last_error(tr->c));
         return rc;

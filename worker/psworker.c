@@ -104,6 +104,10 @@ static const struct ps_opt opts[] = {
     FOPT("topk", topk, "0", 0.0, 1.0, "FRACTION",
          "send only this fraction of each gradient (largest first; the rest is kept and "
          "added next step; with momentum, momentum moves to the worker as in DGC); 0: off"),
+    OPT("whole-pulls", PS_OPT_FLAG, whole_pulls, NULL, 0, 0, NULL,
+        "with --topk, pull every table whole each step (by default a worker asks each shard "
+        "for the weights written since its last pull, about what the round's top-k pushes "
+        "touched; shards sharing memory with the worker always send them whole)"),
     FOPT("weight-decay", weight_decay, "0", 0.0, 1.0, "WD", "L2 weight decay"),
     OPT("wire-dtype", PS_OPT_STR, wire_dtype, "f32", 0, 0, "DTYPE",
         "values on the wire: f32, f16 or bf16 (servers keep f32; shards sharing memory with "

@@ -37,7 +37,7 @@ struct config {
     const char *optimizer, *device, *lr_schedule, *wire_dtype, *precision;
     const char *summary_json, *save, *log_level, *curve_secret, *curve_server_key, *config;
     const char *metrics_listen, *cpus, *io_cpus;
-    int standalone, no_local_ipc, no_shm, no_batch;
+    int standalone, no_local_ipc, no_shm, no_batch, whole_pulls;
     uint64_t max_steps, log_every, timeout_ms, test_delay_ms, accum_steps, retry_ms, heartbeat_ms;
     uint64_t compute_threads;
     double loss_scale;

@@ -414,9 +414,13 @@ static void test_topk_sends_little_and_matches_standalone(void **state)
                           "--topk",     "0.01",         NULL};
     harness_tmp(log, sizeof log, "topk_alone.log");
     run_one(argv, log);
-    printf("  topk 0.01: pushed %llu bytes vs %llu dense (%.1fx fewer)\n", tpush, dpush,
-           (double)dpush / (double)tpush);
+    printf("  topk 0.01: pushed %llu bytes vs %llu dense (%.1fx fewer), pulled %llu vs %llu "
+           "(%.1fx fewer)\n",
+           tpush, dpush, (double)dpush / (double)tpush, tpull, dpull,
+           (double)dpull / (double)tpull);
     assert_true(tpush * 30 <= dpush);
+    /* the pulls after the first bring what the pushes changed (mirrors) */
+    assert_true(tpull * 5 <= dpull);
     assert_same_and_trained(a, c); /* the same selection and optimizer code */
     /* through shared memory: the keyed pushes' keys and values move there
      * (all but the headers, and the padding push of a shard that no key of
