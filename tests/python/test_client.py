@@ -433,6 +433,43 @@ def test_push_keys_and_a_corked_bucket(cluster):
             c.push_keys("d", [1, 2], np.array([1], np.float32))
 
 
+def test_a_mirror_brings_what_changed(cluster):
+    servers = cluster.start(shards=2)
+    with psd.Client(servers) as c:
+        c.create_table("d", 5000, lr=1.0, init="uniform", init_scale=0.5)
+        m = c.mirror("d")
+        assert m.values.shape == (5000,) and m.values.dtype == np.float32
+        assert m.pull().wait() is m.values
+        w = np.empty(5000, np.float32)
+        rng = np.random.default_rng(3)
+        for _ in range(5):
+            keys = np.unique(rng.integers(0, 5000, 40)).astype(np.uint64)
+            c.push_keys("d", keys, rng.standard_normal(keys.size).astype(np.float32)).wait()
+            m.pull().wait()
+            c.pull("d", w).wait()
+            np.testing.assert_array_equal(m.values, w)
+        assert m.counts() == (10, 2)  # each shard's part whole once, then the changes
+        m.values[:] = 0  # written by the caller: reset, and the next pull is whole
+        m.reset()
+        m.pull().wait()
+        np.testing.assert_array_equal(m.values, w)
+        assert m.counts() == (10, 4)
+        h = m.pull()
+        with pytest.raises(psd.BusyError, match="still outstanding"):
+            m.pull()
+        h.wait()
+        # a range, into the caller's array
+        part = np.empty(100, np.float32)
+        r = c.mirror("d", part, offset=2450)
+        r.pull().wait()
+        np.testing.assert_array_equal(part, w[2450:2550])
+        r.close()
+        with pytest.raises(ValueError, match="closed"):
+            r.pull()
+    with pytest.raises(ValueError, match="the client is closed"):
+        m.pull()
+
+
 def test_votes_agree_between_clients(cluster):
     """The library's vote, from Python: two workers in bsp learn, each
     round, whether either said yes; rounds go on past a yes."""

@@ -11,7 +11,7 @@ The package is Python over libpsclient (ctypes); it finds the library
 at PSD_LIBPSCLIENT, beside itself (the wheel carries one), in a build
 tree next to its source, or through the loader. It is typed (py.typed).
 worker/README.md ("Python") documents it."""
-from .client import Client, Handle, TopK, library
+from .client import Client, Handle, Mirror, TopK, library
 from .link import Link
 from .errors import (AuthError, BusyError, ConnectionError, DeviceError, Error,
                      InvalidArgumentError, LimitError, NoTableError, NotPrimaryError,
@@ -19,7 +19,7 @@ from .errors import (AuthError, BusyError, ConnectionError, DeviceError, Error,
                      SharedMemoryError, StateError, TableExistsError, TimeoutError)
 from .safetensors import load_safetensors, save_safetensors
 
-__all__ = ["Client", "Handle", "TopK", "Link", "library", "Error", "TimeoutError", "InvalidArgumentError",
+__all__ = ["Client", "Handle", "Mirror", "TopK", "Link", "library", "Error", "TimeoutError", "InvalidArgumentError",
            "TableExistsError", "NoTableError", "LimitError", "BusyError", "AuthError",
            "StateError", "ConnectionError", "OutOfMemoryError", "ProtocolError", "RemoteError",
            "NotSupportedError", "DeviceError", "SharedMemoryError", "NotPrimaryError",

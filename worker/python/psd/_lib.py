@@ -248,6 +248,12 @@ def _prototypes(lib: ctypes.CDLL) -> None:
         "psc_link_error": (c.c_char_p, [c.c_void_p]),
         "psc_link_in_flight": (c.c_uint32, [c.c_void_p]),
         "psc_link_bytes": (None, [c.c_void_p, u64p, u64p]),
+        "psc_mirror_open": (c.c_int, [client, c.c_uint32, c.c_uint64, c.c_uint64, fl,
+                                      P(c.c_void_p)]),
+        "psc_mirror_pull": (c.c_int, [client, c.c_void_p, c.c_uint64, u64p]),
+        "psc_mirror_reset": (None, [c.c_void_p]),
+        "psc_mirror_counts": (None, [c.c_void_p, u64p, u64p]),
+        "psc_mirror_close": (c.c_int, [client, c.c_void_p]),
     }
     for name, (res, args) in protos.items():
         f = getattr(lib, name)

@@ -171,6 +171,58 @@ class Handle:
             self._keep = None
 
 
+class Mirror:
+    """A dense table's weights (or a range of them) kept in a float32
+    array, values: each pull() asks the shards for the elements written
+    since the last and gets those alone where that is smaller (with top-k
+    pushes and plain SGD, about what the pushes touched), the whole range
+    the first time. values belongs to the library until close(): read it
+    between pulls, never write it (after writing it anyway, reset() makes
+    the next pull whole). Made by Client.mirror(); one pull at a time."""
+
+    def __init__(self, client: Client, name: str, handle: ctypes.c_void_p, values: np.ndarray,
+                 keep: Buffer) -> None:
+        self._client = client
+        self.name = name
+        self._m: ctypes.c_void_p | None = handle
+        self.values = values
+        self._keep = keep  # the caller's buffer (a torch tensor over values)
+
+    def _handle(self) -> ctypes.c_void_p:
+        self._client._check_open()
+        if self._m is None:
+            raise ValueError("mirror of %r: closed" % self.name)
+        return self._m
+
+    def pull(self) -> Handle:
+        """Brings values up to this worker's clock of the table, as
+        Client.pull does. Returns a Handle whose wait() returns values."""
+        m, c = self._handle(), self._client
+        ticket = ctypes.c_uint64()
+        c._call("mirror pull %r" % self.name, c._lib.psc_mirror_pull, m, c._clock[self.name],
+                ctypes.byref(ticket))
+        return Handle(c, ticket.value, [self._keep])
+
+    def counts(self) -> tuple[int, int]:
+        """(parts answered with the changes alone, parts answered whole) so
+        far."""
+        m, c = self._handle(), self._client
+        changed, whole = ctypes.c_uint64(), ctypes.c_uint64()
+        c._lib.psc_mirror_counts(m, ctypes.byref(changed), ctypes.byref(whole))
+        return changed.value, whole.value
+
+    def reset(self) -> None:
+        """values was written: the next pull brings the whole range."""
+        self._client._lib.psc_mirror_reset(self._handle())
+
+    def close(self) -> None:
+        """Lets go of values (cancelling a pull in flight)."""
+        c = self._client
+        if self._m is not None and c._c is not None:
+            c._call("mirror close %r" % self.name, c._lib.psc_mirror_close, self._m)
+        self._m = None
+
+
 class _Cork:
     def __init__(self, client: Client) -> None:
         self._client = client
@@ -293,6 +345,7 @@ class Client:
         self._tables: dict[str, tuple[int, int | None, int | None]] = {}
         self._clock: dict[str, int] = {}  # name -> the clock of this worker's next push
         self._votes: dict[str, _lib.Vote] = {}  # name -> its struct psc_vote
+        self._mirrors: list[Mirror] = []  # psc_destroy closes them
         self.start_clock: int = self._lib.psc_start_clock(self._c)
         self._lock = threading.Lock()
         if heartbeat_ms >= 0:
@@ -337,6 +390,8 @@ class Client:
                 with self._lock:
                     self._lib.psc_destroy(self._c)
             self._c = None
+            for m in self._mirrors:
+                m._m = None
 
     def __enter__(self) -> Client:
         return self
@@ -528,6 +583,27 @@ class Client:
         self._call("pull %r" % name, self._lib.psc_pull, t, offset, n, _ptr(o), self._clock[name],
                    ctypes.byref(ticket))
         return Handle(self, ticket.value, [out])
+
+    def mirror(self, name: str, out: Buffer | None = None, *, offset: int = 0,
+               count: int | None = None) -> Mirror:
+        """A Mirror of dense table name's elements [offset, offset+count)
+        (count: out's size, or the rest of the table) in out (float32; a
+        new array when None): pulls that move what changed."""
+        self._check_open()
+        t, size = self._table(name, True)
+        if out is None:
+            n = size - offset if count is None else count
+            if not isinstance(n, int) or n <= 0:
+                raise ValueError("mirror of %r: count %r" % (name, n))
+            out = np.zeros(n, np.float32)
+        o = _as_f32("out", out, True)
+        t, n = self._dense(name, [("out", o)], offset)
+        handle = ctypes.c_void_p()
+        self._call("mirror %r" % name, self._lib.psc_mirror_open, t, offset, n, _ptr(o),
+                   ctypes.byref(handle))
+        m = Mirror(self, name, handle, o, out)
+        self._mirrors.append(m)
+        return m
 
     def push_pull(self, name: str, grad: Buffer, out: Buffer, *, offset: int = 0) -> Handle:
         """Pushes grad at this worker's clock and pulls the weights after it
