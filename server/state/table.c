@@ -327,6 +327,8 @@ void psd_table_own(struct psd_table *t, uint64_t lo, uint64_t hi)
         t->cow_run++;
 }
 
+static void wrote_grad(struct psd_table *t, uint64_t offset, uint64_t count, const float *g);
+
 /* One apply, cut into pieces (psd_table_apply: elements [a, a + n) of
  * the shard's arrays; psd_table_apply_keys: keys[0..n)). */
 struct apply_job {
@@ -392,7 +394,7 @@ void psd_table_apply(struct psd_table *t, uint64_t offset, uint64_t count, const
     psd_table_own(t, offset, offset + count);
     assert(offset >= t->lo);
     assert(count <= t->hi - offset);
-    psd_table_wrote(t, offset, offset + count);
+    wrote_grad(t, offset, count, g);
     struct apply_job j = {.t = t,
                           .o = psd_table_optim(t),
                           .step = step,
@@ -618,6 +620,29 @@ void psd_table_wrote_keys(struct psd_table *t, const uint64_t *keys, size_t n)
     uint32_t st = next_version(t);
     for (size_t i = 0; t->stamp != NULL && i < n; i++)
         t->stamp[keys[i] - t->lo] = st;
+}
+
+/* A dense apply of g to [offset, offset + count). Plain SGD without
+ * weight decay leaves an element whose gradient is +0.0 as it was, bit for
+ * bit (w - lr * (+0 + 0 * w) is w, -0.0 included), so only the others are
+ * stamped: a bsp round of top-k pushes from several workers is applied as
+ * a dense gradient that is zero nearly everywhere. Any other optimizer
+ * moves a weight with a zero gradient (momentum, Adam), or may (Adagrad
+ * with eps 0): the whole range is stamped. */
+static void wrote_grad(struct psd_table *t, uint64_t offset, uint64_t count, const float *g)
+{
+    if (t->stamp == NULL || t->optimizer != PS__OPTIMIZER_KIND__OPT_SGD ||
+        t->weight_decay != 0.0f) {
+        psd_table_wrote(t, offset, offset + count);
+        return;
+    }
+    uint32_t st = next_version(t), *stamp = t->stamp + (offset - t->lo);
+    for (uint64_t i = 0; i < count; i++) {
+        uint32_t bits;
+        memcpy(&bits, &g[i], sizeof bits);
+        if (bits != 0)
+            stamp[i] = st;
+    }
 }
 
 int psd_table_track(struct psd_table *t)

@@ -3,8 +3,9 @@
 own network namespace on a bridge, every link limited to RATE in both
 directions (tc tbf on both ends: this kernel has no netem, and tbf works
 in a namespace), bsp, the MLP (and with --models mlp,cnn the CNN), one
-epoch or --max-steps. Dense against --topk 0.01 and
-against --wire-dtype f16, at each rate; prints samples/s, test accuracy,
+epoch or --max-steps. Dense against --topk 0.01 (its pulls bringing
+what changed, and with --whole-pulls the whole tables) and against
+--wire-dtype f16, at each rate; prints samples/s, test accuracy,
 bytes moved per step and each against the dense run at the same rate.
 Reports; never fails on a number.
 
@@ -26,7 +27,8 @@ from pstest import bridge, check, in_namespaces, poll, sh, spawn  # noqa: E402
 TAG = "sl%d" % (os.getpid() % 100000)
 HUB = TAG + "hub"
 NODES = ["s0", "s1", "w0", "w1"]
-CONFIGS = [("dense", []), ("topk", ["--topk", "0.01"]), ("f16", ["--wire-dtype", "f16"])]
+CONFIGS = [("dense", []), ("topk", ["--topk", "0.01"]),
+           ("topk-whole", ["--topk", "0.01", "--whole-pulls"]), ("f16", ["--wire-dtype", "f16"])]
 
 
 def ns(node):
@@ -122,7 +124,7 @@ def one_rate(tmp, args, model, rate):
                "kb_pushed_per_step": s["bytes_pushed"] / steps / 1024,
                "kb_pulled_per_step": s["bytes_pulled"] / steps / 1024}
         rows.append(row)
-        print("%4s %8s %6s %10.0f samples/s %6s  accuracy %.4f  pushed %7.1f kB/step  "
+        print("%4s %8s %10s %10.0f samples/s %6s  accuracy %.4f  pushed %7.1f kB/step  "
               "pulled %7.1f kB/step" % (model, rate, name, sps, "%.2fx" % row["ratio"]
                                         if row["ratio"] else "-", row["test_accuracy"],
                                         row["kb_pushed_per_step"], row["kb_pulled_per_step"]),

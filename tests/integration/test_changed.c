@@ -4,6 +4,8 @@
  *  - through a proxy that loses, repeats and delays pull replies, while
  *    another client pushes during the pulls, a mirror never holds values
  *    that differ from the shard's once its pull is answered;
+ *  - bsp rounds of keyed pushes from two workers bring only what changed
+ *    under plain SGD, and whole parts under momentum;
  *  - a shard whose table is another object (a restart, a replica that took
  *    over: the proxy moves to a second psd) answers whole, and the mirror
  *    takes its values;
@@ -167,7 +169,7 @@ static void test_mirror_matches_whole_pulls(void **state)
     /* a dense push changes everything: the whole parts come back */
     static float g[N];
     for (uint64_t e = 0; e < N; e++)
-        g[e] = 0.001f * (float)(e % 7);
+        g[e] = 0.001f * (float)(e % 7 + 1); /* nowhere zero: every weight moves */
     assert_int_equal(psc_push(c, t, 0, N, g, 0, &tk), 0);
     wait_ok(c, tk, "dense push");
     assert_int_equal(psc_mirror_pull(c, m, 0, &tk), 0);
@@ -214,6 +216,68 @@ static void test_mirror_matches_whole_pulls(void **state)
     psc_destroy(c);
     assert_int_equal(harness_psd_stop(&sh[0]), 0);
     assert_int_equal(harness_psd_stop(&sh[1]), 0);
+}
+
+/* bsp with two workers: a round of keyed pushes is applied as the
+ * workers' dense mean, zero outside their keys; with plain SGD only the
+ * keys change, and that is all a pull brings. With momentum every weight
+ * moves each round, and pulls come whole (and still right). */
+static void bsp_rounds(const char *optimizer, uint64_t *changed, uint64_t *whole)
+{
+    struct psd_proc sh;
+    const char *args[] = {"--consistency", "bsp", "--workers", "2", NULL};
+    assert_int_equal(harness_psd_start(&sh, args), 0);
+    const char *eps[1] = {sh.endpoint};
+    struct psc_client *c[2] = {client(eps, 1, 0, 0), client(eps, 1, 1, 0)};
+    static float w[2][N], theirs[N];
+    struct psc_mirror *m[2];
+    uint32_t t[2];
+    for (int i = 0; i < 2; i++) {
+        struct psc_table_spec s;
+        psc_table_spec_init(&s, "w", N);
+        s.optimizer = strcmp(optimizer, "sgd") == 0 ? PSC_SGD : PSC_MOMENTUM;
+        s.lr = 0.5f;
+        s.init = PSC_INIT_UNIFORM;
+        s.init_scale = 0.1f;
+        if (psc_table_create(c[i], &s, TIMEOUT_MS, &t[i]) != 0)
+            fail_msg("create: %s", psc_last_error(c[i]));
+        assert_int_equal(psc_mirror_open(c[i], t[i], 0, N, w[i], &m[i]), 0);
+    }
+    uint64_t rng = 9, tk[2];
+    static uint64_t keys[N];
+    static float g[N];
+    for (uint64_t clock = 0; clock < 10; clock++) {
+        for (int i = 0; i < 2; i++) {
+            size_t k = pick_keys(&rng, keys, g, N / 100, N);
+            assert_int_equal(psc_push_keys(c[i], t[i], keys, g, k, clock, &tk[i]), 0);
+        }
+        for (int i = 0; i < 2; i++)
+            wait_ok(c[i], tk[i], "bsp keyed push");
+        for (int i = 0; i < 2; i++)
+            assert_int_equal(psc_mirror_pull(c[i], m[i], clock + 1, &tk[i]), 0);
+        for (int i = 0; i < 2; i++)
+            wait_ok(c[i], tk[i], "bsp mirror pull");
+        assert_int_equal(psc_pull(c[0], t[0], 0, N, theirs, clock + 1, &tk[0]), 0);
+        wait_ok(c[0], tk[0], "bsp whole pull");
+        assert_same(w[0], theirs, "worker 0 after a bsp round");
+        assert_same(w[1], theirs, "worker 1 after a bsp round");
+    }
+    psc_mirror_counts(m[1], changed, whole);
+    psc_destroy(c[0]);
+    psc_destroy(c[1]);
+    assert_int_equal(harness_psd_stop(&sh), 0);
+}
+
+static void test_bsp_rounds_of_keyed_pushes(void **state)
+{
+    (void)state;
+    uint64_t changed = 0, whole = 0;
+    bsp_rounds("sgd", &changed, &whole);
+    assert_int_equal(whole, 1);
+    assert_int_equal(changed, 9);
+    bsp_rounds("momentum", &changed, &whole);
+    assert_int_equal(whole, 10);
+    assert_int_equal(changed, 0);
 }
 
 /* Pull replies lost, repeated or held back behind the next reply, on a
@@ -317,6 +381,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_mirror_matches_whole_pulls),
+        cmocka_unit_test(test_bsp_rounds_of_keyed_pushes),
         cmocka_unit_test(test_lost_repeated_and_late_replies),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
