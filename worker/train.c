@@ -227,8 +227,12 @@ static int train_step(struct trainer *tr, uint64_t step_in_epoch, double *loss, 
     }
     if (rc != 0)
         return rc;
+    if (tr->cfg.topk > 0) /* the pushes and pulls of every table as one message per shard */
+        psw_cork(tr, 1);
     for (int k = tr->ntables - 1; k >= 0 && tr->cfg.topk > 0 && rc == 0; k--)
         rc = psw_send_topk(tr, k);
+    if (tr->cfg.topk > 0)
+        psw_cork(tr, 0);
     if (rc != 0)
         return rc;
     for (int k = 0; k < tr->ntables && tr->cfg.standalone && tr->cfg.topk == 0; k++)
