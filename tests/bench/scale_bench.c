@@ -1,7 +1,11 @@
-/* scale_bench: what each connected worker costs one psd shard. For W = 1,
- * 10, 100, 1000 light clients (libpsclient, --per-process of them in each
- * forked process, one thread driving them all, over tcp loopback), in asp
- * and in bsp, on a small dense table:
+/* scale_bench: what each connected worker costs psd. For W = 1, 10, 100,
+ * 1000 light clients (libpsclient, --per-process of them in each forked
+ * process, one thread driving them all, over tcp loopback) of --shards 1
+ * or 2 shards, in asp and in bsp, on a small dense table (--table dense:
+ * push-pulls of its --size floats) or a sparse one (--table sparse:
+ * push-pulls of --size / 8 rows of 8 floats, the same keys for every
+ * worker, a hot set of embeddings); psd's numbers are summed over the
+ * shards:
  *
  *   - psd's resident memory per idle worker: (VmRSS with W clients
  *     connected, each with its table handle, heartbeating - VmRSS before
@@ -12,7 +16,9 @@
  *   - asp: push-pulls per second over all clients (each client one
  *     request in flight), and psd's CPU per request;
  *   - bsp: the time a round takes (every worker's push-pull at one clock)
- *     and psd's CPU per round and per worker-request.
+ *     and psd's CPU per round and per worker-request (a sparse table
+ *     applies rows on arrival in every mode: its bsp "round" is the
+ *     workers' requests at one clock, none waiting).
  * The ratio printed beside each is against W = 10 (1 where it is not
  * measured): a cost that grows faster than W shows as a per-worker or
  * per-request number that grows with W.
@@ -22,8 +28,8 @@
  * a client made without one has.
  *
  *   scale_bench [--psd PATH] [--workers 1,10,100,1000] [--per-process N]
- *               [--context shared|own] [--size N] [--seconds S] [--rounds R]
- *               [--idle S] [--json PATH]
+ *               [--context shared|own] [--shards 1|2] [--table dense|sparse]
+ *               [--size N] [--seconds S] [--rounds R] [--idle S] [--json PATH]
  * Exits 1 when a process or a request fails; never on a number. */
 #define _GNU_SOURCE
 #include "psclient.h"
@@ -46,6 +52,8 @@
 #define TIMEOUT_MS  60000
 #define WORKERS_MAX 4096
 #define PROCS_MAX   256
+#define SHARDS_MAX  2
+#define SPARSE_DIM  8
 
 static double now_s(void)
 {
@@ -114,11 +122,14 @@ static double cpu_s(pid_t pid)
     return total;
 }
 
-static pid_t start_psd(const char *bin, const char *mode, int workers, char *ep, size_t len)
+static pid_t start_psd(const char *bin, const char *mode, int workers, int shard, int shards,
+                       char *ep, size_t len)
 {
-    char file[64], w[16];
+    char file[64], w[16], sh[16], shs[16];
     snprintf(file, sizeof file, "/tmp/scale_bench.%d.ep", (int)getpid());
     snprintf(w, sizeof w, "%d", workers);
+    snprintf(sh, sizeof sh, "%d", shard);
+    snprintf(shs, sizeof shs, "%d", shards);
     unlink(file);
     pid_t pid = fork();
     if (pid < 0)
@@ -126,7 +137,8 @@ static pid_t start_psd(const char *bin, const char *mode, int workers, char *ep,
     if (pid == 0) {
         prctl(PR_SET_PDEATHSIG, SIGKILL);
         execl(bin, bin, "--listen", "tcp://127.0.0.1:0", "--endpoint-file", file, "--consistency",
-              mode, "--workers", w, "--worker-timeout", "30", "--log-level", "warn", (char *)NULL);
+              mode, "--workers", w, "--shard", sh, "--shards", shs, "--worker-timeout", "30",
+              "--log-level", "warn", (char *)NULL);
         _exit(127);
     }
     kids[nkids++] = pid;
@@ -154,7 +166,9 @@ struct report {
 };
 
 struct run_args {
-    const char *ep, *mode;
+    const char *const *eps; /* shards endpoints */
+    int shards, sparse;
+    const char *mode;
     int first, n; /* worker ids [first, first + n) */
     int workers;
     uint64_t size;
@@ -181,20 +195,28 @@ static void client_proc(const struct run_args *a, int ctl, int out)
     uint64_t *tk = calloc((size_t)a->n, sizeof *tk);
     float *g = calloc(a->size, sizeof *g), *w = calloc((size_t)a->n * a->size, sizeof *w);
     struct report r = {0};
-    const char *eps[1] = {a->ep};
     void *ctx = a->shared ? zmq_ctx_new() : NULL;
     for (uint64_t i = 0; i < a->size; i++)
         g[i] = 1e-6f;
+    size_t nrows = (size_t)(a->size / SPARSE_DIM);
+    uint64_t *keys = calloc(nrows ? nrows : 1, sizeof *keys);
+    for (size_t j = 0; j < nrows; j++)
+        keys[j] = j * 13u; /* every worker's: a hot set */
     for (int i = 0; i < a->n && !r.failed; i++) {
         struct psc_config cfg = {.struct_size = sizeof cfg,
-                                 .servers = eps,
-                                 .nservers = 1,
+                                 .servers = a->eps,
+                                 .nservers = (size_t)a->shards,
                                  .worker_id = (uint32_t)(a->first + i),
                                  .connect_timeout_ms = TIMEOUT_MS,
                                  .zmq_context = ctx};
         struct psc_table_spec s;
-        psc_table_spec_init(&s, "w", a->size);
+        psc_table_spec_init(&s, "w", a->sparse ? 0 : a->size);
         s.lr = 1e-3f;
+        if (a->sparse) {
+            s.sparse = 1;
+            s.dim = SPARSE_DIM;
+            s.rows_max = 1u << 20;
+        }
         if (psc_create(&cfg, &c[i], r.error, sizeof r.error) != 0 ||
             psc_table_create(c[i], &s, TIMEOUT_MS, &t[i]) != 0) {
             if (c[i] != NULL)
@@ -217,8 +239,10 @@ static void client_proc(const struct run_args *a, int ctl, int out)
         if (bsp ? clock >= (uint64_t)a->rounds : now_s() - t0 >= a->seconds)
             break;
         for (int i = 0; i < a->n && !r.failed; i++)
-            if (psc_push_pull(c[i], t[i], 0, a->size, g, w + (size_t)i * a->size, bsp ? clock : 0,
-                              &tk[i]) != 0) {
+            if ((a->sparse ? psc_push_pull_rows(c[i], t[i], keys, nrows, g, w + (size_t)i * a->size,
+                                                bsp ? clock : 0, &tk[i])
+                           : psc_push_pull(c[i], t[i], 0, a->size, g, w + (size_t)i * a->size,
+                                           bsp ? clock : 0, &tk[i])) != 0) {
                 snprintf(r.error, sizeof r.error, "push-pull: %s", psc_last_error(c[i]));
                 r.failed = 1;
             }
@@ -242,17 +266,40 @@ static void client_proc(const struct run_args *a, int ctl, int out)
 
 struct result {
     const char *mode;
+    int shards, sparse;
     int workers, procs;
     double rss_base_kb, rss_idle_kb, per_worker_kb, beat_share, rate, cpu_per_req_us, round_ms;
 };
 
-static void measure(const char *psd, const char *mode, int workers, int per, int shared,
-                    uint64_t size, double seconds, int rounds, double idle, struct result *res)
+static double cpu_all(const pid_t *sp, int n)
 {
-    char ep[256];
-    pid_t sp = start_psd(psd, mode, workers, ep, sizeof ep);
+    double t = 0;
+    for (int i = 0; i < n; i++)
+        t += cpu_s(sp[i]);
+    return t;
+}
+
+static long rss_all(const pid_t *sp, int n)
+{
+    long t = 0;
+    for (int i = 0; i < n; i++)
+        t += rss_kb(sp[i]);
+    return t;
+}
+
+static void measure(const char *psd, const char *mode, int workers, int per, int shared, int shards,
+                    int sparse, uint64_t size, double seconds, int rounds, double idle,
+                    struct result *res)
+{
+    static char ep[SHARDS_MAX][256];
+    const char *eps[SHARDS_MAX];
+    pid_t sp[SHARDS_MAX];
+    for (int i = 0; i < shards; i++) {
+        sp[i] = start_psd(psd, mode, workers, i, shards, ep[i], sizeof ep[i]);
+        eps[i] = ep[i];
+    }
     usleep(200000);
-    long base = rss_kb(sp);
+    long base = rss_all(sp, shards);
     int procs = (workers + per - 1) / per;
     if (procs > PROCS_MAX)
         die("--per-process", "too many processes for this many workers");
@@ -261,7 +308,9 @@ static void measure(const char *psd, const char *mode, int workers, int per, int
         int a[2], b[2];
         if (pipe(a) != 0 || pipe(b) != 0)
             die("pipe", strerror(errno));
-        struct run_args ra = {.ep = ep,
+        struct run_args ra = {.eps = eps,
+                              .shards = shards,
+                              .sparse = sparse,
                               .mode = mode,
                               .first = p * per,
                               .n = workers - p * per < per ? workers - p * per : per,
@@ -289,10 +338,10 @@ static void measure(const char *psd, const char *mode, int workers, int per, int
         if (read_byte(out[p], 120000) != 'R')
             die("a client process", "did not connect its clients within 120 s");
     usleep(500000); /* the connections settle */
-    double c0 = cpu_s(sp), t0 = now_s();
+    double c0 = cpu_all(sp, shards), t0 = now_s();
     usleep((useconds_t)(idle * 1e6));
-    double c1 = cpu_s(sp), t1 = now_s();
-    long idle_kb = rss_kb(sp);
+    double c1 = cpu_all(sp, shards), t1 = now_s();
+    long idle_kb = rss_all(sp, shards);
     for (int p = 0; p < procs; p++)
         if (write(ctl[p], "L", 1) != 1)
             die("pipe", strerror(errno));
@@ -311,9 +360,11 @@ static void measure(const char *psd, const char *mode, int workers, int per, int
         close(out[p]);
         close(ctl[p]);
     }
-    double c2 = cpu_s(sp);
+    double c2 = cpu_all(sp, shards);
     reap_all();
     res->mode = mode;
+    res->shards = shards;
+    res->sparse = sparse;
     res->workers = workers;
     res->procs = procs;
     res->rss_base_kb = (double)base;
@@ -328,7 +379,7 @@ static void measure(const char *psd, const char *mode, int workers, int per, int
 int main(int argc, char **argv)
 {
     const char *psd = "build-release/server/psd", *json = NULL, *list = "1,10,100,1000";
-    int per = 100, rounds = 50, shared = 1;
+    int per = 100, rounds = 50, shared = 1, shards = 1, sparse = 0;
     uint64_t size = 1024;
     double seconds = 2, idle = 3;
     for (int i = 1; i < argc; i += 2) { /* every option takes a value */
@@ -353,6 +404,11 @@ int main(int argc, char **argv)
         } else if (strcmp(a, "--context") == 0 &&
                    (strcmp(v, "shared") == 0 || strcmp(v, "own") == 0)) {
             shared = strcmp(v, "shared") == 0;
+        } else if (strcmp(a, "--shards") == 0 && atoi(v) >= 1 && atoi(v) <= SHARDS_MAX) {
+            shards = atoi(v);
+        } else if (strcmp(a, "--table") == 0 &&
+                   (strcmp(v, "dense") == 0 || strcmp(v, "sparse") == 0)) {
+            sparse = strcmp(v, "sparse") == 0;
         } else if (strcmp(a, "--json") == 0) {
             json = v;
         } else {
@@ -375,9 +431,19 @@ int main(int argc, char **argv)
     signal(SIGPIPE, SIG_IGN);
     const char *modes[2] = {"asp", "bsp"};
     struct result res[2][16];
-    printf("one psd shard, a %llu-float dense table, W clients over tcp loopback (%d a "
+    if (sparse && size < SPARSE_DIM) {
+        fprintf(stderr, "scale_bench: --table sparse needs --size %d or more\n", SPARSE_DIM);
+        return 2;
+    }
+    char what[96];
+    if (sparse)
+        snprintf(what, sizeof what, "a sparse table (%llu rows of %d a request)",
+                 (unsigned long long)(size / SPARSE_DIM), SPARSE_DIM);
+    else
+        snprintf(what, sizeof what, "a %llu-float dense table", (unsigned long long)size);
+    printf("%d psd shard%s (numbers summed), %s, W clients over tcp loopback (%d a "
            "process, %s); idle %.0f s, asp %.0f s, bsp %d rounds\n",
-           (unsigned long long)size, per,
+           shards, shards > 1 ? "s" : "", what, per,
            shared ? "one ZeroMQ context each process"
                   : "a "
                     "ZeroMQ context each client",
@@ -387,7 +453,8 @@ int main(int argc, char **argv)
     for (int m = 0; m < 2; m++)
         for (int i = 0; i < nw; i++) {
             struct result *r = &res[m][i];
-            measure(psd, modes[m], ws[i], per, shared, size, seconds, rounds, idle, r);
+            measure(psd, modes[m], ws[i], per, shared, shards, sparse, size, seconds, rounds, idle,
+                    r);
             printf("%4s %6d %10.1f %12.1f %9.2f%% %12.0f %12.1f %10.2f\n", r->mode, r->workers,
                    r->rss_idle_kb / 1024, r->per_worker_kb, r->beat_share * 100, r->rate,
                    r->cpu_per_req_us, r->round_ms);
@@ -415,14 +482,15 @@ int main(int argc, char **argv)
             for (int i = 0; i < nw; i++) {
                 const struct result *r = &res[m][i];
                 fprintf(f,
-                        "%s\n {\"mode\": \"%s\", \"workers\": %d, \"processes\": %d, "
+                        "%s\n {\"mode\": \"%s\", \"shards\": %d, \"table\": \"%s\", "
+                        "\"workers\": %d, \"processes\": %d, "
                         "\"psd_rss_base_kb\": %.0f, \"psd_rss_idle_kb\": %.0f, "
                         "\"kb_per_idle_worker\": %.2f, \"heartbeat_cpu_share\": %.5f, "
                         "\"requests_per_s\": %.1f, \"psd_cpu_us_per_request\": %.2f, "
                         "\"round_ms\": %.3f}",
-                        m || i ? "," : "", r->mode, r->workers, r->procs, r->rss_base_kb,
-                        r->rss_idle_kb, r->per_worker_kb, r->beat_share, r->rate, r->cpu_per_req_us,
-                        r->round_ms);
+                        m || i ? "," : "", r->mode, r->shards, r->sparse ? "sparse" : "dense",
+                        r->workers, r->procs, r->rss_base_kb, r->rss_idle_kb, r->per_worker_kb,
+                        r->beat_share, r->rate, r->cpu_per_req_us, r->round_ms);
             }
         fprintf(f, "\n]\n");
         fclose(f);
