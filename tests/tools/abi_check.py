@@ -12,7 +12,8 @@ a struct that carries struct_size) with a new baseline in the same
 commit.
 
     abi_check.py LIB HEADERS_DIR BASELINE           check (the 'abi' test)
-    abi_check.py LIB HEADERS_DIR BASELINE --write   write the baseline
+    abi_check.py LIB HEADERS_DIR BASELINE --write   write the baseline (refused
+        when a struct grew a member inside its old size: its tail padding)
     abi_check.py LIB HEADERS_DIR BASELINE --self-test
         changes planted in copies of the baseline must fail the same
         check: a member of struct psc_table_spec deleted (a change), and
@@ -75,6 +76,23 @@ def verdict(rc, report, baseline):
     return 1
 
 
+def in_old_padding(report):
+    """Members a grown struct added inside its old size (its tail
+    padding): a caller built against the old header passes that padding,
+    which nothing zeroes, as the new field. [(member, offset, old size)],
+    in bits."""
+    bad, old = [], None
+    for line in report.splitlines():
+        m = re.search(r"type size changed from (\d+) to (\d+)", line)
+        if m:
+            old = int(m.group(1))
+            continue
+        m = re.search(r"'([^']+)', at offset (\d+) \(in bits\)", line)
+        if m and old is not None and int(m.group(2)) < old:
+            bad.append((m.group(1), int(m.group(2)), old))
+    return bad
+
+
 def member_deleted(xml):
     """The ABI with the last member of struct psc_table_spec deleted."""
     i = xml.index("<class-decl name='psc_table_spec'")
@@ -113,16 +131,25 @@ def main():
     if "<class-decl name='psc_table_spec'" not in xml:
         print("SKIP: %s has no debug info for its types (a build without -g)" % lib)
         return SKIP
-    if "--write" in flags:
-        with open(baseline, "w") as f:
-            f.write(xml)
-        print("abi_check: wrote %s" % baseline)
-        return 0
     tmp = tempfile.mkdtemp(prefix="psd-abi.")
     try:
         new = os.path.join(tmp, "now.xml")
         with open(new, "w") as f:
             f.write(xml)
+        if "--write" in flags:
+            rc, report = (compare(baseline, new, headers) if os.path.exists(baseline)
+                          else (0, ""))
+            bad = in_old_padding(report)
+            for member, at, size in bad:
+                print("abi_check: %s, added at bit %d, lies inside the old struct's %d bits "
+                      "(its tail padding, which an old caller need not zero): put 8-byte "
+                      "members first, or pad" % (member, at, size), file=sys.stderr)
+            if bad:
+                return 1
+            with open(baseline, "w") as f:
+                f.write(xml)
+            print("abi_check: wrote %s" % baseline)
+            return 0
         if "--self-test" in flags:
             failed = 0
             for what, mutate, said, bit in PLANTED:
