@@ -25,11 +25,17 @@
 #define PS_TABLE_RESERVED_PREFIX "psd:"
 #define PS_TABLE_RESERVED(name)                                                                    \
     (strncmp((name), PS_TABLE_RESERVED_PREFIX, sizeof PS_TABLE_RESERVED_PREFIX - 1) == 0)
-#define PS_TABLE_ELEMS_MAX     (UINT64_C(1) << 34) /* 64 GiB of f32 per table */
-#define PS_SPARSE_DIM_MAX      4096u
-#define PS_SHAPE_DIMS_MAX      8u                   /* dimensions a dense table's shape may name */
-#define PS_SPARSE_ROWS_MAX     (UINT64_C(1) << 31)  /* per shard and table */
-#define PS_TABLE_BYTES_DEFAULT (UINT64_C(16) << 30) /* one table's memory on a shard */
+#define PS_TABLE_ELEMS_MAX (UINT64_C(1) << 34) /* 64 GiB of f32 per table */
+#define PS_SPARSE_DIM_MAX  4096u
+#define PS_SHAPE_DIMS_MAX  8u                  /* dimensions a dense table's shape may name */
+#define PS_SPARSE_ROWS_MAX (UINT64_C(1) << 31) /* per shard and table */
+/* Admission (TableSpec.admit_after): one-byte counters, a sketch of 4
+ * rows of admit_counters / 4 (default PS_ADMIT_COUNTERS_DEFAULT) */
+#define PS_ADMIT_AFTER_MAX        255u
+#define PS_ADMIT_COUNTERS_MIN     64u
+#define PS_ADMIT_COUNTERS_MAX     (UINT64_C(1) << 30)
+#define PS_ADMIT_COUNTERS_DEFAULT (UINT64_C(1) << 20)
+#define PS_TABLE_BYTES_DEFAULT    (UINT64_C(16) << 30) /* one table's memory on a shard */
 
 /* Messages. */
 #define PS_FRAMES_MAX            3u /* header, keys, values */

@@ -303,6 +303,25 @@ int ps_wire_check_spec(const Ps__TableSpec *spec, char *err, size_t errlen)
                            "table '%s': pushers must be worker ids below %u, strictly increasing "
                            "(pusher %zu is %u)",
                            spec->name, PS_WORKERS_MAX, i, spec->pushers[i]);
+    int lifecycle = spec->admit_after > 1 || spec->admit_counters != 0 || spec->evict_after != 0 ||
+                    spec->evict_at_budget;
+    if (lifecycle && !spec->sparse)
+        return ps_errf(PS_EINVAL, err, errlen,
+                       "table '%s': admit_after, admit_counters, evict_after and evict_at_budget "
+                       "take a sparse table (a dense one's elements never come and go)",
+                       spec->name);
+    if (spec->admit_after > PS_ADMIT_AFTER_MAX)
+        return ps_errf(PS_EINVAL, err, errlen, "table '%s': admit_after %u is over %u", spec->name,
+                       spec->admit_after, PS_ADMIT_AFTER_MAX);
+    if (spec->admit_counters != 0 &&
+        (spec->admit_after <= 1 || spec->admit_counters < PS_ADMIT_COUNTERS_MIN ||
+         spec->admit_counters > PS_ADMIT_COUNTERS_MAX ||
+         (spec->admit_counters & (spec->admit_counters - 1)) != 0))
+        return ps_errf(PS_EINVAL, err, errlen,
+                       "table '%s': admit_counters %llu must be a power of two in [%u, %llu], "
+                       "with admit_after 2 or more",
+                       spec->name, (unsigned long long)spec->admit_counters, PS_ADMIT_COUNTERS_MIN,
+                       (unsigned long long)PS_ADMIT_COUNTERS_MAX);
     if (spec->sparse && spec->await_set)
         return ps_errf(PS_EINVAL, err, errlen,
                        "table '%s': await_set takes a dense table (a sparse one's rows are made "

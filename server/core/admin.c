@@ -55,7 +55,13 @@ void psd_op_stats(struct psd *s, const Ps__Header *req, struct psd_reply *rep)
         ts[i].optimizer = (char *)psd_optimizer_name(t->optimizer);
         ts[i].n_shape = t->ndims;
         ts[i].shape = (uint64_t *)t->shape;
-        bytes_held += psd_table_bytes_held(t);
+        ts[i].admitted = t->sparse ? t->sp.admitted : 0;
+        ts[i].held_back = t->sp.held_back;
+        ts[i].evicted_age = t->sp.evicted_age;
+        ts[i].evicted_budget = t->sp.evicted_budget;
+        ts[i].refused = t->sp.refused;
+        ts[i].bytes = psd_table_bytes_held(t);
+        bytes_held += ts[i].bytes;
         tp[i] = &ts[i];
     }
     const struct psd_counts *n = psd_counts(s);

@@ -57,7 +57,13 @@ enum table_field {
     T_LENT,
     T_COW,
     T_CHANGED,
-    T_WHOLE
+    T_WHOLE,
+    T_ADMITTED,
+    T_HELD_BACK,
+    T_EVICTED_AGE,
+    T_EVICTED_BUDGET,
+    T_REFUSED,
+    T_BYTES_PER_ROW
 };
 
 static double table_value(const struct psd *s, const struct psd_table *t, enum table_field f)
@@ -85,6 +91,19 @@ static double table_value(const struct psd *s, const struct psd_table *t, enum t
         return (double)t->changed_replies;
     case T_WHOLE:
         return (double)t->whole_replies;
+    case T_ADMITTED:
+        return (double)t->sp.admitted;
+    case T_HELD_BACK:
+        return (double)t->sp.held_back;
+    case T_EVICTED_AGE:
+        return (double)t->sp.evicted_age;
+    case T_EVICTED_BUDGET:
+        return (double)t->sp.evicted_budget;
+    case T_REFUSED:
+        return (double)t->sp.refused;
+    case T_BYTES_PER_ROW:
+        return t->sparse && t->sp.nrows > 0 ? (double)psd_table_bytes_held(t) / (double)t->sp.nrows
+                                            : 0.0;
     }
     return 0;
 }
@@ -250,6 +269,23 @@ int psd_expose(const struct psd *s, struct ps_buf *b)
                   "Pulls that asked for what changed and got the whole range (the client's "
                   "version unknown here, or the changes as large).",
                   T_WHOLE);
+    tables_family(b, s, "psd_table_rows_admitted_total", "counter",
+                  "Sparse tables: rows made (at an id's first push, or its admission).",
+                  T_ADMITTED);
+    tables_family(b, s, "psd_table_pushes_held_back_total", "counter",
+                  "Sparse tables: pushes of ids not admitted yet (counted, not applied).",
+                  T_HELD_BACK);
+    tables_family(b, s, "psd_table_rows_evicted_age_total", "counter",
+                  "Sparse tables: rows evicted for not being pushed in evict_after pushes.",
+                  T_EVICTED_AGE);
+    tables_family(b, s, "psd_table_rows_evicted_budget_total", "counter",
+                  "Sparse tables: rows evicted to make room at rows_max.", T_EVICTED_BUDGET);
+    tables_family(b, s, "psd_table_rows_refused_total", "counter",
+                  "Sparse tables: new rows refused (at rows_max with nothing to evict).",
+                  T_REFUSED);
+    tables_family(b, s, "psd_table_bytes_per_row", "gauge",
+                  "Sparse tables: held bytes over rows (weights, state, the life cycle's).",
+                  T_BYTES_PER_ROW);
     ps_prom_family(b, "psd_apply_seconds", "histogram", "Time of one optimizer apply.");
     for (uint32_t i = 0; i < psd_ntables(s); i++) {
         char tl[512];

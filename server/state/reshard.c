@@ -14,7 +14,7 @@
 
 /* Rows of old shard b's copy of sparse table t that land on this shard. */
 static int reshard_rows(const struct psd_snapshot *s, struct psd_table *t,
-                        const struct psd__blob *b, char *err, size_t errlen)
+                        const struct psd__blob *b, uint64_t shift, char *err, size_t errlen)
 {
     uint64_t rows = psd__blob_rows(b, t->name);
     if (rows > t->rows_max) /* also keeps the sizes below from wrapping */
@@ -33,6 +33,10 @@ static int reshard_rows(const struct psd_snapshot *s, struct psd_table *t,
             return PS_EPROTO;
     if (steps == NULL)
         return PS_EPROTO;
+    const unsigned char *last = NULL; /* each row's last push, on its old shard's ticks */
+    if (t->sp.life &&
+        (last = psd__blob_tensor(b, "last", t->name, "U64", rows * 8, err, errlen)) == NULL)
+        return PS_EPROTO;
     for (uint64_t r = 0; r < rows; r++) {
         uint64_t k;
         memcpy(&k, keys + r * 8, 8);
@@ -50,6 +54,40 @@ static int reshard_rows(const struct psd_snapshot *s, struct psd_table *t,
             if (st[a] != NULL)
                 memcpy(dst[a] + (size_t)row * d, st[a] + r * d, d * 4);
         memcpy(&t->sp.row_steps[row], steps + r * 4, 4);
+        if (last != NULL) { /* as many ticks old on the new shard's count */
+            memcpy(&t->sp.last[row], last + r * 8, 8);
+            t->sp.last[row] += shift;
+        }
+    }
+    return 0;
+}
+
+/* A sparse table's life cycle across old shards: the new shards count
+ * ticks from the furthest old count, each row as old as it was on its
+ * shard; the admission sketch is the old sketches' counter by counter
+ * maximum (an id was counted on one old shard: at least its count stays,
+ * as a count-min sketch's estimate always is). The counts of rows made,
+ * held back, evicted and refused start again: rows made = rows held. */
+static int reshard_life(struct psd_table *t, const struct psd__blob *b, json_t *const *st,
+                        uint32_t n, size_t k, uint64_t *tick, char *err, size_t errlen)
+{
+    struct psd_sparse *sp = &t->sp;
+    for (uint32_t i = 0; i < n; i++) {
+        json_t *o = json_array_get(json_object_get(st[i], "tables"), k);
+        json_t *life = json_object_get(o, "life");
+        if (life == NULL)
+            return ps_errf(PS_EPROTO, err, errlen, "'%s': shard %u of %u has no life cycle state",
+                           t->name, i, n);
+        tick[i] = psd__json_u64(life, "tick");
+        sp->tick = tick[i] > sp->tick ? tick[i] : sp->tick;
+        if (sp->sketch == NULL)
+            continue;
+        const uint8_t *sk =
+            psd__blob_tensor(&b[i], "sketch", t->name, "U8", 4 * sp->sketch_width, err, errlen);
+        if (sk == NULL)
+            return PS_EPROTO;
+        for (uint64_t c = 0; c < 4 * sp->sketch_width; c++)
+            sp->sketch[c] = sk[c] > sp->sketch[c] ? sk[c] : sp->sketch[c];
     }
     return 0;
 }
@@ -158,9 +196,17 @@ static int reshard_table(struct psd_snapshot *out, const struct psd__blob *b, js
         if (pr != NULL && psd__snapshot_prune(t, pr) != 0)
             return ps_errf(PS_ENOMEM, err, errlen, "out of memory");
     }
+    uint64_t *tick = t->sp.life ? calloc(n, sizeof *tick) : NULL;
+    if (t->sp.life && tick == NULL)
+        return ps_errf(PS_ENOMEM, err, errlen, "out of memory");
+    if (t->sp.life)
+        rc = reshard_life(t, b, st, n, k, tick, err, errlen);
     for (uint32_t i = 0; rc == 0 && i < n; i++)
-        rc = t->sparse ? reshard_rows(out, t, &b[i], err, errlen)
+        rc = t->sparse ? reshard_rows(out, t, &b[i], tick ? t->sp.tick - tick[i] : 0, err, errlen)
                        : reshard_dense(t, &b[i], i, n, err, errlen);
+    free(tick);
+    if (t->sparse) /* the counts start again on the new shards, from the rows they hold */
+        t->sp.admitted = t->sp.nrows;
     for (uint64_t e = 0; rc == 0 && t->mask != NULL && e < t->hi - t->lo; e++)
         t->npruned += t->mask[e];
     return rc;

@@ -19,7 +19,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
-#define TENSORS_MAX (PS_TABLES_MAX * 6u)
+#define TENSORS_MAX (PS_TABLES_MAX * 8u)
 
 _Static_assert(PS_TABLE_NAME_MAX + 8 <= PS_ST_NAME_MAX, "tensor names fit");
 
@@ -45,6 +45,10 @@ static size_t collect(const struct psd_snapshot *s, struct ps_st_tensor *ts)
             if (sp->nstate >= 2)
                 add(ts, &n, "s2", t, "F32", sp->s2, 4, sp->nrows, t->dim);
             add(ts, &n, "steps", t, "U32", sp->row_steps, 4, sp->nrows, 0);
+            if (sp->life)
+                add(ts, &n, "last", t, "U64", sp->last, 8, sp->nrows, 0);
+            if (sp->sketch != NULL)
+                add(ts, &n, "sketch", t, "U8", sp->sketch, 1, 4 * sp->sketch_width, 0);
             continue;
         }
         uint64_t len = t->hi - t->lo;
@@ -80,6 +84,21 @@ static json_t *table_state(const struct psd_snapshot *s, const struct psd_table 
         (json_int_t)t->pushes, "pulls", (json_int_t)t->pulls, "completed", completed);
     if (o != NULL && t->await_set)
         json_object_set_new(o, "await_set", json_true());
+    const struct psd_sparse *sp = &t->sp;
+    if (o != NULL && t->sparse)
+        json_object_set_new(o, "admitted", json_integer((json_int_t)sp->admitted));
+    if (o != NULL && sp->life) /* the life cycle: its spec, where it is, its counts */
+        json_object_set_new(
+            o, "life",
+            json_pack("{s:I, s:I, s:I, s:b, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}", "admit_after",
+                      (json_int_t)sp->admit_after, "admit_counters",
+                      (json_int_t)(4 * sp->sketch_width), "evict_after",
+                      (json_int_t)sp->evict_after, "evict_at_budget", sp->evict_at_budget, "tick",
+                      (json_int_t)sp->tick, "age_at", (json_int_t)sp->age_at, "victim_at",
+                      (json_int_t)sp->victim_at, "sketch_adds", (json_int_t)sp->sketch_adds,
+                      "held_back", (json_int_t)sp->held_back, "evicted_age",
+                      (json_int_t)sp->evicted_age, "evicted_budget", (json_int_t)sp->evicted_budget,
+                      "refused", (json_int_t)sp->refused));
     if (o != NULL && t->ndims > 0) {
         json_t *shape = json_array();
         for (uint32_t i = 0; i < t->ndims; i++)
@@ -327,7 +346,47 @@ static float f_of(json_t *o, const char *k)
     return (float)json_number_value(json_object_get(o, k));
 }
 
-static int restore_rows(struct psd_table *t, const struct psd__blob *b, char *err, size_t errlen)
+/* A sparse table's life cycle: each row's last push, the sketch, where
+ * the evictions are and what they counted. */
+static int restore_life(struct psd_table *t, const struct psd__blob *b, json_t *o, uint64_t rows,
+                        char *err, size_t errlen)
+{
+    struct psd_sparse *sp = &t->sp;
+    json_t *adm = json_object_get(o, "admitted");
+    sp->admitted = adm != NULL ? psd__json_u64(o, "admitted") : rows; /* older files: their rows */
+    json_t *life = json_object_get(o, "life");
+    if (!sp->life || life == NULL)
+        return 0;
+    const unsigned char *last = psd__blob_tensor(b, "last", t->name, "U64", rows * 8, err, errlen);
+    if (last == NULL)
+        return PS_EPROTO;
+    memcpy(sp->last, last, rows * 8);
+    if (sp->sketch != NULL) {
+        const void *sk =
+            psd__blob_tensor(b, "sketch", t->name, "U8", 4 * sp->sketch_width, err, errlen);
+        if (sk == NULL)
+            return PS_EPROTO;
+        memcpy(sp->sketch, sk, 4 * sp->sketch_width);
+    }
+    sp->tick = psd__json_u64(life, "tick");
+    sp->age_at = psd__json_u64(life, "age_at");
+    sp->victim_at = psd__json_u64(life, "victim_at");
+    sp->sketch_adds = psd__json_u64(life, "sketch_adds");
+    sp->held_back = psd__json_u64(life, "held_back");
+    sp->evicted_age = psd__json_u64(life, "evicted_age");
+    sp->evicted_budget = psd__json_u64(life, "evicted_budget");
+    sp->refused = psd__json_u64(life, "refused");
+    for (uint64_t r = 0; r < rows; r++)
+        if (sp->last[r] > sp->tick)
+            return ps_errf(PS_EPROTO, err, errlen,
+                           "'%s': row %" PRIu64 " was pushed at tick %" PRIu64
+                           ", after the table's %" PRIu64,
+                           t->name, r, sp->last[r], sp->tick);
+    return 0;
+}
+
+static int restore_rows(struct psd_table *t, const struct psd__blob *b, json_t *o, char *err,
+                        size_t errlen)
 {
     uint64_t rows = psd__blob_rows(b, t->name);
     if (rows > t->rows_max)
@@ -360,7 +419,7 @@ static int restore_rows(struct psd_table *t, const struct psd__blob *b, char *er
             memcpy(t->sp.s2 + r * d, s2 + r * d, d * 4);
         memcpy(&t->sp.row_steps[r], (const unsigned char *)steps + r * 4, 4);
     }
-    return 0;
+    return restore_life(t, b, o, rows, err, errlen);
 }
 
 static int restore_dense(struct psd_table *t, const struct psd__blob *b, json_t *o, char *err,
@@ -443,6 +502,13 @@ int psd__snapshot_table(const struct psd_snapshot *s, json_t *o, uint32_t id,
     spec.l1 = f_of(o, "l1");
     spec.l2 = f_of(o, "l2");
     spec.await_set = json_is_true(json_object_get(o, "await_set"));
+    json_t *life = json_object_get(o, "life");
+    if (life != NULL) {
+        spec.admit_after = (uint32_t)psd__json_u64(life, "admit_after");
+        spec.admit_counters = spec.admit_after > 1 ? psd__json_u64(life, "admit_counters") : 0;
+        spec.evict_after = psd__json_u64(life, "evict_after");
+        spec.evict_at_budget = json_is_true(json_object_get(life, "evict_at_budget"));
+    }
     uint64_t shape[PS_SHAPE_DIMS_MAX];
     json_t *js = json_object_get(o, "shape");
     if (js != NULL && (!json_is_array(js) || json_array_size(js) > PS_SHAPE_DIMS_MAX))
@@ -518,7 +584,7 @@ static int restore_table(struct psd_snapshot *s, const struct psd__blob *b, json
     if (rc != 0)
         return rc;
     s->tables[s->ntables++] = t; /* freed with s if what follows fails */
-    return t->sparse ? restore_rows(t, b, err, errlen) : restore_dense(t, b, o, err, errlen);
+    return t->sparse ? restore_rows(t, b, o, err, errlen) : restore_dense(t, b, o, err, errlen);
 }
 
 /* Reads a checkpoint file and checks what does not depend on the shard

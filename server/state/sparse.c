@@ -3,6 +3,7 @@
 
 #include "ps_err.h"
 #include "ps_init.h"
+#include "ps_limits.h"
 #include "ps_mem.h"
 #include "ps_shard.h"
 
@@ -48,6 +49,8 @@ void psd_sparse_fini(struct psd_sparse *sp)
     free(sp->s1);
     free(sp->s2);
     free(sp->row_steps);
+    free(sp->last);
+    free(sp->sketch);
     memset(sp, 0, sizeof *sp);
 }
 
@@ -96,6 +99,12 @@ static int grow_rows(struct psd_sparse *sp)
     if (rk == NULL)
         return PS_ENOMEM;
     sp->row_key = rk;
+    if (sp->life) {
+        uint64_t *l = ps_grow_big(sp->last, n * sizeof *l, cap * sizeof *l);
+        if (l == NULL)
+            return PS_ENOMEM;
+        sp->last = l;
+    }
     sp->rows_cap = cap;
     return 0;
 }
@@ -112,8 +121,10 @@ int64_t psd_sparse_row_hashed(struct psd_sparse *sp, uint64_t key, uint64_t hash
         return (int64_t)sp->slot[i].row;
     if (!create)
         return -1;
-    if (sp->nrows >= sp->rows_max)
+    if (sp->nrows >= sp->rows_max) {
+        sp->refused++;
         return PS_ELIMIT;
+    }
     if (sp->nrows == sp->rows_cap && grow_rows(sp) != 0)
         return PS_ENOMEM;
     if (2 * (sp->nrows + 1) > sp->slots) {
@@ -131,5 +142,159 @@ int64_t psd_sparse_row_hashed(struct psd_sparse *sp, uint64_t key, uint64_t hash
         memset((a == 0 ? sp->s1 : sp->s2) + r * sp->dim, 0, sp->dim * sizeof(float));
     sp->row_steps[r] = 0;
     sp->row_key[r] = key;
+    if (sp->life)
+        sp->last[r] = sp->tick;
+    sp->admitted++;
     return (int64_t)r;
+}
+
+int psd_sparse_life(struct psd_sparse *sp, uint32_t admit_after, uint64_t admit_counters,
+                    uint64_t evict_after, int evict_at_budget)
+{
+    sp->admit_after = admit_after > 1 ? admit_after : 0;
+    sp->evict_after = evict_after;
+    sp->evict_at_budget = evict_at_budget != 0;
+    sp->life = sp->admit_after != 0 || evict_after != 0 || sp->evict_at_budget;
+    if (!sp->life)
+        return 0;
+    if (sp->rows_cap > 0 && (sp->last = calloc(sp->rows_cap, sizeof *sp->last)) == NULL)
+        return PS_ENOMEM;
+    if (sp->admit_after != 0) {
+        uint64_t counters = admit_counters ? admit_counters : PS_ADMIT_COUNTERS_DEFAULT;
+        sp->sketch_width = counters / 4;
+        if ((sp->sketch = ps_alloc_big((size_t)counters, 1)) == NULL)
+            return PS_ENOMEM;
+    }
+    return 0;
+}
+
+uint64_t psd_sparse_life_bytes(const struct psd_sparse *sp, uint64_t rows)
+{
+    return sp->life ? 4 * sp->sketch_width + rows * sizeof *sp->last : 0;
+}
+
+/* The sketch's counter for key in row j: a hash of its own per row. */
+static uint8_t *counter(struct psd_sparse *sp, uint64_t key, unsigned j)
+{
+    static const uint64_t salt[4] = {0x9E3779B97F4A7C15ull, 0xC2B2AE3D27D4EB4Full,
+                                     0x165667B19E3779F9ull, 0xD6E8FEB86659FD93ull};
+    return &sp->sketch[j * sp->sketch_width + (ps_mix64(key ^ salt[j]) & (sp->sketch_width - 1))];
+}
+
+int psd_sparse_admit(struct psd_sparse *sp, uint64_t key)
+{
+    if (sp->admit_after == 0)
+        return 1;
+    /* conservative update: only the smallest counters go up (the estimate,
+     * their minimum, overcounts less) */
+    unsigned est = 255;
+    for (unsigned j = 0; j < 4; j++) {
+        unsigned c = *counter(sp, key, j);
+        est = c < est ? c : est;
+    }
+    unsigned next = est < 255 ? est + 1 : 255;
+    for (unsigned j = 0; j < 4; j++) {
+        uint8_t *c = counter(sp, key, j);
+        if (*c < next)
+            *c = (uint8_t)next;
+    }
+    if (++sp->sketch_adds >= sp->sketch_width) { /* old counts fade */
+        for (uint64_t i = 0; i < 4 * sp->sketch_width; i++)
+            sp->sketch[i] >>= 1;
+        sp->sketch_adds = 0;
+    }
+    if (next >= sp->admit_after)
+        return 1;
+    sp->held_back++;
+    return 0;
+}
+
+/* Deletes slot i's entry, moving up the entries after it that would no
+ * longer be found (linear probing without tombstones). */
+static void slot_delete(struct psd_sparse *sp, uint64_t i)
+{
+    uint64_t mask = sp->slots - 1;
+    for (uint64_t j = i;;) {
+        j = (j + 1) & mask;
+        if (sp->slot[j].row == EMPTY)
+            break;
+        uint64_t home = ps_mix64(sp->slot[j].key) & mask;
+        /* j's entry stays when its home lies cyclically in (i, j] */
+        int stays = i <= j ? (i < home && home <= j) : (i < home || home <= j);
+        if (!stays) {
+            sp->slot[i] = sp->slot[j];
+            i = j;
+        }
+    }
+    sp->slot[i].row = EMPTY;
+}
+
+void psd_sparse_remove(struct psd_sparse *sp, uint64_t r)
+{
+    slot_delete(sp, find_slot(sp, sp->row_key[r], ps_mix64(sp->row_key[r])));
+    uint64_t l = --sp->nrows;
+    if (r == l)
+        return;
+    size_t d = sp->dim;
+    memcpy(sp->w + r * d, sp->w + l * d, d * sizeof(float));
+    if (sp->nstate >= 1)
+        memcpy(sp->s1 + r * d, sp->s1 + l * d, d * sizeof(float));
+    if (sp->nstate >= 2)
+        memcpy(sp->s2 + r * d, sp->s2 + l * d, d * sizeof(float));
+    sp->row_steps[r] = sp->row_steps[l];
+    sp->row_key[r] = sp->row_key[l];
+    if (sp->last != NULL)
+        sp->last[r] = sp->last[l];
+    sp->slot[find_slot(sp, sp->row_key[r], ps_mix64(sp->row_key[r]))].row = r;
+}
+
+int psd_sparse_make_room(struct psd_sparse *sp)
+{
+    if (sp->nrows < sp->rows_max)
+        return 0;
+    if (!sp->evict_at_budget || sp->nrows == 0) {
+        sp->refused++;
+        return PS_ELIMIT;
+    }
+    /* the least recently pushed of a sample spread over the rows, not one
+     * this push touched (their last is the tick) */
+    uint64_t n = sp->nrows, step = n / PSD_VICTIM_SAMPLE ? n / PSD_VICTIM_SAMPLE : 1;
+    uint64_t best = EMPTY;
+    for (uint64_t j = 0; j < PSD_VICTIM_SAMPLE && j < n; j++) {
+        uint64_t r = (sp->victim_at + j * step) % n;
+        if (sp->last[r] < sp->tick && (best == EMPTY || sp->last[r] < sp->last[best]))
+            best = r;
+    }
+    /* all touched by this push: the first row that was not, from the
+     * sample's start (this push's rows are at most its keys) */
+    for (uint64_t j = 0; best == EMPTY && j < n; j++) {
+        uint64_t r = (sp->victim_at + j) % n;
+        if (sp->last[r] < sp->tick)
+            best = r;
+    }
+    sp->victim_at = (sp->victim_at + 1) % n;
+    if (best == EMPTY) {
+        sp->refused++;
+        return PS_ELIMIT;
+    }
+    psd_sparse_remove(sp, best);
+    sp->evicted_budget++;
+    return 0;
+}
+
+void psd_sparse_age_slice(struct psd_sparse *sp)
+{
+    if (sp->evict_after == 0)
+        return;
+    for (unsigned k = 0; k < PSD_AGE_SLICE && sp->nrows > 0; k++) {
+        if (sp->age_at >= sp->nrows)
+            sp->age_at = 0;
+        uint64_t r = sp->age_at;
+        if (sp->tick - sp->last[r] > sp->evict_after) {
+            psd_sparse_remove(sp, r); /* the last row moves here: looked at next */
+            sp->evicted_age++;
+        } else {
+            sp->age_at++;
+        }
+    }
 }

@@ -31,7 +31,34 @@ struct psd_sparse {
     uint64_t *row_key;   /* rows_cap: each row's key (checkpoints, OP_ROWS pages) */
     uint32_t *row_steps; /* optimizer steps per row (Adam's t), counted only where
                           * the update uses them (psk_optim_uses_step) */
+    uint64_t admitted;   /* rows made */
+
+    /* The life cycle (psd_sparse_life), when admission or eviction is on:
+     * pulls make no rows; every push is a tick, and each row keeps the
+     * tick of its last push. Everything here is decided by the order the
+     * pushes are applied in, so a backup replaying them does the same. */
+    int life;
+    uint64_t *last; /* rows_cap: the tick of the row's last push (or its making) */
+    uint64_t tick;  /* pushes applied to the table on this shard */
+    uint32_t admit_after;
+    uint64_t evict_after;
+    int evict_at_budget;
+    uint64_t age_at;    /* the row age eviction looks at next */
+    uint64_t victim_at; /* where budget eviction's sample starts */
+    /* admission: a count-min sketch of 4 rows of sketch_width one-byte
+     * counters, halved every sketch_width counts (sketch_adds): a counter
+     * holds about one other id's count on average at most, so an id
+     * pushed once is rarely taken for one pushed twice */
+    uint8_t *sketch;
+    uint64_t sketch_width, sketch_adds;
+    uint64_t held_back, evicted_age, evicted_budget, refused;
 };
+
+/* Rows age eviction looks at after each push (psd_sparse_age_slice): a
+ * row is evicted within nrows / PSD_AGE_SLICE pushes of ageing out. */
+#define PSD_AGE_SLICE 64u
+/* Rows budget eviction compares, spread over the table. */
+#define PSD_VICTIM_SAMPLE 8u
 
 int psd_sparse_init(struct psd_sparse *sp, uint32_t dim, uint64_t rows_max, int nstate,
                     int init_kind, float init_scale, uint64_t seed);
@@ -44,6 +71,25 @@ int64_t psd_sparse_row(struct psd_sparse *sp, uint64_t key, int create);
 /* The same with the key's hash, ps_mix64(key), already computed (by a
  * caller that asked for its slot's line ahead of time). */
 int64_t psd_sparse_row_hashed(struct psd_sparse *sp, uint64_t key, uint64_t hash, int create);
+
+/* Turns the life cycle on (a table spec's admit_after, admit_counters,
+ * evict_after, evict_at_budget; checked): 0 or PS_ENOMEM. */
+int psd_sparse_life(struct psd_sparse *sp, uint32_t admit_after, uint64_t admit_counters,
+                    uint64_t evict_after, int evict_at_budget);
+/* Bytes of the sketch, and of the per-row records the life cycle keeps. */
+uint64_t psd_sparse_life_bytes(const struct psd_sparse *sp, uint64_t rows);
+/* Counts a push of key, which has no row: 1 when that admits it (its
+ * count reached admit_after), else 0. */
+int psd_sparse_admit(struct psd_sparse *sp, uint64_t key);
+/* Room for a new row: 0 when there is some, or one was made by evicting
+ * the least recently pushed row of a sample (evict_at_budget) that the
+ * push in progress (tick) did not touch; else PS_ELIMIT. */
+int psd_sparse_make_room(struct psd_sparse *sp);
+/* Age eviction's slice after a push: looks at PSD_AGE_SLICE rows from
+ * age_at and evicts those not pushed in the last evict_after ticks. */
+void psd_sparse_age_slice(struct psd_sparse *sp);
+/* Removes row r: the last row moves into its place. */
+void psd_sparse_remove(struct psd_sparse *sp, uint64_t r);
 
 /* Asks for the cache line of the slot a key with this hash starts at:
  * for a key some way ahead of the one looked up (random keys miss the

@@ -36,7 +36,13 @@ uint64_t psd_table_bytes_for(const Ps__TableSpec *spec, uint32_t shard, uint32_t
     if (!spec->sparse)
         ps_shard_range(spec->size, shards, shard, &lo, &hi);
     uint64_t elems = spec->sparse ? spec->rows_max * spec->dim : hi - lo;
-    return elems * 4u * (1u + (uint64_t)psk_optim_state_arrays((int)spec->optimizer));
+    uint64_t life = 0; /* the sketch, and each row's last push */
+    if (spec->sparse && (spec->admit_after > 1 || spec->evict_after || spec->evict_at_budget))
+        life = (spec->admit_after > 1
+                    ? (spec->admit_counters ? spec->admit_counters : PS_ADMIT_COUNTERS_DEFAULT)
+                    : 0) +
+               spec->rows_max * sizeof(uint64_t);
+    return elems * 4u * (1u + (uint64_t)psk_optim_state_arrays((int)spec->optimizer)) + life;
 }
 
 /* fill: the weights from the spec's initialiser and the optimizer state
@@ -91,7 +97,12 @@ static int create(const Ps__TableSpec *spec, uint32_t id, uint32_t shard, uint32
         int rc = psd_sparse_init(&t->sp, spec->dim, spec->rows_max,
                                  psk_optim_state_arrays((int)spec->optimizer), (int)spec->init,
                                  spec->init_scale, spec->seed);
+        if (rc == 0)
+            rc = psd_sparse_life(&t->sp, spec->admit_after, spec->admit_counters, spec->evict_after,
+                                 spec->evict_at_budget);
         if (rc != 0) {
+            psd_sparse_fini(&t->sp);
+            free(t->pushers);
             free(t);
             return rc;
         }
@@ -182,6 +193,7 @@ void psd_table_destroy(struct psd_table *t)
     free(t->s2);
     free(t->pushers);
     free(t->stamp);
+    free(t->absent);
     free(t);
 }
 
@@ -221,6 +233,13 @@ int psd_table_same_spec(const struct psd_table *t, const Ps__TableSpec *spec)
            feq(t->l2, spec->l2) && t->await_set == (spec->await_set && !spec->sparse) &&
            t->ndims == spec->n_shape &&
            (t->ndims == 0 || memcmp(t->shape, spec->shape, t->ndims * sizeof t->shape[0]) == 0) &&
+           t->sp.admit_after == (spec->admit_after > 1 ? spec->admit_after : 0) &&
+           t->sp.sketch_width * 4 ==
+               (spec->admit_after > 1
+                    ? (spec->admit_counters ? spec->admit_counters : PS_ADMIT_COUNTERS_DEFAULT)
+                    : 0) &&
+           t->sp.evict_after == spec->evict_after &&
+           t->sp.evict_at_budget == (spec->evict_at_budget ? 1 : 0) &&
            t->npushers == spec->n_pushers &&
            (t->npushers == 0 ||
             memcmp(t->pushers, spec->pushers, t->npushers * sizeof t->pushers[0]) == 0);
@@ -458,15 +477,21 @@ struct rows_walk {
     size_t end;           /* n, or the key whose row could not be had */
     int64_t fail;         /* its error */
     uint64_t hash[ROWS_RING], row[ROWS_RING];
+    int create; /* make the rows not there; else they are ROWS_ABSENT */
 };
 
-static void rows_walk_init(struct rows_walk *w, struct psd_table *t, const uint64_t *keys, size_t n)
+/* rows_walk_at without create: the key has no row */
+#define ROWS_ABSENT (-1)
+
+static void rows_walk_init(struct rows_walk *w, struct psd_table *t, const uint64_t *keys, size_t n,
+                           int create)
 {
     w->sp = &t->sp;
     w->keys = keys;
     w->hashed = w->found = 0;
     w->end = n;
     w->fail = 0;
+    w->create = create;
 }
 
 /* always_inline: GCC 12 finds a function that only prefetches free of
@@ -502,7 +527,11 @@ static inline int64_t rows_walk_at(struct rows_walk *w, size_t i, enum rows_use 
     for (size_t to = i + ROWS_ROW_AHEAD < w->end ? i + ROWS_ROW_AHEAD + 1 : w->end; w->found < to;
          w->found++) {
         size_t k = w->found;
-        int64_t r = psd_sparse_row_hashed(sp, w->keys[k], w->hash[k % ROWS_RING], 1);
+        int64_t r = psd_sparse_row_hashed(sp, w->keys[k], w->hash[k % ROWS_RING], w->create);
+        if (r == -1 && !w->create) {
+            w->row[k % ROWS_RING] = (uint64_t)ROWS_ABSENT;
+            continue;
+        }
         if (r < 0) {
             w->end = k;
             w->fail = r;
@@ -519,25 +548,112 @@ int psd_table_pull_rows(struct psd_table *t, const uint64_t *keys, size_t n, flo
 {
     uint32_t d = t->dim;
     struct rows_walk w;
-    rows_walk_init(&w, t, keys, n);
+    struct psd_sparse *sp = &t->sp;
+    rows_walk_init(&w, t, keys, n, !sp->life); /* with a life cycle, pulls make no rows */
     for (size_t i = 0; i < n; i++) {
         int64_t r = rows_walk_at(&w, i, ROWS_READ);
-        if (r < 0)
+        if (r == ROWS_ABSENT && sp->life) /* what its row would start as */
+            ps_init_fill(out + i * d, d, (enum ps_init_kind)sp->init_kind, sp->init_scale,
+                         sp->seed ^ ps_mix64(keys[i]), 0);
+        else if (r < 0)
             return row_error(t, r, keys[i], err, errlen);
-        memcpy(out + i * d, t->sp.w + (size_t)r * d, d * sizeof(float));
+        else
+            memcpy(out + i * d, sp->w + (size_t)r * d, d * sizeof(float));
     }
     return 0;
+}
+
+/* Applies g's rows to the rows of keys whose rows are rows[0..m) (a
+ * run: their gradients follow each other in g). */
+static void apply_rows_run(struct psd_table *t, const struct psk_optim *o, const uint64_t *rows,
+                           const float *g, size_t m)
+{
+    struct psd_sparse *sp = &t->sp;
+    size_t d = t->dim;
+    if (!psk_optim_uses_step(o)) {
+        psk_optim_apply_rows(o, 1, sp->w, sp->s1, sp->s2, rows, d, g, m);
+        return;
+    }
+    for (size_t j = 0; j < m; j++) { /* each row at its own step */
+        size_t r = (size_t)rows[j];
+        psk_optim_apply(o, ++sp->row_steps[r], sp->w + r * d, sp->s1 ? sp->s1 + r * d : NULL,
+                        sp->s2 ? sp->s2 + r * d : NULL, g + j * d, d);
+    }
+}
+
+/* A push with the life cycle on (sparse.h): the rows there are applied,
+ * and stamped with this push's tick, as they come; then the keys without
+ * one, in order: counted toward admission, given a row (room made by
+ * evicting the least recently pushed row not in this push, where
+ * evict_at_budget allows) and applied; then a slice of age eviction. A
+ * key refused for room ends the push with an error; the rows before it
+ * and every row that was there are applied. */
+static int push_rows_life(struct psd_table *t, const uint64_t *keys, const float *g, size_t n,
+                          char *err, size_t errlen)
+{
+    struct psd_sparse *sp = &t->sp;
+    struct psk_optim o = psd_table_optim(t);
+    size_t d = t->dim;
+    uint64_t tick = ++sp->tick;
+    if (t->absent_cap < n) {
+        size_t *a = realloc(t->absent, n * sizeof *a);
+        if (a == NULL)
+            return ps_errf(PS_ENOMEM, err, errlen, "table '%s': out of memory for %zu keys",
+                           t->name, n);
+        t->absent = a;
+        t->absent_cap = n;
+    }
+    size_t nabs = 0, run = 0;
+    uint64_t rows[ROWS_APPLY];
+    struct rows_walk w;
+    rows_walk_init(&w, t, keys, n, 0);
+    for (size_t i = 0; i < n; i++) {
+        int64_t r = rows_walk_at(&w, i, ROWS_UPDATE_STEPS);
+        if (r == ROWS_ABSENT) {
+            t->absent[nabs++] = i;
+        } else {
+            sp->last[r] = tick;
+            rows[run++] = (uint64_t)r;
+        }
+        /* a run ends at a key without a row, when full, or at the end */
+        if (run > 0 && (r == ROWS_ABSENT || run == ROWS_APPLY || i + 1 == n)) {
+            size_t first = r == ROWS_ABSENT ? i - run : i + 1 - run;
+            apply_rows_run(t, &o, rows, g + first * d, run);
+            run = 0;
+        }
+    }
+    int rc = 0;
+    for (size_t j = 0; j < nabs && rc == 0; j++) {
+        size_t i = t->absent[j];
+        if (!psd_sparse_admit(sp, keys[i]))
+            continue;
+        int64_t r = (rc = psd_sparse_make_room(sp)) == 0 ? psd_sparse_row(sp, keys[i], 1) : rc;
+        if (r < 0) {
+            rc = row_error(t, r, keys[i], err, errlen);
+            break;
+        }
+        uint64_t one = (uint64_t)r;
+        apply_rows_run(t, &o, &one, g + i * d, 1);
+    }
+    psd_sparse_age_slice(sp);
+    return rc;
 }
 
 int psd_table_push_rows(struct psd_table *t, const uint64_t *keys, const float *g, size_t n,
                         char *err, size_t errlen)
 {
     uint64_t t0 = (uint64_t)ps_mono_ns();
+    if (t->sp.life) {
+        int rc = push_rows_life(t, keys, g, n, err, errlen);
+        t->steps++;
+        apply_took(t, t0);
+        return rc;
+    }
     struct psk_optim o = psd_table_optim(t);
     struct psd_sparse *sp = &t->sp;
     uint32_t d = t->dim;
     struct rows_walk w;
-    rows_walk_init(&w, t, keys, n);
+    rows_walk_init(&w, t, keys, n, 1);
     uint64_t rows[ROWS_APPLY];
     int one_call = !psk_optim_uses_step(&o);
     for (size_t b = 0; b < n; b += ROWS_APPLY) {
@@ -590,7 +706,8 @@ uint64_t psd_table_bytes_held(const struct psd_table *t)
     uint64_t elems = t->sparse ? t->sp.nrows * t->dim : t->hi - t->lo;
     uint64_t arrays = 1u + (uint64_t)psk_optim_state_arrays((int)t->optimizer);
     return elems * 4u * (arrays + (t->spare != NULL)) /* the spare: see psd_table_lend */
-           + (t->stamp != NULL ? (t->hi - t->lo) * sizeof *t->stamp : 0);
+           + (t->sparse ? psd_sparse_life_bytes(&t->sp, t->sp.nrows) : 0) +
+           (t->stamp != NULL ? (t->hi - t->lo) * sizeof *t->stamp : 0);
 }
 
 /* The next version, and the stamp that marks it: stamps count from

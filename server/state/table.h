@@ -70,6 +70,8 @@ struct psd_table {
     uint32_t *pushers; /* the worker ids that push it, increasing (NULL: every one) */
     uint32_t npushers;
     struct psd_sparse sp;
+    size_t *absent; /* a life-cycle push's keys without a row (grows; absent_cap) */
+    size_t absent_cap;
 
     float *w;              /* hi - lo weights */
     struct psd_lend *lend; /* w's, once a reply was sent from it; NULL before */

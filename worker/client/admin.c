@@ -93,6 +93,10 @@ int psc_table_create(struct psc_client *c, const struct psc_table_spec *caller, 
     ts.shape = (uint64_t *)spec->shape;
     ts.n_pushers = spec->pushers != NULL ? spec->npushers : 0;
     ts.pushers = (uint32_t *)spec->pushers;
+    ts.admit_after = spec->admit_after;
+    ts.admit_counters = spec->admit_counters;
+    ts.evict_after = spec->evict_after;
+    ts.evict_at_budget = spec->evict_at_budget != 0;
     char err[PS_ERROR_TEXT_MAX];
     int rc = ps_wire_check_spec(&ts, err, sizeof err);
     if (rc != 0)

@@ -182,6 +182,19 @@ struct psc_table_spec {
                               * wait for them alone, and another worker's push is
                               * refused. npushers 0: every worker of the rounds */
     uint32_t npushers;       /* at most 4096 (PS_WORKERS_MAX) */
+    /* Added after ABI 1's first version (8-byte fields first: the first
+     * version's tail padding, which a caller may not have zeroed, stays
+     * padding). A sparse table's life cycle (server/README.md, "Rows that
+     * come and go"); all 0: none. */
+    uint64_t admit_counters; /* the count-min sketch's one-byte counters, a power of two
+                              * (0: 1 MiB) */
+    uint64_t evict_after;    /* a row not pushed in the table's last evict_after pushes on
+                              * its shard is evicted (0: never) */
+    uint32_t admit_after;    /* an id gets a row at its admit_after-th push (0, 1: its first);
+                              * until then its pushes are counted, not applied, and its
+                              * pulls give the initial value. At most 255 */
+    int evict_at_budget;     /* a new row at rows_max evicts the least recently pushed row of
+                              * a sample (not one of the same push) instead of being refused */
 };
 
 struct psc_table_stats {
@@ -198,6 +211,11 @@ struct psc_table_stats {
     double sparsity; /* fraction of this shard's weights pruned to 0 */
     uint32_t ndims;  /* the spec's shape (0: a vector) */
     uint64_t shape[PSC_SHAPE_DIMS_MAX];
+    /* Added after ABI 1's first version: a sparse table's life cycle on
+     * this shard (rows made, pushes of ids not admitted yet, rows evicted
+     * for age and for room, new rows refused), and the bytes it holds */
+    uint64_t admitted, held_back, evicted_age, evicted_budget, refused;
+    uint64_t bytes;
 };
 
 struct psc_shard_stats {

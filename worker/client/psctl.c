@@ -167,6 +167,14 @@ static json_t *shard_json(const struct psc_shard_stats *st, const struct psc_tab
                               (json_int_t)t->dim, "clock", (json_int_t)t->clock, "updates",
                               (json_int_t)t->updates, "pushes", (json_int_t)t->pushes, "pulls",
                               (json_int_t)t->pulls, "sparsity", t->sparsity));
+        json_t *last = json_array_get(tables, json_array_size(tables) - 1);
+        if (last != NULL)
+            json_object_update_new(
+                last, json_pack("{s:I, s:I, s:I, s:I, s:I, s:I}", "bytes", (json_int_t)t->bytes,
+                                "admitted", (json_int_t)t->admitted, "held_back",
+                                (json_int_t)t->held_back, "evicted_age", (json_int_t)t->evicted_age,
+                                "evicted_budget", (json_int_t)t->evicted_budget, "refused",
+                                (json_int_t)t->refused));
     }
     json_t *o = json_pack(
         "{s:b, s:s, s:f, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:f}", "up", 1,
@@ -261,6 +269,12 @@ static void print_tables(uint32_t s, const struct psc_table_stats *tl, uint32_t 
                t->sparse ? "sparse" : "dense", (unsigned long long)t->size, where,
                (unsigned long long)t->clock, (unsigned long long)t->updates, t->sparsity,
                t->optimizer);
+        if (t->sparse && (t->held_back || t->evicted_age || t->evicted_budget || t->refused))
+            printf("        rows made %llu, pushes held back %llu, evicted %llu for age and %llu "
+                   "for room, refused %llu; %llu bytes\n",
+                   (unsigned long long)t->admitted, (unsigned long long)t->held_back,
+                   (unsigned long long)t->evicted_age, (unsigned long long)t->evicted_budget,
+                   (unsigned long long)t->refused, (unsigned long long)t->bytes);
     }
 }
 

@@ -312,6 +312,12 @@ static void handle_sync_reply(struct psc_client *c, uint32_t shard, struct slot 
             o->ndims = t->n_shape <= PSC_SHAPE_DIMS_MAX ? (uint32_t)t->n_shape : 0;
             for (uint32_t d = 0; d < o->ndims; d++)
                 o->shape[d] = t->shape[d];
+            o->admitted = t->admitted;
+            o->held_back = t->held_back;
+            o->evicted_age = t->evicted_age;
+            o->evicted_budget = t->evicted_budget;
+            o->refused = t->refused;
+            o->bytes = t->bytes;
         }
         st->nworker_clocks = (uint32_t)h->stats->n_worker_clocks;
         for (size_t i = 0; i < h->stats->n_worker_clocks && i < 64; i++)

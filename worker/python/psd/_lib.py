@@ -100,6 +100,10 @@ class TableSpec(_Sized):
         ("ndims", ctypes.c_uint32),
         ("pushers", ctypes.POINTER(ctypes.c_uint32)),
         ("npushers", ctypes.c_uint32),
+        ("admit_counters", ctypes.c_uint64),
+        ("evict_after", ctypes.c_uint64),
+        ("admit_after", ctypes.c_uint32),
+        ("evict_at_budget", ctypes.c_int),
     ]
 
 SHAPE_DIMS_MAX = 8  # PSC_SHAPE_DIMS_MAX

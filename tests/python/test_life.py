@@ -1,0 +1,126 @@
+"""Sparse tables' life cycle through real psd processes: a restart from a
+checkpoint admits and evicts exactly as a run that never stopped; a peer
+pushing junk ids cannot push the hot rows out, nor the table past its
+budget; /metrics and psctl show the counts."""
+import os
+import re
+import time
+import urllib.request
+
+import numpy as np
+import pytest
+
+import psd
+from conftest import export
+
+DIM = 4
+SPEC = dict(lr=0.5, rows_max=60, init="uniform", init_scale=0.1, seed=5, admit_after=2,
+            evict_after=40, evict_at_budget=True, admit_counters=4096)
+
+
+def workload(step):
+    """Step's keys (increasing) and gradients: a hot set and a long tail."""
+    rng = np.random.default_rng(step)
+    hot = rng.choice(20, 6, replace=False)
+    tail = 1000 + rng.zipf(1.3, 12) % 5000
+    keys = np.unique(np.concatenate([hot, tail])).astype(np.uint64)
+    return keys, rng.standard_normal((keys.size, DIM)).astype(np.float32)
+
+
+def run(cluster, tmp, steps, restart_at=None):
+    ckpt = str(tmp / "ckpt")
+    args = ["--checkpoint-dir", ckpt]
+    servers = cluster.start(shards=2, args=args)
+    c = psd.Client(servers)
+    c.create_sparse_table("e", DIM, **SPEC)
+    for step in range(steps):
+        if step == restart_at:
+            c.close()
+            assert set(cluster.stop()) == {0}  # each shard writes a checkpoint at shutdown
+            servers = cluster.start(shards=2, args=args)
+            c = psd.Client(servers)
+            c.create_sparse_table("e", DIM, **SPEC)  # the same spec: the restored table
+        keys, g = workload(step)
+        c.push_rows("e", keys, g).wait()
+    c.close()
+    out = export(servers, tmp / "export.safetensors")
+    assert set(cluster.stop()) == {0}
+    return out
+
+
+def test_a_restart_admits_and_evicts_as_before(cluster, tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    whole = run(cluster, tmp_path / "a", 300)
+    broken = run(cluster, tmp_path / "b", 300, restart_at=170)
+    assert sorted(whole) == sorted(broken)
+    for name in whole:
+        np.testing.assert_array_equal(whole[name], broken[name], err_msg=name)
+    assert len(whole) > 0
+
+
+def metric(text, name, table="e"):
+    for line in text.splitlines():
+        if line.startswith(name + "{") and 'table="%s"' % table in line:
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError("no %s for table %s in /metrics:\n%s" % (name, table, text[:3000]))
+
+
+def test_junk_ids_cannot_push_the_hot_rows_out(cluster):
+    servers = cluster.start(args=["--metrics-listen", "127.0.0.1:0"])
+    budget = 200
+    hot = np.arange(50, dtype=np.uint64)
+    with psd.Client(servers, rank=0, workers=2) as c, \
+            psd.Client(servers, rank=1, workers=2) as junk:
+        spec = dict(SPEC, rows_max=budget, evict_after=0, admit_after=3, init="zeros")
+        c.create_sparse_table("e", DIM, **spec)
+        junk.create_sparse_table("e", DIM, **spec)
+        one = np.ones((hot.size, DIM), np.float32)
+        rng = np.random.default_rng(9)
+        pushes = 0
+        for step in range(400):
+            c.push_rows("e", hot, one).wait()
+            pushes += 1
+            for _ in range(3):  # three junk pushes of 150 new ids each per hot push
+                ids = np.unique(rng.integers(10**6, 10**12, 150)).astype(np.uint64)
+                junk.push_rows("e", ids, np.ones((ids.size, DIM), np.float32)).wait()
+        w = np.empty((hot.size, DIM), np.float32)
+        c.pull_rows("e", hot, w).wait()
+        # every hot id was admitted within its first few pushes (at the 3rd;
+        # a count-min sketch may count one too many, and its halvings may
+        # take one off) and never evicted: each push since moved it by lr
+        # (0.5) x 1, where an eviction would have taken it back to 0
+        steps = -w[:, 0] / 0.5
+        assert np.all(w == w[:, :1]), w
+        assert np.all((steps >= pushes - 5) & (steps <= pushes)), steps
+    text = metrics_text(cluster, pushes * 4)
+    got = {n: metric(text, "psd_table_" + n) for n in (
+        "rows", "rows_admitted_total", "pushes_held_back_total", "rows_evicted_budget_total",
+        "rows_refused_total", "held_bytes")}
+    print("junk flood: %s" % got)
+    assert got["rows"] <= budget
+    assert got["pushes_held_back_total"] > 100000  # the junk, counted and not applied
+    # the sketch and each row's record are all the life cycle holds
+    assert got["held_bytes"] <= budget * DIM * 4 + 4096 + budget * 8
+
+
+def metrics_text(cluster, pushes_wanted):
+    """/metrics of the first psd, its port read from its log."""
+    log = os.path.join(cluster.tmp, "psd0.log")
+    deadline = time.monotonic() + 10
+    while True:
+        m = re.search(r"metrics on \S+ \(port (\d+)\)", open(log).read())
+        if m or time.monotonic() > deadline:
+            break
+        time.sleep(0.01)
+    assert m, "no metrics port in psd's log"
+    url = "http://127.0.0.1:%s/metrics" % m.group(1)
+    # the page is what the loop last published: polled until it has the
+    # table and its last push
+    while True:
+        text = urllib.request.urlopen(url, timeout=10).read().decode()
+        if ('psd_table_rows{table="e"}' in text and
+                'psd_requests_total{op="push"} %d' % pushes_wanted in text) or \
+                time.monotonic() > deadline + 10:
+            return text
+        time.sleep(0.05)

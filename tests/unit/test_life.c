@@ -1,0 +1,262 @@
+/* A sparse table's life cycle, on the table itself: admission by a
+ * count-min sketch, eviction of the least recently pushed row at the
+ * budget, eviction by age in slices, refusal when nothing may go, and the
+ * same decisions from the same pushes (what a backup replaying them
+ * relies on). */
+#include "table.h"
+
+#include "ps_err.h"
+#include "ps_init.h"
+#include "ps_shard.h"
+#include "ps_wire.h"
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#define DIM 4
+
+static struct psd_table *make(uint64_t rows_max, uint32_t admit_after, uint64_t evict_after,
+                              int at_budget)
+{
+    Ps__TableSpec spec = PS__TABLE_SPEC__INIT;
+    spec.name = "e";
+    spec.sparse = 1;
+    spec.dim = DIM;
+    spec.rows_max = rows_max;
+    spec.lr = 0.5f;
+    spec.init = PS__INIT_KIND__INIT_UNIFORM;
+    spec.init_scale = 0.1f;
+    spec.seed = 3;
+    spec.admit_after = admit_after;
+    spec.admit_counters = admit_after > 1 ? 4096 : 0;
+    spec.evict_after = evict_after;
+    spec.evict_at_budget = at_budget;
+    char err[256];
+    assert_int_equal(ps_wire_check_spec(&spec, err, sizeof err), 0);
+    struct psd_table *t = NULL;
+    assert_int_equal(psd_table_create(&spec, 0, 0, 1, &t), 0);
+    return t;
+}
+
+static int push(struct psd_table *t, const uint64_t *keys, size_t n)
+{
+    float g[64 * DIM];
+    for (size_t i = 0; i < n * DIM; i++)
+        g[i] = 1.0f;
+    char err[256];
+    return psd_table_push_rows(t, keys, g, n, err, sizeof err);
+}
+
+static int push1(struct psd_table *t, uint64_t key)
+{
+    return push(t, &key, 1);
+}
+
+static int has(struct psd_table *t, uint64_t key)
+{
+    return psd_sparse_row(&t->sp, key, 0) >= 0;
+}
+
+/* The row of key as a pull gives it. */
+static void pull1(struct psd_table *t, uint64_t key, float *out)
+{
+    char err[256];
+    assert_int_equal(psd_table_pull_rows(t, &key, 1, out, err, sizeof err), 0);
+}
+
+static void test_admission_counts_then_admits(void **state)
+{
+    (void)state;
+    struct psd_table *t = make(100, 3, 0, 0);
+    float init[DIM], w[DIM];
+    ps_init_fill(init, DIM, PS_INIT_UNIFORM, 0.1f, 3 ^ ps_mix64(42), 0);
+    pull1(t, 42, w); /* no row: the initial value, and a pull makes none */
+    assert_memory_equal(w, init, sizeof w);
+    assert_false(has(t, 42));
+    assert_int_equal(push1(t, 42), 0);
+    assert_int_equal(push1(t, 42), 0);
+    assert_false(has(t, 42)); /* counted twice, not applied */
+    assert_int_equal(t->sp.held_back, 2);
+    pull1(t, 42, w);
+    assert_memory_equal(w, init, sizeof w);
+    assert_int_equal(push1(t, 42), 0); /* the third push makes the row and is applied */
+    assert_true(has(t, 42));
+    pull1(t, 42, w);
+    for (int j = 0; j < DIM; j++)
+        assert_true(w[j] == init[j] - 0.5f); /* one step of lr 0.5, gradient 1 */
+    assert_int_equal(t->sp.admitted, 1);
+    psd_table_destroy(t);
+}
+
+static void test_budget_evicts_the_least_recently_pushed(void **state)
+{
+    (void)state;
+    struct psd_table *t = make(4, 0, 0, 1);
+    for (uint64_t k = 1; k <= 4; k++)
+        assert_int_equal(push1(t, k), 0); /* ticks 1..4 */
+    assert_int_equal(push1(t, 1), 0);     /* 1 at tick 5: 2 is now the oldest */
+    assert_int_equal(push1(t, 5), 0);     /* at the budget: 2 goes */
+    assert_int_equal(t->sp.nrows, 4);
+    assert_false(has(t, 2));
+    assert_true(has(t, 1) && has(t, 3) && has(t, 4) && has(t, 5));
+    assert_int_equal(t->sp.evicted_budget, 1);
+    /* an evicted id starts again from its initial value */
+    float init[DIM], w[DIM];
+    ps_init_fill(init, DIM, PS_INIT_UNIFORM, 0.1f, 3 ^ ps_mix64(2), 0);
+    pull1(t, 2, w);
+    assert_memory_equal(w, init, sizeof w);
+    psd_table_destroy(t);
+}
+
+static void test_a_push_never_evicts_its_own_rows(void **state)
+{
+    (void)state;
+    struct psd_table *t = make(4, 0, 0, 1);
+    const uint64_t six[6] = {10, 11, 12, 13, 14, 15};
+    char err[256];
+    float g[6 * DIM] = {0};
+    int rc = psd_table_push_rows(t, six, g, 6, err, sizeof err);
+    assert_int_equal(rc, PS_ELIMIT); /* four made; the fifth finds only this push's rows */
+    assert_non_null(strstr(err, "key 14"));
+    assert_int_equal(t->sp.nrows, 4);
+    assert_int_equal(t->sp.refused, 1);
+    for (uint64_t k = 10; k <= 13; k++)
+        assert_true(has(t, k));
+    /* the next push may evict them */
+    assert_int_equal(push1(t, 14), 0);
+    assert_int_equal(t->sp.nrows, 4);
+    assert_true(has(t, 14));
+    psd_table_destroy(t);
+}
+
+static void test_without_eviction_the_budget_refuses(void **state)
+{
+    (void)state;
+    struct psd_table *t = make(2, 2, 0, 0);
+    assert_int_equal(push1(t, 1), 0);
+    assert_int_equal(push1(t, 1), 0);
+    assert_int_equal(push1(t, 2), 0);
+    assert_int_equal(push1(t, 2), 0);
+    assert_int_equal(t->sp.nrows, 2);
+    assert_int_equal(push1(t, 3), 0);         /* counted: no row needed yet */
+    assert_int_equal(push1(t, 3), PS_ELIMIT); /* admitted, no room */
+    assert_int_equal(t->sp.refused, 1);
+    psd_table_destroy(t);
+}
+
+static void test_age_evicts_in_slices(void **state)
+{
+    (void)state;
+    struct psd_table *t = make(1000, 0, 3, 0);
+    assert_int_equal(push1(t, 7), 0); /* tick 1 */
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(push1(t, 8), 0); /* ticks 2..4: 7 is 3 old, kept */
+    assert_true(has(t, 7));
+    assert_int_equal(push1(t, 8), 0); /* tick 5: 4 old, evicted in this push's slice */
+    assert_false(has(t, 7));
+    assert_true(has(t, 8));
+    assert_int_equal(t->sp.evicted_age, 1);
+    /* a slice looks at PSD_AGE_SLICE rows: a large table ages out over
+     * several pushes, never more than a slice at a time */
+    struct psd_table *u = make(10000, 0, 1, 0);
+    uint64_t keys[64];
+    for (uint64_t b = 0; b < 1000; b += 64) {
+        size_t n = 0;
+        for (uint64_t k = b; k < b + 64 && k < 1000; k++)
+            keys[n++] = 100 + k;
+        assert_int_equal(push(u, keys, n), 0);
+    }
+    uint64_t before = u->sp.nrows;
+    assert_int_equal(push1(u, 5), 0);
+    assert_true(before - u->sp.nrows <= PSD_AGE_SLICE);
+    for (int i = 0; i < 40 && u->sp.nrows > 1; i++)
+        assert_int_equal(push1(u, 5), 0);
+    assert_int_equal(u->sp.nrows, 1); /* all but the row still pushed */
+    psd_table_destroy(u);
+    psd_table_destroy(t);
+}
+
+static uint64_t rng_next(uint64_t *s)
+{
+    *s = *s * 6364136223846793005u + 1442695040888963407u;
+    return *s >> 33;
+}
+
+/* The same pushes, the same table: rows, order, values and counts (what
+ * a backup that replays the primary's records holds). */
+static void test_the_same_pushes_give_the_same_table(void **state)
+{
+    (void)state;
+    struct psd_table *a = make(300, 2, 200, 1), *b = make(300, 2, 200, 1);
+    uint64_t rng = 11;
+    for (int step = 0; step < 2000; step++) {
+        uint64_t keys[32];
+        size_t n = 0;
+        uint64_t k = rng_next(&rng) % 50;
+        for (int j = 0; j < 32; j++) { /* increasing; hot ids below 50, the rest spread */
+            k += 1 + rng_next(&rng) % (j < 8 ? 4 : 400);
+            keys[n++] = k;
+        }
+        int ra = push(a, keys, n), rb = push(b, keys, n);
+        assert_int_equal(ra, rb);
+        assert_true(a->sp.nrows <= 300);
+    }
+    assert_int_equal(a->sp.nrows, b->sp.nrows);
+    assert_memory_equal(a->sp.row_key, b->sp.row_key, a->sp.nrows * 8);
+    assert_memory_equal(a->sp.w, b->sp.w, a->sp.nrows * DIM * 4);
+    assert_memory_equal(a->sp.last, b->sp.last, a->sp.nrows * 8);
+    assert_true(a->sp.evicted_budget + a->sp.evicted_age > 0);
+    assert_true(a->sp.held_back > 0);
+    /* every row is found through the index (evictions moved rows) */
+    for (uint64_t r = 0; r < a->sp.nrows; r++)
+        assert_int_equal(psd_sparse_row(&a->sp, a->sp.row_key[r], 0), (int64_t)r);
+    psd_table_destroy(a);
+    psd_table_destroy(b);
+}
+
+static void test_specs_that_do_not_fit_are_refused(void **state)
+{
+    (void)state;
+    Ps__TableSpec spec = PS__TABLE_SPEC__INIT;
+    spec.name = "d";
+    spec.size = 10;
+    spec.evict_after = 5; /* a dense table */
+    char err[256];
+    assert_int_equal(ps_wire_check_spec(&spec, err, sizeof err), PS_EINVAL);
+    assert_non_null(strstr(err, "sparse"));
+    spec.size = 0;
+    spec.sparse = 1;
+    spec.dim = 2;
+    spec.rows_max = 10;
+    spec.evict_after = 0;
+    spec.admit_after = 256;
+    assert_int_equal(ps_wire_check_spec(&spec, err, sizeof err), PS_EINVAL);
+    assert_non_null(strstr(err, "admit_after 256"));
+    spec.admit_after = 2;
+    spec.admit_counters = 1000; /* not a power of two */
+    assert_int_equal(ps_wire_check_spec(&spec, err, sizeof err), PS_EINVAL);
+    assert_non_null(strstr(err, "admit_counters 1000"));
+    spec.admit_after = 0;
+    spec.admit_counters = 1024; /* a sketch without admission */
+    assert_int_equal(ps_wire_check_spec(&spec, err, sizeof err), PS_EINVAL);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_admission_counts_then_admits),
+        cmocka_unit_test(test_budget_evicts_the_least_recently_pushed),
+        cmocka_unit_test(test_a_push_never_evicts_its_own_rows),
+        cmocka_unit_test(test_without_eviction_the_budget_refuses),
+        cmocka_unit_test(test_age_evicts_in_slices),
+        cmocka_unit_test(test_the_same_pushes_give_the_same_table),
+        cmocka_unit_test(test_specs_that_do_not_fit_are_refused),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
