@@ -507,6 +507,8 @@ static inline __attribute__((always_inline)) void prefetch_row(const struct psd_
     __builtin_prefetch(sp->w + at, 1, 1);
     if (use == ROWS_UPDATE_STEPS)
         __builtin_prefetch(sp->row_steps + r, 1, 1);
+    if (sp->last != NULL) /* a life cycle's push stamps the row's tick */
+        __builtin_prefetch(sp->last + r, 1, 1);
     if (sp->s1 != NULL)
         __builtin_prefetch(sp->s1 + at, 1, 1);
     if (sp->s2 != NULL)
@@ -607,8 +609,9 @@ static int push_rows_life(struct psd_table *t, const uint64_t *keys, const float
     uint64_t rows[ROWS_APPLY];
     struct rows_walk w;
     rows_walk_init(&w, t, keys, n, 0);
+    enum rows_use use = psk_optim_uses_step(&o) ? ROWS_UPDATE_STEPS : ROWS_UPDATE;
     for (size_t i = 0; i < n; i++) {
-        int64_t r = rows_walk_at(&w, i, ROWS_UPDATE_STEPS);
+        int64_t r = rows_walk_at(&w, i, use);
         if (r == ROWS_ABSENT) {
             t->absent[nabs++] = i;
         } else {
