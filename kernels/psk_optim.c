@@ -6,7 +6,8 @@
 #include <math.h>
 #include <string.h>
 
-static const char *const names[] = {"sgd", "momentum", "adagrad", "adam", "ftrl"};
+static const char *const names[] = {"sgd",  "momentum", "adagrad",
+                                    "adam", "ftrl",     "rowwise_adagrad"};
 
 int psk_optim_state_arrays(int kind)
 {
@@ -24,12 +25,12 @@ int psk_optim_state_arrays(int kind)
 
 const char *psk_optim_name(int kind)
 {
-    return kind >= 0 && kind <= PSK_OPT_FTRL ? names[kind] : "?";
+    return kind >= 0 && kind <= PSK_OPT_ROWWISE_ADAGRAD ? names[kind] : "?";
 }
 
 int psk_optim_parse(const char *name)
 {
-    for (int i = 0; i <= PSK_OPT_FTRL; i++)
+    for (int i = 0; i <= PSK_OPT_ROWWISE_ADAGRAD; i++)
         if (strcmp(name, names[i]) == 0)
             return i;
     return -1;
@@ -221,4 +222,24 @@ void psk_optim_apply_rows(const struct psk_optim *o, uint64_t step, float *w, fl
         apply_scattered(o, step, w, s1, s2, rows, 0, 1, g, n, 0);
     else
         apply_scattered(o, step, w, s1, s2, rows, 0, d, g, n, 0);
+}
+
+void psk_optim_apply_rowwise(const struct psk_optim *o, uint64_t step, float *w, float *rs,
+                             const uint64_t *rows, size_t d, const float *g, size_t n)
+{
+    float lr = psk_optim_lr(o, step), wd = o->weight_decay;
+    for (size_t i = 0; i < n; i++) {
+        float *wr = w + rows[i] * d;
+        const float *gr = g + i * d;
+        float sq = 0.0f;
+        for (size_t e = 0; e < d; e++) {
+            float x = psk_decay(gr[e], wr[e], wd);
+            sq += x * x;
+        }
+        float s = rs[rows[i]] + sq / (float)d;
+        rs[rows[i]] = s;
+        float k = lr / (sqrtf(s) + o->eps);
+        for (size_t e = 0; e < d; e++)
+            wr[e] -= k * psk_decay(gr[e], wr[e], wd);
+    }
 }

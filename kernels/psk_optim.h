@@ -14,7 +14,8 @@ enum psk_optim_kind {
     PSK_OPT_MOMENTUM = 1,
     PSK_OPT_ADAGRAD = 2,
     PSK_OPT_ADAM = 3,
-    PSK_OPT_FTRL = 4, /* lr = alpha, eps = beta, l1, l2 */
+    PSK_OPT_FTRL = 4,            /* lr = alpha, eps = beta, l1, l2 */
+    PSK_OPT_ROWWISE_ADAGRAD = 5, /* rows only: psk_optim_apply_rowwise */
 };
 
 /* Same numbers as ps.LrSchedule. */
@@ -66,5 +67,12 @@ int psk_optim_uses_step(const struct psk_optim *o);
  * the rows' cache lines. */
 void psk_optim_apply_rows(const struct psk_optim *o, uint64_t step, float *w, float *s1, float *s2,
                           const uint64_t *rows, size_t d, const float *g, size_t n);
+
+/* Row-wise Adagrad on rows of d elements (TorchRec's and Paddle's for
+ * embeddings): with x = g + weight_decay * w for the row's elements, the
+ * row's one accumulator rs[rows[i]] += mean of x^2, then
+ * w -= lr * x / (sqrt(rs) + eps). One float of state per row. */
+void psk_optim_apply_rowwise(const struct psk_optim *o, uint64_t step, float *w, float *rs,
+                             const uint64_t *rows, size_t d, const float *g, size_t n);
 
 #endif

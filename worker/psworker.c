@@ -97,7 +97,8 @@ static const struct ps_opt opts[] = {
     OPT("epochs", PS_OPT_U64, epochs, "5", 1, 100000, "E", "passes over the training set"),
     FOPT("lr", lr, "0.02", 0.0, 100.0, "LR", "learning rate"),
     OPT("optimizer", PS_OPT_STR, optimizer, "momentum", 0, 0, "NAME",
-        "sgd, momentum, adagrad, adam, or ftrl (FTRL-proximal, --model sparse-lr only)"),
+        "sgd, momentum, adagrad, adam, or (--model sparse-lr only) ftrl (FTRL-proximal) or "
+        "rowwise_adagrad (one accumulator per embedding row; the dense head takes adagrad)"),
     OPT("lr-schedule", PS_OPT_STR, lr_schedule, "cosine", 0, 0, "NAME",
         "constant, or cosine decay to 0 over the whole run"),
     FOPT("momentum", momentum, "0.9", 0.0, 0.999999, "M", "momentum coefficient"),
@@ -348,14 +349,18 @@ static int check_config(struct config *c, char *err, size_t errlen)
     }
     int opt = psk_optim_parse(c->optimizer);
     if (opt < 0) {
-        snprintf(err, errlen, "--optimizer: '%s' is not sgd, momentum, adagrad, adam or ftrl",
+        snprintf(err, errlen,
+                 "--optimizer: '%s' is not sgd, momentum, adagrad, adam, ftrl or rowwise_adagrad",
                  c->optimizer);
         return PS_EINVAL;
     }
-    if (opt == PSK_OPT_FTRL && !sparse) { /* its weights collapse on the MLP's dense layers */
+    if ((opt == PSK_OPT_FTRL || opt == PSK_OPT_ROWWISE_ADAGRAD) && !sparse) {
+        /* FTRL's weights collapse on the MLP's dense layers; row-wise
+         * Adagrad needs rows */
         snprintf(err, errlen,
-                 "--optimizer ftrl: FTRL-proximal is for sparse models (--model sparse-lr); the "
-                 "mlp takes sgd, momentum, adagrad or adam");
+                 "--optimizer %s: for sparse models (--model sparse-lr); the mlp and the cnn "
+                 "take sgd, momentum, adagrad or adam",
+                 c->optimizer);
         return PS_EINVAL;
     }
     if (!c->standalone && c->servers == NULL) {

@@ -285,7 +285,10 @@ static int setup_mlp(struct slr *m, char *err, size_t errlen)
         psw_mlp_table_name(k, name, sizeof name);
         struct psc_table_spec s;
         psc_table_spec_init(&s, name, n);
-        s.optimizer = cfg->optimizer == PSC_FTRL ? PSC_ADAGRAD : cfg->optimizer;
+        /* the head is dense: Adagrad for the sparse-only optimizers */
+        s.optimizer = cfg->optimizer == PSC_FTRL || cfg->optimizer == PSC_ROWWISE_ADAGRAD
+                          ? PSC_ADAGRAD
+                          : cfg->optimizer;
         s.lr = cfg->lr;
         s.eps = 1e-8f;
         s.seed = cfg->seed * 7919u + (uint64_t)k;
@@ -328,6 +331,8 @@ static int setup_tables(struct slr *m, char *err, size_t errlen)
         s.rows_max = 0;
         s.name = "lr.bias";
         s.size = 1;
+        if (s.optimizer == PSC_ROWWISE_ADAGRAD) /* one value, no rows */
+            s.optimizer = PSC_ADAGRAD;
         rc = psc_table_create(m->c, &s, cfg->timeout_ms, &m->tb);
     }
     if (rc != 0)

@@ -228,9 +228,14 @@ int ps_wire_check_spec(const Ps__TableSpec *spec, char *err, size_t errlen)
         return ps_errf(PS_ELIMIT, err, errlen, "table '%s': size %llu outside [1, %llu]",
                        spec->name, (unsigned long long)spec->size,
                        (unsigned long long)PS_TABLE_ELEMS_MAX);
-    if ((unsigned)spec->optimizer > PS__OPTIMIZER_KIND__OPT_FTRL)
+    if ((unsigned)spec->optimizer > PS__OPTIMIZER_KIND__OPT_ROWWISE_ADAGRAD)
         return ps_errf(PS_EINVAL, err, errlen, "table '%s': unknown optimizer %d", spec->name,
                        (int)spec->optimizer);
+    if (spec->optimizer == PS__OPTIMIZER_KIND__OPT_ROWWISE_ADAGRAD && !spec->sparse)
+        return ps_errf(PS_EINVAL, err, errlen,
+                       "table '%s': row-wise Adagrad takes a sparse table (a dense one has no "
+                       "rows: use adagrad)",
+                       spec->name);
     if (!isfinite(spec->lr) || spec->lr < 0.0f)
         return ps_errf(PS_EINVAL, err, errlen, "table '%s': lr %g must be finite and >= 0",
                        spec->name, (double)spec->lr);

@@ -33,6 +33,10 @@ static int reshard_rows(const struct psd_snapshot *s, struct psd_table *t,
             return PS_EPROTO;
     if (steps == NULL)
         return PS_EPROTO;
+    const unsigned char *rs = NULL; /* row-wise Adagrad's accumulators */
+    if (t->sp.rowwise &&
+        (rs = psd__blob_tensor(b, "rs", t->name, "F32", rows * 4, err, errlen)) == NULL)
+        return PS_EPROTO;
     const unsigned char *last = NULL; /* each row's last push, on its old shard's ticks */
     if (t->sp.life &&
         (last = psd__blob_tensor(b, "last", t->name, "U64", rows * 8, err, errlen)) == NULL)
@@ -54,6 +58,8 @@ static int reshard_rows(const struct psd_snapshot *s, struct psd_table *t,
             if (st[a] != NULL)
                 memcpy(dst[a] + (size_t)row * d, st[a] + r * d, d * 4);
         memcpy(&t->sp.row_steps[row], steps + r * 4, 4);
+        if (rs != NULL)
+            memcpy(&t->sp.rsum[row], rs + r * 4, 4);
         if (last != NULL) { /* as many ticks old on the new shard's count */
             memcpy(&t->sp.last[row], last + r * 8, 8);
             t->sp.last[row] += shift;

@@ -45,6 +45,8 @@ static size_t collect(const struct psd_snapshot *s, struct ps_st_tensor *ts)
             if (sp->nstate >= 2)
                 add(ts, &n, "s2", t, "F32", sp->s2, 4, sp->nrows, t->dim);
             add(ts, &n, "steps", t, "U32", sp->row_steps, 4, sp->nrows, 0);
+            if (sp->rowwise)
+                add(ts, &n, "rs", t, "F32", sp->rsum, 4, sp->nrows, 0);
             if (sp->life)
                 add(ts, &n, "last", t, "U64", sp->last, 8, sp->nrows, 0);
             if (sp->sketch != NULL)
@@ -403,6 +405,10 @@ static int restore_rows(struct psd_table *t, const struct psd__blob *b, json_t *
         s1 = psd__blob_tensor(b, "s1", t->name, "F32", rows * d * 4, err, errlen);
     if (steps && t->sp.nstate >= 2)
         s2 = psd__blob_tensor(b, "s2", t->name, "F32", rows * d * 4, err, errlen);
+    const float *rs = NULL;
+    if (steps && t->sp.rowwise &&
+        (rs = psd__blob_tensor(b, "rs", t->name, "F32", rows * 4, err, errlen)) == NULL)
+        return PS_EPROTO;
     if (!steps || (t->sp.nstate >= 1 && !s1) || (t->sp.nstate >= 2 && !s2))
         return PS_EPROTO;
     for (uint64_t r = 0; r < rows; r++) {
@@ -418,6 +424,8 @@ static int restore_rows(struct psd_table *t, const struct psd__blob *b, json_t *
         if (s2)
             memcpy(t->sp.s2 + r * d, s2 + r * d, d * 4);
         memcpy(&t->sp.row_steps[r], (const unsigned char *)steps + r * 4, 4);
+        if (rs != NULL)
+            memcpy(&t->sp.rsum[r], (const unsigned char *)rs + r * 4, 4);
     }
     return restore_life(t, b, o, rows, err, errlen);
 }

@@ -51,6 +51,7 @@ void psd_sparse_fini(struct psd_sparse *sp)
     free(sp->row_steps);
     free(sp->last);
     free(sp->sketch);
+    free(sp->rsum);
     memset(sp, 0, sizeof *sp);
 }
 
@@ -99,6 +100,12 @@ static int grow_rows(struct psd_sparse *sp)
     if (rk == NULL)
         return PS_ENOMEM;
     sp->row_key = rk;
+    if (sp->rowwise) {
+        float *a = ps_grow_big(sp->rsum, n * sizeof *a, cap * sizeof *a);
+        if (a == NULL)
+            return PS_ENOMEM;
+        sp->rsum = a;
+    }
     if (sp->life) {
         uint64_t *l = ps_grow_big(sp->last, n * sizeof *l, cap * sizeof *l);
         if (l == NULL)
@@ -142,6 +149,8 @@ int64_t psd_sparse_row_hashed(struct psd_sparse *sp, uint64_t key, uint64_t hash
         memset((a == 0 ? sp->s1 : sp->s2) + r * sp->dim, 0, sp->dim * sizeof(float));
     sp->row_steps[r] = 0;
     sp->row_key[r] = key;
+    if (sp->rowwise)
+        sp->rsum[r] = 0.0f;
     if (sp->life)
         sp->last[r] = sp->tick;
     sp->admitted++;
@@ -243,6 +252,8 @@ void psd_sparse_remove(struct psd_sparse *sp, uint64_t r)
         memcpy(sp->s2 + r * d, sp->s2 + l * d, d * sizeof(float));
     sp->row_steps[r] = sp->row_steps[l];
     sp->row_key[r] = sp->row_key[l];
+    if (sp->rsum != NULL)
+        sp->rsum[r] = sp->rsum[l];
     if (sp->last != NULL)
         sp->last[r] = sp->last[l];
     sp->slot[find_slot(sp, sp->row_key[r], ps_mix64(sp->row_key[r]))].row = r;

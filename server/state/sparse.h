@@ -32,6 +32,8 @@ struct psd_sparse {
     uint32_t *row_steps; /* optimizer steps per row (Adam's t), counted only where
                           * the update uses them (psk_optim_uses_step) */
     uint64_t admitted;   /* rows made */
+    int rowwise;         /* row-wise Adagrad: rsum, one accumulator per row */
+    float *rsum;         /* rows_cap, or NULL */
 
     /* The life cycle (psd_sparse_life), when admission or eviction is on:
      * pulls make no rows; every push is a tick, and each row keeps the

@@ -42,7 +42,11 @@ uint64_t psd_table_bytes_for(const Ps__TableSpec *spec, uint32_t shard, uint32_t
                     ? (spec->admit_counters ? spec->admit_counters : PS_ADMIT_COUNTERS_DEFAULT)
                     : 0) +
                spec->rows_max * sizeof(uint64_t);
-    return elems * 4u * (1u + (uint64_t)psk_optim_state_arrays((int)spec->optimizer)) + life;
+    uint64_t rowwise = spec->optimizer == PS__OPTIMIZER_KIND__OPT_ROWWISE_ADAGRAD
+                           ? spec->rows_max * sizeof(float) /* a float of state a row */
+                           : 0;
+    return elems * 4u * (1u + (uint64_t)psk_optim_state_arrays((int)spec->optimizer)) + life +
+           rowwise;
 }
 
 /* fill: the weights from the spec's initialiser and the optimizer state
@@ -97,6 +101,7 @@ static int create(const Ps__TableSpec *spec, uint32_t id, uint32_t shard, uint32
         int rc = psd_sparse_init(&t->sp, spec->dim, spec->rows_max,
                                  psk_optim_state_arrays((int)spec->optimizer), (int)spec->init,
                                  spec->init_scale, spec->seed);
+        t->sp.rowwise = spec->optimizer == PS__OPTIMIZER_KIND__OPT_ROWWISE_ADAGRAD;
         if (rc == 0)
             rc = psd_sparse_life(&t->sp, spec->admit_after, spec->admit_counters, spec->evict_after,
                                  spec->evict_at_budget);
@@ -573,13 +578,20 @@ static void apply_rows_run(struct psd_table *t, const struct psk_optim *o, const
     struct psd_sparse *sp = &t->sp;
     size_t d = t->dim;
     if (!psk_optim_uses_step(o)) {
-        psk_optim_apply_rows(o, 1, sp->w, sp->s1, sp->s2, rows, d, g, m);
+        if (sp->rowwise)
+            psk_optim_apply_rowwise(o, 1, sp->w, sp->rsum, rows, d, g, m);
+        else
+            psk_optim_apply_rows(o, 1, sp->w, sp->s1, sp->s2, rows, d, g, m);
         return;
     }
     for (size_t j = 0; j < m; j++) { /* each row at its own step */
         size_t r = (size_t)rows[j];
-        psk_optim_apply(o, ++sp->row_steps[r], sp->w + r * d, sp->s1 ? sp->s1 + r * d : NULL,
-                        sp->s2 ? sp->s2 + r * d : NULL, g + j * d, d);
+        if (sp->rowwise)
+            psk_optim_apply_rowwise(o, ++sp->row_steps[r], sp->w, sp->rsum, &rows[j], d, g + j * d,
+                                    1);
+        else
+            psk_optim_apply(o, ++sp->row_steps[r], sp->w + r * d, sp->s1 ? sp->s1 + r * d : NULL,
+                            sp->s2 ? sp->s2 + r * d : NULL, g + j * d, d);
     }
 }
 
@@ -653,7 +665,6 @@ int psd_table_push_rows(struct psd_table *t, const uint64_t *keys, const float *
         return rc;
     }
     struct psk_optim o = psd_table_optim(t);
-    struct psd_sparse *sp = &t->sp;
     uint32_t d = t->dim;
     struct rows_walk w;
     rows_walk_init(&w, t, keys, n, 1);
@@ -664,15 +675,10 @@ int psd_table_push_rows(struct psd_table *t, const uint64_t *keys, const float *
         int64_t r = 0;
         for (; i < b + m &&
                (r = rows_walk_at(&w, i, one_call ? ROWS_UPDATE : ROWS_UPDATE_STEPS)) >= 0;
-             i++) {
+             i++)
             rows[i - b] = (uint64_t)r;
-            if (!one_call) /* each row at its own step */
-                psk_optim_apply(&o, ++sp->row_steps[r], sp->w + (size_t)r * d,
-                                sp->s1 ? sp->s1 + (size_t)r * d : NULL,
-                                sp->s2 ? sp->s2 + (size_t)r * d : NULL, g + i * d, d);
-        }
-        if (one_call) /* the rows found so far, in order: all of them but on a failure */
-            psk_optim_apply_rows(&o, 1, sp->w, sp->s1, sp->s2, rows, d, g + b * d, i - b);
+        /* the rows found so far, in order: all of them but on a failure */
+        apply_rows_run(t, &o, rows, g + b * d, i - b);
         if (r < 0)
             return row_error(t, r, keys[i], err, errlen);
     }
@@ -710,6 +716,7 @@ uint64_t psd_table_bytes_held(const struct psd_table *t)
     uint64_t arrays = 1u + (uint64_t)psk_optim_state_arrays((int)t->optimizer);
     return elems * 4u * (arrays + (t->spare != NULL)) /* the spare: see psd_table_lend */
            + (t->sparse ? psd_sparse_life_bytes(&t->sp, t->sp.nrows) : 0) +
+           (t->sp.rowwise ? t->sp.nrows * sizeof(float) : 0) +
            (t->stamp != NULL ? (t->hi - t->lo) * sizeof *t->stamp : 0);
 }
 

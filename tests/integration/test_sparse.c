@@ -136,6 +136,16 @@ static void test_embedding_mlp_learns(void **state)
     check("embedding 8 + MLP 32", sum, 0.03);
 }
 
+/* Row-wise Adagrad (one accumulator per row, the dense head on Adagrad):
+ * the same model learns as well with a float of state a row instead of 8. */
+static void test_rowwise_adagrad_learns(void **state)
+{
+    (void)state;
+    char sum[320];
+    train("8", "rowwise_adagrad", "0.05", sum, sizeof sum);
+    check("embedding 8 + MLP 32, row-wise Adagrad", sum, 0.03);
+}
+
 /* gen_clicks explains itself, makes the folders it writes
  * into, and refuses more active features than there are. */
 static void test_gen_clicks_cli(void **state)
@@ -165,6 +175,7 @@ static void test_gen_clicks_cli(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_rowwise_adagrad_learns),
         cmocka_unit_test(test_gen_clicks_cli),
         cmocka_unit_test(test_sparse_lr_reaches_the_known_optimum),
         cmocka_unit_test(test_embedding_mlp_learns),

@@ -1,5 +1,6 @@
 """Sparse tables' life cycle through real psd processes: a restart from a
-checkpoint admits and evicts exactly as a run that never stopped; a peer
+checkpoint admits and evicts exactly as a run that never stopped (with
+row-wise Adagrad: its accumulators are in the checkpoint too); a peer
 pushing junk ids cannot push the hot rows out, nor the table past its
 budget; /metrics and psctl show the counts."""
 import os
@@ -14,7 +15,7 @@ import psd
 from conftest import export
 
 DIM = 4
-SPEC = dict(lr=0.5, rows_max=60, init="uniform", init_scale=0.1, seed=5, admit_after=2,
+SPEC = dict(optimizer="rowwise_adagrad", lr=0.5, rows_max=60, init="uniform", init_scale=0.1, seed=5, admit_after=2,
             evict_after=40, evict_at_budget=True, admit_counters=4096)
 
 
@@ -72,7 +73,8 @@ def test_junk_ids_cannot_push_the_hot_rows_out(cluster):
     hot = np.arange(50, dtype=np.uint64)
     with psd.Client(servers, rank=0, workers=2) as c, \
             psd.Client(servers, rank=1, workers=2) as junk:
-        spec = dict(SPEC, rows_max=budget, evict_after=0, admit_after=3, init="zeros")
+        spec = dict(SPEC, optimizer="sgd", rows_max=budget, evict_after=0, admit_after=3,
+                    init="zeros")
         c.create_sparse_table("e", DIM, **spec)
         junk.create_sparse_table("e", DIM, **spec)
         one = np.ones((hot.size, DIM), np.float32)

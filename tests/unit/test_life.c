@@ -10,6 +10,7 @@
 #include "ps_shard.h"
 #include "ps_wire.h"
 
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -220,6 +221,61 @@ static void test_the_same_pushes_give_the_same_table(void **state)
     psd_table_destroy(b);
 }
 
+/* Row-wise Adagrad: one accumulator per row, the mean of the row's
+ * squared gradient; its rows keep it through an eviction's move. */
+static void test_rowwise_adagrad(void **state)
+{
+    (void)state;
+    Ps__TableSpec spec = PS__TABLE_SPEC__INIT;
+    spec.name = "rw";
+    spec.sparse = 1;
+    spec.dim = DIM;
+    spec.rows_max = 2;
+    spec.lr = 0.1f;
+    spec.eps = 1e-8f;
+    spec.optimizer = PS__OPTIMIZER_KIND__OPT_ROWWISE_ADAGRAD;
+    spec.evict_at_budget = 1;
+    char err[256];
+    assert_int_equal(ps_wire_check_spec(&spec, err, sizeof err), 0);
+    struct psd_table *t = NULL;
+    assert_int_equal(psd_table_create(&spec, 0, 0, 1, &t), 0);
+    const float g[DIM] = {1, 2, 3, 4};
+    float want[DIM] = {0}, s = 0, w[DIM];
+    assert_int_equal(push1(t, 3), 0); /* row 0; 9 will be row 1 */
+    for (int step = 0; step < 3; step++) {
+        uint64_t k = 9;
+        assert_int_equal(psd_table_push_rows(t, &k, g, 1, err, sizeof err), 0);
+        s += (1.0f + 4.0f + 9.0f + 16.0f) / 4.0f;
+        for (int j = 0; j < DIM; j++)
+            want[j] -= 0.1f / (sqrtf(s) + 1e-8f) * g[j];
+    }
+    pull1(t, 9, w);
+    assert_memory_equal(w, want, sizeof w);
+    /* one float of state per row, counted */
+    assert_int_equal(psd_table_bytes_held(t), 2 * (DIM * 4 + 4 + 8)); /* weights, rs, tick */
+    /* 4 evicts 3, the older: row 0, where the last row (9) moves, with its
+     * accumulator */
+    assert_int_equal(push1(t, 4), 0);
+    assert_false(has(t, 3));
+    assert_int_equal(psd_sparse_row(&t->sp, 9, 0), 0);
+    uint64_t k = 9;
+    assert_int_equal(psd_table_push_rows(t, &k, g, 1, err, sizeof err), 0);
+    s += 7.5f;
+    float after[DIM];
+    pull1(t, 9, after);
+    for (int j = 0; j < DIM; j++)
+        assert_true(after[j] == want[j] - 0.1f / (sqrtf(s) + 1e-8f) * g[j]);
+    /* a dense table has no rows */
+    spec.sparse = 0;
+    spec.dim = 0;
+    spec.rows_max = 0;
+    spec.evict_at_budget = 0;
+    spec.size = 10;
+    assert_int_equal(ps_wire_check_spec(&spec, err, sizeof err), PS_EINVAL);
+    assert_non_null(strstr(err, "row-wise"));
+    psd_table_destroy(t);
+}
+
 static void test_specs_that_do_not_fit_are_refused(void **state)
 {
     (void)state;
@@ -256,6 +312,7 @@ int main(void)
         cmocka_unit_test(test_without_eviction_the_budget_refuses),
         cmocka_unit_test(test_age_evicts_in_slices),
         cmocka_unit_test(test_the_same_pushes_give_the_same_table),
+        cmocka_unit_test(test_rowwise_adagrad),
         cmocka_unit_test(test_specs_that_do_not_fit_are_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -144,7 +144,9 @@ enum psc_optimizer {
     PSC_MOMENTUM = 1,
     PSC_ADAGRAD = 2,
     PSC_ADAM = 3,
-    PSC_FTRL = 4, /* FTRL-proximal: lr = alpha, eps = beta, l1, l2 */
+    PSC_FTRL = 4,            /* FTRL-proximal: lr = alpha, eps = beta, l1, l2 */
+    PSC_ROWWISE_ADAGRAD = 5, /* sparse tables: Adagrad with one accumulator per row (the mean
+                              * of the row's squared gradient) */
 };
 
 enum psc_init {

@@ -9,7 +9,8 @@ from typing import Any, Iterator
 
 # enum psc_dtype, enum psc_optimizer, enum psc_init (psclient.h)
 DTYPES = {"f32": 0, "f16": 1, "bf16": 2}
-OPTIMIZERS = {"sgd": 0, "momentum": 1, "adagrad": 2, "adam": 3, "ftrl": 4}
+OPTIMIZERS = {"sgd": 0, "momentum": 1, "adagrad": 2, "adam": 3, "ftrl": 4,
+              "rowwise_adagrad": 5}
 INITS = {"zeros": 0, "constant": 1, "uniform": 2, "normal": 3}
 LR_SCHEDULES = {"constant": 0, "cosine": 1}
 
