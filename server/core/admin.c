@@ -1,6 +1,9 @@
 /* The admin ops (admin.h). */
 #include "admin.h"
 
+/* Entries a delta page of rows or tombstones looks at, at most. */
+#define PSD_ROWS_SCAN_MAX (UINT64_C(1) << 16)
+
 #include "catalog.h"
 #include "checkpoint.h"
 #include "counters.h"
@@ -125,9 +128,12 @@ void psd_op_stats(struct psd *s, const Ps__Header *req, struct psd_reply *rep)
     free(missing);
 }
 
-/* A page of a sparse table's rows, in the shard's order (rows are only
- * ever added, at the end, so pages of a live table do not shift): keys,
- * then their f32 weights. */
+/* A page of a sparse table's rows, in the shard's order (new rows are
+ * added at the end; an eviction moves the last row into the hole): keys,
+ * then their f32 weights. With changed, only the rows pushed after tick
+ * since, from the rows [offset, next) looked at; with tombstones, the ids
+ * evicted after since, offset counting from the oldest tombstone kept
+ * (dim 1, values 0). */
 void psd_op_list_rows(struct psd *s, const Ps__Header *req, struct psd_reply *rep)
 {
     const struct psd_table *t = psd_table_at(s, req->table_id);
@@ -142,40 +148,77 @@ void psd_op_list_rows(struct psd *s, const Ps__Header *req, struct psd_reply *re
                          t->name);
         return;
     }
-    if (req->offset > sp->nrows) {
-        psd_reply_errorf(s, req, PS_ERANGE, rep, "rows: offset %llu past the %llu rows of '%s'",
-                         (unsigned long long)req->offset, (unsigned long long)sp->nrows, t->name);
+    int delta = req->changed || req->tombstones;
+    if (delta && req->since > sp->tick) {
+        psd_reply_errorf(s, req, PS_ESTATE, rep,
+                         "rows: since %llu is past '%s''s tick %llu on this shard (it restarted "
+                         "from an older checkpoint, or this is another run): take a full export",
+                         (unsigned long long)req->since, t->name, (unsigned long long)sp->tick);
         return;
     }
-    uint64_t n = sp->nrows - req->offset, wide = PS_ROWS_PAGE_BYTES / (t->dim * 4u);
-    if (n > req->count)
-        n = req->count;
-    if (n > wide)
-        n = wide;
-    rep->mask = malloc(n ? n * 8u : 1);
-    rep->vals = malloc(n ? n * t->dim * 4u : 1);
+    if (delta && req->since < sp->tomb_floor) {
+        psd_reply_errorf(s, req, PS_ERANGE, rep,
+                         "rows: since %llu is older than the evictions '%s' keeps on this shard "
+                         "(from tick %llu on): take a full export",
+                         (unsigned long long)req->since, t->name,
+                         (unsigned long long)sp->tomb_floor);
+        return;
+    }
+    uint64_t total = req->tombstones ? sp->tomb_n : sp->nrows;
+    if (req->offset > total) {
+        psd_reply_errorf(s, req, PS_ERANGE, rep, "rows: offset %llu past the %llu %s of '%s'",
+                         (unsigned long long)req->offset, (unsigned long long)total,
+                         req->tombstones ? "tombstones" : "rows", t->name);
+        return;
+    }
+    uint32_t dim = req->tombstones ? 1 : t->dim;
+    uint64_t want = req->count, wide = PS_ROWS_PAGE_BYTES / (dim * 4u);
+    want = want < wide ? want : wide;
+    /* a changed page looks at most PSD_ROWS_SCAN_MAX entries */
+    uint64_t scan = delta ? PSD_ROWS_SCAN_MAX : want, end = req->offset;
+    rep->mask = malloc(want ? want * 8u : 1);
+    rep->vals = calloc(want ? want * dim : 1, 4u);
     if (rep->mask == NULL || rep->vals == NULL) {
         psd_reply_drop(rep);
         psd_reply_errorf(s, req, PS_ENOMEM, rep, "rows: out of memory for %llu rows",
-                         (unsigned long long)n);
+                         (unsigned long long)want);
         return;
     }
-    rep->mask_bytes = n * 8u;
-    rep->vals_bytes = n * t->dim * 4u;
     unsigned char *k = rep->mask;
-    for (uint64_t i = 0; i < n; i++) { /* little-endian on the wire */
-        uint64_t le = htole64(sp->row_key[req->offset + i]);
-        memcpy(k + i * 8u, &le, 8);
+    uint64_t n = 0, first = (sp->tomb_head + sp->tomb_cap - sp->tomb_n) %
+                            (sp->tomb_cap ? sp->tomb_cap : 1);
+    for (; end < total && n < want && end - req->offset < scan; end++) {
+        uint64_t key, tick;
+        if (req->tombstones) {
+            uint64_t at = (first + end) % sp->tomb_cap;
+            key = sp->tomb_key[at];
+            tick = sp->tomb_tick[at];
+        } else {
+            key = sp->row_key[end];
+            tick = sp->last[end];
+        }
+        if (delta && tick <= req->since)
+            continue;
+        uint64_t le = htole64(key); /* little-endian on the wire */
+        memcpy(k + n * 8u, &le, 8);
+        if (!req->tombstones)
+            memcpy((float *)rep->vals + n * dim, sp->w + end * dim, dim * sizeof(float));
+        n++;
     }
-    if (n > 0) /* a table with no rows yet has no row storage (w is NULL) */
-        memcpy(rep->vals, sp->w + req->offset * t->dim, rep->vals_bytes);
+    rep->mask_bytes = n * 8u;
+    rep->vals_bytes = n * dim * 4u;
     Ps__Header h;
     psd_reply_init(&h, req);
     h.offset = req->offset;
     h.count = n;
-    h.dim = t->dim;
+    h.dim = dim;
     h.dtype = PS__DTYPE__DTYPE_F32;
     h.layout = PS__LAYOUT__LAYOUT_KEYS;
-    h.rows = sp->nrows;
+    h.rows = total;
+    h.next = end;
+    h.table_version = sp->tick;
+    h.since = req->since;
+    h.changed = req->changed;
+    h.tombstones = req->tombstones;
     psd_reply_header(s, &h, rep);
 }

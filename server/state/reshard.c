@@ -14,7 +14,8 @@
 
 /* Rows of old shard b's copy of sparse table t that land on this shard. */
 static int reshard_rows(const struct psd_snapshot *s, struct psd_table *t,
-                        const struct psd__blob *b, uint64_t shift, char *err, size_t errlen)
+                        const struct psd__blob *b, int has_ticks, uint64_t shift, char *err,
+                        size_t errlen)
 {
     uint64_t rows = psd__blob_rows(b, t->name);
     if (rows > t->rows_max) /* also keeps the sizes below from wrapping */
@@ -38,7 +39,7 @@ static int reshard_rows(const struct psd_snapshot *s, struct psd_table *t,
         (rs = psd__blob_tensor(b, "rs", t->name, "F32", rows * 4, err, errlen)) == NULL)
         return PS_EPROTO;
     const unsigned char *last = NULL; /* each row's last push, on its old shard's ticks */
-    if (t->sp.life &&
+    if (has_ticks &&
         (last = psd__blob_tensor(b, "last", t->name, "U64", rows * 8, err, errlen)) == NULL)
         return PS_EPROTO;
     for (uint64_t r = 0; r < rows; r++) {
@@ -68,23 +69,22 @@ static int reshard_rows(const struct psd_snapshot *s, struct psd_table *t,
     return 0;
 }
 
-/* A sparse table's life cycle across old shards: the new shards count
- * ticks from the furthest old count, each row as old as it was on its
- * shard; the admission sketch is the old sketches' counter by counter
- * maximum (an id was counted on one old shard: at least its count stays,
- * as a count-min sketch's estimate always is). The counts of rows made,
- * held back, evicted and refused start again: rows made = rows held. */
-static int reshard_life(struct psd_table *t, const struct psd__blob *b, json_t *const *st,
-                        uint32_t n, size_t k, uint64_t *tick, char *err, size_t errlen)
+/* A sparse table's ticks across old shards: the new shards count ticks
+ * from the furthest old count, each row as old as it was on its shard;
+ * exports since a tick before the reshard cannot be told (the old
+ * shards' ticks are not the new ones'), so the tombstones start empty
+ * above that floor. With a life cycle, the admission sketch is the old
+ * sketches' counter by counter maximum (an id was counted on one old
+ * shard: at least its count stays, as a count-min sketch's estimate
+ * always is). The counts of rows made, held back, evicted and refused
+ * start again: rows made = rows held. */
+static int reshard_ticks(struct psd_table *t, const struct psd__blob *b, json_t *const *st,
+                         uint32_t n, size_t k, uint64_t *tick, char *err, size_t errlen)
 {
     struct psd_sparse *sp = &t->sp;
     for (uint32_t i = 0; i < n; i++) {
         json_t *o = json_array_get(json_object_get(st[i], "tables"), k);
-        json_t *life = json_object_get(o, "life");
-        if (life == NULL)
-            return ps_errf(PS_EPROTO, err, errlen, "'%s': shard %u of %u has no life cycle state",
-                           t->name, i, n);
-        tick[i] = psd__json_u64(life, "tick");
+        tick[i] = psd__json_u64(o, "tick"); /* 0 in files from before ticks */
         sp->tick = tick[i] > sp->tick ? tick[i] : sp->tick;
         if (sp->sketch == NULL)
             continue;
@@ -95,6 +95,7 @@ static int reshard_life(struct psd_table *t, const struct psd__blob *b, json_t *
         for (uint64_t c = 0; c < 4 * sp->sketch_width; c++)
             sp->sketch[c] = sk[c] > sp->sketch[c] ? sk[c] : sp->sketch[c];
     }
+    sp->tomb_floor = sp->tick;
     return 0;
 }
 
@@ -202,14 +203,17 @@ static int reshard_table(struct psd_snapshot *out, const struct psd__blob *b, js
         if (pr != NULL && psd__snapshot_prune(t, pr) != 0)
             return ps_errf(PS_ENOMEM, err, errlen, "out of memory");
     }
-    uint64_t *tick = t->sp.life ? calloc(n, sizeof *tick) : NULL;
-    if (t->sp.life && tick == NULL)
+    uint64_t *tick = t->sparse ? calloc(n, sizeof *tick) : NULL;
+    if (t->sparse && tick == NULL)
         return ps_errf(PS_ENOMEM, err, errlen, "out of memory");
-    if (t->sp.life)
-        rc = reshard_life(t, b, st, n, k, tick, err, errlen);
-    for (uint32_t i = 0; rc == 0 && i < n; i++)
-        rc = t->sparse ? reshard_rows(out, t, &b[i], tick ? t->sp.tick - tick[i] : 0, err, errlen)
+    if (t->sparse)
+        rc = reshard_ticks(t, b, st, n, k, tick, err, errlen);
+    for (uint32_t i = 0; rc == 0 && i < n; i++) {
+        json_t *oi = json_array_get(json_object_get(st[i], "tables"), k);
+        rc = t->sparse ? reshard_rows(out, t, &b[i], json_object_get(oi, "tick") != NULL,
+                                      t->sp.tick - tick[i], err, errlen)
                        : reshard_dense(t, &b[i], i, n, err, errlen);
+    }
     free(tick);
     if (t->sparse) /* the counts start again on the new shards, from the rows they hold */
         t->sp.admitted = t->sp.nrows;

@@ -19,7 +19,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
-#define TENSORS_MAX (PS_TABLES_MAX * 8u)
+#define TENSORS_MAX (PS_TABLES_MAX * 10u)
 
 _Static_assert(PS_TABLE_NAME_MAX + 8 <= PS_ST_NAME_MAX, "tensor names fit");
 
@@ -47,8 +47,11 @@ static size_t collect(const struct psd_snapshot *s, struct ps_st_tensor *ts)
             add(ts, &n, "steps", t, "U32", sp->row_steps, 4, sp->nrows, 0);
             if (sp->rowwise)
                 add(ts, &n, "rs", t, "F32", sp->rsum, 4, sp->nrows, 0);
-            if (sp->life)
-                add(ts, &n, "last", t, "U64", sp->last, 8, sp->nrows, 0);
+            add(ts, &n, "last", t, "U64", sp->last, 8, sp->nrows, 0);
+            if (sp->tomb_n > 0) { /* oldest first: psd_snapshot_write put them so */
+                add(ts, &n, "tomb_keys", t, "U64", sp->tomb_key, 8, sp->tomb_n, 0);
+                add(ts, &n, "tomb_ticks", t, "U64", sp->tomb_tick, 8, sp->tomb_n, 0);
+            }
             if (sp->sketch != NULL)
                 add(ts, &n, "sketch", t, "U8", sp->sketch, 1, 4 * sp->sketch_width, 0);
             continue;
@@ -87,8 +90,12 @@ static json_t *table_state(const struct psd_snapshot *s, const struct psd_table 
     if (o != NULL && t->await_set)
         json_object_set_new(o, "await_set", json_true());
     const struct psd_sparse *sp = &t->sp;
-    if (o != NULL && t->sparse)
+    if (o != NULL && t->sparse) {
         json_object_set_new(o, "admitted", json_integer((json_int_t)sp->admitted));
+        json_object_set_new(o, "tick", json_integer((json_int_t)sp->tick));
+        json_object_set_new(o, "tombs", json_integer((json_int_t)sp->tomb_n));
+        json_object_set_new(o, "tomb_floor", json_integer((json_int_t)sp->tomb_floor));
+    }
     if (o != NULL && sp->life) /* the life cycle: its spec, where it is, its counts */
         json_object_set_new(
             o, "life",
@@ -225,6 +232,12 @@ int psd_snapshot_write(const struct psd_snapshot *s, const char *dir, char *path
         snprintf(err, errlen, "checkpoint: out of memory");
         goto out;
     }
+    for (uint32_t i = 0; i < s->ntables; i++) /* rotating the ring changes no content */
+        if (s->tables[i]->sparse && psd_sparse_tombs_linear(&s->tables[i]->sp) != 0) {
+            snprintf(err, errlen, "checkpoint: out of memory");
+            rc = PS_ENOMEM;
+            goto out;
+        }
     size_t n = collect(s, ts);
     unsigned long crc = crc32(0L, Z_NULL, 0);
     for (size_t i = 0; i < n; i++)
@@ -348,21 +361,48 @@ static float f_of(json_t *o, const char *k)
     return (float)json_number_value(json_object_get(o, k));
 }
 
-/* A sparse table's life cycle: each row's last push, the sketch, where
- * the evictions are and what they counted. */
+/* A sparse table's ticks: each row's last push and the table's count,
+ * the tombstones, and with a life cycle the sketch, where the evictions
+ * are and what they counted. A file written before ticks were kept has
+ * none: the rows start at tick 0. */
 static int restore_life(struct psd_table *t, const struct psd__blob *b, json_t *o, uint64_t rows,
                         char *err, size_t errlen)
 {
     struct psd_sparse *sp = &t->sp;
     json_t *adm = json_object_get(o, "admitted");
     sp->admitted = adm != NULL ? psd__json_u64(o, "admitted") : rows; /* older files: their rows */
-    json_t *life = json_object_get(o, "life");
-    if (!sp->life || life == NULL)
+    if (json_object_get(o, "tick") == NULL)
         return 0;
+    sp->tick = psd__json_u64(o, "tick");
+    sp->tomb_floor = psd__json_u64(o, "tomb_floor");
     const unsigned char *last = psd__blob_tensor(b, "last", t->name, "U64", rows * 8, err, errlen);
     if (last == NULL)
         return PS_EPROTO;
     memcpy(sp->last, last, rows * 8);
+    for (uint64_t r = 0; r < rows; r++)
+        if (sp->last[r] > sp->tick)
+            return ps_errf(PS_EPROTO, err, errlen,
+                           "'%s': row %" PRIu64 " was pushed at tick %" PRIu64
+                           ", after the table's %" PRIu64,
+                           t->name, r, sp->last[r], sp->tick);
+    uint64_t tombs = psd__json_u64(o, "tombs");
+    if (tombs > PSD_TOMBS_MAX)
+        return ps_errf(PS_EPROTO, err, errlen, "'%s': %" PRIu64 " tombstones, over %" PRIu64,
+                       t->name, tombs, (uint64_t)PSD_TOMBS_MAX);
+    if (tombs > 0) {
+        const void *tk = psd__blob_tensor(b, "tomb_keys", t->name, "U64", tombs * 8, err, errlen);
+        const void *tt =
+            tk ? psd__blob_tensor(b, "tomb_ticks", t->name, "U64", tombs * 8, err, errlen) : NULL;
+        if (tt == NULL)
+            return PS_EPROTO;
+        int rc = psd_sparse_tombs_restore(sp, tk, tt, tombs);
+        if (rc != 0)
+            return ps_errf(rc, err, errlen, "'%s': cannot keep its %" PRIu64 " tombstones", t->name,
+                           tombs);
+    }
+    json_t *life = json_object_get(o, "life");
+    if (!sp->life || life == NULL)
+        return 0;
     if (sp->sketch != NULL) {
         const void *sk =
             psd__blob_tensor(b, "sketch", t->name, "U8", 4 * sp->sketch_width, err, errlen);
@@ -370,7 +410,6 @@ static int restore_life(struct psd_table *t, const struct psd__blob *b, json_t *
             return PS_EPROTO;
         memcpy(sp->sketch, sk, 4 * sp->sketch_width);
     }
-    sp->tick = psd__json_u64(life, "tick");
     sp->age_at = psd__json_u64(life, "age_at");
     sp->victim_at = psd__json_u64(life, "victim_at");
     sp->sketch_adds = psd__json_u64(life, "sketch_adds");
@@ -378,12 +417,6 @@ static int restore_life(struct psd_table *t, const struct psd__blob *b, json_t *
     sp->evicted_age = psd__json_u64(life, "evicted_age");
     sp->evicted_budget = psd__json_u64(life, "evicted_budget");
     sp->refused = psd__json_u64(life, "refused");
-    for (uint64_t r = 0; r < rows; r++)
-        if (sp->last[r] > sp->tick)
-            return ps_errf(PS_EPROTO, err, errlen,
-                           "'%s': row %" PRIu64 " was pushed at tick %" PRIu64
-                           ", after the table's %" PRIu64,
-                           t->name, r, sp->last[r], sp->tick);
     return 0;
 }
 

@@ -50,6 +50,8 @@ void psd_sparse_fini(struct psd_sparse *sp)
     free(sp->s2);
     free(sp->row_steps);
     free(sp->last);
+    free(sp->tomb_key);
+    free(sp->tomb_tick);
     free(sp->sketch);
     free(sp->rsum);
     memset(sp, 0, sizeof *sp);
@@ -106,12 +108,10 @@ static int grow_rows(struct psd_sparse *sp)
             return PS_ENOMEM;
         sp->rsum = a;
     }
-    if (sp->life) {
-        uint64_t *l = ps_grow_big(sp->last, n * sizeof *l, cap * sizeof *l);
-        if (l == NULL)
-            return PS_ENOMEM;
-        sp->last = l;
-    }
+    uint64_t *l = ps_grow_big(sp->last, n * sizeof *l, cap * sizeof *l);
+    if (l == NULL)
+        return PS_ENOMEM;
+    sp->last = l;
     sp->rows_cap = cap;
     return 0;
 }
@@ -151,8 +151,7 @@ int64_t psd_sparse_row_hashed(struct psd_sparse *sp, uint64_t key, uint64_t hash
     sp->row_key[r] = key;
     if (sp->rowwise)
         sp->rsum[r] = 0.0f;
-    if (sp->life)
-        sp->last[r] = sp->tick;
+    sp->last[r] = sp->tick;
     sp->admitted++;
     return (int64_t)r;
 }
@@ -166,8 +165,6 @@ int psd_sparse_life(struct psd_sparse *sp, uint32_t admit_after, uint64_t admit_
     sp->life = sp->admit_after != 0 || evict_after != 0 || sp->evict_at_budget;
     if (!sp->life)
         return 0;
-    if (sp->rows_cap > 0 && (sp->last = calloc(sp->rows_cap, sizeof *sp->last)) == NULL)
-        return PS_ENOMEM;
     if (sp->admit_after != 0) {
         uint64_t counters = admit_counters ? admit_counters : PS_ADMIT_COUNTERS_DEFAULT;
         sp->sketch_width = counters / 4;
@@ -177,9 +174,39 @@ int psd_sparse_life(struct psd_sparse *sp, uint32_t admit_after, uint64_t admit_
     return 0;
 }
 
-uint64_t psd_sparse_life_bytes(const struct psd_sparse *sp, uint64_t rows)
+uint64_t psd_sparse_extra_bytes(const struct psd_sparse *sp, uint64_t rows)
 {
-    return sp->life ? 4 * sp->sketch_width + rows * sizeof *sp->last : 0;
+    return rows * sizeof *sp->last + 4 * sp->sketch_width +
+           sp->tomb_cap * (sizeof *sp->tomb_key + sizeof *sp->tomb_tick);
+}
+
+/* Keeps a tombstone for key, evicted now; the oldest kept goes when the
+ * ring is full (and exports since before it cannot be told). */
+static void tombstone(struct psd_sparse *sp, uint64_t key)
+{
+    if (sp->tomb_key == NULL) {
+        uint64_t cap = sp->rows_max < 4096 ? 4096 : sp->rows_max;
+        cap = cap < PSD_TOMBS_MAX ? cap : PSD_TOMBS_MAX;
+        sp->tomb_key = malloc(cap * sizeof *sp->tomb_key);
+        sp->tomb_tick = malloc(cap * sizeof *sp->tomb_tick);
+        if (sp->tomb_key == NULL || sp->tomb_tick == NULL) {
+            free(sp->tomb_key);
+            free(sp->tomb_tick);
+            sp->tomb_key = sp->tomb_tick = NULL;
+            sp->tomb_floor = sp->tick; /* none kept: no delta reaches back past now */
+            return;
+        }
+        sp->tomb_cap = cap;
+    }
+    if (sp->tomb_n == sp->tomb_cap) { /* the oldest goes */
+        uint64_t oldest = (sp->tomb_head + sp->tomb_cap - sp->tomb_n) % sp->tomb_cap;
+        sp->tomb_floor = sp->tomb_tick[oldest];
+        sp->tomb_n--;
+    }
+    sp->tomb_key[sp->tomb_head] = key;
+    sp->tomb_tick[sp->tomb_head] = sp->tick;
+    sp->tomb_head = (sp->tomb_head + 1) % sp->tomb_cap;
+    sp->tomb_n++;
 }
 
 /* The sketch's counter for key in row j: a hash of its own per row. */
@@ -240,6 +267,7 @@ static void slot_delete(struct psd_sparse *sp, uint64_t i)
 
 void psd_sparse_remove(struct psd_sparse *sp, uint64_t r)
 {
+    tombstone(sp, sp->row_key[r]);
     slot_delete(sp, find_slot(sp, sp->row_key[r], ps_mix64(sp->row_key[r])));
     uint64_t l = --sp->nrows;
     if (r == l)
@@ -254,8 +282,7 @@ void psd_sparse_remove(struct psd_sparse *sp, uint64_t r)
     sp->row_key[r] = sp->row_key[l];
     if (sp->rsum != NULL)
         sp->rsum[r] = sp->rsum[l];
-    if (sp->last != NULL)
-        sp->last[r] = sp->last[l];
+    sp->last[r] = sp->last[l];
     sp->slot[find_slot(sp, sp->row_key[r], ps_mix64(sp->row_key[r]))].row = r;
 }
 
@@ -308,4 +335,48 @@ void psd_sparse_age_slice(struct psd_sparse *sp)
             sp->age_at++;
         }
     }
+}
+
+int psd_sparse_tombs_linear(struct psd_sparse *sp)
+{
+    if (sp->tomb_n == 0 || sp->tomb_head == sp->tomb_n % sp->tomb_cap)
+        return 0; /* empty, or in order from 0 already */
+    uint64_t *k = malloc(sp->tomb_n * sizeof *k), *t = malloc(sp->tomb_n * sizeof *t);
+    if (k == NULL || t == NULL) {
+        free(k);
+        free(t);
+        return PS_ENOMEM;
+    }
+    uint64_t first = (sp->tomb_head + sp->tomb_cap - sp->tomb_n) % sp->tomb_cap;
+    for (uint64_t i = 0; i < sp->tomb_n; i++) {
+        k[i] = sp->tomb_key[(first + i) % sp->tomb_cap];
+        t[i] = sp->tomb_tick[(first + i) % sp->tomb_cap];
+    }
+    memcpy(sp->tomb_key, k, sp->tomb_n * sizeof *k);
+    memcpy(sp->tomb_tick, t, sp->tomb_n * sizeof *t);
+    sp->tomb_head = sp->tomb_n % sp->tomb_cap;
+    free(k);
+    free(t);
+    return 0;
+}
+
+int psd_sparse_tombs_restore(struct psd_sparse *sp, const uint64_t *keys, const uint64_t *ticks,
+                             uint64_t n)
+{
+    if (n == 0)
+        return 0;
+    uint64_t cap = sp->rows_max < 4096 ? 4096 : sp->rows_max;
+    cap = cap < PSD_TOMBS_MAX ? cap : PSD_TOMBS_MAX;
+    if (n > cap)
+        return PS_ELIMIT;
+    sp->tomb_key = malloc(cap * sizeof *sp->tomb_key);
+    sp->tomb_tick = malloc(cap * sizeof *sp->tomb_tick);
+    if (sp->tomb_key == NULL || sp->tomb_tick == NULL)
+        return PS_ENOMEM;
+    sp->tomb_cap = cap;
+    memcpy(sp->tomb_key, keys, n * sizeof *keys);
+    memcpy(sp->tomb_tick, ticks, n * sizeof *ticks);
+    sp->tomb_n = n;
+    sp->tomb_head = n % cap;
+    return 0;
 }

@@ -35,13 +35,20 @@ struct psd_sparse {
     int rowwise;         /* row-wise Adagrad: rsum, one accumulator per row */
     float *rsum;         /* rows_cap, or NULL */
 
+    /* Every push is a tick (the table's version on this shard: delta
+     * exports ask for what came after one), and each row keeps the tick of
+     * its last push; an evicted row leaves a tombstone (its key and tick)
+     * in a ring of tomb_cap, and ticks before tomb_floor have lost some.
+     * Everything here is decided by the order the pushes are applied in,
+     * so a backup replaying them does the same. */
+    uint64_t *last;                 /* rows_cap: the tick of the row's last push (or its making) */
+    uint64_t tick;                  /* pushes applied to the table on this shard */
+    uint64_t *tomb_key, *tomb_tick; /* tomb_cap each (NULL before the first eviction) */
+    uint64_t tomb_cap, tomb_n, tomb_head; /* kept, and where the next goes */
+    uint64_t tomb_floor;                  /* exports since a tick below it cannot be told */
     /* The life cycle (psd_sparse_life), when admission or eviction is on:
-     * pulls make no rows; every push is a tick, and each row keeps the
-     * tick of its last push. Everything here is decided by the order the
-     * pushes are applied in, so a backup replaying them does the same. */
+     * pulls make no rows. */
     int life;
-    uint64_t *last; /* rows_cap: the tick of the row's last push (or its making) */
-    uint64_t tick;  /* pushes applied to the table on this shard */
     uint32_t admit_after;
     uint64_t evict_after;
     int evict_at_budget;
@@ -78,8 +85,18 @@ int64_t psd_sparse_row_hashed(struct psd_sparse *sp, uint64_t key, uint64_t hash
  * evict_after, evict_at_budget; checked): 0 or PS_ENOMEM. */
 int psd_sparse_life(struct psd_sparse *sp, uint32_t admit_after, uint64_t admit_counters,
                     uint64_t evict_after, int evict_at_budget);
-/* Bytes of the sketch, and of the per-row records the life cycle keeps. */
-uint64_t psd_sparse_life_bytes(const struct psd_sparse *sp, uint64_t rows);
+/* Bytes beside the rows' weights and state: each row's tick, the sketch,
+ * the tombstones. */
+uint64_t psd_sparse_extra_bytes(const struct psd_sparse *sp, uint64_t rows);
+/* Puts the tombstones' ring in order, oldest at 0 (a checkpoint writes
+ * them so); what it holds is unchanged. 0 or PS_ENOMEM. */
+int psd_sparse_tombs_linear(struct psd_sparse *sp);
+/* A checkpoint's n tombstones, oldest first: 0, PS_ELIMIT (more than
+ * this table keeps) or PS_ENOMEM. */
+int psd_sparse_tombs_restore(struct psd_sparse *sp, const uint64_t *keys, const uint64_t *ticks,
+                             uint64_t n);
+/* Tombstones kept at most per table and shard. */
+#define PSD_TOMBS_MAX (UINT64_C(1) << 20)
 /* Counts a push of key, which has no row: 1 when that admits it (its
  * count reached admit_after), else 0. */
 int psd_sparse_admit(struct psd_sparse *sp, uint64_t key);

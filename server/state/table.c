@@ -37,11 +37,16 @@ uint64_t psd_table_bytes_for(const Ps__TableSpec *spec, uint32_t shard, uint32_t
         ps_shard_range(spec->size, shards, shard, &lo, &hi);
     uint64_t elems = spec->sparse ? spec->rows_max * spec->dim : hi - lo;
     uint64_t life = 0; /* the sketch, and each row's last push */
-    if (spec->sparse && (spec->admit_after > 1 || spec->evict_after || spec->evict_at_budget))
-        life = (spec->admit_after > 1
+    if (spec->sparse)  /* each row's tick; the sketch; tombstones once rows are evicted */
+        life = spec->rows_max * sizeof(uint64_t) +
+               (spec->admit_after > 1
                     ? (spec->admit_counters ? spec->admit_counters : PS_ADMIT_COUNTERS_DEFAULT)
                     : 0) +
-               spec->rows_max * sizeof(uint64_t);
+               (spec->evict_after || spec->evict_at_budget
+                    ? 16 * (spec->rows_max < 4096            ? 4096
+                            : spec->rows_max < PSD_TOMBS_MAX ? spec->rows_max
+                                                             : PSD_TOMBS_MAX)
+                    : 0);
     uint64_t rowwise = spec->optimizer == PS__OPTIMIZER_KIND__OPT_ROWWISE_ADAGRAD
                            ? spec->rows_max * sizeof(float) /* a float of state a row */
                            : 0;
@@ -512,7 +517,7 @@ static inline __attribute__((always_inline)) void prefetch_row(const struct psd_
     __builtin_prefetch(sp->w + at, 1, 1);
     if (use == ROWS_UPDATE_STEPS)
         __builtin_prefetch(sp->row_steps + r, 1, 1);
-    if (sp->last != NULL) /* a life cycle's push stamps the row's tick */
+    if (use != ROWS_READ) /* a push stamps the row's tick */
         __builtin_prefetch(sp->last + r, 1, 1);
     if (sp->s1 != NULL)
         __builtin_prefetch(sp->s1 + at, 1, 1);
@@ -557,16 +562,22 @@ int psd_table_pull_rows(struct psd_table *t, const uint64_t *keys, size_t n, flo
     struct rows_walk w;
     struct psd_sparse *sp = &t->sp;
     rows_walk_init(&w, t, keys, n, !sp->life); /* with a life cycle, pulls make no rows */
+    /* rows a pull makes are a tick's (a delta export after this tick has
+     * them); a pull that makes none takes it back */
+    uint64_t had = sp->nrows;
+    sp->tick++;
     for (size_t i = 0; i < n; i++) {
         int64_t r = rows_walk_at(&w, i, ROWS_READ);
         if (r == ROWS_ABSENT && sp->life) /* what its row would start as */
             ps_init_fill(out + i * d, d, (enum ps_init_kind)sp->init_kind, sp->init_scale,
                          sp->seed ^ ps_mix64(keys[i]), 0);
-        else if (r < 0)
+        else if (r < 0) {
+            sp->tick -= sp->nrows == had;
             return row_error(t, r, keys[i], err, errlen);
-        else
+        } else
             memcpy(out + i * d, sp->w + (size_t)r * d, d * sizeof(float));
     }
+    sp->tick -= sp->nrows == had;
     return 0;
 }
 
@@ -666,6 +677,7 @@ int psd_table_push_rows(struct psd_table *t, const uint64_t *keys, const float *
     }
     struct psk_optim o = psd_table_optim(t);
     uint32_t d = t->dim;
+    uint64_t tick = ++t->sp.tick;
     struct rows_walk w;
     rows_walk_init(&w, t, keys, n, 1);
     uint64_t rows[ROWS_APPLY];
@@ -675,8 +687,10 @@ int psd_table_push_rows(struct psd_table *t, const uint64_t *keys, const float *
         int64_t r = 0;
         for (; i < b + m &&
                (r = rows_walk_at(&w, i, one_call ? ROWS_UPDATE : ROWS_UPDATE_STEPS)) >= 0;
-             i++)
+             i++) {
             rows[i - b] = (uint64_t)r;
+            t->sp.last[r] = tick;
+        }
         /* the rows found so far, in order: all of them but on a failure */
         apply_rows_run(t, &o, rows, g + b * d, i - b);
         if (r < 0)
@@ -715,7 +729,7 @@ uint64_t psd_table_bytes_held(const struct psd_table *t)
     uint64_t elems = t->sparse ? t->sp.nrows * t->dim : t->hi - t->lo;
     uint64_t arrays = 1u + (uint64_t)psk_optim_state_arrays((int)t->optimizer);
     return elems * 4u * (arrays + (t->spare != NULL)) /* the spare: see psd_table_lend */
-           + (t->sparse ? psd_sparse_life_bytes(&t->sp, t->sp.nrows) : 0) +
+           + (t->sparse ? psd_sparse_extra_bytes(&t->sp, t->sp.nrows) : 0) +
            (t->sp.rowwise ? t->sp.nrows * sizeof(float) : 0) +
            (t->stamp != NULL ? (t->hi - t->lo) * sizeof *t->stamp : 0);
 }

@@ -126,3 +126,83 @@ def metrics_text(cluster, pushes_wanted):
                 time.monotonic() > deadline + 10:
             return text
         time.sleep(0.05)
+
+
+def psctl_export(servers, out, since=None):
+    """psctl export [--since PREV] OUT: its return code, stderr, and the
+    tensors with the header's metadata."""
+    import subprocess
+    from conftest import child_env
+    psctl = os.environ.get("PSCTL_BIN")
+    if not psctl:
+        pytest.skip("PSCTL_BIN is not set")
+    cmd = [psctl, "--servers", servers, "export", str(out)]
+    if since is not None:
+        cmd[3:3] = ["--since", str(since)]
+    r = subprocess.run(cmd, capture_output=True, text=True, env=child_env())
+    return r.returncode, r.stderr, (psd.load_safetensors(out) if r.returncode == 0 else None)
+
+
+def test_a_delta_chain_restores_the_last_state(cluster, tmp_path):
+    servers = cluster.start(shards=2)
+    spec = dict(SPEC, rows_max=40, admit_after=0, admit_counters=0, evict_after=25)
+    with psd.Client(servers) as c:
+        c.create_sparse_table("e", DIM, **spec)
+        step = 0
+
+        def push(n):
+            nonlocal step
+            for _ in range(n):
+                keys, g = workload(step)
+                c.push_rows("e", keys, g).wait()
+                step += 1
+
+        push(60)
+        rc, err, base = psctl_export(servers, tmp_path / "base.safetensors")
+        assert rc == 0, err
+        state = dict(zip(base["e.keys"].tolist(), base["e"]))
+        prev = tmp_path / "base.safetensors"
+        evicted = 0
+        for i, n in enumerate((40, 3, 40)):
+            push(n)
+            out = tmp_path / ("delta%d.safetensors" % i)
+            rc, err, d = psctl_export(servers, out, since=prev)
+            assert rc == 0, err
+            assert 0 < len(d["e.keys"])
+            if n == 3:  # 3 pushes of at most 18 ids: fewer rows than the table's
+                assert len(d["e.keys"]) <= 54 < len(state)
+            for k in d["e.evicted"].tolist():
+                state.pop(k, None)
+            evicted += len(d["e.evicted"])
+            state.update(zip(d["e.keys"].tolist(), d["e"]))
+            prev = out
+        rc, err, full = psctl_export(servers, tmp_path / "full.safetensors")
+        assert rc == 0, err
+    assert evicted > 0
+    keys = sorted(state)
+    assert keys == full["e.keys"].tolist()  # evicted ids absent, every live one there
+    np.testing.assert_array_equal(np.stack([state[k] for k in keys]), full["e"])
+
+
+def test_a_delta_from_before_the_kept_evictions_is_refused(cluster, tmp_path):
+    servers = cluster.start()
+    spec = dict(SPEC, optimizer="sgd", rows_max=100, admit_after=0, admit_counters=0,
+                evict_after=0)
+    with psd.Client(servers) as c:
+        c.create_sparse_table("e", DIM, **spec)
+        ones = np.ones((100, DIM), np.float32)
+        for b in range(2):
+            c.push_rows("e", np.arange(b * 100, b * 100 + 100, dtype=np.uint64), ones).wait()
+        rc, err, _ = psctl_export(servers, tmp_path / "base.safetensors")
+        assert rc == 0, err
+        # 4,200 more new ids evict 4,200 rows: past the 4,096 tombstones a
+        # table of 100 rows keeps
+        for b in range(2, 44):
+            c.push_rows("e", np.arange(b * 100, b * 100 + 100, dtype=np.uint64), ones).wait()
+        rc, err, _ = psctl_export(servers, tmp_path / "d.safetensors",
+                                  since=tmp_path / "base.safetensors")
+        assert rc != 0
+        assert "older than the evictions" in err and "take a full export" in err, err
+        rc, err, _ = psctl_export(servers, tmp_path / "d.safetensors",
+                                  since=tmp_path / "nothing.safetensors")
+        assert rc != 0 and "cannot read it" in err, err

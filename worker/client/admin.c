@@ -182,8 +182,10 @@ int psc_checkpoint(struct psc_client *c, uint32_t shard, int timeout_ms, char *d
     return rc;
 }
 
-int psc_rows(struct psc_client *c, uint32_t table, uint32_t shard, uint64_t offset, uint32_t max,
-             uint64_t *keys, float *vals, uint64_t *got, uint64_t *total, int timeout_ms)
+/* A page of rows (psc_rows, psc_rows_delta): checks the call, asks, and
+ * fills ro. */
+static int rows_page(struct psc_client *c, uint32_t table, uint32_t shard, int what, uint64_t since,
+                     uint64_t offset, uint32_t max, struct rows_out *ro, int timeout_ms)
 {
     if (table >= c->ntables)
         return psc__set_error(c, PS_ENOTABLE, "rows: no table handle %u", table);
@@ -195,15 +197,42 @@ int psc_rows(struct psc_client *c, uint32_t table, uint32_t shard, uint64_t offs
     if (max == 0 || max > PS_ROWS_PAGE_MAX)
         return psc__set_error(c, PS_EINVAL, "rows: page of %u rows, expected 1..%u", max,
                               PS_ROWS_PAGE_MAX);
-    struct rows_out ro = {.offset = offset, .max = max, .dim = t->dim, .keys = keys, .vals = vals};
+    if (what != PSC_ROWS_ALL && what != PSC_ROWS_CHANGED && what != PSC_ROWS_EVICTED)
+        return psc__set_error(c, PS_EINVAL,
+                              "rows: what %d is not PSC_ROWS_ALL, _CHANGED or _EVICTED", what);
+    ro->offset = offset;
+    ro->max = max;
+    ro->dim = what == PSC_ROWS_EVICTED ? 1 : t->dim;
     Ps__Header h;
     ps_wire_header_init(&h, PS__OP__OP_ROWS);
     h.table_id = t->ids[shard];
     h.offset = offset;
     h.count = max;
-    int rc = psc__call_sync(c, &h, shard, shard, &ro, timeout_ms);
+    h.changed = what == PSC_ROWS_CHANGED;
+    h.tombstones = what == PSC_ROWS_EVICTED;
+    h.since = what == PSC_ROWS_ALL ? 0 : since;
+    return psc__call_sync(c, &h, shard, shard, ro, timeout_ms);
+}
+
+int psc_rows(struct psc_client *c, uint32_t table, uint32_t shard, uint64_t offset, uint32_t max,
+             uint64_t *keys, float *vals, uint64_t *got, uint64_t *total, int timeout_ms)
+{
+    struct rows_out ro = {.keys = keys, .vals = vals};
+    int rc = rows_page(c, table, shard, PSC_ROWS_ALL, 0, offset, max, &ro, timeout_ms);
     *got = ro.got;
     *total = ro.total;
+    return rc;
+}
+
+int psc_rows_delta(struct psc_client *c, uint32_t table, uint32_t shard, int what, uint64_t since,
+                   uint64_t offset, uint32_t max, uint64_t *keys, float *vals, uint64_t *got,
+                   uint64_t *next, uint64_t *tick, int timeout_ms)
+{
+    struct rows_out ro = {.keys = keys, .vals = vals, .delta = 1};
+    int rc = rows_page(c, table, shard, what, since, offset, max, &ro, timeout_ms);
+    *got = ro.got;
+    *next = ro.next;
+    *tick = ro.tick;
     return rc;
 }
 

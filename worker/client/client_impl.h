@@ -227,8 +227,10 @@ struct rows_out {
     uint64_t offset, max;
     uint32_t dim;
     uint64_t *keys;
-    float *vals;
+    float *vals; /* NULL: not wanted (tombstones) */
     uint64_t got, total;
+    int delta; /* psc_rows_delta: next and tick too */
+    uint64_t next, tick;
 };
 
 /* How long a hand-over of the shared region to a shard that lost it may

@@ -524,6 +524,30 @@ PSC_API int psc_rows(struct psc_client *c, uint32_t table, uint32_t shard, uint6
                      uint32_t max, uint64_t *keys, float *vals, uint64_t *got, uint64_t *total,
                      int timeout_ms);
 
+/* Delta exports: psc_rows, as what says,
+ *   PSC_ROWS_ALL: every row (since is ignored);
+ *   PSC_ROWS_CHANGED: the rows pushed (or made) after tick since;
+ *   PSC_ROWS_EVICTED: the ids evicted after tick since (keys only: vals
+ *     may be NULL), offset counting from the oldest eviction kept;
+ * from offset on. A page looks at entries [offset, *next) and sends
+ * those that qualify (*got of them, at most max; possibly none): page on
+ * from *next until it reaches the count of rows (or evictions kept).
+ * *tick gets the table's tick on the shard (the pushes it applied):
+ * what a later delta's since is, taken when its pages were read with no
+ * push in between. A since past the shard's tick is refused (PS_EREMOTE,
+ * PS_ESTATE: it restarted from an older checkpoint), and so is one older
+ * than the evictions it keeps (PS_ERANGE): take a full export then.
+ * Synchronous. */
+enum psc_rows_what {
+    PSC_ROWS_ALL = 0,
+    PSC_ROWS_CHANGED = 1,
+    PSC_ROWS_EVICTED = 2,
+};
+PSC_API int psc_rows_delta(struct psc_client *c, uint32_t table, uint32_t shard, int what,
+                           uint64_t since, uint64_t offset, uint32_t max, uint64_t *keys,
+                           float *vals, uint64_t *got, uint64_t *next, uint64_t *tick,
+                           int timeout_ms);
+
 /* A handle for a table some worker created, found by name on every shard
  * (a stats call to each). Synchronous. */
 PSC_API int psc_table_open(struct psc_client *c, const char *name, int timeout_ms, uint32_t *table);

@@ -39,6 +39,7 @@ struct config {
     const char *curve_secret, *curve_server_key;
     const char *from, *to;
     uint64_t shards;
+    const char *since;
     int help;
 };
 
@@ -62,6 +63,9 @@ static const struct ps_opt opts[] = {
         "reshard: where to write the new shards' checkpoints (made if missing; it must hold "
         "none)"),
     OPT("shards", PS_OPT_U64, shards, "0", 0, PS_SHARDS_MAX, "N", "reshard: the new shard count"),
+    OPT("since", PS_OPT_STR, since, NULL, 0, 0, "FILE",
+        "export: only what changed after the export FILE (each sparse table's rows pushed since "
+        "and, as NAME.evicted, the ids evicted since; dense tables whole)"),
     OPT("help", PS_OPT_FLAG, help, NULL, 0, 0, NULL, "show this help and exit"),
 };
 #define NOPTS (sizeof opts / sizeof opts[0])
@@ -368,13 +372,6 @@ static int cmd_checkpoint(struct cluster *k, int json)
     return failed ? 1 : 0;
 }
 
-/* A sparse table gathered from every shard. */
-struct gathered {
-    uint64_t n, cap;
-    uint64_t *keys;
-    float *vals;
-};
-
 struct key_at {
     uint64_t key, at;
 };
@@ -385,50 +382,82 @@ static int by_key(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-/* Pages every shard's rows of sparse table h (dim d) into g, then sorts
- * them by key (a key lives on one shard only). 0, or a PS_E* code with
- * the reason printed. */
-static int gather_rows(struct cluster *k, uint32_t h, const char *name, uint32_t d,
-                       struct gathered *g)
+/* A sparse table gathered from every shard. */
+struct gathered {
+    uint64_t n, cap;
+    uint64_t *keys;
+    float *vals;
+};
+
+/* Room for PS_ROWS_PAGE_MAX more rows of d in g (vals too when d > 0). */
+static int gathered_room(struct gathered *g, uint32_t d, const char *name)
 {
-    for (uint32_t s = 0; s < k->n; s++) {
-        uint64_t off = 0, total = 1;
-        while (off < total) {
-            if (g->cap - g->n < PS_ROWS_PAGE_MAX) {
-                uint64_t cap =
-                    g->cap * 2 > g->n + PS_ROWS_PAGE_MAX ? g->cap * 2 : g->n + PS_ROWS_PAGE_MAX;
-                uint64_t *nk = realloc(g->keys, cap * sizeof *nk);
-                if (nk != NULL)
-                    g->keys = nk;
-                float *nv = nk ? realloc(g->vals, cap * d * sizeof *nv) : NULL;
-                if (nv == NULL) {
-                    fprintf(stderr, "psctl: export: '%s': out of memory at %llu rows\n", name,
-                            (unsigned long long)g->n);
-                    return PS_ENOMEM;
-                }
-                g->vals = nv;
-                g->cap = cap;
-            }
-            uint64_t got = 0;
-            int rc = psc_rows(k->c, h, s, off, PS_ROWS_PAGE_MAX, g->keys + g->n, g->vals + g->n * d,
-                              &got, &total, k->timeout_ms);
-            if (rc != 0) {
-                fprintf(stderr, "psctl: export: '%s': %s\n", name, psc_last_error(k->c));
-                return rc;
-            }
-            if (got == 0 && off < total) {
-                fprintf(stderr, "psctl: export: '%s': shard %u sent no rows at %llu of %llu\n",
-                        name, s, (unsigned long long)off, (unsigned long long)total);
-                return PS_EPROTO;
-            }
-            off += got;
-            g->n += got;
-        }
+    if (g->cap - g->n >= PS_ROWS_PAGE_MAX)
+        return 0;
+    uint64_t cap = g->cap * 2 > g->n + PS_ROWS_PAGE_MAX ? g->cap * 2 : g->n + PS_ROWS_PAGE_MAX;
+    uint64_t *nk = realloc(g->keys, cap * sizeof *nk);
+    if (nk != NULL)
+        g->keys = nk;
+    float *nv = nk != NULL && d > 0 ? realloc(g->vals, cap * d * sizeof *nv) : NULL;
+    if (nk == NULL || (d > 0 && nv == NULL)) {
+        fprintf(stderr, "psctl: export: '%s': out of memory at %llu rows\n", name,
+                (unsigned long long)g->n);
+        return PS_ENOMEM;
     }
+    if (d > 0)
+        g->vals = nv;
+    g->cap = cap;
+    return 0;
+}
+
+/* Pages shard s's rows of sparse table h (what: psc_rows_delta's) into g;
+ * *tick gets the table's tick there. The tick is read at the first page
+ * and the last: a push in between (the pages would not be one state) is
+ * an error that says to export again when pushes pause. */
+static int gather_shard(struct cluster *k, uint32_t h, const char *name, uint32_t d, uint32_t s,
+                        int what, uint64_t since, struct gathered *g, uint64_t *tick)
+{
+    uint64_t off = 0, first = 0;
+    int started = 0;
+    for (;;) {
+        int rc = gathered_room(g, what == PSC_ROWS_EVICTED ? 0 : d, name);
+        if (rc != 0)
+            return rc;
+        uint64_t got = 0, next = 0, t = 0;
+        rc = psc_rows_delta(k->c, h, s, what, since, off, PS_ROWS_PAGE_MAX, g->keys + g->n,
+                            what == PSC_ROWS_EVICTED ? NULL : g->vals + g->n * d, &got, &next, &t,
+                            (int)k->timeout_ms);
+        if (rc != 0) {
+            fprintf(stderr, "psctl: export: '%s': shard %u: %s\n", name, s, psc_last_error(k->c));
+            return rc;
+        }
+        if (!started)
+            first = t;
+        started = 1;
+        if (t != first) {
+            fprintf(stderr,
+                    "psctl: export: '%s': shard %u applied pushes while it was read (tick %llu, "
+                    "then %llu): export again while the workers pause\n",
+                    name, s, (unsigned long long)first, (unsigned long long)t);
+            return PS_ESTATE;
+        }
+        g->n += got;
+        if (next == off) /* nothing left to look at */
+            break;
+        off = next;
+    }
+    *tick = first;
+    return 0;
+}
+
+/* Sorts g's rows (d floats each, or keys only when d is 0) by key: a key
+ * lives on one shard only. */
+static int gathered_sort(struct gathered *g, uint32_t d, const char *name)
+{
     struct key_at *idx = malloc((g->n ? g->n : 1) * sizeof *idx);
     uint64_t *keys = malloc((g->n ? g->n : 1) * sizeof *keys);
-    float *vals = malloc((g->n ? g->n : 1) * d * sizeof *vals);
-    if (idx == NULL || keys == NULL || vals == NULL) {
+    float *vals = d > 0 ? malloc((g->n ? g->n : 1) * d * sizeof *vals) : NULL;
+    if (idx == NULL || keys == NULL || (d > 0 && vals == NULL)) {
         free(idx);
         free(keys);
         free(vals);
@@ -441,7 +470,8 @@ static int gather_rows(struct cluster *k, uint32_t h, const char *name, uint32_t
     qsort(idx, g->n, sizeof *idx, by_key);
     for (uint64_t i = 0; i < g->n; i++) {
         keys[i] = idx[i].key;
-        memcpy(vals + i * d, g->vals + idx[i].at * d, d * sizeof *vals);
+        if (d > 0)
+            memcpy(vals + i * d, g->vals + idx[i].at * d, d * sizeof *vals);
     }
     free(idx);
     free(g->keys);
@@ -451,12 +481,128 @@ static int gather_rows(struct cluster *k, uint32_t h, const char *name, uint32_t
     return 0;
 }
 
-static int cmd_export(struct cluster *k, const char *path, int json)
+/* The ticks an earlier export reached for table name, from its header's
+ * "ticks/NAME" ("t0,t1,...", one per shard), into since[0..n). */
+static int export_ticks(const char *path, const char *name, uint32_t n, uint64_t *since)
+{
+    FILE *f = fopen(path, "rb");
+    unsigned char len8[8];
+    uint64_t len = 0;
+    if (f == NULL || fread(len8, 1, 8, f) != 8) {
+        fprintf(stderr, "psctl: export --since %s: cannot read it: %s\n", path,
+                f ? "shorter than a header" : strerror(errno));
+        if (f)
+            fclose(f);
+        return PS_EINVAL;
+    }
+    for (int i = 7; i >= 0; i--)
+        len = len << 8 | len8[i];
+    char *hdr = len < (UINT64_C(1) << 30) ? malloc(len + 1) : NULL;
+    int ok = hdr != NULL && fread(hdr, 1, len, f) == len;
+    fclose(f);
+    json_t *j = ok ? (hdr[len] = '\0', json_loads(hdr, 0, NULL)) : NULL;
+    free(hdr);
+    char key[PS_TABLE_NAME_MAX + 8];
+    snprintf(key, sizeof key, "ticks/%s", name);
+    const char *v = json_string_value(json_object_get(json_object_get(j, "__metadata__"), key));
+    uint32_t got = 0;
+    for (const char *p = v; p != NULL && *p && got < n;) {
+        char *end;
+        since[got++] = strtoull(p, &end, 10);
+        p = *end == ',' ? end + 1 : end;
+        if (end == p && *end != '\0')
+            break;
+    }
+    json_decref(j);
+    if (v == NULL || got != n) {
+        fprintf(stderr,
+                "psctl: export --since %s: it has no ticks for '%s' on %u shards (%s): take a "
+                "full export\n",
+                path, name, n, v ? v : "none");
+        return PS_EINVAL;
+    }
+    return 0;
+}
+
+/* Metadata an export writes beside its tensors: per sparse table,
+ * "ticks/NAME" (where each shard was: a later --since starts there) and,
+ * in a delta, "since/NAME" (where it started). */
+struct export_meta {
+    char (*key)[PS_TABLE_NAME_MAX + 8];
+    char (*val)[PS_SHARDS_MAX * 21 + 1];
+    size_t n;
+};
+
+static void ticks_text(char *out, size_t len, const uint64_t *t, uint32_t n)
+{
+    size_t used = 0;
+    out[0] = '\0';
+    for (uint32_t s = 0; s < n && used < len; s++)
+        used += (size_t)snprintf(out + used, len - used, "%s%llu", s ? "," : "",
+                                 (unsigned long long)t[s]);
+}
+
+/* Sparse table tl's rows into tensors NAME [rows, dim] and NAME.keys
+ * (all of them, or since: those pushed after each shard's tick in it,
+ * and NAME.evicted, the ids evicted after it), with the ticks reached in
+ * meta. */
+static int export_sparse(struct cluster *k, uint32_t h, const struct psc_table_stats *tl,
+                         const char *since_path, struct ps_st_tensor *ts, size_t *n, void **bufs,
+                         size_t *nb, struct export_meta *meta, uint64_t *bytes)
+{
+    uint64_t since[PS_SHARDS_MAX] = {0}, tick[PS_SHARDS_MAX], etick[PS_SHARDS_MAX];
+    int rc = since_path ? export_ticks(since_path, tl->name, k->n, since) : 0;
+    struct gathered g = {0}, e = {0};
+    for (uint32_t s = 0; rc == 0 && s < k->n; s++) {
+        rc = gather_shard(k, h, tl->name, tl->dim, s, since_path ? PSC_ROWS_CHANGED : PSC_ROWS_ALL,
+                          since[s], &g, &tick[s]);
+        if (rc == 0 && since_path)
+            rc =
+                gather_shard(k, h, tl->name, tl->dim, s, PSC_ROWS_EVICTED, since[s], &e, &etick[s]);
+        if (rc == 0 && since_path && etick[s] != tick[s]) {
+            fprintf(stderr,
+                    "psctl: export: '%s': shard %u applied pushes while it was read (tick %llu, "
+                    "then %llu): export again while the workers pause\n",
+                    tl->name, s, (unsigned long long)tick[s], (unsigned long long)etick[s]);
+            rc = PS_ESTATE;
+        }
+    }
+    bufs[(*nb)++] = g.keys;
+    bufs[(*nb)++] = g.vals;
+    bufs[(*nb)++] = e.keys;
+    if (rc == 0)
+        rc = gathered_sort(&g, tl->dim, tl->name);
+    if (rc == 0 && since_path)
+        rc = gathered_sort(&e, 0, tl->name);
+    bufs[*nb - 3] = g.keys; /* sorting replaced them */
+    bufs[*nb - 2] = g.vals;
+    bufs[*nb - 1] = e.keys;
+    if (rc != 0)
+        return rc;
+    char kname[PS_ST_NAME_MAX];
+    snprintf(kname, sizeof kname, "%s.keys", tl->name);
+    ps_st_tensor(&ts[(*n)++], tl->name, "F32", g.vals, 4, g.n, tl->dim);
+    ps_st_tensor(&ts[(*n)++], kname, "U64", g.keys, 8, g.n, 0);
+    if (since_path) {
+        snprintf(kname, sizeof kname, "%s.evicted", tl->name);
+        ps_st_tensor(&ts[(*n)++], kname, "U64", e.keys, 8, e.n, 0);
+        snprintf(meta->key[meta->n], sizeof meta->key[0], "since/%s", tl->name);
+        ticks_text(meta->val[meta->n++], sizeof meta->val[0], since, k->n);
+    }
+    snprintf(meta->key[meta->n], sizeof meta->key[0], "ticks/%s", tl->name);
+    ticks_text(meta->val[meta->n++], sizeof meta->val[0], tick, k->n);
+    *bytes += g.n * tl->dim * 4;
+    return 0;
+}
+
+static int cmd_export(struct cluster *k, const char *path, const char *since_path, int json)
 {
     struct psc_table_stats *tl = calloc(PS_TABLES_MAX, sizeof *tl);
-    struct ps_st_tensor *ts = calloc(2 * PS_TABLES_MAX, sizeof *ts);
-    void **bufs = calloc(2 * PS_TABLES_MAX, sizeof *bufs);
-    int rc = tl && ts && bufs ? 0 : PS_ENOMEM;
+    struct ps_st_tensor *ts = calloc(3 * PS_TABLES_MAX, sizeof *ts);
+    void **bufs = calloc(3 * PS_TABLES_MAX, sizeof *bufs);
+    struct export_meta meta = {.key = calloc(2 * PS_TABLES_MAX, sizeof *meta.key),
+                               .val = calloc(2 * PS_TABLES_MAX, sizeof *meta.val)};
+    int rc = tl && ts && bufs && meta.key && meta.val ? 0 : PS_ENOMEM;
     struct psc_shard_stats st = {.struct_size = sizeof st};
     if (tl != NULL)
         tl[0].struct_size = sizeof *tl;
@@ -473,17 +619,9 @@ static int cmd_export(struct cluster *k, const char *path, int json)
             break;
         }
         if (tl[i].sparse) { /* rows spread by key: NAME [rows, dim] and NAME.keys [rows] */
-            struct gathered g = {0};
-            rc = gather_rows(k, h, tl[i].name, tl[i].dim, &g);
-            bufs[nb++] = g.keys;
-            bufs[nb++] = g.vals;
-            if (rc != 0)
+            if ((rc = export_sparse(k, h, &tl[i], since_path, ts, &n, bufs, &nb, &meta, &bytes)) !=
+                0)
                 break;
-            char kname[PS_ST_NAME_MAX];
-            snprintf(kname, sizeof kname, "%s.keys", tl[i].name);
-            ps_st_tensor(&ts[n++], tl[i].name, "F32", g.vals, 4, g.n, tl[i].dim);
-            ps_st_tensor(&ts[n++], kname, "U64", g.keys, 8, g.n, 0);
-            bytes += g.n * tl[i].dim * 4;
             sparse++;
             tables++;
             continue;
@@ -522,9 +660,22 @@ static int cmd_export(struct cluster *k, const char *path, int json)
                 break;
             }
     char err[512];
-    const char *meta[] = {"format", "psd-export"};
-    if (rc == 0 && (rc = ps_st_write(path, ts, n, meta, 2, err, sizeof err)) != 0)
+    const char **mt = calloc(2 + 2 * meta.n, sizeof *mt);
+    if (rc == 0 && mt == NULL)
+        rc = PS_ENOMEM;
+    if (rc == 0) {
+        mt[0] = "format";
+        mt[1] = since_path ? "psd-export-delta" : "psd-export";
+        for (size_t i = 0; i < meta.n; i++) {
+            mt[2 + 2 * i] = meta.key[i];
+            mt[3 + 2 * i] = meta.val[i];
+        }
+    }
+    if (rc == 0 && (rc = ps_st_write(path, ts, n, mt, 2 + 2 * meta.n, err, sizeof err)) != 0)
         fprintf(stderr, "psctl: export: %s\n", err);
+    free(mt);
+    free(meta.key);
+    free(meta.val);
     if (rc == PS_ENOMEM)
         fprintf(stderr, "psctl: export: out of memory\n");
     if (rc == 0 && json)
@@ -676,7 +827,7 @@ int main(int argc, char **argv)
     else if (strcmp(cmd, "checkpoint") == 0)
         rc = cmd_checkpoint(&k, cfg.json);
     else
-        rc = cmd_export(&k, args[0], cfg.json);
+        rc = cmd_export(&k, args[0], cfg.since, cfg.json);
     psc_destroy(k.c);
     return rc;
 }

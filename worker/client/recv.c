@@ -202,11 +202,21 @@ static void handle_rows_page(uint32_t shard, struct slot *sl, const struct ps_wi
                        (unsigned long long)ro->max, ro->dim);
         return;
     }
+    if (ro->delta && (h->next < h->offset + h->count || h->next > h->rows)) {
+        psc__slot_fail(sl, PS_EPROTO,
+                       "shard %u answered rows [%llu, %llu) of %llu, with %llu of them sent", shard,
+                       (unsigned long long)h->offset, (unsigned long long)h->next,
+                       (unsigned long long)h->rows, (unsigned long long)h->count);
+        return;
+    }
     for (uint64_t i = 0; i < h->count; i++)
         ro->keys[i] = ps_wire_key(m->keys, i);
-    memcpy(ro->vals, m->vals, m->vals_bytes);
+    if (ro->vals != NULL)
+        memcpy(ro->vals, m->vals, m->vals_bytes);
     ro->got = h->count;
     ro->total = h->rows;
+    ro->next = h->next;
+    ro->tick = h->table_version;
 }
 
 static void handle_sync_reply(struct psc_client *c, uint32_t shard, struct slot *sl,
