@@ -55,6 +55,14 @@ static const struct ps_opt opts[] = {
         "sparse-lr with --embed-dim: hidden width of the MLP"),
     OPT("rows-max", PS_OPT_U64, rows_max, "10000000", 1, UINT64_C(1) << 31, "N",
         "sparse-lr: rows one shard may hold"),
+    OPT("admit-after", PS_OPT_U64, admit_after, "0", 0, 255, "N",
+        "sparse-lr: a feature gets a row at its Nth push (0: its first); until then its pushes "
+        "are counted and its weights are the initial ones"),
+    OPT("evict-after", PS_OPT_U64, evict_after, "0", 0, UINT64_MAX, "K",
+        "sparse-lr: evict rows not pushed in their table's last K pushes on a shard (0: never)"),
+    OPT("evict-at-budget", PS_OPT_FLAG, evict_at_budget, NULL, 0, 0, NULL,
+        "sparse-lr: at --rows-max, evict the least recently pushed row for a new one instead of "
+        "stopping with an error"),
     OPT("layers", PS_OPT_STR, layers, "784,256,128,10", 0, 0, "N,N,...", "MLP widths"),
     OPT("arch", PS_OPT_STR, arch,
         "conv3x3:32,relu,maxpool2,conv3x3:64,relu,maxpool2,fc:128,relu,fc:10", 0, 0, "LAYERS",
@@ -361,6 +369,12 @@ static int check_config(struct config *c, char *err, size_t errlen)
                  "--optimizer %s: for sparse models (--model sparse-lr); the mlp and the cnn "
                  "take sgd, momentum, adagrad or adam",
                  c->optimizer);
+        return PS_EINVAL;
+    }
+    if (!sparse && (c->admit_after || c->evict_after || c->evict_at_budget)) {
+        snprintf(err, errlen,
+                 "--admit-after, --evict-after and --evict-at-budget are for --model sparse-lr "
+                 "(its rows by feature)");
         return PS_EINVAL;
     }
     if (!c->standalone && c->servers == NULL) {

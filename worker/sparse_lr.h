@@ -28,6 +28,9 @@ struct psw_slr_config {
     int optimizer; /* enum psc_optimizer */
     float lr, l1, l2;
     uint64_t rows_max;
+    uint32_t admit_after; /* the table's life cycle (psc_table_spec's) */
+    uint64_t evict_after;
+    int evict_at_budget;
     int timeout_ms;
     uint32_t embed_dim; /* 0: linear */
     uint32_t hidden;    /* embedding variant: MLP hidden width */

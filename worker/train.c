@@ -342,7 +342,7 @@ int psw_train(struct trainer *tr, double *accuracy)
 int psw_run_sparse_lr(struct trainer *tr)
 {
     const struct config *c = &tr->cfg;
-    char err[512];
+    char err[512] = "";
     double t0 = ps_mono_s();
     int rc = psw_connect_client(tr, 0, err, sizeof err);
     struct psw_slr_config sc = {
@@ -359,6 +359,9 @@ int psw_run_sparse_lr(struct trainer *tr)
         .l1 = (float)c->l1,
         .l2 = (float)c->l2,
         .rows_max = c->rows_max,
+        .admit_after = (uint32_t)c->admit_after,
+        .evict_after = c->evict_after,
+        .evict_at_budget = c->evict_at_budget,
         .timeout_ms = (int)c->timeout_ms,
         .embed_dim = (uint32_t)c->embed_dim,
         .hidden = (uint32_t)c->embed_hidden,
@@ -367,8 +370,9 @@ int psw_run_sparse_lr(struct trainer *tr)
     struct psw_slr_result res = {0};
     if (rc == 0)
         rc = psw_slr_train(&sc, tr->c, &tr->log, &res, err, sizeof err);
-    if (rc != 0)
-        PS_LOG(&tr->log, PS_LOG_ERROR, W0002, "%s", err);
+    if (rc != 0) /* a request that failed logged why (W0310): the text is its own */
+        PS_LOG(&tr->log, PS_LOG_ERROR, W0002, "%s",
+               err[0] ? err : "training stopped: a request failed (above)");
     uint64_t sent = 0, recvd = 0;
     if (tr->c != NULL)
         psc_bytes(tr->c, &sent, &recvd);
