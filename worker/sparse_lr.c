@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 struct slr {
     const struct psw_slr_config *cfg;
@@ -403,6 +404,11 @@ int psw_slr_train(const struct psw_slr_config *cfg, struct psc_client *c, struct
             double loss = 0;
             rc = step(&m, &train, perm + (s * cfg->workers + cfg->rank) * cfg->batch,
                       (size_t)cfg->batch, &loss);
+            if (cfg->test_delay_ms) { /* tests: a run slow enough to act on mid-way */
+                struct timespec ts = {(time_t)(cfg->test_delay_ms / 1000),
+                                      (long)(cfg->test_delay_ms % 1000) * 1000000L};
+                nanosleep(&ts, NULL);
+            }
             loss_sum += loss;
             res->samples += cfg->batch;
             if ((s + 1) % cfg->log_every == 0 || s + 1 == end) {

@@ -31,6 +31,7 @@ struct psw_slr_config {
     uint32_t admit_after; /* the table's life cycle (psc_table_spec's) */
     uint64_t evict_after;
     int evict_at_budget;
+    uint64_t test_delay_ms; /* tests: a pause after each step */
     int timeout_ms;
     uint32_t embed_dim; /* 0: linear */
     uint32_t hidden;    /* embedding variant: MLP hidden width */

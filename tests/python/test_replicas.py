@@ -370,3 +370,50 @@ def test_replica_lists_are_checked(servers, text):
     with pytest.raises(ValueError) as e:
         psd.Client(servers)
     assert text in str(e.value)
+
+
+def test_a_primary_killed_while_rows_are_evicted(cluster, etcd, tmp_path):
+    """Sparse rows under a budget, evicting and admitting on every push: a
+    primary killed mid-run, the backup takes over, and the table ends
+    bit for bit as a run without replicas ends (one worker: its pushes'
+    order is the same in both)."""
+    gen, psctl = os.environ.get("GEN_CLICKS_BIN"), os.environ.get("PSCTL_BIN")
+    if not gen or not psctl or not os.environ.get("PSWORKER_BIN"):
+        pytest.skip("GEN_CLICKS_BIN, PSWORKER_BIN and PSCTL_BIN are needed")
+    data = tmp_path / "clicks"
+    subprocess.run([gen, "--out", str(data), "--train", "100000", "--test", "5000",
+                    "--features", "20000", "--active", "8", "--alpha", "1.3", "--seed", "5"],
+                   check=True, capture_output=True, env=child_env())
+    args = ["--consistency", "asp", "--workers", "1"]
+
+    def run(servers, name, delay):
+        return subprocess.Popen(
+            [os.environ["PSWORKER_BIN"], "--model", "sparse-lr", "--data", str(data),
+             "--servers", servers, "--workers", "1", "--optimizer", "adagrad", "--lr", "0.2",
+             "--batch", "128", "--epochs", "1", "--device", "cpu", "--rows-max", "1500",
+             "--evict-at-budget", "--admit-after", "2", "--evict-after", "300",
+             "--timeout-ms", "60000", "--test-delay-ms", str(delay)],
+            stdout=subprocess.DEVNULL, stderr=open(str(tmp_path / (name + ".log")), "w"),
+            env=child_env())
+
+    def evicted(servers):
+        r = subprocess.run([psctl, "--servers", servers, "--json", "status"],
+                           capture_output=True, text=True, env=child_env(), timeout=30)
+        if r.returncode != 0:
+            return 0
+        return sum(t["evicted_budget"] + t["evicted_age"]
+                   for sh in json.loads(r.stdout)["shards"] for t in sh.get("tables", []))
+
+    servers = cluster.start(shards=2, args=args)
+    finish([run(servers, "u0", 0)], tmp_path, "u")
+    unbroken = export(servers, tmp_path / "unbroken.safetensors")
+    assert evicted(servers) > 1000
+    servers, groups = replicated(cluster, etcd, 2, args)
+    w = run(servers, "k0", 3)
+    until("rows evicted", lambda: evicted(servers) > 300, cluster)
+    (a, ea), (b, eb) = groups[0]
+    kill(cluster, a)
+    until("the backup takes over", lambda: leader(etcd, 0, 2).get("endpoint") == eb, cluster)
+    assert w.poll() is None, "the run ended before the kill"
+    finish([w], tmp_path, "k")
+    same(export(servers, tmp_path / "after-kill.safetensors"), unbroken)

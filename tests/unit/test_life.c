@@ -298,6 +298,13 @@ static void test_specs_that_do_not_fit_are_refused(void **state)
     spec.admit_counters = 1000; /* not a power of two */
     assert_int_equal(ps_wire_check_spec(&spec, err, sizeof err), PS_EINVAL);
     assert_non_null(strstr(err, "admit_counters 1000"));
+    spec.admit_counters = UINT64_C(1) << 31; /* past the largest sketch */
+    assert_int_equal(ps_wire_check_spec(&spec, err, sizeof err), PS_EINVAL);
+    /* the largest is counted before the table is made (psd's
+     * --max-table-bytes refuses a peer's spec that would hold more) */
+    spec.admit_counters = UINT64_C(1) << 30;
+    assert_int_equal(ps_wire_check_spec(&spec, err, sizeof err), 0);
+    assert_true(psd_table_bytes_for(&spec, 0, 1) >= (UINT64_C(1) << 30) + 10 * (2 * 4 + 8));
     spec.admit_after = 0;
     spec.admit_counters = 1024; /* a sketch without admission */
     assert_int_equal(ps_wire_check_spec(&spec, err, sizeof err), PS_EINVAL);
