@@ -174,3 +174,43 @@ def test_psworker_stopped_on_two_shards_finishes_on_three_as_if_unbroken(cluster
     got = export(three, tmp_path / "resharded.safetensors")
     for k in want:
         np.testing.assert_array_equal(got[k], want[k], err_msg=k)
+
+
+def test_a_tables_life_cycle_is_resharded(cluster, tmp_path):
+    """A sparse table that admits and evicts, resharded 2 -> 3: every row
+    with its value; the admission counts carried (an id pushed once before
+    gets its row at its next push after); the rows' ages carried (a row
+    not pushed for evict_after ticks goes); a delta from before the
+    reshard refused."""
+    ck, ck3 = str(tmp_path / "ck"), str(tmp_path / "ck3")
+    spec = dict(lr=0.5, rows_max=1000, init="zeros", admit_after=2, evict_after=150)
+    servers = cluster.start(shards=2, args=["--checkpoint-dir", ck])
+    one = np.ones((1, 2), np.float32)
+    with psd.Client(servers) as c:
+        c.create_sparse_table("e", 2, **spec)
+        for k in range(100):  # 100 ids admitted (pushed twice), then one pushed once
+            for _ in range(2):
+                c.push_rows("e", np.array([k], np.uint64), one).wait()
+        c.push_rows("e", np.array([777], np.uint64), one).wait()
+    before = as_dict(export(servers, tmp_path / "before.safetensors"))
+    assert len(before["e"]) == 100 and 777 not in before["e"]
+    assert cluster.stop() == [0, 0]
+    r = psctl("reshard", "--from", ck, "--shards", "3", "--to", ck3)
+    assert r.returncode == 0, r.stderr
+    three = cluster.start(shards=3, args=["--checkpoint-dir", ck3])
+    assert_same_model(before, as_dict(export(three, tmp_path / "after.safetensors")))
+    r = psctl("--servers", three, "--since", str(tmp_path / "before.safetensors"), "export",
+              str(tmp_path / "delta.safetensors"))
+    assert r.returncode != 0 and "take a full export" in r.stderr, r.stderr
+    with psd.Client(three) as c:
+        c.create_sparse_table("e", 2, **spec)
+        c.push_rows("e", np.array([777], np.uint64), one).wait()  # its second push: admitted
+        w = np.zeros((1, 2), np.float32)
+        c.pull_rows("e", np.array([777], np.uint64), w).wait()
+        assert (w == -0.5).all(), w  # a row, one step from 0 (no row would read 0)
+        keep = np.arange(50, 100, dtype=np.uint64)
+        for _ in range(160):  # ids 0..49 not pushed for over 150 ticks on every shard
+            c.push_rows("e", keep, np.ones((keep.size, 2), np.float32)).wait()
+    after = as_dict(export(three, tmp_path / "later.safetensors"))["e"]
+    assert not any(k in after for k in range(50)), sorted(after)[:10]
+    assert all(k in after for k in range(50, 100))

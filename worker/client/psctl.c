@@ -513,15 +513,16 @@ static int export_ticks(const char *path, const char *name, uint32_t n, uint64_t
         if (end == p && *end != '\0')
             break;
     }
-    json_decref(j);
+    int rc = 0;
     if (v == NULL || got != n) {
         fprintf(stderr,
                 "psctl: export --since %s: it has no ticks for '%s' on %u shards (%s): take a "
                 "full export\n",
                 path, name, n, v ? v : "none");
-        return PS_EINVAL;
+        rc = PS_EINVAL;
     }
-    return 0;
+    json_decref(j); /* v is j's */
+    return rc;
 }
 
 /* Metadata an export writes beside its tensors: per sparse table,
