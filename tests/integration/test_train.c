@@ -504,8 +504,9 @@ static void test_asp_never_waits(void **state)
     assert_int_equal(st.waiting, 0);
 }
 
-/* psworker lists every optimizer it takes, and refuses FTRL on the MLP
- * (its weights collapsed there) with a sentence saying where it works. */
+/* psworker lists every optimizer it takes, and refuses FTRL (its weights
+ * collapsed there) and row-wise Adagrad (no rows) on the MLP with a
+ * sentence saying where they work. */
 static void test_optimizer_choices(void **state)
 {
     (void)state;
@@ -514,15 +515,21 @@ static void test_optimizer_choices(void **state)
     harness_tmp(log, sizeof log, "opt-help.log");
     const char *help[] = {bin, "--help", NULL};
     assert_int_equal(harness_wait(harness_spawn(help, log), 60000), 0);
-    assert_true(harness_log_has(log, "--optimizer", "adam, or ftrl"));
-    harness_tmp(log, sizeof log, "opt-ftrl.log");
-    const char *ftrl[] = {bin, "--standalone", "--optimizer", "ftrl", NULL};
-    assert_int_equal(harness_wait(harness_spawn(ftrl, log), 60000), 2);
-    assert_true(harness_log_has(log, "FTRL-proximal is for sparse models", "--model sparse-lr"));
+    assert_true(harness_log_has(log, "--optimizer", "ftrl (FTRL-proximal) or rowwise_adagrad"));
+    const char *sparse_only[] = {"ftrl", "rowwise_adagrad"};
+    for (int i = 0; i < 2; i++) {
+        harness_tmp(log, sizeof log, "opt-sparse-only.log");
+        const char *argv[] = {bin, "--standalone", "--optimizer", sparse_only[i], NULL};
+        assert_int_equal(harness_wait(harness_spawn(argv, log), 60000), 2);
+        assert_true(harness_log_has(log, "for sparse models (--model sparse-lr)", sparse_only[i]));
+    }
     harness_tmp(log, sizeof log, "opt-bad.log");
     const char *bad[] = {bin, "--standalone", "--optimizer", "lamb", NULL};
     assert_int_equal(harness_wait(harness_spawn(bad, log), 60000), 2);
-    assert_true(harness_log_has(log, "'lamb' is not sgd, momentum, adagrad, adam or ftrl", NULL));
+    assert_true(harness_log_has(log,
+                                "'lamb' is not sgd, momentum, adagrad, adam, ftrl or "
+                                "rowwise_adagrad",
+                                NULL));
 }
 
 /* psworker pointed at a server that never answers (a socket that
