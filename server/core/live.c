@@ -258,7 +258,8 @@ void psd_op_hello(struct psd *s, const struct ps_frame *route, const char *user,
             psd_regions_drop_worker(s->shm, w, route->data, route->size);
         if (w < s->live->workers && route->size <= PS_ROUTE_ID_MAX) {
             struct worker *h = &s->live->w[w]; /* hello_refused let it take the id */
-            memcpy(h->route, route->data, route->size);
+            if (route->size > 0)               /* a replayed record may carry none (data NULL) */
+                memcpy(h->route, route->data, route->size);
             h->route_len = route->size;
             snprintf(h->user, sizeof h->user, "%s", user ? user : "");
         }
