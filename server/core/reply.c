@@ -190,41 +190,73 @@ void psd_fit_unread(struct psd *s, const void *route, size_t route_len, const Ps
             (unsigned long long)r->unread_bytes_total_max);
 }
 
-/* Writes the nonzeros of w[0..n) as a bitmap plus values in dtype, when
- * that is smaller than sending them all. Returns 1 when rep holds it. */
-static int reply_masked(const float *w, size_t n, Ps__DType dtype, struct psd_reply *rep)
+/* Which elements a bitmap reply carries: i's bit in mask (zeroed, n
+ * bits) is set when fn says so; returns how many are (a mask of NULL:
+ * only counts). */
+typedef uint64_t (*pick_fn)(const void *arg, uint64_t n, uint8_t *mask);
+
+/* Puts w[0..n)'s elements that pick chooses in rep as a bitmap plus
+ * their values in dtype, when that is smaller than all n values (k of
+ * them, counted before). Returns 1 when rep holds it; 0 when the whole
+ * range is to go (larger, or no memory: that one still works). */
+static int reply_bitmap(const float *w, size_t n, uint64_t k, Ps__DType dtype, pick_fn pick,
+                        const void *arg, struct psd_reply *rep)
 {
-    size_t nnz = 0, esize = ps_dtype_size(dtype), mbytes = (n + 7) / 8;
-    for (size_t i = 0; i < n; i++)
-        nnz += w[i] != 0.0f;
-    if (mbytes + nnz * esize >= n * esize)
+    size_t esize = ps_dtype_size(dtype), mbytes = (n + 7) / 8;
+    if (mbytes + k * esize >= n * esize)
         return 0;
+    int f32 = dtype == PS__DTYPE__DTYPE_F32;
     uint8_t *mask = calloc(mbytes ? mbytes : 1, 1);
-    float *nz = malloc((nnz ? nnz : 1) * sizeof(float));
-    void *vals = aligned_alloc(64, ((nnz ? nnz : 1) * esize + 63u) & ~(size_t)63u);
-    if (mask == NULL || nz == NULL || vals == NULL) {
+    void *vals = aligned_alloc(64, ((k ? k : 1) * esize + 63u) & ~(size_t)63u);
+    float *g = f32 ? vals : malloc((k ? k : 1) * sizeof(float));
+    if (mask == NULL || vals == NULL || g == NULL) {
         free(mask);
-        free(nz);
         free(vals);
-        return 0; /* the dense reply still works */
+        if (!f32)
+            free(g);
+        return 0;
     }
-    size_t k = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (w[i] != 0.0f) {
-            mask[i / 8] |= (uint8_t)(1u << (i % 8));
-            nz[k++] = w[i];
-        }
+    pick(arg, n, mask);
+    size_t j = 0;
+    for (size_t i = 0; i < n; i++)
+        if ((mask[i / 8] >> (i % 8)) & 1u)
+            g[j++] = w[i];
+    if (!f32) { /* the table is f32; only the wire is 16-bit */
+        ps_f32_to_half_n(dtype, g, vals, k);
+        free(g);
     }
-    if (dtype == PS__DTYPE__DTYPE_F32)
-        memcpy(vals, nz, nnz * sizeof(float));
-    else
-        ps_f32_to_half_n(dtype, nz, vals, nnz);
-    free(nz);
     rep->mask = mask;
     rep->mask_bytes = mbytes;
     rep->vals = vals;
-    rep->vals_bytes = nnz * esize;
+    rep->vals_bytes = k * esize;
     return 1;
+}
+
+static uint64_t pick_nonzero(const void *arg, uint64_t n, uint8_t *mask)
+{
+    const float *w = arg;
+    uint64_t k = 0;
+    for (uint64_t i = 0; i < n; i++)
+        if (w[i] != 0.0f) {
+            if (mask != NULL)
+                mask[i / 8] |= (uint8_t)(1u << (i % 8));
+            k++;
+        }
+    return k;
+}
+
+/* A pull that asked for changes: the table, its range and the version
+ * the client holds (psd_table_changed). */
+struct changed_pick {
+    const struct psd_table *t;
+    const Ps__Header *req;
+    uint64_t offset;
+};
+
+static uint64_t pick_changed(const void *arg, uint64_t n, uint8_t *mask)
+{
+    const struct changed_pick *c = arg;
+    return psd_table_changed(c->t, c->req->generation, c->req->since, c->offset, n, mask);
 }
 
 /* A pull that asked for changes (Header.changed) gets the elements written
@@ -239,36 +271,10 @@ static int reply_changed(const Ps__Header *req, struct psd_table *t, uint64_t of
         (void)psd_table_track(t); /* PS_ENOMEM: every pull gets the whole range */
         return 0;
     }
-    uint64_t n = psd_table_changed(t, req->generation, req->since, offset, count, NULL);
-    size_t esize = ps_dtype_size(req->dtype), mbytes = (size_t)(count + 7) / 8;
-    if (n == UINT64_MAX || mbytes + n * esize >= count * esize)
-        return 0;
-    int f32 = req->dtype == PS__DTYPE__DTYPE_F32;
-    uint8_t *mask = calloc(mbytes ? mbytes : 1, 1);
-    void *vals = aligned_alloc(64, ((n ? n : 1) * esize + 63u) & ~(size_t)63u);
-    float *g = f32 ? vals : malloc((n ? n : 1) * sizeof(float));
-    if (mask == NULL || vals == NULL || g == NULL) {
-        free(mask);
-        free(vals);
-        if (!f32)
-            free(g);
-        return 0; /* the whole range still works */
-    }
-    psd_table_changed(t, req->generation, req->since, offset, count, mask);
-    const float *w = t->w + (offset - t->lo);
-    size_t k = 0;
-    for (size_t i = 0; i < count; i++)
-        if ((mask[i / 8] >> (i % 8)) & 1u)
-            g[k++] = w[i];
-    if (!f32) { /* the table is f32; only the wire is 16-bit */
-        ps_f32_to_half_n(req->dtype, g, vals, n);
-        free(g);
-    }
-    rep->mask = mask;
-    rep->mask_bytes = mbytes;
-    rep->vals = vals;
-    rep->vals_bytes = n * esize;
-    return 1;
+    struct changed_pick c = {t, req, offset};
+    uint64_t n = pick_changed(&c, count, NULL);
+    return n != UINT64_MAX && reply_bitmap(t->w + (offset - t->lo), (size_t)count, n, req->dtype,
+                                           pick_changed, &c, rep);
 }
 
 /* Whether a reply of `bytes` values of t goes out from the table itself
@@ -321,7 +327,9 @@ void psd_reply_values(struct psd *s, const Ps__Header *req, struct psd_table *t,
         psd_reply_header(s, &h, rep);
         return;
     }
-    if (req->nonzero_only && t->mask != NULL && reply_masked(w, (size_t)count, req->dtype, rep)) {
+    if (req->nonzero_only && t->mask != NULL &&
+        reply_bitmap(w, (size_t)count, pick_nonzero(w, count, NULL), req->dtype, pick_nonzero, w,
+                     rep)) {
         h.layout = PS__LAYOUT__LAYOUT_MASK;
         psd_reply_header(s, &h, rep);
         return;

@@ -80,6 +80,17 @@ static int grow_slots(struct psd_sparse *sp)
     return 0;
 }
 
+/* Grows *p from n to cap entries of size bytes each (huge pages past
+ * 2 MiB). 0 or PS_ENOMEM (*p as it was). */
+static int grow_array(void **p, size_t size, size_t n, size_t cap)
+{
+    void *q = ps_grow_big(*p, n * size, cap * size);
+    if (q == NULL)
+        return PS_ENOMEM;
+    *p = q;
+    return 0;
+}
+
 /* The row arrays are read at random places too: huge pages past 2 MiB. */
 static int grow_rows(struct psd_sparse *sp)
 {
@@ -87,31 +98,22 @@ static int grow_rows(struct psd_sparse *sp)
     if (cap > sp->rows_max)
         cap = sp->rows_max;
     size_t n = sp->nrows, row = (size_t)sp->dim * sizeof(float);
-    float **arr[3] = {&sp->w, &sp->s1, &sp->s2};
-    for (int a = 0; a < 1 + sp->nstate; a++) {
-        float *p = ps_grow_big(*arr[a], n * row, cap * row);
-        if (p == NULL)
+    struct {
+        void **p;
+        size_t size;
+        int used;
+    } arr[] = {
+        {(void **)&sp->w, row, 1},
+        {(void **)&sp->s1, row, sp->nstate >= 1},
+        {(void **)&sp->s2, row, sp->nstate >= 2},
+        {(void **)&sp->row_steps, sizeof *sp->row_steps, 1},
+        {(void **)&sp->row_key, sizeof *sp->row_key, 1},
+        {(void **)&sp->rsum, sizeof *sp->rsum, sp->rowwise},
+        {(void **)&sp->last, sizeof *sp->last, 1},
+    };
+    for (size_t a = 0; a < sizeof arr / sizeof arr[0]; a++)
+        if (arr[a].used && grow_array(arr[a].p, arr[a].size, n, (size_t)cap) != 0)
             return PS_ENOMEM;
-        *arr[a] = p;
-    }
-    uint32_t *st = ps_grow_big(sp->row_steps, n * sizeof *st, cap * sizeof *st);
-    if (st == NULL)
-        return PS_ENOMEM;
-    sp->row_steps = st;
-    uint64_t *rk = ps_grow_big(sp->row_key, n * sizeof *rk, cap * sizeof *rk);
-    if (rk == NULL)
-        return PS_ENOMEM;
-    sp->row_key = rk;
-    if (sp->rowwise) {
-        float *a = ps_grow_big(sp->rsum, n * sizeof *a, cap * sizeof *a);
-        if (a == NULL)
-            return PS_ENOMEM;
-        sp->rsum = a;
-    }
-    uint64_t *l = ps_grow_big(sp->last, n * sizeof *l, cap * sizeof *l);
-    if (l == NULL)
-        return PS_ENOMEM;
-    sp->last = l;
     sp->rows_cap = cap;
     return 0;
 }

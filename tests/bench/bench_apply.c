@@ -11,6 +11,7 @@
  * gather loop reading the same values.
  * Median of --repeat runs. Prints a table and the ratios; never fails on
  * numbers. --json PATH writes them for comparison over time. */
+#include "bench_stats.h"
 #include "table.h"
 
 #include "ps_clock.h"
@@ -25,18 +26,6 @@
 #include <string.h>
 
 #define REPEAT_MAX 100 /* --repeat: the timings kept of each */
-
-static int cmp_d(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, cmp_d);
-    return v[n / 2];
-}
 
 /* n elements dense, or (rows > 0) a sparse table of dim 1 holding rows */
 static struct psd_table *make(const char *name, uint64_t n, Ps__OptimizerKind opt, uint64_t rows)
@@ -121,15 +110,15 @@ int main(int argc, char **argv)
             t_opt[k][r] = ps_mono_s() - a;
         }
     }
-    double copy = median(t_copy, repeat);
+    double copy = bench_median(t_copy, repeat);
     double copy_bw = 2.0 * n * 4 / copy;
     printf("\napply over a dense shard of %llu floats (64 MiB), median of %d\n",
            (unsigned long long)n, repeat);
     printf("%-14s %12s %14s %12s\n", "", "ms", "updates/s", "GB/s touched");
     printf("%-14s %12.2f %14s %12.2f\n", "memcpy", copy * 1e3, "-", copy_bw / 1e9);
-    double ratio[3], check = median(t_check, repeat), check_share[3];
+    double ratio[3], check = bench_median(t_check, repeat), check_share[3];
     for (int k = 0; k < 3; k++) {
-        double s = median(t_opt[k], repeat), bw = (double)floats_touched[k] * n * 4 / s;
+        double s = bench_median(t_opt[k], repeat), bw = (double)floats_touched[k] * n * 4 / s;
         ratio[k] = bw / copy_bw;
         check_share[k] = check / s;
         printf("%-14s %12.2f %14.3g %12.2f\n", names[k], s * 1e3, n / s, bw / 1e9);
@@ -156,10 +145,10 @@ int main(int argc, char **argv)
             }
     }
     for (int k = 0; k < 3; k++)
-        small_share[k] = median(t_fc, repeat) / median(t_sa[k], repeat);
+        small_share[k] = bench_median(t_fc, repeat) / bench_median(t_sa[k], repeat);
     printf("%-14s %12.4f   (a 1 MiB push: %.1f%% of sgd's apply of it, %.1f%% of momentum's, "
            "%.1f%% of adam's)\n",
-           "finite check", median(t_fc, repeat) / ROUNDS * 1e3, 100 * small_share[0],
+           "finite check", bench_median(t_fc, repeat) / ROUNDS * 1e3, 100 * small_share[0],
            100 * small_share[1], 100 * small_share[2]);
     double small_share_sgd = small_share[0];
 
@@ -217,8 +206,9 @@ int main(int argc, char **argv)
         if (out[nk / 2] != plain[keys[nk / 2]]) /* keeps the loop */
             fprintf(stderr, "bench_apply: the gather loop read %g\n", (double)out[nk / 2]);
     }
-    double sp = median(t_sp, repeat), sc = median(t_sc, repeat), rw = median(t_rw, repeat),
-           rp = median(t_rp, repeat), ga = median(t_ga, repeat);
+    double sp = bench_median(t_sp, repeat), sc = bench_median(t_sc, repeat),
+           rw = bench_median(t_rw, repeat), rp = bench_median(t_rp, repeat),
+           ga = bench_median(t_ga, repeat);
     printf("\nsparse apply of %llu random keys into %llu elements, median of %d\n",
            (unsigned long long)nk, (unsigned long long)rows, repeat);
     printf("%-14s %12s %14s\n", "", "ms", "updates/s");

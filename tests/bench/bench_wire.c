@@ -37,6 +37,7 @@
  * (5) sets how many alternating rounds a cell's time is cut into: its
  * ratio is their median, so more rounds ride out more of a noisy
  * machine's bad seconds. */
+#include "bench_stats.h"
 #include "psclient.h"
 
 #include "ps_clock.h"
@@ -443,15 +444,9 @@ static void json_row(const char *fmt, ...)
     json_first = 0;
 }
 
-static int cmp_d(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 static double pct(double *v, int n, double q)
 {
-    qsort(v, (size_t)n, sizeof *v, cmp_d);
+    qsort(v, (size_t)n, sizeof *v, bench_cmp_d);
     int i = (int)(q * (n - 1) + 0.5);
     return v[i];
 }

@@ -15,6 +15,7 @@
  * an id's two pushes leaves it counted once.)
  *
  *   life_bench [--repeat N] [--rows R] [--json PATH] */
+#include "bench_stats.h"
 #include "table.h"
 
 #include "ps_clock.h"
@@ -26,18 +27,6 @@
 
 #define DIM  16u
 #define KEYS (1u << 16)
-
-static int cmp_d(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, cmp_d);
-    return v[n / 2];
-}
 
 static uint64_t rng_next(uint64_t *s)
 {
@@ -187,10 +176,10 @@ int main(int argc, char **argv)
         t_gather[r] = (t5 - t4) / (double)n;
         t_scatter[r] = (t6 - t5) / (double)n;
     }
-    double op = 1 / median(t_off_pull, repeat), os = 1 / median(t_off_push, repeat);
-    double np = 1 / median(t_on_pull, repeat), ns = 1 / median(t_on_push, repeat);
-    double gp = 1 / median(t_gather, repeat), gs = 1 / median(t_scatter, repeat);
-    double sp = 1 / median(t_st_pull, repeat), ss = 1 / median(t_st_push, repeat);
+    double op = 1 / bench_median(t_off_pull, repeat), os = 1 / bench_median(t_off_push, repeat);
+    double np = 1 / bench_median(t_on_pull, repeat), ns = 1 / bench_median(t_on_push, repeat);
+    double gp = 1 / bench_median(t_gather, repeat), gs = 1 / bench_median(t_scatter, repeat);
+    double sp = 1 / bench_median(t_st_pull, repeat), ss = 1 / bench_median(t_st_push, repeat);
     printf("requests of up to %u random rows of %u floats, %llu ids, the life table's budget "
            "%llu rows; median of %d, keys/s on one core\n",
            KEYS, DIM, (unsigned long long)space, (unsigned long long)rows, repeat);

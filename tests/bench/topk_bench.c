@@ -9,6 +9,7 @@
  *
  *   topk_bench [--calls N] [--json PATH]
  * Never fails on a number: exit 1 only when a call fails. */
+#include "bench_stats.h"
 #include "psk_select.h"
 
 #include <math.h>
@@ -22,18 +23,6 @@ static double now_s(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static int cmp_d(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *t, int n)
-{
-    qsort(t, (size_t)n, sizeof *t, cmp_d);
-    return n % 2 ? t[n / 2] : (t[n / 2 - 1] + t[n / 2]) / 2;
 }
 
 static float gauss(uint64_t *s)
@@ -109,7 +98,7 @@ int main(int argc, char **argv)
                     return 1;
                 }
             }
-            double e = median(te, calls) * 1e6, s = median(ts, calls) * 1e6;
+            double e = bench_median(te, calls) * 1e6, s = bench_median(ts, calls) * 1e6;
             printf("%10zu %5.1f%% %8zu %12.1f %12.1f %7.1fx %6d/%d\n", n, ratios[b] * 100, k, e, s,
                    e / s, fell, calls);
             if (jf)
