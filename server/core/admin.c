@@ -1,9 +1,6 @@
 /* The admin ops (admin.h). */
 #include "admin.h"
 
-/* Entries a delta page of rows or tombstones looks at, at most. */
-#define PSD_ROWS_SCAN_MAX (UINT64_C(1) << 16)
-
 #include "catalog.h"
 #include "checkpoint.h"
 #include "counters.h"
