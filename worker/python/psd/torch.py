@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
 import torch
@@ -410,6 +410,15 @@ class GradScaler:
         self._clean = int(state["growth_tracker"])
 
 
+class _Pull(NamedTuple):
+    """A pull under way: the distinct keys, the rows they fill, the
+    input's ids as indices into them, and the request."""
+    keys: np.ndarray
+    rows: torch.Tensor
+    index: torch.Tensor
+    handle: Handle
+
+
 class _SparseRows(torch.nn.Module):
     """The rows of a sparse table, pulled by id in forward and pushed in
     backward."""
@@ -449,8 +458,8 @@ class _SparseRows(torch.nn.Module):
         if h is not None:
             h.wait()
 
-    def _rows(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(the batch's rows as a leaf tensor, ids as indices into them)."""
+    def _begin(self, ids: torch.Tensor) -> _Pull:
+        """Starts the pull of the rows of ids' distinct values."""
         if ids.dtype not in (torch.int64, torch.int32):
             raise TypeError("input: integer ids are needed (got %s)" % ids.dtype)
         c = self._ready()
@@ -461,11 +470,19 @@ class _SparseRows(torch.nn.Module):
                              % (self.num_embeddings, int(uniq[0]), int(uniq[-1])))
         keys = uniq.numpy().astype(np.uint64)
         rows = torch.empty(keys.size, self.embedding_dim)
-        c.pull_rows(self.name, keys, rows).wait()
+        return _Pull(keys, rows, inv.reshape(ids.shape), c.pull_rows(self.name, keys, rows))
+
+    def _end(self, p: _Pull) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the batch's rows as a leaf tensor, ids as indices into them)."""
+        p.handle.wait()
         if self.training and torch.is_grad_enabled():
-            rows.requires_grad_()
-            rows.register_hook(lambda g: self._push(keys, g))
-        return rows, inv.reshape(ids.shape)
+            keys = p.keys
+            p.rows.requires_grad_()
+            p.rows.register_hook(lambda g: self._push(keys, g))
+        return p.rows, p.index
+
+    def _rows(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._end(self._begin(ids))
 
     def _push(self, keys: np.ndarray, grad: torch.Tensor) -> None:
         g = grad.detach().to(torch.float32).contiguous()
@@ -514,13 +531,66 @@ class EmbeddingBag(_SparseRows):
 
     def forward(self, input: torch.Tensor, offsets: torch.Tensor | None = None,
                 per_sample_weights: torch.Tensor | None = None) -> torch.Tensor:
+        self._check(input, offsets)
+        return self._bag(self._rows(input), offsets, per_sample_weights)
+
+    @staticmethod
+    def _check(input: torch.Tensor, offsets: torch.Tensor | None) -> None:
         if input.dim() == 2 and offsets is not None:
             raise ValueError("offsets: only with a 1-D input")
         if input.dim() == 1 and offsets is None:
             raise ValueError("offsets: needed with a 1-D input")
-        rows, idx = self._rows(input)
+
+    def _bag(self, pulled: tuple[torch.Tensor, torch.Tensor], offsets: torch.Tensor | None,
+             per_sample_weights: torch.Tensor | None) -> torch.Tensor:
+        rows, idx = pulled
         return F.embedding_bag(idx, rows, offsets, mode=self.mode,
                                per_sample_weights=per_sample_weights)
+
+
+class EmbeddingBagCollection(torch.nn.Module):
+    """Several psd.torch.EmbeddingBag tables looked up together, as a
+    recommendation model's categorical features are: forward starts the
+    pulls of all tables before it waits for any, so a step waits for one
+    round trip to the shards instead of one per table. Backward pushes
+    each table's gradients as EmbeddingBag does."""
+
+    def __init__(self, bags: Sequence[EmbeddingBag]) -> None:
+        super().__init__()
+        bags = list(bags)
+        if not bags or not all(isinstance(b, EmbeddingBag) for b in bags):
+            raise TypeError("bags: a non-empty sequence of psd.torch.EmbeddingBag is needed")
+        if len({b.name for b in bags}) != len(bags):
+            raise ValueError("bags: two bags of the same table")
+        self.bags = torch.nn.ModuleList(bags)
+
+    def __len__(self) -> int:
+        return len(self.bags)
+
+    def forward(self, inputs: Sequence[torch.Tensor],
+                offsets: Sequence[torch.Tensor | None] | None = None) -> list[torch.Tensor]:
+        """The bags of inputs[i] (2-D, or 1-D with offsets[i]) in table i."""
+        if len(inputs) != len(self.bags):
+            raise ValueError("inputs: %d tensors for %d tables" % (len(inputs), len(self.bags)))
+        offs = [None] * len(self.bags) if offsets is None else list(offsets)
+        if len(offs) != len(self.bags):
+            raise ValueError("offsets: %d for %d tables" % (len(offs), len(self.bags)))
+        for x, o in zip(inputs, offs):
+            EmbeddingBag._check(x, o)
+        started: list[_Pull] = []
+        try:
+            for b, x in zip(self.bags, inputs):
+                started.append(b._begin(x))
+        except BaseException:
+            for p in started:  # their buffers stay until the library is done with them
+                p.handle.wait()
+            raise
+        return [b._bag(b._end(p), o, None) for b, p, o in zip(self.bags, started, offs)]
+
+    def finish(self) -> None:
+        """Waits for the last backward's pushes."""
+        for b in self.bags:
+            b.finish()
 
 
 class PipelineStage:
