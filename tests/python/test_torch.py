@@ -251,20 +251,117 @@ def test_embedding_bag_matches_torch_and_pushes_in_backward(cluster):
         assert e._pending is None
 
 
-def test_clicks_example_reaches_the_true_log_loss(cluster, tmp_path):
+def example_run(cluster, tmp, name, gen_args, psd_args=()):
+    """gen_clicks' data in tmp from gen_args, 2 shards (psd_args), and the
+    example's path and environment to run it on them."""
     gen = os.environ.get("GEN_CLICKS_BIN")
     if not gen:
         pytest.skip("GEN_CLICKS_BIN is not set")
-    r = subprocess.run([gen, "--out", str(tmp_path), "--train", "200000", "--test", "20000",
-                        "--features", "1000", "--active", "8", "--seed", "3"],
-                       capture_output=True, text=True)
+    r = subprocess.run([gen, "--out", str(tmp)] + gen_args, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
-    servers = cluster.start(shards=2)
+    servers = cluster.start(shards=2, args=psd_args)
     example = os.path.join(os.path.dirname(__file__), "..", "..", "worker", "python",
-                           "examples", "clicks.py")
+                           "examples", name)
     env = dict(os.environ)  # this Python's, sanitizer runtime included
     env["PYTHONPATH"] = os.path.join(os.path.dirname(__file__), "..", "..", "worker", "python")
     env["PSD_SERVERS"] = servers
+    return example, env
+
+
+def test_embedding_bag_collection_matches_its_bags_one_by_one(cluster):
+    """The collection pulls every table before it waits: the same bags and
+    the same pushes as calling each EmbeddingBag in turn."""
+    servers = cluster.start(shards=2)
+    inputs = [torch.tensor([[3, 9], [9, 4]]), torch.tensor([1, 2, 2, 5])]
+    offsets = [None, torch.tensor([0, 1])]
+
+    def bags(c, prefix):
+        return [psd.torch.EmbeddingBag(100, 3, prefix + "a", mode="sum", client=c, lr=0.5),
+                psd.torch.EmbeddingBag(100, 3, prefix + "b", mode="mean", client=c, lr=0.5,
+                                       seed=4)]
+
+    def rows(c, name):
+        out = np.empty((6, 3), np.float32)
+        c.pull_rows(name, [1, 2, 3, 4, 5, 9], out).wait()
+        return out
+
+    with psd.Client(servers) as c:
+        one = bags(c, "one.")
+        ref = [one[0](inputs[0]), one[1](inputs[1], offsets[1])]
+        (ref[0].sum() + 2 * ref[1].sum()).backward()
+        coll = psd.torch.EmbeddingBagCollection(bags(c, "all."))
+        got = coll(inputs, offsets)
+        for g, r in zip(got, ref):
+            torch.testing.assert_close(g, r)
+        (got[0].sum() + 2 * got[1].sum()).backward()
+        coll.finish()
+        for t in ("a", "b"):
+            one[0].finish()
+            one[1].finish()
+            np.testing.assert_array_equal(rows(c, "all." + t), rows(c, "one." + t))
+        assert not np.array_equal(rows(c, "all.a"), np.zeros((6, 3), np.float32))
+        with pytest.raises(ValueError, match="1 tensors for 2 tables"):
+            coll(inputs[:1])
+        with pytest.raises(ValueError, match="offsets: needed with a 1-D input"):
+            coll(inputs)
+        with pytest.raises(IndexError, match=r"ids must be in \[0, 100\)"):
+            coll([inputs[0], torch.tensor([[100]])])
+        with pytest.raises(ValueError, match="two bags of the same table"):
+            psd.torch.EmbeddingBagCollection([one[0], one[0]])
+        with pytest.raises(TypeError, match="psd.torch.EmbeddingBag"):
+            psd.torch.EmbeddingBagCollection([torch.nn.EmbeddingBag(4, 2)])
+
+
+def test_dlrm_example_learns_within_its_row_budget(cluster, tmp_path):
+    """The DLRM example, 2 shards and 2 ranks, with admission, age eviction
+    and a row budget of a fifth of each field's ids: it learns (better
+    than the base rate by a margin), and no shard holds more rows of a
+    field than its share of the budget."""
+    data = tmp_path / "data"
+    example, env = example_run(cluster, data, "dlrm.py", [
+        "--criteo", "--train", "60000", "--test", "10000", "--features", "20000", "--seed", "5"],
+        ["--workers", "2"])
+    servers = env["PSD_SERVERS"]
+    env["WORLD_SIZE"] = "2"
+    ranks = [subprocess.Popen([os.environ.get("PYTHON", "/usr/bin/python3"), example, "--data",
+                               str(data), "--batch", "512", "--evict-after", "40", "--threads",
+                               "1", "--json", str(tmp_path / ("r%d.json" % r))],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              env=dict(env, RANK=str(r))) for r in (0, 1)]
+    outs = [p.communicate(timeout=600)[0] for p in ranks]
+    for p, out in zip(ranks, outs):
+        assert p.returncode == 0, out
+    import json
+    got = json.load(open(tmp_path / "r0.json"))
+    y = np.fromfile(data / "test.bin", np.dtype([("y", "<f4"), ("rest", "V260")]))["y"]
+    q = float(y.mean())
+    base = -(q * np.log(q) + (1 - q) * np.log(1 - q))  # the best constant guess's
+    print("dlrm.py: held-out log-loss %.5f, base rate's %.5f, the true model's %.5f"
+          % (got["test_logloss"], base, got["true_logloss"]))
+    assert got["true_logloss"] < got["test_logloss"] < base - 0.01
+    psctl = os.environ.get("PSCTL_BIN")
+    if not psctl:
+        pytest.skip("PSCTL_BIN is not set")
+    r = subprocess.run([psctl, "--servers", servers, "--json", "status"], capture_output=True,
+                       text=True, env=env)
+    assert r.returncode == 0, r.stderr
+    tables = {}
+    for shard in json.loads(r.stdout)["shards"]:
+        for t in shard["tables"]:
+            tables.setdefault(t["name"], []).append(t)
+    for f in range(26):
+        for t in tables["dlrm.C%d" % (f + 1)]:
+            assert 0 < t["rows"] <= -(-got["rows"][f] // 2), (f, t)
+    total = {k: sum(t[k] for ts in tables.values() for t in ts if "evicted_age" in t)
+             for k in ("admitted", "held_back", "evicted_age", "evicted_budget")}
+    print("dlrm.py: %s" % total)
+    assert all(v > 0 for v in total.values()), total
+
+
+def test_clicks_example_reaches_the_true_log_loss(cluster, tmp_path):
+    example, env = example_run(cluster, tmp_path, "clicks.py", [
+        "--train", "200000", "--test", "20000", "--features", "1000", "--active", "8",
+        "--seed", "3"])
     r = subprocess.run([os.environ.get("PYTHON", "/usr/bin/python3"), example, "--data",
                         str(tmp_path), "--epochs", "2", "--json", str(tmp_path / "sum.json")],
                        capture_output=True, text=True, env=env, timeout=600)
