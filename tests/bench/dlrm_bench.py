@@ -15,6 +15,7 @@ fails on a number.
 import argparse
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -39,7 +40,8 @@ def start_psd(build, tmp, shards, workers):
     for epf, p in zip([os.path.join(tmp, "ep%d" % i) for i in range(shards)], procs):
         while not (os.path.exists(epf) and open(epf).read().strip()):
             if p.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit("psd did not start: see %s" % tmp)
+                raise SystemExit("psd did not start:\n" + "".join(
+                    open(os.path.join(tmp, "psd%d.log" % i)).read() for i in range(shards)))
             time.sleep(0.01)
         eps.append(open(epf).read().strip())
     return procs, ",".join(eps)
@@ -114,6 +116,13 @@ def main():
         if r not in ("psd", "psd-unbounded", "ddp"):
             ap.error("--runs: psd, psd-unbounded or ddp (got %r)" % r)
     tmp = tempfile.mkdtemp(prefix="dlrm-bench-")
+    try:
+        bench(a, runs, tmp)
+    finally:  # the data set is hundreds of MB
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def bench(a, runs, tmp):
     data = os.path.join(tmp, "data")
     g = subprocess.run([os.path.join(a.build_dir, "tests", "gen_clicks"), "--criteo", "--out",
                         data, "--train", str(a.train), "--test", str(a.test), "--features",
