@@ -28,7 +28,10 @@
  * size_bench.py). --only rows --rows R: a sparse table of R rows of --dim
  * floats (16) on 1 shard, filled by pushes of every key, then pulls and
  * pushes of random keys (65,536 a request, or R / 4): keys/s of each,
- * and psd's resident bytes a row.
+ * and psd's resident bytes a row. --life adds the same on a second table
+ * with admission and eviction on, and the plain gather and scatter loops
+ * over R rows in this process, on the same keys: the life cycle's cost
+ * and psd end to end against the fastest a row store can be.
  * --piece-bytes sets the client's piece_bytes (whole: large requests are
  * not cut into pieces), to compare with the default in alternating runs.
  * --pin gives each side of the wire its own cores, as two hosts would have:
@@ -490,9 +493,62 @@ static uint64_t rss_bytes(pid_t pid)
     return kb * 1024;
 }
 
+enum { ROW_SETS = 8, ROW_BATCH = 65536 };
+
+/* Keys a request of rows_bench: 65,536, or rows / 4 of a small table. */
+static size_t row_keys(uint64_t rows)
+{
+    return rows / 4 < ROW_BATCH ? (size_t)(rows / 4) : ROW_BATCH;
+}
+
+/* --only rows --life: the plain gather and scatter loops (bench_stats.h)
+ * over rows x dim floats, on the request keys rows_bench sends, for secs
+ * each; their keys/s into rate[0] (gather) and rate[1] (scatter). */
+static void loop_bench(uint64_t rows, uint32_t dim, double secs, double rate[2])
+{
+    size_t n = row_keys(rows);
+    float *w = xalloc((size_t)rows * dim * sizeof(float));
+    float *g = xalloc(n * dim * sizeof(float));
+    uint64_t *keys = xalloc(ROW_SETS * n * sizeof(uint64_t));
+    for (size_t i = 0; i < (size_t)rows * dim; i++)
+        w[i] = 0.01f;
+    for (size_t i = 0; i < n * dim; i++)
+        g[i] = 1e-3f;
+    unsigned seed = 11;
+    for (int k = 0; k < ROW_SETS; k++)
+        random_keys(keys + (size_t)k * n, n, rows, &seed);
+    for (int op = 0; op < 2; op++) {
+        uint64_t done = 0;
+        double t0 = ps_mono_s(), end = t0 + secs;
+        while (ps_mono_s() < end) {
+            const uint64_t *k = keys + (done % ROW_SETS) * n;
+            if (op == 0)
+                bench_gather(g, w, k, n, dim);
+            else
+                bench_scatter(w, k, g, n, dim, 1e-6f);
+            done++;
+        }
+        rate[op] = (double)(done * n) / (ps_mono_s() - t0);
+    }
+    printf("%-12s %5u %8zu %14s %14.0f %14.0f %12s  (a plain loop in this process)\n", "gather",
+           dim, n, "", rate[0], rate[1], "");
+    json_row("{\"bench\": \"rows\", \"case\": \"loop\", \"rows\": %" PRIu64
+             ", \"dim\": %u, \"keys\": %zu, \"pull_keys_per_s\": %.1f, "
+             "\"push_keys_per_s\": %.1f}",
+             rows, dim, n, rate[0], rate[1]);
+    free(w);
+    free(g);
+    free(keys);
+}
+
 /* --only rows: a sparse table of rows x dim, filled, then pulled and
- * pushed at random keys; psd is the shard started last (pid). */
-static void rows_bench(char eps[][256], pid_t pid, uint64_t rows, uint32_t dim, double secs)
+ * pushed at random keys; psd is the shard started last (pid). With life,
+ * the table admits an id at its second push and evicts (at its budget,
+ * and rows not pushed in 2^30 pushes, so that age eviction's slices run
+ * and find nothing): each key is pushed until it has a row. Keys/s of
+ * the pulls and pushes into rate[0] and rate[1]. */
+static void rows_bench(char eps[][256], pid_t pid, uint64_t rows, uint32_t dim, double secs,
+                       int life, int window, double rate[2])
 {
     const char *e[1] = {eps[0]};
     struct psc_config cfg = {.struct_size = sizeof cfg,
@@ -507,61 +563,101 @@ static void rows_bench(char eps[][256], pid_t pid, uint64_t rows, uint32_t dim, 
         die("psc_create", err);
     uint64_t rss0 = rss_bytes(pid);
     struct psc_table_spec s;
-    psc_table_spec_init(&s, "rows", 0);
+    psc_table_spec_init(&s, life ? "rows.life" : "rows", 0);
     s.sparse = 1;
     s.dim = dim;
     s.rows_max = rows;
     s.lr = 1e-6f;
+    if (life) {
+        s.admit_after = 2;
+        s.evict_after = UINT64_C(1) << 30;
+        s.evict_at_budget = 1;
+        /* the sketch halves its counts every admit_counters / 4 pushed ids:
+         * room for a pass over every id between halvings */
+        s.admit_counters = 64;
+        while (s.admit_counters < 8 * rows && s.admit_counters < (UINT64_C(1) << 30))
+            s.admit_counters *= 2;
+    }
     uint32_t t = 0;
     if (psc_table_create(c, &s, TIMEOUT_MS, &t) != 0)
         die("create", psc_last_error(c));
-    enum { SETS = 8, BATCH = 65536 };
-    size_t n = rows / 4 < BATCH ? (size_t)(rows / 4) : BATCH;
+    enum { SETS = ROW_SETS, BATCH = ROW_BATCH };
+    size_t n = row_keys(rows);
     if (n == 0)
         die("--rows", "expects at least 4 rows");
     uint64_t *keys =
         xalloc(SETS * n * sizeof(uint64_t) > BATCH * sizeof(uint64_t) ? SETS * n * sizeof(uint64_t)
                                                                       : BATCH * sizeof(uint64_t));
-    float *g = xalloc((size_t)BATCH * dim * sizeof(float));
-    for (size_t i = 0; i < (size_t)BATCH * dim; i++)
+    float *g = xalloc((size_t)window * BATCH * dim * sizeof(float)); /* one a request in flight */
+    for (size_t i = 0; i < (size_t)window * BATCH * dim; i++)
         g[i] = 1e-3f;
-    /* every row, in key order, BATCH a request */
+    /* every row, in key order, BATCH a request (with life, until each id
+     * has one: a halving of the sketch between an id's pushes can need a
+     * third) */
     double t0 = ps_mono_s();
-    for (uint64_t k0 = 0; k0 < rows; k0 += BATCH) {
-        size_t m = rows - k0 < BATCH ? (size_t)(rows - k0) : BATCH;
-        for (size_t i = 0; i < m; i++)
-            keys[i] = k0 + i;
-        uint64_t tk = 0;
-        if (psc_push_rows(c, t, keys, m, g, 0, &tk) != 0 || psc_wait(c, tk, TIMEOUT_MS) != 0)
-            die("fill", psc_last_error(c));
-    }
+    for (int pass = 0; pass < (life ? 4 : 1); pass++)
+        for (uint64_t k0 = 0; k0 < rows; k0 += BATCH) {
+            size_t m = rows - k0 < BATCH ? (size_t)(rows - k0) : BATCH;
+            for (size_t i = 0; i < m; i++)
+                keys[i] = k0 + i;
+            uint64_t tk = 0;
+            if (psc_push_rows(c, t, keys, m, g, 0, &tk) != 0 || psc_wait(c, tk, TIMEOUT_MS) != 0)
+                die("fill", psc_last_error(c));
+        }
     double fill = (double)rows / (ps_mono_s() - t0);
+    struct psc_shard_stats st = {.struct_size = sizeof st};
+    struct psc_table_stats ts[4] = {{.struct_size = sizeof ts[0]}};
+    if (psc_stats_tables(c, 0, TIMEOUT_MS, &st, ts, 4) != 0)
+        die("stats", psc_last_error(c));
+    for (uint32_t i = 0; i < st.tables && i < 4; i++)
+        if (strcmp(ts[i].name, s.name) == 0 && ts[i].rows != rows) {
+            fprintf(stderr,
+                    "bench_wire: the fill left %" PRIu64 " of %" PRIu64 " ids of %s "
+                    "without a row\n",
+                    rows - ts[i].rows, rows, s.name);
+            exit(1);
+        }
     uint64_t rss = rss_bytes(pid);
     unsigned seed = 11;
     for (int k = 0; k < SETS; k++)
         random_keys(keys + (size_t)k * n, n, rows, &seed);
-    double rate[2];
+    double per_cpu[2]; /* keys per CPU second of both processes */
     for (int op = 0; op < 2; op++) {
         uint64_t done = 0;
+        double cpu0 = bench_cpu_s(pid) + bench_cpu_s(getpid());
         double end = (t0 = ps_mono_s()) + secs;
-        while (ps_mono_s() < end) {
-            uint64_t tk = 0;
-            const uint64_t *k = keys + (done % SETS) * n;
-            int rc = op == 0 ? psc_pull_rows(c, t, k, n, g, 0, &tk)
-                             : psc_push_rows(c, t, k, n, g, 0, &tk);
-            if (rc != 0 || psc_wait(c, tk, TIMEOUT_MS) != 0)
+        uint64_t tks[WINDOW_MAX], sent = 0;
+        while (done < sent || ps_mono_s() < end) {
+            if (sent - done == (uint64_t)window || (sent > done && ps_mono_s() >= end)) {
+                if (psc_wait(c, tks[done % (uint64_t)window], TIMEOUT_MS) != 0)
+                    die(op == 0 ? "pull rows" : "push rows", psc_last_error(c));
+                done++;
+                continue;
+            }
+            const uint64_t *k = keys + (sent % SETS) * n;
+            float *b = g + (sent % (uint64_t)window) * BATCH * dim;
+            uint64_t *tk = &tks[sent % (uint64_t)window];
+            int rc =
+                op == 0 ? psc_pull_rows(c, t, k, n, b, 0, tk) : psc_push_rows(c, t, k, n, b, 0, tk);
+            if (rc != 0)
                 die(op == 0 ? "pull rows" : "push rows", psc_last_error(c));
-            done++;
+            sent++;
         }
         rate[op] = (double)(done * n) / (ps_mono_s() - t0);
+        double cpu = bench_cpu_s(pid) + bench_cpu_s(getpid()) - cpu0;
+        per_cpu[op] = cpu > 0 ? (double)(done * n) / cpu : 0;
     }
     double per_row = rss > rss0 ? (double)(rss - rss0) / (double)rows : 0;
-    printf("%-12" PRIu64 " %5u %8zu %14.0f %14.0f %14.0f %12.1f\n", rows, dim, n, fill, rate[0],
-           rate[1], per_row);
-    json_row("{\"bench\": \"rows\", \"rows\": %" PRIu64 ", \"dim\": %u, \"keys\": %zu, "
-             "\"fill_keys_per_s\": %.1f, \"pull_keys_per_s\": %.1f, \"push_keys_per_s\": %.1f, "
-             "\"rss_bytes_per_row\": %.1f}",
-             rows, dim, n, fill, rate[0], rate[1], per_row);
+    printf("%-12" PRIu64 " %5u %8zu %14.0f %14.0f %14.0f %12.1f%s\n", rows, dim, n, fill, rate[0],
+           rate[1], per_row, life ? "  (admission and eviction on)" : "");
+    printf("%-12s %5s %8s %14s %14.0f %14.0f %12s  (keys per CPU second, both processes)\n", "", "",
+           "", "", per_cpu[0], per_cpu[1], "");
+    json_row("{\"bench\": \"rows\", \"case\": \"%s\", \"rows\": %" PRIu64
+             ", \"dim\": %u, \"keys\": %zu, \"fill_keys_per_s\": %.1f, "
+             "\"pull_keys_per_s\": %.1f, \"push_keys_per_s\": %.1f, \"rss_bytes_per_row\": %.1f, "
+             "\"pull_keys_per_cpu_s\": %.1f, \"push_keys_per_cpu_s\": %.1f}",
+             life ? "life" : "psd", rows, dim, n, fill, rate[0], rate[1], per_row, per_cpu[0],
+             per_cpu[1]);
     free(keys);
     free(g);
     psc_destroy(c);
@@ -664,7 +760,7 @@ int main(int argc, char **argv)
     const char *psd = getenv("PSD_BIN");
     const char *json_path = NULL;
     double secs = 0.5;
-    int quick = 0, only = -1, shards_only = 0, pin = 0, rounds = 5, window_only = 0;
+    int quick = 0, only = -1, shards_only = 0, pin = 0, rounds = 5, window_only = 0, life = 0;
     size_t size_only = 0;
     uint64_t rows = 0, dim = 16;
     for (int i = 1; i < argc; i++) {
@@ -679,6 +775,8 @@ int main(int argc, char **argv)
             quick = 1;
         else if (strcmp(argv[i], "--pin") == 0)
             pin = 1;
+        else if (strcmp(argv[i], "--life") == 0)
+            life = 1;
         else if (strcmp(argv[i], "--rounds") == 0 && i + 1 < argc) {
             uint64_t v = 0;
             if (ps_parse_u64(argv[++i], 1, ROUNDS_MAX, &v) != 0)
@@ -725,7 +823,7 @@ int main(int argc, char **argv)
         } else {
             fprintf(stderr, "usage: bench_wire [--psd PATH] [--seconds S] [--quick] [--only OP] "
                             "[--size BYTES] [--window N] [--shards N] [--piece-bytes N|whole] "
-                            "[--pin] [--rounds N] [--rows R] [--dim D] [--json PATH]\n");
+                            "[--pin] [--rounds N] [--rows R] [--dim D] [--life] [--json PATH]\n");
             return 2;
         }
     }
@@ -747,6 +845,8 @@ int main(int argc, char **argv)
 
     if ((only == ONLY_ROWS) != (rows > 0))
         die("--rows", "goes with --only rows, and --only rows needs it");
+    if (life && only != ONLY_ROWS)
+        die("--life", "goes with --only rows");
     size_t sizes[] = {4096, 65536, 1u << 20, 16u << 20};
     int windows[] = {1, 8}, nwin = 2;
     size_t nsizes = quick ? 3 : 4;
@@ -788,11 +888,23 @@ int main(int argc, char **argv)
     char eps[SHARDS_MAX][256], reps[SHARDS_MAX][256], sb[32];
     if (only == ONLY_ROWS) {
         printf(
-            "sparse rows, 1 shard, window 1, local ipc: filled in key order, then random keys\n");
+            "sparse rows, 1 shard, window %d, local ipc: filled in key order, then random keys\n",
+            window_only ? window_only : 1);
         printf("%-12s %5s %8s %14s %14s %14s %12s\n", "rows", "dim", "keys", "fill keys/s",
                "pull keys/s", "push keys/s", "psd B/row");
+        double loop[2], off[2], on[2];
+        int window = window_only ? window_only : 1;
+        if (life)
+            loop_bench(rows, (uint32_t)dim, secs, loop);
         start_psd(psd, dir, 0, 1, eps[0], sizeof eps[0]);
-        rows_bench(eps, children[nchildren - 1], rows, (uint32_t)dim, secs);
+        rows_bench(eps, children[nchildren - 1], rows, (uint32_t)dim, secs, 0, window, off);
+        if (life) {
+            rows_bench(eps, children[nchildren - 1], rows, (uint32_t)dim, secs, 1, window, on);
+            printf("\nlife cycle on / off: pull %.0f%%, push %.0f%%; psd end to end / the plain "
+                   "loop: pull %.0f%% (%.0f%% with life), push %.0f%% (%.0f%% with life)\n",
+                   100 * on[0] / off[0], 100 * on[1] / off[1], 100 * off[0] / loop[0],
+                   100 * on[0] / loop[0], 100 * off[1] / loop[1], 100 * on[1] / loop[1]);
+        }
         reap_all();
     }
     for (int n = 1; n <= (only >= ONLY_SPARSE ? only == ONLY_SPARSE : SHARDS_MAX); n++) {

@@ -154,14 +154,9 @@ int main(int argc, char **argv)
         double t3 = ps_mono_s();
         psd_table_push_rows(on, keys, g, n, err, sizeof err);
         double t4 = ps_mono_s();
-        for (size_t i = 0; i < n; i++)
-            memcpy(out + i * DIM, plain + keys[i] * DIM, DIM * sizeof(float));
+        bench_gather(out, plain, keys, n, DIM);
         double t5 = ps_mono_s();
-        for (size_t i = 0; i < n; i++) {
-            float *w = plain + keys[i] * DIM;
-            for (unsigned j = 0; j < DIM; j++)
-                w[j] -= 0.01f * g[i * DIM + j];
-        }
+        bench_scatter(plain, keys, g, n, DIM, 0.01f);
         double t6 = ps_mono_s();
         psd_table_pull_rows(steady, keys, n, out, err, sizeof err);
         double t7 = ps_mono_s();

@@ -32,9 +32,9 @@
  *               [--size N] [--seconds S] [--rounds R] [--idle S] [--json PATH]
  * Exits 1 when a process or a request fails; never on a number. */
 #define _GNU_SOURCE
+#include "bench_stats.h"
 #include "psclient.h"
 
-#include <dirent.h>
 #include <errno.h>
 #include <poll.h>
 #include <signal.h>
@@ -94,32 +94,6 @@ static long rss_kb(pid_t pid)
     if (f != NULL)
         fclose(f);
     return kb;
-}
-
-/* CPU seconds psd's threads ran, summed from each one's schedstat (in
- * ns: /proc/PID/stat counts in clock ticks, too coarse for heartbeats). */
-static double cpu_s(pid_t pid)
-{
-    char path[64];
-    snprintf(path, sizeof path, "/proc/%d/task", (int)pid);
-    DIR *d = opendir(path);
-    double total = 0;
-    struct dirent *e;
-    while (d != NULL && (e = readdir(d)) != NULL) {
-        if (e->d_name[0] == '.')
-            continue;
-        char f[sizeof path + 256 + 16];
-        snprintf(f, sizeof f, "%s/%s/schedstat", path, e->d_name);
-        FILE *fp = fopen(f, "r");
-        unsigned long long ns = 0;
-        if (fp != NULL && fscanf(fp, "%llu", &ns) == 1)
-            total += (double)ns * 1e-9;
-        if (fp != NULL)
-            fclose(fp);
-    }
-    if (d != NULL)
-        closedir(d);
-    return total;
 }
 
 static pid_t start_psd(const char *bin, const char *mode, int workers, int shard, int shards,
@@ -275,7 +249,7 @@ static double cpu_all(const pid_t *sp, int n)
 {
     double t = 0;
     for (int i = 0; i < n; i++)
-        t += cpu_s(sp[i]);
+        t += bench_cpu_s(sp[i]);
     return t;
 }
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The benchmarks still run: `bench_wire --quick` against real psd
 processes (every cell of 1 and 2 shards, the latency rows, the sparse
-pushes over tcp, the Unix socket and shared memory), `bench_apply
+pushes over tcp, the Unix socket and shared memory, sparse rows with and
+without a life cycle beside the plain loop), `bench_apply
 --repeat 1`, `topk_bench --calls 1`, `train_bench.sh --steps 20 --repeat 1` on this build's
 psd and psworker, and `conv_bench --repeat 1` where oneDNN is installed, each ending with status 0 and a --json file with every
 row and no empty number. Never a check on speed: a number only has to be
@@ -113,6 +114,27 @@ def pinned(bench, tmp):
           "median over 99 rounds")
 
 
+def rows_life(bench, tmp):
+    """--only rows --life: the plain loop, the table, the table with its
+    life cycle on (every id given a row by the fill: the bench exits 1
+    otherwise), each with keys/s above 0, at window 2."""
+    out = os.path.join(tmp, "rows.json")
+    if run([bench, "--psd", PSD, "--only", "rows", "--rows", "4096", "--life", "--window", "2",
+            "--seconds", "0.05", "--json", out], "bench_wire --only rows --life", 120) is None:
+        return
+    rows = load(out, "bench_wire --only rows --life")
+    if rows is None:
+        return
+    cases = {r.get("case"): r for r in rows if r.get("bench") == "rows"}
+    check(sorted(cases) == ["life", "loop", "psd"], "rows for the loop, psd and psd with its "
+          "life cycle (%s)" % sorted(map(str, cases)))
+    check(all(positive(r, "pull_keys_per_s", "push_keys_per_s") for r in cases.values()),
+          "each has pull and push keys/s above 0 (%s)" % cases)
+    check(all(positive(cases[c], "pull_keys_per_cpu_s", "push_keys_per_cpu_s", "fill_keys_per_s")
+              for c in ("life", "psd") if c in cases),
+          "psd's rows have keys per CPU second and a fill rate above 0")
+
+
 def apply_(bench, tmp):
     out = os.path.join(tmp, "apply.json")
     if run([bench, "--repeat", "1", "--json", out], "bench_apply", 600) is None:
@@ -215,6 +237,7 @@ def main():
     refused([bench_wire, "--psd", PSD, "--seconds", "1x"], "--seconds", "bench_wire --seconds 1x")
     refused([bench_wire, "--psd", PSD, "--rounds", "0"], "--rounds", "bench_wire --rounds 0")
     refused([bench_wire, "--psd", PSD, "--rounds", "100"], "--rounds", "bench_wire --rounds 100")
+    refused([bench_wire, "--psd", PSD, "--life"], "--life", "bench_wire --life without --only rows")
     refused([topk_bench, "--calls", "0"], "--calls", "topk_bench --calls 0")
     refused(["bash", train_bench, "--no-build", "--repeat", "0"], "--repeat",
             "train_bench.sh --repeat 0")
@@ -229,6 +252,7 @@ def main():
         print("conv_bench: not built (libdnnl-dev is not installed), not run")
     wire(bench_wire, tmp)
     pinned(bench_wire, tmp)
+    rows_life(bench_wire, tmp)
     apply_(bench_apply, tmp)
     topk(topk_bench, tmp)
     train(train_bench, tmp)
