@@ -63,6 +63,9 @@ static const struct ps_opt opts[] = {
     OPT("evict-at-budget", PS_OPT_FLAG, evict_at_budget, NULL, 0, 0, NULL,
         "sparse-lr: at --rows-max, evict the least recently pushed row for a new one instead of "
         "stopping with an error"),
+    OPT("evict-half-life", PS_OPT_U64, evict_half_life, "0", 0, UINT64_C(1) << 40, "H",
+        "sparse-lr with --evict-at-budget: evict the row of least push count, halved every H "
+        "pushes of its table on a shard, instead of the least recently pushed (0)"),
     OPT("layers", PS_OPT_STR, layers, "784,256,128,10", 0, 0, "N,N,...", "MLP widths"),
     OPT("arch", PS_OPT_STR, arch,
         "conv3x3:32,relu,maxpool2,conv3x3:64,relu,maxpool2,fc:128,relu,fc:10", 0, 0, "LAYERS",
@@ -371,10 +374,14 @@ static int check_config(struct config *c, char *err, size_t errlen)
                  c->optimizer);
         return PS_EINVAL;
     }
-    if (!sparse && (c->admit_after || c->evict_after || c->evict_at_budget)) {
+    if (!sparse && (c->admit_after || c->evict_after || c->evict_at_budget || c->evict_half_life)) {
         snprintf(err, errlen,
-                 "--admit-after, --evict-after and --evict-at-budget are for --model sparse-lr "
-                 "(its rows by feature)");
+                 "--admit-after, --evict-after, --evict-at-budget and --evict-half-life are for "
+                 "--model sparse-lr (its rows by feature)");
+        return PS_EINVAL;
+    }
+    if (c->evict_half_life && !c->evict_at_budget) {
+        snprintf(err, errlen, "--evict-half-life chooses what --evict-at-budget evicts: give both");
         return PS_EINVAL;
     }
     if (!c->standalone && c->servers == NULL) {

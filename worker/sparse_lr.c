@@ -320,6 +320,7 @@ static int setup_tables(struct slr *m, char *err, size_t errlen)
     s.admit_after = cfg->admit_after;
     s.evict_after = cfg->evict_after;
     s.evict_at_budget = cfg->evict_at_budget;
+    s.evict_half_life = cfg->evict_half_life;
     s.optimizer = cfg->optimizer;
     s.lr = cfg->lr;
     s.eps = cfg->optimizer == PSC_FTRL ? 1.0f : 1e-8f;
@@ -338,6 +339,7 @@ static int setup_tables(struct slr *m, char *err, size_t errlen)
         s.admit_after = 0; /* a dense table: no life cycle */
         s.evict_after = 0;
         s.evict_at_budget = 0;
+        s.evict_half_life = 0;
         if (s.optimizer == PSC_ROWWISE_ADAGRAD) /* one value, no rows */
             s.optimizer = PSC_ADAGRAD;
         rc = psc_table_create(m->c, &s, cfg->timeout_ms, &m->tb);

@@ -30,6 +30,7 @@ struct psw_slr_config {
     uint64_t rows_max;
     uint32_t admit_after; /* the table's life cycle (psc_table_spec's) */
     uint64_t evict_after;
+    uint64_t evict_half_life;
     int evict_at_budget;
     uint64_t test_delay_ms; /* tests: a pause after each step */
     int timeout_ms;

@@ -362,6 +362,7 @@ int psw_run_sparse_lr(struct trainer *tr)
         .admit_after = (uint32_t)c->admit_after,
         .evict_after = c->evict_after,
         .evict_at_budget = c->evict_at_budget,
+        .evict_half_life = c->evict_half_life,
         .test_delay_ms = c->test_delay_ms,
         .timeout_ms = (int)c->timeout_ms,
         .embed_dim = (uint32_t)c->embed_dim,

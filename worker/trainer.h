@@ -33,7 +33,7 @@ struct config {
     const char *model, *layers, *arch, *data;
     uint64_t batch, epochs, seed;
     double lr, momentum, weight_decay, topk, l1, l2;
-    uint64_t rows_max, embed_dim, embed_hidden, admit_after, evict_after;
+    uint64_t rows_max, embed_dim, embed_hidden, admit_after, evict_after, evict_half_life;
     int evict_at_budget;
     const char *optimizer, *device, *lr_schedule, *wire_dtype, *precision;
     const char *summary_json, *save, *log_level, *curve_secret, *curve_server_key, *config;

@@ -35,7 +35,11 @@
 #define PS_ADMIT_COUNTERS_MIN     64u
 #define PS_ADMIT_COUNTERS_MAX     (UINT64_C(1) << 30)
 #define PS_ADMIT_COUNTERS_DEFAULT (UINT64_C(1) << 20)
-#define PS_TABLE_BYTES_DEFAULT    (UINT64_C(16) << 30) /* one table's memory on a shard */
+/* Eviction by time (TableSpec.evict_after_s): at most ten years */
+#define PS_EVICT_AFTER_S_MAX (UINT64_C(10) * 366 * 24 * 3600)
+/* Eviction by decayed frequency (TableSpec.evict_half_life), in pushes */
+#define PS_EVICT_HALF_LIFE_MAX (UINT64_C(1) << 40)
+#define PS_TABLE_BYTES_DEFAULT (UINT64_C(16) << 30) /* one table's memory on a shard */
 
 /* Messages. */
 #define PS_FRAMES_MAX            3u /* header, keys, values */

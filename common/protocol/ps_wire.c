@@ -309,12 +309,25 @@ int ps_wire_check_spec(const Ps__TableSpec *spec, char *err, size_t errlen)
                            "(pusher %zu is %u)",
                            spec->name, PS_WORKERS_MAX, i, spec->pushers[i]);
     int lifecycle = spec->admit_after > 1 || spec->admit_counters != 0 || spec->evict_after != 0 ||
-                    spec->evict_at_budget;
+                    spec->evict_at_budget || spec->evict_after_s != 0;
     if (lifecycle && !spec->sparse)
         return ps_errf(PS_EINVAL, err, errlen,
-                       "table '%s': admit_after, admit_counters, evict_after and evict_at_budget "
-                       "take a sparse table (a dense one's elements never come and go)",
+                       "table '%s': admit_after, admit_counters, evict_after, evict_after_s and "
+                       "evict_at_budget take a sparse table (a dense one's elements never come "
+                       "and go)",
                        spec->name);
+    if (spec->evict_half_life != 0 &&
+        (!spec->evict_at_budget || spec->evict_half_life > PS_EVICT_HALF_LIFE_MAX))
+        return ps_errf(PS_EINVAL, err, errlen,
+                       "table '%s': evict_half_life %llu takes evict_at_budget (it chooses what "
+                       "the budget evicts) and at most %llu pushes",
+                       spec->name, (unsigned long long)spec->evict_half_life,
+                       (unsigned long long)PS_EVICT_HALF_LIFE_MAX);
+    if (spec->evict_after_s > PS_EVICT_AFTER_S_MAX)
+        return ps_errf(PS_EINVAL, err, errlen,
+                       "table '%s': evict_after_s %llu is over %llu (ten years)", spec->name,
+                       (unsigned long long)spec->evict_after_s,
+                       (unsigned long long)PS_EVICT_AFTER_S_MAX);
     if (spec->admit_after > PS_ADMIT_AFTER_MAX)
         return ps_errf(PS_EINVAL, err, errlen, "table '%s': admit_after %u is over %u", spec->name,
                        spec->admit_after, PS_ADMIT_AFTER_MAX);

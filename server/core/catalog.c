@@ -2,6 +2,7 @@
 #include "catalog.h"
 
 #include "counters.h"
+#include "hooks.h"
 #include "reply.h"
 
 #include "ps_err.h"
@@ -182,4 +183,24 @@ void psd_op_create(struct psd *s, const Ps__Header *req, struct psd_reply *rep)
     h.offset = t->lo;
     h.count = t->hi - t->lo;
     psd_reply_header(s, &h, rep);
+}
+
+void psd_age_clock(struct psd *s, uint64_t now)
+{
+    for (uint32_t id = 0; id < psd_ntables(s); id++) {
+        struct psd_table *t = psd_table_at(s, id);
+        if (!t->sparse || t->sp.evict_after_s == 0)
+            continue;
+        uint64_t floor = psd_sparse_age_clock(&t->sp, now);
+        if (floor != 0 && psd_hooks_floor(s, id, floor))
+            (void)psd_sparse_set_floor(&t->sp, floor); /* above the floor, within the tick */
+    }
+}
+
+int psd_set_age_floor(struct psd *s, uint32_t id, uint64_t floor)
+{
+    struct psd_table *t = psd_table_at(s, id);
+    if (t == NULL || !t->sparse)
+        return PS_ENOTABLE;
+    return psd_sparse_set_floor(&t->sp, floor);
 }

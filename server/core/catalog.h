@@ -44,6 +44,11 @@ int psd_quiescent(const struct psd *s);
 /* A sum that moves whenever a table's steps or clock do. */
 uint64_t psd_tables_version(const struct psd *s);
 
+/* Eviction by time: each sparse table with evict_after_s samples its
+ * tick against now (ms) and raises its age floor when the samples allow
+ * and replication agrees (hooks.h). */
+void psd_age_clock(struct psd *s, uint64_t now);
+
 /* OP_CREATE_TABLE. */
 void psd_op_create(struct psd *s, const Ps__Header *req, struct psd_reply *rep);
 

@@ -6,6 +6,7 @@
 struct psd_hooks {
     psd_drop_hook on_drop;
     psd_stats_hook on_stats;
+    psd_floor_hook on_floor;
     void *ctx;
 };
 
@@ -19,10 +20,12 @@ void psd_hooks_destroy(struct psd_hooks *h)
     free(h);
 }
 
-void psd_set_hooks(struct psd *s, psd_drop_hook on_drop, psd_stats_hook on_stats, void *ctx)
+void psd_set_hooks(struct psd *s, psd_drop_hook on_drop, psd_stats_hook on_stats,
+                   psd_floor_hook on_floor, void *ctx)
 {
     s->hooks->on_drop = on_drop;
     s->hooks->on_stats = on_stats;
+    s->hooks->on_floor = on_floor;
     s->hooks->ctx = ctx;
 }
 
@@ -36,4 +39,9 @@ void psd_hooks_stats(const struct psd *s, Ps__Stats *st)
 {
     if (s->hooks->on_stats != NULL)
         s->hooks->on_stats(s->hooks->ctx, st);
+}
+
+int psd_hooks_floor(const struct psd *s, uint32_t table, uint64_t floor)
+{
+    return s->hooks->on_floor == NULL || s->hooks->on_floor(s->hooks->ctx, table, floor);
 }

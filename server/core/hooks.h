@@ -15,5 +15,8 @@ void psd_hooks_drop(const struct psd *s, uint32_t w);
 /* Adds the replicas' fields to a stats reply (the role stays "solo"
  * without replicas). */
 void psd_hooks_stats(const struct psd *s, Ps__Stats *st);
+/* Whether table's age floor rises to floor now: 1 without replicas, else
+ * replication's say (a primary sends the record first). */
+int psd_hooks_floor(const struct psd *s, uint32_t table, uint64_t floor);
 
 #endif

@@ -117,9 +117,13 @@ typedef int (*psd_unread_cb)(void *ctx, const void *route, size_t route_len, uin
 /* Whether the client with CURVE key `user` (Z85) may use worker id w. */
 typedef int (*psd_may_use_cb)(void *ctx, const char *user, uint32_t w);
 /* Replication's hooks: worker w leaves the live set (before the rounds
- * it closes); a stats reply gets the replicas' part. */
+ * it closes); a stats reply gets the replicas' part; a sparse table's
+ * age floor may rise (eviction by time): 1 when it is to (the primary,
+ * having sent the record), 0 on a backup, which waits for its
+ * primary's. */
 typedef void (*psd_drop_hook)(void *ctx, uint32_t w);
 typedef void (*psd_stats_hook)(void *ctx, Ps__Stats *st);
+typedef int (*psd_floor_hook)(void *ctx, uint32_t table, uint64_t floor);
 
 /* 0, or PS_ENOMEM (with nothing left allocated). */
 int psd_init(struct psd *s, struct ps_log *log, const struct psd_params *p);
@@ -142,7 +146,8 @@ void psd_set_unread(struct psd *s, psd_unread_cb unread, void *ctx);
 /* Sets how psd asks which worker ids a CURVE key may use. */
 void psd_set_may_use(struct psd *s, psd_may_use_cb may_use, void *ctx);
 /* Sets replication's hooks (repl/repl.h). */
-void psd_set_hooks(struct psd *s, psd_drop_hook on_drop, psd_stats_hook on_stats, void *ctx);
+void psd_set_hooks(struct psd *s, psd_drop_hook on_drop, psd_stats_hook on_stats,
+                   psd_floor_hook on_floor, void *ctx);
 /* Reply bytes no connection has read yet, in all (0 without a transport). */
 uint64_t psd_unread_total(const struct psd *s);
 /* The ipc:// endpoint hello replies offer to clients on this host ("" or
@@ -216,6 +221,10 @@ int psd_checkpoint_now(struct psd *s, const char *why);
 /* Drops worker w from the live set now, as the worker timeout does: the
  * rounds go on without it until it rejoins. */
 void psd_drop_worker(struct psd *s, uint32_t w);
+/* Raises sparse table id's age floor (a primary's REC_AGE_FLOOR): 0, or
+ * PS_ENOTABLE / PS_EINVAL (no such sparse table; a floor past its tick
+ * or below its floor) with nothing changed. */
+int psd_set_age_floor(struct psd *s, uint32_t id, uint64_t floor);
 /* A backup becomes primary: the live workers count as heard now (through
  * the old primary until now), the waits are forgotten (they were the old
  * primary's connections: the clients send again), and workers are
@@ -225,7 +234,9 @@ void psd_take_over(struct psd *s, uint64_t worker_timeout_ms);
 /* Drops workers silent past the worker timeout from the live set (rounds
  * go on without them), expires waits past their deadline (error replies
  * naming who is missing) and logs long waits once, expires shared
- * regions nobody bound, and writes a checkpoint when one is due. Call
+ * regions nobody bound, raises the age floors of tables that evict by
+ * time (a primary's or a solo shard's), and writes a checkpoint when one
+ * is due. Call
  * periodically from the loop; psd_tick_at takes the time (ms of
  * ps_mono_ms) instead of reading it. */
 void psd_tick(struct psd *s);

@@ -63,7 +63,9 @@ enum table_field {
     T_EVICTED_AGE,
     T_EVICTED_BUDGET,
     T_REFUSED,
-    T_BYTES_PER_ROW
+    T_BYTES_PER_ROW,
+    T_TICK,
+    T_AGE_FLOOR
 };
 
 static double table_value(const struct psd *s, const struct psd_table *t, enum table_field f)
@@ -104,6 +106,10 @@ static double table_value(const struct psd *s, const struct psd_table *t, enum t
     case T_BYTES_PER_ROW:
         return t->sparse && t->sp.nrows > 0 ? (double)psd_table_bytes_held(t) / (double)t->sp.nrows
                                             : 0.0;
+    case T_TICK:
+        return (double)t->sp.tick;
+    case T_AGE_FLOOR:
+        return (double)t->sp.age_floor;
     }
     return 0;
 }
@@ -276,7 +282,8 @@ int psd_expose(const struct psd *s, struct ps_buf *b)
                   "Sparse tables: pushes of ids not admitted yet (counted, not applied).",
                   T_HELD_BACK);
     tables_family(b, s, "psd_table_rows_evicted_age_total", "counter",
-                  "Sparse tables: rows evicted for not being pushed in evict_after pushes.",
+                  "Sparse tables: rows evicted for not being pushed in evict_after pushes or "
+                  "evict_after_s seconds.",
                   T_EVICTED_AGE);
     tables_family(b, s, "psd_table_rows_evicted_budget_total", "counter",
                   "Sparse tables: rows evicted to make room at rows_max.", T_EVICTED_BUDGET);
@@ -286,6 +293,13 @@ int psd_expose(const struct psd *s, struct ps_buf *b)
     tables_family(b, s, "psd_table_bytes_per_row", "gauge",
                   "Sparse tables: held bytes over rows (weights, state, the life cycle's).",
                   T_BYTES_PER_ROW);
+    tables_family(b, s, "psd_table_tick", "gauge",
+                  "Sparse tables: pushes applied on this shard (the version delta exports name).",
+                  T_TICK);
+    tables_family(b, s, "psd_table_age_floor", "gauge",
+                  "Sparse tables with evict_after_s: rows last pushed before this tick are older "
+                  "than it, and go as age eviction reaches them.",
+                  T_AGE_FLOOR);
     ps_prom_family(b, "psd_apply_seconds", "histogram", "Time of one optimizer apply.");
     for (uint32_t i = 0; i < psd_ntables(s); i++) {
         char tl[512];

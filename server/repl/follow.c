@@ -129,6 +129,16 @@ static void apply_record(struct psd_repl *r, const Ps__Header *h, zmq_msg_t *par
     }
     if (h->record == PS__RECORD__REC_DROP) {
         psd_drop_worker(r->srv, h->worker_id);
+    } else if (h->record == PS__RECORD__REC_AGE_FLOOR) {
+        if (psd_set_age_floor(r->srv, h->table_id, h->offset) != 0) {
+            char why[128];
+            snprintf(why, sizeof why,
+                     "a record raises table %u's age floor to %" PRIu64
+                     ", which this backup's table cannot take",
+                     h->table_id, h->offset);
+            resync(r, why);
+            return;
+        }
     } else {
         struct ps_frame frames[PARTS_MAX] = {{0}};
         for (size_t i = 1; i < kept; i++) {
@@ -153,7 +163,8 @@ static void on_record_apply(struct psd_repl *r, const Ps__Header *h, zmq_msg_t *
     r->heard_ms = (uint64_t)ps_mono_ms();
     if (h->record == PS__RECORD__REC_SNAPSHOT)
         on_snapshot_piece(r, h, parts, kept);
-    else if (h->record == PS__RECORD__REC_REQUEST || h->record == PS__RECORD__REC_DROP)
+    else if (h->record == PS__RECORD__REC_REQUEST || h->record == PS__RECORD__REC_DROP ||
+             h->record == PS__RECORD__REC_AGE_FLOOR)
         apply_record(r, h, parts, kept, total);
     else if (h->record == PS__RECORD__REC_BEAT && !r->loaded &&
              (uint64_t)ps_mono_ms() - r->followed_ms > CATCH_UP_MS)

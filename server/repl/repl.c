@@ -176,6 +176,22 @@ static void on_drop(void *ctx, uint32_t w)
     forward(r, &h, NULL, 0);
 }
 
+/* A table's age floor rises on the primary alone, at this point of its
+ * record stream: the record goes first, and backups raise theirs when
+ * they reach it, between the same two requests. */
+static int on_floor(void *ctx, uint32_t table, uint64_t floor)
+{
+    struct psd_repl *r = ctx;
+    if (r->role != PSD_ROLE_PRIMARY)
+        return 0;
+    Ps__Header h;
+    psd_record_header(&h, PS__RECORD__REC_AGE_FLOOR, r->epoch, r->seq);
+    h.table_id = table;
+    h.offset = floor;
+    forward(r, &h, NULL, 0);
+    return 1;
+}
+
 /* ---- the in-sync set ------------------------------------------------------ */
 
 /* Writes etcd's in-sync set from the backups in sync; those leaving are
@@ -604,7 +620,7 @@ int psd_repl_start(struct psd_repl *r, struct psd_net *net, uv_loop_t *loop,
                        zmq_strerror(errno));
     r->worker_timeout_ms = psd_worker_timeout_ms(r->srv);
     psd_set_worker_timeout(r->srv, 0); /* until primary: only the primary drops workers */
-    psd_set_hooks(r->srv, on_drop, on_stats, r);
+    psd_set_hooks(r->srv, on_drop, on_stats, on_floor, r);
     net->repl = r;
     net->repl_request = psd_repl_request;
     net->repl_hold = psd_repl_hold;

@@ -42,6 +42,10 @@ static int reshard_rows(const struct psd_snapshot *s, struct psd_table *t,
     if (has_ticks &&
         (last = psd__blob_tensor(b, "last", t->name, "U64", rows * 8, err, errlen)) == NULL)
         return PS_EPROTO;
+    const unsigned char *freq = NULL;           /* each row's decayed count, as of its last push */
+    if (last != NULL && t->sp.half_life != 0 && /* (its array comes with the first row) */
+        (freq = psd__blob_tensor(b, "freq", t->name, "U32", rows * 4, err, errlen)) == NULL)
+        return PS_EPROTO;
     for (uint64_t r = 0; r < rows; r++) {
         uint64_t k;
         memcpy(&k, keys + r * 8, 8);
@@ -65,6 +69,8 @@ static int reshard_rows(const struct psd_snapshot *s, struct psd_table *t,
             memcpy(&t->sp.last[row], last + r * 8, 8);
             t->sp.last[row] += shift;
         }
+        if (freq != NULL)
+            memcpy(&t->sp.freq[row], freq + r * 4, 4);
     }
     return 0;
 }

@@ -48,6 +48,8 @@ static size_t collect(const struct psd_snapshot *s, struct ps_st_tensor *ts)
             if (sp->rowwise)
                 add(ts, &n, "rs", t, "F32", sp->rsum, 4, sp->nrows, 0);
             add(ts, &n, "last", t, "U64", sp->last, 8, sp->nrows, 0);
+            if (sp->freq != NULL)
+                add(ts, &n, "freq", t, "U32", sp->freq, 4, sp->nrows, 0);
             if (sp->tomb_n > 0) { /* oldest first: psd_snapshot_write put them so */
                 add(ts, &n, "tomb_keys", t, "U64", sp->tomb_key, 8, sp->tomb_n, 0);
                 add(ts, &n, "tomb_ticks", t, "U64", sp->tomb_tick, 8, sp->tomb_n, 0);
@@ -99,15 +101,17 @@ static json_t *table_state(const struct psd_snapshot *s, const struct psd_table 
     if (o != NULL && sp->life) /* the life cycle: its spec, where it is, its counts */
         json_object_set_new(
             o, "life",
-            json_pack("{s:I, s:I, s:I, s:b, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}", "admit_after",
-                      (json_int_t)sp->admit_after, "admit_counters",
+            json_pack("{s:I, s:I, s:I, s:b, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}",
+                      "admit_after", (json_int_t)sp->admit_after, "admit_counters",
                       (json_int_t)(4 * sp->sketch_width), "evict_after",
                       (json_int_t)sp->evict_after, "evict_at_budget", sp->evict_at_budget, "tick",
                       (json_int_t)sp->tick, "age_at", (json_int_t)sp->age_at, "victim_at",
                       (json_int_t)sp->victim_at, "sketch_adds", (json_int_t)sp->sketch_adds,
                       "held_back", (json_int_t)sp->held_back, "evicted_age",
                       (json_int_t)sp->evicted_age, "evicted_budget", (json_int_t)sp->evicted_budget,
-                      "refused", (json_int_t)sp->refused));
+                      "refused", (json_int_t)sp->refused, "evict_after_s",
+                      (json_int_t)sp->evict_after_s, "age_floor", (json_int_t)sp->age_floor,
+                      "evict_half_life", (json_int_t)sp->half_life));
     if (o != NULL && t->ndims > 0) {
         json_t *shape = json_array();
         for (uint32_t i = 0; i < t->ndims; i++)
@@ -379,6 +383,12 @@ static int restore_life(struct psd_table *t, const struct psd__blob *b, json_t *
     if (last == NULL)
         return PS_EPROTO;
     memcpy(sp->last, last, rows * 8);
+    if (sp->half_life != 0 && rows > 0) { /* each row's decayed count */
+        const void *f = psd__blob_tensor(b, "freq", t->name, "U32", rows * 4, err, errlen);
+        if (f == NULL)
+            return PS_EPROTO;
+        memcpy(sp->freq, f, rows * 4);
+    }
     for (uint64_t r = 0; r < rows; r++)
         if (sp->last[r] > sp->tick)
             return ps_errf(PS_EPROTO, err, errlen,
@@ -417,6 +427,11 @@ static int restore_life(struct psd_table *t, const struct psd__blob *b, json_t *
     sp->evicted_age = psd__json_u64(life, "evicted_age");
     sp->evicted_budget = psd__json_u64(life, "evicted_budget");
     sp->refused = psd__json_u64(life, "refused");
+    uint64_t floor = psd__json_u64(life, "age_floor");
+    if (psd_sparse_set_floor(sp, floor) != 0)
+        return ps_errf(PS_EPROTO, err, errlen,
+                       "'%s': age_floor %" PRIu64 " is past its tick %" PRIu64, t->name, floor,
+                       sp->tick);
     return 0;
 }
 
@@ -549,6 +564,8 @@ int psd__snapshot_table(const struct psd_snapshot *s, json_t *o, uint32_t id,
         spec.admit_counters = spec.admit_after > 1 ? psd__json_u64(life, "admit_counters") : 0;
         spec.evict_after = psd__json_u64(life, "evict_after");
         spec.evict_at_budget = json_is_true(json_object_get(life, "evict_at_budget"));
+        spec.evict_after_s = psd__json_u64(life, "evict_after_s"); /* 0 in older files */
+        spec.evict_half_life = psd__json_u64(life, "evict_half_life");
     }
     uint64_t shape[PS_SHAPE_DIMS_MAX];
     json_t *js = json_object_get(o, "shape");

@@ -54,6 +54,7 @@ void psd_sparse_fini(struct psd_sparse *sp)
     free(sp->tomb_tick);
     free(sp->sketch);
     free(sp->rsum);
+    free(sp->freq);
     memset(sp, 0, sizeof *sp);
 }
 
@@ -110,6 +111,7 @@ static int grow_rows(struct psd_sparse *sp)
         {(void **)&sp->row_key, sizeof *sp->row_key, 1},
         {(void **)&sp->rsum, sizeof *sp->rsum, sp->rowwise},
         {(void **)&sp->last, sizeof *sp->last, 1},
+        {(void **)&sp->freq, sizeof *sp->freq, sp->half_life != 0},
     };
     for (size_t a = 0; a < sizeof arr / sizeof arr[0]; a++)
         if (arr[a].used && grow_array(arr[a].p, arr[a].size, n, (size_t)cap) != 0)
@@ -154,17 +156,23 @@ int64_t psd_sparse_row_hashed(struct psd_sparse *sp, uint64_t key, uint64_t hash
     if (sp->rowwise)
         sp->rsum[r] = 0.0f;
     sp->last[r] = sp->tick;
+    if (sp->freq != NULL)
+        sp->freq[r] = PSD_FREQ_ONE; /* the push making it */
     sp->admitted++;
     return (int64_t)r;
 }
 
 int psd_sparse_life(struct psd_sparse *sp, uint32_t admit_after, uint64_t admit_counters,
-                    uint64_t evict_after, int evict_at_budget)
+                    uint64_t evict_after, int evict_at_budget, uint64_t evict_after_s,
+                    uint64_t half_life)
 {
+    sp->half_life = evict_at_budget ? half_life : 0;
     sp->admit_after = admit_after > 1 ? admit_after : 0;
     sp->evict_after = evict_after;
     sp->evict_at_budget = evict_at_budget != 0;
-    sp->life = sp->admit_after != 0 || evict_after != 0 || sp->evict_at_budget;
+    sp->evict_after_s = evict_after_s;
+    sp->life =
+        sp->admit_after != 0 || evict_after != 0 || sp->evict_at_budget || evict_after_s != 0;
     if (!sp->life)
         return 0;
     if (sp->admit_after != 0) {
@@ -178,8 +186,8 @@ int psd_sparse_life(struct psd_sparse *sp, uint32_t admit_after, uint64_t admit_
 
 uint64_t psd_sparse_extra_bytes(const struct psd_sparse *sp, uint64_t rows)
 {
-    return rows * sizeof *sp->last + 4 * sp->sketch_width +
-           sp->tomb_cap * (sizeof *sp->tomb_key + sizeof *sp->tomb_tick);
+    return rows * (sizeof *sp->last + (sp->freq != NULL ? sizeof *sp->freq : 0)) +
+           4 * sp->sketch_width + sp->tomb_cap * (sizeof *sp->tomb_key + sizeof *sp->tomb_tick);
 }
 
 /* Keeps a tombstone for key, evicted now; the oldest kept goes when the
@@ -285,6 +293,8 @@ void psd_sparse_remove(struct psd_sparse *sp, uint64_t r)
     if (sp->rsum != NULL)
         sp->rsum[r] = sp->rsum[l];
     sp->last[r] = sp->last[l];
+    if (sp->freq != NULL)
+        sp->freq[r] = sp->freq[l];
     sp->slot[find_slot(sp, sp->row_key[r], ps_mix64(sp->row_key[r]))].row = r;
 }
 
@@ -296,14 +306,23 @@ int psd_sparse_make_room(struct psd_sparse *sp)
         sp->refused++;
         return PS_ELIMIT;
     }
-    /* the least recently pushed of a sample spread over the rows, not one
-     * this push touched (their last is the tick) */
+    /* the coldest of a sample spread over the rows, not one this push
+     * touched (their last is the tick): the least recently pushed, or
+     * with a half-life the least decayed count (then the older) */
     uint64_t n = sp->nrows, step = n / PSD_VICTIM_SAMPLE ? n / PSD_VICTIM_SAMPLE : 1;
     uint64_t best = EMPTY;
+    uint32_t best_f = 0;
     for (uint64_t j = 0; j < PSD_VICTIM_SAMPLE && j < n; j++) {
         uint64_t r = (sp->victim_at + j * step) % n;
-        if (sp->last[r] < sp->tick && (best == EMPTY || sp->last[r] < sp->last[best]))
+        if (sp->last[r] >= sp->tick)
+            continue;
+        uint32_t f = sp->freq != NULL
+                         ? psd_sparse_decayed(sp->freq[r], sp->tick - sp->last[r], sp->half_life)
+                         : 0;
+        if (best == EMPTY || f < best_f || (f == best_f && sp->last[r] < sp->last[best])) {
             best = r;
+            best_f = f;
+        }
     }
     /* all touched by this push: the first row that was not, from the
      * sample's start (this push's rows are at most its keys) */
@@ -322,15 +341,52 @@ int psd_sparse_make_room(struct psd_sparse *sp)
     return 0;
 }
 
+uint64_t psd_sparse_age_clock(struct psd_sparse *sp, uint64_t now_ms)
+{
+    if (sp->evict_after_s == 0)
+        return 0;
+    uint64_t span = sp->evict_after_s * 1000;
+    uint64_t every = span / (PSD_AGE_STAMPS / 2) > 1000 ? span / (PSD_AGE_STAMPS / 2) : 1000;
+    const struct psd_age_stamp *newest =
+        sp->nstamps ? &sp->stamp[(sp->stamp_head + PSD_AGE_STAMPS - 1) % PSD_AGE_STAMPS] : NULL;
+    if (newest == NULL || now_ms - newest->ms >= every) {
+        sp->stamp[sp->stamp_head] = (struct psd_age_stamp){now_ms, sp->tick};
+        sp->stamp_head = (sp->stamp_head + 1) % PSD_AGE_STAMPS;
+        sp->nstamps += sp->nstamps < PSD_AGE_STAMPS;
+    }
+    /* the newest sample at least span old; the ring covers more than
+     * span (PSD_AGE_STAMPS / 2 samples do), so the oldest ones are
+     * overwritten only once newer ones are old enough */
+    uint64_t floor = 0;
+    for (uint32_t i = 0; i < sp->nstamps; i++) {
+        const struct psd_age_stamp *st =
+            &sp->stamp[(sp->stamp_head + PSD_AGE_STAMPS - 1 - i) % PSD_AGE_STAMPS];
+        if (now_ms >= st->ms && now_ms - st->ms >= span) {
+            floor = st->tick + 1;
+            break;
+        }
+    }
+    return floor > sp->age_floor ? floor : 0;
+}
+
+int psd_sparse_set_floor(struct psd_sparse *sp, uint64_t floor)
+{
+    if (floor > sp->tick + 1 || floor < sp->age_floor)
+        return PS_EINVAL;
+    sp->age_floor = floor;
+    return 0;
+}
+
 void psd_sparse_age_slice(struct psd_sparse *sp)
 {
-    if (sp->evict_after == 0)
+    if (sp->evict_after == 0 && sp->age_floor == 0)
         return;
     for (unsigned k = 0; k < PSD_AGE_SLICE && sp->nrows > 0; k++) {
         if (sp->age_at >= sp->nrows)
             sp->age_at = 0;
         uint64_t r = sp->age_at;
-        if (sp->tick - sp->last[r] > sp->evict_after) {
+        if ((sp->evict_after != 0 && sp->tick - sp->last[r] > sp->evict_after) ||
+            sp->last[r] < sp->age_floor) {
             psd_sparse_remove(sp, r); /* the last row moves here: looked at next */
             sp->evicted_age++;
         } else {

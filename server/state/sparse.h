@@ -12,6 +12,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* Samples of the tick eviction by time keeps: one every
+ * evict_after_s / (PSD_AGE_STAMPS / 2) seconds at least a second apart,
+ * so the floor trails the true one by at most that (or a second). */
+#define PSD_AGE_STAMPS 256u
+
 struct psd_sparse {
     uint32_t dim;
     uint64_t rows_max;
@@ -54,6 +59,24 @@ struct psd_sparse {
     int evict_at_budget;
     uint64_t age_at;    /* the row age eviction looks at next */
     uint64_t victim_at; /* where budget eviction's sample starts */
+    /* Eviction by time: rows whose last push is below age_floor are
+     * evicted as age eviction's slices come to them. The floor is the
+     * primary's (psd_sparse_age_clock, from its own samples of the tick
+     * against its clock), sent to backups as a record and kept in
+     * checkpoints. Each replica samples its own tick (a backup's lag
+     * only makes its floor later), so a backup that takes over goes on
+     * from its samples; a restart or a reshard starts them afresh. */
+    uint64_t evict_after_s;
+    uint64_t age_floor;
+    /* Budget eviction by decayed frequency (evict_half_life != 0): each
+     * row's push count in 1/256ths, halved every half_life ticks
+     * (psd_sparse_decayed), brought up to date at each push */
+    uint64_t half_life;
+    uint32_t *freq; /* rows_cap, or NULL */
+    struct psd_age_stamp {
+        uint64_t ms, tick; /* at ms (ps_mono_ms), the table's tick was tick */
+    } stamp[PSD_AGE_STAMPS];
+    uint32_t nstamps, stamp_head; /* kept, and where the next goes */
     /* admission: a count-min sketch of 4 rows of sketch_width one-byte
      * counters, halved every sketch_width counts (sketch_adds): a counter
      * holds about one other id's count on average at most, so an id
@@ -66,6 +89,8 @@ struct psd_sparse {
 /* Rows age eviction looks at after each push (psd_sparse_age_slice): a
  * row is evicted within nrows / PSD_AGE_SLICE pushes of ageing out. */
 #define PSD_AGE_SLICE 64u
+/* One push in a row's decayed count (psd_sparse_stamp). */
+#define PSD_FREQ_ONE 256u
 /* Rows budget eviction compares, spread over the table. */
 #define PSD_VICTIM_SAMPLE 8u
 
@@ -84,9 +109,19 @@ int64_t psd_sparse_row_hashed(struct psd_sparse *sp, uint64_t key, uint64_t hash
 /* Turns the life cycle on (a table spec's admit_after, admit_counters,
  * evict_after, evict_at_budget; checked): 0 or PS_ENOMEM. */
 int psd_sparse_life(struct psd_sparse *sp, uint32_t admit_after, uint64_t admit_counters,
-                    uint64_t evict_after, int evict_at_budget);
-/* Bytes beside the rows' weights and state: each row's tick, the sketch,
- * the tombstones. */
+                    uint64_t evict_after, int evict_at_budget, uint64_t evict_after_s,
+                    uint64_t half_life);
+/* Eviction by time, on the primary: samples the tick at now_ms (when a
+ * sample is due) and returns the floor the samples allow: one past the
+ * tick of the newest sample at least evict_after_s old (rows last pushed
+ * at or before it are that old), or 0 when it would not rise. The caller
+ * sets age_floor (psd_sparse_set_floor) and tells the backups. */
+uint64_t psd_sparse_age_clock(struct psd_sparse *sp, uint64_t now_ms);
+/* Raises age_floor to floor: 0, or PS_EINVAL when floor is past the
+ * tick's next (no row could have been pushed then) or below the floor. */
+int psd_sparse_set_floor(struct psd_sparse *sp, uint64_t floor);
+/* Bytes beside the rows' weights and state: each row's tick (and decayed
+ * count), the sketch, the tombstones. */
 uint64_t psd_sparse_extra_bytes(const struct psd_sparse *sp, uint64_t rows);
 /* Puts the tombstones' ring in order, oldest at 0 (a checkpoint writes
  * them so); what it holds is unchanged. 0 or PS_ENOMEM. */
@@ -105,10 +140,36 @@ int psd_sparse_admit(struct psd_sparse *sp, uint64_t key);
  * push in progress (tick) did not touch; else PS_ELIMIT. */
 int psd_sparse_make_room(struct psd_sparse *sp);
 /* Age eviction's slice after a push: looks at PSD_AGE_SLICE rows from
- * age_at and evicts those not pushed in the last evict_after ticks. */
+ * age_at and evicts those not pushed in the last evict_after ticks, or
+ * last pushed below age_floor. */
 void psd_sparse_age_slice(struct psd_sparse *sp);
 /* Removes row r: the last row moves into its place. */
 void psd_sparse_remove(struct psd_sparse *sp, uint64_t r);
+
+/* A push count f (1/256ths) dt ticks after it was brought up to date:
+ * halved every half_life ticks, and between halvings taken down along
+ * the line to the next (within 6% of 2^(-dt/half_life)). Integer
+ * arithmetic: every replica gets the same. */
+static inline uint32_t psd_sparse_decayed(uint32_t f, uint64_t dt, uint64_t half_life)
+{
+    uint64_t k = dt / half_life;
+    if (k >= 32)
+        return 0;
+    uint64_t g = (uint64_t)(f >> k);
+    return (uint32_t)(g - g * (dt % half_life) / (2 * half_life));
+}
+
+/* Row r pushed at tick: its last push, and with decayed frequency its
+ * count. */
+static inline void psd_sparse_stamp(struct psd_sparse *sp, uint64_t r, uint64_t tick)
+{
+    if (sp->freq != NULL) {
+        uint64_t f = (uint64_t)psd_sparse_decayed(sp->freq[r], tick - sp->last[r], sp->half_life) +
+                     PSD_FREQ_ONE;
+        sp->freq[r] = f < UINT32_MAX ? (uint32_t)f : UINT32_MAX;
+    }
+    sp->last[r] = tick;
+}
 
 /* Asks for the cache line of the slot a key with this hash starts at:
  * for a key some way ahead of the one looked up (random keys miss the

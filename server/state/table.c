@@ -42,7 +42,7 @@ uint64_t psd_table_bytes_for(const Ps__TableSpec *spec, uint32_t shard, uint32_t
                (spec->admit_after > 1
                     ? (spec->admit_counters ? spec->admit_counters : PS_ADMIT_COUNTERS_DEFAULT)
                     : 0) +
-               (spec->evict_after || spec->evict_at_budget
+               (spec->evict_after || spec->evict_at_budget || spec->evict_after_s
                     ? 16 * (spec->rows_max < 4096            ? 4096
                             : spec->rows_max < PSD_TOMBS_MAX ? spec->rows_max
                                                              : PSD_TOMBS_MAX)
@@ -50,6 +50,8 @@ uint64_t psd_table_bytes_for(const Ps__TableSpec *spec, uint32_t shard, uint32_t
     uint64_t rowwise = spec->optimizer == PS__OPTIMIZER_KIND__OPT_ROWWISE_ADAGRAD
                            ? spec->rows_max * sizeof(float) /* a float of state a row */
                            : 0;
+    if (spec->sparse && spec->evict_half_life && spec->evict_at_budget)
+        life += spec->rows_max * sizeof(uint32_t); /* each row's decayed count */
     return elems * 4u * (1u + (uint64_t)psk_optim_state_arrays((int)spec->optimizer)) + life +
            rowwise;
 }
@@ -109,7 +111,7 @@ static int create(const Ps__TableSpec *spec, uint32_t id, uint32_t shard, uint32
         t->sp.rowwise = spec->optimizer == PS__OPTIMIZER_KIND__OPT_ROWWISE_ADAGRAD;
         if (rc == 0)
             rc = psd_sparse_life(&t->sp, spec->admit_after, spec->admit_counters, spec->evict_after,
-                                 spec->evict_at_budget);
+                                 spec->evict_at_budget, spec->evict_after_s, spec->evict_half_life);
         if (rc != 0) {
             psd_sparse_fini(&t->sp);
             free(t->pushers);
@@ -248,7 +250,8 @@ int psd_table_same_spec(const struct psd_table *t, const Ps__TableSpec *spec)
                (spec->admit_after > 1
                     ? (spec->admit_counters ? spec->admit_counters : PS_ADMIT_COUNTERS_DEFAULT)
                     : 0) &&
-           t->sp.evict_after == spec->evict_after &&
+           t->sp.evict_after == spec->evict_after && t->sp.evict_after_s == spec->evict_after_s &&
+           t->sp.half_life == (spec->evict_at_budget ? spec->evict_half_life : 0) &&
            t->sp.evict_at_budget == (spec->evict_at_budget ? 1 : 0) &&
            t->npushers == spec->n_pushers &&
            (t->npushers == 0 ||
@@ -517,8 +520,10 @@ static inline __attribute__((always_inline)) void prefetch_row(const struct psd_
     __builtin_prefetch(sp->w + at, 1, 1);
     if (use == ROWS_UPDATE_STEPS)
         __builtin_prefetch(sp->row_steps + r, 1, 1);
-    if (use != ROWS_READ) /* a push stamps the row's tick */
+    if (use != ROWS_READ) /* a push stamps the row's tick (and count) */
         __builtin_prefetch(sp->last + r, 1, 1);
+    if (use != ROWS_READ && sp->freq != NULL)
+        __builtin_prefetch(sp->freq + r, 1, 1);
     if (sp->s1 != NULL)
         __builtin_prefetch(sp->s1 + at, 1, 1);
     if (sp->s2 != NULL)
@@ -638,7 +643,7 @@ static int push_rows_life(struct psd_table *t, const uint64_t *keys, const float
         if (r == ROWS_ABSENT) {
             t->absent[nabs++] = i;
         } else {
-            sp->last[r] = tick;
+            psd_sparse_stamp(sp, (uint64_t)r, tick);
             rows[run++] = (uint64_t)r;
         }
         /* a run ends at a key without a row, when full, or at the end */
@@ -689,7 +694,7 @@ int psd_table_push_rows(struct psd_table *t, const uint64_t *keys, const float *
                (r = rows_walk_at(&w, i, one_call ? ROWS_UPDATE : ROWS_UPDATE_STEPS)) >= 0;
              i++) {
             rows[i - b] = (uint64_t)r;
-            t->sp.last[r] = tick;
+            psd_sparse_stamp(&t->sp, (uint64_t)r, tick);
         }
         /* the rows found so far, in order: all of them but on a failure */
         apply_rows_run(t, &o, rows, g + b * d, i - b);

@@ -203,6 +203,29 @@ int main(int argc, char **argv)
     piece(&s, file, size, size / 2, size - size / 2);
     piece(&s, file, size, 0, size / 2);
     save(&s, argv[1], 2);
+    /* 3: a sparse table that evicts by time, made by a record; an age
+     * floor it takes, then one past its tick (a resync) */
+    s.n = 0;
+    s.buf[s.n++] = 4 | 1;
+    Ps__TableSpec ts;
+    ps__table_spec__init(&ts);
+    ts.name = "timed";
+    ts.sparse = 1;
+    ts.dim = 4;
+    ts.rows_max = 64;
+    ts.lr = 0.1f;
+    ts.evict_after_s = 1;
+    ps_wire_header_init(&h, PS__OP__OP_CREATE_TABLE);
+    h.spec = &ts;
+    request(&s, 1, &h, NULL, 0);
+    psd_record_header(&rec, PS__RECORD__REC_AGE_FLOOR, 5, 2);
+    rec.table_id = 0;
+    rec.offset = 1;
+    message(&s, &rec, NULL, NULL, 0);
+    psd_record_header(&rec, PS__RECORD__REC_AGE_FLOOR, 5, 3);
+    rec.offset = 99;
+    message(&s, &rec, NULL, NULL, 0);
+    save(&s, argv[1], 3);
     free(file);
     return 0;
 }

@@ -3,8 +3,10 @@ checkpoint admits and evicts exactly as a run that never stopped (with
 row-wise Adagrad: its accumulators are in the checkpoint too); a peer
 pushing junk ids cannot push the hot rows out, nor the table past its
 budget; /metrics and psctl show the counts."""
+import json
 import os
 import re
+import subprocess
 import time
 import urllib.request
 
@@ -12,7 +14,7 @@ import numpy as np
 import pytest
 
 import psd
-from conftest import export
+from conftest import child_env, export
 
 DIM = 4
 SPEC = dict(optimizer="rowwise_adagrad", lr=0.5, rows_max=60, init="uniform", init_scale=0.1, seed=5, admit_after=2,
@@ -28,19 +30,19 @@ def workload(step):
     return keys, rng.standard_normal((keys.size, DIM)).astype(np.float32)
 
 
-def run(cluster, tmp, steps, restart_at=None):
+def run(cluster, tmp, steps, restart_at=None, spec=SPEC):
     ckpt = str(tmp / "ckpt")
     args = ["--checkpoint-dir", ckpt]
     servers = cluster.start(shards=2, args=args)
     c = psd.Client(servers)
-    c.create_sparse_table("e", DIM, **SPEC)
+    c.create_sparse_table("e", DIM, **spec)
     for step in range(steps):
         if step == restart_at:
             c.close()
             assert set(cluster.stop()) == {0}  # each shard writes a checkpoint at shutdown
             servers = cluster.start(shards=2, args=args)
             c = psd.Client(servers)
-            c.create_sparse_table("e", DIM, **SPEC)  # the same spec: the restored table
+            c.create_sparse_table("e", DIM, **spec)  # the same spec: the restored table
         keys, g = workload(step)
         c.push_rows("e", keys, g).wait()
     c.close()
@@ -49,11 +51,15 @@ def run(cluster, tmp, steps, restart_at=None):
     return out
 
 
-def test_a_restart_admits_and_evicts_as_before(cluster, tmp_path):
+@pytest.mark.parametrize("half_life", [0, 30])
+def test_a_restart_admits_and_evicts_as_before(cluster, tmp_path, half_life):
+    """With the budget's victims by last push, and by decayed frequency
+    (a budget small enough that most new rows evict one)."""
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
-    whole = run(cluster, tmp_path / "a", 300)
-    broken = run(cluster, tmp_path / "b", 300, restart_at=170)
+    spec = dict(SPEC, evict_half_life=half_life, rows_max=12 if half_life else SPEC["rows_max"])
+    whole = run(cluster, tmp_path / "a", 300, spec=spec)
+    broken = run(cluster, tmp_path / "b", 300, restart_at=170, spec=spec)
     assert sorted(whole) == sorted(broken)
     for name in whole:
         np.testing.assert_array_equal(whole[name], broken[name], err_msg=name)
@@ -131,8 +137,6 @@ def metrics_text(cluster, pushes_wanted):
 def psctl_export(servers, out, since=None):
     """psctl export [--since PREV] OUT: its return code, stderr, and the
     tensors with the header's metadata."""
-    import subprocess
-    from conftest import child_env
     psctl = os.environ.get("PSCTL_BIN")
     if not psctl:
         pytest.skip("PSCTL_BIN is not set")
@@ -215,10 +219,7 @@ def test_a_stream_in_a_fifth_of_its_ids(cluster, tmp_path):
     recently pushed, admitting at the 2nd push), against the same run
     unbounded: the table never holds more, and the held-out log-loss
     stays within 2%."""
-    import subprocess
     import threading
-    import json
-    from conftest import child_env
     gen, worker = os.environ.get("GEN_CLICKS_BIN"), os.environ.get("PSWORKER_BIN")
     psctl = os.environ.get("PSCTL_BIN")
     if not gen or not worker or not psctl:
@@ -282,3 +283,35 @@ def test_a_stream_in_a_fifth_of_its_ids(cluster, tmp_path):
     assert all(t["rows"] <= per_shard for t in last)
     assert sum(t["evicted_budget"] for t in last) > 0
     assert bound <= free * 1.02
+
+
+def test_a_restart_keeps_the_age_floor(cluster, tmp_path):
+    """evict_after_s: once the floor passed the rows pushed first (polled
+    on /metrics, no push since, so none was evicted yet), a restart from
+    the checkpoint keeps it: the first push after evicts them (a floor
+    started afresh would take another evict_after_s)."""
+    args = ["--checkpoint-dir", str(tmp_path / "ckpt"), "--metrics-listen", "127.0.0.1:0"]
+    servers = cluster.start(args=args)
+    old = np.arange(50, dtype=np.uint64)
+    with psd.Client(servers) as c:
+        c.create_sparse_table("e", DIM, "sgd", lr=0.5, rows_max=1000, evict_after_s=1)
+        c.push_rows("e", old, np.ones((old.size, DIM), np.float32)).wait()
+    deadline = time.monotonic() + 30
+    while True:  # the floor past tick 1, the old rows' push
+        text = metrics_text(cluster, 1)
+        if metric(text, "psd_table_age_floor") >= 2 or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert metric(text, "psd_table_age_floor") >= 2, text
+    assert metric(text, "psd_table_rows") == old.size
+    assert metric(text, "psd_table_rows_evicted_age_total") == 0
+    assert set(cluster.stop()) == {0}  # a checkpoint at shutdown
+    servers = cluster.start(args=args)
+    with psd.Client(servers) as c:
+        c.create_sparse_table("e", DIM, "sgd", lr=0.5, rows_max=1000, evict_after_s=1)
+        c.push_rows("e", np.array([7000], np.uint64), np.ones((1, DIM), np.float32)).wait()
+        r = subprocess.run([os.environ["PSCTL_BIN"], "--servers", servers, "--json", "status"],
+                           capture_output=True, text=True, env=child_env())
+    assert r.returncode == 0, r.stderr
+    t = [t for s in json.loads(r.stdout)["shards"] for t in s["tables"] if t["name"] == "e"][0]
+    assert t["evicted_age"] == old.size and t["rows"] == 1, t

@@ -417,3 +417,40 @@ def test_a_primary_killed_while_rows_are_evicted(cluster, etcd, tmp_path):
     assert w.poll() is None, "the run ended before the kill"
     finish([w], tmp_path, "k")
     same(export(servers, tmp_path / "after-kill.safetensors"), unbroken)
+
+
+def test_rows_evicted_by_time_go_on_the_backup_too(cluster, etcd, tmp_path):
+    """evict_after_s: the primary alone reads the clock, and sends its age
+    floor to the backup as a record. Rows pushed once, then hot rows
+    pushed until the primary evicted the old ones for age; the primary
+    is killed, and the backup that takes over holds the same table, bit
+    for bit: the old rows gone there too (a backup deciding nothing by
+    itself would still hold them)."""
+    servers, groups = replicated(cluster, etcd, 1, ["--consistency", "asp", "--workers", "1"])
+    (a, ea), (b, eb) = groups[0]
+    old = np.arange(100, dtype=np.uint64)
+    hot = np.arange(1000, 1010, dtype=np.uint64)
+
+    def status():
+        r = subprocess.run([os.environ["PSCTL_BIN"], "--servers", servers, "--json", "status"],
+                           capture_output=True, text=True, env=child_env(), timeout=30)
+        assert r.returncode == 0, r.stderr
+        return [t for sh in json.loads(r.stdout)["shards"] for t in sh["tables"]
+                if t["name"] == "t"][0]
+
+    with psd.Client(servers) as c:
+        c.create_sparse_table("t", 4, "sgd", lr=0.5, rows_max=1000, evict_after_s=1)
+        c.push_rows("t", old, np.ones((old.size, 4), np.float32)).wait()
+        deadline = time.monotonic() + DEADLINE_S
+        while status()["evicted_age"] < old.size:  # the hot rows stay
+            assert time.monotonic() < deadline, "no rows evicted for age: " + cluster.logs()
+            c.push_rows("t", hot, np.ones((hot.size, 4), np.float32)).wait()
+            time.sleep(0.05)
+    st = status()
+    assert st["rows"] == hot.size and st["evicted_age"] == old.size, st
+    before = export(servers, tmp_path / "primary.safetensors")
+    assert sorted(before["t.keys"].tolist()) == hot.tolist()
+    kill(cluster, a)
+    until("the backup takes over", lambda: leader(etcd, 0, 1).get("endpoint") == eb, cluster)
+    same(export(servers, tmp_path / "backup.safetensors"), before)
+    assert status()["evicted_age"] == old.size

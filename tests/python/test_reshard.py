@@ -183,7 +183,8 @@ def test_a_tables_life_cycle_is_resharded(cluster, tmp_path):
     not pushed for evict_after ticks goes); a delta from before the
     reshard refused."""
     ck, ck3 = str(tmp_path / "ck"), str(tmp_path / "ck3")
-    spec = dict(lr=0.5, rows_max=1000, init="zeros", admit_after=2, evict_after=150)
+    spec = dict(lr=0.5, rows_max=1000, init="zeros", admit_after=2, evict_after=150,
+                evict_at_budget=True, evict_half_life=100)  # each row's count goes too
     servers = cluster.start(shards=2, args=["--checkpoint-dir", ck])
     one = np.ones((1, 2), np.float32)
     with psd.Client(servers) as c:
@@ -214,3 +215,30 @@ def test_a_tables_life_cycle_is_resharded(cluster, tmp_path):
     after = as_dict(export(three, tmp_path / "later.safetensors"))["e"]
     assert not any(k in after for k in range(50)), sorted(after)[:10]
     assert all(k in after for k in range(50, 100))
+
+
+def test_decayed_counts_are_resharded(cluster, tmp_path):
+    """evict_half_life: each row's push count goes with it. Resharded
+    2 -> 1 into a table at its budget, a new row evicts the row pushed
+    once, not the one pushed twenty times before it (which it would,
+    as the least recently pushed, were the counts lost)."""
+    ck, ck1 = str(tmp_path / "ck"), str(tmp_path / "ck1")
+    spec = dict(lr=0.5, rows_max=3, init="zeros", evict_at_budget=True,
+                evict_half_life=10000)
+    servers = cluster.start(shards=2, args=["--checkpoint-dir", ck])
+    one = np.ones((1, 2), np.float32)
+    with psd.Client(servers) as c:
+        c.create_sparse_table("e", 2, **spec)
+        for _ in range(20):
+            c.push_rows("e", np.array([1], np.uint64), one).wait()
+        for k in (2, 3):
+            c.push_rows("e", np.array([k], np.uint64), one).wait()
+    assert cluster.stop() == [0, 0]
+    r = psctl("reshard", "--from", ck, "--shards", "1", "--to", ck1)
+    assert r.returncode == 0, r.stderr
+    servers = cluster.start(shards=1, args=["--checkpoint-dir", ck1])
+    with psd.Client(servers) as c:
+        c.create_sparse_table("e", 2, **spec)
+        c.push_rows("e", np.array([4], np.uint64), one).wait()
+    keys = sorted(as_dict(export(servers, tmp_path / "after.safetensors"))["e"])
+    assert 1 in keys and 4 in keys and len(keys) == 3, keys

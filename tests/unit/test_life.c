@@ -7,6 +7,7 @@
 
 #include "ps_err.h"
 #include "ps_init.h"
+#include "ps_limits.h"
 #include "ps_shard.h"
 #include "ps_wire.h"
 
@@ -22,15 +23,22 @@
 
 #define DIM 4
 
-static struct psd_table *make(uint64_t rows_max, uint32_t admit_after, uint64_t evict_after,
-                              int at_budget)
+/* A sparse table's spec: rows of DIM floats, SGD at lr. */
+static Ps__TableSpec sparse_spec(const char *name, uint64_t rows_max, float lr)
 {
     Ps__TableSpec spec = PS__TABLE_SPEC__INIT;
-    spec.name = "e";
+    spec.name = (char *)name;
     spec.sparse = 1;
     spec.dim = DIM;
     spec.rows_max = rows_max;
-    spec.lr = 0.5f;
+    spec.lr = lr;
+    return spec;
+}
+
+static struct psd_table *make(uint64_t rows_max, uint32_t admit_after, uint64_t evict_after,
+                              int at_budget)
+{
+    Ps__TableSpec spec = sparse_spec("e", rows_max, 0.5f);
     spec.init = PS__INIT_KIND__INIT_UNIFORM;
     spec.init_scale = 0.1f;
     spec.seed = 3;
@@ -189,6 +197,50 @@ static uint64_t rng_next(uint64_t *s)
     return *s >> 33;
 }
 
+/* Decayed frequency: the budget evicts the row of least push count,
+ * halved every half-life, where the least recently pushed would be a
+ * row pushed often before; the count decays along its halvings, and a
+ * moved row keeps its own. */
+static void test_budget_by_decayed_frequency(void **state)
+{
+    (void)state;
+    assert_int_equal(psd_sparse_decayed(256, 0, 10), 256);
+    assert_int_equal(psd_sparse_decayed(256, 10, 10), 128);
+    assert_int_equal(psd_sparse_decayed(256, 5, 10), 192); /* between: on the line */
+    assert_int_equal(psd_sparse_decayed(256, 25, 10), 48);
+    assert_int_equal(psd_sparse_decayed(UINT32_MAX, 320, 10), 0);
+    for (int lfu = 0; lfu < 2; lfu++) {
+        Ps__TableSpec spec = sparse_spec("f", 3, 0.5f);
+        spec.evict_at_budget = 1;
+        spec.evict_half_life = lfu ? 100 : 0;
+        char err[256];
+        assert_int_equal(ps_wire_check_spec(&spec, err, sizeof err), 0);
+        struct psd_table *t = NULL;
+        assert_int_equal(psd_table_create(&spec, 0, 0, 1, &t), 0);
+        for (int i = 0; i < 10; i++)
+            assert_int_equal(push1(t, 1), 0); /* ticks 1..10: often, and long ago */
+        assert_int_equal(push1(t, 2), 0);     /* tick 11, once */
+        assert_int_equal(push1(t, 3), 0);     /* tick 12, once */
+        assert_int_equal(push1(t, 4), 0);     /* at the budget */
+        if (lfu) {
+            assert_true(has(t, 1) && !has(t, 2)); /* 2's count decayed the most of the ones */
+            assert_non_null(t->sp.freq);
+            int64_t r = psd_sparse_row(&t->sp, 1, 0);
+            assert_int_equal(t->sp.freq[r], 2507); /* 10 pushes, a tick apart, half-life 100 */
+        } else {
+            assert_true(!has(t, 1) && has(t, 2)); /* the least recently pushed */
+            assert_null(t->sp.freq);
+        }
+        assert_true(has(t, 3) && has(t, 4));
+        psd_table_destroy(t);
+    }
+    Ps__TableSpec spec = sparse_spec("f", 3, 0.5f);
+    spec.evict_half_life = 100; /* without the budget it chooses nothing */
+    char err[256];
+    assert_int_equal(ps_wire_check_spec(&spec, err, sizeof err), PS_EINVAL);
+    assert_non_null(strstr(err, "evict_half_life"));
+}
+
 /* The same pushes, the same table: rows, order, values and counts (what
  * a backup that replays the primary's records holds). */
 static void test_the_same_pushes_give_the_same_table(void **state)
@@ -226,12 +278,7 @@ static void test_the_same_pushes_give_the_same_table(void **state)
 static void test_rowwise_adagrad(void **state)
 {
     (void)state;
-    Ps__TableSpec spec = PS__TABLE_SPEC__INIT;
-    spec.name = "rw";
-    spec.sparse = 1;
-    spec.dim = DIM;
-    spec.rows_max = 2;
-    spec.lr = 0.1f;
+    Ps__TableSpec spec = sparse_spec("rw", 2, 0.1f);
     spec.eps = 1e-8f;
     spec.optimizer = PS__OPTIMIZER_KIND__OPT_ROWWISE_ADAGRAD;
     spec.evict_at_budget = 1;
@@ -308,6 +355,58 @@ static void test_specs_that_do_not_fit_are_refused(void **state)
     spec.admit_after = 0;
     spec.admit_counters = 1024; /* a sketch without admission */
     assert_int_equal(ps_wire_check_spec(&spec, err, sizeof err), PS_EINVAL);
+    spec.admit_counters = 0;
+    spec.evict_after_s = PS_EVICT_AFTER_S_MAX + 1;
+    assert_int_equal(ps_wire_check_spec(&spec, err, sizeof err), PS_EINVAL);
+    assert_non_null(strstr(err, "evict_after_s"));
+    spec.evict_after_s = PS_EVICT_AFTER_S_MAX;
+    assert_int_equal(ps_wire_check_spec(&spec, err, sizeof err), 0);
+    spec.sparse = 0; /* time eviction on a dense table */
+    spec.size = 10;
+    assert_int_equal(ps_wire_check_spec(&spec, err, sizeof err), PS_EINVAL);
+    assert_non_null(strstr(err, "evict_after_s"));
+}
+
+/* Eviction by time: the floor comes from the samples of the tick against
+ * the clock, rows last pushed below it go as the slices reach them, and a
+ * floor is only ever raised, never past the tick. */
+static void test_time_evicts_below_the_floor(void **state)
+{
+    (void)state;
+    Ps__TableSpec spec = sparse_spec("t", 100, 0.5f);
+    spec.evict_after_s = 2;
+    struct psd_table *t = NULL;
+    assert_int_equal(psd_table_create(&spec, 0, 0, 1, &t), 0);
+    assert_true(t->sp.life);
+    assert_int_equal(push1(t, 1), 0);                         /* tick 1, at 0 ms */
+    assert_int_equal(psd_sparse_age_clock(&t->sp, 10000), 0); /* the first sample */
+    assert_int_equal(push1(t, 2), 0);                         /* tick 2, after it */
+    assert_int_equal(psd_sparse_age_clock(&t->sp, 10500), 0); /* not a second on: no sample */
+    assert_int_equal(psd_sparse_age_clock(&t->sp, 11000), 0); /* sampled, nothing 2 s old */
+    /* at 12 s the sample of 10 s is 2 s old: rows pushed at tick 1 or
+     * before are; key 2 came after it */
+    uint64_t floor = psd_sparse_age_clock(&t->sp, 12000);
+    assert_int_equal(floor, 2);
+    assert_int_equal(psd_sparse_set_floor(&t->sp, floor), 0);
+    assert_int_equal(psd_sparse_age_clock(&t->sp, 12100), 0); /* no higher yet */
+    assert_true(has(t, 1));
+    assert_int_equal(push1(t, 3), 0); /* its slice evicts key 1 */
+    assert_false(has(t, 1));
+    assert_true(has(t, 2) && has(t, 3));
+    assert_int_equal(t->sp.evicted_age, 1);
+    /* key 1 comes back as a new row at the tick, above the floor */
+    assert_int_equal(push1(t, 1), 0);
+    assert_int_equal(push1(t, 3), 0);
+    assert_true(has(t, 1));
+    /* a floor is raised only, and never past the next tick */
+    assert_int_equal(psd_sparse_set_floor(&t->sp, 1), PS_EINVAL);
+    assert_int_equal(psd_sparse_set_floor(&t->sp, t->sp.tick + 2), PS_EINVAL);
+    assert_int_equal(t->sp.age_floor, 2);
+    assert_int_equal(psd_sparse_set_floor(&t->sp, t->sp.tick + 1), 0);
+    assert_int_equal(push1(t, 9), 0); /* every row before it goes */
+    assert_true(has(t, 9));
+    assert_false(has(t, 1) || has(t, 2) || has(t, 3));
+    psd_table_destroy(t);
 }
 
 int main(void)
@@ -321,6 +420,8 @@ int main(void)
         cmocka_unit_test(test_the_same_pushes_give_the_same_table),
         cmocka_unit_test(test_rowwise_adagrad),
         cmocka_unit_test(test_specs_that_do_not_fit_are_refused),
+        cmocka_unit_test(test_time_evicts_below_the_floor),
+        cmocka_unit_test(test_budget_by_decayed_frequency),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -97,6 +97,8 @@ int psc_table_create(struct psc_client *c, const struct psc_table_spec *caller, 
     ts.admit_counters = spec->admit_counters;
     ts.evict_after = spec->evict_after;
     ts.evict_at_budget = spec->evict_at_budget != 0;
+    ts.evict_after_s = spec->evict_after_s;
+    ts.evict_half_life = spec->evict_half_life;
     char err[PS_ERROR_TEXT_MAX];
     int rc = ps_wire_check_spec(&ts, err, sizeof err);
     if (rc != 0)

@@ -188,15 +188,20 @@ struct psc_table_spec {
      * version's tail padding, which a caller may not have zeroed, stays
      * padding). A sparse table's life cycle (server/README.md, "Rows that
      * come and go"); all 0: none. */
-    uint64_t admit_counters; /* the count-min sketch's one-byte counters, a power of two
-                              * (0: 1 MiB) */
-    uint64_t evict_after;    /* a row not pushed in the table's last evict_after pushes on
-                              * its shard is evicted (0: never) */
-    uint32_t admit_after;    /* an id gets a row at its admit_after-th push (0, 1: its first);
-                              * until then its pushes are counted, not applied, and its
-                              * pulls give the initial value. At most 255 */
-    int evict_at_budget;     /* a new row at rows_max evicts the least recently pushed row of
-                              * a sample (not one of the same push) instead of being refused */
+    uint64_t admit_counters;  /* the count-min sketch's one-byte counters, a power of two
+                               * (0: 1 MiB) */
+    uint64_t evict_after;     /* a row not pushed in the table's last evict_after pushes on
+                               * its shard is evicted (0: never) */
+    uint32_t admit_after;     /* an id gets a row at its admit_after-th push (0, 1: its first);
+                               * until then its pushes are counted, not applied, and its
+                               * pulls give the initial value. At most 255 */
+    int evict_at_budget;      /* a new row at rows_max evicts the least recently pushed row of
+                               * a sample (not one of the same push) instead of being refused */
+    uint64_t evict_after_s;   /* a row not pushed in the last evict_after_s seconds is evicted
+                               * (0: never; at most ten years), by the primary's clock */
+    uint64_t evict_half_life; /* with evict_at_budget: the row evicted is the one of least
+                               * push count, halved every evict_half_life pushes of the
+                               * table on its shard (0: the least recently pushed) */
 };
 
 struct psc_table_stats {

@@ -105,6 +105,8 @@ class TableSpec(_Sized):
         ("evict_after", ctypes.c_uint64),
         ("admit_after", ctypes.c_uint32),
         ("evict_at_budget", ctypes.c_int),
+        ("evict_after_s", ctypes.c_uint64),
+        ("evict_half_life", ctypes.c_uint64),
     ]
 
 SHAPE_DIMS_MAX = 8  # PSC_SHAPE_DIMS_MAX

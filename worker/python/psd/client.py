@@ -517,21 +517,25 @@ class Client:
                             *, rows_max: int = 1 << 20, init: str = "zeros",
                             init_scale: float = 0.0, seed: int = 0, admit_after: int = 0,
                             admit_counters: int = 0, evict_after: int = 0,
-                            evict_at_budget: bool = False, **hyper: Any) -> str:
+                            evict_at_budget: bool = False, evict_after_s: int = 0,
+                            evict_half_life: int = 0, **hyper: Any) -> str:
         """Creates a sparse table: rows of dim float32 by uint64 key, at most
         rows_max on each shard. Its life cycle (server/README.md, "Rows that
         come and go"): admit_after, an id's push that gives it a row (until
         then pushes are counted, pulls give the initial value; at most 255),
         in a sketch of admit_counters one-byte counters (0: 1 MiB);
         evict_after, the pushes of the table on a shard after which a row
-        not pushed is evicted (0: never); evict_at_budget, a new row at
-        rows_max evicts the least recently pushed instead of being
-        refused."""
+        not pushed is evicted (0: never); evict_after_s, the seconds after
+        which a row not pushed is evicted (0: never; the primary's clock);
+        evict_at_budget, a new row at rows_max evicts the least recently
+        pushed instead of being refused (with evict_half_life, the one of
+        least push count halved every that many pushes)."""
         self._check_open()
         if not isinstance(dim, int) or dim <= 0:
             raise ValueError("dim: a positive number of floats per row is needed (got %r)" % (dim,))
         for arg, v in (("admit_after", admit_after), ("admit_counters", admit_counters),
-                       ("evict_after", evict_after)):
+                       ("evict_after", evict_after), ("evict_after_s", evict_after_s),
+                       ("evict_half_life", evict_half_life)):
             if not isinstance(v, int) or v < 0:
                 raise ValueError("%s: a whole number >= 0 (got %r)" % (arg, v))
         spec, bname = self._spec(name, 0, optimizer, lr, init, init_scale, seed, hyper)
@@ -542,6 +546,8 @@ class Client:
         spec.admit_counters = admit_counters
         spec.evict_after = evict_after
         spec.evict_at_budget = 1 if evict_at_budget else 0
+        spec.evict_after_s = evict_after_s
+        spec.evict_half_life = evict_half_life
         return self._create(name, spec, bname, None, dim)
 
     def _table(self, name: str, dense: bool) -> tuple[int, int]:
