@@ -6,6 +6,7 @@
 #include "live.h"
 #include "snapshot.h"
 #include "ps_clock.h"
+#include "ps_fs.h"
 #include "exposition.h"
 #include "net.h"
 #include "psd.h"
@@ -514,7 +515,7 @@ int main(int argc, char **argv)
     }
     if (cfg.checkpoint_dir != NULL) {
         char path[PS_PATH_MAX];
-        if (mkdir(cfg.checkpoint_dir, 0755) != 0 && errno != EEXIST) {
+        if (ps_mkdirs(cfg.checkpoint_dir, 0755) != 0) { /* and the folders above, as mkdir -p */
             PS_LOG(&a.log, PS_LOG_ERROR, S0005, "--checkpoint-dir: cannot create '%s': %s",
                    cfg.checkpoint_dir, strerror(errno));
             psd_fini(&a.srv);

@@ -18,6 +18,7 @@
  * features and 26 categorical ones per example, in DIR/train.bin and
  * DIR/test.bin (fixed records), with ids that arrive and fade over the
  * stream. */
+#include "ps_fs.h"
 #include "ps_init.h"
 #include "ps_opts.h"
 #include "ps_shard.h"
@@ -27,7 +28,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 struct cfg {
     const char *out;
@@ -60,25 +60,6 @@ static const struct ps_opt opts[] = {
 };
 
 #define NOPTS (sizeof opts / sizeof opts[0])
-
-/* mkdir -p: dir and the folders above it. 0, or -1 with errno. */
-static int make_dirs(const char *dir)
-{
-    char p[4096];
-    if (snprintf(p, sizeof p, "%s", dir) >= (int)sizeof p) {
-        errno = ENAMETOOLONG;
-        return -1;
-    }
-    for (char *q = p + 1; *q != '\0'; q++) {
-        if (*q != '/')
-            continue;
-        *q = '\0';
-        if (mkdir(p, 0755) != 0 && errno != EEXIST)
-            return -1;
-        *q = '/';
-    }
-    return mkdir(p, 0755) != 0 && errno != EEXIST ? -1 : 0;
-}
 
 static double true_weight(uint64_t seed, uint64_t f)
 {
@@ -361,7 +342,7 @@ int main(int argc, char **argv)
         return 2;
     }
     if (c.criteo) {
-        if (make_dirs(c.out) != 0) {
+        if (ps_mkdirs(c.out, 0755) != 0) {
             fprintf(stderr, "gen_clicks: --out %s: cannot create it: %s\n", c.out, strerror(errno));
             return 1;
         }
@@ -374,7 +355,7 @@ int main(int argc, char **argv)
                 (unsigned long long)c.active, (unsigned long long)c.features);
         return 2;
     }
-    if (make_dirs(c.out) != 0) {
+    if (ps_mkdirs(c.out, 0755) != 0) {
         fprintf(stderr, "gen_clicks: --out %s: cannot create it: %s\n", c.out, strerror(errno));
         return 1;
     }
