@@ -55,6 +55,7 @@ struct psd_config {
     const char *curve_secret, *curve_allow, *keygen;
     const char *checkpoint_dir;
     uint64_t checkpoint_every;
+    uint64_t stop_timeout_ms;
     uint64_t max_table_bytes;
     uint64_t max_unread_bytes, max_unread_bytes_total;
     int allow_nonfinite;
@@ -126,6 +127,9 @@ static const struct ps_opt psd_opts[] = {
     OPT("checkpoint-every", PS_OPT_U64, checkpoint_every, "60", 0, 86400 * 365, "SECONDS",
         "interval between checkpoints, written only when the state changed (0: only on "
         "SIGTERM)"),
+    OPT("stop-timeout-ms", PS_OPT_U64, stop_timeout_ms, "10000", 0, 600000, "MS",
+        "on SIGTERM mid-round (bsp, with --checkpoint-dir): serve on until the round ends, "
+        "then write the checkpoint and stop; past this long, stop without one (0: at once)"),
     OPT("curve-secret", PS_OPT_STR, curve_secret, NULL, 0, 0, "FILE",
         "encrypt with CURVE using this key file (psd --keygen); needs --curve-allow"),
     OPT("curve-allow", PS_OPT_STR, curve_allow, NULL, 0, 0, "DIR",
@@ -171,6 +175,8 @@ struct app {
     struct psd_security sec;
     uv_loop_t loop;
     uv_signal_t sigint, sigterm, sighup;
+    uv_timer_t stop_timer; /* a stop waiting for the round's end (stopping) */
+    int stopping;
     int argc;
     char **argv;
     struct psd_config cfg;
@@ -194,19 +200,24 @@ static void publish_metrics(struct app *a)
     ps_metrics_publish(a->metrics, &a->metrics_text);
 }
 
+static void on_round_end(void *ctx);
+
 static void on_tick(uv_timer_t *h)
 {
     struct app *a = h->data;
     psd_tick(&a->srv);
+    if (a->stopping && a->net.on_quiescent != NULL && psd_quiescent(&a->srv)) {
+        on_round_end(a); /* a round the tick ended (a worker dropped) */
+        return;
+    }
     publish_metrics(a);
     ps_notify_watchdog(); /* from the loop: a stuck loop stops petting it */
 }
 
-static void on_signal(uv_signal_t *h, int signum)
+/* The shutdown: a checkpoint of the state when it changed and every
+ * table is between rounds, then the loop's handles closed. */
+static void shut_down(struct app *a)
 {
-    struct app *a = h->data;
-    PS_LOG(&a->log, PS_LOG_INFO, S0020, "signal %d: shutting down", signum);
-    ps_notify_stopping();
     const char *current = psd_checkpoints_on(&a->srv) ? psd_checkpoint_current(&a->srv) : NULL;
     if (current != NULL)
         PS_LOG(&a->log, PS_LOG_INFO, S0604,
@@ -217,6 +228,9 @@ static void on_signal(uv_signal_t *h, int signum)
                "no checkpoint at shutdown: a bsp round is in progress; the newest is from %llu "
                "ms ago",
                (unsigned long long)((uint64_t)ps_mono_ms() - psd_checkpoint_last_ms(&a->srv)));
+    a->net.on_quiescent = NULL;
+    if (a->stopping)
+        uv_close((uv_handle_t *)&a->stop_timer, NULL);
     if (a->replicated)
         psd_repl_stop(&a->repl);
     psd_net_stop(&a->net);
@@ -224,6 +238,56 @@ static void on_signal(uv_signal_t *h, int signum)
     uv_close((uv_handle_t *)&a->sigint, NULL);
     uv_close((uv_handle_t *)&a->sigterm, NULL);
     uv_close((uv_handle_t *)&a->sighup, NULL);
+}
+
+/* The request that ended the round was answered, and no other has been
+ * read: the state is the round's, whole. */
+static void on_round_end(void *ctx)
+{
+    struct app *a = ctx;
+    PS_LOG(&a->log, PS_LOG_INFO, S0606, "the round ended: stopping");
+    shut_down(a);
+}
+
+static void on_stop_timeout(uv_timer_t *h)
+{
+    struct app *a = h->data;
+    PS_LOG(&a->log, PS_LOG_WARN, S0607,
+           "the bsp round did not end within --stop-timeout-ms %llu (a worker gone?): stopping "
+           "without it",
+           (unsigned long long)a->cfg.stop_timeout_ms);
+    shut_down(a);
+}
+
+static void on_signal(uv_signal_t *h, int signum)
+{
+    struct app *a = h->data;
+    if (a->stopping) { /* a second signal: now */
+        PS_LOG(&a->log, PS_LOG_INFO, S0020, "signal %d: shutting down now", signum);
+        shut_down(a);
+        return;
+    }
+    PS_LOG(&a->log, PS_LOG_INFO, S0020, "signal %d: shutting down", signum);
+    ps_notify_stopping();
+    /* Mid-round with a state to keep: serve on until the round ends (the
+     * workers' pushes complete it), so the checkpoint holds every push
+     * acknowledged and the restarted shard goes on from there. Replicas
+     * stop at once, as before: their state is the in-sync set's. */
+    if (!a->replicated && a->cfg.stop_timeout_ms > 0 && psd_checkpoints_on(&a->srv) &&
+        psd_checkpoint_current(&a->srv) == NULL && !psd_quiescent(&a->srv)) {
+        PS_LOG(&a->log, PS_LOG_INFO, S0605,
+               "a bsp round is in progress: serving until it ends (at most %llu ms), then "
+               "writing the checkpoint",
+               (unsigned long long)a->cfg.stop_timeout_ms);
+        a->stopping = 1;
+        uv_timer_init(&a->loop, &a->stop_timer);
+        a->stop_timer.data = a;
+        uv_timer_start(&a->stop_timer, on_stop_timeout, a->cfg.stop_timeout_ms, 0);
+        a->net.on_quiescent = on_round_end;
+        a->net.quiescent_ctx = a;
+        return;
+    }
+    shut_down(a);
 }
 
 /* Options a SIGHUP applies while running; every other one needs a restart. */

@@ -60,6 +60,12 @@
     X(S0603, WARN,                                                                                     \
       "no checkpoint at shutdown: a bsp round is in progress; the newest is from … ms ago")            \
     X(S0604, INFO, "no checkpoint at shutdown: nothing changed since … was written")                   \
+    X(S0605, INFO,                                                                                     \
+      "a bsp round is in progress: serving until it ends (at most … ms), then writing the "           \
+      "checkpoint")                                                                                    \
+    X(S0606, INFO, "the round ended: stopping")                                                       \
+    X(S0607, WARN,                                                                                     \
+      "the bsp round did not end within --stop-timeout-ms … (a worker gone?): stopping without it")   \
     X(S0610, INFO, "restored …: … tables (… ms)")                                                      \
     X(S0611, WARN, "no valid checkpoint for this shard in --checkpoint-dir: starting empty")           \
     X(S0612, ERROR,                                                                                    \

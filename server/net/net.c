@@ -2,6 +2,7 @@
 #define _GNU_SOURCE
 #include "net.h"
 
+#include "catalog.h"
 #include "live.h"
 
 #include "ps_err.h"
@@ -107,6 +108,8 @@ static int on_readable(struct ps_zsock *zs, void *arg)
         send_reply(n, route.data, route.size, &rep);
     for (size_t i = 0; i < kept; i++)
         zmq_msg_close(&parts[i]);
+    if (n->on_quiescent != NULL && psd_quiescent(n->srv))
+        n->on_quiescent(n->quiescent_ctx);
     return 0;
 }
 

@@ -60,6 +60,11 @@ struct psd_net {
     struct ps_zsock mon_zs;
     uint64_t connections, nofile, fd_base, limit_reached;
     int at_limit;
+    /* A stop waiting for the end of a bsp round (psd's SIGTERM): called
+     * after the request that leaves every table between rounds, before
+     * another is read (it may stop the net). NULL: none waits. */
+    void (*on_quiescent)(void *ctx);
+    void *quiescent_ctx;
 };
 
 /* Connections psd can hold: its descriptor limit less those it holds

@@ -1,0 +1,134 @@
+"""A planned restart: every shard of a bsp run stopped with SIGTERM in the
+middle of training and started again with the same flags. A shard
+stopped mid-round serves on until the round ends (the workers' pushes
+complete it), writes its checkpoint then, and stops before it reads
+another request; the restarted shards restore it, the workers re-send
+what was not acknowledged, and the run ends with the model of an
+unbroken run, bit for bit."""
+import os
+import signal
+import socket
+import subprocess
+import time
+
+import numpy as np
+import pytest
+
+from conftest import DATA, DEADLINE_S, child_env, export, worker_bin
+
+ARGS = ["--consistency", "bsp", "--workers", "2", "--checkpoint-every", "0"]
+TRAIN = ["--layers", "784,64,10", "--max-steps", "200", "--epochs", "1", "--lr", "0.04",
+         "--device", "cpu", "--retry-ms", "300", "--timeout-ms", "60000", "--test-delay-ms", "10"]
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(cluster, i, port, ckpt, extra=(), shards=2):
+    """Shard i of shards on port, its checkpoints in ckpt."""
+    log = open(os.path.join(cluster.tmp, "restart-psd%d-%d.log" % (i, len(cluster.procs))), "w")
+    p = subprocess.Popen([os.environ["PSD_BIN"], "--listen", "tcp://127.0.0.1:%d" % port,
+                          "--shard", str(i), "--shards", str(shards), "--checkpoint-dir", str(ckpt)]
+                         + ARGS + list(extra), stdout=subprocess.DEVNULL, stderr=log,
+                         env=child_env())
+    p.log = log.name
+    cluster.procs.append(p)
+    return p
+
+
+def workers(servers, tmp, name):
+    return [subprocess.Popen([worker_bin(), "--data", DATA, "--servers", servers, "--rank", str(r),
+                              "--workers", "2"] + TRAIN, stdout=subprocess.DEVNULL,
+                             stderr=open(str(tmp / ("%s%d.log" % (name, r))), "w"),
+                             env=child_env())
+            for r in range(2)]
+
+
+def finish(procs, tmp, name):
+    for r, p in enumerate(procs):
+        try:
+            p.wait(timeout=600)
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        assert p.returncode == 0, open(str(tmp / ("%s%d.log" % (name, r)))).read()[-3000:]
+
+
+def served(servers):
+    """The clock the slowest table reached, 0 while the shards do not answer."""
+    r = subprocess.run([os.environ["PSCTL_BIN"], "--servers", servers, "--timeout-ms", "2000",
+                        "--json", "status"], capture_output=True, text=True,
+                       env=child_env(), timeout=30)
+    if r.returncode != 0:
+        return 0
+    import json
+    clocks = [t["clock"] for sh in json.loads(r.stdout)["shards"] for t in sh.get("tables", [])]
+    return min(clocks) if len(clocks) == 8 else 0
+
+
+def run(cluster, tmp, name, stop_at=None):
+    ports = [free_port(), free_port()]
+    servers = ",".join("tcp://127.0.0.1:%d" % p for p in ports)
+    ckpt = [tmp / name / "ck" / str(i) for i in range(2)]  # psd makes the folders
+    shards = [start(cluster, i, ports[i], ckpt[i]) for i in range(2)]
+    w = workers(servers, tmp, name)
+    if stop_at is not None:
+        deadline = time.monotonic() + DEADLINE_S
+        while served(servers) < stop_at:
+            assert time.monotonic() < deadline and all(p.poll() is None for p in w), \
+                "training did not reach clock %d" % stop_at
+            time.sleep(0.05)
+        for p in shards:
+            p.send_signal(signal.SIGTERM)
+        for p in shards:
+            assert p.wait(timeout=30) == 0
+            cluster.procs.remove(p)
+        logs = [open(p.log).read() for p in shards]
+        for text in logs:  # a checkpoint at the stop, of every table
+            assert "S0600" in text and "shutdown, 4 tables" in text, text[-2000:]
+            assert "S0603" not in text and "S0607" not in text, text[-2000:]
+        assert any("S0606" in text for text in logs), "no shard was stopped mid-round"
+        assert all(p.poll() is None for p in w), "the run ended before the stop"
+        shards = [start(cluster, i, ports[i], ckpt[i]) for i in range(2)]
+    finish(w, tmp, name)
+    out = export(servers, tmp / ("%s.safetensors" % name))
+    for p in shards:
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(timeout=30) == 0
+        cluster.procs.remove(p)
+    if stop_at is not None:
+        for p in shards:
+            assert "S0610" in open(p.log).read()  # restored
+    return out
+
+
+def test_a_bsp_run_stopped_mid_round_restarts_as_if_unbroken(cluster, tmp_path):
+    if not os.environ.get("PSCTL_BIN") or not os.environ.get("PSWORKER_BIN"):
+        pytest.skip("PSCTL_BIN and PSWORKER_BIN are needed")
+    unbroken = run(cluster, tmp_path, "u")
+    restarted = run(cluster, tmp_path, "r", stop_at=40)
+    assert sorted(unbroken) == sorted(restarted) and len(unbroken) == 4
+    for k in unbroken:
+        assert np.array_equal(unbroken[k], restarted[k]), k
+
+
+def test_a_round_that_never_ends_stops_at_the_timeout(cluster, tmp_path):
+    """One worker of two pushes: its round cannot end. The stop serves
+    on for --stop-timeout-ms, says so, and stops without a checkpoint of
+    the half round."""
+    import psd
+    port = free_port()
+    p = start(cluster, 0, port, tmp_path / "ck", ["--stop-timeout-ms", "300"], shards=1)
+    with psd.Client("tcp://127.0.0.1:%d" % port, rank=0, workers=2) as c:
+        c.create_table("t", 8, "sgd", lr=0.5)
+        c.push("t", np.ones(8, np.float32)).wait()  # worker 1 never pushes
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(timeout=30) == 0
+    cluster.procs.remove(p)
+    text = open(p.log).read()
+    assert "S0605" in text and "S0607" in text and "S0603" in text, text[-2000:]
+    assert "S0600" not in text, text[-2000:]
