@@ -7,7 +7,8 @@ MLP over the 13 count features, the pairwise dot products of all 27
 vectors, and a top MLP: the model of Naumov et al. (2019), small. The
 tables live in psd with a row budget per field, and optionally admission
 (an id gets a row at its Nth push) and eviction (rows not pushed lately
-go; a new row at the budget pushes out the least recently pushed). The
+go; a new row at the budget pushes out the row of least decayed push
+count). The
 MLPs train through psd.torch.DistributedOptimizer.
 
 The data is gen_clicks --criteo's (built with the tests:
@@ -117,6 +118,9 @@ def main():
     ap.add_argument("--evict-after", type=int, default=1000,
                     help="pushes of a table on a shard (one a rank and step) after which a row "
                     "not pushed goes (psd; 0: only at the budget)")
+    ap.add_argument("--half-life", type=int, default=2000,
+                    help="psd: the budget evicts the row of least push count, halved every this "
+                    "many pushes of its table on a shard (0: the least recently pushed)")
     ap.add_argument("--unbounded", action="store_true",
                     help="psd: every id gets a row (no admission, eviction or budget)")
     ap.add_argument("--ddp", action="store_true", help="train on torch DDP (gloo) instead")
@@ -127,8 +131,8 @@ def main():
         ap.error("--batch and --dim must be >= 1, --steps >= 0, the rates > 0")
     if not 0 < a.budget <= 1 or a.min_rows < 1:
         ap.error("--budget: a share in (0, 1]; --min-rows >= 1")
-    if a.admit_after < 0 or a.admit_after > 255 or a.evict_after < 0:
-        ap.error("--admit-after: 0 to 255; --evict-after >= 0")
+    if a.admit_after < 0 or a.admit_after > 255 or a.evict_after < 0 or a.half_life < 0:
+        ap.error("--admit-after: 0 to 255; --evict-after and --half-life >= 0")
     if a.threads:
         torch.set_num_threads(a.threads)
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
@@ -165,6 +169,7 @@ def main():
                 per_shard = math.ceil(rows[f] / shards)
                 life = dict(rows_max=per_shard, evict_at_budget=True,
                             admit_after=a.admit_after, evict_after=a.evict_after,
+                            evict_half_life=a.half_life,
                             admit_counters=max(4096, 1 << (8 * per_shard - 1).bit_length()))
             tables.append(psd.torch.EmbeddingBag(
                 ID_SPACE, a.dim, "dlrm.C%d" % (f + 1), mode="sum", optimizer="adagrad",
