@@ -219,11 +219,17 @@ static void on_tick(uv_timer_t *h)
 static void shut_down(struct app *a)
 {
     const char *current = psd_checkpoints_on(&a->srv) ? psd_checkpoint_current(&a->srv) : NULL;
+    int rc = current == NULL && psd_checkpoints_on(&a->srv)
+                 ? psd_checkpoint_now(&a->srv, "shutdown")
+                 : PSD_CKPT_WRITTEN;
     if (current != NULL)
         PS_LOG(&a->log, PS_LOG_INFO, S0604,
                "no checkpoint at shutdown: nothing changed since %s was written", current);
-    else if (psd_checkpoints_on(&a->srv) &&
-             psd_checkpoint_now(&a->srv, "shutdown") == PSD_CKPT_SKIPPED)
+    else if (rc == PSD_CKPT_HELD)
+        PS_LOG(&a->log, PS_LOG_INFO, S0608,
+               "no checkpoint at shutdown: this backup has not loaded its primary's state, and "
+               "one of what it holds would hide the newest in --checkpoint-dir");
+    else if (rc == PSD_CKPT_SKIPPED)
         PS_LOG(&a->log, PS_LOG_WARN, S0603,
                "no checkpoint at shutdown: a bsp round is in progress; the newest is from %llu "
                "ms ago",

@@ -61,11 +61,15 @@
       "no checkpoint at shutdown: a bsp round is in progress; the newest is from … ms ago")            \
     X(S0604, INFO, "no checkpoint at shutdown: nothing changed since … was written")                   \
     X(S0605, INFO,                                                                                     \
-      "a bsp round is in progress: serving until it ends (at most … ms), then writing the "           \
+      "a bsp round is in progress: serving until it ends (at most … ms), then writing the "          \
       "checkpoint")                                                                                    \
-    X(S0606, INFO, "the round ended: stopping")                                                       \
+    X(S0606, INFO, "the round ended: stopping")                                                        \
     X(S0607, WARN,                                                                                     \
-      "the bsp round did not end within --stop-timeout-ms … (a worker gone?): stopping without it")   \
+      "the bsp round did not end within --stop-timeout-ms … (a worker gone?): stopping without "     \
+      "it")                                                                                            \
+    X(S0608, INFO,                                                                                     \
+      "no checkpoint at shutdown: this backup has not loaded its primary's state, and one of "         \
+      "what it holds would hide the newest in --checkpoint-dir")                                       \
     X(S0610, INFO, "restored …: … tables (… ms)")                                                      \
     X(S0611, WARN, "no valid checkpoint for this shard in --checkpoint-dir: starting empty")           \
     X(S0612, ERROR,                                                                                    \

@@ -22,6 +22,7 @@ struct psd_autosave {
     uint64_t current_ms;    /* when the newest was last found to hold the current state */
     uint64_t state;         /* psd_state_version() the newest holds */
     int pending;            /* asked for (psctl checkpoint) while a round was in progress */
+    int held;               /* psd_checkpoint_hold */
     char path[PS_PATH_MAX]; /* the newest written */
 };
 
@@ -191,8 +192,15 @@ static int write_checkpoint(struct psd *s, const char *why, char *out, size_t ou
     return 0;
 }
 
+void psd_checkpoint_hold(struct psd *s, int hold)
+{
+    s->save->held = hold != 0;
+}
+
 int psd_checkpoint_now(struct psd *s, const char *why)
 {
+    if (s->save->dir != NULL && s->save->held)
+        return PSD_CKPT_HELD;
     if (s->save->dir == NULL || !psd_quiescent(s))
         return PSD_CKPT_SKIPPED;
     char out[PS_PATH_MAX + 100];
@@ -236,6 +244,13 @@ void psd_op_checkpoint(struct psd *s, const Ps__Header *req, struct psd_reply *r
     if (a->dir == NULL) {
         psd_reply_errorf(s, req, PS_ENOTSUP, rep,
                          "checkpoint: shard %u runs without --checkpoint-dir", s->conf.shard);
+        return;
+    }
+    if (a->held) {
+        psd_reply_errorf(s, req, PS_ESTATE, rep,
+                         "checkpoint: shard %u is a backup that has not loaded its primary's "
+                         "state: a checkpoint now would hide the newest in its directory",
+                         s->conf.shard);
         return;
     }
     char detail[PS_PATH_MAX + 200]; /* a path and a sentence about it */

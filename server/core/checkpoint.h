@@ -55,5 +55,11 @@ int psd_checkpoints_on(const struct psd *s);
  * changed since it was written (a shutdown then need not write another);
  * NULL otherwise. */
 const char *psd_checkpoint_current(const struct psd *s);
+/* While held, no checkpoint is written (interval, asked for or at
+ * shutdown: PSD_CKPT_HELD): a backup that has asked its primary for the
+ * state and not loaded it holds what it restored, already in its
+ * directory, or nothing, and a checkpoint of that would hide a better
+ * one there. */
+void psd_checkpoint_hold(struct psd *s, int hold);
 
 #endif

@@ -212,6 +212,7 @@ enum psd_answer psd_dispatch_replayed(struct psd *s, const struct ps_frame *rout
 enum psd_ckpt_now {
     PSD_CKPT_WRITTEN = 0,
     PSD_CKPT_SKIPPED = 1, /* mid-round, or checkpoints are off */
+    PSD_CKPT_HELD = 2,    /* held: a backup without its primary's state (psd_checkpoint_hold) */
 };
 
 /* Writes a checkpoint now when the shard is between rounds (why goes to

@@ -42,6 +42,7 @@ void psd__repl_follow(struct psd_repl *r, const char *endpoint, uint64_t epoch)
     r->epoch = epoch;
     r->seq = 0;
     r->loaded = 0;
+    psd_checkpoint_hold(r->srv, 1);
     r->snap_bytes = 0;
     r->heard_ms = (uint64_t)ps_mono_ms();
     if (zmq_connect(r->follow, endpoint) != 0) {
@@ -62,6 +63,7 @@ static void resync(struct psd_repl *r, const char *why)
     PS_LOG(r->log, PS_LOG_WARN, S0712, "asking %s for its state again: %s", r->primary, why);
     r->resyncs++;
     r->loaded = 0;
+    psd_checkpoint_hold(r->srv, 1);
     r->snap_bytes = 0;
     r->seq = 0;
     psd__repl_send_follow(r);
@@ -80,6 +82,7 @@ static void load_snapshot(struct psd_repl *r, uint64_t seq)
         return; /* asked again when the primary is heard from (timer) */
     }
     r->loaded = 1;
+    psd_checkpoint_hold(r->srv, 0);
     r->seq = seq;
     PS_LOG(r->log, PS_LOG_INFO, S0714,
            "state from %s loaded (%u tables, %" PRIu64 " bytes, record %" PRIu64
@@ -232,6 +235,7 @@ static void promote(struct psd_repl *r)
     r->seq = 0;
     memset(&r->backups, 0, sizeof r->backups);
     r->promotions++;
+    psd_checkpoint_hold(s, 0);
     psd_take_over(s, r->worker_timeout_ms);
     PS_LOG(r->log, PS_LOG_WARN, S0715,
            "shard %u: this replica is the primary now, epoch %" PRIu64 " (the last was %s); %u "

@@ -454,3 +454,29 @@ def test_rows_evicted_by_time_go_on_the_backup_too(cluster, etcd, tmp_path):
     until("the backup takes over", lambda: leader(etcd, 0, 1).get("endpoint") == eb, cluster)
     same(export(servers, tmp_path / "backup.safetensors"), before)
     assert status()["evicted_age"] == old.size
+
+
+def test_a_backup_without_its_primary_state_writes_no_checkpoint(cluster, etcd, tmp_path):
+    """A backup that asked its primary for the state and has not loaded it
+    (the primary stopped with SIGSTOP before it joined) holds nothing its
+    directory should keep: stopped, it writes no checkpoint there (one
+    would be the newest, in front of any better one), and says so."""
+    a, ea = start(cluster, 0, 1, ["--etcd", etcd.url])
+    until("a primary", lambda: leader(etcd, 0, 1).get("endpoint") == ea, cluster)
+    with psd.Client(ea) as c:
+        c.create_table("t", 16, "sgd", lr=0.5)
+        c.push("t", np.ones(16, np.float32)).wait()
+    a.send_signal(signal.SIGSTOP)
+    try:
+        log = os.path.join(cluster.tmp, "rep%d.log" % len(cluster.procs))
+        ck = tmp_path / "backup-ck"
+        b, _ = start(cluster, 0, 1, ["--etcd", etcd.url, "--replica-of", ea, "--checkpoint-dir",
+                                     str(ck)])
+        until("the backup follows", lambda: "S0711" in open(log).read(), cluster)
+        kill(cluster, b, signal.SIGTERM)
+        assert b.returncode == 0
+        text = open(log).read()
+        assert "S0608" in text, text[-2000:]
+        assert [f for f in os.listdir(ck) if f.endswith(".safetensors")] == [], os.listdir(ck)
+    finally:
+        a.send_signal(signal.SIGCONT)
