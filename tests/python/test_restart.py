@@ -5,6 +5,7 @@ complete it), writes its checkpoint then, and stops before it reads
 another request; the restarted shards restore it, the workers re-send
 what was not acknowledged, and the run ends with the model of an
 unbroken run, bit for bit."""
+import json
 import os
 import signal
 import socket
@@ -58,15 +59,17 @@ def finish(procs, tmp, name):
         assert p.returncode == 0, open(str(tmp / ("%s%d.log" % (name, r)))).read()[-3000:]
 
 
-def served(servers):
-    """The clock the slowest table reached, 0 while the shards do not answer."""
+def status(servers):
+    """psctl status of every shard, [] while they do not all answer."""
     r = subprocess.run([os.environ["PSCTL_BIN"], "--servers", servers, "--timeout-ms", "2000",
                         "--json", "status"], capture_output=True, text=True,
                        env=child_env(), timeout=30)
-    if r.returncode != 0:
-        return 0
-    import json
-    clocks = [t["clock"] for sh in json.loads(r.stdout)["shards"] for t in sh.get("tables", [])]
+    return json.loads(r.stdout)["shards"] if r.returncode == 0 else []
+
+
+def served(servers):
+    """The clock the slowest table reached, 0 while the shards do not answer."""
+    clocks = [t["clock"] for sh in status(servers) for t in sh.get("tables", [])]
     return min(clocks) if len(clocks) == 8 else 0
 
 
@@ -82,8 +85,19 @@ def run(cluster, tmp, name, stop_at=None):
             assert time.monotonic() < deadline and all(p.poll() is None for p in w), \
                 "training did not reach clock %d" % stop_at
             time.sleep(0.05)
+        # mid-round: worker 1 stopped, worker 0's pulls wait for its pushes
+        # (on both shards, or on the one worker 1 had not pushed to yet)
+        w[1].send_signal(signal.SIGSTOP)
+        while not any(sh.get("waiting", 0) > 0 for sh in status(servers)):
+            assert time.monotonic() < deadline, "no shard waits for worker 1"
+            time.sleep(0.05)
         for p in shards:
             p.send_signal(signal.SIGTERM)
+        for p in shards:  # each stops at once (between rounds) or waits for the end
+            while p.poll() is None and "S0605" not in open(p.log).read():
+                assert time.monotonic() < deadline, open(p.log).read()
+                time.sleep(0.02)
+        w[1].send_signal(signal.SIGCONT)  # its pushes end the round
         for p in shards:
             assert p.wait(timeout=30) == 0
             cluster.procs.remove(p)
