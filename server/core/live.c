@@ -215,6 +215,22 @@ static int may_take(const struct psd *s, const struct ps_frame *route, const cha
            (user != NULL && strcmp(h->user, user) == 0);
 }
 
+/* A CURVE key that may not use req's worker id (its allow file's
+ * workers: line): 1, counted in *count, with an error reply. */
+static int key_refused(struct psd *s, const char *user, const Ps__Header *req, uint64_t *count,
+                       struct psd_reply *rep)
+{
+    const struct psd_live *l = s->live;
+    if (user == NULL || l->may_use == NULL || l->may_use(l->may_use_ctx, user, req->worker_id))
+        return 0;
+    (*count)++;
+    psd_reply_errorf(s, req, PS_EAUTH, rep,
+                     "%s: this client's CURVE key may not use worker id %u (the workers: line "
+                     "of its file in psd --curve-allow)",
+                     ps_op_name(req->op), req->worker_id);
+    return 1;
+}
+
 int psd_live_hello_refused(struct psd *s, const struct ps_frame *route, const char *user,
                            const Ps__Header *req, int replaying, struct psd_reply *rep)
 {
@@ -222,15 +238,8 @@ int psd_live_hello_refused(struct psd *s, const struct ps_frame *route, const ch
     uint32_t w = req->worker_id;
     if (w == PSD_OBSERVER_ID || replaying)
         return 0;
-    if (user != NULL && l->may_use != NULL && !l->may_use(l->may_use_ctx, user, w)) {
-        l->st.hellos_refused++;
-        psd_reply_errorf(
-            s, req, PS_EAUTH, rep,
-            "hello: this client's CURVE key may not use worker id %u (the workers: line "
-            "of its file in psd --curve-allow)",
-            w);
+    if (key_refused(s, user, req, &l->st.hellos_refused, rep))
         return 1;
-    }
     if (w >= l->workers)
         return 0; /* not in the rounds: psd knows no holder's liveness to protect */
     if (may_take(s, route, user, req))
@@ -246,6 +255,39 @@ int psd_live_hello_refused(struct psd *s, const struct ps_frame *route, const ch
         "is free once that one is silent for %llu ms (psd --worker-timeout), or at once "
         "to the same CURVE key",
         w, (unsigned long long)(now - heard), (unsigned long long)hold);
+    return 1;
+}
+
+int psd_live_request_refused(struct psd *s, const struct ps_frame *route, const char *user,
+                             const Ps__Header *req, int replaying, struct psd_reply *rep)
+{
+    switch (req->op) {
+    case PS__OP__OP_PULL:
+    case PS__OP__OP_PUSH:
+    case PS__OP__OP_PUSH_PULL:
+    case PS__OP__OP_SET:
+    case PS__OP__OP_HEARTBEAT:
+        break;
+    default:
+        return 0;
+    }
+    struct psd_live *l = s->live;
+    uint32_t w = req->worker_id;
+    if (w == PSD_OBSERVER_ID || replaying)
+        return 0;
+    if (key_refused(s, user, req, &l->st.requests_refused, rep))
+        return 1;
+    if (w >= l->workers)
+        return 0;
+    const struct worker *h = &l->w[w];
+    if (h->route_len == 0 ||
+        (h->route_len == route->size && memcmp(h->route, route->data, route->size) == 0))
+        return 0;
+    l->st.requests_refused++;
+    psd_reply_errorf(s, req, PS_EBUSY, rep,
+                     "%s: worker id %u is bound to another connection, the one its last hello "
+                     "came on: a client says hello on its connection before it pushes or pulls",
+                     ps_op_name(req->op), w);
     return 1;
 }
 

@@ -18,6 +18,7 @@
 /* Its counters, for stats and metrics. */
 struct psd_live_stats {
     uint64_t dropped, rejoined, stale_pushes, hellos_refused;
+    uint64_t requests_refused; /* data requests under an id bound to another connection */
 };
 
 /* For the round's workers [0, workers). NULL: out of memory. */
@@ -39,6 +40,13 @@ void psd_live_stale(struct psd *s, const Ps__Header *req, const struct psd_table
  * refused: the primary decided). */
 int psd_live_hello_refused(struct psd *s, const struct ps_frame *route, const char *user,
                            const Ps__Header *req, int replaying, struct psd_reply *rep);
+/* A data request (pull, push, push-pull, set, heartbeat) under a worker
+ * id of the rounds from a connection other than the one its hello bound,
+ * or under an id its CURVE key may not use: 1 with an error reply
+ * (PS_EBUSY, PS_EAUTH), counted; 0 when it may go on. Ids no hello bound
+ * yet, psctl's observer id and a backup's replayed requests pass. */
+int psd_live_request_refused(struct psd *s, const struct ps_frame *route, const char *user,
+                             const Ps__Header *req, int replaying, struct psd_reply *rep);
 /* OP_HELLO (after psd_live_hello_refused let it through). */
 void psd_op_hello(struct psd *s, const struct ps_frame *route, const char *user,
                   const Ps__Header *req, struct psd_reply *rep);

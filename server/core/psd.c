@@ -223,6 +223,8 @@ static enum psd_answer dispatch_one(struct psd *s, const struct ps_frame *route,
     } else if (m.hdr->op == PS__OP__OP_HELLO &&
                psd_live_hello_refused(s, route, user, m.hdr, replaying, rep)) {
         /* not heard as the worker it claims: its holder keeps the id */
+    } else if (psd_live_request_refused(s, route, user, m.hdr, replaying, rep)) {
+        /* the same: the id's connection is the one its hello bound */
     } else {
         psd_live_heard(s, m.hdr);
         now = run_op(s, route, user, &m, rep, replaying);

@@ -209,6 +209,10 @@ int psd_expose(const struct psd *s, struct ps_buf *b)
          "Hellos refused: a worker id another live connection holds, or one a CURVE key may not "
          "use.",
          (double)ls.hellos_refused},
+        {"psd_requests_refused_identity_total", "counter",
+         "Pulls, pushes, sets and heartbeats refused: under a worker id bound to another "
+         "connection, or one the CURVE key may not use.",
+         (double)ls.requests_refused},
         {"psd_waits_refused_total", "counter",
          "Pulls not ready that could not wait: a worker id outside the round, a clock out of "
          "reach, or a worker's or connection's share of the queue used.",

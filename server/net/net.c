@@ -374,6 +374,10 @@ int psd_net_start(struct psd_net *n, struct psd *srv, uv_loop_t *loop, const cha
     int64_t maxmsg = (int64_t)srv->conf.value_bytes_max;
     if (n->sock == NULL || set_int(n->sock, ZMQ_LINGER, 0) != 0 ||
         set_int(n->sock, ZMQ_ROUTER_MANDATORY, 1) != 0 ||
+        /* a client reconnecting with its routing id (libpsclient gives
+         * each socket its own, random) takes it over from the connection
+         * that died: its hello's binding of a worker id holds */
+        set_int(n->sock, ZMQ_ROUTER_HANDOVER, 1) != 0 ||
         set_int(n->sock, ZMQ_SNDBUF, PS_SOCKET_BUFFER_BYTES) != 0 ||
         set_int(n->sock, ZMQ_RCVBUF, PS_SOCKET_BUFFER_BYTES) != 0 ||
         zmq_setsockopt(n->sock, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg) != 0) {

@@ -14,8 +14,12 @@
 #include "ps_limits.h"
 #include "ps_shm.h"
 #include "ps_wire.h"
+#include "psclient.h"
 
 #include <arpa/inet.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <errno.h>
 #include <math.h>
 #include <netinet/in.h>
@@ -617,9 +621,9 @@ static int hello_as(void *s, uint32_t w, uint64_t session)
     return status;
 }
 
-/* Pushes 100 ones as worker w, request id id, clock 0; 1 when the reply
- * says it was a duplicate. */
-static int push_as(void *s, uint32_t w, uint64_t id)
+/* Pushes 100 ones as worker w, request id id, clock 0: the reply's
+ * status, and in *dup whether it says it was a duplicate. */
+static int push_status(void *s, uint32_t w, uint64_t id, int *dup)
 {
     float g[100];
     for (int i = 0; i < 100; i++)
@@ -634,10 +638,29 @@ static int push_as(void *s, uint32_t w, uint64_t id)
     size_t nf = 0;
     Ps__Header *r = raw_recv(s, RAW_TIMEOUT_MS, &nf, NULL, 0);
     assert_non_null(r);
-    assert_int_equal(r->status, 0);
-    int dup = r->duplicate;
+    int status = r->status;
+    if (dup != NULL)
+        *dup = r->duplicate;
     ps__header__free_unpacked(r, NULL);
+    return status;
+}
+
+/* The same, which must be taken: 1 when it was a duplicate. */
+static int push_as(void *s, uint32_t w, uint64_t id)
+{
+    int dup = 0;
+    assert_int_equal(push_status(s, w, id, &dup), 0);
     return dup;
+}
+
+/* Polls psd's /metrics until name reaches want (the page is republished
+ * a few times a second); returns its last value. */
+static double metric_reaches(int port, const char *name, double want)
+{
+    double v = -1;
+    for (int waited = 0; waited < DEADLINE_MS && (v = metric(port, name)) < want; waited += 50)
+        harness_pause_ms(50);
+    return v;
 }
 
 /* 5. A worker id of the rounds is held by the connection that said hello
@@ -649,15 +672,26 @@ static void test_worker_id_cannot_be_taken(void **state)
 {
     (void)state;
     struct psd_proc p;
-    const char *args[] = {"--consistency", "asp", "--workers", "2", "--worker-timeout", "1", NULL};
+    const char *args[] = {
+        "--consistency",    "asp",         "--workers", "2", "--worker-timeout", "1",
+        "--metrics-listen", "127.0.0.1:0", NULL};
     assert_int_equal(harness_psd_start(&p, args), 0);
+    double port = -1;
+    assert_int_equal(harness_log_wait(p.log_path, "S0012", NULL, DEADLINE_MS), 1);
+    assert_int_equal(harness_log_number(p.log_path, "S0012", "(port ", &port), 0);
     void *ctx = zmq_ctx_new();
     void *real = raw_dealer(ctx, p.endpoint), *thief = raw_dealer(ctx, p.endpoint);
     create_dense(real, "t", 100);
     assert_int_equal(hello_as(real, 1, 111), 0);
     assert_false(push_as(real, 1, 10));
     assert_int_equal(hello_as(thief, 1, 222), PS_EBUSY);
-    assert_true(push_as(real, 1, 10)); /* the retry is still known: not applied twice */
+    /* nor may it push or pull under the id without a hello: every request
+     * goes with the connection the hello bound */
+    assert_int_equal(push_status(thief, 1, 11, NULL), PS_EBUSY);
+    assert_int_equal(push_status(thief, 1, 10, NULL), PS_EBUSY); /* not even a retry */
+    assert_true(push_as(real, 1, 10));  /* the retry is still known: not applied twice */
+    assert_false(push_as(real, 1, 11)); /* and 11 was never applied */
+    assert_true(metric_reaches((int)port, "psd_requests_refused_identity_total", 2) == 2);
     Ps__Header *r = stats_of(real);
     assert_int_equal(r->stats->hellos_refused, 1);
     assert_int_equal(r->stats->workers_rejoined, 0);
@@ -674,9 +708,160 @@ static void test_worker_id_cannot_be_taken(void **state)
             "a restarted worker took its id %lld ms after its old process went silent "
             "(--worker-timeout 1)\n",
             (long long)(ps_mono_ms() - t0));
+    /* the id is the new connection's now: the old one's requests go */
+    assert_int_equal(push_status(real, 1, 12, NULL), PS_EBUSY);
+    assert_false(push_as(thief, 1, 12));
     zmq_close(real);
     zmq_close(thief);
     zmq_ctx_term(ctx);
+    assert_int_equal(harness_psd_stop(&p), 0);
+}
+
+/* A TCP relay on a thread of its own: accepts on a free loopback port and
+ * relays each connection to psd's port byte for byte; a cut closes every
+ * connection it relays, as a network blip would (the client's ZeroMQ then
+ * connects again). */
+struct relay {
+    int lfd, port, target;
+    pthread_t thread;
+    atomic_int stop, cut, accepted;
+    int pair[8][2], npairs;
+};
+
+static void relay_close(struct relay *r, int i)
+{
+    close(r->pair[i][0]);
+    close(r->pair[i][1]);
+    r->pair[i][0] = r->pair[--r->npairs][0];
+    r->pair[i][1] = r->pair[r->npairs][1];
+}
+
+static void *relay_run(void *arg)
+{
+    struct relay *r = arg;
+    while (!atomic_load(&r->stop)) {
+        if (atomic_exchange(&r->cut, 0))
+            while (r->npairs > 0)
+                relay_close(r, 0);
+        struct pollfd fds[1 + 16];
+        fds[0] = (struct pollfd){.fd = r->lfd, .events = POLLIN};
+        for (int i = 0; i < r->npairs; i++)
+            for (int j = 0; j < 2; j++)
+                fds[1 + 2 * i + j] = (struct pollfd){.fd = r->pair[i][j], .events = POLLIN};
+        if (poll(fds, (nfds_t)(1 + 2 * r->npairs), 20) <= 0)
+            continue;
+        if ((fds[0].revents & POLLIN) && r->npairs < 8) {
+            int c = accept(r->lfd, NULL, NULL), t = tcp_from("127.0.0.1", r->target);
+            if (c >= 0 && t >= 0) {
+                r->pair[r->npairs][0] = c;
+                r->pair[r->npairs++][1] = t;
+                atomic_fetch_add(&r->accepted, 1);
+                continue; /* fds no longer match the pairs */
+            }
+            if (c >= 0)
+                close(c);
+            if (t >= 0)
+                close(t);
+        }
+        for (int i = r->npairs - 1; i >= 0; i--)
+            for (int j = 0; j < 2; j++) {
+                if (!(fds[1 + 2 * i + j].revents & (POLLIN | POLLHUP | POLLERR)))
+                    continue;
+                char buf[65536];
+                ssize_t n = read(r->pair[i][j], buf, sizeof buf), sent = 0;
+                while (n > 0 && sent < n) {
+                    ssize_t w =
+                        send(r->pair[i][1 - j], buf + sent, (size_t)(n - sent), MSG_NOSIGNAL);
+                    if (w <= 0)
+                        break;
+                    sent += w;
+                }
+                if (n <= 0 || sent < n) {
+                    relay_close(r, i);
+                    break;
+                }
+            }
+    }
+    while (r->npairs > 0)
+        relay_close(r, 0);
+    return NULL;
+}
+
+static void relay_start(struct relay *r, int target)
+{
+    memset(r, 0, sizeof *r);
+    r->target = target;
+    r->lfd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof a;
+    assert_true(r->lfd >= 0);
+    assert_int_equal(bind(r->lfd, (struct sockaddr *)&a, sizeof a), 0);
+    assert_int_equal(listen(r->lfd, 8), 0);
+    assert_int_equal(getsockname(r->lfd, (struct sockaddr *)&a, &len), 0);
+    r->port = ntohs(a.sin_port);
+    assert_int_equal(pthread_create(&r->thread, NULL, relay_run, r), 0);
+}
+
+static void relay_stop(struct relay *r)
+{
+    atomic_store(&r->stop, 1);
+    pthread_join(r->thread, NULL);
+    close(r->lfd);
+}
+
+/* 7. A worker whose connection is cut and made again goes on: its
+ * socket keeps its routing id, so the shard's binding of its worker id
+ * to it holds, and its next requests are taken. */
+static void test_a_cut_connection_keeps_its_worker_id(void **state)
+{
+    (void)state;
+    struct psd_proc p;
+    const char *args[] = {"--consistency", "asp", "--workers", "2", NULL};
+    assert_int_equal(harness_psd_start(&p, args), 0);
+    const char *colon = strrchr(p.endpoint, ':');
+    assert_non_null(colon);
+    struct relay r;
+    relay_start(&r, atoi(colon + 1));
+    char ep[64];
+    snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", r.port);
+    const char *eps[1] = {ep};
+    struct psc_config cfg = {.struct_size = sizeof cfg,
+                             .servers = eps,
+                             .nservers = 1,
+                             .worker_id = 1,
+                             .connect_timeout_ms = DEADLINE_MS,
+                             .retry_ms = 300};
+    struct psc_client *c = NULL;
+    char err[512];
+    assert_int_equal(psc_create(&cfg, &c, err, sizeof err), 0);
+    struct psc_table_spec s;
+    psc_table_spec_init(&s, "t", 100);
+    uint32_t t = 0;
+    assert_int_equal(psc_table_create(c, &s, DEADLINE_MS, &t), 0);
+    float g[100];
+    for (int i = 0; i < 100; i++)
+        g[i] = 1.0f;
+    for (int round = 0; round < 3; round++) {
+        uint64_t tk = 0;
+        assert_int_equal(psc_push(c, t, 0, 100, g, 0, &tk), 0);
+        int rc = psc_wait(c, tk, DEADLINE_MS);
+        if (rc != 0)
+            harness_psd_dump_log(&p);
+        assert_int_equal(rc, 0);
+        atomic_store(&r.cut, 1); /* the next push goes on a new connection */
+        for (int waited = 0; atomic_load(&r.cut) && waited < DEADLINE_MS; waited += 10)
+            harness_pause_ms(10);
+    }
+    float w[100];
+    uint64_t tk = 0;
+    assert_int_equal(psc_pull(c, t, 0, 100, w, 0, &tk), 0);
+    assert_int_equal(psc_wait(c, tk, DEADLINE_MS), 0);
+    for (int i = 0; i < 100; i++)
+        assert_true(w[i] == -0.03f || fabsf(w[i] + 0.03f) < 1e-6f); /* three pushes, lr 0.01 */
+    fprintf(stderr, "%d connections through the relay for one client\n", atomic_load(&r.accepted));
+    assert_true(atomic_load(&r.accepted) >= 3);
+    psc_destroy(c);
+    relay_stop(&r);
     assert_int_equal(harness_psd_stop(&p), 0);
 }
 
@@ -743,6 +928,9 @@ static void test_curve_keys_own_their_ids(void **state)
     assert_int_equal(hello_as(a, 0, 12), PS_EAUTH); /* not in its workers: line */
     void *o = curve_dealer(ctx, p.endpoint, &server, &other);
     assert_int_equal(hello_as(o, 1, 13), PS_EBUSY); /* admitted, but 1 is held */
+    /* and on every request, not at the hello alone */
+    assert_int_equal(push_status(o, 1, 1, NULL), PS_EBUSY);
+    assert_int_equal(push_status(a, 0, 2, NULL), PS_EAUTH); /* not in its workers: line */
     int64_t t0 = ps_mono_ms();
     void *again = curve_dealer(ctx, p.endpoint, &server, &mine);
     assert_int_equal(hello_as(again, 1, 14), 0); /* the same key: at once */
@@ -767,6 +955,7 @@ int main(void)
         cmocka_unit_test(test_nonfinite_pushes),
         cmocka_unit_test(test_worker_id_cannot_be_taken),
         cmocka_unit_test(test_curve_keys_own_their_ids),
+        cmocka_unit_test(test_a_cut_connection_keeps_its_worker_id),
         cmocka_unit_test(test_psworker_stops_on_nonfinite_loss),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

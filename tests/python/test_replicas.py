@@ -235,7 +235,8 @@ def test_a_stopped_primary_never_acknowledges_once_replaced(cluster, etcd):
     try:
         until("the backup takes over", lambda: leader(etcd, 0, 1).get("endpoint") == eb,
               cluster)
-        with psd.Client(servers, timeout_ms=5000) as new:
+        # another worker: worker 0 stays the old client's, bound to its connection
+        with psd.Client(servers, rank=1, workers=2, timeout_ms=5000) as new:
             new.create_table("w", 4)
             new.push("w", np.full(4, 2, np.float32)).wait()
             h = old.push("w", np.full(4, 100, np.float32))  # queued for the old primary

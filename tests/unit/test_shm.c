@@ -322,7 +322,11 @@ static void test_requests_through_the_region(void **state)
     psd_reply_drop(&rep);
     data_header(&h, PS__OP__OP_PULL, 10, PS_SHM_OUT, 0, 4096);
     assert_int_equal(request(&s, "a", &h, NULL, 0, &rep), 1);
-    assert_int_equal(status_of(&rep), PS_ESHM);
+    assert_int_equal(status_of(&rep), PS_EBUSY); /* worker 0 is c's now: refused first */
+    psd_reply_drop(&rep);
+    h.worker_id = 1000; /* an id outside the rounds, which no hello binds */
+    assert_int_equal(request(&s, "a", &h, NULL, 0, &rep), 1);
+    assert_int_equal(status_of(&rep), PS_ESHM); /* and a's region went with it */
     psd_reply_drop(&rep);
     psd_fini(&s);
     ps_shm_close(&r);

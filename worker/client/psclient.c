@@ -54,13 +54,21 @@ int psc_shard_answered(const struct psc_client *c, uint32_t shard)
     return shard < c->nshards && c->offers[shard].instance != 0;
 }
 
-/* A DEALER connected to ep for shard s, in *out; closed again on failure. */
+/* A DEALER connected to ep for shard s, in *out; closed again on failure.
+ * Its routing id is its own and random, kept when ZeroMQ reconnects (a
+ * connection cut and made again): the shard's binding of this client's
+ * worker id to the connection its hello came on still holds, where an
+ * id ZeroMQ makes up would be a new connection to it. */
 static int open_socket(struct psc_client *c, const struct psc_config *cfg, uint32_t s,
                        const char *ep, void **out, char *err, size_t errlen)
 {
     void *sock = *out = zmq_socket(c->ctx, ZMQ_DEALER);
     int linger = 0, buf = PS_SOCKET_BUFFER_BYTES, hwm = PS_SOCKET_HWM, rc = 0;
+    unsigned char rid[1 + 2 * sizeof(uint64_t)] = {'p'}; /* not 0: ZeroMQ's own start so */
+    uint64_t r[2] = {ps_random_id(), ps_random_id()};
+    memcpy(rid + 1, r, sizeof r);
     if (sock == NULL || zmq_setsockopt(sock, ZMQ_LINGER, &linger, sizeof linger) != 0 ||
+        zmq_setsockopt(sock, ZMQ_ROUTING_ID, rid, sizeof rid) != 0 ||
         zmq_setsockopt(sock, ZMQ_SNDHWM, &hwm, sizeof hwm) != 0 ||
         zmq_setsockopt(sock, ZMQ_RCVHWM, &hwm, sizeof hwm) != 0 ||
         zmq_setsockopt(sock, ZMQ_SNDBUF, &buf, sizeof buf) != 0 ||
