@@ -218,6 +218,7 @@ static void on_tick(uv_timer_t *h)
  * table is between rounds, then the loop's handles closed. */
 static void shut_down(struct app *a)
 {
+    psd_checkpoint_reap(&a->srv, 1); /* an interval checkpoint being written: it ends first */
     const char *current = psd_checkpoints_on(&a->srv) ? psd_checkpoint_current(&a->srv) : NULL;
     int rc = current == NULL && psd_checkpoints_on(&a->srv)
                  ? psd_checkpoint_now(&a->srv, "shutdown")

@@ -11,18 +11,30 @@
 #include "ps_clock.h"
 #include "ps_err.h"
 
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
+#include <sys/wait.h>
+#include <unistd.h>
 #include <stdlib.h>
 #include <string.h>
 
 struct psd_autosave {
     char *dir; /* NULL: off */
     uint64_t every_ms, last_ms, written;
-    uint64_t ok_ms;         /* when the last one was written */
-    uint64_t current_ms;    /* when the newest was last found to hold the current state */
-    uint64_t state;         /* psd_state_version() the newest holds */
-    int pending;            /* asked for (psctl checkpoint) while a round was in progress */
-    int held;               /* psd_checkpoint_hold */
+    uint64_t ok_ms;      /* when the last one was written */
+    uint64_t current_ms; /* when the newest was last found to hold the current state */
+    uint64_t state;      /* psd_state_version() the newest holds */
+    int pending;         /* asked for (psctl checkpoint) while a round was in progress */
+    int held;            /* psd_checkpoint_hold */
+    /* the forked writer of an interval checkpoint (child 0: none), the
+     * pipe it answers on, and the state it was forked with */
+    pid_t child;
+    int child_fd;
+    uint64_t child_state, child_t0;
+    uint32_t child_tables;
+    uint64_t fork_us;       /* how long the last fork held the loop */
     char path[PS_PATH_MAX]; /* the newest written */
 };
 
@@ -201,6 +213,7 @@ int psd_checkpoint_now(struct psd *s, const char *why)
 {
     if (s->save->dir != NULL && s->save->held)
         return PSD_CKPT_HELD;
+    psd_checkpoint_reap(s, 1); /* one writer at a time in the directory */
     if (s->save->dir == NULL || !psd_quiescent(s))
         return PSD_CKPT_SKIPPED;
     char out[PS_PATH_MAX + 100];
@@ -211,6 +224,93 @@ uint64_t psd_state_version(const struct psd *s)
 {
     /* each term only grows: a change moves the sum */
     return psd_counts(s)->changes + psd_tables_version(s);
+}
+
+/* The forked writer's result, once it has ended (wait: until it has):
+ * the checkpoint counted as written, or the failure logged. */
+static void reap_writer(struct psd *s, int wait)
+{
+    struct psd_autosave *a = s->save;
+    if (a->child <= 0)
+        return;
+    int st = 0;
+    pid_t r;
+    while ((r = waitpid(a->child, &st, wait ? 0 : WNOHANG)) < 0 && errno == EINTR)
+        ;
+    if (r == 0)
+        return; /* still writing */
+    char msg[PS_PATH_MAX + 600] = "";
+    ssize_t n = read(a->child_fd, msg, sizeof msg - 1);
+    msg[n > 0 ? n : 0] = '\0';
+    close(a->child_fd);
+    a->child = 0;
+    uint64_t now = (uint64_t)ps_mono_ms();
+    int rc = -1;
+    char *text = NULL;
+    if (r > 0 && WIFEXITED(st))
+        rc = (int)strtol(msg, &text, 10);
+    if (rc != 0 || text == NULL || *text != ' ') {
+        PS_LOG(s->conf.log, PS_LOG_ERROR, S0602, "the forked checkpoint writer failed: %s",
+               text != NULL && *text == ' ' ? text + 1
+               : r > 0 && WIFSIGNALED(st)   ? strsignal(WTERMSIG(st))
+                                            : "it gave no answer");
+        return;
+    }
+    a->written++;
+    a->ok_ms = a->current_ms = now;
+    a->state = a->child_state; /* what it was forked with: a change since is written next */
+    snprintf(a->path, sizeof a->path, "%s", text + 1);
+    PS_LOG(s->conf.log, PS_LOG_INFO, S0600,
+           "checkpoint %s written (interval, %u tables, %llu ms, by a forked writer while the "
+           "shard served; the fork held it %llu us)",
+           a->path, a->child_tables, (unsigned long long)(now - a->child_t0),
+           (unsigned long long)a->fork_us);
+}
+
+/* An interval checkpoint, written by a forked child from the pages as
+ * they are at this round boundary, while the shard goes on serving (as
+ * Redis's BGSAVE does): the parent's writes from here copy the pages
+ * they touch, so memory grows by at most what changes during the write.
+ * The child answers on a pipe and exits; reap_writer takes it in. Where
+ * fork fails, the checkpoint is written here, on the loop. */
+static void write_checkpoint_forked(struct psd *s)
+{
+    struct psd_autosave *a = s->save;
+    int fds[2];
+    pid_t pid = -1;
+    uint64_t t0 = (uint64_t)ps_mono_ns();
+    if (pipe(fds) == 0 && (fcntl(fds[0], F_SETFD, FD_CLOEXEC) != 0 ||
+                           fcntl(fds[1], F_SETFD, FD_CLOEXEC) != 0 || (pid = fork()) < 0)) {
+        close(fds[0]);
+        close(fds[1]);
+        pid = -1;
+    }
+    if (pid < 0) {
+        char out[PS_PATH_MAX + 100];
+        write_checkpoint(s, "interval", out, sizeof out);
+        return;
+    }
+    if (pid == 0) { /* the child: only this thread; glibc's malloc is usable after fork */
+        close(fds[0]);
+        char path[PS_PATH_MAX], err[512], msg[PS_PATH_MAX + 600];
+        int rc = psd_checkpoint_write(s, a->dir, path, sizeof path, err, sizeof err);
+        int len = snprintf(msg, sizeof msg, "%d %s", rc, rc == 0 ? path : err);
+        ssize_t w = write(fds[1], msg, (size_t)len < sizeof msg ? (size_t)len : sizeof msg - 1);
+        (void)w;
+        _exit(rc == 0 ? 0 : 1); /* no atexit handlers: they are the parent's */
+    }
+    close(fds[1]);
+    a->fork_us = ((uint64_t)ps_mono_ns() - t0) / 1000; /* the loop's pause for it */
+    a->child = pid;
+    a->child_fd = fds[0];
+    a->child_state = psd_state_version(s);
+    a->child_t0 = a->last_ms = (uint64_t)ps_mono_ms();
+    a->child_tables = psd_ntables(s);
+}
+
+void psd_checkpoint_reap(struct psd *s, int wait)
+{
+    reap_writer(s, wait);
 }
 
 void psd_checkpoint_mark_saved(struct psd *s)
@@ -226,13 +326,13 @@ void psd_checkpoint_if_due(struct psd *s, uint64_t now)
         return;
     if (a->pending) {
         psd_checkpoint_now(s, "asked for");
-    } else if (a->every_ms > 0 && now - a->last_ms >= a->every_ms) {
+    } else if (a->every_ms > 0 && now - a->last_ms >= a->every_ms && a->child == 0) {
         if (psd_state_version(s) == a->state) {
             a->last_ms = (uint64_t)ps_mono_ms();
             if (a->written)
                 a->current_ms = a->last_ms;
-        } else {
-            psd_checkpoint_now(s, "interval");
+        } else if (!a->held && psd_quiescent(s)) {
+            write_checkpoint_forked(s);
         }
     }
 }

@@ -41,7 +41,9 @@ enum psd_restored psd_checkpoint_restore(struct psd *s, const char *dir, char *p
  * written at the first moment the shard is between rounds (checked after
  * every request and on every tick), and only when the state differs from
  * the newest checkpoint's: an idle shard, or one with no tables yet,
- * writes nothing. */
+ * writes nothing. An interval checkpoint is written by a forked child
+ * while the shard serves on (one at a time); an asked-for one, the one at
+ * shutdown and a backup's state transfer are written on the loop. */
 void psd_checkpoint_if_due(struct psd *s, uint64_t now);
 /* OP_CHECKPOINT: now, or (bsp, mid-round) at the end of the round. */
 void psd_op_checkpoint(struct psd *s, const Ps__Header *req, struct psd_reply *rep);
@@ -61,5 +63,8 @@ const char *psd_checkpoint_current(const struct psd *s);
  * directory, or nothing, and a checkpoint of that would hide a better
  * one there. */
 void psd_checkpoint_hold(struct psd *s, int hold);
+/* Takes in the forked writer of an interval checkpoint when it has ended
+ * (wait: waits for it): from psd_tick, and before the process exits. */
+void psd_checkpoint_reap(struct psd *s, int wait);
 
 #endif

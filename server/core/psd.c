@@ -125,6 +125,7 @@ void psd_take_over(struct psd *s, uint64_t worker_timeout_ms)
 void psd_tick_at(struct psd *s, uint64_t now)
 {
     psd_age_clock(s, now);
+    psd_checkpoint_reap(s, 0);
     psd_checkpoint_if_due(s, now);
     psd_live_drop_silent(s, now);
     psd_regions_expire(s->shm, now);

@@ -17,7 +17,7 @@ import pytest
 
 from conftest import DATA, DEADLINE_S, child_env, export, worker_bin
 
-ARGS = ["--consistency", "bsp", "--workers", "2", "--checkpoint-every", "0"]
+ARGS = ["--consistency", "bsp", "--checkpoint-every", "0"]
 TRAIN = ["--layers", "784,64,10", "--max-steps", "200", "--epochs", "1", "--lr", "0.04",
          "--device", "cpu", "--retry-ms", "300", "--timeout-ms", "60000", "--test-delay-ms", "10"]
 
@@ -77,7 +77,7 @@ def run(cluster, tmp, name, stop_at=None):
     ports = [free_port(), free_port()]
     servers = ",".join("tcp://127.0.0.1:%d" % p for p in ports)
     ckpt = [tmp / name / "ck" / str(i) for i in range(2)]  # psd makes the folders
-    shards = [start(cluster, i, ports[i], ckpt[i]) for i in range(2)]
+    shards = [start(cluster, i, ports[i], ckpt[i], ["--workers", "2"]) for i in range(2)]
     w = workers(servers, tmp, name)
     if stop_at is not None:
         deadline = time.monotonic() + DEADLINE_S
@@ -107,7 +107,7 @@ def run(cluster, tmp, name, stop_at=None):
             assert "S0603" not in text and "S0607" not in text, text[-2000:]
         assert any("S0606" in text for text in logs), "no shard was stopped mid-round"
         assert all(p.poll() is None for p in w), "the run ended before the stop"
-        shards = [start(cluster, i, ports[i], ckpt[i]) for i in range(2)]
+        shards = [start(cluster, i, ports[i], ckpt[i], ["--workers", "2"]) for i in range(2)]
     finish(w, tmp, name)
     out = export(servers, tmp / ("%s.safetensors" % name))
     for p in shards:
@@ -136,7 +136,8 @@ def test_a_round_that_never_ends_stops_at_the_timeout(cluster, tmp_path):
     the half round."""
     import psd
     port = free_port()
-    p = start(cluster, 0, port, tmp_path / "ck", ["--stop-timeout-ms", "300"], shards=1)
+    p = start(cluster, 0, port, tmp_path / "ck", ["--stop-timeout-ms", "300", "--workers", "2"],
+              shards=1)
     with psd.Client("tcp://127.0.0.1:%d" % port, rank=0, workers=2) as c:
         c.create_table("t", 8, "sgd", lr=0.5)
         c.push("t", np.ones(8, np.float32)).wait()  # worker 1 never pushes
@@ -146,3 +147,31 @@ def test_a_round_that_never_ends_stops_at_the_timeout(cluster, tmp_path):
     text = open(p.log).read()
     assert "S0605" in text and "S0607" in text and "S0603" in text, text[-2000:]
     assert "S0600" not in text, text[-2000:]
+
+
+def test_checkpoints_written_while_serving_hold_their_round(cluster, tmp_path):
+    """Interval checkpoints are written by a forked writer while the shard
+    serves on: each one written during a stream of bsp rounds holds the
+    weights of the round it names, exactly (sgd, lr 0.5, every gradient
+    1: after k rounds every weight is -0.5 k)."""
+    import psd
+    import struct
+    ck = tmp_path / "ck"
+    port = free_port()
+    p = start(cluster, 0, port, ck, ["--checkpoint-every", "1", "--workers", "1"], shards=1)
+    deadline = time.monotonic() + DEADLINE_S
+    with psd.Client("tcp://127.0.0.1:%d" % port) as c:
+        c.create_table("t", 1 << 16, "sgd", lr=0.5)
+        g = np.ones(1 << 16, np.float32)
+        while open(p.log).read().count("by a forked writer") < 3:
+            assert time.monotonic() < deadline, open(p.log).read()[-2000:]
+            c.push("t", g).wait()
+    files = sorted(f for f in os.listdir(ck) if f.endswith(".safetensors"))
+    assert len(files) >= 2, files
+    for f in files:
+        raw = open(ck / f, "rb").read()
+        n = struct.unpack("<Q", raw[:8])[0]
+        state = json.loads(json.loads(raw[8:8 + n])["__metadata__"]["state"])
+        rounds = state["tables"][0]["steps"]
+        w = psd.load_safetensors(ck / f)["w/t"]
+        assert rounds > 0 and np.all(w == np.float32(-0.5 * rounds)), (f, rounds, w[:4])
