@@ -81,6 +81,8 @@ int psd_init(struct psd *s, struct ps_log *log, const struct psd_params *p)
 
 void psd_fini(struct psd *s)
 {
+    if (s->save != NULL)
+        psd_checkpoint_reap(s, 1); /* a forked writer: waited for, not left behind */
     if (s->cat != NULL)
         psd_tables_reset(s);
     ps_pool_stop(s->conf.pool);

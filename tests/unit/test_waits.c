@@ -701,6 +701,7 @@ static void test_interval_checkpoint_only_on_change(void **state)
         if (step == 3)
             push_id(&s, 0);
         psd_tick_at(&s, (uint64_t)ps_mono_ms() + 1000); /* the interval has passed */
+        psd_checkpoint_reap(&s, 1);                     /* the forked writer's answer */
         assert_int_equal(psd_checkpoints_written(&s), written[step]);
     }
     assert_true(psd_checkpoint_age_s(&s) >= 0);
