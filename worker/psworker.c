@@ -63,7 +63,7 @@ static const struct ps_opt opts[] = {
     OPT("evict-at-budget", PS_OPT_FLAG, evict_at_budget, NULL, 0, 0, NULL,
         "sparse-lr: at --rows-max, evict the least recently pushed row for a new one instead of "
         "stopping with an error"),
-    OPT("evict-half-life", PS_OPT_U64, evict_half_life, "0", 0, UINT64_C(1) << 40, "H",
+    OPT("evict-half-life", PS_OPT_U64, evict_half_life, "0", 0, UINT64_C(1) << 31, "H",
         "sparse-lr with --evict-at-budget: evict the row of least push count, halved every H "
         "pushes of its table on a shard, instead of the least recently pushed (0)"),
     OPT("layers", PS_OPT_STR, layers, "784,256,128,10", 0, 0, "N,N,...", "MLP widths"),

@@ -37,8 +37,9 @@
 #define PS_ADMIT_COUNTERS_DEFAULT (UINT64_C(1) << 20)
 /* Eviction by time (TableSpec.evict_after_s): at most ten years */
 #define PS_EVICT_AFTER_S_MAX (UINT64_C(10) * 366 * 24 * 3600)
-/* Eviction by decayed frequency (TableSpec.evict_half_life), in pushes */
-#define PS_EVICT_HALF_LIFE_MAX (UINT64_C(1) << 40)
+/* Eviction by decayed frequency (TableSpec.evict_half_life), in pushes:
+ * a count (below 2^32) times a remainder of it fits 64 bits */
+#define PS_EVICT_HALF_LIFE_MAX (UINT64_C(1) << 31)
 #define PS_TABLE_BYTES_DEFAULT (UINT64_C(16) << 30) /* one table's memory on a shard */
 
 /* Messages. */

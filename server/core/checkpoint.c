@@ -360,6 +360,7 @@ void psd_op_checkpoint(struct psd *s, const Ps__Header *req, struct psd_reply *r
                  "%s, written %llu ms ago, stands (at most one asked-for checkpoint every %u ms)",
                  a->path, (unsigned long long)age, PS_CHECKPOINT_ASK_MIN_MS);
     } else if (psd_quiescent(s)) {
+        psd_checkpoint_reap(s, 1); /* one writer at a time in the directory */
         int rc = write_checkpoint(s, "asked for", detail, sizeof detail);
         if (rc != 0) {
             psd_reply_errorf(s, req, rc, rep, "checkpoint: %s", detail);

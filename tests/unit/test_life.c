@@ -209,6 +209,10 @@ static void test_budget_by_decayed_frequency(void **state)
     assert_int_equal(psd_sparse_decayed(256, 5, 10), 192); /* between: on the line */
     assert_int_equal(psd_sparse_decayed(256, 25, 10), 48);
     assert_int_equal(psd_sparse_decayed(UINT32_MAX, 320, 10), 0);
+    /* the largest count just short of the largest half-life: no overflow */
+    assert_int_equal(
+        psd_sparse_decayed(UINT32_MAX, PS_EVICT_HALF_LIFE_MAX - 1, PS_EVICT_HALF_LIFE_MAX),
+        2147483649u);
     for (int lfu = 0; lfu < 2; lfu++) {
         Ps__TableSpec spec = sparse_spec("f", 3, 0.5f);
         spec.evict_at_budget = 1;
@@ -237,6 +241,12 @@ static void test_budget_by_decayed_frequency(void **state)
     Ps__TableSpec spec = sparse_spec("f", 3, 0.5f);
     spec.evict_half_life = 100; /* without the budget it chooses nothing */
     char err[256];
+    assert_int_equal(ps_wire_check_spec(&spec, err, sizeof err), PS_EINVAL);
+    assert_non_null(strstr(err, "evict_half_life"));
+    spec.evict_at_budget = 1; /* at its bound, and one past */
+    spec.evict_half_life = PS_EVICT_HALF_LIFE_MAX;
+    assert_int_equal(ps_wire_check_spec(&spec, err, sizeof err), 0);
+    spec.evict_half_life = PS_EVICT_HALF_LIFE_MAX + 1;
     assert_int_equal(ps_wire_check_spec(&spec, err, sizeof err), PS_EINVAL);
     assert_non_null(strstr(err, "evict_half_life"));
 }

@@ -160,8 +160,7 @@ def main():
     else:
         import psd.torch
         client = psd.torch.init()
-        shards = len(client.servers) if hasattr(client, "servers") else \
-            len(os.environ["PSD_SERVERS"].split(","))
+        shards = len(client.servers)
         tables = []
         for f in range(FIELDS):
             life = {"rows_max": max(a.min_rows, truth["distinct"][f])}  # room for every id
