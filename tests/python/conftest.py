@@ -3,6 +3,7 @@ with free ports, their endpoints read from --endpoint-file under a
 deadline, and always stopped."""
 import json
 import os
+import socket
 import subprocess
 import sys
 import tempfile
@@ -115,6 +116,28 @@ def run_psworkers(cmd, tmp, args_of, n, name="w"):
         assert p.returncode == 0, err[-3000:]
         out.append((json.load(open(summary)), err))
     return out
+
+
+def finish(procs, tmp, name, timeout=600):
+    """Waits for processes whose stderr went to tmp/NAME<i>.log (timeout s
+    each, then kills them), and asserts each exited 0, showing its log's
+    end when not."""
+    for r, p in enumerate(procs):
+        try:
+            p.wait(timeout=timeout)
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        assert p.returncode == 0, open(str(tmp / ("%s%d.log" % (name, r)))).read()[-3000:]
+
+
+def free_port():
+    """A loopback TCP port free now (for a process that must come back on
+    the same one)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def in_threads(fn, n, timeout=120):

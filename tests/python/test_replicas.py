@@ -13,7 +13,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import time
 import urllib.request
@@ -22,16 +21,11 @@ import numpy as np
 import pytest
 
 import psd
-from conftest import DATA, DEADLINE_S, child_env, export, worker_bin
+from conftest import DATA, DEADLINE_S, child_env, export, finish, free_port, worker_bin
 
 TRAIN = ["--device", "cpu", "--epochs", "1", "--batch", "256", "--lr", "0.05"]
 BSP = ["--consistency", "bsp", "--workers", "2"]
 
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Etcd:
@@ -147,15 +141,6 @@ def train(cluster, servers, tmp, name, extra=()):
     return procs
 
 
-def finish(procs, tmp, name):
-    for r, p in enumerate(procs):
-        try:
-            p.wait(timeout=300)
-        finally:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-        assert p.returncode == 0, open(str(tmp / ("%s%d.log" % (name, r)))).read()[-3000:]
 
 
 def worker_logs(tmp, name):

@@ -8,24 +8,18 @@ unbroken run, bit for bit."""
 import json
 import os
 import signal
-import socket
 import subprocess
 import time
 
 import numpy as np
 import pytest
 
-from conftest import DATA, DEADLINE_S, child_env, export, worker_bin
+from conftest import DATA, DEADLINE_S, child_env, export, finish, free_port, worker_bin
 
 ARGS = ["--consistency", "bsp", "--checkpoint-every", "0"]
 TRAIN = ["--layers", "784,64,10", "--max-steps", "200", "--epochs", "1", "--lr", "0.04",
          "--device", "cpu", "--retry-ms", "300", "--timeout-ms", "60000", "--test-delay-ms", "10"]
 
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start(cluster, i, port, ckpt, extra=(), shards=2):
@@ -48,15 +42,6 @@ def workers(servers, tmp, name):
             for r in range(2)]
 
 
-def finish(procs, tmp, name):
-    for r, p in enumerate(procs):
-        try:
-            p.wait(timeout=600)
-        finally:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-        assert p.returncode == 0, open(str(tmp / ("%s%d.log" % (name, r)))).read()[-3000:]
 
 
 def status(servers):
