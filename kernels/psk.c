@@ -236,3 +236,16 @@ int psk_topk(struct psk_backend *b, size_t n, float *v, float *u, size_t k, uint
         return PS_EINVAL;
     return k == 0 ? 0 : b->ops->topk(b, n, v, u, k, idx, val);
 }
+
+int psk_topk_accum(struct psk_backend *b, size_t n, const float *g, float mom, float *u, float *v,
+                   size_t k, uint64_t *idx, float *val)
+{
+    if (k > n)
+        return PS_EINVAL;
+    if (k > 0 && b->ops->topk_accum != NULL)
+        return b->ops->topk_accum(b, n, g, mom, u, v, k, idx, val);
+    int rc = u != NULL ? psk_scale(b, n, mom, u) || psk_axpy(b, n, 1.0f, g, u) ||
+                             psk_axpy(b, n, 1.0f, u, v)
+                       : psk_axpy(b, n, 1.0f, g, v);
+    return rc ? PS_EDEVICE : psk_topk(b, n, v, u, k, idx, val);
+}

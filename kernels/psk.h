@@ -73,6 +73,11 @@ int psk_col_sum(struct psk_backend *b, int rows, int cols, const float *x, float
  * in u. Ties at the threshold are taken in index order. */
 int psk_topk(struct psk_backend *b, size_t n, float *v, float *u, size_t k, uint64_t *idx,
              float *val);
+/* Error feedback, then psk_topk: v += g, or with u not NULL, u = mom u + g
+ * (psk_scale, psk_axpy) and v += u; then the top k of v as psk_topk takes
+ * them. The CPU backend makes the update in the selection's first pass. */
+int psk_topk_accum(struct psk_backend *b, size_t n, const float *g, float mom, float *u, float *v,
+                   size_t k, uint64_t *idx, float *val);
 /* y <- a x + y. */
 int psk_axpy(struct psk_backend *b, size_t n, float a, const float *x, float *y);
 /* x <- a x. */

@@ -170,6 +170,15 @@ static int cpu_topk(struct psk_backend *b, size_t n, float *v, float *u, size_t 
     return rc;
 }
 
+static int cpu_topk_accum(struct psk_backend *b, size_t n, const float *g, float mom, float *u,
+                          float *v, size_t k, uint64_t *idx, float *val)
+{
+    int rc = psk_topk_host_accum(n, g, mom, u, v, k, idx, val, NULL);
+    if (rc != 0)
+        psk__set_error(b, "topk: cannot allocate %zu floats", n);
+    return rc;
+}
+
 /* The CPU loops give the values of psk_math.h's per-element functions
  * (the CUDA kernels call those) without a division per element: whole
  * row segments are copied, and col2im adds each tap in the gather's
@@ -290,6 +299,7 @@ static const struct psk_ops cpu_ops = {
     .softmax_xent = cpu_softmax_xent,
     .col_sum = cpu_col_sum,
     .topk = cpu_topk,
+    .topk_accum = cpu_topk_accum,
     .im2col = cpu_im2col,
     .col2im = cpu_col2im,
     .pool = cpu_pool,

@@ -26,6 +26,9 @@ struct psk_ops {
     int (*col_sum)(struct psk_backend *b, int rows, int cols, const float *x, float *out);
     int (*topk)(struct psk_backend *b, size_t n, float *v, float *u, size_t k, uint64_t *idx,
                 float *val);
+    /* NULL: psk_topk_accum makes its update with scale and axpy, then topk */
+    int (*topk_accum)(struct psk_backend *b, size_t n, const float *g, float mom, float *u,
+                      float *v, size_t k, uint64_t *idx, float *val);
     int (*im2col)(struct psk_backend *b, int c, int h, int w, int k, int pad, const float *x,
                   float *col);
     int (*col2im)(struct psk_backend *b, int c, int h, int w, int k, int pad, const float *dcol,

@@ -75,10 +75,8 @@ int psw_topk_select(struct trainer *tr, int k, const float *g, const uint64_t **
     struct psw_topk *t = tr->topk;
     size_t len = (size_t)psw_table_size(tr, k);
     float *v = t->resid[k], *u = t->vel[k];
-    int rc = u != NULL ? psk_scale(tr->be, len, (float)tr->cfg.momentum, u) ||
-                             psk_axpy(tr->be, len, 1.0f, g, u) || psk_axpy(tr->be, len, 1.0f, u, v)
-                       : psk_axpy(tr->be, len, 1.0f, g, v);
-    if (rc || psk_topk(tr->be, len, v, u, t->sel_k[k], t->sel_idx[k], t->sel_val[k]))
+    if (psk_topk_accum(tr->be, len, g, (float)tr->cfg.momentum, u, v, t->sel_k[k], t->sel_idx[k],
+                       t->sel_val[k]))
         return PS_EDEVICE;
     *idx = t->sel_idx[k];
     *val = t->sel_val[k];

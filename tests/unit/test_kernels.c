@@ -292,7 +292,7 @@ static void test_topk_sampled_is_exact(void **state)
         {0, N, N, 1},       {1, 100000, 30000, -1},
     };
     uint64_t seed = 17;
-    int paths[2] = {0, 0};
+    int paths[3] = {0, 0, 0};
     for (size_t t = 0; t < sizeof cases / sizeof cases[0]; t++) {
         size_t n = cases[t].n, k = cases[t].k;
         for (size_t i = 0; i < n; i++) {
@@ -325,11 +325,12 @@ static void test_topk_sampled_is_exact(void **state)
         }
         topk_reference(n, v[0], u[0], k, idx[0], val[0]);
         assert_int_equal(psk_topk_exact(n, v[1], u[1], k, idx[1], val[1]), 0);
-        int exact = -1;
-        assert_int_equal(psk_topk_sampled(n, v[2], u[2], k, idx[2], val[2], &exact), 0);
+        int path = -1;
+        assert_int_equal(psk_topk_sampled(n, v[2], u[2], k, idx[2], val[2], &path), 0);
+        int exact = path == PSK_TOPK_PATH_EXACT;
         if (cases[t].fallback >= 0 && exact != cases[t].fallback)
             fail_msg("case %zu: the %s path was taken", t, exact ? "exact" : "sampled");
-        paths[exact]++;
+        paths[path]++;
         for (int j = 1; j < 3; j++) {
             assert_memory_equal(idx[j], idx[0], k * sizeof(uint64_t));
             assert_memory_equal(val[j], val[0], k * sizeof(float));
@@ -337,7 +338,30 @@ static void test_topk_sampled_is_exact(void **state)
             assert_memory_equal(u[j], u[0], n * sizeof(float));
         }
     }
-    assert_true(paths[0] >= 4 && paths[1] >= 4); /* both paths were checked */
+    /* a threshold that missed (fewer than k at or above it) is tried once
+     * more, lower: many small draws, so that some take that path */
+    for (int t = 0; t < 300; t++) {
+        size_t n = 20000, k = 200;
+        for (size_t i = 0; i < n; i++)
+            v0[i] = frand(&seed) - 0.5f;
+        for (int j = 0; j < 3; j++) {
+            memcpy(v[j], v0, n * sizeof(float));
+            for (size_t i = 0; i < n; i++)
+                u[j][i] = (float)i;
+        }
+        topk_reference(n, v[0], u[0], k, idx[0], val[0]);
+        int path = -1;
+        assert_int_equal(psk_topk_sampled(n, v[2], u[2], k, idx[2], val[2], &path), 0);
+        assert_true(path >= 0 && path <= 2);
+        paths[path]++;
+        assert_memory_equal(idx[2], idx[0], k * sizeof(uint64_t));
+        assert_memory_equal(val[2], val[0], k * sizeof(float));
+        assert_memory_equal(v[2], v[0], n * sizeof(float));
+        assert_memory_equal(u[2], u[0], n * sizeof(float));
+    }
+    /* every path was checked */
+    assert_true(paths[PSK_TOPK_PATH_SAMPLED] >= 4 && paths[PSK_TOPK_PATH_EXACT] >= 4 &&
+                paths[PSK_TOPK_PATH_RETRIED] >= 1);
     for (int j = 0; j < 3; j++) {
         free(v[j]);
         free(u[j]);
@@ -345,6 +369,64 @@ static void test_topk_sampled_is_exact(void **state)
         free(idx[j]);
     }
     free(v0);
+}
+
+/* The error feedback's update fused with the selection against the
+ * backend's passes (psk_scale, psk_axpy) and then psk_topk, bit for bit:
+ * with and without momentum, on sizes that take the fused pass, one not
+ * a whole number of blocks, and one selected exactly. */
+static void test_topk_accum(void **state)
+{
+    (void)state;
+    struct psk_backend *b = NULL;
+    char err[256];
+    assert_int_equal(psk_open("cpu", &b, err, sizeof err), 0);
+    const size_t sizes[][2] = {{200000, 2000}, {65543, 655}, {1000, 7}};
+    uint64_t seed = 23;
+    for (size_t t = 0; t < 3; t++)
+        for (int with_u = 0; with_u < 2; with_u++) {
+            size_t n = sizes[t][0], k = sizes[t][1];
+            float *g = malloc(n * sizeof *g), *v[2], *u[2], *val[2];
+            uint64_t *idx[2];
+            assert_non_null(g);
+            for (int j = 0; j < 2; j++) {
+                v[j] = malloc(n * sizeof(float));
+                u[j] = malloc(n * sizeof(float));
+                val[j] = malloc(k * sizeof(float));
+                idx[j] = malloc(k * sizeof(uint64_t));
+                assert_true(v[j] && u[j] && val[j] && idx[j]);
+            }
+            for (size_t i = 0; i < n; i++) {
+                g[i] = frand(&seed) - 0.5f;
+                v[0][i] = v[1][i] = 0.3f * (frand(&seed) - 0.5f);
+                u[0][i] = u[1][i] = frand(&seed) - 0.5f;
+            }
+            float *u0 = with_u ? u[0] : NULL, *u1 = with_u ? u[1] : NULL;
+            for (int step = 0; step < 3; step++) { /* the residual carries over */
+                if (u0 != NULL) {
+                    assert_int_equal(psk_scale(b, n, 0.9f, u0), 0);
+                    assert_int_equal(psk_axpy(b, n, 1.0f, g, u0), 0);
+                }
+                assert_int_equal(psk_axpy(b, n, 1.0f, u0 != NULL ? u0 : g, v[0]), 0);
+                assert_int_equal(psk_topk(b, n, v[0], u0, k, idx[0], val[0]), 0);
+                assert_int_equal(psk_topk_accum(b, n, g, 0.9f, u1, v[1], k, idx[1], val[1]), 0);
+                assert_memory_equal(idx[1], idx[0], k * sizeof(uint64_t));
+                assert_memory_equal(val[1], val[0], k * sizeof(float));
+                assert_memory_equal(v[1], v[0], n * sizeof(float));
+                assert_memory_equal(u[1], u[0], n * sizeof(float));
+            }
+            free(g);
+            for (int j = 0; j < 2; j++) {
+                free(v[j]);
+                free(u[j]);
+                free(val[j]);
+                free(idx[j]);
+            }
+        }
+    float one = 1.0f, zero = 0.0f;
+    uint64_t i0;
+    assert_int_equal(psk_topk_accum(b, 1, &one, 0.9f, NULL, &zero, 2, &i0, &one), PS_EINVAL);
+    psk_close(b);
 }
 
 static void test_shared_math(void **state)
@@ -422,7 +504,8 @@ int main(void)
         cmocka_unit_test(test_gemm),        cmocka_unit_test(test_axpy_scale),
         cmocka_unit_test(test_open_errors), cmocka_unit_test(test_layer_ops_cpu),
         cmocka_unit_test(test_topk_cpu),    cmocka_unit_test(test_topk_sampled_is_exact),
-        cmocka_unit_test(test_shared_math), cmocka_unit_test(test_rounding),
+        cmocka_unit_test(test_topk_accum),  cmocka_unit_test(test_shared_math),
+        cmocka_unit_test(test_rounding),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
