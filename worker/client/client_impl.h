@@ -134,7 +134,9 @@ struct replicas {
     int64_t tried_ms; /* when probing the replica in use began */
     uint32_t dead;    /* the replica whose connection last dropped, and when */
     int64_t dead_ms;
+    int dropped; /* the connection in use dropped: its replies are read, then it moves */
 };
+
 
 /* psc_cork: a shard's header-only data requests held for one message. */
 struct batch_q {
@@ -217,6 +219,13 @@ struct psc_client {
     int last_remote; /* the shard's code behind the last PS_EREMOTE, else 0 */
 };
 
+/* Whether shard s has replicas and the one in use is not confirmed as
+ * its primary: requests wait to be sent until one is (failover.c). */
+static inline int psc__failing_over(const struct psc_client *c, uint32_t s)
+{
+    return c->reps != NULL && c->reps[s].n > 1 && !c->reps[s].confirmed;
+}
+
 _Static_assert(PSC_SHAPE_DIMS_MAX == PS_SHAPE_DIMS_MAX, "psclient.h's shape limit is the wire's");
 _Static_assert(PSC_TABLE_NAME_MAX == PS_TABLE_NAME_MAX, "psclient.h's name limit is the wire's");
 _Static_assert(PS_CLIENT_TICKETS_MAX < UINT16_MAX && (ID_MAP & (ID_MAP - 1)) == 0,
@@ -282,6 +291,10 @@ int psc__send_all(struct psc_client *c, struct slot *sl, uint64_t id, uint64_t *
 void psc__resend_all_due(struct psc_client *c);
 
 /* recv.c */
+/* Takes in what shard s's socket holds now, without waiting: replies a
+ * replica sent before its connection dropped are read before the client
+ * moves to another (zmq_disconnect would drop them). */
+void psc__drain_shard(struct psc_client *c, uint32_t s);
 unsigned psc__await_replies(struct psc_client *c, const struct slot *sl, int wait_ms);
 
 /* failover.c */
@@ -292,6 +305,9 @@ void psc__replicas_watch(struct psc_client *c);
 /* A PS_ENOTPRIMARY reply from shard s: 1 when the shard has replicas to
  * move between (the request stays outstanding), else 0. */
 int psc__not_primary(struct psc_client *c, uint32_t s, const Ps__Header *h);
+/* Shard s's connection in use dropped (psc__failover_poll saw it, and the
+ * replies it holds were read): to the next replica, and a probe. */
+void psc__failover_dropped(struct psc_client *c, uint32_t s);
 /* 1 when h answers shard s's probe. */
 int psc__probe_answered(struct psc_client *c, uint32_t s, const Ps__Header *h);
 void psc__failover_poll(struct psc_client *c);

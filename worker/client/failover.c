@@ -252,18 +252,16 @@ void psc__failover_poll(struct psc_client *c)
                 size_t n = zmq_msg_size(&addr);
                 const char *cur = r->eps[r->cur];
                 if (e == ZMQ_EVENT_DISCONNECTED && n == strlen(cur) &&
-                    memcmp(zmq_msg_data(&addr), cur, n) == 0) {
-                    r->dead = r->cur;
-                    r->dead_ms = now;
-                    unconfirm(c, s, NULL);
-                    probe(c, s);
-                }
+                    memcmp(zmq_msg_data(&addr), cur, n) == 0)
+                    r->dropped = 1; /* psc__failover_dropped, once its replies are read */
             }
             zmq_msg_close(&ev);
             zmq_msg_close(&addr);
             if (!got)
                 break;
         }
+        if (r->dropped)
+            continue;
         if (r->confirmed && silent(c, s, now)) {
             r->since_ms = r->tried_ms = now; /* one probe per SILENT_MS while it lasts */
             r->confirmed = 0;
@@ -276,6 +274,16 @@ void psc__failover_poll(struct psc_client *c)
         if (r->probe_id == 0 || now - r->probe_ms >= PROBE_MS)
             probe(c, s);
     }
+}
+
+void psc__failover_dropped(struct psc_client *c, uint32_t s)
+{
+    struct replicas *r = &c->reps[s];
+    r->dropped = 0;
+    r->dead = r->cur;
+    r->dead_ms = ps_mono_ms();
+    unconfirm(c, s, NULL);
+    probe(c, s);
 }
 
 int psc__failover_wait_ms(const struct psc_client *c, int wait)

@@ -462,6 +462,12 @@ static int recv_one(struct psc_client *c, uint32_t shard, int flags)
     return 0;
 }
 
+void psc__drain_shard(struct psc_client *c, uint32_t s)
+{
+    for (unsigned i = 0; i < 4 * PS_DRAIN_BATCH_MAX && recv_one(c, s, ZMQ_DONTWAIT) == 0; i++)
+        ;
+}
+
 /* Receives replies: what is waiting, or else the first to come within
  * wait_ms (-1: no limit). Returns how many it received. Waiting costs what
  * a plain zmq client's costs:

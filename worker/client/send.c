@@ -30,12 +30,16 @@ static void request_header(const struct psc_client *c, Ps__Header *h, Ps__Op op,
 /* Queues one frame after the header: zero-copy when large (the slot keeps
  * the buffer busy until zmq lets go) and the context is the client's own
  * (a shared one outlives psc_destroy, and could still hold the frame),
- * copied otherwise. */
+ * copied otherwise. Copied too where shards have replicas: a connection
+ * the client leaves for another replica may keep a frame that was still
+ * queued for it until the socket closes (ZeroMQ does not always free a
+ * disconnected endpoint's queue), and the caller's buffer would stay busy
+ * with it. */
 static int send_payload(struct psc_client *c, void *sock, const void *buf, size_t len, int more,
                         struct slot *sl)
 {
     zmq_msg_t m;
-    if (len >= PS_ZEROCOPY_BYTES_MIN && c->own_ctx) {
+    if (len >= PS_ZEROCOPY_BYTES_MIN && c->own_ctx && c->reps == NULL) {
         atomic_fetch_add(&sl->zc_refs, 1u);
         zmq_msg_init_data(&m, (void *)buf, len, psc__zc_release, &sl->zc_refs);
     } else {
@@ -153,6 +157,13 @@ int psc__send_frames(struct psc_client *c, uint32_t shard, const Ps__Header *h, 
                      size_t kbytes, const void *vals, size_t vbytes, struct slot *sl, int resend)
 {
     void *sock = c->socks[shard];
+    if (sl != NULL && !resend && sl->kind != SUB_SYNC && psc__failing_over(c, shard)) {
+        /* it goes when a replica answers as primary (failover.c): queued
+         * now for a replica that may be left behind, it could stay in
+         * ZeroMQ's queue of that connection, and its buffers with it */
+        sent_to(sl, shard);
+        return 0;
+    }
     int64_t len = ps_wire_header_pack(h, c->hdr_buf, sizeof c->hdr_buf);
     if (len > 0 && c->corked && !resend && keys == NULL && vals == NULL &&
         ps_wire_op_moves_data(h->op) && hold(c, shard, h, (size_t)len, sl))
@@ -395,7 +406,7 @@ static void resend_due(struct psc_client *c, struct slot *sl, int64_t now)
         return;
     for (uint32_t s = 0; s < c->nshards; s++)
         if ((sl->expected[s / 64] >> (s % 64)) & 1u && !psc__shard_replied(sl, s) &&
-            psc__send_sub(c, sl, s, 1) == PSC_SUB_SENT)
+            !psc__failing_over(c, s) && psc__send_sub(c, sl, s, 1) == PSC_SUB_SENT)
             c->resends++;
     sl->sent_ms = now;
     sl->attempts++;

@@ -116,6 +116,11 @@ int psc_wait(struct psc_client *c, uint64_t ticket, int timeout_ms)
             break; /* time is up only once nothing more is waiting (so 0 takes what came) */
         psc__resend_all_due(c);
         psc__failover_poll(c);
+        for (uint32_t s = 0; c->reps != NULL && s < c->nshards; s++)
+            if (c->reps[s].dropped) { /* what it sent before it went, then another */
+                psc__drain_shard(c, s);
+                psc__failover_dropped(c, s);
+            }
         psc_heartbeat(c);
         int wait = timeout_ms < 0 ? -1 : left > 0 ? (int)left : 0; /* left <= timeout_ms */
         if (c->retry_ms > 0 && (wait < 0 || wait > c->retry_ms))
