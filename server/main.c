@@ -175,8 +175,10 @@ struct app {
     struct psd_security sec;
     uv_loop_t loop;
     uv_signal_t sigint, sigterm, sighup;
-    uv_timer_t stop_timer; /* a stop waiting for the round's end (stopping) */
+    uv_timer_t stop_timer; /* a stop waiting for the round's end or the primary's (stopping) */
     int stopping;
+    int down;         /* shut_down ran */
+    int checkpointed; /* a checkpoint at shutdown holds the state */
     int argc;
     char **argv;
     struct psd_config cfg;
@@ -214,10 +216,16 @@ static void on_tick(uv_timer_t *h)
     ps_notify_watchdog(); /* from the loop: a stuck loop stops petting it */
 }
 
+static void finish_shut_down(void *ctx);
+
 /* The shutdown: a checkpoint of the state when it changed and every
- * table is between rounds, then the loop's handles closed. */
+ * table is between rounds; a replicated primary's held replies go
+ * (psd_repl_drain); then the loop's handles closed. */
 static void shut_down(struct app *a)
 {
+    if (a->down)
+        return;
+    a->down = 1;
     psd_checkpoint_reap(&a->srv, 1); /* an interval checkpoint being written: it ends first */
     const char *current = psd_checkpoints_on(&a->srv) ? psd_checkpoint_current(&a->srv) : NULL;
     int rc = current == NULL && psd_checkpoints_on(&a->srv)
@@ -238,8 +246,19 @@ static void shut_down(struct app *a)
     a->net.on_quiescent = NULL;
     if (a->stopping)
         uv_close((uv_handle_t *)&a->stop_timer, NULL);
+    a->checkpointed = psd_checkpoints_on(&a->srv) && psd_checkpoint_current(&a->srv) != NULL;
+    if (a->replicated && psd_repl_drain(&a->repl, finish_shut_down, a))
+        return;
+    finish_shut_down(a);
+}
+
+/* The shutdown's end: a primary records a clean stop when a checkpoint
+ * holds its state; the loop's handles closed. */
+static void finish_shut_down(void *ctx)
+{
+    struct app *a = ctx;
     if (a->replicated)
-        psd_repl_stop(&a->repl);
+        psd_repl_stop(&a->repl, a->checkpointed);
     psd_net_stop(&a->net);
     uv_close((uv_handle_t *)&a->tick, NULL);
     uv_close((uv_handle_t *)&a->sigint, NULL);
@@ -256,14 +275,34 @@ static void on_round_end(void *ctx)
     shut_down(a);
 }
 
+/* A backup stopping: its primary sent its last record, or is gone. */
+static void on_primary_stopped(void *ctx)
+{
+    shut_down(ctx);
+}
+
 static void on_stop_timeout(uv_timer_t *h)
 {
     struct app *a = h->data;
-    PS_LOG(&a->log, PS_LOG_WARN, S0607,
-           "the bsp round did not end within --stop-timeout-ms %llu (a worker gone?): stopping "
-           "without it",
-           (unsigned long long)a->cfg.stop_timeout_ms);
+    if (a->repl.stopping)
+        PS_LOG(&a->log, PS_LOG_WARN, S0607,
+               "the primary did not stop within --stop-timeout-ms %llu: this backup stops without "
+               "its last records",
+               (unsigned long long)a->cfg.stop_timeout_ms);
+    else
+        PS_LOG(&a->log, PS_LOG_WARN, S0607,
+               "the bsp round did not end within --stop-timeout-ms %llu (a worker gone?): "
+               "stopping without it",
+               (unsigned long long)a->cfg.stop_timeout_ms);
     shut_down(a);
+}
+
+static void start_stop_timer(struct app *a)
+{
+    a->stopping = 1;
+    uv_timer_init(&a->loop, &a->stop_timer);
+    a->stop_timer.data = a;
+    uv_timer_start(&a->stop_timer, on_stop_timeout, a->cfg.stop_timeout_ms, 0);
 }
 
 static void on_signal(uv_signal_t *h, int signum)
@@ -276,20 +315,29 @@ static void on_signal(uv_signal_t *h, int signum)
     }
     PS_LOG(&a->log, PS_LOG_INFO, S0020, "signal %d: shutting down", signum);
     ps_notify_stopping();
+    /* A backup holding its primary's state follows it to its last record,
+     * so that both stop at one state and either may take over at the
+     * restart (lead.h). */
+    if (a->replicated && a->cfg.stop_timeout_ms > 0 &&
+        psd_repl_stop_after_primary(&a->repl, on_primary_stopped, a)) {
+        PS_LOG(&a->log, PS_LOG_INFO, S0722,
+               "a backup stopping: following the primary until its last record (at most %llu ms)",
+               (unsigned long long)a->cfg.stop_timeout_ms);
+        start_stop_timer(a);
+        return;
+    }
     /* Mid-round with a state to keep: serve on until the round ends (the
      * workers' pushes complete it), so the checkpoint holds every push
-     * acknowledged and the restarted shard goes on from there. Replicas
-     * stop at once, as before: their state is the in-sync set's. */
-    if (!a->replicated && a->cfg.stop_timeout_ms > 0 && psd_checkpoints_on(&a->srv) &&
-        psd_checkpoint_current(&a->srv) == NULL && !psd_quiescent(&a->srv)) {
+     * acknowledged and the restarted shard goes on from there; a primary
+     * then records the clean stop in etcd. */
+    if ((!a->replicated || a->repl.role == PSD_ROLE_PRIMARY) && a->cfg.stop_timeout_ms > 0 &&
+        psd_checkpoints_on(&a->srv) && psd_checkpoint_current(&a->srv) == NULL &&
+        !psd_quiescent(&a->srv)) {
         PS_LOG(&a->log, PS_LOG_INFO, S0605,
                "a bsp round is in progress: serving until it ends (at most %llu ms), then "
                "writing the checkpoint",
                (unsigned long long)a->cfg.stop_timeout_ms);
-        a->stopping = 1;
-        uv_timer_init(&a->loop, &a->stop_timer);
-        a->stop_timer.data = a;
-        uv_timer_start(&a->stop_timer, on_stop_timeout, a->cfg.stop_timeout_ms, 0);
+        start_stop_timer(a);
         a->net.on_quiescent = on_round_end;
         a->net.quiescent_ctx = a;
         return;

@@ -96,6 +96,16 @@
     X(S0718, WARN,                                                                                     \
       "shard … has no primary, and only a replica in etcd's in-sync set may take over")                \
     X(S0719, INFO, "giving up the primary's lease: a backup takes over")                               \
+    X(S0720, INFO, "shard … stopped cleanly: etcd records its state as epoch … record …")              \
+    X(S0721, WARN, "cannot record the clean stop in etcd (the reason)")                                \
+    X(S0722, INFO,                                                                                     \
+      "a backup stopping: following the primary until its last record (at most … ms)")                 \
+    X(S0723, INFO,                                                                                     \
+      "shard … stopped cleanly at epoch … record …, which this replica's checkpoint "            \
+      "holds: taking over")                                                                            \
+    X(S0724, WARN,                                                                                     \
+      "shard … stopped cleanly at epoch … record …; this replica holds another state "           \
+      "and may not take over")                                                                         \
     X(W0001, INFO, "rank … of … on the backend (and the model)")                                       \
     X(W0002, ERROR, "psworker could not start or run (the reason)")                                    \
     X(W0003, ERROR, "--save: …")                                                                       \

@@ -34,9 +34,26 @@ struct psd_autosave {
     int child_fd;
     uint64_t child_state, child_t0;
     uint32_t child_tables;
-    uint64_t fork_us;       /* how long the last fork held the loop */
-    char path[PS_PATH_MAX]; /* the newest written */
+    uint64_t fork_us;                    /* how long the last fork held the loop */
+    char path[PS_PATH_MAX];              /* the newest written */
+    const uint64_t *pos_epoch, *pos_seq; /* psd_checkpoint_position */
+    uint64_t restored_epoch, restored_seq;
+    uint64_t label_epoch, label_seq; /* the newest written's position */
+    uint64_t child_epoch, child_seq; /* the forked writer's */
 };
+
+/* The replication position the state is at now (checkpoint.h). */
+static void position(const struct psd *s, uint64_t *epoch, uint64_t *seq)
+{
+    const struct psd_autosave *a = s->save;
+    if (a->pos_epoch != NULL && *a->pos_epoch != 0) {
+        *epoch = *a->pos_epoch;
+        *seq = *a->pos_seq;
+    } else { /* a replica that has not followed or led yet holds what it restored */
+        *epoch = a->restored_epoch;
+        *seq = a->restored_seq;
+    }
+}
 
 struct psd_autosave *psd_autosave_create(const char *dir, uint64_t every_ms)
 {
@@ -74,7 +91,14 @@ uint64_t psd_checkpoint_last_ms(const struct psd *s)
 const char *psd_checkpoint_current(const struct psd *s)
 {
     const struct psd_autosave *a = s->save;
-    return a->written > 0 && psd_state_version(s) == a->state ? a->path : NULL;
+    uint64_t e, q;
+    position(s, &e, &q);
+    /* a replica's newest must also carry the position it is at: a clean
+     * stop records that position in etcd */
+    return a->written > 0 && psd_state_version(s) == a->state && e == a->label_epoch &&
+                   q == a->label_seq
+               ? a->path
+               : NULL;
 }
 
 int psd_checkpoints_on(const struct psd *s)
@@ -116,6 +140,7 @@ int psd_checkpoint_write(struct psd *s, const char *dir, char *path, size_t path
                                 .cons = s->conf.cons,
                                 .ntables = psd_ntables(s),
                                 .duplicates_dropped = psd_dedup_dropped(s)};
+    position(s, &snap.repl_epoch, &snap.repl_seq);
     struct peers ps = {0};
     psd_dedup_each(s, count_peer, &ps);
     ps.p = calloc(ps.cap ? ps.cap : 1, sizeof *ps.p);
@@ -158,8 +183,22 @@ int psd_checkpoint_load(struct psd *s, const char *path, char *err, size_t errle
         psd_live_restored(s, p->worker_id); /* dropped if it stays silent */
     }
     psd_dedup_set_dropped(s, snap.duplicates_dropped);
+    s->save->restored_epoch = snap.repl_epoch;
+    s->save->restored_seq = snap.repl_seq;
     psd_snapshot_free(&snap);
     return 0;
+}
+
+void psd_checkpoint_position(struct psd *s, const uint64_t *epoch, const uint64_t *seq)
+{
+    s->save->pos_epoch = epoch;
+    s->save->pos_seq = seq;
+}
+
+void psd_checkpoint_restored_at(const struct psd *s, uint64_t *epoch, uint64_t *seq)
+{
+    *epoch = s->save->restored_epoch;
+    *seq = s->save->restored_seq;
 }
 
 enum psd_restored psd_checkpoint_restore(struct psd *s, const char *dir, char *path, size_t pathlen)
@@ -196,6 +235,7 @@ static int write_checkpoint(struct psd *s, const char *why, char *out, size_t ou
     a->written++;
     a->ok_ms = a->current_ms = a->last_ms;
     a->state = psd_state_version(s);
+    position(s, &a->label_epoch, &a->label_seq);
     a->pending = 0;
     PS_LOG(s->conf.log, PS_LOG_INFO, S0600, "checkpoint %s written (%s, %u tables, %llu ms)", path,
            why, psd_ntables(s), (unsigned long long)(a->last_ms - t0));
@@ -259,6 +299,8 @@ static void reap_writer(struct psd *s, int wait)
     a->written++;
     a->ok_ms = a->current_ms = now;
     a->state = a->child_state; /* what it was forked with: a change since is written next */
+    a->label_epoch = a->child_epoch;
+    a->label_seq = a->child_seq;
     snprintf(a->path, sizeof a->path, "%s", text + 1);
     PS_LOG(s->conf.log, PS_LOG_INFO, S0600,
            "checkpoint %s written (interval, %u tables, %llu ms, by a forked writer while the "
@@ -304,6 +346,7 @@ static void write_checkpoint_forked(struct psd *s)
     a->child = pid;
     a->child_fd = fds[0];
     a->child_state = psd_state_version(s);
+    position(s, &a->child_epoch, &a->child_seq);
     a->child_t0 = a->last_ms = (uint64_t)ps_mono_ms();
     a->child_tables = psd_ntables(s);
 }

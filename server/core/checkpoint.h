@@ -63,6 +63,14 @@ const char *psd_checkpoint_current(const struct psd *s);
  * directory, or nothing, and a checkpoint of that would hide a better
  * one there. */
 void psd_checkpoint_hold(struct psd *s, int hold);
+/* A replica's position (repl.h): its state is its primary's after *seq
+ * records of epoch *epoch. Every checkpoint written from here is
+ * labelled with the position it holds (pointers to the replica's own
+ * counters, read when a checkpoint is taken; NULL: not replicated). */
+void psd_checkpoint_position(struct psd *s, const uint64_t *epoch, const uint64_t *seq);
+/* The label of the checkpoint restored at start (0, 0: none restored, or
+ * it was written without replicas). */
+void psd_checkpoint_restored_at(const struct psd *s, uint64_t *epoch, uint64_t *seq);
 /* Takes in the forked writer of an interval checkpoint when it has ended
  * (wait: waits for it): from psd_tick, and before the process exits. */
 void psd_checkpoint_reap(struct psd *s, int wait);

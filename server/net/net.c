@@ -93,6 +93,10 @@ static int on_readable(struct ps_zsock *zs, void *arg)
         n->repl_request(n->repl, &route, user, parts, kept, total);
         for (size_t i = 0; i < kept; i++)
             zmq_msg_close(&parts[i]);
+        /* a stop waits for the first round boundary, not for the next
+         * tick: by then the next round may have begun */
+        if (n->on_quiescent != NULL && psd_quiescent(n->srv))
+            n->on_quiescent(n->quiescent_ctx);
         return 0;
     }
     struct ps_frame frames[PARTS_MAX];

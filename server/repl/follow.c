@@ -158,6 +158,16 @@ static void apply_record(struct psd_repl *r, const Ps__Header *h, zmq_msg_t *par
     r->records_applied++;
 }
 
+/* A backup asked to stop has followed its primary to its end (or lost
+ * it): it stops now (repl.h). */
+static void stop_now(struct psd_repl *r)
+{
+    void (*done)(void *) = r->stopped;
+    r->stopped = NULL;
+    if (done != NULL)
+        done(r->stopped_ctx);
+}
+
 /* One record of the followed epoch. */
 static void on_record_apply(struct psd_repl *r, const Ps__Header *h, zmq_msg_t *parts, size_t kept,
                             size_t total)
@@ -172,6 +182,13 @@ static void on_record_apply(struct psd_repl *r, const Ps__Header *h, zmq_msg_t *
     else if (h->record == PS__RECORD__REC_BEAT && !r->loaded &&
              (uint64_t)ps_mono_ms() - r->followed_ms > CATCH_UP_MS)
         resync(r, "no state transfer came");
+    if (h->record == PS__RECORD__REC_BEAT && h->last) { /* the primary stops */
+        if (r->stopping && r->loaded && h->seq == r->seq) {
+            stop_now(r);
+            return;
+        }
+        r->heard_ms = 0; /* ask etcd at the next tick: take over, or follow the next */
+    }
     /* acknowledge what was applied, and beats (the primary hears this
      * backup is alive); while more records wait, one acknowledgement
      * covers up to ACK_EVERY of them */
@@ -250,6 +267,10 @@ void psd__repl_consult(struct psd_repl *r, uint64_t now)
     if (now - r->view_ms < (r->etcd_down ? VIEW_DOWN_MS : VIEW_MS))
         return;
     r->view_ms = now;
+    if (r->stopping) { /* a backup stopping whose primary fell silent: never a candidate */
+        stop_now(r);
+        return;
+    }
     struct psd_lead_view v;
     r->etcd_down = psd_lead_read(&r->lead, &v) != 0;
     if (r->etcd_down) {
@@ -269,8 +290,25 @@ void psd__repl_consult(struct psd_repl *r, uint64_t now)
         return;
     }
     /* no primary, or one this member of its set no longer hears: a replica
-     * that holds every acknowledged write takes over (lead.h) */
-    int eligible = v.insync_found ? v.member && r->loaded : !r->wait_for_primary;
+     * that holds every acknowledged write takes over (lead.h); after a
+     * clean stop, one whose checkpoint holds the state it stopped at */
+    uint64_t at_epoch = 0, at_seq = 0;
+    psd_checkpoint_restored_at(r->srv, &at_epoch, &at_seq);
+    v.resume = !v.leader && v.stopped && r->role != PSD_ROLE_PRIMARY && at_epoch != 0 &&
+               at_epoch == v.stopped_epoch && at_seq == v.stopped_seq && !r->loaded &&
+               r->promotions == 0;
+    int eligible = v.insync_found ? (v.member && r->loaded) || v.resume : !r->wait_for_primary;
+    if (!eligible && v.stopped && !v.leader) {
+        if (ps_log_sampled(++r->no_primary_seen))
+            PS_LOG(r->log, PS_LOG_WARN, S0724,
+                   "shard %u stopped cleanly at epoch %" PRIu64 " record %" PRIu64
+                   "; this replica holds %s (epoch %" PRIu64 " record %" PRIu64
+                   ") and may not take over: start the replica whose checkpoint holds it (or, "
+                   "if none is left, psctl recover)",
+                   r->srv->conf.shard, v.stopped_epoch, v.stopped_seq,
+                   at_epoch ? "another state" : "no replica's checkpoint", at_epoch, at_seq);
+        return;
+    }
     if (!eligible) {
         if (ps_log_sampled(++r->no_primary_seen))
             PS_LOG(r->log, PS_LOG_WARN, S0718,
@@ -285,6 +323,11 @@ void psd__repl_consult(struct psd_repl *r, uint64_t now)
         if (ps_log_sampled(++r->etcd_failures))
             PS_LOG(r->log, PS_LOG_WARN, S0717, "campaign for primary failed: %s", r->lead.etcd.err);
     } else if (won) {
+        if (v.resume && !(v.member && r->loaded))
+            PS_LOG(r->log, PS_LOG_INFO, S0723,
+                   "shard %u stopped cleanly at epoch %" PRIu64 " record %" PRIu64
+                   ", which this replica's checkpoint holds: taking over",
+                   r->srv->conf.shard, v.stopped_epoch, v.stopped_seq);
         promote(r);
     }
 }

@@ -83,6 +83,12 @@ int psd_lead_read(struct psd_lead *l, struct psd_lead_view *v)
                 used += len;
             }
         }
+        json_t *st = json_object_get(j, "stopped");
+        if (json_is_object(st)) {
+            v->stopped = 1;
+            v->stopped_epoch = (uint64_t)json_integer_value(json_object_get(st, "epoch"));
+            v->stopped_seq = (uint64_t)json_integer_value(json_object_get(st, "seq"));
+        }
     } else if (rc == 0 && kv->found) {
         rc = PS_EPROTO;
         snprintf(l->etcd.err, sizeof l->etcd.err, "etcd: the in-sync key is not JSON");
@@ -92,9 +98,10 @@ int psd_lead_read(struct psd_lead *l, struct psd_lead_view *v)
     return rc;
 }
 
-/* The in-sync set's value: this process first, then the backups. */
+/* The in-sync set's value: this process first, then the backups; with
+ * stopped, the clean stop's position (seq of the epoch). */
 static char *insync_text(const struct psd_lead *l, uint64_t epoch, const uint64_t *ids,
-                         const char *const *endpoints, uint32_t n)
+                         const char *const *endpoints, uint32_t n, int stopped, uint64_t seq)
 {
     json_t *m = json_array();
     char one[PS_ENDPOINT_MAX + 24];
@@ -105,6 +112,10 @@ static char *insync_text(const struct psd_lead *l, uint64_t epoch, const uint64_
         json_array_append_new(m, json_string(one));
     }
     json_t *o = json_pack("{s:I, s:o}", "epoch", (json_int_t)epoch, "members", m);
+    if (o != NULL && stopped)
+        json_object_set_new(
+            o, "stopped",
+            json_pack("{s:I, s:I}", "epoch", (json_int_t)epoch, "seq", (json_int_t)seq));
     char *text = o ? json_dumps(o, JSON_COMPACT) : NULL;
     json_decref(o);
     return text;
@@ -113,7 +124,7 @@ static char *insync_text(const struct psd_lead *l, uint64_t epoch, const uint64_
 int psd_lead_campaign(struct psd_lead *l, const struct psd_lead_view *v, int *won)
 {
     *won = 0;
-    if (v->insync_found ? !v->member : v->leader)
+    if (v->insync_found ? !v->member && !(v->resume && !v->leader) : v->leader)
         return 0;
     int rc;
     int64_t granted = 0;
@@ -129,7 +140,7 @@ int psd_lead_campaign(struct psd_lead *l, const struct psd_lead_view *v, int *wo
         json_pack("{s:I, s:s, s:s}", "epoch", (json_int_t)epoch, "id", id, "endpoint", l->endpoint);
     char *lv = o ? json_dumps(o, JSON_COMPACT) : NULL;
     json_decref(o);
-    char *sv = insync_text(l, epoch, NULL, NULL, 0);
+    char *sv = insync_text(l, epoch, NULL, NULL, 0, 0, 0);
     if (lv == NULL || sv == NULL || strlen(lv) >= sizeof l->leader_value) {
         free(lv);
         free(sv);
@@ -180,11 +191,12 @@ int psd_lead_renew(struct psd_lead *l, uint64_t now_ms)
     return 0;
 }
 
-int psd_lead_set_insync(struct psd_lead *l, const uint64_t *ids, const char *const *endpoints,
-                        uint32_t n, int *ok)
+/* Puts the in-sync key if this process still holds the leader key. */
+static int put_insync(struct psd_lead *l, const uint64_t *ids, const char *const *endpoints,
+                      uint32_t n, int stopped, uint64_t seq, int *ok)
 {
     *ok = 0;
-    char *sv = insync_text(l, l->epoch, ids, endpoints, n);
+    char *sv = insync_text(l, l->epoch, ids, endpoints, n, stopped, seq);
     if (sv == NULL)
         return PS_ENOMEM;
     /* etcd compares values too: the leader key still holds what this
@@ -195,6 +207,18 @@ int psd_lead_set_insync(struct psd_lead *l, const uint64_t *ids, const char *con
     int rc = psd_etcd_txn(&l->etcd, &cmp, 1, &put, 1, ok);
     free(sv);
     return rc;
+}
+
+int psd_lead_set_insync(struct psd_lead *l, const uint64_t *ids, const char *const *endpoints,
+                        uint32_t n, int *ok)
+{
+    return put_insync(l, ids, endpoints, n, 0, 0, ok);
+}
+
+int psd_lead_set_stopped(struct psd_lead *l, const uint64_t *ids, const char *const *endpoints,
+                         uint32_t n, uint64_t seq, int *ok)
+{
+    return put_insync(l, ids, endpoints, n, 1, seq, ok);
 }
 
 void psd_lead_resign(struct psd_lead *l)

@@ -4,7 +4,9 @@
  *   PREFIX/shard-I-of-S/leader  {"epoch","id","endpoint"}, on the primary's
  *                               lease: gone when the primary stops renewing
  *   PREFIX/shard-I-of-S/insync  {"epoch","members":["ID@ENDPOINT",...]}: the
- *                               replicas that hold every acknowledged write
+ *                               replicas that hold every acknowledged write;
+ *                               after a clean stop also "stopped": {"epoch",
+ *                               "seq"}, the state the last primary stopped at
  *
  * A replica may take over only when the leader key is gone and it is in
  * the in-sync set (or no set exists yet: a new shard). It does so with one
@@ -14,7 +16,14 @@
  * and answers requests only while its lease is sure to hold (renewed
  * within the TTL, with a tenth to spare). Replica ids are random per
  * process: a restarted process is a new replica and must catch up before
- * it is listed. */
+ * it is listed.
+ *
+ * A clean stop: the primary, after its last checkpoint (labelled with
+ * its epoch and record number), adds "stopped" to the in-sync key in a
+ * transaction that checks its leader key, then gives up its lease. With
+ * no leader, a replica whose restored checkpoint carries exactly that
+ * label holds the shard's state and may take over, listed or not (a
+ * restarted process has a new id); one holding another state may not. */
 #ifndef PSD_LEAD_H
 #define PSD_LEAD_H
 
@@ -41,9 +50,12 @@ struct psd_lead_view {
     uint64_t leader_id;
     char endpoint[PS_ENDPOINT_MAX]; /* the leader's */
     int insync_found;
-    int64_t insync_rev;                      /* mod revision of the in-sync key (0: none) */
-    int member;                              /* this process is in the in-sync set */
-    char members[512];                       /* the set as text, for logs */
+    int64_t insync_rev; /* mod revision of the in-sync key (0: none) */
+    int member;         /* this process is in the in-sync set */
+    char members[512];  /* the set as text, for logs */
+    int stopped;        /* the last primary stopped cleanly, at stopped_epoch, stopped_seq */
+    uint64_t stopped_epoch, stopped_seq;
+    int resume; /* set by the caller: this replica holds the stopped state (campaign) */
     char leader_value[PS_ENDPOINT_MAX + 96]; /* the leader key as read */
 };
 
@@ -71,7 +83,8 @@ int psd_lead_read(struct psd_lead *l, struct psd_lead_view *v);
 
 /* Tries to become primary: grants a lease and runs the transaction.
  * With no leader in v, a replica of the in-sync set (or any, before a set
- * exists) may; with one, only a replica of the set that has stopped
+ * exists, or one that holds the state a clean stop recorded: v->resume)
+ * may; with one, only a replica of the set that has stopped
  * hearing from it, and only while the leader key still holds what v read
  * (a takeover: the old primary cannot answer anything after it, since this
  * replica was in its set and no longer acknowledges its records, and it
@@ -88,6 +101,12 @@ int psd_lead_renew(struct psd_lead *l, uint64_t now_ms);
  * not (deposed). 0 or PS_E*. */
 int psd_lead_set_insync(struct psd_lead *l, const uint64_t *ids, const char *const *endpoints,
                         uint32_t n, int *ok);
+
+/* Adds "stopped": {epoch, seq} to the in-sync set (this process and the
+ * n backups), if this process still holds the leader key (*ok 0: it does
+ * not). 0 or PS_E*. */
+int psd_lead_set_stopped(struct psd_lead *l, const uint64_t *ids, const char *const *endpoints,
+                         uint32_t n, uint64_t seq, int *ok);
 
 /* Gives the lease up (a primary stopping): a backup takes over at once. */
 void psd_lead_resign(struct psd_lead *l);

@@ -335,6 +335,17 @@ static void on_follow(struct psd_repl *r, const struct ps_frame *route, const Ps
     try_snapshots(r);
 }
 
+/* A primary draining before it stops (psd_repl_drain): done once every
+ * held reply went, or at its deadline. */
+static void drained(struct psd_repl *r, uint64_t now)
+{
+    if (r->drained == NULL || (r->held_n > 0 && now < r->drain_until_ms))
+        return;
+    void (*done)(void *) = r->drained;
+    r->drained = NULL;
+    done(r->drained_ctx);
+}
+
 static void on_ack(struct psd_repl *r, const struct ps_frame *route, const Ps__Header *h)
 {
     for (uint32_t i = 0; i < PSD_BACKUPS_MAX; i++) {
@@ -346,6 +357,7 @@ static void on_ack(struct psd_repl *r, const struct ps_frame *route, const Ps__H
             update_insync(r);
     }
     flush(r);
+    drained(r, now_ms());
 }
 
 /* ---- requests ----------------------------------------------------------------- */
@@ -428,6 +440,11 @@ void psd_repl_request(void *repl, const struct ps_frame *route, const char *user
             (op == PS__OP__OP_FOLLOW ? on_follow : on_ack)(r, route, h);
         else if (op == PS__OP__OP_FOLLOW)
             reply_not_primary(r, route, h);
+        return;
+    }
+    if (r->draining) { /* unanswered: a refusal would send the client to another replica
+                        * before the replies it waits for leave this one */
+        r->drain_dropped++;
         return;
     }
     if (r->role != PSD_ROLE_PRIMARY && op != PS__OP__OP_STATS && h != NULL) {
@@ -535,6 +552,7 @@ static void primary_tick(struct psd_repl *r, uint64_t now)
     }
     try_snapshots(r);
     flush(r);
+    drained(r, now);
 }
 
 static void on_tick(uv_timer_t *t)
@@ -621,6 +639,7 @@ int psd_repl_start(struct psd_repl *r, struct psd_net *net, uv_loop_t *loop,
     r->worker_timeout_ms = psd_worker_timeout_ms(r->srv);
     psd_set_worker_timeout(r->srv, 0); /* until primary: only the primary drops workers */
     psd_set_hooks(r->srv, on_drop, on_stats, on_floor, r);
+    psd_checkpoint_position(r->srv, &r->epoch, &r->seq);
     net->repl = r;
     net->repl_request = psd_repl_request;
     net->repl_hold = psd_repl_hold;
@@ -633,9 +652,45 @@ int psd_repl_start(struct psd_repl *r, struct psd_net *net, uv_loop_t *loop,
     return 0;
 }
 
-void psd_repl_stop(struct psd_repl *r)
+/* A primary stopping cleanly: etcd records the state it stops at (its
+ * checkpoint's label), so that a replica restarted from that checkpoint
+ * may take over without anyone touching etcd (lead.h). */
+static void record_stop(struct psd_repl *r)
+{
+    uint64_t ids[PSD_BACKUPS_MAX];
+    const char *eps[PSD_BACKUPS_MAX];
+    uint32_t n = psd_backups_in_sync(&r->backups, ids, eps);
+    int ok = 0;
+    int rc = psd_lead_set_stopped(&r->lead, ids, eps, n, r->seq, &ok);
+    if (rc != 0 || !ok)
+        PS_LOG(r->log, PS_LOG_WARN, S0721,
+               "cannot record the clean stop in etcd (%s): a restart waits for a replica of the "
+               "in-sync set, or psctl recover",
+               rc != 0 ? r->lead.etcd.err : "etcd's leader key is no longer this process's");
+    else
+        PS_LOG(r->log, PS_LOG_INFO, S0720,
+               "shard %u stopped cleanly: etcd records its state as epoch %" PRIu64
+               " record %" PRIu64 ", which the checkpoint holds; a replica restarted from it "
+               "takes over",
+               r->srv->conf.shard, r->epoch, r->seq);
+}
+
+void psd_repl_stop(struct psd_repl *r, int checkpointed)
 {
     if (r->role == PSD_ROLE_PRIMARY) {
+        if (checkpointed)
+            record_stop(r);
+        Ps__Header h; /* the last record: backups stopping stop now, others take over */
+        psd_record_header(&h, PS__RECORD__REC_BEAT, r->epoch, r->seq);
+        h.last = 1;
+        for (uint32_t i = 0; i < PSD_BACKUPS_MAX; i++)
+            if (psd_backup_gets_beats(&r->backups.b[i]))
+                send_record(r, &r->backups.b[i], &h, NULL, 0);
+        flush(r);
+        /* the socket closes next: that record (and any reply queued) may
+         * take this long to go, instead of being dropped */
+        int linger = LAST_RECORD_LINGER_MS;
+        zmq_setsockopt(r->net->sock, ZMQ_LINGER, &linger, sizeof linger);
         PS_LOG(r->log, PS_LOG_INFO, S0719, "giving up the primary's lease: a backup takes over");
         psd_lead_resign(&r->lead);
         refuse_held(r);
@@ -644,6 +699,27 @@ void psd_repl_stop(struct psd_repl *r)
         ps_zsock_close(&r->fzs);
     if (r->held != NULL)
         uv_close((uv_handle_t *)&r->timer, NULL);
+}
+
+int psd_repl_drain(struct psd_repl *r, void (*done)(void *ctx), void *ctx)
+{
+    if (r->role != PSD_ROLE_PRIMARY || r->held_n == 0)
+        return 0;
+    r->draining = 1;
+    r->drained = done;
+    r->drained_ctx = ctx;
+    r->drain_until_ms = now_ms() + r->timeout_ms + BEAT_MS;
+    return 1;
+}
+
+int psd_repl_stop_after_primary(struct psd_repl *r, void (*stopped)(void *ctx), void *ctx)
+{
+    if (r->role != PSD_ROLE_BACKUP || !r->loaded)
+        return 0;
+    r->stopping = 1;
+    r->stopped = stopped;
+    r->stopped_ctx = ctx;
+    return 1;
 }
 
 void psd_repl_fini(struct psd_repl *r)

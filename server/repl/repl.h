@@ -97,6 +97,17 @@ struct psd_repl {
     uint64_t no_primary_seen; /* looks at a shard without a primary this one may not take */
     uint64_t follows_refused; /* follows past PSD_BACKUPS_MAX */
     int etcd_down;            /* the last read of etcd failed */
+    /* stopping (psd_repl_stop_after_primary): never campaigns; done is
+     * called once, at the primary's last record or when it is gone */
+    int stopping;
+    void (*stopped)(void *ctx);
+    void *stopped_ctx;
+    /* draining (psd_repl_drain): requests are refused, held replies wait
+     * for their acknowledgements until drain_until_ms */
+    int draining;
+    uint64_t drain_until_ms, drain_dropped;
+    void (*drained)(void *ctx);
+    void *drained_ctx;
 };
 
 /* Starts the replica's part: etcd, the loop timer, and the first step
@@ -104,8 +115,26 @@ struct psd_repl {
  * (net->sock). 0, or PS_E* with err. */
 int psd_repl_start(struct psd_repl *r, struct psd_net *net, uv_loop_t *loop,
                    const struct psd_repl_config *cfg, char *err, size_t errlen);
-/* A primary stopping gives its lease up, so a backup takes over at once. */
-void psd_repl_stop(struct psd_repl *r);
+/* A primary stopping: with a checkpoint of its state (checkpointed 1), it
+ * records the clean stop in etcd (lead.h), then tells its backups this
+ * is its last record and gives its lease up, so a backup that goes on
+ * takes over at once. */
+void psd_repl_stop(struct psd_repl *r, int checkpointed);
+/* A primary stopping after its last checkpoint: replies it holds for its
+ * backups' acknowledgements go before it stops (a reply refused instead
+ * would leave the workers without the round's weights, and other shards
+ * waiting on them). New requests are read and dropped meanwhile, so the
+ * state stays the checkpoint's: the clients send them again to the
+ * replica that serves next (a refusal would make them leave this one
+ * before its last replies reach them). 1 when it waits: done(ctx) is called once they
+ * went, or after the replica timeout; 0 when nothing is held. */
+int psd_repl_drain(struct psd_repl *r, void (*done)(void *ctx), void *ctx);
+/* A backup that holds its primary's state and is asked to stop follows
+ * on until the primary's last record (its clean stop), so that both stop
+ * at the same state, and then calls stopped(ctx); also when the primary
+ * is gone. 1 when it waits so, 0 when this replica should stop now (a
+ * primary, or one without its primary's state). */
+int psd_repl_stop_after_primary(struct psd_repl *r, void (*stopped)(void *ctx), void *ctx);
 void psd_repl_fini(struct psd_repl *r);
 
 /* The transport's request path when replicas run (net.c): a request from

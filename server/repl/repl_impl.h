@@ -4,14 +4,15 @@
 
 #include "repl.h"
 
-#define PARTS_MAX            (PS_FRAMES_MAX + 2u)
-#define TICK_MS              25u    /* the replicas' timer */
-#define BEAT_MS              50u    /* a primary's beat to its backups */
-#define VIEW_MS              50u    /* how often a replica without a primary asks etcd */
-#define VIEW_DOWN_MS         500u   /* ...while etcd does not answer */
-#define CATCH_UP_MS          30000u /* a backup not yet in sync may be silent this long (loading) */
-#define ACK_EVERY            64u    /* records a backup applies at most before it acknowledges */
-#define PSD_REPL_ARENA_BYTES (4u * PS_HEADER_BYTES_MAX) /* as psd's own arena */
+#define PARTS_MAX             (PS_FRAMES_MAX + 2u)
+#define TICK_MS               25u    /* the replicas' timer */
+#define BEAT_MS               50u    /* a primary's beat to its backups */
+#define VIEW_MS               50u    /* how often a replica without a primary asks etcd */
+#define VIEW_DOWN_MS          500u   /* ...while etcd does not answer */
+#define CATCH_UP_MS           30000u /* a backup not yet in sync may be silent this long (loading) */
+#define ACK_EVERY             64u    /* records a backup applies at most before it acknowledges */
+#define LAST_RECORD_LINGER_MS 200    /* a stopping primary's last records may take this to go */
+#define PSD_REPL_ARENA_BYTES  (4u * PS_HEADER_BYTES_MAX) /* as psd's own arena */
 
 /* follow.c */
 void psd__repl_send_follow(struct psd_repl *r);

@@ -162,6 +162,10 @@ static char *state_text(const struct psd_snapshot *s)
                   (json_int_t)s->shards, "consistency", mode, "workers",
                   (json_int_t)s->cons.workers, "duplicates_dropped",
                   (json_int_t)s->duplicates_dropped, "tables", tables, "peers", peers_state(s));
+    if (st != NULL && s->repl_epoch != 0)
+        json_object_set_new(st, "replication",
+                            json_pack("{s:I, s:I}", "epoch", (json_int_t)s->repl_epoch, "seq",
+                                      (json_int_t)s->repl_seq));
     char *text = st ? json_dumps(st, JSON_COMPACT) : NULL;
     json_decref(st);
     return text;
@@ -718,6 +722,7 @@ int psd_snapshot_read(struct psd_snapshot *s, const char *path, uint64_t table_b
     s->peers = NULL;
     s->npeers = 0;
     s->duplicates_dropped = 0;
+    s->repl_epoch = s->repl_seq = 0;
     int rc = psd__snapshot_open(path, &b, &st, err, errlen);
     if (rc != 0)
         goto out;
@@ -735,8 +740,12 @@ int psd_snapshot_read(struct psd_snapshot *s, const char *path, uint64_t table_b
         rc = restore_table(s, &b, json_array_get(tables, i), table_bytes_max, err, errlen);
     if (rc == 0)
         rc = restore_peers(s, st, err, errlen);
-    if (rc == 0)
+    if (rc == 0) {
         s->duplicates_dropped = psd__json_u64(st, "duplicates_dropped");
+        json_t *at = json_object_get(st, "replication");
+        s->repl_epoch = json_is_object(at) ? psd__json_u64(at, "epoch") : 0;
+        s->repl_seq = json_is_object(at) ? psd__json_u64(at, "seq") : 0;
+    }
 out:
     if (rc != 0)
         psd_snapshot_free(s);

@@ -46,6 +46,9 @@ struct psd_snapshot {
     struct psd_snapshot_peer *peers; /* npeers */
     size_t npeers;
     uint64_t duplicates_dropped;
+    /* a replica's: the state is its primary's after repl_seq records of
+     * epoch repl_epoch (0, 0: not a replica's, or an older file) */
+    uint64_t repl_epoch, repl_seq;
 };
 
 /* Writes s as the next file of its shard in dir; its path goes to

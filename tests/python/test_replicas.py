@@ -466,3 +466,76 @@ def test_a_backup_without_its_primary_state_writes_no_checkpoint(cluster, etcd, 
         assert [f for f in os.listdir(ck) if f.endswith(".safetensors")] == [], os.listdir(ck)
     finally:
         a.send_signal(signal.SIGCONT)
+
+
+def test_a_replicated_cluster_stopped_mid_round_restarts_on_its_own(cluster, etcd, tmp_path,
+                                                                     unbroken):
+    """2 shards x 2 replicas with checkpoint directories, 2 bsp workers:
+    SIGTERM every psd mid-round, start each again with the same flags.
+    Each primary serves until its round ends, checkpoints and records the
+    clean stop in etcd; each backup follows it to its last record and
+    checkpoints the same state; after the restart a replica whose
+    checkpoint holds that state takes over (no etcd command is run), and
+    the run ends with the unbroken run's model, bit for bit."""
+    if not os.environ.get("PSCTL_BIN"):
+        pytest.skip("PSCTL_BIN is not set")
+    ports = [[free_port(), free_port()] for _ in range(2)]
+    eps = [["tcp://127.0.0.1:%d" % p for p in pair] for pair in ports]
+    servers = ",".join("|".join(pair) for pair in eps)
+    logs = []
+
+    def launch(i, j):
+        args = ["--etcd", etcd.url, "--checkpoint-dir", str(tmp_path / ("ck%d%d" % (i, j))),
+                "--checkpoint-every", "0"] + BSP + (["--replica-of", eps[i][0]] if j else [])
+        log = os.path.join(cluster.tmp, "stop%d%d-%d.log" % (i, j, len(logs)))
+        p = subprocess.Popen([os.environ["PSD_BIN"], "--listen", eps[i][j], "--shard", str(i),
+                              "--shards", "2"] + args, stdout=subprocess.DEVNULL,
+                             stderr=open(log, "w"), env=child_env())
+        p.log = log
+        logs.append(log)
+        cluster.procs.append(p)
+        return p
+
+    procs = []
+    for i in range(2):
+        procs.append(launch(i, 0))
+        until("shard %d's primary" % i, lambda: leader(etcd, i, 2).get("endpoint") == eps[i][0],
+              cluster)
+        procs.append(launch(i, 1))
+        until("shard %d in sync" % i, lambda: in_sync(etcd, i, 2, 2), cluster)
+    workers = train(cluster, servers, tmp_path, "s", ["--test-delay-ms", "30", "--retry-ms", "300"])
+    until("training under way", lambda: clock(servers) >= 20, cluster)
+    # mid-round: worker 1 stopped, so worker 0's pulls wait for its pushes
+    workers[1].send_signal(signal.SIGSTOP)
+    for p in procs:
+        p.send_signal(signal.SIGTERM)
+    for p in procs:  # each primary stops between rounds or waits for the end
+        until("a replica stops or waits", lambda: p.poll() is not None or any(
+            i in open(p.log).read() for i in ("S0605", "S0722")), cluster)
+    # stopped past the clients' silence limit (1 s): both workers probe the
+    # primaries before the round ends
+    time.sleep(1.5)
+    workers[1].send_signal(signal.SIGCONT)  # its pushes end the round
+    for p in procs:
+        assert p.wait(timeout=60) == 0, open(p.log).read()[-3000:]
+        cluster.procs.remove(p)
+    text = [open(p.log).read() for p in procs]
+    for i in range(2):
+        primary, backup = text[2 * i], text[2 * i + 1]
+        assert "S0720 shard %d stopped cleanly" % i in primary, primary[-3000:]
+        assert "S0600" in primary and "shutdown" in primary, primary[-3000:]
+        assert "S0722" in backup and "S0600" in backup, backup[-3000:]
+        for t in (primary, backup):
+            assert "S0603" not in t and "S0607" not in t, t[-3000:]
+        stopped = etcd.get("/psd/shard-%d-of-2/insync" % i)["stopped"]
+        assert stopped["seq"] > 0, stopped
+    assert all(w.poll() is None for w in workers), "the run ended before the stop"
+    procs = [launch(i, j) for i in range(2) for j in range(2)]  # the same flags
+    until("a primary of each shard again", lambda: all(
+        leader(etcd, i, 2).get("endpoint") in eps[i] for i in range(2)), cluster)
+    finish(workers, tmp_path, "s")
+    same(export(servers, tmp_path / "restarted.safetensors"), unbroken)
+    text = "".join(open(p.log).read() for p in procs)
+    for i in range(2):
+        assert "S0723 shard %d stopped cleanly" % i in text, text[-4000:]
+        assert "stopped" not in etcd.get("/psd/shard-%d-of-2/insync" % i)  # consumed

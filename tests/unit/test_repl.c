@@ -443,6 +443,51 @@ static void test_resigning(void **state)
     psd_lead_fini(&b);
 }
 
+/* A clean stop: the primary records its position in the in-sync key
+ * (only while it holds the leader key) and resigns. With no leader, a
+ * replica outside the set may take over only when it holds that state
+ * (v.resume, which the caller sets from its checkpoint); the new set
+ * no longer carries the stop. */
+static void test_a_clean_stop_lets_the_replica_holding_it_take_over(void **state)
+{
+    (void)state;
+    standin_init(&etcd);
+    struct psd_lead a, c, d;
+    lead(&a, 0xa, "tcp://a:5570", 1);
+    lead(&c, 0xc, "tcp://c:5570", 1); /* restarted processes: new ids */
+    lead(&d, 0xd, "tcp://d:5570", 1);
+    assert_int_equal(campaign(&a), 1);
+    uint64_t b = 0xb;
+    const char *eb = "tcp://b:5570";
+    int ok = -1;
+    assert_int_equal(psd_lead_set_stopped(&a, &b, &eb, 1, 812, &ok), 0);
+    assert_int_equal(ok, 1);
+    psd_lead_resign(&a);
+    struct psd_lead_view v;
+    view(&c, &v);
+    assert_true(!v.leader && v.insync_found && !v.member && v.stopped);
+    assert_int_equal(v.stopped_epoch, 1);
+    assert_int_equal(v.stopped_seq, 812);
+    assert_non_null(strstr(v.members, "000000000000000b@tcp://b:5570"));
+    int won = -1;
+    assert_int_equal(psd_lead_campaign(&d, &v, &won), 0); /* another state: not resume */
+    assert_int_equal(won, 0);
+    v.resume = 1;
+    assert_int_equal(psd_lead_campaign(&c, &v, &won), 0);
+    assert_int_equal(won, 1);
+    assert_int_equal(c.epoch, 2);
+    view(&d, &v);
+    assert_true(v.leader && v.leader_id == 0xc && !v.stopped);
+    /* a deposed primary cannot record a stop */
+    assert_int_equal(psd_lead_set_stopped(&a, &b, &eb, 1, 900, &ok), 0);
+    assert_int_equal(ok, 0);
+    view(&d, &v);
+    assert_false(v.stopped);
+    psd_lead_fini(&a);
+    psd_lead_fini(&c);
+    psd_lead_fini(&d);
+}
+
 /* An in-sync key that is not JSON is an error naming it, not a view. */
 static void test_damaged_insync_key(void **state)
 {
@@ -477,6 +522,7 @@ int main(void)
         cmocka_unit_test(test_renewing_and_losing_the_lease),
         cmocka_unit_test(test_etcd_not_answering),
         cmocka_unit_test(test_resigning),
+        cmocka_unit_test(test_a_clean_stop_lets_the_replica_holding_it_take_over),
         cmocka_unit_test(test_damaged_insync_key),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
