@@ -126,6 +126,28 @@ static int parse_ids(const char *text, const char *path, struct ps_curve_ids *id
     return 0;
 }
 
+/* The "admin:" line of an allow file: "yes" or "no" (none: no). 0, or
+ * PS_EINVAL naming the file. */
+static int parse_admin(const char *text, const char *path, unsigned char *admin, char *err,
+                       size_t errlen)
+{
+    *admin = 0;
+    const char *p = strstr(text, "admin:");
+    if (p == NULL)
+        return 0;
+    p += strlen("admin:");
+    while (*p == ' ' || *p == '\t')
+        p++;
+    size_t n = strcspn(p, " \t\r\n");
+    if (n == 3 && strncmp(p, "yes", 3) == 0)
+        *admin = 1;
+    else if (!(n == 2 && strncmp(p, "no", 2) == 0)) {
+        snprintf(err, errlen, "key file '%s': 'admin:' takes yes or no", path);
+        return PS_EINVAL;
+    }
+    return 0;
+}
+
 int ps_curve_read(const char *path, int need_secret, struct ps_curve_keys *out, char *err,
                   size_t errlen)
 {
@@ -169,7 +191,8 @@ int ps_curve_allow_load(const char *dir, struct ps_curve_allow *out, char *err, 
         char text[PS_CURVE_FILE_MAX + 1];
         rc = ps_curve_read(path, 0, &k, err, errlen);
         if (rc == 0 && (rc = read_text(path, text, err, errlen)) == 0 &&
-            (rc = parse_ids(text, path, &out->ids[out->n], err, errlen)) == 0)
+            (rc = parse_ids(text, path, &out->ids[out->n], err, errlen)) == 0 &&
+            (rc = parse_admin(text, path, &out->admin[out->n], err, errlen)) == 0)
             zmq_z85_decode(out->keys[out->n++], k.pub);
     }
     closedir(d);
@@ -195,6 +218,14 @@ int ps_curve_may_use(const struct ps_curve_allow *a, const unsigned char *key32,
                 return 1;
         return ids->n == 0;
     }
+    return 0;
+}
+
+int ps_curve_is_admin(const struct ps_curve_allow *a, const unsigned char *key32)
+{
+    for (size_t i = 0; i < a->n; i++)
+        if (memcmp(a->keys[i], key32, 32) == 0)
+            return a->admin[i];
     return 0;
 }
 

@@ -4,7 +4,9 @@
  * characters each; the secret may be absent in a .pub file). Secret files
  * are written with mode 0600. An allow directory holds one public key file
  * per admitted client, with an optional line "workers: 0-3,7" naming the
- * worker ids that key may say hello as (none: any). Files are small and
+ * worker ids that key may say hello as (none: any), and an optional line
+ * "admin: yes" letting it ask for what changes who serves (psctl
+ * recover). Files are small and
  * read with a size ceiling; a bad one is refused with a sentence naming
  * it. No zmq socket is touched here. */
 #ifndef PS_CURVE_H
@@ -34,6 +36,7 @@ struct ps_curve_allow {
     size_t n;
     unsigned char keys[PS_CURVE_ALLOW_MAX][32]; /* binary public keys */
     struct ps_curve_ids ids[PS_CURVE_ALLOW_MAX];
+    unsigned char admin[PS_CURVE_ALLOW_MAX]; /* "admin: yes" */
 };
 
 /* Generates a key pair and writes PATH (both, 0600) and PATH.pub. */
@@ -52,5 +55,7 @@ int ps_curve_allow_load(const char *dir, struct ps_curve_allow *out, char *err, 
 int ps_curve_allowed(const struct ps_curve_allow *a, const unsigned char *key32);
 /* 1 when the key is in the list and may use worker id `id`. */
 int ps_curve_may_use(const struct ps_curve_allow *a, const unsigned char *key32, uint32_t id);
+/* 1 when the key is in the list with "admin: yes". */
+int ps_curve_is_admin(const struct ps_curve_allow *a, const unsigned char *key32);
 
 #endif

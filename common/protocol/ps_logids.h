@@ -106,6 +106,9 @@
     X(S0724, WARN,                                                                                     \
       "shard … stopped cleanly at epoch … record …; this replica holds another state "           \
       "and may not take over")                                                                         \
+    X(S0725, WARN,                                                                                     \
+      "psctl recover: shard …: … took over from its checkpoint at epoch … record …; what was " \
+      "lost")                                                                                          \
     X(W0001, INFO, "rank … of … on the backend (and the model)")                                       \
     X(W0002, ERROR, "psworker could not start or run (the reason)")                                    \
     X(W0003, ERROR, "--save: …")                                                                       \

@@ -105,6 +105,8 @@ const char *ps_op_name(int op)
         return "replicate";
     case PS__OP__OP_STAGE:
         return "stage";
+    case PS__OP__OP_RECOVER:
+        return "recover";
     default:
         return "?";
     }
@@ -114,7 +116,7 @@ const char *ps_op_name(int op)
 
 static int op_known(int op)
 {
-    return op >= PS__OP__OP_HELLO && op <= PS__OP__OP_REPLICATE;
+    return (op >= PS__OP__OP_HELLO && op <= PS__OP__OP_REPLICATE) || op == PS__OP__OP_RECOVER;
 }
 
 int ps_wire_op_moves_data(int op)

@@ -194,6 +194,7 @@ static enum psd_answer run_op(struct psd *s, const struct ps_frame *route, const
         return PSD_ANSWER_LATER; /* each request in it was answered */
     case PS__OP__OP_FOLLOW:
     case PS__OP__OP_REPLICATE: /* the transport takes them where replicas run (repl.h) */
+    case PS__OP__OP_RECOVER:
         psd_reply_errorf(s, req, PS_ENOTSUP, rep,
                          "%s: this shard runs without replicas (psd --etcd)", ps_op_name(req->op));
         return PSD_ANSWER_NOW;

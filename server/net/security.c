@@ -141,6 +141,14 @@ int psd_security_may_use(const struct psd_security *sec, const char *user, uint3
     return ps_curve_may_use(sec->allow, key, w);
 }
 
+int psd_security_is_admin(const struct psd_security *sec, const char *user)
+{
+    unsigned char key[32];
+    if (user == NULL || strlen(user) != PS_CURVE_KEY_LEN || zmq_z85_decode(key, user) == NULL)
+        return 0;
+    return ps_curve_is_admin(sec->allow, key);
+}
+
 void psd_security_stop(struct psd_security *sec)
 {
     if (sec->zap != NULL)

@@ -45,6 +45,8 @@ void psd_security_handshake_failed(struct psd_security *sec, int event, const ch
  * the handler admitted it) may use worker id w (its allow file's
  * "workers:" line, or any id without one). */
 int psd_security_may_use(const struct psd_security *sec, const char *user, uint32_t w);
+/* Whether the admitted key user (Z85) has "admin: yes" in its allow file. */
+int psd_security_is_admin(const struct psd_security *sec, const char *user);
 /* Closes the loop handles (before the loop ends) ... */
 void psd_security_stop(struct psd_security *sec);
 /* ... and the sockets (after it ended, before the context terminates). */

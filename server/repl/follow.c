@@ -8,6 +8,8 @@
 
 #include "catalog.h"
 #include "checkpoint.h"
+#include "reply.h"
+#include "security.h"
 
 #include "ps_clock.h"
 #include "ps_err.h"
@@ -273,12 +275,16 @@ void psd__repl_consult(struct psd_repl *r, uint64_t now)
     }
     struct psd_lead_view v;
     r->etcd_down = psd_lead_read(&r->lead, &v) != 0;
+    if (!r->etcd_down)
+        r->seen = v;
     if (r->etcd_down) {
         if (ps_log_sampled(++r->etcd_failures))
             PS_LOG(r->log, PS_LOG_WARN, S0717, "cannot read the shard's keys from etcd: %s",
                    r->lead.etcd.err);
         return;
     }
+    if (v.leader && v.leader_id != r->lead.id && strcmp(v.endpoint, r->lead.endpoint) == 0)
+        return; /* the key of this endpoint's last process, killed: its lease runs out */
     int same = r->role == PSD_ROLE_BACKUP && v.epoch == r->epoch && !strcmp(v.endpoint, r->primary);
     if (v.leader && v.leader_id != r->lead.id && !same) {
         psd__repl_follow(r, v.endpoint, v.epoch);
@@ -313,9 +319,9 @@ void psd__repl_consult(struct psd_repl *r, uint64_t now)
         if (ps_log_sampled(++r->no_primary_seen))
             PS_LOG(r->log, PS_LOG_WARN, S0718,
                    "shard %u has no primary, and only a replica in etcd's in-sync set (%s) may "
-                   "take over: start one, or if all are lost delete %s to let any take over "
-                   "(what they acknowledged since their last checkpoint is lost)",
-                   r->srv->conf.shard, v.members, r->lead.insync_key);
+                   "take over: start one, or if all are lost run psctl recover, which names "
+                   "what each survivor's checkpoint lacks and has the newest take over",
+                   r->srv->conf.shard, v.members);
         return;
     }
     int won = 0;
@@ -330,4 +336,67 @@ void psd__repl_consult(struct psd_repl *r, uint64_t now)
                    r->srv->conf.shard, v.stopped_epoch, v.stopped_seq);
         promote(r);
     }
+}
+
+/* psctl recover (OP_RECOVER, repl.h): a candidate of a shard whose whole
+ * in-sync set is gone takes the shard over from what it restored. */
+void psd__repl_recover(struct psd_repl *r, const struct ps_frame *route, const char *user,
+                       const Ps__Header *req)
+{
+    struct psd *s = r->srv;
+    struct psd_reply rep;
+    memset(&rep, 0, sizeof rep);
+    uint64_t at_epoch = 0, at_seq = 0;
+    psd_checkpoint_restored_at(s, &at_epoch, &at_seq);
+    struct psd_lead_view v;
+    int won = 0, rc = 0;
+    if (r->net->sec != NULL && !psd_security_is_admin(r->net->sec, user))
+        psd_reply_errorf(s, req, PS_EAUTH, &rep,
+                         "recover: only a key with \"admin: yes\" in --curve-allow may ask");
+    else if (r->role == PSD_ROLE_PRIMARY || (r->role == PSD_ROLE_BACKUP && r->loaded))
+        psd_reply_errorf(s, req, PS_ESTATE, &rep,
+                         "recover: this replica is a %s (primary %s): nothing to recover",
+                         r->role == PSD_ROLE_PRIMARY ? "primary" : "backup",
+                         r->primary[0] ? r->primary : "not known");
+    else if (psd_ntables(s) == 0)
+        psd_reply_errorf(s, req, PS_ESTATE, &rep,
+                         "recover: this replica restored no checkpoint: it holds nothing to serve");
+    else if ((rc = psd_lead_read(&r->lead, &v)) != 0)
+        psd_reply_errorf(s, req, PS_EIO, &rep, "recover: cannot read etcd: %s", r->lead.etcd.err);
+    else if (v.leader)
+        psd_reply_errorf(s, req, PS_ESTATE, &rep, "recover: shard %u has a primary now (%s)",
+                         s->conf.shard, v.endpoint);
+    else if (!v.insync_found)
+        psd_reply_errorf(s, req, PS_ESTATE, &rep,
+                         "recover: etcd holds no in-sync set for shard %u: the first replica takes "
+                         "a new shard by itself",
+                         s->conf.shard);
+    else if ((v.resume = 1, rc = psd_lead_campaign(&r->lead, &v, &won)) != 0)
+        psd_reply_errorf(s, req, PS_EIO, &rep, "recover: etcd: %s", r->lead.etcd.err);
+    else if (!won)
+        psd_reply_errorf(s, req, PS_EBUSY, &rep,
+                         "recover: another replica took shard %u over first", s->conf.shard);
+    if (rep.hdr != NULL) {
+        psd_net_reply(r->net, route->data, route->size, &rep);
+        return;
+    }
+    /* short enough for a reply's detail (PS_ERROR_TEXT_MAX); the log
+     * names the set's members too */
+    char text[PS_ERROR_TEXT_MAX];
+    int len =
+        snprintf(text, sizeof text,
+                 "shard %u: %s took over at epoch %" PRIu64 " from its checkpoint (epoch %" PRIu64
+                 " record %" PRIu64 "); lost: what the in-sync set (epoch %" PRIu64
+                 ") acknowledged after it",
+                 s->conf.shard, r->lead.endpoint, r->lead.epoch, at_epoch, at_seq, v.insync_epoch);
+    if (len >= (int)sizeof text) /* a long endpoint: the text ends short */
+        text[sizeof text - 2] = '.';
+    PS_LOG(r->log, PS_LOG_WARN, S0725, "psctl recover: %s; its members were %s", text, v.members);
+    r->recovered++;
+    promote(r);
+    Ps__Header h;
+    psd_reply_init(&h, req);
+    h.detail = text;
+    psd_reply_header(s, &h, &rep);
+    psd_net_reply(r->net, route->data, route->size, &rep);
 }

@@ -66,6 +66,7 @@ int psd_lead_read(struct psd_lead *l, struct psd_lead_view *v)
         v->insync_found = 1;
         v->insync_rev = kv->mod_rev;
         uint64_t e = (uint64_t)json_integer_value(json_object_get(j, "epoch"));
+        v->insync_epoch = e;
         if (!v->leader)
             v->epoch = e;
         json_t *m = json_object_get(j, "members");

@@ -50,10 +50,11 @@ struct psd_lead_view {
     uint64_t leader_id;
     char endpoint[PS_ENDPOINT_MAX]; /* the leader's */
     int insync_found;
-    int64_t insync_rev; /* mod revision of the in-sync key (0: none) */
-    int member;         /* this process is in the in-sync set */
-    char members[512];  /* the set as text, for logs */
-    int stopped;        /* the last primary stopped cleanly, at stopped_epoch, stopped_seq */
+    int64_t insync_rev;    /* mod revision of the in-sync key (0: none) */
+    int member;            /* this process is in the in-sync set */
+    char members[512];     /* the set as text, for logs */
+    uint64_t insync_epoch; /* the in-sync set's own */
+    int stopped;           /* the last primary stopped cleanly, at stopped_epoch, stopped_seq */
     uint64_t stopped_epoch, stopped_seq;
     int resume; /* set by the caller: this replica holds the stopped state (campaign) */
     char leader_value[PS_ENDPOINT_MAX + 96]; /* the leader key as read */

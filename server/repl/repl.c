@@ -442,6 +442,10 @@ void psd_repl_request(void *repl, const struct ps_frame *route, const char *user
             reply_not_primary(r, route, h);
         return;
     }
+    if (op == PS__OP__OP_RECOVER) {
+        psd__repl_recover(r, route, user, h);
+        return;
+    }
     if (r->draining) { /* unanswered: a refusal would send the client to another replica
                         * before the replies it waits for leave this one */
         r->drain_dropped++;
@@ -577,6 +581,15 @@ static void on_stats(void *ctx, Ps__Stats *st)
     st->epoch = r->epoch;
     st->primary = r->primary;
     st->repl_seq = r->seq;
+    if (r->role == PSD_ROLE_PRIMARY || r->loaded) { /* else: what it restored */
+        st->ckpt_epoch = r->epoch;
+        st->ckpt_seq = r->seq;
+    } else {
+        psd_checkpoint_restored_at(r->srv, &st->ckpt_epoch, &st->ckpt_seq);
+    }
+    st->insync_epoch = r->seen.insync_epoch;
+    st->insync = r->seen.members;
+    st->insync_stopped = r->seen.stopped;
     st->n_replicas = 0;
     st->replicas = rp;
     for (uint32_t i = 0; r->role == PSD_ROLE_PRIMARY && i < PSD_BACKUPS_MAX; i++) {

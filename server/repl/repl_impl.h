@@ -27,5 +27,8 @@ void psd__repl_message(struct psd_repl *r, zmq_msg_t *parts, size_t kept, size_t
 /* A replica without a working primary asks etcd what to do: follow the
  * primary it names, or take over. */
 void psd__repl_consult(struct psd_repl *r, uint64_t now);
+/* OP_RECOVER (psctl recover): answered here. */
+void psd__repl_recover(struct psd_repl *r, const struct ps_frame *route, const char *user,
+                       const Ps__Header *req);
 
 #endif

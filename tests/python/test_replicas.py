@@ -280,6 +280,9 @@ def test_replicas_under_curve(cluster, etcd, tmp_path):
     allow = tmp_path / "allow"
     allow.mkdir()
     shutil.copy(str(tmp_path / "worker.pub"), str(allow / "worker.pub"))
+    admin = keys(str(tmp_path / "admin"))  # may ask for psctl recover
+    with open(str(allow / "admin.pub"), "w") as f:
+        f.write(open(str(tmp_path / "admin.pub")).read() + "admin: yes\n")
     curve = ["--curve-secret", str(tmp_path / "server"), "--curve-allow", str(allow)]
     servers, groups = replicated(cluster, etcd, 1, curve)
     (a, ea), (b, eb) = groups[0]
@@ -296,20 +299,31 @@ def test_replicas_under_curve(cluster, etcd, tmp_path):
     assert "admitted CURVE client %s" % server["public"] in cluster.logs()
     # a worker's key asks to follow: refused, named
     zmq = pytest.importorskip("zmq")
-    ctx = zmq.Context()
-    s = ctx.socket(zmq.DEALER)
-    s.setsockopt(zmq.LINGER, 0)
-    s.curve_serverkey, s.curve_publickey, s.curve_secretkey = (
-        server["public"].encode(), worker["public"].encode(), worker["secret"].encode())
-    s.connect(eb)
+
+    def ask(who, header):
+        """One raw request under key pair who to eb: its reply."""
+        ctx = zmq.Context()
+        s = ctx.socket(zmq.DEALER)
+        s.setsockopt(zmq.LINGER, 0)
+        s.curve_serverkey, s.curve_publickey, s.curve_secretkey = (
+            server["public"].encode(), who["public"].encode(), who["secret"].encode())
+        s.connect(eb)
+        s.send(header)
+        assert s.poll(10000), "no answer"
+        reply = s.recv()
+        s.close()
+        ctx.term()
+        return reply
+
     ep = b"tcp://127.0.0.1:1"
     # ps.Header: version 1, op OP_FOLLOW (12), detail (22), instance (25)
-    s.send(b"\x08\x01\x10\x0c\xb2\x01" + bytes([len(ep)]) + ep + b"\xc8\x01\x07")
-    assert s.poll(10000), "no answer to the follow"
-    reply = s.recv()
-    s.close()
-    ctx.term()
+    reply = ask(worker, b"\x08\x01\x10\x0c\xb2\x01" + bytes([len(ep)]) + ep + b"\xc8\x01\x07")
     assert b"only this shard's own CURVE key may follow" in reply, reply
+    # psctl recover's request: only a key with "admin: yes" may ask (and
+    # a primary has nothing to recover)
+    for who, want in ((worker, b"only a key with"), (admin, b"nothing to recover")):
+        reply = ask(who, b"\x08\x01\x10\x0f\x18\x07")  # version 1, OP_RECOVER (15), request 7
+        assert want in reply, reply
 
 
 def test_at_most_three_backups_follow(cluster, etcd):
@@ -539,3 +553,74 @@ def test_a_replicated_cluster_stopped_mid_round_restarts_on_its_own(cluster, etc
     for i in range(2):
         assert "S0723 shard %d stopped cleanly" % i in text, text[-4000:]
         assert "stopped" not in etcd.get("/psd/shard-%d-of-2/insync" % i)  # consumed
+
+
+def test_every_member_killed_psctl_recover_names_what_each_lacks(cluster, etcd, tmp_path):
+    """1 shard x 2 replicas, each with a checkpoint directory. The backup
+    stops (its checkpoint: the first push), the primary checkpoints the
+    second push and acknowledges a third, and is killed with kill -9.
+    Started again, neither replica may take over (S0718): etcd's in-sync
+    set names the dead process. psctl recover asks both, names each
+    candidate's checkpoint, has the newer take over (S0725) and says what
+    is lost; the shard serves the second push's weights."""
+    psctl = os.environ.get("PSCTL_BIN")
+    if not psctl:
+        pytest.skip("PSCTL_BIN is not set")
+    eps = ["tcp://127.0.0.1:%d" % free_port() for _ in range(2)]
+    servers = "|".join(eps)
+    logs = []
+
+    def launch(j, extra=()):
+        log = os.path.join(cluster.tmp, "rec%d-%d.log" % (j, len(logs)))
+        p = subprocess.Popen([os.environ["PSD_BIN"], "--listen", eps[j], "--shard", "0",
+                              "--shards", "1", "--etcd", etcd.url, "--checkpoint-dir",
+                              str(tmp_path / ("ck%d" % j)), "--checkpoint-every", "0",
+                              "--stop-timeout-ms", "0"] + list(extra),
+                             stdout=subprocess.DEVNULL, stderr=open(log, "w"), env=child_env())
+        p.log = log
+        logs.append(log)
+        cluster.procs.append(p)
+        return p
+
+    a = launch(0)
+    until("a primary", lambda: leader(etcd, 0, 1).get("endpoint") == eps[0], cluster)
+    b = launch(1, ["--replica-of", eps[0]])
+    until("in sync", lambda: in_sync(etcd, 0, 1, 2), cluster)
+    one = np.ones(16, np.float32)
+    with psd.Client(servers) as c:
+        c.create_table("t", 16, "sgd", lr=0.5)
+        c.push("t", one).wait()
+        kill(cluster, b, signal.SIGTERM)  # its checkpoint holds the first push
+        assert "S0600" in open(b.log).read()
+        until("the backup dropped", lambda: in_sync(etcd, 0, 1, 1), cluster)
+        c.push("t", one).wait()
+        r = subprocess.run([psctl, "--servers", eps[0], "checkpoint"], capture_output=True,
+                           text=True, env=child_env(), timeout=30)
+        assert r.returncode == 0, r.stderr
+        c.push("t", one).wait()  # acknowledged, in no checkpoint
+    kill(cluster, a)
+    a, b = launch(0), launch(1)
+    for p in (a, b):
+        until("S0718", lambda: "S0718" in open(p.log).read(), cluster)
+    r = subprocess.run([psctl, "--servers", servers, "--timeout-ms", "5000", "recover"],
+                       capture_output=True, text=True, env=child_env(), timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    out = r.stdout
+    assert "candidates:" in out and eps[0] in out and eps[1] in out, out
+    ckpt = {ep: re.search(re.escape(ep) + r"  checkpoint at epoch (\d+) record (\d+)", out)
+            for ep in eps}
+    assert all(ckpt.values()), out
+    # the backup's holds the first push only, the primary's the second too
+    assert int(ckpt[eps[1]].group(2)) < int(ckpt[eps[0]].group(2)), out
+    assert re.search(re.escape(eps[0]) + r".*chosen", out), out
+    assert "lost: what the in-sync set" in out, out
+    until("the recovered primary", lambda: leader(etcd, 0, 1).get("endpoint") == eps[0], cluster)
+    assert "S0725" in open(a.log).read()
+    with psd.Client(servers) as c:
+        c.create_table("t", 16, "sgd", lr=0.5)  # the same spec: opens it
+        got = c.pull("t", np.zeros(16, np.float32)).wait()
+        np.testing.assert_array_equal(got, np.full(16, -1.0, np.float32))
+    # asked again, there is nothing to recover
+    r = subprocess.run([psctl, "--servers", servers, "recover"], capture_output=True, text=True,
+                       env=child_env(), timeout=60)
+    assert r.returncode == 0 and "nothing to recover" in r.stdout, r.stdout + r.stderr

@@ -171,17 +171,31 @@ int psc_stats(struct psc_client *c, uint32_t shard, int timeout_ms, struct psc_s
     return psc_stats_tables(c, shard, timeout_ms, out, NULL, 0);
 }
 
-int psc_checkpoint(struct psc_client *c, uint32_t shard, int timeout_ms, char *detail, size_t len)
+/* A request of op to one shard whose reply says what it did in detail
+ * (or the error, when it did not: recover). */
+static int detail_call(struct psc_client *c, Ps__Op op, uint32_t shard, int timeout_ms,
+                       char *detail, size_t len, int error_too)
 {
     if (shard >= c->nshards)
-        return psc__set_error(c, PS_EINVAL, "checkpoint: shard %u of %u", shard, c->nshards);
+        return psc__set_error(c, PS_EINVAL, "%s: shard %u of %u", ps_op_name(op), shard,
+                              c->nshards);
     char buf[PS_ERROR_TEXT_MAX] = "";
     Ps__Header h;
-    ps_wire_header_init(&h, PS__OP__OP_CHECKPOINT);
+    ps_wire_header_init(&h, op);
     int rc = psc__call_sync(c, &h, shard, shard, buf, timeout_ms);
     if (detail != NULL && len > 0)
-        snprintf(detail, len, "%s", buf);
+        snprintf(detail, len, "%s", rc != 0 && error_too ? psc_last_error(c) : buf);
     return rc;
+}
+
+int psc_checkpoint(struct psc_client *c, uint32_t shard, int timeout_ms, char *detail, size_t len)
+{
+    return detail_call(c, PS__OP__OP_CHECKPOINT, shard, timeout_ms, detail, len, 0);
+}
+
+int psc_recover(struct psc_client *c, uint32_t shard, int timeout_ms, char *detail, size_t len)
+{
+    return detail_call(c, PS__OP__OP_RECOVER, shard, timeout_ms, detail, len, 1);
 }
 
 /* A page of rows (psc_rows, psc_rows_delta): checks the call, asks, and

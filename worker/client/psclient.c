@@ -444,7 +444,8 @@ int psc_create(const struct psc_config *caller, struct psc_client **out, char *e
         rc = open_sockets(c, cfg, err, errlen);
     if (rc == 0 && (rc = say_hello(c, cfg, cfg->connect_timeout_ms)) != 0) {
         snprintf(err, errlen, "%s", c->last_error);
-        if (rc == PS_ETIMEDOUT && cfg->hello_optional)
+        if ((rc == PS_ETIMEDOUT || (rc == PS_EREMOTE && c->last_remote == PS_ENOTPRIMARY)) &&
+            cfg->hello_optional)
             rc = 0;
     } else if (rc == 0 && cfg->local_ipc) {
         /* no region is no error: values go in frames */

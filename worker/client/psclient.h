@@ -63,8 +63,10 @@ struct psc_config {
     size_t nservers;
     uint32_t worker_id;     /* this client's id in requests (rank) */
     int connect_timeout_ms; /* for the hello to every shard in psc_create */
-    int hello_optional;     /* psc_create succeeds when some shards do not answer (an
-                             * admin tool reports which); requests to them time out */
+    int hello_optional;     /* psc_create succeeds when some shards do not answer, or
+                             * answer as a replica that is not the primary (an admin
+                             * tool reports which); requests to them time out, or
+                             * are answered as such a replica answers (stats) */
     int wire_dtype;         /* enum psc_dtype: values on the wire (servers keep f32). A
                              * shard that took the shared region (shm_bytes) is sent
                              * f32, through the region or in frames: on one host there
@@ -260,6 +262,13 @@ struct psc_shard_stats {
         uint64_t lag; /* records sent that it has not acknowledged */
         int in_sync;  /* etcd lists it: replies wait for it, it may take over */
     } replicas[4];
+    /* replicas: the position its state is at (epoch, record), as a
+     * checkpoint would label it (a candidate: the checkpoint it restored),
+     * and etcd's in-sync set as it last read it */
+    uint64_t ckpt_epoch, ckpt_seq;
+    uint64_t insync_epoch;
+    int insync_stopped; /* the set records a clean stop */
+    char insync[512];   /* its members, "ID@ENDPOINT, ..." */
 };
 
 /* Shared memory with shards on this host (cfg.shm_bytes; common/protocol/ps_shm.h).
@@ -518,6 +527,14 @@ PSC_API int psc_stats_tables(struct psc_client *c, uint32_t shard, int timeout_m
  * ends); detail gets the file written or why it waits. Synchronous. */
 PSC_API int psc_checkpoint(struct psc_client *c, uint32_t shard, int timeout_ms, char *detail,
                            size_t len);
+
+/* psctl recover: asks shard's replica in use (a client of that one
+ * replica) to take its shard over from the checkpoint it restored, when
+ * every member of etcd's in-sync set was lost without a clean stop;
+ * detail gets what was lost, or why not. Under CURVE the client's key
+ * needs "admin: yes" in the shard's --curve-allow. Synchronous. */
+PSC_API int psc_recover(struct psc_client *c, uint32_t shard, int timeout_ms, char *detail,
+                        size_t len);
 
 /* A page of sparse table `table`'s rows on one shard: rows [offset,
  * offset+max) in the order the shard created them (new rows are only ever

@@ -82,7 +82,11 @@ static const char usage_text[] =
     "  keygen PATH   write a CURVE key pair: PATH (secret, 0600) and PATH.pub\n"
     "  reshard       --from DIR --shards N --to DIR2: rewrite the checkpoints of a stopped\n"
     "                cluster of S shards (the newest valid one of each) as those of N\n"
-    "                shards, for psd --shards N --checkpoint-dir DIR2 (needs no --servers)";
+    "                shards, for psd --shards N --checkpoint-dir DIR2 (needs no --servers)\n"
+    "  recover       replicated shards whose in-sync set was lost whole (every member\n"
+    "                gone without a clean stop; --servers lists each shard's replicas,\n"
+    "                A|B): ask every replica what its checkpoint holds, name the\n"
+    "                candidates and what each lacks, and have the newest take over";
 
 struct cluster {
     struct psc_client *c;
@@ -206,6 +210,13 @@ static json_t *shard_json(const struct psc_shard_stats *st, const struct psc_tab
     json_object_set_new(o, "epoch", json_integer((json_int_t)st->epoch));
     json_object_set_new(o, "primary", json_string(st->primary));
     json_object_set_new(o, "backups", reps);
+    if (strcmp(st->role, "solo") != 0 && st->role[0] != '\0') {
+        json_object_set_new(o, "ckpt_epoch", json_integer((json_int_t)st->ckpt_epoch));
+        json_object_set_new(o, "ckpt_seq", json_integer((json_int_t)st->ckpt_seq));
+        json_object_set_new(o, "insync_epoch", json_integer((json_int_t)st->insync_epoch));
+        json_object_set_new(o, "insync", json_string(st->insync));
+        json_object_set_new(o, "insync_stopped", json_boolean(st->insync_stopped));
+    }
     return o;
 }
 
@@ -741,6 +752,104 @@ static int cmd_reshard(const struct config *cfg)
     return 0;
 }
 
+/* One replica's answer to psctl recover's question. */
+struct survivor {
+    const char *ep;
+    int up;
+    struct psc_shard_stats st;
+    struct psc_client *c;
+};
+
+/* psctl recover for one shard, given as its replicas "A|B|...". */
+static int recover_shard(const struct config *cfg, const char *entry)
+{
+    char list[PS_ENDPOINT_MAX * 4 + 8];
+    snprintf(list, sizeof list, "%s", entry);
+    struct survivor sv[4];
+    int n = 0;
+    for (char *save = NULL, *ep = strtok_r(list, "|", &save); ep != NULL && n < 4;
+         ep = strtok_r(NULL, "|", &save)) {
+        struct survivor *v = &sv[n++];
+        memset(v, 0, sizeof *v);
+        v->ep = ep;
+        struct config one = *cfg;
+        one.servers = ep;
+        struct cluster k;
+        memset(&k, 0, sizeof k);
+        if (connect_cluster(&one, &k) != 0)
+            continue;
+        v->c = k.c;
+        v->st.struct_size = sizeof v->st;
+        v->up = psc_stats(v->c, 0, (int)cfg->timeout_ms, &v->st) == 0;
+    }
+    int best = -1, rc = 0;
+    for (int i = 0; i < n; i++) {
+        const struct survivor *v = &sv[i];
+        if (v->up && strcmp(v->st.role, "primary") == 0) {
+            printf("shard %u: %s is its primary (epoch %llu): nothing to recover\n", v->st.shard,
+                   v->ep, (unsigned long long)v->st.epoch);
+            best = -2;
+            break;
+        }
+        if (v->up && strcmp(v->st.role, "primary") != 0 && v->st.tables > 0 &&
+            (best < 0 || v->st.ckpt_epoch > sv[best].st.ckpt_epoch ||
+             (v->st.ckpt_epoch == sv[best].st.ckpt_epoch && v->st.ckpt_seq > sv[best].st.ckpt_seq)))
+            best = i;
+    }
+    if (best >= 0) {
+        const struct psc_shard_stats *b = &sv[best].st;
+        printf("shard %u: etcd's in-sync set (%s) was at epoch %llu%s; candidates:\n", b->shard,
+               b->insync[0] ? b->insync : "none", (unsigned long long)b->insync_epoch,
+               b->insync_stopped ? ", and records a clean stop" : "");
+        for (int i = 0; i < n; i++) {
+            const struct survivor *v = &sv[i];
+            if (!v->up) {
+                printf("  %s  does not answer\n", v->ep);
+                continue;
+            }
+            if (v->st.tables == 0) {
+                printf("  %s  %s, %u tables: not a candidate\n", v->ep, v->st.role, v->st.tables);
+                continue;
+            }
+            printf("  %s  checkpoint at epoch %llu record %llu: lacks what the set acknowledged "
+                   "after it%s\n",
+                   v->ep, (unsigned long long)v->st.ckpt_epoch, (unsigned long long)v->st.ckpt_seq,
+                   i == best ? " (chosen: the newest)" : "");
+        }
+        char detail[PS_ERROR_TEXT_MAX];
+        if (psc_recover(sv[best].c, 0, (int)cfg->timeout_ms, detail, sizeof detail) == 0) {
+            printf("  %s\n", detail);
+        } else {
+            fprintf(stderr, "psctl: recover: %s: %s\n", sv[best].ep, detail);
+            rc = 1;
+        }
+    } else if (best == -1) {
+        fprintf(stderr,
+                "psctl: recover: no replica of %s answers as a candidate holding a checkpoint\n",
+                entry);
+        rc = 1;
+    }
+    for (int i = 0; i < n; i++)
+        if (sv[i].c != NULL)
+            psc_destroy(sv[i].c);
+    return rc;
+}
+
+static int cmd_recover(const struct config *cfg)
+{
+    char buf[8192], err[512];
+    const char *eps[PS_SHARDS_MAX];
+    size_t n = 0;
+    if (ps_split_servers(cfg->servers, buf, sizeof buf, eps, &n, err, sizeof err) != 0) {
+        fprintf(stderr, "psctl: %s\n", err);
+        return 2;
+    }
+    int rc = 0;
+    for (size_t i = 0; i < n; i++)
+        rc |= recover_shard(cfg, eps[i]);
+    return rc;
+}
+
 int main(int argc, char **argv)
 {
     struct config cfg;
@@ -804,10 +913,19 @@ int main(int argc, char **argv)
         }
         return cmd_reshard(&cfg);
     }
+    if (strcmp(cmd, "recover") == 0) {
+        if (nargs != 0) {
+            fprintf(stderr, "psctl: recover takes no arguments\n");
+            return 2;
+        }
+        return cmd_recover(&cfg);
+    }
     int want = strcmp(cmd, "export") == 0 ? 1 : 0;
     if (strcmp(cmd, "status") != 0 && strcmp(cmd, "checkpoint") != 0 && !want) {
         fprintf(stderr,
-                "psctl: unknown command '%s' (status, checkpoint, export, keygen, reshard)\n", cmd);
+                "psctl: unknown command '%s' (status, checkpoint, export, keygen, reshard, "
+                "recover)\n",
+                cmd);
         return 2;
     }
     if (nargs != want) {

@@ -251,7 +251,7 @@ static void handle_sync_reply(struct psc_client *c, uint32_t shard, struct slot 
                 (unsigned long long)h->offset, (unsigned long long)(h->offset + h->count), t->name,
                 (unsigned long long)lo, (unsigned long long)hi);
         t->ids[shard] = h->table_id;
-    } else if (sl->op == PS__OP__OP_CHECKPOINT) {
+    } else if (sl->op == PS__OP__OP_CHECKPOINT || sl->op == PS__OP__OP_RECOVER) {
         snprintf(sl->ctx, PS_ERROR_TEXT_MAX, "%s", h->detail);
     } else if (sl->op == PS__OP__OP_STATS) {
         const struct stats_out *so = sl->ctx;
@@ -290,6 +290,11 @@ static void handle_sync_reply(struct psc_client *c, uint32_t shard, struct slot 
         snprintf(st->primary, sizeof st->primary, "%s", h->stats->primary ? h->stats->primary : "");
         st->epoch = h->stats->epoch;
         st->repl_seq = h->stats->repl_seq;
+        st->ckpt_epoch = h->stats->ckpt_epoch;
+        st->ckpt_seq = h->stats->ckpt_seq;
+        st->insync_epoch = h->stats->insync_epoch;
+        st->insync_stopped = h->stats->insync_stopped;
+        snprintf(st->insync, sizeof st->insync, "%s", h->stats->insync ? h->stats->insync : "");
         st->nreplicas = 0;
         for (size_t i = 0; i < h->stats->n_replicas && i < 4; i++) {
             const Ps__ReplicaStats *rs = h->stats->replicas[i];
