@@ -137,7 +137,6 @@ struct replicas {
     int dropped; /* the connection in use dropped: its replies are read, then it moves */
 };
 
-
 /* psc_cork: a shard's header-only data requests held for one message. */
 struct batch_q {
     uint32_t n;

@@ -13,9 +13,6 @@
  * status is 1. */
 #include "psclient.h"
 
-#include "reshard.h"
-#include "snapshot.h"
-
 #include "ps_clock.h"
 #include "ps_curve.h"
 #include "ps_err.h"
@@ -31,17 +28,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
-struct config {
-    const char *servers;
-    uint64_t timeout_ms;
-    int json;
-    const char *format;
-    const char *curve_secret, *curve_server_key;
-    const char *from, *to;
-    uint64_t shards;
-    const char *since;
-    int help;
-};
+#include "psctl_impl.h"
 
 #define OPT(...) PS_OPT(struct config, __VA_ARGS__)
 
@@ -88,16 +75,6 @@ static const char usage_text[] =
     "                A|B): ask every replica what its checkpoint holds, name the\n"
     "                candidates and what each lacks, and have the newest take over";
 
-struct cluster {
-    struct psc_client *c;
-    const char *eps[PS_SHARDS_MAX];
-    size_t n;
-    char buf[8192];
-    int timeout_ms;
-    int hello_ms;         /* what the hellos were given: 3/4 of timeout_ms */
-    uint64_t deadline_ms; /* status: timeout_ms after the start */
-};
-
 /* What is left of the deadline (1 at least: a shard answering at once
  * still gets its chance). */
 static int left_ms(const struct cluster *k)
@@ -114,40 +91,6 @@ static int answered(const struct cluster *k, uint32_t s, char *err, size_t len)
     snprintf(err, len, "%s: no answer to hello within %d ms (--timeout-ms %d)", k->eps[s],
              k->hello_ms, k->timeout_ms);
     return -1;
-}
-
-static int connect_cluster(const struct config *cfg, struct cluster *k)
-{
-    char err[512];
-    int rc = ps_split_servers(cfg->servers, k->buf, sizeof k->buf, k->eps, &k->n, err, sizeof err);
-    struct ps_curve_keys mine, server;
-    if (rc == 0)
-        rc = ps_curve_client(cfg->curve_secret, cfg->curve_server_key, &mine, &server, err,
-                             sizeof err);
-    if (rc != 0) {
-        fprintf(stderr, "psctl: %s\n", err);
-        return 2;
-    }
-    k->timeout_ms = (int)cfg->timeout_ms;
-    k->hello_ms = k->timeout_ms - k->timeout_ms / 4;
-    k->deadline_ms = (uint64_t)ps_mono_ms() + (uint64_t)k->timeout_ms;
-    struct psc_config pc = {.struct_size = sizeof pc,
-                            .servers = k->eps,
-                            .nservers = k->n,
-                            .worker_id = PSC_OBSERVER,
-                            .connect_timeout_ms = k->hello_ms,
-                            .hello_optional = 1,
-                            .heartbeat_ms = -1};
-    if (mine.pub[0] != '\0') {
-        pc.curve_server_key = server.pub;
-        pc.curve_public = mine.pub;
-        pc.curve_secret = mine.sec;
-    }
-    if (psc_create(&pc, &k->c, err, sizeof err) != 0) {
-        fprintf(stderr, "psctl: %s\n", err);
-        return 1;
-    }
-    return 0;
 }
 
 static json_t *u64_array(const uint64_t *v, size_t n)
@@ -704,152 +647,6 @@ static int cmd_export(struct cluster *k, const char *path, const char *since_pat
     return rc == 0 ? 0 : 1;
 }
 
-/* psctl reshard: offline, on the checkpoint files (server/state/snapshot.h). */
-static int cmd_reshard(const struct config *cfg)
-{
-    char err[1024];
-    if (cfg->from == NULL || cfg->to == NULL || cfg->shards == 0) {
-        fprintf(stderr, "psctl: reshard needs --from DIR, --shards N (1..%u) and --to DIR\n",
-                PS_SHARDS_MAX);
-        return 2;
-    }
-    uint32_t old = 0;
-    struct psd_cons cons;
-    if (psd_snapshot_params(cfg->from, &old, &cons, err, sizeof err) != 0) {
-        fprintf(stderr, "psctl: reshard: %s\n", err);
-        return 1;
-    }
-    char what[256];
-    if (mkdir(cfg->to, 0700) != 0 && errno != EEXIST) {
-        fprintf(stderr, "psctl: reshard: cannot make %s: %s\n", cfg->to, strerror(errno));
-        return 1;
-    }
-    if (psd_snapshot_found(cfg->to, what, sizeof what) > 0) {
-        fprintf(stderr,
-                "psctl: reshard: %s holds checkpoints already (%s): give an empty "
-                "directory\n",
-                cfg->to, what);
-        return 1;
-    }
-    int rc = 0;
-    for (uint32_t j = 0; rc == 0 && j < cfg->shards; j++) {
-        struct psd_snapshot s = {.shard = j, .shards = (uint32_t)cfg->shards, .cons = cons};
-        char path[PS_PATH_MAX];
-        rc = psd_reshard(&s, cfg->from, old, err, sizeof err);
-        if (rc == 0)
-            rc = psd_snapshot_write(&s, cfg->to, path, sizeof path, err, sizeof err);
-        if (rc == 0)
-            printf("shard %u of %llu: %s (%u tables)\n", j, (unsigned long long)cfg->shards, path,
-                   s.ntables);
-        psd_snapshot_free(&s);
-    }
-    if (rc != 0) {
-        fprintf(stderr, "psctl: reshard: %s\n", err);
-        return 1;
-    }
-    printf("resharded %u shard(s) of %s into %llu in %s\n", old, cfg->from,
-           (unsigned long long)cfg->shards, cfg->to);
-    return 0;
-}
-
-/* One replica's answer to psctl recover's question. */
-struct survivor {
-    const char *ep;
-    int up;
-    struct psc_shard_stats st;
-    struct psc_client *c;
-};
-
-/* psctl recover for one shard, given as its replicas "A|B|...". */
-static int recover_shard(const struct config *cfg, const char *entry)
-{
-    char list[PS_ENDPOINT_MAX * 4 + 8];
-    snprintf(list, sizeof list, "%s", entry);
-    struct survivor sv[4];
-    int n = 0;
-    for (char *save = NULL, *ep = strtok_r(list, "|", &save); ep != NULL && n < 4;
-         ep = strtok_r(NULL, "|", &save)) {
-        struct survivor *v = &sv[n++];
-        memset(v, 0, sizeof *v);
-        v->ep = ep;
-        struct config one = *cfg;
-        one.servers = ep;
-        struct cluster k;
-        memset(&k, 0, sizeof k);
-        if (connect_cluster(&one, &k) != 0)
-            continue;
-        v->c = k.c;
-        v->st.struct_size = sizeof v->st;
-        v->up = psc_stats(v->c, 0, (int)cfg->timeout_ms, &v->st) == 0;
-    }
-    int best = -1, rc = 0;
-    for (int i = 0; i < n; i++) {
-        const struct survivor *v = &sv[i];
-        if (v->up && strcmp(v->st.role, "primary") == 0) {
-            printf("shard %u: %s is its primary (epoch %llu): nothing to recover\n", v->st.shard,
-                   v->ep, (unsigned long long)v->st.epoch);
-            best = -2;
-            break;
-        }
-        if (v->up && strcmp(v->st.role, "primary") != 0 && v->st.tables > 0 &&
-            (best < 0 || v->st.ckpt_epoch > sv[best].st.ckpt_epoch ||
-             (v->st.ckpt_epoch == sv[best].st.ckpt_epoch && v->st.ckpt_seq > sv[best].st.ckpt_seq)))
-            best = i;
-    }
-    if (best >= 0) {
-        const struct psc_shard_stats *b = &sv[best].st;
-        printf("shard %u: etcd's in-sync set (%s) was at epoch %llu%s; candidates:\n", b->shard,
-               b->insync[0] ? b->insync : "none", (unsigned long long)b->insync_epoch,
-               b->insync_stopped ? ", and records a clean stop" : "");
-        for (int i = 0; i < n; i++) {
-            const struct survivor *v = &sv[i];
-            if (!v->up) {
-                printf("  %s  does not answer\n", v->ep);
-                continue;
-            }
-            if (v->st.tables == 0) {
-                printf("  %s  %s, %u tables: not a candidate\n", v->ep, v->st.role, v->st.tables);
-                continue;
-            }
-            printf("  %s  checkpoint at epoch %llu record %llu: lacks what the set acknowledged "
-                   "after it%s\n",
-                   v->ep, (unsigned long long)v->st.ckpt_epoch, (unsigned long long)v->st.ckpt_seq,
-                   i == best ? " (chosen: the newest)" : "");
-        }
-        char detail[PS_ERROR_TEXT_MAX];
-        if (psc_recover(sv[best].c, 0, (int)cfg->timeout_ms, detail, sizeof detail) == 0) {
-            printf("  %s\n", detail);
-        } else {
-            fprintf(stderr, "psctl: recover: %s: %s\n", sv[best].ep, detail);
-            rc = 1;
-        }
-    } else if (best == -1) {
-        fprintf(stderr,
-                "psctl: recover: no replica of %s answers as a candidate holding a checkpoint\n",
-                entry);
-        rc = 1;
-    }
-    for (int i = 0; i < n; i++)
-        if (sv[i].c != NULL)
-            psc_destroy(sv[i].c);
-    return rc;
-}
-
-static int cmd_recover(const struct config *cfg)
-{
-    char buf[8192], err[512];
-    const char *eps[PS_SHARDS_MAX];
-    size_t n = 0;
-    if (ps_split_servers(cfg->servers, buf, sizeof buf, eps, &n, err, sizeof err) != 0) {
-        fprintf(stderr, "psctl: %s\n", err);
-        return 2;
-    }
-    int rc = 0;
-    for (size_t i = 0; i < n; i++)
-        rc |= recover_shard(cfg, eps[i]);
-    return rc;
-}
-
 int main(int argc, char **argv)
 {
     struct config cfg;
@@ -911,14 +708,14 @@ int main(int argc, char **argv)
                             "arguments\n");
             return 2;
         }
-        return cmd_reshard(&cfg);
+        return psc__ctl_reshard(&cfg);
     }
     if (strcmp(cmd, "recover") == 0) {
         if (nargs != 0) {
             fprintf(stderr, "psctl: recover takes no arguments\n");
             return 2;
         }
-        return cmd_recover(&cfg);
+        return psc__ctl_recover(&cfg);
     }
     int want = strcmp(cmd, "export") == 0 ? 1 : 0;
     if (strcmp(cmd, "status") != 0 && strcmp(cmd, "checkpoint") != 0 && !want) {
@@ -938,7 +735,7 @@ int main(int argc, char **argv)
     }
     struct cluster k;
     memset(&k, 0, sizeof k);
-    int rc = connect_cluster(&cfg, &k);
+    int rc = psc__ctl_connect(&cfg, &k);
     if (rc != 0)
         return rc;
     if (strcmp(cmd, "status") == 0)
