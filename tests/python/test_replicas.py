@@ -326,6 +326,39 @@ def test_replicas_under_curve(cluster, etcd, tmp_path):
         assert want in reply, reply
 
 
+@pytest.mark.parametrize("line,ok", [("admin: yes", True), ("admin: no", True),
+                                     ("admin: maybe", False), ("admin:", False)])
+def test_admin_lines_are_checked(tmp_path, line, ok):
+    """An allow file's "admin:" line is yes or no; anything else keeps psd
+    from starting, naming the file."""
+    keys(str(tmp_path / "server"))
+    keys(str(tmp_path / "admin"))
+    allow = tmp_path / "allow"
+    allow.mkdir()
+    with open(str(allow / "admin.pub"), "w") as f:
+        f.write(open(str(tmp_path / "admin.pub")).read() + line + "\n")
+    p = subprocess.Popen([os.environ["PSD_BIN"], "--listen", "tcp://127.0.0.1:0",
+                          "--curve-secret", str(tmp_path / "server"), "--curve-allow",
+                          str(allow)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                         text=True, env=child_env())
+    try:
+        if ok:  # starts and serves (S0010, after its signal handlers): stopped again
+            line = p.stderr.readline()
+            while line and "S0010" not in line:
+                line = p.stderr.readline()
+            assert line and p.poll() is None
+            p.send_signal(signal.SIGTERM)
+        err = p.communicate(timeout=30)[1]
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    if ok:
+        assert p.returncode == 0, err
+    else:
+        assert p.returncode != 0 and "'admin:' takes yes or no" in err, err
+
+
 def test_at_most_three_backups_follow(cluster, etcd):
     """PSD_BACKUPS_MAX (PS_REPLICAS_MAX - 1): a fourth backup is refused
     and named, and the three keep the shard in sync."""
