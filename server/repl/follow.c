@@ -338,6 +338,13 @@ void psd__repl_consult(struct psd_repl *r, uint64_t now)
     }
 }
 
+/* The campaign a clean stop allows (lead.h), asked for by psctl recover. */
+static int campaign_to_recover(struct psd_repl *r, struct psd_lead_view *v, int *won)
+{
+    v->resume = 1;
+    return psd_lead_campaign(&r->lead, v, won);
+}
+
 /* psctl recover (OP_RECOVER, repl.h): a candidate of a shard whose whole
  * in-sync set is gone takes the shard over from what it restored. */
 void psd__repl_recover(struct psd_repl *r, const struct ps_frame *route, const char *user,
@@ -371,7 +378,7 @@ void psd__repl_recover(struct psd_repl *r, const struct ps_frame *route, const c
                          "recover: etcd holds no in-sync set for shard %u: the first replica takes "
                          "a new shard by itself",
                          s->conf.shard);
-    else if ((v.resume = 1, rc = psd_lead_campaign(&r->lead, &v, &won)) != 0)
+    else if ((rc = campaign_to_recover(r, &v, &won)) != 0)
         psd_reply_errorf(s, req, PS_EIO, &rep, "recover: etcd: %s", r->lead.etcd.err);
     else if (!won)
         psd_reply_errorf(s, req, PS_EBUSY, &rep,

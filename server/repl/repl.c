@@ -704,7 +704,11 @@ void psd_repl_stop(struct psd_repl *r, int checkpointed)
          * take this long to go, instead of being dropped */
         int linger = LAST_RECORD_LINGER_MS;
         zmq_setsockopt(r->net->sock, ZMQ_LINGER, &linger, sizeof linger);
-        PS_LOG(r->log, PS_LOG_INFO, S0719, "giving up the primary's lease: a backup takes over");
+        PS_LOG(r->log, PS_LOG_INFO, S0719,
+               "giving up the primary's lease: a backup takes over (%" PRIu64
+               " request(s) read while the last replies went were dropped: their clients send "
+               "them again)",
+               r->drain_dropped);
         psd_lead_resign(&r->lead);
         refuse_held(r);
     }
