@@ -67,10 +67,19 @@ int psd_backup_drop(struct psd_backup *b)
     return 0;
 }
 
-void psd_backups_listed(struct psd_backups *set)
+uint32_t psd_backups_leaving_mask(const struct psd_backups *set)
 {
+    uint32_t mask = 0;
     for (uint32_t i = 0; i < PSD_BACKUPS_MAX; i++)
         if (set->b[i].state == PSD_BACKUP_LEAVING)
+            mask |= 1u << i;
+    return mask;
+}
+
+void psd_backups_listed(struct psd_backups *set, uint32_t mask)
+{
+    for (uint32_t i = 0; i < PSD_BACKUPS_MAX; i++)
+        if ((mask & (1u << i)) && set->b[i].state == PSD_BACKUP_LEAVING)
             set->b[i].state = PSD_BACKUP_FREE;
 }
 

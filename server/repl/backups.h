@@ -67,9 +67,13 @@ int psd_backup_acked(struct psd_backup *b, uint64_t seq, uint64_t sent, uint64_t
 /* Drops b: 1 when it was in the in-sync set (now LEAVING: the set must be
  * written without it), 0 when it is gone at once or was gone. */
 int psd_backup_drop(struct psd_backup *b);
-/* etcd's set was written from psd_backups_in_sync: the LEAVING ones are
- * gone. */
-void psd_backups_listed(struct psd_backups *set);
+/* The slots LEAVING now, a bit each: what a set written from
+ * psd_backups_in_sync now leaves out. */
+uint32_t psd_backups_leaving_mask(const struct psd_backups *set);
+/* etcd's set was written from psd_backups_in_sync when the slots in
+ * mask were LEAVING: those still LEAVING are gone (one dropped since was
+ * in that set, and stays until a set without it is written). */
+void psd_backups_listed(struct psd_backups *set, uint32_t mask);
 /* The IN_SYNC backups' ids and endpoints (at most PSD_BACKUPS_MAX). */
 uint32_t psd_backups_in_sync(const struct psd_backups *set, uint64_t *ids, const char **endpoints);
 /* 1 when some backup is LEAVING (a set write that has not happened yet). */

@@ -4,14 +4,20 @@
  * the requests, jansson reads and writes the JSON, libsodium does the
  * base64 the gateway wants for keys and values.
  *
- * Calls block for at most the timeout given at init; they run on psd's
- * loop, against an etcd that answers in a millisecond or two. Not a
- * general client: no watches, no ranges over prefixes. */
+ * Two ways to call. The blocking calls hold the caller for at most the
+ * timeout given at init: psd makes them only where it serves nobody (a
+ * replica asking who is primary, a campaign, a stop). The asynchronous
+ * ones (psd_etcd_keepalive_async, psd_etcd_txn_async) go through
+ * libcurl's multi interface on a libuv loop, one at a time, with their
+ * own connection: a primary renews its lease and writes its in-sync set
+ * while it goes on serving, however slowly etcd answers. Not a general
+ * client: no watches, no ranges over prefixes. */
 #ifndef PSD_ETCD_H
 #define PSD_ETCD_H
 
 #include <stddef.h>
 #include <stdint.h>
+#include <uv.h>
 
 #define PSD_ETCD_URL_MAX   256u
 #define PSD_ETCD_KEY_MAX   256u
@@ -26,17 +32,50 @@
 typedef int (*psd_etcd_post_fn)(void *ctx, const char *path, const char *request, char *answer,
                                 size_t answer_max, size_t *answer_len, long *status);
 
+/* An asynchronous call's end: rc 0 or PS_E* (e->err says why), and
+ * what the call returns (keepalive: the lease's TTL left; txn: 1 when
+ * the compares held). */
+struct psd_etcd;
+typedef void (*psd_etcd_done_fn)(void *ctx, int rc, int64_t value);
+
+#define PSD_ETCD_SOCKS 4u /* sockets one asynchronous call may watch */
+
+/* The asynchronous side (psd_etcd_async_start). */
+struct psd_etcd_async {
+    uv_loop_t *loop;
+    void *multi, *easy; /* CURLM *, CURL * */
+    uv_timer_t timer;
+    struct psd_etcd_sock {
+        uv_poll_t poll;
+        int fd; /* -1: free */
+        int open;
+        struct psd_etcd *e;
+    } socks[PSD_ETCD_SOCKS];
+    char *body;
+    size_t body_len;
+    int body_over;
+    char *request; /* the call's JSON text, until it ends */
+    char path[32];
+    int busy, closed;
+    int kind; /* what the answer holds (etcd.c) */
+    psd_etcd_done_fn done;
+    void *ctx;
+};
+
 struct psd_etcd {
     void *curl;            /* CURL * */
     psd_etcd_post_fn post; /* NULL: libcurl */
     void *post_ctx;
     char url[PSD_ETCD_URL_MAX];
-    long timeout_ms;
-    char *body; /* the response being read, PSD_ETCD_BODY_MAX + 1 bytes */
+    long timeout_ms;       /* a blocking call's */
+    long async_timeout_ms; /* an asynchronous call's (psd_etcd_async_start) */
+    char *body;            /* the response being read, PSD_ETCD_BODY_MAX + 1 bytes */
     size_t body_len;
     int body_over;
     uint64_t calls, failures;
-    char err[256]; /* why the last call failed */
+    uint64_t blocking;            /* calls that held their caller (the loop, in psd) */
+    char err[256];                /* why the last call failed */
+    struct psd_etcd_async *async; /* NULL until psd_etcd_async_start */
 };
 
 /* One key as read. found 0: the key does not exist (revisions 0). */
@@ -81,5 +120,24 @@ int psd_etcd_get(struct psd_etcd *e, const char *key, struct psd_etcd_kv *kv);
 /* *ok: 1 when every compare held and the puts were made, else 0. */
 int psd_etcd_txn(struct psd_etcd *e, const struct psd_etcd_cmp *cmp, size_t ncmp,
                  const struct psd_etcd_put *put, size_t nput, int *ok);
+
+/* The asynchronous calls on loop, each given timeout_ms to end. 0, or
+ * PS_ENOMEM with err. */
+int psd_etcd_async_start(struct psd_etcd *e, uv_loop_t *loop, long timeout_ms, char *err,
+                         size_t errlen);
+/* Whether an asynchronous call is under way (one at a time). */
+int psd_etcd_busy(const struct psd_etcd *e);
+/* Start one call: done(ctx, rc, value) comes later on the loop, once,
+ * unless psd_etcd_async_close comes first. With a stand-in transport
+ * (psd_etcd_set_transport) the call is made at once and done is called
+ * before these return. 0 when started; PS_EBUSY while another is under
+ * way, PS_ESTATE before psd_etcd_async_start, PS_ENOMEM. */
+int psd_etcd_keepalive_async(struct psd_etcd *e, int64_t lease, psd_etcd_done_fn done, void *ctx);
+int psd_etcd_txn_async(struct psd_etcd *e, const struct psd_etcd_cmp *cmp, size_t ncmp,
+                       const struct psd_etcd_put *put, size_t nput, psd_etcd_done_fn done,
+                       void *ctx);
+/* Ends the call under way (its done is never called) and closes the
+ * loop's handles; psd_etcd_fini frees the rest once the loop has run. */
+void psd_etcd_async_close(struct psd_etcd *e);
 
 #endif

@@ -26,8 +26,9 @@ int psd_lead_init(struct psd_lead *l, const char *url, const char *prefix, uint3
     l->id = id;
     snprintf(l->endpoint, sizeof l->endpoint, "%s", endpoint);
     l->ttl_s = ttl_s;
-    /* each call holds psd's loop: PSD_ETCD_CALL_MS at most (etcd answers
-     * in a millisecond or two; one fsync on a slow disk takes tens) */
+    /* a blocking call holds psd's loop PSD_ETCD_CALL_MS at most (etcd
+     * answers in a millisecond or two; one fsync on a slow disk takes
+     * tens); psd makes them only where it serves nobody */
     return psd_etcd_init(&l->etcd, url, PSD_ETCD_CALL_MS, err, errlen);
 }
 
@@ -169,34 +170,60 @@ int psd_lead_campaign(struct psd_lead *l, const struct psd_lead_view *v, int *wo
     return rc;
 }
 
-int psd_lead_renew(struct psd_lead *l, uint64_t now_ms)
+int psd_lead_renew_due(const struct psd_lead *l, uint64_t now_ms)
 {
-    if (l->lease == 0)
-        return PS_ESTATE;
-    if (now_ms - l->renewed_ms < (uint64_t)l->granted_s * 1000u / PSD_RENEWS_PER_TTL ||
-        now_ms - l->tried_ms < PSD_ETCD_RETRY_MS)
-        return 0;
-    l->tried_ms = now_ms;
-    int64_t ttl = 0;
-    int rc = psd_etcd_keepalive(&l->etcd, l->lease, &ttl);
-    if (rc != 0)
-        return rc; /* etcd did not answer: the lease runs out at lease_until_ms */
+    return l->lease != 0 &&
+           now_ms - l->renewed_ms >= (uint64_t)l->granted_s * 1000u / PSD_RENEWS_PER_TTL &&
+           now_ms - l->tried_ms >= PSD_ETCD_RETRY_MS;
+}
+
+/* The keepalive's answer: what is left of the lease from when it was
+ * asked. */
+static int renewed(struct psd_lead *l, uint64_t asked_ms, int64_t ttl)
+{
     if (ttl <= 0) {
         l->lease = 0;
         l->lease_until_ms = 0;
         snprintf(l->etcd.err, sizeof l->etcd.err, "etcd no longer holds this process's lease");
         return PS_ESTATE;
     }
-    l->renewed_ms = now_ms;
-    l->lease_until_ms = now_ms + (uint64_t)ttl * PSD_LEASE_SURE_MS_PER_S;
+    l->renewed_ms = asked_ms;
+    l->lease_until_ms = asked_ms + (uint64_t)ttl * PSD_LEASE_SURE_MS_PER_S;
     return 0;
 }
 
-/* Puts the in-sync key if this process still holds the leader key. */
-static int put_insync(struct psd_lead *l, const uint64_t *ids, const char *const *endpoints,
-                      uint32_t n, int stopped, uint64_t seq, int *ok)
+static void on_keepalive(void *ctx, int rc, int64_t ttl)
 {
-    *ok = 0;
+    struct psd_lead *l = ctx;
+    if (l->lease != l->renew_lease) /* given up meanwhile */
+        rc = PS_ESTATE;
+    else if (rc == 0)
+        rc = renewed(l, l->renew_asked_ms, ttl);
+    l->renew_done(l->renew_ctx, rc, 0);
+}
+
+int psd_lead_renew_async(struct psd_lead *l, uint64_t now_ms, psd_etcd_done_fn done, void *ctx)
+{
+    if (l->lease == 0)
+        return PS_ESTATE;
+    if (psd_etcd_busy(&l->etcd))
+        return PS_EBUSY;
+    l->tried_ms = now_ms;
+    l->renew_lease = l->lease;
+    l->renew_asked_ms = now_ms;
+    l->renew_done = done;
+    l->renew_ctx = ctx;
+    return psd_etcd_keepalive_async(&l->etcd, l->lease, on_keepalive, l);
+}
+
+/* Puts the in-sync key if this process still holds the leader key:
+ * blocking (done NULL: *ok says), or asynchronous (done(ctx, rc, ok)). */
+static int put_insync(struct psd_lead *l, const uint64_t *ids, const char *const *endpoints,
+                      uint32_t n, int stopped, uint64_t seq, int *ok, psd_etcd_done_fn done,
+                      void *ctx)
+{
+    if (ok != NULL)
+        *ok = 0;
     char *sv = insync_text(l, l->epoch, ids, endpoints, n, stopped, seq);
     if (sv == NULL)
         return PS_ENOMEM;
@@ -205,21 +232,22 @@ static int put_insync(struct psd_lead *l, const uint64_t *ids, const char *const
     struct psd_etcd_cmp cmp = {
         .key = l->leader_key, .target = PSD_ETCD_VALUE, .value = l->leader_value};
     struct psd_etcd_put put = {l->insync_key, sv, 0};
-    int rc = psd_etcd_txn(&l->etcd, &cmp, 1, &put, 1, ok);
+    int rc = done != NULL ? psd_etcd_txn_async(&l->etcd, &cmp, 1, &put, 1, done, ctx)
+                          : psd_etcd_txn(&l->etcd, &cmp, 1, &put, 1, ok);
     free(sv);
     return rc;
 }
 
-int psd_lead_set_insync(struct psd_lead *l, const uint64_t *ids, const char *const *endpoints,
-                        uint32_t n, int *ok)
+int psd_lead_set_insync_async(struct psd_lead *l, const uint64_t *ids, const char *const *endpoints,
+                              uint32_t n, psd_etcd_done_fn done, void *ctx)
 {
-    return put_insync(l, ids, endpoints, n, 0, 0, ok);
+    return put_insync(l, ids, endpoints, n, 0, 0, NULL, done, ctx);
 }
 
 int psd_lead_set_stopped(struct psd_lead *l, const uint64_t *ids, const char *const *endpoints,
                          uint32_t n, uint64_t seq, int *ok)
 {
-    return put_insync(l, ids, endpoints, n, 1, seq, ok);
+    return put_insync(l, ids, endpoints, n, 1, seq, ok, NULL, NULL);
 }
 
 void psd_lead_resign(struct psd_lead *l)

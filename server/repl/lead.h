@@ -71,6 +71,11 @@ struct psd_lead {
     uint64_t lease_until_ms;                 /* requests may be answered until then */
     uint64_t renewed_ms;                     /* last keepalive sent that succeeded */
     uint64_t tried_ms;                       /* last keepalive sent */
+    /* the asynchronous renewal under way (psd_lead_renew_async) */
+    int64_t renew_lease;
+    uint64_t renew_asked_ms;
+    psd_etcd_done_fn renew_done;
+    void *renew_ctx;
 };
 
 /* 0, or PS_E* with err. */
@@ -93,15 +98,21 @@ int psd_lead_read(struct psd_lead *l, struct psd_lead_view *v);
  * l->epoch. 0 or PS_E*. */
 int psd_lead_campaign(struct psd_lead *l, const struct psd_lead_view *v, int *won);
 
-/* Renews the lease when a third of the TTL has passed (now in ms).
- * PS_ESTATE when etcd no longer has it: this process is not primary. */
-int psd_lead_renew(struct psd_lead *l, uint64_t now_ms);
-
-/* Writes the in-sync set: this process and the n backups (ids and
- * endpoints), if this process still holds the leader key. *ok 0: it does
- * not (deposed). 0 or PS_E*. */
-int psd_lead_set_insync(struct psd_lead *l, const uint64_t *ids, const char *const *endpoints,
-                        uint32_t n, int *ok);
+/* The primary's calls, which must not hold its loop: through etcd's
+ * asynchronous calls (psd_etcd_async_start first), one at a time
+ * (PS_EBUSY while one is under way: try again later).
+ * psd_lead_renew_due: whether the lease's renewal is due at now_ms (a
+ * third of the TTL since the last; PSD_ETCD_RETRY_MS since a try).
+ * psd_lead_renew_async: starts it; done(ctx, rc, 0) once it ended, with
+ * rc PS_ESTATE when etcd no longer has the lease (this process is not
+ * primary); a lease given up meanwhile (psd_lead_resign) stays given up.
+ * psd_lead_set_insync_async: writes the in-sync set, this process and
+ * the n backups (ids and endpoints), if this process still holds the
+ * leader key; done(ctx, rc, ok), ok 0 when it does not (deposed). */
+int psd_lead_renew_due(const struct psd_lead *l, uint64_t now_ms);
+int psd_lead_renew_async(struct psd_lead *l, uint64_t now_ms, psd_etcd_done_fn done, void *ctx);
+int psd_lead_set_insync_async(struct psd_lead *l, const uint64_t *ids, const char *const *endpoints,
+                              uint32_t n, psd_etcd_done_fn done, void *ctx);
 
 /* Adds "stopped": {epoch, seq} to the in-sync set (this process and the
  * n backups), if this process still holds the leader key (*ok 0: it does

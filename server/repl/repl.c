@@ -194,28 +194,99 @@ static int on_floor(void *ctx, uint32_t table, uint64_t floor)
 
 /* ---- the in-sync set ------------------------------------------------------ */
 
-/* Writes etcd's in-sync set from the backups in sync; those leaving are
- * let go once it is written. */
-static int update_insync(struct psd_repl *r)
+/* ---- etcd, while primary: one asynchronous call at a time ------------------- */
+
+static void etcd_next(struct psd_repl *r, uint64_t now);
+
+static void on_insync_written(void *ctx, int rc, int64_t ok)
+{
+    struct psd_repl *r = ctx;
+    uint32_t mask = r->insync_leaving;
+    r->insync_leaving = 0;
+    if (r->role != PSD_ROLE_PRIMARY)
+        return;
+    if (rc != 0) {
+        r->insync_wanted = 1; /* again at the next tick */
+        if (ps_log_sampled(++r->etcd_failures))
+            PS_LOG(r->log, PS_LOG_WARN, S0702,
+                   "cannot write the in-sync set to etcd (%s): replies wait", r->lead.etcd.err);
+        return;
+    }
+    if (!ok) {
+        step_down(r, "etcd's leader key is no longer this process's");
+        return;
+    }
+    psd_backups_listed(&r->backups, mask);
+    PS_LOG(r->log, PS_LOG_INFO, S0703, "in sync: this primary and %u backup(s)", r->insync_written);
+    flush(r); /* a backup that left is no longer waited for */
+    etcd_next(r, now_ms());
+}
+
+/* Writes etcd's in-sync set from the backups in sync, on the loop; those
+ * leaving now are let go once it is written. */
+static void write_insync(struct psd_repl *r)
 {
     uint64_t ids[PSD_BACKUPS_MAX];
     const char *eps[PSD_BACKUPS_MAX];
     uint32_t n = psd_backups_in_sync(&r->backups, ids, eps);
-    int ok = 0;
-    int rc = psd_lead_set_insync(&r->lead, ids, eps, n, &ok);
+    r->insync_wanted = 0;
+    r->insync_leaving = psd_backups_leaving_mask(&r->backups);
+    r->insync_written = n;
+    int rc = psd_lead_set_insync_async(&r->lead, ids, eps, n, on_insync_written, r);
     if (rc != 0) {
+        r->insync_wanted = 1;
         if (ps_log_sampled(++r->etcd_failures))
             PS_LOG(r->log, PS_LOG_WARN, S0702,
                    "cannot write the in-sync set to etcd (%s): replies wait", r->lead.etcd.err);
-        return rc;
     }
-    if (!ok) {
-        step_down(r, "etcd's leader key is no longer this process's");
-        return PS_ESTATE;
+}
+
+static void lease_not_renewed(struct psd_repl *r, uint64_t now)
+{
+    if (ps_log_sampled(++r->etcd_failures))
+        PS_LOG(r->log, PS_LOG_WARN, S0717, "lease not renewed: %s (replies stop in %lld ms)",
+               r->lead.etcd.err, (long long)r->lead.lease_until_ms - (long long)now);
+}
+
+static void on_renewed(void *ctx, int rc, int64_t unused)
+{
+    (void)unused;
+    struct psd_repl *r = ctx;
+    if (r->role != PSD_ROLE_PRIMARY)
+        return;
+    uint64_t now = now_ms();
+    if (rc == PS_ESTATE) {
+        step_down(r, "etcd no longer holds its lease");
+        return;
     }
-    psd_backups_listed(&r->backups);
-    PS_LOG(r->log, PS_LOG_INFO, S0703, "in sync: this primary and %u backup(s)", n);
-    return 0;
+    if (rc != 0)
+        lease_not_renewed(r, now);
+    etcd_next(r, now);
+}
+
+/* The next call a primary owes etcd, unless one is under way: the
+ * lease's renewal first when due, else the in-sync set. */
+static void etcd_next(struct psd_repl *r, uint64_t now)
+{
+    if (r->role != PSD_ROLE_PRIMARY || psd_etcd_busy(&r->lead.etcd))
+        return;
+    if (psd_lead_renew_due(&r->lead, now)) {
+        int rc = psd_lead_renew_async(&r->lead, now, on_renewed, r);
+        if (rc == PS_ESTATE)
+            step_down(r, "etcd no longer holds its lease");
+        else if (rc != 0)
+            lease_not_renewed(r, now);
+        return;
+    }
+    if (r->insync_wanted || psd_backups_leaving(&r->backups))
+        write_insync(r);
+}
+
+/* The in-sync set changed: etcd is told as soon as it can be. */
+static void update_insync(struct psd_repl *r)
+{
+    r->insync_wanted = 1;
+    etcd_next(r, now_ms());
 }
 
 static void drop_backup(struct psd_repl *r, struct psd_backup *b, const char *why)
@@ -522,18 +593,13 @@ static void step_down(struct psd_repl *r, const char *why)
     r->view_ms = 0;
 }
 
-/* A replica without a working primary asks etcd what to do. */
+/* A primary's tick: its lease, its backups, and the replies they let go. */
 static void primary_tick(struct psd_repl *r, uint64_t now)
 {
-    int rc = psd_lead_renew(&r->lead, now);
-    if (rc == PS_ESTATE) {
+    if (r->lead.lease == 0) {
         step_down(r, "etcd no longer holds its lease");
         return;
     }
-    if (rc != 0)
-        if (ps_log_sampled(++r->etcd_failures))
-            PS_LOG(r->log, PS_LOG_WARN, S0717, "lease not renewed: %s (replies stop in %lld ms)",
-                   r->lead.etcd.err, (long long)r->lead.lease_until_ms - (long long)now);
     for (uint32_t i = 0; i < PSD_BACKUPS_MAX; i++) {
         struct psd_backup *b = &r->backups.b[i];
         if (psd_backup_silent(b, now, r->timeout_ms, CATCH_UP_MS)) {
@@ -542,8 +608,7 @@ static void primary_tick(struct psd_repl *r, uint64_t now)
             drop_backup(r, b, why);
         }
     }
-    if (psd_backups_leaving(&r->backups))
-        update_insync(r); /* etcd did not answer before */
+    etcd_next(r, now); /* a renewal due, a set etcd did not take before */
     if (r->role != PSD_ROLE_PRIMARY)
         return;
     if (now - r->beat_ms >= BEAT_MS) {
@@ -653,6 +718,12 @@ int psd_repl_start(struct psd_repl *r, struct psd_net *net, uv_loop_t *loop,
     psd_set_worker_timeout(r->srv, 0); /* until primary: only the primary drops workers */
     psd_set_hooks(r->srv, on_drop, on_stats, on_floor, r);
     psd_checkpoint_position(r->srv, &r->epoch, &r->seq);
+    /* the primary's calls (its lease, its in-sync set) never hold the
+     * loop; each may take a third of the lease, the time between renewals */
+    if ((rc = psd_etcd_async_start(&r->lead.etcd, loop,
+                                   (long)cfg->lease_ttl_s * 1000 / PSD_RENEWS_PER_TTL, err,
+                                   errlen)) != 0)
+        return rc;
     net->repl = r;
     net->repl_request = psd_repl_request;
     net->repl_hold = psd_repl_hold;
@@ -714,6 +785,7 @@ void psd_repl_stop(struct psd_repl *r, int checkpointed)
     }
     if (r->follow != NULL)
         ps_zsock_close(&r->fzs);
+    psd_etcd_async_close(&r->lead.etcd);
     if (r->held != NULL)
         uv_close((uv_handle_t *)&r->timer, NULL);
 }
@@ -792,6 +864,14 @@ void psd_repl_metrics(const struct psd_repl *r, struct ps_buf *b)
         {"psd_replica_follows_refused_total", "counter",
          "Replicas refused as backups: this primary had its most (PSD_BACKUPS_MAX) already.",
          (double)r->follows_refused},
+        {"psd_replica_etcd_calls_total", "counter", "Calls to etcd, blocking or not.",
+         (double)r->lead.etcd.calls},
+        {"psd_replica_etcd_blocking_calls_total", "counter",
+         "Calls to etcd that held the loop (made only while this replica serves nobody: a "
+         "candidate's or a lost primary's, a campaign, a stop); a primary's go on the loop.",
+         (double)r->lead.etcd.blocking},
+        {"psd_replica_etcd_failures_total", "counter", "Calls to etcd that failed.",
+         (double)r->lead.etcd.failures},
         {"psd_replica_not_primary_total", "counter",
          "Requests refused because this replica is not the primary.",
          (double)r->refused_not_primary},

@@ -93,10 +93,14 @@ struct psd_repl {
     uint64_t records_sent, records_applied, record_bytes, replies_held, held_dropped;
     uint64_t promotions, resyncs, backups_dropped, refused_not_primary;
     uint64_t held_peak;
-    uint64_t etcd_failures;    /* calls etcd did not answer (their warnings are sampled) */
-    uint64_t no_primary_seen;  /* looks at a shard without a primary this one may not take */
-    uint64_t follows_refused;  /* follows past PSD_BACKUPS_MAX */
-    int etcd_down;             /* the last read of etcd failed */
+    uint64_t etcd_failures;   /* calls etcd did not answer (their warnings are sampled) */
+    uint64_t no_primary_seen; /* looks at a shard without a primary this one may not take */
+    uint64_t follows_refused; /* follows past PSD_BACKUPS_MAX */
+    int etcd_down;            /* the last read of etcd failed */
+    /* the in-sync set, while primary: a write is owed (insync_wanted),
+     * or under way (the slots leaving when it began, and its size) */
+    int insync_wanted;
+    uint32_t insync_leaving, insync_written;
     struct psd_lead_view seen; /* etcd's view as last read (stats; psctl recover) */
     uint64_t recovered;        /* takeovers psctl recover asked for */
     /* stopping (psd_repl_stop_after_primary): never campaigns; done is

@@ -264,6 +264,68 @@ def test_a_primary_without_etcd_stops_answering_and_says_so(cluster, etcd):
     assert np.allclose(got, -0.03, rtol=0, atol=1e-6), got
 
 
+def replica_metrics(cluster, log_name, want):
+    """/metrics of the replica that logs to log_name (its port read from
+    that log), polled until want(values) holds; values by metric name."""
+    log = os.path.join(cluster.tmp, log_name)
+    until("a metrics port in " + log_name,
+          lambda: re.search(r"metrics on \S+ \(port (\d+)\)", open(log).read()), cluster)
+    port = re.search(r"metrics on \S+ \(port (\d+)\)", open(log).read()).group(1)
+    got = {}
+
+    def read():
+        text = urllib.request.urlopen("http://127.0.0.1:%s/metrics" % port, timeout=5).read()
+        got.clear()
+        for m in re.finditer(r"^(psd_replica_etcd_\w+) (\S+)$", text.decode(), re.M):
+            got[m.group(1)] = float(m.group(2))
+        return len(got) == 3 and want(got)
+    until("the metrics wanted", read, cluster)
+    return dict(got)
+
+
+def test_a_primary_serves_on_while_etcd_is_stopped(cluster, etcd):
+    """etcd stopped (SIGSTOP): the primary's lease renewals go on its
+    loop and fail there, without holding it; pulls are answered all the
+    while its lease is sure to hold; etcd back, it renews and goes on."""
+    servers, groups = replicated(cluster, etcd, 1, ["--lease-ttl", "3", "--metrics-listen",
+                                                    "127.0.0.1:0"])
+    with psd.Client(servers, timeout_ms=20000) as c:
+        c.create_table("w", 4)
+        c.push("w", np.ones(4, np.float32)).wait()
+        before = replica_metrics(cluster, "rep0.log",
+                                 lambda m: m["psd_replica_etcd_calls_total"] > 0)
+        etcd.proc.send_signal(signal.SIGSTOP)
+        try:
+            pulls, longest = 0, 0.0
+            deadline = time.monotonic() + DEADLINE_S
+            while "S0717 lease not renewed" not in cluster.logs():
+                assert time.monotonic() < deadline, cluster.logs()
+                t0 = time.perf_counter()
+                c.pull("w", np.zeros(4, np.float32)).wait(5000)
+                longest = max(longest, time.perf_counter() - t0)
+                pulls += 1
+            during = replica_metrics(
+                cluster, "rep0.log",
+                lambda m: m["psd_replica_etcd_failures_total"] >
+                before["psd_replica_etcd_failures_total"])
+        finally:
+            etcd.proc.send_signal(signal.SIGCONT)
+        print("etcd stopped: %d pulls answered, the longest in %.1f ms" % (pulls, longest * 1e3))
+        assert pulls > 0
+        # renewals were made, and failed, and none held the loop
+        assert during["psd_replica_etcd_blocking_calls_total"] == \
+            before["psd_replica_etcd_blocking_calls_total"], (before, during)
+        calls = during["psd_replica_etcd_calls_total"]
+        replica_metrics(cluster, "rep0.log",
+                        lambda m: m["psd_replica_etcd_calls_total"] > calls + 1 and
+                        m["psd_replica_etcd_failures_total"] ==
+                        during["psd_replica_etcd_failures_total"])
+        c.push("w", np.ones(4, np.float32)).wait()
+        got = c.pull("w", np.zeros(4, np.float32)).wait()
+    assert np.allclose(got, -0.02, rtol=0, atol=1e-6), got
+    assert "S0716" not in cluster.logs()
+
+
 def keys(path):
     """psd --keygen's pair at path: {"public": ..., "secret": ...}."""
     r = subprocess.run([os.environ["PSD_BIN"], "--keygen", path], capture_output=True,

@@ -23,6 +23,7 @@
 #include <string.h>
 
 #include <cmocka.h>
+#include <uv.h>
 
 static unsigned char arena_buf[4 * PS_HEADER_BYTES_MAX];
 
@@ -167,6 +168,36 @@ static void test_backup_joins_after_its_transfer(void **state)
     assert_string_equal(eps[0], "tcp://b:1");
 }
 
+/* The in-sync set is written while the primary serves: a backup dropped
+ * after the write began was in what it wrote, and is waited for until
+ * the next write leaves it out. */
+static void test_backup_dropped_during_a_set_write_stays(void **state)
+{
+    (void)state;
+    struct psd_backups set;
+    memset(&set, 0, sizeof set);
+    struct psd_backup *a = follow(&set, 1, "tcp://a:1"), *b = follow(&set, 2, "tcp://b:1");
+    psd_backup_transferred(a, 0);
+    psd_backup_transferred(b, 0);
+    assert_int_equal(psd_backup_acked(a, 5, 9, 1), 1);
+    assert_int_equal(psd_backup_acked(b, 7, 9, 1), 1);
+    assert_int_equal(psd_backup_drop(a), 1);
+    uint64_t ids[PSD_BACKUPS_MAX];
+    const char *eps[PSD_BACKUPS_MAX];
+    assert_int_equal(psd_backups_in_sync(&set, ids, eps), 1); /* the write begins: b */
+    uint32_t mask = psd_backups_leaving_mask(&set);
+    assert_int_equal(mask, 1u);
+    assert_int_equal(psd_backup_drop(b), 1); /* meanwhile */
+    psd_backups_listed(&set, mask);          /* the write ends */
+    assert_int_equal(a->state, PSD_BACKUP_FREE);
+    assert_int_equal(b->state, PSD_BACKUP_LEAVING);
+    assert_int_equal(psd_backups_required(&set), 7); /* b is still waited for */
+    assert_int_equal(psd_backups_in_sync(&set, ids, eps), 0);
+    psd_backups_listed(&set, psd_backups_leaving_mask(&set));
+    assert_int_equal(b->state, PSD_BACKUP_FREE);
+    assert_int_equal(psd_backups_required(&set), UINT64_MAX);
+}
+
 /* Replies wait for the slowest backup of the set; one dropped from it is
  * still waited for until etcd's set is written without it; one dropped
  * before it joined goes at once. */
@@ -194,7 +225,7 @@ static void test_leaving_backup_is_waited_for(void **state)
     const char *eps[PSD_BACKUPS_MAX];
     assert_int_equal(psd_backups_in_sync(&set, ids, eps), 1); /* the set to write: b */
     assert_int_equal(ids[0], 2);
-    psd_backups_listed(&set);
+    psd_backups_listed(&set, psd_backups_leaving_mask(&set));
     assert_int_equal(a->state, PSD_BACKUP_FREE);
     assert_false(psd_backups_leaving(&set));
     assert_int_equal(psd_backups_required(&set), 7);
@@ -238,13 +269,54 @@ static void test_silent_backups(void **state)
 /* ---- leadership through etcd ------------------------------------------------ */
 
 static struct standin etcd;
+static uv_loop_t loop;
 
+/* A replica's leadership, its asynchronous calls on loop (the stand-in
+ * answers them at once). */
 static void lead(struct psd_lead *l, uint64_t id, const char *ep, int64_t ttl_s)
 {
     char err[256];
     assert_int_equal(
         psd_lead_init(l, "http://etcd.test:2379", "/psd", 0, 2, id, ep, ttl_s, err, sizeof err), 0);
     psd_etcd_set_transport(&l->etcd, standin_post, &etcd);
+    assert_int_equal(psd_etcd_async_start(&l->etcd, &loop, 1000, err, sizeof err), 0);
+}
+
+static void unlead(struct psd_lead *l)
+{
+    psd_etcd_async_close(&l->etcd);
+    uv_run(&loop, UV_RUN_NOWAIT);
+    psd_lead_fini(l);
+}
+
+struct ended {
+    int rc;
+    int64_t value;
+};
+
+static void call_ended(void *ctx, int rc, int64_t value)
+{
+    struct ended *e = ctx;
+    e->rc = rc;
+    e->value = value;
+}
+
+/* A primary's renewal as its tick makes it: 0 when none is due, else
+ * what the (at once answered) call ended with. */
+static int renew(struct psd_lead *l, uint64_t now)
+{
+    if (l->lease == 0)
+        return PS_ESTATE;
+    if (!psd_lead_renew_due(l, now))
+        return 0;
+    struct ended e = {1, 0};
+    uint64_t blocking = l->etcd.blocking;
+    int rc = psd_lead_renew_async(l, now, call_ended, &e);
+    if (rc != 0)
+        return rc;
+    assert_int_not_equal(e.rc, 1);                /* the stand-in answered at once */
+    assert_int_equal(l->etcd.blocking, blocking); /* never a blocking call */
+    return e.rc;
 }
 
 static void view(struct psd_lead *l, struct psd_lead_view *v)
@@ -261,11 +333,16 @@ static int campaign(struct psd_lead *l)
     return won;
 }
 
+/* The in-sync set written as a primary writes it: on the loop, without
+ * a blocking call. */
 static void set_insync(struct psd_lead *l, uint64_t id, const char *ep, int want_ok)
 {
-    int ok = -1;
-    assert_int_equal(psd_lead_set_insync(l, &id, &ep, 1, &ok), 0);
-    assert_int_equal(ok, want_ok);
+    struct ended e = {-1, -1};
+    uint64_t blocking = l->etcd.blocking;
+    assert_int_equal(psd_lead_set_insync_async(l, &id, &ep, 1, call_ended, &e), 0);
+    assert_int_equal(e.rc, 0);
+    assert_int_equal(e.value, want_ok);
+    assert_int_equal(l->etcd.blocking, blocking);
 }
 
 /* The first replica of a new shard takes it: epoch 1, the leader key on
@@ -291,7 +368,7 @@ static void test_first_replica_takes_a_new_shard(void **state)
     struct psd_lead_view v;
     view(&a, &v);
     assert_true(v.leader && v.member && v.epoch == 1 && v.leader_id == 0xa);
-    psd_lead_fini(&a);
+    unlead(&a);
 }
 
 /* Two replicas that both saw no primary: the second's transaction finds
@@ -313,8 +390,8 @@ static void test_one_wins_a_race(void **state)
     assert_int_equal(won, 0);
     view(&b, &vb);
     assert_true(vb.leader && vb.leader_id == 0xa && !vb.member);
-    psd_lead_fini(&a);
-    psd_lead_fini(&b);
+    unlead(&a);
+    unlead(&b);
 }
 
 /* With the primary's lease gone, only a replica of the in-sync set may
@@ -335,9 +412,9 @@ static void test_only_the_set_takes_over(void **state)
     assert_int_equal(etcd.txns, txns); /* not in the set: no transaction */
     assert_int_equal(campaign(&b), 1);
     assert_int_equal(b.epoch, 2);
-    psd_lead_fini(&a);
-    psd_lead_fini(&b);
-    psd_lead_fini(&c);
+    unlead(&a);
+    unlead(&b);
+    unlead(&c);
 }
 
 /* A member of the set that stops hearing its primary takes over while
@@ -365,8 +442,8 @@ static void test_takeover_fences_the_old_primary(void **state)
     /* a view read before b took over no longer wins anything */
     assert_int_equal(psd_lead_campaign(&a, &v, &won), 0);
     assert_int_equal(won, 0);
-    psd_lead_fini(&a);
-    psd_lead_fini(&b);
+    unlead(&a);
+    unlead(&b);
 }
 
 /* The lease is renewed once a third of its TTL has passed, not sooner;
@@ -381,19 +458,19 @@ static void test_renewing_and_losing_the_lease(void **state)
     assert_int_equal(campaign(&a), 1);
     uint64_t t = a.renewed_ms;
     unsigned calls = etcd.calls;
-    assert_int_equal(psd_lead_renew(&a, t + 999), 0);
+    assert_int_equal(renew(&a, t + 999), 0);
     assert_int_equal(etcd.calls, calls); /* too soon */
-    assert_int_equal(psd_lead_renew(&a, t + 1000), 0);
+    assert_int_equal(renew(&a, t + 1000), 0);
     assert_int_equal(etcd.calls, calls + 1);
     assert_int_equal(a.lease_until_ms, t + 1000 + 3 * 900);
-    assert_int_equal(psd_lead_renew(&a, t + 1010), 0); /* renewed just now */
+    assert_int_equal(renew(&a, t + 1010), 0); /* renewed just now */
     assert_int_equal(etcd.calls, calls + 1);
     standin_expire(&etcd, a.lease);
-    assert_int_equal(psd_lead_renew(&a, t + 2000), PS_ESTATE);
+    assert_int_equal(renew(&a, t + 2000), PS_ESTATE);
     assert_int_equal(a.lease_until_ms, 0);
     assert_non_null(strstr(a.etcd.err, "no longer holds"));
-    assert_int_equal(psd_lead_renew(&a, t + 5000), PS_ESTATE); /* no lease: nothing to renew */
-    psd_lead_fini(&a);
+    assert_int_equal(renew(&a, t + 5000), PS_ESTATE); /* no lease: nothing to renew */
+    unlead(&a);
 }
 
 /* An etcd that does not answer: reads fail with the reason in err, and a
@@ -410,13 +487,13 @@ static void test_etcd_not_answering(void **state)
     struct psd_lead_view v;
     assert_int_equal(psd_lead_read(&a, &v), PS_ETIMEDOUT);
     assert_non_null(strstr(a.etcd.err, "kv/range"));
-    assert_int_equal(psd_lead_renew(&a, t + 1000), PS_ETIMEDOUT);
+    assert_int_equal(renew(&a, t + 1000), PS_ETIMEDOUT);
     assert_int_equal(a.lease_until_ms, until);
-    assert_int_equal(psd_lead_renew(&a, t + 1000 + PSD_ETCD_RETRY_MS - 1), 0); /* not again yet */
+    assert_int_equal(renew(&a, t + 1000 + PSD_ETCD_RETRY_MS - 1), 0); /* not again yet */
     etcd.down = 0;
-    assert_int_equal(psd_lead_renew(&a, t + 1000 + PSD_ETCD_RETRY_MS), 0);
+    assert_int_equal(renew(&a, t + 1000 + PSD_ETCD_RETRY_MS), 0);
     assert_true(a.lease_until_ms > until);
-    psd_lead_fini(&a);
+    unlead(&a);
 }
 
 /* A primary that resigns gives its lease up: a member of its set takes
@@ -439,8 +516,8 @@ static void test_resigning(void **state)
     assert_null(standin_get(&etcd, "/psd/shard-0-of-2/leader"));
     assert_int_equal(campaign(&b), 1);
     assert_int_equal(b.epoch, 2);
-    psd_lead_fini(&a);
-    psd_lead_fini(&b);
+    unlead(&a);
+    unlead(&b);
 }
 
 /* A clean stop: the primary records its position in the in-sync key
@@ -483,9 +560,9 @@ static void test_a_clean_stop_lets_the_replica_holding_it_take_over(void **state
     assert_int_equal(ok, 0);
     view(&d, &v);
     assert_false(v.stopped);
-    psd_lead_fini(&a);
-    psd_lead_fini(&c);
-    psd_lead_fini(&d);
+    unlead(&a);
+    unlead(&c);
+    unlead(&d);
 }
 
 /* An in-sync key that is not JSON is an error naming it, not a view. */
@@ -502,7 +579,7 @@ static void test_damaged_insync_key(void **state)
     struct psd_lead_view v;
     assert_int_equal(psd_lead_read(&a, &v), PS_EPROTO);
     assert_non_null(strstr(a.etcd.err, "in-sync key"));
-    psd_lead_fini(&a);
+    unlead(&a);
 }
 
 int main(void)
@@ -513,6 +590,7 @@ int main(void)
         cmocka_unit_test(test_transfer_pieces),
         cmocka_unit_test(test_backup_joins_after_its_transfer),
         cmocka_unit_test(test_leaving_backup_is_waited_for),
+        cmocka_unit_test(test_backup_dropped_during_a_set_write_stays),
         cmocka_unit_test(test_backup_slots_at_the_limit),
         cmocka_unit_test(test_silent_backups),
         cmocka_unit_test(test_first_replica_takes_a_new_shard),
@@ -525,5 +603,8 @@ int main(void)
         cmocka_unit_test(test_a_clean_stop_lets_the_replica_holding_it_take_over),
         cmocka_unit_test(test_damaged_insync_key),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    uv_loop_init(&loop);
+    int failed = cmocka_run_group_tests(tests, NULL, NULL);
+    uv_loop_close(&loop);
+    return failed;
 }
