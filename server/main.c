@@ -11,6 +11,7 @@
 #include "net.h"
 #include "psd.h"
 #include "repl.h"
+#include "repl_metrics.h"
 
 #include "ps_auto.h"
 #include "ps_cpus.h"
@@ -65,7 +66,7 @@ struct psd_config {
     const char *endpoint_file;
     const char *metrics_listen;
     const char *etcd, *etcd_prefix, *advertise, *replica_of;
-    uint64_t lease_ttl, replica_timeout_ms;
+    uint64_t lease_ttl, replica_timeout_ms, replica_transfer_mib;
     int help;
     int version;
 };
@@ -162,6 +163,10 @@ static const struct ps_opt psd_opts[] = {
         "a backup silent this long is dropped by its primary (replies stop waiting for it once "
         "etcd no longer lists it); a primary silent this long is replaced by a backup of its "
         "in-sync set; keep it above the primary's longest pause (a checkpoint write)"),
+    OPT("replica-transfer-mib", PS_OPT_U64, replica_transfer_mib, "256", 1, 1048576, "MIB",
+        "a primary keeps the records it makes while a joining backup's state is written and "
+        "sent, up to this many MiB; past it the backup is dropped and asks again (raise it for a "
+        "shard whose pushes during one transfer pass it)"),
     OPT("help", PS_OPT_FLAG, help, NULL, 0, 0, NULL, "show this help and exit"),
     OPT("version", PS_OPT_FLAG, version, NULL, 0, 0, NULL, "show the version and exit"),
 };
@@ -549,6 +554,7 @@ static int start_replica(struct app *a, const struct psd_config *cfg)
         .replica_of = cfg->replica_of,
         .lease_ttl_s = (int64_t)cfg->lease_ttl,
         .timeout_ms = cfg->replica_timeout_ms,
+        .transfer_kept_bytes = cfg->replica_transfer_mib << 20,
         .curve = cfg->curve_secret != NULL ? &a->sec.keys : NULL,
     };
     char err[512];

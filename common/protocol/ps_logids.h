@@ -82,7 +82,7 @@
     X(S0703, INFO, "in sync: this primary and … backup(s)")                                            \
     X(S0704, WARN, "backup … dropped: …")                                                              \
     X(S0705, ERROR, "state transfer: the checkpoint could not be written or read")                     \
-    X(S0706, INFO, "backup …: state transfer sent (… bytes, up to record …)")                          \
+    X(S0706, INFO, "backup …: state transfer sent (… bytes, written in … ms by a forked writer)")      \
     X(S0707, WARN, "… asked to follow, but the most backups follow already")                           \
     X(S0708, INFO, "backup … follows; its state goes between rounds")                                  \
     X(S0710, ERROR, "cannot connect to the primary …")                                                 \

@@ -266,6 +266,58 @@ uint64_t psd_state_version(const struct psd *s)
     return psd_counts(s)->changes + psd_tables_version(s);
 }
 
+pid_t psd_checkpoint_fork(struct psd *s, const char *dir, int *fd)
+{
+    int fds[2];
+    if (pipe(fds) != 0)
+        return -1;
+    pid_t pid = -1;
+    if (fcntl(fds[0], F_SETFD, FD_CLOEXEC) != 0 || fcntl(fds[1], F_SETFD, FD_CLOEXEC) != 0 ||
+        (pid = fork()) < 0) {
+        close(fds[0]);
+        close(fds[1]);
+        return -1;
+    }
+    if (pid == 0) { /* the child: only this thread; glibc's malloc is usable after fork */
+        close(fds[0]);
+        char path[PS_PATH_MAX], err[512], msg[PS_PATH_MAX + 600];
+        int rc = psd_checkpoint_write(s, dir, path, sizeof path, err, sizeof err);
+        int len = snprintf(msg, sizeof msg, "%d %s", rc, rc == 0 ? path : err);
+        ssize_t w = write(fds[1], msg, (size_t)len < sizeof msg ? (size_t)len : sizeof msg - 1);
+        (void)w;
+        _exit(rc == 0 ? 0 : 1); /* no atexit handlers: they are the parent's */
+    }
+    close(fds[1]);
+    *fd = fds[0];
+    return pid;
+}
+
+int psd_checkpoint_forked(pid_t pid, int fd, int wait, char *path, size_t pathlen, char *err,
+                          size_t errlen)
+{
+    int st = 0;
+    pid_t r;
+    while ((r = waitpid(pid, &st, wait ? 0 : WNOHANG)) < 0 && errno == EINTR)
+        ;
+    if (r == 0)
+        return 1; /* still writing */
+    char msg[PS_PATH_MAX + 600] = "";
+    ssize_t n = read(fd, msg, sizeof msg - 1);
+    msg[n > 0 ? n : 0] = '\0';
+    close(fd);
+    int rc = -1;
+    char *text = NULL;
+    if (r > 0 && WIFEXITED(st))
+        rc = (int)strtol(msg, &text, 10);
+    if (rc != 0 || text == NULL || *text != ' ')
+        return ps_errf(PS_EIO, err, errlen, "%s",
+                       text != NULL && *text == ' ' ? text + 1
+                       : r > 0 && WIFSIGNALED(st)   ? strsignal(WTERMSIG(st))
+                                                    : "it gave no answer");
+    snprintf(path, pathlen, "%s", text + 1);
+    return 0;
+}
+
 /* The forked writer's result, once it has ended (wait: until it has):
  * the checkpoint counted as written, or the failure logged. */
 static void reap_writer(struct psd *s, int wait)
@@ -273,35 +325,22 @@ static void reap_writer(struct psd *s, int wait)
     struct psd_autosave *a = s->save;
     if (a->child <= 0)
         return;
-    int st = 0;
-    pid_t r;
-    while ((r = waitpid(a->child, &st, wait ? 0 : WNOHANG)) < 0 && errno == EINTR)
-        ;
-    if (r == 0)
-        return; /* still writing */
-    char msg[PS_PATH_MAX + 600] = "";
-    ssize_t n = read(a->child_fd, msg, sizeof msg - 1);
-    msg[n > 0 ? n : 0] = '\0';
-    close(a->child_fd);
+    char path[PS_PATH_MAX], err[PS_PATH_MAX + 600];
+    int rc = psd_checkpoint_forked(a->child, a->child_fd, wait, path, sizeof path, err, sizeof err);
+    if (rc == 1)
+        return;
     a->child = 0;
-    uint64_t now = (uint64_t)ps_mono_ms();
-    int rc = -1;
-    char *text = NULL;
-    if (r > 0 && WIFEXITED(st))
-        rc = (int)strtol(msg, &text, 10);
-    if (rc != 0 || text == NULL || *text != ' ') {
-        PS_LOG(s->conf.log, PS_LOG_ERROR, S0602, "the forked checkpoint writer failed: %s",
-               text != NULL && *text == ' ' ? text + 1
-               : r > 0 && WIFSIGNALED(st)   ? strsignal(WTERMSIG(st))
-                                            : "it gave no answer");
+    if (rc != 0) {
+        PS_LOG(s->conf.log, PS_LOG_ERROR, S0602, "the forked checkpoint writer failed: %s", err);
         return;
     }
+    uint64_t now = (uint64_t)ps_mono_ms();
     a->written++;
     a->ok_ms = a->current_ms = now;
     a->state = a->child_state; /* what it was forked with: a change since is written next */
     a->label_epoch = a->child_epoch;
     a->label_seq = a->child_seq;
-    snprintf(a->path, sizeof a->path, "%s", text + 1);
+    snprintf(a->path, sizeof a->path, "%s", path);
     PS_LOG(s->conf.log, PS_LOG_INFO, S0600,
            "checkpoint %s written (interval, %u tables, %llu ms, by a forked writer while the "
            "shard served; the fork held it %llu us)",
@@ -318,33 +357,17 @@ static void reap_writer(struct psd *s, int wait)
 static void write_checkpoint_forked(struct psd *s)
 {
     struct psd_autosave *a = s->save;
-    int fds[2];
-    pid_t pid = -1;
     uint64_t t0 = (uint64_t)ps_mono_ns();
-    if (pipe(fds) == 0 && (fcntl(fds[0], F_SETFD, FD_CLOEXEC) != 0 ||
-                           fcntl(fds[1], F_SETFD, FD_CLOEXEC) != 0 || (pid = fork()) < 0)) {
-        close(fds[0]);
-        close(fds[1]);
-        pid = -1;
-    }
+    int fd = -1;
+    pid_t pid = psd_checkpoint_fork(s, a->dir, &fd);
     if (pid < 0) {
         char out[PS_PATH_MAX + 100];
         write_checkpoint(s, "interval", out, sizeof out);
         return;
     }
-    if (pid == 0) { /* the child: only this thread; glibc's malloc is usable after fork */
-        close(fds[0]);
-        char path[PS_PATH_MAX], err[512], msg[PS_PATH_MAX + 600];
-        int rc = psd_checkpoint_write(s, a->dir, path, sizeof path, err, sizeof err);
-        int len = snprintf(msg, sizeof msg, "%d %s", rc, rc == 0 ? path : err);
-        ssize_t w = write(fds[1], msg, (size_t)len < sizeof msg ? (size_t)len : sizeof msg - 1);
-        (void)w;
-        _exit(rc == 0 ? 0 : 1); /* no atexit handlers: they are the parent's */
-    }
-    close(fds[1]);
     a->fork_us = ((uint64_t)ps_mono_ns() - t0) / 1000; /* the loop's pause for it */
     a->child = pid;
-    a->child_fd = fds[0];
+    a->child_fd = fd;
     a->child_state = psd_state_version(s);
     position(s, &a->child_epoch, &a->child_seq);
     a->child_t0 = a->last_ms = (uint64_t)ps_mono_ms();

@@ -11,6 +11,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 /* dir NULL: checkpoints are off. every_ms 0: only when asked for and on
  * SIGTERM. NULL: out of memory. */
@@ -22,6 +23,16 @@ void psd_autosave_destroy(struct psd_autosave *a);
  * 0 or PS_E* with err. */
 int psd_checkpoint_write(struct psd *s, const char *dir, char *path, size_t pathlen, char *err,
                          size_t errlen);
+/* The same, by a forked child from the pages as they are now, while the
+ * caller goes on serving (copy on write: memory grows by what changes
+ * during the write). The child's pid, its answer to come on *fd; -1
+ * where fork failed (nothing started). */
+pid_t psd_checkpoint_fork(struct psd *s, const char *dir, int *fd);
+/* That child's answer once it has ended (wait: waits for it): 1 while it
+ * writes; 0, the path written in path; PS_EIO with why in err. fd is
+ * closed once it has ended. */
+int psd_checkpoint_forked(pid_t pid, int fd, int wait, char *path, size_t pathlen, char *err,
+                          size_t errlen);
 /* Loads one snapshot file into a shard with no tables and no workers'
  * records (nothing is left half-restored on failure). 0 or PS_E* with
  * err. */
@@ -42,8 +53,9 @@ enum psd_restored psd_checkpoint_restore(struct psd *s, const char *dir, char *p
  * every request and on every tick), and only when the state differs from
  * the newest checkpoint's: an idle shard, or one with no tables yet,
  * writes nothing. An interval checkpoint is written by a forked child
- * while the shard serves on (one at a time); an asked-for one, the one at
- * shutdown and a backup's state transfer are written on the loop. */
+ * while the shard serves on (one at a time), as is a backup's state
+ * transfer (psd_checkpoint_fork); an asked-for one and the one at
+ * shutdown are written on the loop. */
 void psd_checkpoint_if_due(struct psd *s, uint64_t now);
 /* OP_CHECKPOINT: now, or (bsp, mid-round) at the end of the round. */
 void psd_op_checkpoint(struct psd *s, const Ps__Header *req, struct psd_reply *rep);

@@ -128,14 +128,30 @@ static void drop_held(struct psd_repl *r)
 
 static void drop_backup(struct psd_repl *r, struct psd_backup *b, const char *why);
 
+/* b gets no part of the state transfer under way (it is dropped, or
+ * asks for its state again); one that goes to nobody ends. */
+static void leave_transfer(struct psd_repl *r, const struct psd_backup *b)
+{
+    r->xfer.mask &= ~(1u << (uint32_t)(b - r->backups.b));
+    if (r->xfer.mask == 0 && psd_transfer_busy(&r->xfer))
+        psd_transfer_end(&r->xfer);
+}
+
 /* One record to backup b: the header, then frames (copies that share the
  * request's buffers). */
 static void send_record(struct psd_repl *r, struct psd_backup *b, const Ps__Header *h,
                         zmq_msg_t *frames, size_t n)
 {
     void *sock = r->net->sock;
-    int bad = zmq_send(sock, b->route, b->route_len, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
-              psd_record_send(sock, h, n > 0) != 0;
+    if (zmq_send(sock, b->route, b->route_len, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0) {
+        if (errno == EAGAIN && h->record == PS__RECORD__REC_BEAT)
+            return; /* its queue is full (a state transfer fills it): the next beat */
+        char why[160];
+        snprintf(why, sizeof why, "a record could not be sent to it (%s)", zmq_strerror(errno));
+        drop_backup(r, b, why);
+        return;
+    }
+    int bad = psd_record_send(sock, h, n > 0) != 0;
     for (size_t i = 0; !bad && i < n; i++) {
         zmq_msg_t m;
         zmq_msg_init(&m);
@@ -163,6 +179,23 @@ static void forward(struct psd_repl *r, Ps__Header *h, zmq_msg_t *frames, size_t
     for (uint32_t i = 0; i < PSD_BACKUPS_MAX; i++)
         if (psd_backup_gets_records(&r->backups.b[i]))
             send_record(r, &r->backups.b[i], h, frames, n);
+    if (r->xfer.mask == 0) /* none, or no backup left to get it */
+        return;
+    int rc = psd_transfer_keep(&r->xfer, h, frames, n);
+    if (rc == 0)
+        return;
+    uint32_t mask = r->xfer.mask;
+    psd_transfer_end(&r->xfer);
+    char why[160];
+    snprintf(why, sizeof why,
+             rc == PS_ELIMIT ? "the records made during its state transfer passed "
+                               "--replica-transfer-mib %llu; it asks again"
+                             : "out of memory for the records made during its state transfer "
+                               "(--replica-transfer-mib %llu)",
+             (unsigned long long)(r->xfer.kept_max >> 20));
+    for (uint32_t i = 0; i < PSD_BACKUPS_MAX; i++)
+        if (mask & (1u << i))
+            drop_backup(r, &r->backups.b[i], why);
 }
 
 static void on_drop(void *ctx, uint32_t w)
@@ -293,6 +326,7 @@ static void drop_backup(struct psd_repl *r, struct psd_backup *b, const char *wh
 {
     if (b->state == PSD_BACKUP_FREE || b->state == PSD_BACKUP_LEAVING)
         return;
+    leave_transfer(r, b);
     PS_LOG(r->log, PS_LOG_WARN, S0704, "backup %s (%016" PRIx64 ") dropped: %s; %s", b->endpoint,
            b->id, why,
            b->state == PSD_BACKUP_IN_SYNC ? "replies wait until etcd no longer lists it"
@@ -304,68 +338,60 @@ static void drop_backup(struct psd_repl *r, struct psd_backup *b, const char *wh
 
 /* ---- state transfer (primary) ----------------------------------------------- */
 
-/* Sends the checkpoint file at path to every backup waiting for one. */
-static void send_snapshot(struct psd_repl *r, const char *path)
+/* A state transfer's backups that could not be sent to. */
+static void drop_failed(struct psd_repl *r, uint32_t failed)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    struct stat st;
-    unsigned char *buf = malloc(PSD_SNAP_PIECE);
-    if (fd < 0 || fstat(fd, &st) != 0 || buf == NULL) {
-        PS_LOG(r->log, PS_LOG_ERROR, S0705, "state transfer: cannot read %s: %s", path,
-               strerror(errno));
-        goto out;
-    }
-    uint64_t size = (uint64_t)st.st_size;
-    for (uint64_t off = 0; off < size || off == 0;) {
-        ssize_t got = pread(fd, buf, PSD_SNAP_PIECE, (off_t)off);
-        if (got <= 0)
-            break;
-        Ps__Header h;
-        psd_record_header(&h, PS__RECORD__REC_SNAPSHOT, r->epoch, r->seq);
-        h.offset = off;
-        h.count = size;
-        h.last = off + (uint64_t)got >= size;
-        for (uint32_t i = 0; i < PSD_BACKUPS_MAX; i++) {
-            struct psd_backup *b = &r->backups.b[i];
-            if (b->state != PSD_BACKUP_TRANSFER)
-                continue;
-            if (zmq_send(r->net->sock, b->route, b->route_len, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
-                psd_record_send(r->net->sock, &h, 1) != 0 ||
-                zmq_send(r->net->sock, buf, (size_t)got, ZMQ_DONTWAIT) < 0)
-                drop_backup(r, b, "its state transfer could not be sent");
-        }
-        off += (uint64_t)got;
-        if (h.last)
-            break;
-    }
-    for (uint32_t i = 0; i < PSD_BACKUPS_MAX; i++) {
-        struct psd_backup *b = &r->backups.b[i];
-        if (b->state == PSD_BACKUP_TRANSFER) {
-            psd_backup_transferred(b, r->seq);
-            PS_LOG(r->log, PS_LOG_INFO, S0706,
-                   "backup %s: state transfer sent (%" PRIu64 " bytes, up to record %" PRIu64
-                   "); it follows from there",
-                   b->endpoint, size, r->seq);
-        }
-    }
-out:
-    if (fd >= 0)
-        close(fd);
-    free(buf);
+    for (uint32_t i = 0; i < PSD_BACKUPS_MAX; i++)
+        if (failed & (1u << i))
+            drop_backup(r, &r->backups.b[i], "its state transfer could not be sent");
 }
 
-/* Backups waiting for their state get it once no round is in progress. */
-static void try_snapshots(struct psd_repl *r)
+/* The state transfer under way, one step (a tick): its writer taken in,
+ * a piece sent, or at its end the records kept meanwhile. */
+static void step_transfer(struct psd_repl *r)
 {
-    if (!psd_backups_waiting(&r->backups) || !psd_quiescent(r->srv))
-        return;
-    char path[PS_PATH_MAX], err[256];
-    if (psd_checkpoint_write(r->srv, r->snap_dir, path, sizeof path, err, sizeof err) != 0) {
-        PS_LOG(r->log, PS_LOG_ERROR, S0705, "state transfer: %s", err);
+    struct psd_transfer *x = &r->xfer;
+    uint32_t failed = 0;
+    char err[PS_PATH_MAX + 600];
+    int st = psd_transfer_step(x, r->net->sock, &r->backups, &failed, err, sizeof err);
+    drop_failed(r, failed);
+    if (st == PSD_TRANSFER_FAILED) {
+        PS_LOG(r->log, PS_LOG_ERROR, S0705, "state transfer: %s; the backups get another", err);
+        psd_transfer_end(x);
         return;
     }
-    send_snapshot(r, path);
-    unlink(path);
+    if (st != PSD_TRANSFER_DONE)
+        return;
+    for (uint32_t i = 0; i < PSD_BACKUPS_MAX; i++) {
+        struct psd_backup *b = &r->backups.b[i];
+        if (!(x->mask & (1u << i)) || b->state != PSD_BACKUP_TRANSFER)
+            continue;
+        psd_backup_transferred(b, r->seq); /* it has everything up to here */
+        PS_LOG(r->log, PS_LOG_INFO, S0706,
+               "backup %s: state transfer sent (%" PRIu64 " bytes, record %" PRIu64
+               ", written in %" PRIu64 " ms %s (the fork held it %" PRIu64 " us), then %" PRIu64
+               " records made meanwhile); it follows from record %" PRIu64,
+               b->endpoint, x->size, x->seq, now_ms() - x->t0_ms,
+               x->child_used ? "by a forked writer while the shard served" : "on the loop",
+               x->fork_us, x->sent_kept, r->seq);
+    }
+    psd_transfer_end(x);
+}
+
+/* Backups waiting for their state get a transfer of the state at a round
+ * boundary (one at a time); the tick sends it. */
+static void try_snapshots(struct psd_repl *r)
+{
+    if (psd_transfer_busy(&r->xfer) || !psd_backups_waiting(&r->backups) || !psd_quiescent(r->srv))
+        return;
+    uint32_t mask = 0;
+    for (uint32_t i = 0; i < PSD_BACKUPS_MAX; i++)
+        if (r->backups.b[i].state == PSD_BACKUP_TRANSFER)
+            mask |= 1u << i;
+    char err[512];
+    if (psd_transfer_start(&r->xfer, r->srv, r->snap_dir, r->epoch, r->seq, mask, err,
+                           sizeof err) != 0)
+        PS_LOG(r->log, PS_LOG_ERROR, S0705, "state transfer: %s", err);
 }
 
 static void on_follow(struct psd_repl *r, const struct ps_frame *route, const Ps__Header *h)
@@ -398,6 +424,7 @@ static void on_follow(struct psd_repl *r, const struct ps_frame *route, const Ps
         if (b->state != PSD_BACKUP_FREE)
             return; /* etcd still lists it: it asks again */
     }
+    leave_transfer(r, b); /* one under way began before this follow */
     psd_backup_follows(b, h->instance, ep, route->data, route->size, now_ms());
     PS_LOG(r->log, PS_LOG_INFO, S0708,
            "backup %s (%016" PRIx64 ") follows; its state goes "
@@ -588,6 +615,7 @@ static void step_down(struct psd_repl *r, const char *why)
            r->srv->conf.shard, why, r->held_n);
     refuse_held(r);
     psd_lead_resign(&r->lead);
+    psd_transfer_end(&r->xfer);
     memset(&r->backups, 0, sizeof r->backups);
     psd_set_worker_timeout(r->srv, 0);
     r->view_ms = 0;
@@ -619,6 +647,8 @@ static void primary_tick(struct psd_repl *r, uint64_t now)
             if (psd_backup_gets_beats(&r->backups.b[i]))
                 send_record(r, &r->backups.b[i], &h, NULL, 0);
     }
+    if (psd_transfer_busy(&r->xfer))
+        step_transfer(r);
     try_snapshots(r);
     flush(r);
     drained(r, now);
@@ -682,6 +712,7 @@ int psd_repl_start(struct psd_repl *r, struct psd_net *net, uv_loop_t *loop,
     r->loop = loop;
     r->timeout_ms = cfg->timeout_ms;
     r->snap_fd = -1;
+    psd_transfer_init(&r->xfer, cfg->transfer_kept_bytes);
     const char *tmp = getenv("TMPDIR");
     snprintf(r->snap_dir, sizeof r->snap_dir, "%s/psd-replica-XXXXXX", tmp && *tmp ? tmp : "/tmp");
     if (mkdtemp(r->snap_dir) == NULL) {
@@ -785,6 +816,7 @@ void psd_repl_stop(struct psd_repl *r, int checkpointed)
     }
     if (r->follow != NULL)
         ps_zsock_close(&r->fzs);
+    psd_transfer_end(&r->xfer);
     psd_etcd_async_close(&r->lead.etcd);
     if (r->held != NULL)
         uv_close((uv_handle_t *)&r->timer, NULL);
@@ -817,6 +849,7 @@ void psd_repl_fini(struct psd_repl *r)
         zmq_close(r->follow);
     r->follow = NULL;
     drop_held(r);
+    psd_transfer_end(&r->xfer);
     free(r->held);
     r->held = NULL;
     free(r->arena_buf);
@@ -827,66 +860,5 @@ void psd_repl_fini(struct psd_repl *r)
         snprintf(path, sizeof path, "%s/transfer", r->snap_dir);
         unlink(path);
         rmdir(r->snap_dir);
-    }
-}
-
-void psd_repl_metrics(const struct psd_repl *r, struct ps_buf *b)
-{
-    char labels[PS_ENDPOINT_MAX + 64];
-    labels[0] = '\0';
-    ps_prom_label(labels, sizeof labels, "role", psd_role_name(r->role));
-    ps_prom_family(b, "psd_replica_role", "gauge",
-                   "This replica's role (primary, backup or candidate): 1 for the one it has.");
-    ps_prom_sample(b, "psd_replica_role", labels, 1);
-    const struct {
-        const char *name, *type, *help;
-        double v;
-    } sc[] = {
-        {"psd_replica_epoch", "gauge", "The fencing epoch of the primary this replica knows.",
-         (double)r->epoch},
-        {"psd_replica_records", "gauge",
-         "Records sent (primary) or applied (backup) in this epoch.", (double)r->seq},
-        {"psd_replica_record_bytes_total", "counter", "Bytes of requests sent to backups.",
-         (double)r->record_bytes},
-        {"psd_replica_replies_held", "gauge",
-         "Replies waiting for backups to apply what they depend on.", (double)r->held_n},
-        {"psd_replica_replies_held_max", "gauge", "The most replies held at once.",
-         (double)r->held_peak},
-        {"psd_replica_replies_dropped_total", "counter",
-         "Replies dropped: more held than PSD_HELD_MAX, or out of memory (clients send again).",
-         (double)r->held_dropped},
-        {"psd_replica_promotions_total", "counter", "Times this replica became primary.",
-         (double)r->promotions},
-        {"psd_replica_resyncs_total", "counter",
-         "State transfers this backup asked for again (a record missing).", (double)r->resyncs},
-        {"psd_replica_backups_dropped_total", "counter", "Backups this primary dropped.",
-         (double)r->backups_dropped},
-        {"psd_replica_follows_refused_total", "counter",
-         "Replicas refused as backups: this primary had its most (PSD_BACKUPS_MAX) already.",
-         (double)r->follows_refused},
-        {"psd_replica_etcd_calls_total", "counter", "Calls to etcd, blocking or not.",
-         (double)r->lead.etcd.calls},
-        {"psd_replica_etcd_blocking_calls_total", "counter",
-         "Calls to etcd that held the loop (made only while this replica serves nobody: a "
-         "candidate's or a lost primary's, a campaign, a stop); a primary's go on the loop.",
-         (double)r->lead.etcd.blocking},
-        {"psd_replica_etcd_failures_total", "counter", "Calls to etcd that failed.",
-         (double)r->lead.etcd.failures},
-        {"psd_replica_not_primary_total", "counter",
-         "Requests refused because this replica is not the primary.",
-         (double)r->refused_not_primary},
-    };
-    for (size_t i = 0; i < sizeof sc / sizeof sc[0]; i++)
-        ps_prom_metric(b, sc[i].name, sc[i].type, sc[i].help, sc[i].v);
-    ps_prom_family(b, "psd_replica_backup_lag", "gauge",
-                   "Records a backup has not acknowledged, by backup (in_sync: etcd lists it).");
-    for (uint32_t i = 0; r->role == PSD_ROLE_PRIMARY && i < PSD_BACKUPS_MAX; i++) {
-        const struct psd_backup *k = &r->backups.b[i];
-        if (k->state == PSD_BACKUP_FREE)
-            continue;
-        labels[0] = '\0';
-        ps_prom_label(labels, sizeof labels, "backup", k->endpoint);
-        ps_prom_label(labels, sizeof labels, "in_sync", k->state == PSD_BACKUP_IN_SYNC ? "1" : "0");
-        ps_prom_sample(b, "psd_replica_backup_lag", labels, (double)psd_backup_lag(k, r->seq));
     }
 }

@@ -22,6 +22,7 @@
 #include "ps_curve.h"
 #include "net.h"
 #include "psd.h"
+#include "transfer.h"
 
 #include "ps_metrics.h"
 #include "ps_zsock.h"
@@ -29,8 +30,7 @@
 #include <stdint.h>
 #include <uv.h>
 
-#define PSD_HELD_MAX   65536u /* replies waiting for backups; past it they are dropped (re-sent) */
-#define PSD_SNAP_PIECE (16u << 20) /* bytes of a state transfer per record */
+#define PSD_HELD_MAX 65536u /* replies waiting for backups; past it they are dropped (re-sent) */
 
 enum psd_role {
     PSD_ROLE_CANDIDATE = 0, /* no primary known yet, or one lost: asks etcd */
@@ -54,6 +54,7 @@ struct psd_repl_config {
     const struct ps_curve_keys *curve;
     int64_t lease_ttl_s;
     uint64_t timeout_ms; /* silence after which a backup is dropped, or a primary presumed gone */
+    uint64_t transfer_kept_bytes; /* the bound on records kept during a state transfer */
 };
 
 struct psd_repl {
@@ -74,6 +75,7 @@ struct psd_repl {
     uv_timer_t timer;
     uint64_t beat_ms, view_ms;
     char snap_dir[PS_PATH_MAX]; /* where state transfers are written and read */
+    struct psd_transfer xfer;   /* one to joining backups, under way (primary) */
     /* as a backup: the socket to the primary, and the state transfer */
     void *follow;
     struct ps_zsock fzs;
@@ -153,7 +155,5 @@ int psd_repl_hold(void *repl, const void *route, size_t route_len, struct psd_re
 
 const char *psd_role_name(enum psd_role role);
 
-/* The replicas' metrics in Prometheus text (psd_replica_*). */
-void psd_repl_metrics(const struct psd_repl *r, struct ps_buf *b);
 
 #endif

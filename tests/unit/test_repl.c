@@ -8,6 +8,7 @@
 #include "etcd_standin.h"
 #include "lead.h"
 #include "record.h"
+#include "transfer.h"
 
 #include "ps_clock.h"
 #include "ps_err.h"
@@ -264,6 +265,49 @@ static void test_silent_backups(void **state)
     assert_int_equal(b->state, PSD_BACKUP_IN_SYNC);
     assert_false(psd_backup_silent(b, 2000 + 500, 500, 30000));
     assert_true(psd_backup_silent(b, 2000 + 501, 500, 30000));
+}
+
+/* Records made while a state transfer is written are kept for its
+ * backups up to a bound in bytes (frames, headers and bookkeeping);
+ * past it, PS_ELIMIT (the transfer ends, its backups ask again),
+ * counted; ending it lets them all go. */
+static void test_transfer_keeps_records_up_to_its_bound(void **state)
+{
+    (void)state;
+    static char mib[1u << 20];
+    struct psd_transfer x;
+    psd_transfer_init(&x, 4u << 20);
+    x.mask = 1; /* under way, for one backup */
+    Ps__Header h;
+    psd_record_header(&h, PS__RECORD__REC_REQUEST, 1, 0);
+    zmq_msg_t f;
+    int rc = 0;
+    uint32_t n = 0;
+    while (rc == 0) {
+        h.seq = ++n;
+        zmq_msg_init_data(&f, mib, sizeof mib, NULL, NULL); /* shared, not copied */
+        rc = psd_transfer_keep(&x, &h, &f, 1);
+        zmq_msg_close(&f);
+    }
+    assert_int_equal(rc, PS_ELIMIT);
+    assert_int_equal(x.kept, 3); /* the fourth's header and bookkeeping pass 4 MiB */
+    assert_true(x.kept_bytes > 3u << 20 && x.kept_bytes <= 4u << 20);
+    assert_int_equal(x.over_bound, 1);
+    assert_int_equal(x.kept_peak_bytes, x.kept_bytes);
+    assert_int_equal(psd_transfer_keep(&x, &h, NULL, 0), 0); /* a small one still fits */
+    psd_transfer_end(&x);
+    assert_int_equal(x.kept, 0);
+    assert_int_equal(x.kept_bytes, 0);
+    assert_null(x.head);
+    x.mask = 1;
+    for (rc = 0, n = 0; rc == 0; n++) /* records without frames: their own cost bounds them */
+        rc = psd_transfer_keep(&x, &h, NULL, 0);
+    assert_int_equal(rc, PS_ELIMIT);
+    assert_true(n > 1000);
+    assert_int_equal(x.over_bound, 2);
+    psd_transfer_end(&x);
+    assert_int_equal(x.kept, 0);
+    assert_false(psd_transfer_busy(&x));
 }
 
 /* ---- leadership through etcd ------------------------------------------------ */
@@ -592,6 +636,7 @@ int main(void)
         cmocka_unit_test(test_leaving_backup_is_waited_for),
         cmocka_unit_test(test_backup_dropped_during_a_set_write_stays),
         cmocka_unit_test(test_backup_slots_at_the_limit),
+        cmocka_unit_test(test_transfer_keeps_records_up_to_its_bound),
         cmocka_unit_test(test_silent_backups),
         cmocka_unit_test(test_first_replica_takes_a_new_shard),
         cmocka_unit_test(test_one_wins_a_race),

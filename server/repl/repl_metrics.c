@@ -1,0 +1,81 @@
+/* The replicas' metrics in Prometheus text (repl.h). */
+#include "repl_metrics.h"
+
+#include "ps_metrics.h"
+
+#include <stddef.h>
+
+void psd_repl_metrics(const struct psd_repl *r, struct ps_buf *b)
+{
+    char labels[PS_ENDPOINT_MAX + 64];
+    labels[0] = '\0';
+    ps_prom_label(labels, sizeof labels, "role", psd_role_name(r->role));
+    ps_prom_family(b, "psd_replica_role", "gauge",
+                   "This replica's role (primary, backup or candidate): 1 for the one it has.");
+    ps_prom_sample(b, "psd_replica_role", labels, 1);
+    const struct {
+        const char *name, *type, *help;
+        double v;
+    } sc[] = {
+        {"psd_replica_epoch", "gauge", "The fencing epoch of the primary this replica knows.",
+         (double)r->epoch},
+        {"psd_replica_records", "gauge",
+         "Records sent (primary) or applied (backup) in this epoch.", (double)r->seq},
+        {"psd_replica_record_bytes_total", "counter", "Bytes of requests sent to backups.",
+         (double)r->record_bytes},
+        {"psd_replica_replies_held", "gauge",
+         "Replies waiting for backups to apply what they depend on.", (double)r->held_n},
+        {"psd_replica_replies_held_max", "gauge", "The most replies held at once.",
+         (double)r->held_peak},
+        {"psd_replica_replies_dropped_total", "counter",
+         "Replies dropped: more held than PSD_HELD_MAX, or out of memory (clients send again).",
+         (double)r->held_dropped},
+        {"psd_replica_promotions_total", "counter", "Times this replica became primary.",
+         (double)r->promotions},
+        {"psd_replica_resyncs_total", "counter",
+         "State transfers this backup asked for again (a record missing).", (double)r->resyncs},
+        {"psd_replica_backups_dropped_total", "counter", "Backups this primary dropped.",
+         (double)r->backups_dropped},
+        {"psd_replica_follows_refused_total", "counter",
+         "Replicas refused as backups: this primary had its most (PSD_BACKUPS_MAX) already.",
+         (double)r->follows_refused},
+        {"psd_replica_etcd_calls_total", "counter", "Calls to etcd, blocking or not.",
+         (double)r->lead.etcd.calls},
+        {"psd_replica_etcd_blocking_calls_total", "counter",
+         "Calls to etcd that held the loop (made only while this replica serves nobody: a "
+         "candidate's or a lost primary's, a campaign, a stop); a primary's go on the loop.",
+         (double)r->lead.etcd.blocking},
+        {"psd_replica_etcd_failures_total", "counter", "Calls to etcd that failed.",
+         (double)r->lead.etcd.failures},
+        {"psd_replica_transfers_total", "counter",
+         "State transfers this primary began for joining backups.", (double)r->xfer.started},
+        {"psd_replica_transfers_forked_total", "counter",
+         "...of them written by a forked writer while the shard served (else on the loop).",
+         (double)r->xfer.forked},
+        {"psd_replica_transfer_kept_bytes", "gauge",
+         "Bytes of records kept for backups whose state transfer is under way.",
+         (double)r->xfer.kept_bytes},
+        {"psd_replica_transfer_kept_bytes_max", "gauge",
+         "The most bytes of records kept at once (bound: --replica-transfer-mib).",
+         (double)r->xfer.kept_peak_bytes},
+        {"psd_replica_transfer_over_bound_total", "counter",
+         "State transfers ended because the records kept passed their bound.",
+         (double)r->xfer.over_bound},
+        {"psd_replica_not_primary_total", "counter",
+         "Requests refused because this replica is not the primary.",
+         (double)r->refused_not_primary},
+    };
+    for (size_t i = 0; i < sizeof sc / sizeof sc[0]; i++)
+        ps_prom_metric(b, sc[i].name, sc[i].type, sc[i].help, sc[i].v);
+    ps_prom_family(b, "psd_replica_backup_lag", "gauge",
+                   "Records a backup has not acknowledged, by backup (in_sync: etcd lists it).");
+    for (uint32_t i = 0; r->role == PSD_ROLE_PRIMARY && i < PSD_BACKUPS_MAX; i++) {
+        const struct psd_backup *k = &r->backups.b[i];
+        if (k->state == PSD_BACKUP_FREE)
+            continue;
+        labels[0] = '\0';
+        ps_prom_label(labels, sizeof labels, "backup", k->endpoint);
+        ps_prom_label(labels, sizeof labels, "in_sync", k->state == PSD_BACKUP_IN_SYNC ? "1" : "0");
+        ps_prom_sample(b, "psd_replica_backup_lag", labels, (double)psd_backup_lag(k, r->seq));
+    }
+}
