@@ -65,7 +65,7 @@ struct psd_config {
     const char *config;
     const char *endpoint_file;
     const char *metrics_listen;
-    const char *etcd, *etcd_prefix, *advertise, *replica_of;
+    const char *etcd, *etcd_prefix, *advertise, *replica_of, *replica_name;
     uint64_t lease_ttl, replica_timeout_ms, replica_transfer_mib;
     int help;
     int version;
@@ -79,7 +79,8 @@ static const struct ps_opt psd_opts[] = {
         "ZeroMQ endpoint to bind; port 0 picks a free port"),
     OPT("shard", PS_OPT_U64A, shard, "0", 0, PS_SHARDS_MAX - 1, "I",
         "this server's shard index; auto: PSD_SHARD, else the host name's -N suffix (a "
-        "StatefulSet pod's ordinal)"),
+        "StatefulSet pod's ordinal; with --etcd, that mod --shards: pod o is shard o mod S, "
+        "replica o div S)"),
     OPT("shards", PS_OPT_U64, shards, "1", 1, PS_SHARDS_MAX, "S",
         "number of shards in the cluster"),
     OPT("max-message-bytes", PS_OPT_U64, max_message_bytes, "268435456", PS_MESSAGE_BYTES_MIN,
@@ -154,6 +155,10 @@ static const struct ps_opt psd_opts[] = {
     OPT("advertise", PS_OPT_STR, advertise, NULL, 0, 0, "ENDPOINT",
         "how other replicas and clients reach this process (default: the bound --listen "
         "endpoint; needed when --listen binds every address)"),
+    OPT("replica-name", PS_OPT_STR, replica_name, NULL, 0, 0, "NAME",
+        "a stable identity for this replica (a Kubernetes pod's name): the same replica in "
+        "every run, and held in etcd while it runs, so a second process claiming it is refused; "
+        "default: a new identity each run"),
     OPT("etcd-prefix", PS_OPT_STR, etcd_prefix, "/psd", 0, 0, "PREFIX",
         "etcd keys of this cluster's shards go under PREFIX/shard-I-of-S/"),
     OPT("lease-ttl", PS_OPT_U64, lease_ttl, "1", 1, 60, "SECONDS",
@@ -183,6 +188,7 @@ struct app {
     uv_timer_t stop_timer; /* a stop waiting for the round's end or the primary's (stopping) */
     int stopping;
     int down;         /* shut_down ran */
+    int exit_code;    /* what main returns once the loop ends */
     int checkpointed; /* a checkpoint at shutdown holds the state */
     int argc;
     char **argv;
@@ -202,8 +208,12 @@ static void publish_metrics(struct app *a)
     psd_expose(&a->srv, &a->metrics_text);
     if (a->net.sock != NULL) /* started */
         psd_expose_net(&a->net, a->cfg.curve_secret != NULL ? &a->sec : NULL, &a->metrics_text);
-    if (a->replicated)
+    if (a->replicated) {
         psd_repl_metrics(&a->repl, &a->metrics_text);
+        char why[PS_METRICS_WHY_MAX];
+        int ready = psd_repl_ready(&a->repl, why, sizeof why);
+        ps_metrics_set_ready(a->metrics, ready, why);
+    }
     ps_metrics_publish(a->metrics, &a->metrics_text);
 }
 
@@ -492,10 +502,15 @@ static int parse_config(struct psd_config *cfg, int argc, char **argv, int *leve
         printf("psd %s (protocol %u)\n", PSD_VERSION, PS_PROTOCOL_VERSION);
         return 0;
     }
-    if (cfg->shard == PS_OPT_AUTO &&
-        ps_auto_shard("--shard auto", 0, cfg->shards - 1, &cfg->shard, err, sizeof err) != 0) {
-        fprintf(stderr, "psd: %s\n", err);
-        return 2;
+    if (cfg->shard == PS_OPT_AUTO) {
+        /* with --etcd, pods past the shard count are more replicas:
+         * ordinal o is shard o mod S */
+        uint64_t last = cfg->etcd != NULL ? cfg->shards * PS_REPLICAS_MAX - 1 : cfg->shards - 1;
+        if (ps_auto_shard("--shard auto", 0, last, &cfg->shard, err, sizeof err) != 0) {
+            fprintf(stderr, "psd: %s\n", err);
+            return 2;
+        }
+        cfg->shard %= cfg->shards;
     }
     if (cfg->shard >= cfg->shards) {
         fprintf(stderr, "psd: --shard %llu must be less than --shards %llu\n",
@@ -519,9 +534,17 @@ static int parse_config(struct psd_config *cfg, int argc, char **argv, int *leve
         fprintf(stderr, "psd: --listen: %s\n", why);
         return 2;
     }
-    if ((cfg->replica_of != NULL || cfg->advertise != NULL) && cfg->etcd == NULL) {
+    if ((cfg->replica_of != NULL || cfg->advertise != NULL || cfg->replica_name != NULL) &&
+        cfg->etcd == NULL) {
         fprintf(stderr, "psd: --%s needs --etcd: replicas take their primary from etcd\n",
-                cfg->replica_of ? "replica-of" : "advertise");
+                cfg->replica_of     ? "replica-of"
+                : cfg->replica_name ? "replica-name"
+                                    : "advertise");
+        return 2;
+    }
+    char nerr[160];
+    if (cfg->replica_name != NULL && psd_lead_name_check(cfg->replica_name, nerr, sizeof nerr)) {
+        fprintf(stderr, "psd: %s\n", nerr);
         return 2;
     }
     const char *eps[] = {cfg->replica_of, cfg->advertise};
@@ -536,6 +559,16 @@ static int parse_config(struct psd_config *cfg, int argc, char **argv, int *leve
 }
 
 /* --etcd: this process is one replica of its shard (repl.h). */
+/* The replica cannot go on (another process took its name): psd stops,
+ * exiting 2. */
+static void on_replica_fatal(void *ctx, const char *why)
+{
+    struct app *a = ctx;
+    (void)why; /* the replica logged it */
+    a->exit_code = 2;
+    shut_down(a);
+}
+
 static int start_replica(struct app *a, const struct psd_config *cfg)
 {
     const char *adv = cfg->advertise != NULL ? cfg->advertise : a->net.endpoint;
@@ -556,6 +589,9 @@ static int start_replica(struct app *a, const struct psd_config *cfg)
         .timeout_ms = cfg->replica_timeout_ms,
         .transfer_kept_bytes = cfg->replica_transfer_mib << 20,
         .curve = cfg->curve_secret != NULL ? &a->sec.keys : NULL,
+        .name = cfg->replica_name,
+        .fatal = on_replica_fatal,
+        .fatal_ctx = a,
     };
     char err[512];
     a->replicated = 1;
@@ -693,8 +729,11 @@ int main(int argc, char **argv)
             return 2;
         }
         publish_metrics(&a);
-        PS_LOG(&a.log, PS_LOG_INFO, S0012, "metrics on %s (port %d): GET /metrics, /healthz",
-               cfg.metrics_listen, ps_metrics_port(a.metrics));
+        if (cfg.etcd != NULL) /* until the replica says what it is */
+            ps_metrics_set_ready(a.metrics, 0, "starting: a replica that has not found its part");
+        PS_LOG(&a.log, PS_LOG_INFO, S0012,
+               "metrics on %s (port %d): GET /metrics, /healthz, /readyz", cfg.metrics_listen,
+               ps_metrics_port(a.metrics));
     }
     /* a backup could not read a client's shared region: replicas use tcp */
     int local_ipc = !cfg.no_local_ipc && cfg.etcd == NULL;
@@ -766,5 +805,5 @@ int main(int argc, char **argv)
            (unsigned long long)psd_counts(&a.srv)->errors);
     psd_fini(&a.srv);
     uv_loop_close(&a.loop);
-    return 0;
+    return a.exit_code;
 }

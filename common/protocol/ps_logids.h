@@ -17,7 +17,7 @@
     X(S0008, ERROR, "a replica could not start (--etcd, --advertise; the reason)")                     \
     X(S0010, INFO, "shard … of … listening on … (version, consistency, workers)")                      \
     X(S0011, INFO, "CURVE on: … client key(s) admitted")                                               \
-    X(S0012, INFO, "metrics on … (port …): GET /metrics, /healthz")                                    \
+    X(S0012, INFO, "metrics on … (port …): GET /metrics, /healthz, /readyz")                           \
     X(S0013, INFO, "clients on this host may use …")                                                   \
     X(S0014, INFO, "every thread runs on CPUs … (--cpus)")                                             \
     X(S0015, INFO, "a replica of shard … as … (etcd …, keys under …, lease … s)")                      \
@@ -109,6 +109,9 @@
     X(S0725, WARN,                                                                                     \
       "psctl recover: shard …: … took over from its checkpoint at epoch … record …; what was " \
       "lost")                                                                                          \
+    X(S0726, ERROR, "--replica-name … is held by the process at …: two may not share one")             \
+    X(S0727, WARN, "--replica-name … is held by …: waiting for its lease to run out")                  \
+    X(S0728, WARN, "etcd no longer holds --replica-name …'s lease: claiming it again")                 \
     X(W0001, INFO, "rank … of … on the backend (and the model)")                                       \
     X(W0002, ERROR, "psworker could not start or run (the reason)")                                    \
     X(W0003, ERROR, "--save: …")                                                                       \

@@ -26,6 +26,8 @@ struct ps_metrics {
     pthread_mutex_t mu;
     struct ps_buf text; /* the published copy */
     uint64_t published_ms;
+    int ready; /* ps_metrics_set_ready; 1 until told otherwise */
+    char ready_why[PS_METRICS_WHY_MAX];
 };
 
 static enum MHD_Result respond(struct MHD_Connection *conn, unsigned status, const char *type,
@@ -64,6 +66,17 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         pthread_mutex_unlock(&m->mu);
         return r;
     }
+    if (strcmp(url, "/readyz") == 0) {
+        char msg[PS_METRICS_WHY_MAX + 32];
+        pthread_mutex_lock(&m->mu);
+        int ready = m->ready;
+        int n = snprintf(msg, sizeof msg, "%s: %s\n", ready ? "ready" : "not ready", m->ready_why);
+        pthread_mutex_unlock(&m->mu);
+        if (n >= (int)sizeof msg)
+            n = (int)sizeof msg - 1;
+        return respond(conn, ready ? MHD_HTTP_OK : MHD_HTTP_SERVICE_UNAVAILABLE, plain, msg,
+                       (size_t)n);
+    }
     if (strcmp(url, "/healthz") == 0) {
         pthread_mutex_lock(&m->mu);
         uint64_t age = (uint64_t)ps_mono_ms() - m->published_ms;
@@ -76,7 +89,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
                          (unsigned long long)age);
         return respond(conn, MHD_HTTP_SERVICE_UNAVAILABLE, plain, msg, (size_t)n);
     }
-    static const char msg[] = "not found: try /metrics or /healthz\n";
+    static const char msg[] = "not found: try /metrics, /healthz or /readyz\n";
     return respond(conn, MHD_HTTP_NOT_FOUND, plain, msg, sizeof msg - 1);
 }
 
@@ -153,6 +166,8 @@ int ps_metrics_start(struct ps_metrics **out, const char *listen, char *err, siz
     }
     pthread_mutex_init(&m->mu, NULL);
     m->published_ms = (uint64_t)ps_mono_ms();
+    m->ready = 1;
+    snprintf(m->ready_why, sizeof m->ready_why, "serving");
     /* One address cannot take every connection (a slow client holding
      * them would fail the orchestrator's /healthz), and a connection
      * silent for PS_METRICS_IDLE_S is closed. */
@@ -195,6 +210,14 @@ void ps_metrics_publish(struct ps_metrics *m, struct ps_buf *b)
     b->len = 0;
     if (b->p != NULL)
         b->p[0] = '\0';
+}
+
+void ps_metrics_set_ready(struct ps_metrics *m, int ready, const char *why)
+{
+    pthread_mutex_lock(&m->mu);
+    m->ready = ready != 0;
+    snprintf(m->ready_why, sizeof m->ready_why, "%s", why);
+    pthread_mutex_unlock(&m->mu);
 }
 
 void ps_metrics_stop(struct ps_metrics *m)

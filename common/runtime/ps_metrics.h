@@ -4,8 +4,11 @@
  * then and publishes it; libmicrohttpd's thread serves the newest published
  * text on GET /metrics, and GET /healthz answers 200 while publishing goes
  * on (503 once the publisher has been silent for PS_METRICS_STALE_MS: a
- * stuck loop is unhealthy). The HTTP thread never touches the process's
- * state, only the published copy, under a mutex. */
+ * stuck loop is unhealthy). GET /readyz answers 200 or 503 as the
+ * process last said (ps_metrics_set_ready; ready until it says
+ * otherwise), with its reason: a replica without a primary is alive but
+ * not ready. The HTTP thread never touches the process's state, only the
+ * published copy, under a mutex. */
 #ifndef PS_METRICS_H
 #define PS_METRICS_H
 
@@ -15,6 +18,7 @@
 #include <stdint.h>
 
 #define PS_METRICS_STALE_MS 10000
+#define PS_METRICS_WHY_MAX  256 /* bytes of /readyz's reason */
 
 struct ps_metrics;
 
@@ -26,6 +30,9 @@ int ps_metrics_start(struct ps_metrics **out, const char *listen, char *err, siz
 int ps_metrics_port(const struct ps_metrics *m);
 /* Makes b's text the one served (b is emptied for the next render). */
 void ps_metrics_publish(struct ps_metrics *m, struct ps_buf *b);
+/* What GET /readyz answers from now on: 200 when ready, else 503, with
+ * why (cut at PS_METRICS_WHY_MAX). */
+void ps_metrics_set_ready(struct ps_metrics *m, int ready, const char *why);
 void ps_metrics_stop(struct ps_metrics *m);
 
 #endif

@@ -6,6 +6,7 @@
 
 #include <inttypes.h>
 #include <jansson.h>
+#include <sodium.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -256,4 +257,122 @@ void psd_lead_resign(struct psd_lead *l)
         psd_etcd_revoke(&l->etcd, l->lease);
     l->lease = 0;
     l->lease_until_ms = 0;
+}
+
+/* ---- a stable identity ------------------------------------------------------- */
+
+int psd_lead_name_check(const char *name, char *err, size_t errlen)
+{
+    size_t n = strlen(name);
+    if (n == 0 || n > PSD_REPLICA_NAME_MAX)
+        return ps_errf(PS_EINVAL, err, errlen, "--replica-name '%s': 1 to %u characters", name,
+                       PSD_REPLICA_NAME_MAX);
+    for (size_t i = 0; i < n; i++) {
+        char c = name[i];
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              c == '.' || c == '_' || c == '-'))
+            return ps_errf(PS_EINVAL, err, errlen,
+                           "--replica-name '%s': character %zu is not a letter, a digit, '.', '_' "
+                           "or '-'",
+                           name, i + 1);
+    }
+    return 0;
+}
+
+uint64_t psd_lead_name_id(const char *name)
+{
+    uint8_t h[8];
+    crypto_generichash(h, sizeof h, (const unsigned char *)name, strlen(name), NULL, 0);
+    uint64_t id = 0;
+    for (size_t i = 0; i < sizeof h; i++)
+        id = id << 8 | h[i];
+    return id != 0 ? id : 1;
+}
+
+int psd_lead_claim(struct psd_lead *l, const char *name, char *holder, size_t holderlen)
+{
+    holder[0] = '\0';
+    snprintf(l->name, sizeof l->name, "%s", name);
+    /* the shard's keys' prefix: the leader key without its last part */
+    size_t base = strlen(l->leader_key) - strlen("leader");
+    snprintf(l->member_key, sizeof l->member_key, "%.*smember-%s", (int)base, l->leader_key, name);
+    int rc;
+    int64_t granted = 0;
+    uint64_t asked = (uint64_t)ps_mono_ms();
+    /* a lease of its own each try: one from a try that failed may have
+     * run out while this process waited */
+    if ((rc = psd_etcd_grant(&l->etcd, l->ttl_s, &l->member_lease, &granted)) != 0) {
+        l->member_lease = 0;
+        return rc;
+    }
+    l->member_granted_s = granted;
+    l->member_renewed_ms = asked;
+    char id[24];
+    snprintf(id, sizeof id, "%016" PRIx64, l->id);
+    json_t *o = json_pack("{s:s, s:s}", "id", id, "endpoint", l->endpoint);
+    char *value = o ? json_dumps(o, JSON_COMPACT) : NULL;
+    json_decref(o);
+    if (value == NULL)
+        return PS_ENOMEM;
+    struct psd_etcd_cmp cmp = {.key = l->member_key, .target = PSD_ETCD_CREATE};
+    struct psd_etcd_put put = {l->member_key, value, l->member_lease};
+    int ok = 0;
+    rc = psd_etcd_txn(&l->etcd, &cmp, 1, &put, 1, &ok);
+    free(value);
+    if (rc == 0 && ok)
+        return 0;
+    struct psd_etcd_kv *kv = rc == 0 ? malloc(sizeof *kv) : NULL;
+    if (kv != NULL && (rc = psd_etcd_get(&l->etcd, l->member_key, kv)) == 0 && !kv->found)
+        rc = PS_EAGAIN; /* its holder's lease ran out just now: try again */
+    if (kv != NULL && rc == 0) {
+        json_t *j = json_loads(kv->value, 0, NULL);
+        const char *ep = json_string_value(json_object_get(j, "endpoint"));
+        snprintf(holder, holderlen, "%s", ep ? ep : "an unknown endpoint");
+        json_decref(j);
+        rc = PS_EBUSY;
+    }
+    free(kv);
+    psd_etcd_revoke(&l->etcd, l->member_lease); /* this try's: not needed */
+    l->member_lease = 0;
+    return rc != 0 ? rc : PS_ENOMEM;
+}
+
+int psd_lead_member_due(const struct psd_lead *l, uint64_t now_ms)
+{
+    return l->member_lease != 0 &&
+           now_ms - l->member_renewed_ms >=
+               (uint64_t)l->member_granted_s * 1000u / PSD_RENEWS_PER_TTL &&
+           now_ms - l->member_tried_ms >= PSD_ETCD_RETRY_MS;
+}
+
+static void on_member_keepalive(void *ctx, int rc, int64_t ttl)
+{
+    struct psd_lead *l = ctx;
+    if (rc == 0 && ttl <= 0) {
+        l->member_lease = 0;
+        snprintf(l->etcd.err, sizeof l->etcd.err,
+                 "etcd no longer holds the lease of this replica's name");
+        rc = PS_ESTATE;
+    } else if (rc == 0) {
+        l->member_renewed_ms = l->member_tried_ms;
+    }
+    l->member_done(l->member_ctx, rc, 0);
+}
+
+int psd_lead_member_renew_async(struct psd_lead *l, uint64_t now_ms, psd_etcd_done_fn done,
+                                void *ctx)
+{
+    if (l->member_lease == 0)
+        return PS_ESTATE;
+    l->member_tried_ms = now_ms;
+    l->member_done = done;
+    l->member_ctx = ctx;
+    return psd_etcd_keepalive_async(&l->etcd, l->member_lease, on_member_keepalive, l);
+}
+
+void psd_lead_unclaim(struct psd_lead *l)
+{
+    if (l->member_lease != 0)
+        psd_etcd_revoke(&l->etcd, l->member_lease); /* the name's key goes with it */
+    l->member_lease = 0;
 }

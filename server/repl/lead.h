@@ -15,8 +15,8 @@
  * only with a transaction that checks its own leader key is still there,
  * and answers requests only while its lease is sure to hold (renewed
  * within the TTL, with a tenth to spare). Replica ids are random per
- * process: a restarted process is a new replica and must catch up before
- * it is listed.
+ * process, or a hash of its name (psd_lead_claim below): a restarted
+ * process must catch up before it is listed either way.
  *
  * A clean stop: the primary, after its last checkpoint (labelled with
  * its epoch and record number), adds "stopped" to the in-sync key in a
@@ -42,6 +42,11 @@
 #define PSD_LEASE_SURE_MS_PER_S 900u
 /* Renewals a primary sends within one TTL (one every third of it). */
 #define PSD_RENEWS_PER_TTL 3u
+
+/* A stable replica identity (psd --replica-name): letters, digits, '.',
+ * '_' and '-', at most this long (a Kubernetes pod name is a DNS label,
+ * at most 63). */
+#define PSD_REPLICA_NAME_MAX 63u
 
 /* What etcd says about a shard now. */
 struct psd_lead_view {
@@ -76,6 +81,14 @@ struct psd_lead {
     uint64_t renew_asked_ms;
     psd_etcd_done_fn renew_done;
     void *renew_ctx;
+    /* a stable identity (psd_lead_claim): the name's key, on a lease of
+     * this process's own, renewed as the leader's is */
+    char name[PSD_REPLICA_NAME_MAX + 1];
+    char member_key[PSD_ETCD_KEY_MAX];
+    int64_t member_lease, member_granted_s;
+    uint64_t member_renewed_ms, member_tried_ms;
+    psd_etcd_done_fn member_done;
+    void *member_ctx;
 };
 
 /* 0, or PS_E* with err. */
@@ -122,5 +135,30 @@ int psd_lead_set_stopped(struct psd_lead *l, const uint64_t *ids, const char *co
 
 /* Gives the lease up (a primary stopping): a backup takes over at once. */
 void psd_lead_resign(struct psd_lead *l);
+
+/* A stable identity. The replica's id is a hash of its name (never 0),
+ * the same in every run, so a restarted process is the same replica;
+ * and the name is held in etcd while the process runs, so a second
+ * process claiming it is refused:
+ *
+ *   PREFIX/shard-I-of-S/member-NAME  {"id","endpoint"}, on a lease of the
+ *                                    holder's own, renewed while it runs
+ *
+ * psd_lead_name_check: 0, or PS_EINVAL with err naming what is wrong.
+ * psd_lead_name_id: the id the name gives.
+ * psd_lead_claim: puts the name's key if no process holds it (blocking).
+ * 0: held by this process now; PS_EBUSY: another holds it, its endpoint
+ * in holder; else etcd's error (l->etcd.err).
+ * psd_lead_member_due, psd_lead_member_renew_async: its lease's renewal,
+ * as the leader's (done(ctx, rc, 0), PS_ESTATE when etcd no longer has
+ * it: the name is free for anyone until claimed again).
+ * psd_lead_unclaim: gives the name up (a clean stop). */
+int psd_lead_name_check(const char *name, char *err, size_t errlen);
+uint64_t psd_lead_name_id(const char *name);
+int psd_lead_claim(struct psd_lead *l, const char *name, char *holder, size_t holderlen);
+int psd_lead_member_due(const struct psd_lead *l, uint64_t now_ms);
+int psd_lead_member_renew_async(struct psd_lead *l, uint64_t now_ms, psd_etcd_done_fn done,
+                                void *ctx);
+void psd_lead_unclaim(struct psd_lead *l);
 
 #endif

@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 const char *psd_role_name(enum psd_role role)
@@ -299,11 +300,30 @@ static void on_renewed(void *ctx, int rc, int64_t unused)
 
 /* The next call a primary owes etcd, unless one is under way: the
  * lease's renewal first when due, else the in-sync set. */
+static void on_member_renewed(void *ctx, int rc, int64_t unused)
+{
+    (void)unused;
+    struct psd_repl *r = ctx;
+    if (rc == PS_ESTATE)
+        PS_LOG(r->log, PS_LOG_WARN, S0728,
+               "etcd no longer holds --replica-name %s's lease (etcd did not hear from this "
+               "process within it): claiming the name again",
+               r->lead.name);
+    else if (rc != 0 && ps_log_sampled(++r->etcd_failures))
+        PS_LOG(r->log, PS_LOG_WARN, S0717, "--replica-name %s's lease not renewed: %s",
+               r->lead.name, r->lead.etcd.err);
+    etcd_next(r, now_ms());
+}
+
+/* The next call this replica owes etcd, unless one is under way: a
+ * primary's lease renewal first when due, then the name's, then a
+ * primary's in-sync set. */
 static void etcd_next(struct psd_repl *r, uint64_t now)
 {
-    if (r->role != PSD_ROLE_PRIMARY || psd_etcd_busy(&r->lead.etcd))
+    if (psd_etcd_busy(&r->lead.etcd))
         return;
-    if (psd_lead_renew_due(&r->lead, now)) {
+    int primary = r->role == PSD_ROLE_PRIMARY;
+    if (primary && psd_lead_renew_due(&r->lead, now)) {
         int rc = psd_lead_renew_async(&r->lead, now, on_renewed, r);
         if (rc == PS_ESTATE)
             step_down(r, "etcd no longer holds its lease");
@@ -311,7 +331,14 @@ static void etcd_next(struct psd_repl *r, uint64_t now)
             lease_not_renewed(r, now);
         return;
     }
-    if (r->insync_wanted || psd_backups_leaving(&r->backups))
+    if (psd_lead_member_due(&r->lead, now)) {
+        if (psd_lead_member_renew_async(&r->lead, now, on_member_renewed, r) != 0 &&
+            ps_log_sampled(++r->etcd_failures))
+            PS_LOG(r->log, PS_LOG_WARN, S0717, "--replica-name %s's lease not renewed: %s",
+                   r->lead.name, r->lead.etcd.err);
+        return;
+    }
+    if (primary && (r->insync_wanted || psd_backups_leaving(&r->backups)))
         write_insync(r);
 }
 
@@ -654,10 +681,36 @@ static void primary_tick(struct psd_repl *r, uint64_t now)
     drained(r, now);
 }
 
+/* A name whose lease etcd dropped is claimed again, by a replica that
+ * serves nobody (a blocking call); another process holding it now ends
+ * this one. */
+static void reclaim_name(struct psd_repl *r, uint64_t now)
+{
+    if (r->lead.name[0] == '\0' || r->lead.member_lease != 0 || r->role == PSD_ROLE_PRIMARY ||
+        now - r->claimed_ms < VIEW_DOWN_MS)
+        return;
+    r->claimed_ms = now;
+    char holder[PS_ENDPOINT_MAX];
+    int rc = psd_lead_claim(&r->lead, r->lead.name, holder, sizeof holder);
+    if (rc == PS_EBUSY && r->fatal != NULL) {
+        char why[PS_ENDPOINT_MAX + 160];
+        snprintf(why, sizeof why,
+                 "--replica-name %s is held by the process at %s: two processes may not share "
+                 "one",
+                 r->lead.name, holder);
+        PS_LOG(r->log, PS_LOG_ERROR, S0726, "%s; stopping", why);
+        r->fatal(r->fatal_ctx, why);
+    }
+}
+
 static void on_tick(uv_timer_t *t)
 {
     struct psd_repl *r = t->data;
     uint64_t now = now_ms();
+    if (r->role != PSD_ROLE_PRIMARY) {
+        reclaim_name(r, now);
+        etcd_next(r, now); /* the name's lease */
+    }
     if (r->role == PSD_ROLE_PRIMARY)
         primary_tick(r, now);
     else if (r->role == PSD_ROLE_CANDIDATE ||
@@ -702,6 +755,42 @@ static void on_stats(void *ctx, Ps__Stats *st)
     }
 }
 
+/* The replica's name, claimed in etcd before it does anything else. A
+ * name still held waits for its holder's lease to run out: a process
+ * that stopped (killed, or moved to another host) lets it go within the
+ * TTL, one that runs keeps it, and this one is then refused. */
+static int claim_name(struct psd_repl *r, const struct psd_repl_config *cfg, char *err,
+                      size_t errlen)
+{
+    uint64_t deadline = now_ms() + 2000u * (uint64_t)cfg->lease_ttl_s + 1000u;
+    char holder[PS_ENDPOINT_MAX];
+    int rc, said = 0;
+    while ((rc = psd_lead_claim(&r->lead, cfg->name, holder, sizeof holder)) != 0 &&
+           now_ms() < deadline) {
+        if (!said++)
+            PS_LOG(r->log, PS_LOG_WARN, S0727,
+                   "--replica-name %s is held by %s: waiting up to %llu ms for its lease to run "
+                   "out (a process that stopped lets it go; one that runs keeps it)",
+                   cfg->name, rc == PS_EBUSY ? holder : r->lead.etcd.err,
+                   (unsigned long long)(deadline - now_ms()));
+        struct timespec ts = {0, 100 * 1000000L}; /* etcd is asked again every 100 ms */
+        nanosleep(&ts, NULL);
+    }
+    if (rc == PS_EBUSY) {
+        PS_LOG(r->log, PS_LOG_ERROR, S0726,
+               "--replica-name %s is held by the process at %s: two processes may not share "
+               "one",
+               cfg->name, holder);
+        return ps_errf(PS_EBUSY, err, errlen,
+                       "--replica-name %s: held by the process at %s, which runs (etcd key %s)",
+                       cfg->name, holder, r->lead.member_key);
+    }
+    if (rc != 0)
+        return ps_errf(rc, err, errlen, "--replica-name %s: cannot claim it in etcd: %s", cfg->name,
+                       r->lead.etcd.err);
+    return 0;
+}
+
 int psd_repl_start(struct psd_repl *r, struct psd_net *net, uv_loop_t *loop,
                    const struct psd_repl_config *cfg, char *err, size_t errlen)
 {
@@ -727,10 +816,15 @@ int psd_repl_start(struct psd_repl *r, struct psd_net *net, uv_loop_t *loop,
     ps_arena_init(&r->req_arena, r->arena_buf, PSD_REPL_ARENA_BYTES);
     ps_arena_init(&r->rec_arena, r->arena_buf + PSD_REPL_ARENA_BYTES, PSD_REPL_ARENA_BYTES);
     const struct psd_conf *c = &r->srv->conf;
-    int rc = psd_lead_init(&r->lead, cfg->etcd, cfg->prefix, c->shard, c->shards, c->instance,
+    if (cfg->name != NULL && psd_lead_name_check(cfg->name, err, errlen) != 0)
+        return PS_EINVAL;
+    int rc = psd_lead_init(&r->lead, cfg->etcd, cfg->prefix, c->shard, c->shards,
+                           cfg->name != NULL ? psd_lead_name_id(cfg->name) : c->instance,
                            cfg->advertise, cfg->lease_ttl_s, err, errlen);
-    if (rc != 0)
+    if (rc != 0 || (cfg->name != NULL && (rc = claim_name(r, cfg, err, errlen)) != 0))
         return rc;
+    r->fatal = cfg->fatal;
+    r->fatal_ctx = cfg->fatal_ctx;
     r->follow = zmq_socket(net->ctx, ZMQ_DEALER);
     int zero = 0;
     const struct ps_curve_keys *k = cfg->curve;
@@ -818,6 +912,7 @@ void psd_repl_stop(struct psd_repl *r, int checkpointed)
         ps_zsock_close(&r->fzs);
     psd_transfer_end(&r->xfer);
     psd_etcd_async_close(&r->lead.etcd);
+    psd_lead_unclaim(&r->lead); /* the name is free for this replica's next run */
     if (r->held != NULL)
         uv_close((uv_handle_t *)&r->timer, NULL);
 }

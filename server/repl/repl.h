@@ -55,6 +55,10 @@ struct psd_repl_config {
     int64_t lease_ttl_s;
     uint64_t timeout_ms; /* silence after which a backup is dropped, or a primary presumed gone */
     uint64_t transfer_kept_bytes; /* the bound on records kept during a state transfer */
+    const char *name;             /* --replica-name: a stable identity (lead.h), or NULL */
+    /* called when this replica must stop (its name taken by another) */
+    void (*fatal)(void *ctx, const char *why);
+    void *fatal_ctx;
 };
 
 struct psd_repl {
@@ -105,6 +109,9 @@ struct psd_repl {
     uint32_t insync_leaving, insync_written;
     struct psd_lead_view seen; /* etcd's view as last read (stats; psctl recover) */
     uint64_t recovered;        /* takeovers psctl recover asked for */
+    uint64_t claimed_ms;       /* the name was last claimed again (reclaim_name) */
+    void (*fatal)(void *ctx, const char *why);
+    void *fatal_ctx;
     /* stopping (psd_repl_stop_after_primary): never campaigns; done is
      * called once, at the primary's last record or when it is gone */
     int stopping;
@@ -154,6 +161,5 @@ void psd_repl_request(void *repl, const struct ps_frame *route, const char *user
 int psd_repl_hold(void *repl, const void *route, size_t route_len, struct psd_reply *rep);
 
 const char *psd_role_name(enum psd_role role);
-
 
 #endif

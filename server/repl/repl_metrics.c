@@ -3,7 +3,9 @@
 
 #include "ps_metrics.h"
 
+#include <inttypes.h>
 #include <stddef.h>
+#include <stdio.h>
 
 void psd_repl_metrics(const struct psd_repl *r, struct ps_buf *b)
 {
@@ -78,4 +80,24 @@ void psd_repl_metrics(const struct psd_repl *r, struct ps_buf *b)
         ps_prom_label(labels, sizeof labels, "in_sync", k->state == PSD_BACKUP_IN_SYNC ? "1" : "0");
         ps_prom_sample(b, "psd_replica_backup_lag", labels, (double)psd_backup_lag(k, r->seq));
     }
+}
+
+int psd_repl_ready(const struct psd_repl *r, char *why, size_t len)
+{
+    uint32_t shard = r->srv->conf.shard;
+    if (r->role == PSD_ROLE_PRIMARY) {
+        snprintf(why, len, "primary of shard %u, epoch %" PRIu64, shard, r->epoch);
+        return 1;
+    }
+    if (r->role == PSD_ROLE_BACKUP && r->loaded) {
+        snprintf(why, len, "backup of shard %u, following %s at record %" PRIu64, shard, r->primary,
+                 r->seq);
+        return 1;
+    }
+    if (r->role == PSD_ROLE_BACKUP)
+        snprintf(why, len, "backup of shard %u, waiting for its state from %s", shard, r->primary);
+    else
+        snprintf(why, len, "shard %u has no primary this replica follows (etcd's in-sync set: %s)",
+                 shard, r->seen.members[0] ? r->seen.members : "none read");
+    return 0;
 }

@@ -8,6 +8,13 @@
 
 #include "ps_prom.h"
 
+#include <stddef.h>
+
 void psd_repl_metrics(const struct psd_repl *r, struct ps_buf *b);
+
+/* Whether the replica does its part (GET /readyz): 1 as primary, or as a
+ * backup that holds its primary's state; 0 without a primary, or while
+ * it loads the state. why says which, in words. */
+int psd_repl_ready(const struct psd_repl *r, char *why, size_t len);
 
 #endif

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """psd and psworker serve Prometheus metrics: /metrics passes
-`promtool check metrics`, its counters move with traffic, /healthz answers,
-other paths and methods are refused, and a bad --metrics-listen is named.
+`promtool check metrics`, its counters move with traffic, /healthz and
+/readyz answer, other paths and methods are refused, and a bad
+--metrics-listen is named.
 
 Exits 77 (skipped) where promtool is not installed (Debian's `prometheus`;
 deploy/install-deps.sh installs it)."""
@@ -81,6 +82,9 @@ def main(tmp):
     check(before.get("psd_live_workers") == 0, "no live workers yet")
     status, _, body = get(port, "/healthz")
     check(status == 200 and body == "ok\n", "psd /healthz: 200 ok")
+    status, _, body = get(port, "/readyz")
+    check(status == 200 and body == "ready: serving\n",
+          "psd /readyz without replicas: 200 ready (%s %r)" % (status, body))
     check(get(port, "/metrics", "POST")[0] == 405, "POST /metrics: 405")
     check(get(port, "/nope")[0] == 404, "GET /nope: 404")
 

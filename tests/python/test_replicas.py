@@ -326,6 +326,97 @@ def test_a_primary_serves_on_while_etcd_is_stopped(cluster, etcd):
     assert "S0716" not in cluster.logs()
 
 
+def http(port, path):
+    """GET path on 127.0.0.1:port: (status, body)."""
+    try:
+        r = urllib.request.urlopen("http://127.0.0.1:%s%s" % (port, path), timeout=5)
+        return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def metrics_port(cluster, log_name):
+    log = os.path.join(cluster.tmp, log_name)
+    until("a metrics port in " + log_name,
+          lambda: re.search(r"metrics on \S+ \(port (\d+)\)", open(log).read()), cluster)
+    return re.search(r"metrics on \S+ \(port (\d+)\)", open(log).read()).group(1)
+
+
+def test_a_replica_name_is_one_process_and_the_same_replica_after_a_restart(cluster, etcd):
+    """--replica-name: a stable id (the in-sync set lists the same id
+    after a restart), held in etcd while the process runs; a second
+    process claiming it waits for the holder's lease, and is refused by
+    name when the holder runs on; a killed holder's name is free once its
+    lease runs out. /readyz: the primary and a backup holding its state
+    are ready, a replica still waiting for its name is not."""
+    m = ["--metrics-listen", "127.0.0.1:0"]
+    base = ["--etcd", etcd.url]
+    a, ea = start(cluster, 0, 1, base + ["--replica-name", "psd-0"] + m)
+    until("the primary", lambda: leader(etcd, 0, 1).get("endpoint") == ea, cluster)
+    b, eb = start(cluster, 0, 1, base + ["--replica-name", "psd-1", "--replica-of", ea] + m)
+    until("in sync", lambda: in_sync(etcd, 0, 1, 2), cluster)
+    members = etcd.get("/psd/shard-0-of-1/insync")["members"]
+    assert etcd.get("/psd/shard-0-of-1/member-psd-1")["endpoint"] == eb
+    pa, pb = metrics_port(cluster, "rep0.log"), metrics_port(cluster, "rep1.log")
+    until("both ready", lambda: http(pa, "/readyz")[0] == 200 and http(pb, "/readyz")[0] == 200,
+          cluster)
+    assert "primary of shard 0" in http(pa, "/readyz")[1]
+    assert "backup of shard 0" in http(pb, "/readyz")[1]
+    # a second process under psd-1's name, while psd-1 runs: refused
+    log = os.path.join(cluster.tmp, "dup.log")
+    dup = subprocess.run([os.environ["PSD_BIN"], "--listen", "tcp://127.0.0.1:0", "--shard", "0",
+                          "--shards", "1", "--etcd", etcd.url, "--replica-name", "psd-1"],
+                         stdout=subprocess.DEVNULL, stderr=open(log, "w"), env=child_env(),
+                         timeout=DEADLINE_S)
+    text = open(log).read()
+    assert dup.returncode == 2, text
+    assert "S0727" in text and "S0726 --replica-name psd-1 is held by the process at " + eb in text
+    assert in_sync(etcd, 0, 1, 2)  # the running one goes on
+    # psd-1 killed and started again: the same replica, once its lease ran out
+    kill(cluster, b)
+    log2 = os.path.join(cluster.tmp, "again.log")
+    b2 = subprocess.Popen([os.environ["PSD_BIN"], "--listen", eb, "--shard", "0", "--shards",
+                           "1"] + base + ["--replica-name", "psd-1", "--replica-of", ea] + m,
+                          stdout=subprocess.DEVNULL, stderr=open(log2, "w"), env=child_env())
+    cluster.procs.append(b2)
+    until("the restart waits for its name",
+          lambda: "S0727 --replica-name psd-1 is held by " + eb in open(log2).read(), cluster)
+    status = http(metrics_port(cluster, "again.log"), "/readyz")
+    assert status[0] == 503 and "not ready: starting" in status[1], status
+    until("the restarted replica in sync", lambda: "S0714" in open(log2).read() and
+          in_sync(etcd, 0, 1, 2), cluster)
+    assert etcd.get("/psd/shard-0-of-1/insync")["members"] == members  # the same id
+    until("the restarted replica ready",
+          lambda: http(metrics_port(cluster, "again.log"), "/readyz")[0] == 200, cluster)
+
+
+@pytest.mark.parametrize("etcd_flag, shard", [(False, None), (True, 1)])
+def test_shard_auto_with_etcd_is_the_ordinal_mod_shards(tmp_path, etcd_flag, shard):
+    """Pod ordinal 3 of a 2-shard cluster: a plain psd refuses it; with
+    --etcd it is shard 3 mod 2 = 1 (its second replica)."""
+    env = dict(child_env(), PSD_SHARD="3")
+    args = [os.environ["PSD_BIN"], "--listen", "tcp://127.0.0.1:0", "--shard", "auto",
+            "--shards", "2", "--endpoint-file", str(tmp_path / "ep")]
+    if etcd_flag:
+        args += ["--etcd", "http://127.0.0.1:%d" % free_port()]  # nobody answers: no matter
+    p = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env,
+                         text=True)
+    try:
+        if shard is None:
+            err = p.communicate(timeout=DEADLINE_S)[1]
+            assert p.returncode == 2 and "--shard auto" in err, err
+            return
+        deadline = time.monotonic() + DEADLINE_S
+        while not (tmp_path / "ep").exists():
+            assert p.poll() is None and time.monotonic() < deadline
+            time.sleep(0.01)
+    finally:
+        if p.poll() is None:
+            p.terminate()
+    err = p.communicate(timeout=DEADLINE_S)[1]
+    assert "shard %d of 2 listening" % shard in err, err
+
+
 def keys(path):
     """psd --keygen's pair at path: {"public": ..., "secret": ...}."""
     r = subprocess.run([os.environ["PSD_BIN"], "--keygen", path], capture_output=True,

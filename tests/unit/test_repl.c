@@ -626,6 +626,47 @@ static void test_damaged_insync_key(void **state)
     unlead(&a);
 }
 
+/* --replica-name: checked, a stable id (never 0, differing between
+ * names), and held by one process: a second claim is refused naming the
+ * holder's endpoint, until the holder gives it up or its lease runs out;
+ * a refused claim leaves no lease behind. */
+static void test_a_replica_name_is_held_by_one_process(void **state)
+{
+    (void)state;
+    char err[256], holder[PS_ENDPOINT_MAX];
+    assert_int_equal(psd_lead_name_check("psd-3", err, sizeof err), 0);
+    assert_int_equal(psd_lead_name_check("", err, sizeof err), PS_EINVAL);
+    assert_int_equal(psd_lead_name_check("a/b", err, sizeof err), PS_EINVAL);
+    assert_non_null(strstr(err, "character 2"));
+    char long_name[PSD_REPLICA_NAME_MAX + 2];
+    memset(long_name, 'x', sizeof long_name - 1);
+    long_name[sizeof long_name - 1] = '\0';
+    assert_int_equal(psd_lead_name_check(long_name, err, sizeof err), PS_EINVAL);
+    assert_int_equal(psd_lead_name_id("psd-3"), psd_lead_name_id("psd-3"));
+    assert_int_not_equal(psd_lead_name_id("psd-3"), psd_lead_name_id("psd-4"));
+    assert_int_not_equal(psd_lead_name_id("psd-3"), 0);
+
+    standin_init(&etcd);
+    struct psd_lead a, b;
+    lead(&a, psd_lead_name_id("psd-3"), "tcp://a:5570", 3);
+    lead(&b, psd_lead_name_id("psd-3"), "tcp://b:5570", 3);
+    assert_int_equal(psd_lead_claim(&a, "psd-3", holder, sizeof holder), 0);
+    assert_string_equal(a.member_key, "/psd/shard-0-of-2/member-psd-3");
+    size_t leases = etcd.nlease;
+    assert_int_equal(psd_lead_claim(&b, "psd-3", holder, sizeof holder), PS_EBUSY);
+    assert_string_equal(holder, "tcp://a:5570");
+    assert_int_equal(b.member_lease, 0);
+    assert_int_equal(etcd.nlease, leases); /* its try's lease is given back */
+    assert_true(psd_lead_member_due(&a, a.member_renewed_ms + 1000));
+    assert_false(psd_lead_member_due(&a, a.member_renewed_ms + 999));
+    psd_lead_unclaim(&a); /* a clean stop */
+    assert_int_equal(psd_lead_claim(&b, "psd-3", holder, sizeof holder), 0);
+    standin_expire(&etcd, b.member_lease); /* b killed: its lease runs out */
+    assert_int_equal(psd_lead_claim(&a, "psd-3", holder, sizeof holder), 0);
+    unlead(&a);
+    unlead(&b);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -647,6 +688,7 @@ int main(void)
         cmocka_unit_test(test_resigning),
         cmocka_unit_test(test_a_clean_stop_lets_the_replica_holding_it_take_over),
         cmocka_unit_test(test_damaged_insync_key),
+        cmocka_unit_test(test_a_replica_name_is_held_by_one_process),
     };
     uv_loop_init(&loop);
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
