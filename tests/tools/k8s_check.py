@@ -13,7 +13,9 @@ policy; every container a name and an image, every volume mount a volume
 objects: each ConfigMap and Secret a pod reads (volumes, configMapKeyRef,
 secret items) exists with the keys it reads, from the kustomization's
 generators or as objects; the files a kustomization names exist; and
-psd-counts' last-shard is shards - 1. Prints each problem and exits 1,
+psd-counts' last-shard is shards - 1, and with replicas (an overlay's
+literals merged into the base's) pods is shards x replicas, last-pod
+pods - 1, and replicas 2 (the workers' pattern names two). Prints each problem and exits 1,
 or prints what it checked and exits 0."""
 import os
 import sys
@@ -34,6 +36,8 @@ class Checker:
         self.config_maps = {}             # name -> set of keys
         self.secrets = {}                 # name -> set of keys
         self.loaded = set()               # kustomization directories read
+        self.counts_kv = {}               # psd-counts' literals, overlays merged in
+        self.counts_where = None
 
     def bad(self, where, what):
         self.problems.append("%s: %s" % (where, what))
@@ -99,10 +103,12 @@ class Checker:
                     if gen == "configMapGenerator" and not os.path.exists(os.path.join(d, src)):
                         self.bad(kust, "%s %s: file %s does not exist" % (gen, g.get("name"), src))
                 if g.get("name") == "psd-counts":
-                    self.counts(kust, g.get("literals", []))
+                    # an overlay merges its literals into the base's
+                    self.counts_kv.update(dict(str(x).split("=", 1)
+                                               for x in g.get("literals", []) if "=" in str(x)))
+                    self.counts_where = kust
 
-    def counts(self, where, literals):
-        kv = dict(str(x).split("=", 1) for x in literals if "=" in str(x))
+    def counts(self, where, kv):
         try:
             shards, last, workers = int(kv["shards"]), int(kv["last-shard"]), int(kv["workers"])
         except (KeyError, ValueError):
@@ -113,9 +119,32 @@ class Checker:
         if last != shards - 1:
             self.bad(where, "psd-counts: last-shard is %d, but shards is %d (last-shard must be "
                      "shards - 1)" % (last, shards))
+        if "replicas" not in kv and "pods" not in kv:
+            return
+        try:  # replicated shards: pod o is shard o mod shards, replica o div shards
+            replicas, pods, last_pod = int(kv["replicas"]), int(kv["pods"]), int(kv["last-pod"])
+        except (KeyError, ValueError):
+            self.bad(where, "psd-counts with replicas needs whole numbers replicas, pods and "
+                     "last-pod")
+            return
+        if replicas != 2:
+            self.bad(where, "psd-counts: replicas is %d, but the workers' --servers pattern "
+                     "names 2 replicas of each shard" % replicas)
+        if pods != shards * replicas:
+            self.bad(where, "psd-counts: pods is %d, but shards x replicas is %d"
+                     % (pods, shards * replicas))
+        if last_pod != pods - 1:
+            self.bad(where, "psd-counts: last-pod is %d, but pods is %d (last-pod must be "
+                     "pods - 1)" % (last_pod, pods))
 
     # -- objects -----------------------------------------------------------
     def check(self):
+        if self.counts_where is not None:
+            self.counts(self.counts_where, self.counts_kv)
+        for where, o in self.objects:
+            if o.get("kind") == "ConfigMap" and o.get("metadata", {}).get("name") == "psd-counts" \
+                    and self.counts_where is None:
+                self.counts(where, o.get("data") or {})  # a rendered one
         for where, o in self.objects:
             if o.get("kind") == "ConfigMap":
                 self.config_maps.setdefault(o.get("metadata", {}).get("name"), set()).update(
