@@ -3,6 +3,7 @@
 
 #include "ps_clock.h"
 #include "ps_err.h"
+#include "ps_log.h"
 
 #include <inttypes.h>
 #include <jansson.h>
@@ -10,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 int psd_lead_init(struct psd_lead *l, const char *url, const char *prefix, uint32_t shard,
                   uint32_t shards, uint64_t id, const char *endpoint, int64_t ttl_s, char *err,
@@ -375,4 +377,36 @@ void psd_lead_unclaim(struct psd_lead *l)
     if (l->member_lease != 0)
         psd_etcd_revoke(&l->etcd, l->member_lease); /* the name's key goes with it */
     l->member_lease = 0;
+}
+
+int psd_lead_claim_at_start(struct psd_lead *l, const char *name, struct ps_log *log, char *err,
+                            size_t errlen)
+{
+    uint64_t deadline = (uint64_t)ps_mono_ms() + 2000u * (uint64_t)l->ttl_s + 1000u;
+    char holder[PS_ENDPOINT_MAX];
+    int rc, said = 0;
+    while ((rc = psd_lead_claim(l, name, holder, sizeof holder)) != 0 &&
+           (uint64_t)ps_mono_ms() < deadline) {
+        if (!said++)
+            PS_LOG(log, PS_LOG_WARN, S0727,
+                   "--replica-name %s is held by %s: waiting up to %llu ms for its lease to run "
+                   "out (a process that stopped lets it go; one that runs keeps it)",
+                   name, rc == PS_EBUSY ? holder : l->etcd.err,
+                   (unsigned long long)(deadline - (uint64_t)ps_mono_ms()));
+        struct timespec ts = {0, 100 * 1000000L}; /* etcd is asked again every 100 ms */
+        nanosleep(&ts, NULL);
+    }
+    if (rc == PS_EBUSY) {
+        PS_LOG(log, PS_LOG_ERROR, S0726,
+               "--replica-name %s is held by the process at %s: two processes may not share "
+               "one",
+               name, holder);
+        return ps_errf(PS_EBUSY, err, errlen,
+                       "--replica-name %s: held by the process at %s, which runs (etcd key %s)",
+                       name, holder, l->member_key);
+    }
+    if (rc != 0)
+        return ps_errf(rc, err, errlen, "--replica-name %s: cannot claim it in etcd: %s", name,
+                       l->etcd.err);
+    return 0;
 }

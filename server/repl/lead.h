@@ -160,5 +160,13 @@ int psd_lead_member_due(const struct psd_lead *l, uint64_t now_ms);
 int psd_lead_member_renew_async(struct psd_lead *l, uint64_t now_ms, psd_etcd_done_fn done,
                                 void *ctx);
 void psd_lead_unclaim(struct psd_lead *l);
+/* psd_lead_claim as psd starts: a name still held waits for its
+ * holder's lease to run out (twice the TTL and a second at most; log
+ * says so, S0727): a process that stopped, killed or moved to another
+ * host, lets it go within the TTL; one that runs keeps it, and this one
+ * is refused (S0726, PS_EBUSY naming the holder in err). */
+struct ps_log;
+int psd_lead_claim_at_start(struct psd_lead *l, const char *name, struct ps_log *log, char *err,
+                            size_t errlen);
 
 #endif

@@ -2,6 +2,7 @@
  * records, the in-sync set, state transfer; and the loop's timer. */
 #define _GNU_SOURCE
 #include "repl_impl.h"
+#include "repl_metrics.h"
 
 #include "backups.h"
 #include "record.h"
@@ -22,20 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
-
-const char *psd_role_name(enum psd_role role)
-{
-    switch (role) {
-    case PSD_ROLE_PRIMARY:
-        return "primary";
-    case PSD_ROLE_BACKUP:
-        return "backup";
-    default:
-        return "candidate";
-    }
-}
 
 static uint64_t now_ms(void)
 {
@@ -718,79 +706,6 @@ static void on_tick(uv_timer_t *t)
         psd__repl_consult(r, now);
 }
 
-/* ---- stats and the hooks ----------------------------------------------------------- */
-
-static void on_stats(void *ctx, Ps__Stats *st)
-{
-    struct psd_repl *r = ctx;
-    static Ps__ReplicaStats rs[PSD_BACKUPS_MAX];
-    static Ps__ReplicaStats *rp[PSD_BACKUPS_MAX];
-    st->role = (char *)psd_role_name(r->role);
-    st->epoch = r->epoch;
-    st->primary = r->primary;
-    st->repl_seq = r->seq;
-    if (r->role == PSD_ROLE_PRIMARY || r->loaded) { /* else: what it restored */
-        st->ckpt_epoch = r->epoch;
-        st->ckpt_seq = r->seq;
-    } else {
-        psd_checkpoint_restored_at(r->srv, &st->ckpt_epoch, &st->ckpt_seq);
-    }
-    st->insync_epoch = r->seen.insync_epoch;
-    st->insync = r->seen.members;
-    st->insync_stopped = r->seen.stopped;
-    st->n_replicas = 0;
-    st->replicas = rp;
-    for (uint32_t i = 0; r->role == PSD_ROLE_PRIMARY && i < PSD_BACKUPS_MAX; i++) {
-        const struct psd_backup *b = &r->backups.b[i];
-        if (b->state == PSD_BACKUP_FREE)
-            continue;
-        Ps__ReplicaStats *o = &rs[st->n_replicas];
-        ps__replica_stats__init(o);
-        o->endpoint = (char *)b->endpoint;
-        o->id = b->id;
-        o->acked = b->acked;
-        o->lag = psd_backup_lag(b, r->seq);
-        o->in_sync = b->state == PSD_BACKUP_IN_SYNC;
-        rp[st->n_replicas++] = o;
-    }
-}
-
-/* The replica's name, claimed in etcd before it does anything else. A
- * name still held waits for its holder's lease to run out: a process
- * that stopped (killed, or moved to another host) lets it go within the
- * TTL, one that runs keeps it, and this one is then refused. */
-static int claim_name(struct psd_repl *r, const struct psd_repl_config *cfg, char *err,
-                      size_t errlen)
-{
-    uint64_t deadline = now_ms() + 2000u * (uint64_t)cfg->lease_ttl_s + 1000u;
-    char holder[PS_ENDPOINT_MAX];
-    int rc, said = 0;
-    while ((rc = psd_lead_claim(&r->lead, cfg->name, holder, sizeof holder)) != 0 &&
-           now_ms() < deadline) {
-        if (!said++)
-            PS_LOG(r->log, PS_LOG_WARN, S0727,
-                   "--replica-name %s is held by %s: waiting up to %llu ms for its lease to run "
-                   "out (a process that stopped lets it go; one that runs keeps it)",
-                   cfg->name, rc == PS_EBUSY ? holder : r->lead.etcd.err,
-                   (unsigned long long)(deadline - now_ms()));
-        struct timespec ts = {0, 100 * 1000000L}; /* etcd is asked again every 100 ms */
-        nanosleep(&ts, NULL);
-    }
-    if (rc == PS_EBUSY) {
-        PS_LOG(r->log, PS_LOG_ERROR, S0726,
-               "--replica-name %s is held by the process at %s: two processes may not share "
-               "one",
-               cfg->name, holder);
-        return ps_errf(PS_EBUSY, err, errlen,
-                       "--replica-name %s: held by the process at %s, which runs (etcd key %s)",
-                       cfg->name, holder, r->lead.member_key);
-    }
-    if (rc != 0)
-        return ps_errf(rc, err, errlen, "--replica-name %s: cannot claim it in etcd: %s", cfg->name,
-                       r->lead.etcd.err);
-    return 0;
-}
-
 int psd_repl_start(struct psd_repl *r, struct psd_net *net, uv_loop_t *loop,
                    const struct psd_repl_config *cfg, char *err, size_t errlen)
 {
@@ -821,7 +736,8 @@ int psd_repl_start(struct psd_repl *r, struct psd_net *net, uv_loop_t *loop,
     int rc = psd_lead_init(&r->lead, cfg->etcd, cfg->prefix, c->shard, c->shards,
                            cfg->name != NULL ? psd_lead_name_id(cfg->name) : c->instance,
                            cfg->advertise, cfg->lease_ttl_s, err, errlen);
-    if (rc != 0 || (cfg->name != NULL && (rc = claim_name(r, cfg, err, errlen)) != 0))
+    if (rc != 0 || (cfg->name != NULL &&
+                    (rc = psd_lead_claim_at_start(&r->lead, cfg->name, r->log, err, errlen)) != 0))
         return rc;
     r->fatal = cfg->fatal;
     r->fatal_ctx = cfg->fatal_ctx;
@@ -841,7 +757,7 @@ int psd_repl_start(struct psd_repl *r, struct psd_net *net, uv_loop_t *loop,
                        zmq_strerror(errno));
     r->worker_timeout_ms = psd_worker_timeout_ms(r->srv);
     psd_set_worker_timeout(r->srv, 0); /* until primary: only the primary drops workers */
-    psd_set_hooks(r->srv, on_drop, on_stats, on_floor, r);
+    psd_set_hooks(r->srv, on_drop, psd_repl_stats, on_floor, r);
     psd_checkpoint_position(r->srv, &r->epoch, &r->seq);
     /* the primary's calls (its lease, its in-sync set) never hold the
      * loop; each may take a third of the lease, the time between renewals */

@@ -160,6 +160,4 @@ void psd_repl_request(void *repl, const struct ps_frame *route, const char *user
  * the primary, dropped), 0 when it goes now. */
 int psd_repl_hold(void *repl, const void *route, size_t route_len, struct psd_reply *rep);
 
-const char *psd_role_name(enum psd_role role);
-
 #endif

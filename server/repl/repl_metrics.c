@@ -1,11 +1,25 @@
 /* The replicas' metrics in Prometheus text (repl.h). */
 #include "repl_metrics.h"
 
+#include "checkpoint.h"
+
 #include "ps_metrics.h"
 
 #include <inttypes.h>
 #include <stddef.h>
 #include <stdio.h>
+
+const char *psd_role_name(enum psd_role role)
+{
+    switch (role) {
+    case PSD_ROLE_PRIMARY:
+        return "primary";
+    case PSD_ROLE_BACKUP:
+        return "backup";
+    default:
+        return "candidate";
+    }
+}
 
 void psd_repl_metrics(const struct psd_repl *r, struct ps_buf *b)
 {
@@ -100,4 +114,39 @@ int psd_repl_ready(const struct psd_repl *r, char *why, size_t len)
         snprintf(why, len, "shard %u has no primary this replica follows (etcd's in-sync set: %s)",
                  shard, r->seen.members[0] ? r->seen.members : "none read");
     return 0;
+}
+
+void psd_repl_stats(void *ctx, Ps__Stats *st)
+{
+    struct psd_repl *r = ctx;
+    static Ps__ReplicaStats rs[PSD_BACKUPS_MAX];
+    static Ps__ReplicaStats *rp[PSD_BACKUPS_MAX];
+    st->role = (char *)psd_role_name(r->role);
+    st->epoch = r->epoch;
+    st->primary = r->primary;
+    st->repl_seq = r->seq;
+    if (r->role == PSD_ROLE_PRIMARY || r->loaded) { /* else: what it restored */
+        st->ckpt_epoch = r->epoch;
+        st->ckpt_seq = r->seq;
+    } else {
+        psd_checkpoint_restored_at(r->srv, &st->ckpt_epoch, &st->ckpt_seq);
+    }
+    st->insync_epoch = r->seen.insync_epoch;
+    st->insync = r->seen.members;
+    st->insync_stopped = r->seen.stopped;
+    st->n_replicas = 0;
+    st->replicas = rp;
+    for (uint32_t i = 0; r->role == PSD_ROLE_PRIMARY && i < PSD_BACKUPS_MAX; i++) {
+        const struct psd_backup *b = &r->backups.b[i];
+        if (b->state == PSD_BACKUP_FREE)
+            continue;
+        Ps__ReplicaStats *o = &rs[st->n_replicas];
+        ps__replica_stats__init(o);
+        o->endpoint = (char *)b->endpoint;
+        o->id = b->id;
+        o->acked = b->acked;
+        o->lag = psd_backup_lag(b, r->seq);
+        o->in_sync = b->state == PSD_BACKUP_IN_SYNC;
+        rp[st->n_replicas++] = o;
+    }
 }

@@ -642,6 +642,8 @@ static void test_a_replica_name_is_held_by_one_process(void **state)
     memset(long_name, 'x', sizeof long_name - 1);
     long_name[sizeof long_name - 1] = '\0';
     assert_int_equal(psd_lead_name_check(long_name, err, sizeof err), PS_EINVAL);
+    long_name[PSD_REPLICA_NAME_MAX] = '\0'; /* at the most: taken */
+    assert_int_equal(psd_lead_name_check(long_name, err, sizeof err), 0);
     assert_int_equal(psd_lead_name_id("psd-3"), psd_lead_name_id("psd-3"));
     assert_int_not_equal(psd_lead_name_id("psd-3"), psd_lead_name_id("psd-4"));
     assert_int_not_equal(psd_lead_name_id("psd-3"), 0);
