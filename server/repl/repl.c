@@ -216,7 +216,7 @@ static int on_floor(void *ctx, uint32_t table, uint64_t floor)
 
 /* ---- the in-sync set ------------------------------------------------------ */
 
-/* ---- etcd, while primary: one asynchronous call at a time ------------------- */
+/* ---- etcd from the loop: one asynchronous call at a time --------------------- */
 
 static void etcd_next(struct psd_repl *r, uint64_t now);
 
@@ -286,8 +286,6 @@ static void on_renewed(void *ctx, int rc, int64_t unused)
     etcd_next(r, now);
 }
 
-/* The next call a primary owes etcd, unless one is under way: the
- * lease's renewal first when due, else the in-sync set. */
 static void on_member_renewed(void *ctx, int rc, int64_t unused)
 {
     (void)unused;
