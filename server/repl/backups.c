@@ -96,10 +96,7 @@ uint32_t psd_backups_in_sync(const struct psd_backups *set, uint64_t *ids, const
 
 int psd_backups_leaving(const struct psd_backups *set)
 {
-    for (uint32_t i = 0; i < PSD_BACKUPS_MAX; i++)
-        if (set->b[i].state == PSD_BACKUP_LEAVING)
-            return 1;
-    return 0;
+    return psd_backups_leaving_mask(set) != 0;
 }
 
 int psd_backups_waiting(const struct psd_backups *set)

@@ -103,6 +103,19 @@ static int curl_post(struct psd_etcd *e, const char *path, const char *text, lon
     return 0;
 }
 
+/* POSTs text to url/v3/path over a stand-in transport
+ * (psd_etcd_set_transport): the answer in body, *len bytes. */
+static int standin_post(struct psd_etcd *e, const char *path, const char *text, char *body,
+                        size_t *len, long *status)
+{
+    int rc = e->post(e->post_ctx, path, text, body, PSD_ETCD_BODY_MAX, len, status);
+    if (rc == PS_ELIMIT)
+        return fail(e, rc, "etcd %s: answer longer than %u bytes", path, PSD_ETCD_BODY_MAX);
+    if (rc != 0)
+        return fail(e, rc, "etcd %s (%s): no answer", path, e->url);
+    return 0;
+}
+
 /* POSTs text to url/v3/path over the transport: the answer in e->body. */
 static int post(struct psd_etcd *e, const char *path, const char *text, long *status)
 {
@@ -111,12 +124,7 @@ static int post(struct psd_etcd *e, const char *path, const char *text, long *st
     e->calls++;
     if (e->post == NULL)
         return curl_post(e, path, text, status);
-    int rc = e->post(e->post_ctx, path, text, e->body, PSD_ETCD_BODY_MAX, &e->body_len, status);
-    if (rc == PS_ELIMIT)
-        return fail(e, rc, "etcd %s: answer longer than %u bytes", path, PSD_ETCD_BODY_MAX);
-    if (rc != 0)
-        return fail(e, rc, "etcd %s (%s): no answer", path, e->url);
-    return 0;
+    return standin_post(e, path, text, e->body, &e->body_len, status);
 }
 
 /* etcd's answer to path in body (len bytes, NUL after them), with HTTP
@@ -505,13 +513,8 @@ static int async_call(struct psd_etcd *e, const char *path, json_t *req, int kin
     a->busy = 1;
     if (e->post != NULL) { /* a stand-in: at once */
         long status = 0;
-        int rc =
-            e->post(e->post_ctx, path, text, a->body, PSD_ETCD_BODY_MAX, &a->body_len, &status);
-        if (rc == PS_ELIMIT)
-            rc = fail(e, rc, "etcd %s: answer longer than %u bytes", path, PSD_ETCD_BODY_MAX);
-        else if (rc != 0)
-            rc = fail(e, rc, "etcd %s (%s): no answer", path, e->url);
-        async_end(e, rc, status);
+        int rc = standin_post(e, path, text, a->body, &a->body_len, &status);
+        async_end(e, rc, status); /* status is set by the call above */
         return 0;
     }
     char url[PSD_ETCD_URL_MAX + 32];

@@ -173,11 +173,18 @@ int psd_lead_campaign(struct psd_lead *l, const struct psd_lead_view *v, int *wo
     return rc;
 }
 
+/* A lease's renewal is due a third of its TTL after the last, and
+ * PSD_ETCD_RETRY_MS after a try that failed. */
+static int due(int64_t lease, int64_t granted_s, uint64_t renewed_ms, uint64_t tried_ms,
+               uint64_t now_ms)
+{
+    return lease != 0 && now_ms - renewed_ms >= (uint64_t)granted_s * 1000u / PSD_RENEWS_PER_TTL &&
+           now_ms - tried_ms >= PSD_ETCD_RETRY_MS;
+}
+
 int psd_lead_renew_due(const struct psd_lead *l, uint64_t now_ms)
 {
-    return l->lease != 0 &&
-           now_ms - l->renewed_ms >= (uint64_t)l->granted_s * 1000u / PSD_RENEWS_PER_TTL &&
-           now_ms - l->tried_ms >= PSD_ETCD_RETRY_MS;
+    return due(l->lease, l->granted_s, l->renewed_ms, l->tried_ms, now_ms);
 }
 
 /* The keepalive's answer: what is left of the lease from when it was
@@ -341,10 +348,8 @@ int psd_lead_claim(struct psd_lead *l, const char *name, char *holder, size_t ho
 
 int psd_lead_member_due(const struct psd_lead *l, uint64_t now_ms)
 {
-    return l->member_lease != 0 &&
-           now_ms - l->member_renewed_ms >=
-               (uint64_t)l->member_granted_s * 1000u / PSD_RENEWS_PER_TTL &&
-           now_ms - l->member_tried_ms >= PSD_ETCD_RETRY_MS;
+    return due(l->member_lease, l->member_granted_s, l->member_renewed_ms, l->member_tried_ms,
+               now_ms);
 }
 
 static void on_member_keepalive(void *ctx, int rc, int64_t ttl)

@@ -3,6 +3,7 @@
 
 #include "ps_header.h"
 
+#include <errno.h>
 #include <zmq.h>
 
 void psd_record_header(Ps__Header *h, Ps__Record kind, uint64_t epoch, uint64_t seq)
@@ -20,6 +21,25 @@ int psd_record_send(void *sock, const Ps__Header *h, int more)
     if (n < 0)
         return -1;
     return zmq_send(sock, buf, (size_t)n, (more ? ZMQ_SNDMORE : 0) | ZMQ_DONTWAIT) < 0 ? -1 : 0;
+}
+
+int psd_record_send_to(void *sock, const void *route, size_t route_len, const void *hdr,
+                       size_t hdr_len, zmq_msg_t *frames, size_t n)
+{
+    if (zmq_send(sock, route, route_len, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0)
+        return errno == EAGAIN ? 1 : -1;
+    if (zmq_send(sock, hdr, hdr_len, (n > 0 ? ZMQ_SNDMORE : 0) | ZMQ_DONTWAIT) < 0)
+        return -1;
+    for (size_t i = 0; i < n; i++) {
+        zmq_msg_t m;
+        zmq_msg_init(&m);
+        if (zmq_msg_copy(&m, &frames[i]) != 0 ||
+            zmq_msg_send(&m, sock, (i + 1 < n ? ZMQ_SNDMORE : 0) | ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(&m);
+            return -1;
+        }
+    }
+    return 0;
 }
 
 Ps__Header *psd_record_unpack(struct ps_arena *arena, const void *data, size_t size)

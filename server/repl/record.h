@@ -12,6 +12,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <zmq.h>
 
 /* The most a state transfer may declare (its pieces' count): a shard's
  * checkpoint file, far above any table limit a shard takes. */
@@ -23,6 +24,14 @@ void psd_record_header(Ps__Header *h, Ps__Record kind, uint64_t epoch, uint64_t 
 /* Packs h and sends it on sock without blocking (more: frames follow).
  * 0, or -1 (errno says why, or the header does not pack). */
 int psd_record_send(void *sock, const Ps__Header *h, int more);
+
+/* A record to the peer at route on a ROUTER sock, without waiting: the
+ * route, the header packed (hdr_len bytes), then n frames (copies that
+ * share their buffers). 0 sent; 1 the peer's queue is full (ZeroMQ
+ * refuses it at the route frame, so nothing went: try later); -1 it
+ * cannot go (errno). */
+int psd_record_send_to(void *sock, const void *route, size_t route_len, const void *hdr,
+                       size_t hdr_len, zmq_msg_t *frames, size_t n);
 
 /* A record's header frame unpacked into arena, which is reset first
  * (the fast path, else protobuf-c); NULL when it is longer than

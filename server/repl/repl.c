@@ -131,31 +131,22 @@ static void leave_transfer(struct psd_repl *r, const struct psd_backup *b)
 static void send_record(struct psd_repl *r, struct psd_backup *b, const Ps__Header *h,
                         zmq_msg_t *frames, size_t n)
 {
-    void *sock = r->net->sock;
-    if (zmq_send(sock, b->route, b->route_len, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0) {
-        if (errno == EAGAIN && h->record == PS__RECORD__REC_BEAT)
-            return; /* its queue is full (a state transfer fills it): the next beat */
-        char why[160];
-        snprintf(why, sizeof why, "a record could not be sent to it (%s)", zmq_strerror(errno));
-        drop_backup(r, b, why);
+    uint8_t hdr[PS_HEADER_BYTES_MAX];
+    int64_t len = ps_wire_header_pack(h, hdr, sizeof hdr);
+    int rc = len < 0 ? -1
+                     : psd_record_send_to(r->net->sock, b->route, b->route_len, hdr, (size_t)len,
+                                          frames, n);
+    if (rc == 0) {
+        for (size_t i = 0; i < n; i++)
+            r->record_bytes += zmq_msg_size(&frames[i]);
         return;
     }
-    int bad = psd_record_send(sock, h, n > 0) != 0;
-    for (size_t i = 0; !bad && i < n; i++) {
-        zmq_msg_t m;
-        zmq_msg_init(&m);
-        bad = zmq_msg_copy(&m, &frames[i]) != 0 ||
-              zmq_msg_send(&m, sock, (i + 1 < n ? ZMQ_SNDMORE : 0) | ZMQ_DONTWAIT) < 0;
-        if (bad)
-            zmq_msg_close(&m);
-        else
-            r->record_bytes += zmq_msg_size(&frames[i]);
-    }
-    if (bad) {
-        char why[160];
-        snprintf(why, sizeof why, "a record could not be sent to it (%s)", zmq_strerror(errno));
-        drop_backup(r, b, why);
-    }
+    if (rc == 1 && h->record == PS__RECORD__REC_BEAT)
+        return; /* its queue is full (a state transfer fills it): the next beat */
+    char why[160];
+    snprintf(why, sizeof why, "a record could not be sent to it (%s)",
+             rc == 1 ? "its queue is full" : zmq_strerror(errno));
+    drop_backup(r, b, why);
 }
 
 /* Numbers the next record and sends it to every backup past its state

@@ -124,28 +124,6 @@ int psd_transfer_keep(struct psd_transfer *x, const Ps__Header *h, zmq_msg_t *fr
     return 0;
 }
 
-/* A message to b without waiting: 0 sent; 1 its queue is full (try
- * again later); -1 it cannot go. The first frame (the route) is where
- * ZeroMQ refuses a full queue; once it went, so do the rest. */
-static int send_to(void *sock, const struct psd_backup *b, const void *hdr, size_t hdr_len,
-                   zmq_msg_t *frames, size_t n)
-{
-    if (zmq_send(sock, b->route, b->route_len, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0)
-        return errno == EAGAIN ? 1 : -1;
-    if (zmq_send(sock, hdr, hdr_len, (n > 0 ? ZMQ_SNDMORE : 0) | ZMQ_DONTWAIT) < 0)
-        return -1;
-    for (size_t i = 0; i < n; i++) {
-        zmq_msg_t m;
-        zmq_msg_init(&m);
-        if (zmq_msg_copy(&m, &frames[i]) != 0 ||
-            zmq_msg_send(&m, sock, (i + 1 < n ? ZMQ_SNDMORE : 0) | ZMQ_DONTWAIT) < 0) {
-            zmq_msg_close(&m);
-            return -1;
-        }
-    }
-    return 0;
-}
-
 /* The current message to the backups still owed it (x->owed): 1 when
  * every one has it. */
 static int send_owed(struct psd_transfer *x, void *sock, const struct psd_backups *set,
@@ -155,7 +133,8 @@ static int send_owed(struct psd_transfer *x, void *sock, const struct psd_backup
     for (uint32_t i = 0; i < PSD_BACKUPS_MAX; i++) {
         if (!(x->owed & (1u << i)))
             continue;
-        int rc = send_to(sock, &set->b[i], hdr, hdr_len, frames, n);
+        int rc =
+            psd_record_send_to(sock, set->b[i].route, set->b[i].route_len, hdr, hdr_len, frames, n);
         if (rc == 1)
             continue; /* its queue is full: the next step */
         x->owed &= ~(1u << i);

@@ -362,15 +362,21 @@ def test_a_replica_name_is_one_process_and_the_same_replica_after_a_restart(clus
           cluster)
     assert "primary of shard 0" in http(pa, "/readyz")[1]
     assert "backup of shard 0" in http(pb, "/readyz")[1]
-    # a second process under psd-1's name, while psd-1 runs: refused
+    # a second process under psd-1's name, while psd-1 runs: not ready while
+    # it waits for the name, then refused
     log = os.path.join(cluster.tmp, "dup.log")
-    dup = subprocess.run([os.environ["PSD_BIN"], "--listen", "tcp://127.0.0.1:0", "--shard", "0",
-                          "--shards", "1", "--etcd", etcd.url, "--replica-name", "psd-1"],
-                         stdout=subprocess.DEVNULL, stderr=open(log, "w"), env=child_env(),
-                         timeout=DEADLINE_S)
+    dup = subprocess.Popen([os.environ["PSD_BIN"], "--listen", "tcp://127.0.0.1:0", "--shard",
+                            "0", "--shards", "1", "--etcd", etcd.url, "--replica-name",
+                            "psd-1"] + m, stdout=subprocess.DEVNULL, stderr=open(log, "w"),
+                           env=child_env())
+    cluster.procs.append(dup)
+    until("the second process waits for the name", lambda: "S0727" in open(log).read(), cluster)
+    status = http(metrics_port(cluster, "dup.log"), "/readyz")
+    assert status[0] == 503 and "not ready: starting" in status[1], status
+    assert dup.wait(timeout=DEADLINE_S) == 2, open(log).read()
+    cluster.procs.remove(dup)
     text = open(log).read()
-    assert dup.returncode == 2, text
-    assert "S0727" in text and "S0726 --replica-name psd-1 is held by the process at " + eb in text
+    assert "S0726 --replica-name psd-1 is held by the process at " + eb in text, text
     assert in_sync(etcd, 0, 1, 2)  # the running one goes on
     # psd-1 killed and started again: the same replica, once its lease ran out
     kill(cluster, b)
@@ -381,8 +387,6 @@ def test_a_replica_name_is_one_process_and_the_same_replica_after_a_restart(clus
     cluster.procs.append(b2)
     until("the restart waits for its name",
           lambda: "S0727 --replica-name psd-1 is held by " + eb in open(log2).read(), cluster)
-    status = http(metrics_port(cluster, "again.log"), "/readyz")
-    assert status[0] == 503 and "not ready: starting" in status[1], status
     until("the restarted replica in sync", lambda: "S0714" in open(log2).read() and
           in_sync(etcd, 0, 1, 2), cluster)
     assert etcd.get("/psd/shard-0-of-1/insync")["members"] == members  # the same id
