@@ -170,10 +170,19 @@ static void watch_stop(struct psc_client *c, struct hello_watch *hw)
         }
 }
 
-/* A refused handshake seen by the monitors: PS_EAUTH with the shard and
- * the likely cause in the client's error; 0 when none was seen. */
-static int watch_refused(struct psc_client *c, const struct psc_config *cfg, struct hello_watch *hw)
+/* A refused handshake seen by the monitors, waited for up to wait_ms:
+ * PS_EAUTH with the shard and the likely cause in the client's error; 0
+ * when none was seen. */
+static int watch_refused(struct psc_client *c, const struct psc_config *cfg, struct hello_watch *hw,
+                         int wait_ms)
 {
+    zmq_pollitem_t items[PS_SHARDS_MAX];
+    int n = 0;
+    for (uint32_t s = 0; wait_ms > 0 && s < c->nshards; s++)
+        if (hw->mon[s] != NULL)
+            items[n++] = (zmq_pollitem_t){.socket = hw->mon[s], .events = ZMQ_POLLIN};
+    if (n > 0)
+        zmq_poll(items, n, wait_ms);
     for (uint32_t s = 0; s < c->nshards; s++) {
         zmq_msg_t parts[2];
         size_t kept = 0, total = 0;
@@ -243,6 +252,14 @@ static int say_hello(struct psc_client *c, const struct psc_config *cfg, int tim
                         ? (timeout_ms < 0 ? -1 : timeout_ms - waited)
                         : WATCH_MS;
         rc = psc_wait(c, id, piece);
+        if (rc == PS_EAGAIN && cfg != NULL) {
+            /* the hello could not be sent: ZeroMQ drops a connection whose
+             * handshake the server refused, and then has nowhere to queue
+             * it. The refusal's reason is on the monitor, or soon is. */
+            int refused = watch_refused(c, cfg, &hw, WATCH_MS);
+            rc = refused != 0 ? refused : rc;
+            break;
+        }
         if (rc == PS_EREMOTE && c->last_remote == PS_EBUSY && cfg != NULL && timeout_ms >= 0 &&
             waited + piece < timeout_ms) {
             /* the id is still held by the connection of a process this one
@@ -259,7 +276,7 @@ static int say_hello(struct psc_client *c, const struct psc_config *cfg, int tim
         waited += piece;
         if (piece < 0 || waited >= timeout_ms)
             break;
-        if ((rc = watch_refused(c, cfg, &hw)) != 0)
+        if ((rc = watch_refused(c, cfg, &hw, 0)) != 0)
             break;
         rc = PS_ETIMEDOUT;
         if (cfg->hello_waiting != NULL && waited >= tell_at) {
