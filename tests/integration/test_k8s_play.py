@@ -1,23 +1,32 @@
 #!/usr/bin/env python3
-"""deploy/k8s/base run for real with podman kube play: the StatefulSet and
-the Indexed Job expanded into the pods their controllers would make
-(psd-0, psd-1 with host names psd-N and subdomain psd, and a volume claim
-each; psworker-0, psworker-1 with JOB_COMPLETION_INDEX), the ConfigMaps
-as kustomize generates them, on one podman network, on an image built
-from a debootstrap base as the compose test builds it. Checks that each
-shard took its index from its host name, that training ends with the
-accuracy of the quick start run in the same image (same shards, workers
-and flags), to the digits, and that a stopped shard's volume holds a
-checkpoint.
+"""deploy/k8s/base and deploy/k8s/replicated run for real with podman kube
+play: the StatefulSets and the Indexed Job expanded into the pods their
+controllers would make (psd-0, psd-1 with host names psd-N and subdomain
+psd, and a volume claim each; psworker-0, psworker-1 with
+JOB_COMPLETION_INDEX), the ConfigMaps and patches as kustomize makes
+them, on one podman network, on an image built from a debootstrap base
+as the compose test builds it.
+
+The base: each shard took its index from its host name, training ends
+with the accuracy of the quick start run in the same image (same shards,
+workers and flags), to the digits, and a stopped shard's volume holds a
+checkpoint. The replicated variant (etcd-0 and psd-0..psd-3): pod o took
+shard o mod 2, each shard has a primary and a backup that loaded its
+state, and with shard 0's primary killed (SIGKILL) after the first
+epoch its backup takes over and training ends with the base's accuracy,
+to the digits.
 
 Where podman cannot give what a cluster would, the nearest equivalent:
-the headless Service's psd-N.psd names are hostAliases to fixed
-addresses, the Secret is a read-only host directory laid out as its
-items, $(VAR) in args is expanded here as the kubelet would, and
-readiness probes, preStop and the Job controller's retries are not
-exercised (deploy/README.md, "Kubernetes"). Slow (the image build, 5
-epochs). Exits 77 where containers cannot run (not root, podman,
-debootstrap or catatonit missing, or podman cannot start a container)."""
+the headless Services' names (psd-N.psd, etcd-0.etcd) are hostAliases to
+fixed addresses, the Secret is a read-only host directory laid out as
+its items, $(VAR) in args and the pod's name from a fieldRef are filled
+in here as the kubelet would, etcd's image (in a registry this machine
+cannot reach) is this project's image with the host's Debian etcd
+mounted in, and readiness probes, preStop and the Job controller's
+retries are not exercised (deploy/README.md, "Kubernetes"). Slow (the
+image build, 2 x 5 epochs). Exits 77 where containers cannot run (not
+root, podman, debootstrap or catatonit missing, or podman cannot start
+a container)."""
 import copy
 import json
 import os
@@ -35,6 +44,8 @@ from pstest import check, failures
 
 ROOT = tc.ROOT
 BASE_DIR = os.path.join(ROOT, "deploy", "k8s", "base")
+REPLICATED_DIR = os.path.join(ROOT, "deploy", "k8s", "replicated")
+ETCD = shutil.which("etcd") or "/usr/bin/etcd"
 PROJECT = "pstestk8s%d" % os.getpid()
 IMAGE = "localhost/psd:" + PROJECT
 SUBNET = "10.89.%d" % (100 + os.getpid() % 100)
@@ -43,31 +54,75 @@ SUBNET = "10.89.%d" % (100 + os.getpid() % 100)
 MAP_VOLUMES = ["psd-conf", "psd-counts"]
 
 
-def generated(kust):
-    """The ConfigMaps psd-counts and psd-conf as kustomize makes them."""
-    out = []
-    for g in kust["configMapGenerator"]:
+def render(kdir):
+    """The objects and generated ConfigMaps of the kustomization in kdir, as
+    kustomize makes them for what this project's kustomizations use:
+    resources (files and other kustomizations), ConfigMap generators
+    (merged into the base's with behavior: merge) and JSON patches that add
+    and replace. Replacements are left out: the counts are read from
+    psd-counts where they are needed."""
+    kust = yaml.safe_load(open(os.path.join(kdir, "kustomization.yaml")))
+    docs, maps = [], []
+    for res in kust["resources"]:
+        path = os.path.join(kdir, res)
+        if os.path.isdir(path):
+            d, m = render(path)
+            docs, maps = docs + d, maps + m
+        else:
+            docs += [d for d in yaml.safe_load_all(open(path)) if d]
+    for g in kust.get("configMapGenerator", []):
         data = {}
         for lit in g.get("literals", []):
             k, v = str(lit).split("=", 1)
             data[k] = v.split("#")[0].strip()
         for f in g.get("files", []):
-            data[os.path.basename(f)] = open(os.path.join(BASE_DIR, f)).read()
-        out.append({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": g["name"]},
-                    "data": data})
-    return out
+            data[os.path.basename(f)] = open(os.path.join(kdir, f)).read()
+        old = [m for m in maps if m["metadata"]["name"] == g["name"]]
+        if g.get("behavior") == "merge" and old:
+            old[0]["data"].update(data)
+        else:
+            maps.append({"apiVersion": "v1", "kind": "ConfigMap",
+                         "metadata": {"name": g["name"]}, "data": data})
+    for patch in kust.get("patches", []):
+        t = patch["target"]
+        for d in docs:
+            if d["kind"] == t["kind"] and d["metadata"]["name"] == t["name"]:
+                for op in yaml.safe_load(patch["patch"]):
+                    json_patch(d, op)
+    return docs, maps
+
+
+def json_patch(obj, op):
+    """One JSON patch operation (RFC 6902): add (- appends to a list) or
+    replace; any other is an error here, not silently skipped."""
+    if op["op"] not in ("add", "replace"):
+        raise RuntimeError("patch op %s: this test applies add and replace only" % op["op"])
+    parts = op["path"].lstrip("/").split("/")
+    cur = obj
+    for part in parts[:-1]:
+        cur = cur[int(part)] if isinstance(cur, list) else cur[part]
+    last = parts[-1]
+    if isinstance(cur, list) and last == "-":
+        cur.append(op["value"])
+    elif isinstance(cur, list) and op["op"] == "add":
+        cur.insert(int(last), op["value"])
+    elif isinstance(cur, list):
+        cur[int(last)] = op["value"]
+    else:
+        cur[last] = op["value"]
 
 
 def expand_vars(args, env):
     return [re.sub(r"\$\((\w+)\)", lambda m: env.get(m.group(1), m.group(0)), a) for a in args]
 
 
-def pod_of(template, name, maps, keydir, aliases, extra_env=None, hostname=None):
+def pod_of(template, name, maps, keydir, aliases, extra_env=None, hostname=None,
+           subdomain="psd"):
     spec = copy.deepcopy(template["spec"])
     meta = copy.deepcopy(template.get("metadata", {}))
     meta["name"] = name
     if hostname:
-        spec["hostname"], spec["subdomain"] = hostname, "psd"
+        spec["hostname"], spec["subdomain"] = hostname, subdomain
     spec["hostAliases"] = aliases
     for c in spec["containers"]:
         c["image"] = IMAGE
@@ -82,7 +137,12 @@ def pod_of(template, name, maps, keydir, aliases, extra_env=None, hostname=None)
         env = {}
         for e in c.get("env", []):
             ref = e.get("valueFrom", {}).get("configMapKeyRef")
-            env[e["name"]] = maps[ref["name"]][ref["key"]] if ref else e.get("value", "")
+            field = e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")
+            if field not in (None, "metadata.name"):
+                raise RuntimeError("env %s: fieldRef %s is not one this test fills in"
+                                   % (e["name"], field))
+            env[e["name"]] = (maps[ref["name"]][ref["key"]] if ref else name if field
+                              else e.get("value", ""))
         env.update(extra_env or {})
         c["env"] = [{"name": k, "value": v} for k, v in env.items()]
         c["args"] = expand_vars(c.get("args", []), env)
@@ -101,41 +161,65 @@ def pod_of(template, name, maps, keydir, aliases, extra_env=None, hostname=None)
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
 
 
-def pods(tmp, keydir):
-    kust = yaml.safe_load(open(os.path.join(BASE_DIR, "kustomization.yaml")))
-    docs = [d for f in kust["resources"]
-            for d in yaml.safe_load_all(open(os.path.join(BASE_DIR, f))) if d]
-    maps_objs = generated(kust)
+def pods(tmp, keydir, kdir, first_ip):
+    """The pods (and their claims and ConfigMaps) that the controllers would
+    make from the kustomization in kdir: one yaml file a StatefulSet, in
+    files[name], and files["workers"] for the Job's. Addresses are given
+    from SUBNET.first_ip on; each pod's DNS name (psd-3.psd, etcd-0.etcd)
+    is a host alias of every pod."""
+    docs, maps_objs = render(kdir)
     maps = {m["metadata"]["name"]: m["data"] for m in maps_objs}
-    shards, workers = int(maps["psd-counts"]["shards"]), int(maps["psd-counts"]["workers"])
-    sts = [d for d in docs if d["kind"] == "StatefulSet"][0]
+    counts = maps["psd-counts"]
+    shards, workers = int(counts["shards"]), int(counts["workers"])
+    sets = {d["metadata"]["name"]: d for d in docs if d["kind"] == "StatefulSet"}
     job = [d for d in docs if d["kind"] == "Job"][0]
-    psd_ips = ["%s.%d" % (SUBNET, 10 + i) for i in range(shards)]
-    aliases = [{"ip": ip, "hostnames": ["psd-%d.psd" % i]} for i, ip in enumerate(psd_ips)]
-    shard_docs = list(maps_objs)
-    for i in range(shards):  # what the StatefulSet controller makes
-        claim = "checkpoints-psd-%d" % i
-        shard_docs.append({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
-                           "metadata": {"name": claim},
-                           "spec": sts["spec"]["volumeClaimTemplates"][0]["spec"]})
-        p = pod_of(sts["spec"]["template"], "psd-%d" % i, maps, keydir, aliases,
-                   hostname="psd-%d" % i)
-        p["spec"].setdefault("volumes", []).append(
-            {"name": "checkpoints", "persistentVolumeClaim": {"claimName": claim}})
-        shard_docs.append(p)
-    worker_docs = list(maps_objs)
+    # psd's replicas is a replacement's target (shards, or pods with replicas)
+    size = {n: int(counts.get("pods", shards)) if n == "psd" else int(d["spec"]["replicas"])
+            for n, d in sets.items()}
+    members = ["%s-%d" % (n, o) for n in sorted(sets) for o in range(size[n])]
+    ips = {m: "%s.%d" % (SUBNET, first_ip + k) for k, m in enumerate(members)}
+    aliases = [{"ip": ip, "hostnames": ["%s.%s" % (m, m.rsplit("-", 1)[0])]}
+               for m, ip in ips.items()]
+    made = {}
+    for n in sorted(sets):  # what each StatefulSet's controller makes
+        sts, out = sets[n], made.setdefault(n, list(maps_objs))
+        for o in range(size[n]):
+            name = "%s-%d" % (n, o)
+            p = pod_of(sts["spec"]["template"], name, maps, keydir, aliases, hostname=name,
+                       subdomain=sts["spec"]["serviceName"])
+            for t in sts["spec"].get("volumeClaimTemplates", []):
+                claim = "%s-%s" % (t["metadata"]["name"], name)
+                out.append({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                            "metadata": {"name": claim}, "spec": t["spec"]})
+                p["spec"].setdefault("volumes", []).append(
+                    {"name": t["metadata"]["name"], "persistentVolumeClaim": {"claimName": claim}})
+            if n == "etcd":
+                etcd_stand_in(p)
+            out.append(p)
+    made["workers"] = list(maps_objs)
     for r in range(workers):  # what the Job controller makes, one pod per index
-        worker_docs.append(pod_of(job["spec"]["template"], "psworker-%d" % r, maps, keydir,
+        made["workers"].append(pod_of(job["spec"]["template"], "psworker-%d" % r, maps, keydir,
                                   aliases, extra_env={"JOB_COMPLETION_INDEX": str(r)}))
-    files = []
-    for name, d in (("shards", shard_docs), ("workers", worker_docs)):
-        f = os.path.join(tmp, name + ".yaml")
-        with open(f, "w") as out:
+        ips["psworker-%d" % r] = "%s.%d" % (SUBNET, first_ip + len(members) + r)
+    files = {}
+    for n, d in made.items():
+        files[n] = os.path.join(tmp, "%s-%s.yaml" % (os.path.basename(kdir), n))
+        with open(files[n], "w") as out:
             yaml.safe_dump_all(d, out)
-        files.append(f)
-    return files, psd_ips, ["%s.%d" % (SUBNET, 20 + r) for r in range(workers)], shards, workers
+    return files, ips, counts
 
 
+def etcd_stand_in(pod):
+    """etcd's pod on this project's image, with the host's etcd (Debian's
+    etcd-server) mounted in: the manifest's image is in a registry this
+    machine cannot reach. That image runs etcd as root; so does this."""
+    spec = pod["spec"]
+    spec["securityContext"] = {"runAsUser": 0, "runAsGroup": 0}
+    spec.setdefault("volumes", []).append(
+        {"name": "etcd-bin", "hostPath": {"path": ETCD, "type": "File"}})
+    for c in spec["containers"]:
+        c.setdefault("volumeMounts", []).append(
+            {"name": "etcd-bin", "mountPath": "/usr/local/bin/etcd", "readOnly": True})
 # The quick start's run inside the image: 2 shards and 2 workers on one
 # host, bsp, the quick start's flags; prints the rank 0 worker's last line.
 IN_IMAGE = r"""
@@ -183,28 +267,56 @@ def main(tmp):
     os.makedirs(keydir)
     for who in ("server", "worker"):
         tc.run(tc.PSD, "--keygen", os.path.join(keydir, who))
-    (shard_file, worker_file), psd_ips, worker_ips, shards, workers = pods(tmp, keydir)
     tc.run("podman", "network", "create", "--subnet", SUBNET + ".0/24", PROJECT)
-    play = ["podman", "kube", "play", "--network", PROJECT]
-    tc.run(*play, *sum((["--ip", ip] for ip in psd_ips), []), shard_file)
+    acc = base(tmp, keydir)
+    remove_pods()
+    replicated(tmp, keydir, acc)
+
+
+def play(f, ips, names):
+    """podman kube play of file f, each of the pods names at its address."""
+    tc.run("podman", "kube", "play", "--network", PROJECT,
+           *sum((["--ip", ips[n]] for n in names), []), f)
+
+
+def log_of(container):
+    return tc.run("podman", "logs", container, ok=False, quiet=True).stderr
+
+
+def wait_log(container, what, seconds):
+    """The container's log once what (a regular expression) is in it, or
+    at the deadline."""
+    deadline = time.monotonic() + seconds
+    while True:
+        log = log_of(container)
+        if re.search(what, log) or time.monotonic() > deadline:
+            return log
+        time.sleep(0.5)
+
+
+def accuracy(workers):
+    """Waits for every worker; their exit codes and rank 0's log."""
+    codes = [tc.run("podman", "wait", "psworker-%d-psworker" % r, timeout=3600).stdout.strip()
+             for r in range(workers)]
+    logs = tc.run("podman", "logs", "psworker-0-psworker", ok=False).stderr
+    m = re.search(r"W0100 done: (\d+) steps, test accuracy ([0-9.]+)", logs)
+    return codes, logs, float(m.group(2)) if m else -1
+
+
+def base(tmp, keydir):
+    """deploy/k8s/base: 2 shards, 2 workers. The rank 0 worker's accuracy."""
+    files, ips, counts = pods(tmp, keydir, BASE_DIR, 10)
+    shards, workers = int(counts["shards"]), int(counts["workers"])
+    play(files["psd"], ips, ["psd-%d" % i for i in range(shards)])
     for i in range(shards):  # listening, with the shard its host name gives
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            log = tc.run("podman", "logs", "psd-%d-psd" % i, ok=False, quiet=True).stderr
-            if "listening on" in log:
-                break
-            time.sleep(0.5)
+        log = wait_log("psd-%d-psd" % i, "listening on", 120)
         check("shard %d of %d listening" % (i, shards) in log,
               "psd-%d took shard %d from its host name: %s" % (i, i, log.strip()[-200:]))
     t0 = time.monotonic()
-    tc.run(*play, *sum((["--ip", ip] for ip in worker_ips), []), worker_file)
-    codes = [tc.run("podman", "wait", "psworker-%d-psworker" % r, timeout=3600).stdout.strip()
-             for r in range(workers)]
+    play(files["workers"], ips, ["psworker-%d" % r for r in range(workers)])
+    codes, logs, acc = accuracy(workers)
     check(codes == ["0"] * workers, "every worker exited 0 (%s) after %.0f s"
           % (codes, time.monotonic() - t0))
-    logs = tc.run("podman", "logs", "psworker-0-psworker", ok=False).stderr
-    m = re.search(r"W0100 done: (\d+) steps, test accuracy ([0-9.]+)", logs)
-    acc = float(m.group(2)) if m else -1
     ref = image_accuracy()
     print("     k8s pods: rank 0 test accuracy %.4f; the quick start in the image %.4f (on this "
           "host's build %.4f)" % (acc, ref, tc.QUICKSTART_ACCURACY))
@@ -216,14 +328,75 @@ def main(tmp):
     files = [f for f in os.listdir(vol[0]["Mountpoint"]) if f.endswith(".safetensors")]
     check(any(f.startswith("shard-0-of-%d-" % shards) for f in files),
           "psd-0's volume claim holds its checkpoint after the stop (%s)" % files)
+    return acc
+
+
+def replicated(tmp, keydir, base_acc):
+    """deploy/k8s/replicated: etcd, 2 shards x 2 replicas, 2 workers; the
+    primary of shard 0 is killed after the first epoch, and the run must
+    end as the base's did, to the digits."""
+    check(os.path.exists(ETCD), "etcd is installed (%s, Debian's etcd-server)" % ETCD)
+    if not os.path.exists(ETCD):
+        return
+    files, ips, counts = pods(tmp, keydir, REPLICATED_DIR, 30)
+    shards, workers, npods = int(counts["shards"]), int(counts["workers"]), int(counts["pods"])
+    play(files["etcd"], ips, ["etcd-0"])
+    log = wait_log("etcd-0-etcd", "ready to serve client requests", 60)
+    check("ready to serve client requests" in log, "etcd-0 serves: %s" % log.strip()[-200:])
+    play(files["psd"], ips, ["psd-%d" % o for o in range(npods)])
+    for o in range(npods):  # pod o: shard o mod S, replica o div S
+        log = wait_log("psd-%d-psd" % o, "listening on", 120)
+        check("shard %d of %d listening" % (o % shards, shards) in log,
+              "psd-%d took shard %d from its ordinal: %s" % (o, o % shards, log.strip()[-200:]))
+    # each shard: one primary (S0715), and a backup that loaded its state (S0714)
+    deadline, roles = time.monotonic() + 120, {}
+    while time.monotonic() < deadline:
+        logs = {o: log_of("psd-%d-psd" % o) for o in range(npods)}
+        roles = {s: ([o for o in logs if o % shards == s and "S0715" in logs[o]],
+                     [o for o in logs if o % shards == s and "S0714" in logs[o]])
+                 for s in range(shards)}
+        if all(len(p) == 1 and len(b) == 1 for p, b in roles.values()):
+            break
+        time.sleep(0.5)
+    for s, (p, b) in roles.items():
+        check(len(p) == 1 and len(b) == 1 and p != b,
+              "shard %d has a primary (%s) and a backup holding its state (%s)" % (s, p, b))
+    if not all(len(p) == 1 and len(b) == 1 for p, b in roles.values()):
+        return
+    t0 = time.monotonic()
+    play(files["workers"], ips, ["psworker-%d" % r for r in range(workers)])
+    log = wait_log("psworker-0-psworker", "W0210 epoch 1", 300)
+    primary, backup = roles[0][0][0], roles[0][1][0]
+    check("W0210 epoch 1" in log, "the workers trained an epoch; then psd-%d, shard 0's "
+          "primary, is killed" % primary)
+    tc.run("podman", "kill", "-s", "KILL", "psd-%d-psd" % primary, ok=False)
+    codes, logs, acc = accuracy(workers)
+    check(codes == ["0"] * workers, "every worker exited 0 (%s) after %.0f s"
+          % (codes, time.monotonic() - t0))
+    log = log_of("psd-%d-psd" % backup)
+    check(len(re.findall("S0715", log)) == 1 and "S0714" in log,
+          "psd-%d, shard 0's backup, took over: %s" % (backup, log.strip()[-300:]))
+    print("     replicated k8s pods: rank 0 test accuracy %.4f; the base's %.4f" % (acc, base_acc))
+    check(acc > 0 and acc == base_acc, "training through the failover ends with the base "
+          "cluster's accuracy, to the digits")
+
+
+def remove_pods():
+    """Every pod and volume a run may have made, one at a time: podman
+    removes none of a list that names one it does not have."""
+    names = ["psd-%d" % i for i in range(8)] + ["psworker-%d" % i for i in range(8)] + ["etcd-0"]
+    vols = ["checkpoints-psd-%d" % i for i in range(8)] + ["data-etcd-0"] + MAP_VOLUMES
+    for cmd in ([["podman", "pod", "rm", "-f", "-t", "5", n] for n in names]
+                + [["podman", "volume", "rm", "-f", v] for v in vols]):
+        try:
+            subprocess.run(cmd, capture_output=True, timeout=300)
+        except (OSError, subprocess.SubprocessError):
+            pass
 
 
 def clean_up():
-    for cmd in (["podman", "pod", "rm", "-f", "-t", "5"] + ["psd-%d" % i for i in range(8)]
-                + ["psworker-%d" % i for i in range(8)],
-                ["podman", "volume", "rm", "-f"] + ["checkpoints-psd-%d" % i for i in range(8)]
-                + MAP_VOLUMES,
-                ["podman", "network", "rm", "-f", PROJECT], ["podman", "rmi", "-f", IMAGE]):
+    remove_pods()
+    for cmd in (["podman", "network", "rm", "-f", PROJECT], ["podman", "rmi", "-f", IMAGE]):
         try:
             subprocess.run(cmd, capture_output=True, timeout=300)
         except (OSError, subprocess.SubprocessError):
@@ -252,7 +425,8 @@ if __name__ == "__main__":
         check(False, str(e))
     finally:
         if failures:
-            for name in ("psd-0-psd", "psd-1-psd", "psworker-0-psworker", "psworker-1-psworker"):
+            for name in ["psd-%d-psd" % o for o in range(4)] + [
+                    "etcd-0-etcd", "psworker-0-psworker", "psworker-1-psworker"]:
                 r = subprocess.run(["podman", "logs", "--tail", "20", name], capture_output=True,
                                    text=True)
                 print("---- %s\n%s%s" % (name, r.stdout, r.stderr))
