@@ -66,7 +66,7 @@ struct psd_config {
     const char *endpoint_file;
     const char *metrics_listen;
     const char *etcd, *etcd_prefix, *advertise, *replica_of, *replica_name;
-    uint64_t lease_ttl, replica_timeout_ms, replica_transfer_mib;
+    uint64_t lease_ttl, replica_timeout_ms, replica_transfer_mib, replica_backlog_mib;
     int help;
     int version;
 };
@@ -172,6 +172,10 @@ static const struct ps_opt psd_opts[] = {
         "a primary keeps the records it makes while a joining backup's state is written and "
         "sent, up to this many MiB; past it the backup is dropped and asks again (raise it for a "
         "shard whose pushes during one transfer pass it)"),
+    OPT("replica-backlog-mib", PS_OPT_U64, replica_backlog_mib, "64", 0, 1048576, "MIB",
+        "a primary keeps its newest records, up to this many MiB, so that a replica restarted "
+        "from its own checkpoint (or a backup of the last primary) gets only the records after "
+        "it instead of the whole state; 0: none kept"),
     OPT("help", PS_OPT_FLAG, help, NULL, 0, 0, NULL, "show this help and exit"),
     OPT("version", PS_OPT_FLAG, version, NULL, 0, 0, NULL, "show the version and exit"),
 };
@@ -588,6 +592,7 @@ static int start_replica(struct app *a, const struct psd_config *cfg)
         .lease_ttl_s = (int64_t)cfg->lease_ttl,
         .timeout_ms = cfg->replica_timeout_ms,
         .transfer_kept_bytes = cfg->replica_transfer_mib << 20,
+        .backlog_bytes = cfg->replica_backlog_mib << 20,
         .curve = cfg->curve_secret != NULL ? &a->sec.keys : NULL,
         .name = cfg->replica_name,
         .fatal = on_replica_fatal,

@@ -145,7 +145,8 @@ int64_t ps_header_pack_fast(const Ps__Header *h, uint8_t *buf, size_t cap)
     if (h->epoch != 0 || h->seq != 0 || h->record != 0 || h->route.len != 0 ||
         (h->user != NULL && h->user[0] != '\0') || h->last || h->n_shape != 0 || h->stage != 0 ||
         h->backward || h->stages != 0 || h->eval || h->changed || h->since != 0 ||
-        h->generation != 0 || h->table_version != 0 || h->next != 0 || h->tombstones)
+        h->generation != 0 || h->table_version != 0 || h->next != 0 || h->tombstones ||
+        h->resume_epoch != 0 || h->resume_seq != 0)
         return -1;
 #define EXTRA(id, name, kind) +EXTRA_##kind(h->name)
     if (PS_HEADER_FIELDS_BYTES_MAX HEADER_FIELDS(EXTRA) > cap)

@@ -112,6 +112,9 @@
     X(S0726, ERROR, "--replica-name … is held by the process at …: two may not share one")             \
     X(S0727, WARN, "--replica-name … is held by …: waiting for its lease to run out")                  \
     X(S0728, WARN, "etcd no longer holds --replica-name …'s lease: claiming it again")                 \
+    X(S0729, INFO, "backup … resumes from its own state (epoch … record …): no state transfer")        \
+    X(S0730, WARN, "backup …'s own state cannot be brought up to date (why): the whole state")         \
+    X(S0731, INFO, "resuming from this replica's own state (epoch … record …): no state transfer")     \
     X(W0001, INFO, "rank … of … on the backend (and the model)")                                       \
     X(W0002, ERROR, "psworker could not start or run (the reason)")                                    \
     X(W0003, ERROR, "--save: …")                                                                       \

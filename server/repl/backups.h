@@ -39,6 +39,9 @@ struct psd_backup {
     uint64_t from_seq; /* its state transfer held every record up to this */
     uint64_t acked;
     uint64_t heard_ms;
+    /* the state its follow says it holds (its own checkpoint): after
+     * record resume_seq of epoch resume_epoch; 0, 0: none */
+    uint64_t resume_epoch, resume_seq;
 };
 
 struct psd_backups {

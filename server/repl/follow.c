@@ -10,6 +10,7 @@
 #include "checkpoint.h"
 #include "reply.h"
 #include "security.h"
+#include "waits.h"
 
 #include "ps_clock.h"
 #include "ps_err.h"
@@ -29,6 +30,10 @@ void psd__repl_send_follow(struct psd_repl *r)
     h.epoch = r->epoch;
     h.instance = r->lead.id;
     h.detail = r->lead.endpoint;
+    if (r->resumable) {
+        h.resume_epoch = r->resume_epoch;
+        h.resume_seq = r->resume_seq;
+    }
     psd_record_send(r->follow, &h, 0);
     r->followed_ms = (uint64_t)ps_mono_ms();
 }
@@ -40,6 +45,11 @@ void psd__repl_follow(struct psd_repl *r, const char *endpoint, uint64_t epoch)
     if (r->primary[0] != '\0')
         zmq_disconnect(r->follow, r->primary);
     snprintf(r->primary, sizeof r->primary, "%s", endpoint);
+    if (r->loaded && r->epoch != 0) { /* it holds a state the next primary may bring up to date */
+        r->resumable = 1;
+        r->resume_epoch = r->epoch;
+        r->resume_seq = r->seq;
+    }
     r->role = PSD_ROLE_BACKUP;
     r->epoch = epoch;
     r->seq = 0;
@@ -65,6 +75,7 @@ static void resync(struct psd_repl *r, const char *why)
     PS_LOG(r->log, PS_LOG_WARN, S0712, "asking %s for its state again: %s", r->primary, why);
     r->resyncs++;
     r->loaded = 0;
+    r->resumable = 0;
     psd_checkpoint_hold(r->srv, 1);
     r->snap_bytes = 0;
     r->seq = 0;
@@ -76,6 +87,7 @@ static void load_snapshot(struct psd_repl *r, uint64_t seq)
     char path[PS_PATH_MAX + 16], err[256];
     snprintf(path, sizeof path, "%s/transfer", r->snap_dir);
     psd_reset_state(r->srv);
+    r->resumable = 0;
     int rc = psd_checkpoint_load(r->srv, path, err, sizeof err);
     if (rc != 0) {
         psd_reset_state(r->srv);
@@ -90,6 +102,28 @@ static void load_snapshot(struct psd_repl *r, uint64_t seq)
            "state from %s loaded (%u tables, %" PRIu64 " bytes, record %" PRIu64
            "); applying its changes",
            r->primary, psd_ntables(r->srv), r->snap_bytes, seq);
+}
+
+/* The primary brings the state this replica named in its follow up to
+ * date (REC_RESUME): the records after h->seq follow. */
+static void on_resume(struct psd_repl *r, const Ps__Header *h)
+{
+    if (r->loaded || !r->resumable || h->resume_epoch != r->resume_epoch ||
+        h->resume_seq != r->resume_seq) {
+        resync(r, "the primary resumes a state this replica does not hold");
+        return;
+    }
+    r->resumable = 0;
+    r->loaded = 1;
+    r->resumed++;
+    psd_waits_clear(r->srv); /* as the primary did when it took over: none is answered */
+    psd_checkpoint_hold(r->srv, 0);
+    r->seq = h->seq;
+    PS_LOG(r->log, PS_LOG_INFO, S0731,
+           "resuming from this replica's own state (epoch %" PRIu64 " record %" PRIu64
+           "), which is %s's after record %" PRIu64 " of epoch %" PRIu64
+           ": no state transfer; its records after it follow",
+           r->resume_epoch, r->resume_seq, r->primary, h->seq, h->epoch);
 }
 
 static void on_snapshot_piece(struct psd_repl *r, const Ps__Header *h, zmq_msg_t *parts,
@@ -178,6 +212,8 @@ static void on_record_apply(struct psd_repl *r, const Ps__Header *h, zmq_msg_t *
     r->heard_ms = (uint64_t)ps_mono_ms();
     if (h->record == PS__RECORD__REC_SNAPSHOT)
         on_snapshot_piece(r, h, parts, kept);
+    else if (h->record == PS__RECORD__REC_RESUME)
+        on_resume(r, h);
     else if (h->record == PS__RECORD__REC_REQUEST || h->record == PS__RECORD__REC_DROP ||
              h->record == PS__RECORD__REC_AGE_FLOOR)
         apply_record(r, h, parts, kept, total);
@@ -194,8 +230,9 @@ static void on_record_apply(struct psd_repl *r, const Ps__Header *h, zmq_msg_t *
     /* acknowledge what was applied, and beats (the primary hears this
      * backup is alive); while more records wait, one acknowledgement
      * covers up to ACK_EVERY of them */
-    if (!r->loaded || (r->seq == before && h->record != PS__RECORD__REC_BEAT &&
-                       h->record != PS__RECORD__REC_SNAPSHOT))
+    if (!r->loaded ||
+        (r->seq == before && h->record != PS__RECORD__REC_BEAT &&
+         h->record != PS__RECORD__REC_SNAPSHOT && h->record != PS__RECORD__REC_RESUME))
         return;
     int events = 0;
     size_t len = sizeof events;
@@ -219,7 +256,8 @@ void psd__repl_message(struct psd_repl *r, zmq_msg_t *parts, size_t kept, size_t
     } else if (h->status == PS_ENOTPRIMARY) {
         r->heard_ms = 0; /* ask etcd now */
     } else if (h->op == PS__OP__OP_REPLICATE && r->epoch == 0 && h->epoch != 0 &&
-               h->record == PS__RECORD__REC_SNAPSHOT && h->offset == 0) {
+               ((h->record == PS__RECORD__REC_SNAPSHOT && h->offset == 0) ||
+                h->record == PS__RECORD__REC_RESUME)) {
         r->epoch = h->epoch; /* followed by --replica-of before etcd named an epoch */
         on_record_apply(r, h, parts, kept, total);
     } else if (h->op == PS__OP__OP_REPLICATE && h->epoch == r->epoch) {
@@ -249,9 +287,15 @@ static void promote(struct psd_repl *r)
     if (r->primary[0] != '\0')
         zmq_disconnect(r->follow, r->primary);
     snprintf(r->primary, sizeof r->primary, "%s", r->lead.endpoint);
+    /* the state this epoch begins from: a backup that holds it too may
+     * resume (backlog.h) */
+    r->prev_epoch = r->loaded && r->epoch != 0 ? r->epoch : r->resumable ? r->resume_epoch : 0;
+    r->prev_seq = r->loaded && r->epoch != 0 ? r->seq : r->resumable ? r->resume_seq : 0;
+    r->resumable = 0;
     r->role = PSD_ROLE_PRIMARY;
     r->epoch = r->lead.epoch;
     r->seq = 0;
+    psd_backlog_reset(&r->backlog, 0);
     memset(&r->backups, 0, sizeof r->backups);
     r->promotions++;
     psd_checkpoint_hold(s, 0);

@@ -42,6 +42,19 @@ int psd_record_send_to(void *sock, const void *route, size_t route_len, const vo
     return 0;
 }
 
+int psd_record_share(zmq_msg_t *dst, zmq_msg_t *src, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        zmq_msg_init(&dst[i]);
+        if (zmq_msg_copy(&dst[i], &src[i]) != 0) {
+            for (size_t j = 0; j <= i; j++)
+                zmq_msg_close(&dst[j]);
+            return -1;
+        }
+    }
+    return 0;
+}
+
 Ps__Header *psd_record_unpack(struct ps_arena *arena, const void *data, size_t size)
 {
     if (size > PS_HEADER_BYTES_MAX)

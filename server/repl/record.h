@@ -33,6 +33,10 @@ int psd_record_send(void *sock, const Ps__Header *h, int more);
 int psd_record_send_to(void *sock, const void *route, size_t route_len, const void *hdr,
                        size_t hdr_len, zmq_msg_t *frames, size_t n);
 
+/* n frames copied into dst as ZeroMQ copies them (sharing their
+ * buffers: a reference each). 0, or -1 with none of them held. */
+int psd_record_share(zmq_msg_t *dst, zmq_msg_t *src, size_t n);
+
 /* A record's header frame unpacked into arena, which is reset first
  * (the fast path, else protobuf-c); NULL when it is longer than
  * PS_HEADER_BYTES_MAX or not a ps.Header. */

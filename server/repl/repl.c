@@ -126,13 +126,11 @@ static void leave_transfer(struct psd_repl *r, const struct psd_backup *b)
         psd_transfer_end(&r->xfer);
 }
 
-/* One record to backup b: the header, then frames (copies that share the
- * request's buffers). */
-static void send_record(struct psd_repl *r, struct psd_backup *b, const Ps__Header *h,
-                        zmq_msg_t *frames, size_t n)
+/* One record to backup b: the header (packed, len bytes; < 0: it does
+ * not pack), then frames (copies that share the request's buffers). */
+static void send_packed(struct psd_repl *r, struct psd_backup *b, const Ps__Header *h,
+                        const uint8_t *hdr, int64_t len, zmq_msg_t *frames, size_t n)
 {
-    uint8_t hdr[PS_HEADER_BYTES_MAX];
-    int64_t len = ps_wire_header_pack(h, hdr, sizeof hdr);
     int rc = len < 0 ? -1
                      : psd_record_send_to(r->net->sock, b->route, b->route_len, hdr, (size_t)len,
                                           frames, n);
@@ -149,16 +147,29 @@ static void send_record(struct psd_repl *r, struct psd_backup *b, const Ps__Head
     drop_backup(r, b, why);
 }
 
-/* Numbers the next record and sends it to every backup past its state
- * transfer. */
+static void send_record(struct psd_repl *r, struct psd_backup *b, const Ps__Header *h,
+                        zmq_msg_t *frames, size_t n)
+{
+    uint8_t hdr[PS_HEADER_BYTES_MAX];
+    send_packed(r, b, h, hdr, ps_wire_header_pack(h, hdr, sizeof hdr), frames, n);
+}
+
+/* Numbers the next record, sends it to every backup past its state
+ * transfer and keeps it in the backlog. */
 static void forward(struct psd_repl *r, Ps__Header *h, zmq_msg_t *frames, size_t n)
 {
     r->seq++;
     h->seq = r->seq;
     r->records_sent++;
+    uint8_t hdr[PS_HEADER_BYTES_MAX];
+    int64_t len = ps_wire_header_pack(h, hdr, sizeof hdr);
     for (uint32_t i = 0; i < PSD_BACKUPS_MAX; i++)
         if (psd_backup_gets_records(&r->backups.b[i]))
-            send_record(r, &r->backups.b[i], h, frames, n);
+            send_packed(r, &r->backups.b[i], h, hdr, len, frames, n);
+    if (len >= 0)
+        psd_backlog_add(&r->backlog, r->seq, hdr, (size_t)len, frames, n);
+    else
+        psd_backlog_reset(&r->backlog, r->seq);
     if (r->xfer.mask == 0) /* none, or no backup left to get it */
         return;
     int rc = psd_transfer_keep(&r->xfer, h, frames, n);
@@ -371,6 +382,8 @@ static void step_transfer(struct psd_repl *r)
         if (!(x->mask & (1u << i)) || b->state != PSD_BACKUP_TRANSFER)
             continue;
         psd_backup_transferred(b, r->seq); /* it has everything up to here */
+        if (x->resume)                     /* S0729 said so when it began */
+            continue;
         PS_LOG(r->log, PS_LOG_INFO, S0706,
                "backup %s: state transfer sent (%" PRIu64 " bytes, record %" PRIu64
                ", written in %" PRIu64 " ms %s (the fork held it %" PRIu64 " us), then %" PRIu64
@@ -386,7 +399,8 @@ static void step_transfer(struct psd_repl *r)
  * boundary (one at a time); the tick sends it. */
 static void try_snapshots(struct psd_repl *r)
 {
-    if (psd_transfer_busy(&r->xfer) || !psd_backups_waiting(&r->backups) || !psd_quiescent(r->srv))
+    if (psd_transfer_busy(&r->xfer) || !psd_backups_waiting(&r->backups) ||
+        psd__repl_try_resume(r) || !psd_quiescent(r->srv))
         return;
     uint32_t mask = 0;
     for (uint32_t i = 0; i < PSD_BACKUPS_MAX; i++)
@@ -430,6 +444,8 @@ static void on_follow(struct psd_repl *r, const struct ps_frame *route, const Ps
     }
     leave_transfer(r, b); /* one under way began before this follow */
     psd_backup_follows(b, h->instance, ep, route->data, route->size, now_ms());
+    b->resume_epoch = h->resume_epoch;
+    b->resume_seq = h->resume_epoch != 0 ? h->resume_seq : 0;
     PS_LOG(r->log, PS_LOG_INFO, S0708,
            "backup %s (%016" PRIx64 ") follows; its state goes "
            "between rounds",
@@ -620,6 +636,7 @@ static void step_down(struct psd_repl *r, const char *why)
     refuse_held(r);
     psd_lead_resign(&r->lead);
     psd_transfer_end(&r->xfer);
+    psd_backlog_reset(&r->backlog, 0);
     memset(&r->backups, 0, sizeof r->backups);
     psd_set_worker_timeout(r->srv, 0);
     r->view_ms = 0;
@@ -706,6 +723,10 @@ int psd_repl_start(struct psd_repl *r, struct psd_net *net, uv_loop_t *loop,
     r->timeout_ms = cfg->timeout_ms;
     r->snap_fd = -1;
     psd_transfer_init(&r->xfer, cfg->transfer_kept_bytes);
+    psd_backlog_init(&r->backlog, cfg->backlog_bytes);
+    /* a checkpoint restored at start is a state a primary may bring up to date */
+    psd_checkpoint_restored_at(net->srv, &r->resume_epoch, &r->resume_seq);
+    r->resumable = r->resume_epoch != 0;
     const char *tmp = getenv("TMPDIR");
     snprintf(r->snap_dir, sizeof r->snap_dir, "%s/psd-replica-XXXXXX", tmp && *tmp ? tmp : "/tmp");
     if (mkdtemp(r->snap_dir) == NULL) {
@@ -850,6 +871,7 @@ void psd_repl_fini(struct psd_repl *r)
     r->follow = NULL;
     drop_held(r);
     psd_transfer_end(&r->xfer);
+    psd_backlog_reset(&r->backlog, 0);
     free(r->held);
     r->held = NULL;
     free(r->arena_buf);

@@ -17,6 +17,7 @@
 #ifndef PSD_REPL_H
 #define PSD_REPL_H
 
+#include "backlog.h"
 #include "backups.h"
 #include "lead.h"
 #include "ps_curve.h"
@@ -55,6 +56,7 @@ struct psd_repl_config {
     int64_t lease_ttl_s;
     uint64_t timeout_ms; /* silence after which a backup is dropped, or a primary presumed gone */
     uint64_t transfer_kept_bytes; /* the bound on records kept during a state transfer */
+    uint64_t backlog_bytes;       /* the bound on the primary's backlog (backlog.h) */
     const char *name;             /* --replica-name: a stable identity (lead.h), or NULL */
     /* called when this replica must stop (its name taken by another) */
     void (*fatal)(void *ctx, const char *why);
@@ -80,6 +82,15 @@ struct psd_repl {
     uint64_t beat_ms, view_ms;
     char snap_dir[PS_PATH_MAX]; /* where state transfers are written and read */
     struct psd_transfer xfer;   /* one to joining backups, under way (primary) */
+    struct psd_backlog backlog; /* this epoch's newest records (primary) */
+    /* the state this primary's epoch began from: its predecessor's after
+     * record prev_seq of epoch prev_epoch (0, 0: not known) */
+    uint64_t prev_epoch, prev_seq;
+    /* the state is the one after record resume_seq of epoch
+     * resume_epoch (the checkpoint restored at start, untouched, or the
+     * last primary's): a follow asks to resume from it (backlog.h) */
+    int resumable;
+    uint64_t resume_epoch, resume_seq;
     /* as a backup: the socket to the primary, and the state transfer */
     void *follow;
     struct ps_zsock fzs;
@@ -99,10 +110,11 @@ struct psd_repl {
     uint64_t records_sent, records_applied, record_bytes, replies_held, held_dropped;
     uint64_t promotions, resyncs, backups_dropped, refused_not_primary;
     uint64_t held_peak;
-    uint64_t etcd_failures;   /* calls etcd did not answer (their warnings are sampled) */
-    uint64_t no_primary_seen; /* looks at a shard without a primary this one may not take */
-    uint64_t follows_refused; /* follows past PSD_BACKUPS_MAX */
-    int etcd_down;            /* the last read of etcd failed */
+    uint64_t etcd_failures;           /* calls etcd did not answer (their warnings are sampled) */
+    uint64_t no_primary_seen;         /* looks at a shard without a primary this one may not take */
+    uint64_t follows_refused;         /* follows past PSD_BACKUPS_MAX */
+    uint64_t resumed, resume_refused; /* backups that resumed, or asked and got a transfer */
+    int etcd_down;                    /* the last read of etcd failed */
     /* the in-sync set, while primary: a write is owed (insync_wanted),
      * or under way (the slots leaving when it began, and its size) */
     int insync_wanted;

@@ -31,4 +31,11 @@ void psd__repl_consult(struct psd_repl *r, uint64_t now);
 void psd__repl_recover(struct psd_repl *r, const struct ps_frame *route, const char *user,
                        const Ps__Header *req);
 
+/* resume.c */
+/* A backup waiting for its state whose follow names a state of its own
+ * that the backlog can bring up to date gets a resume instead of a state
+ * transfer (one at a time); one whose state cannot be is told why in the
+ * log and gets a transfer. 1 when a resume began. */
+int psd__repl_try_resume(struct psd_repl *r);
+
 #endif

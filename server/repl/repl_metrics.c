@@ -77,6 +77,22 @@ void psd_repl_metrics(const struct psd_repl *r, struct ps_buf *b)
         {"psd_replica_transfer_over_bound_total", "counter",
          "State transfers ended because the records kept passed their bound.",
          (double)r->xfer.over_bound},
+        {"psd_replica_backlog_bytes", "gauge",
+         "Bytes of this primary's newest records kept for backups that resume (bound: "
+         "--replica-backlog-mib).",
+         (double)r->backlog.bytes},
+        {"psd_replica_backlog_records", "gauge", "Records in the backlog.",
+         (double)r->backlog.records},
+        {"psd_replica_backlog_evicted_total", "counter",
+         "Records the backlog let go for its bound.", (double)r->backlog.evicted},
+        {"psd_replica_resumes_total", "counter",
+         "Backups brought up to date from a state of their own, without a state transfer (a "
+         "primary counts those it sent, a backup the times it resumed).",
+         (double)r->resumed},
+        {"psd_replica_resumes_refused_total", "counter",
+         "Backups that named a state of their own which the backlog could not bring up to "
+         "date: they got the whole state (S0730 says why).",
+         (double)r->resume_refused},
         {"psd_replica_not_primary_total", "counter",
          "Requests refused because this replica is not the primary.",
          (double)r->refused_not_primary},
@@ -128,6 +144,9 @@ void psd_repl_stats(void *ctx, Ps__Stats *st)
     if (r->role == PSD_ROLE_PRIMARY || r->loaded) { /* else: what it restored */
         st->ckpt_epoch = r->epoch;
         st->ckpt_seq = r->seq;
+    } else if (r->resumable) { /* the last primary's, or what it restored */
+        st->ckpt_epoch = r->resume_epoch;
+        st->ckpt_seq = r->resume_seq;
     } else {
         psd_checkpoint_restored_at(r->srv, &st->ckpt_epoch, &st->ckpt_seq);
     }

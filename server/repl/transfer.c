@@ -37,7 +37,7 @@ void psd_transfer_init(struct psd_transfer *x, uint64_t kept_max)
 
 int psd_transfer_busy(const struct psd_transfer *x)
 {
-    return x->child > 0 || x->fd >= 0;
+    return x->child > 0 || x->fd >= 0 || x->resume;
 }
 
 /* The file written: open it to send. */
@@ -79,12 +79,10 @@ int psd_transfer_start(struct psd_transfer *x, struct psd *s, const char *dir, u
     return rc;
 }
 
-int psd_transfer_keep(struct psd_transfer *x, const Ps__Header *h, zmq_msg_t *frames, size_t n)
+/* Keeps a record: its header packed (len bytes) and n frames, shared. */
+static int keep_packed(struct psd_transfer *x, const uint8_t *hdr, size_t len, zmq_msg_t *frames,
+                       size_t n)
 {
-    uint8_t hdr[PS_HEADER_BYTES_MAX];
-    int64_t len = ps_wire_header_pack(h, hdr, sizeof hdr);
-    if (len < 0)
-        return PS_ENOMEM;
     size_t head = sizeof(struct psd_transfer_rec) + n * sizeof(zmq_msg_t);
     uint64_t bytes = head + (uint64_t)len;
     for (size_t i = 0; i < n; i++)
@@ -100,17 +98,11 @@ int psd_transfer_keep(struct psd_transfer *x, const Ps__Header *h, zmq_msg_t *fr
     memcpy(k->hdr, hdr, (size_t)len);
     k->hdr_len = (size_t)len;
     k->bytes = bytes;
-    k->n = 0;
+    k->n = n;
     k->next = NULL;
-    for (size_t i = 0; i < n; i++) {
-        zmq_msg_init(&k->frames[i]);
-        if (zmq_msg_copy(&k->frames[i], &frames[i]) != 0) {
-            for (size_t j = 0; j <= i; j++)
-                zmq_msg_close(&k->frames[j]);
-            free(k);
-            return PS_ENOMEM;
-        }
-        k->n++;
+    if (psd_record_share(k->frames, frames, n) != 0) {
+        free(k);
+        return PS_ENOMEM;
     }
     if (x->tail != NULL)
         x->tail->next = k;
@@ -121,6 +113,41 @@ int psd_transfer_keep(struct psd_transfer *x, const Ps__Header *h, zmq_msg_t *fr
     x->kept_bytes += bytes;
     if (x->kept_bytes > x->kept_peak_bytes)
         x->kept_peak_bytes = x->kept_bytes;
+    return 0;
+}
+
+int psd_transfer_keep(struct psd_transfer *x, const Ps__Header *h, zmq_msg_t *frames, size_t n)
+{
+    uint8_t hdr[PS_HEADER_BYTES_MAX];
+    int64_t len = ps_wire_header_pack(h, hdr, sizeof hdr);
+    if (len < 0)
+        return PS_ENOMEM;
+    return keep_packed(x, hdr, (size_t)len, frames, n);
+}
+
+int psd_transfer_resume(struct psd_transfer *x, uint64_t epoch, uint64_t seq, uint32_t mask,
+                        const struct psd_backlog *bl, uint64_t resume_epoch, uint64_t resume_seq)
+{
+    psd_transfer_end(x);
+    for (const struct psd_backlog_rec *k = psd_backlog_after(bl, seq); k != NULL; k = k->next) {
+        /* keep_packed does not change the frames it shares */
+        int rc = keep_packed(x, k->hdr, k->hdr_len, (zmq_msg_t *)k->frames, k->n);
+        if (rc != 0) {
+            psd_transfer_end(x);
+            return rc;
+        }
+    }
+    x->epoch = epoch;
+    x->seq = seq;
+    x->mask = mask;
+    x->resume = 1;
+    x->resume_sent = 0;
+    x->resume_epoch = resume_epoch;
+    x->resume_seq = resume_seq;
+    x->sent_kept = 0;
+    x->t0_ms = (uint64_t)ps_mono_ms();
+    x->fork_us = 0;
+    x->child_used = 0;
     return 0;
 }
 
@@ -215,9 +242,25 @@ int psd_transfer_step(struct psd_transfer *x, void *sock, const struct psd_backu
         if (rc != 0 || open_written(x, err, errlen) != 0)
             return PSD_TRANSFER_FAILED;
     }
-    if (x->fd < 0)
+    if (x->resume && !x->resume_sent) {
+        Ps__Header h;
+        psd_record_header(&h, PS__RECORD__REC_RESUME, x->epoch, x->seq);
+        h.resume_epoch = x->resume_epoch;
+        h.resume_seq = x->resume_seq;
+        uint8_t hdr[PS_HEADER_BYTES_MAX];
+        int64_t len = ps_wire_header_pack(&h, hdr, sizeof hdr);
+        if (len < 0) {
+            ps_errf(PS_EPROTO, err, errlen, "a resume's header does not pack");
+            return PSD_TRANSFER_FAILED;
+        }
+        if (x->owed == 0)
+            x->owed = x->mask;
+        if (!send_owed(x, sock, set, hdr, (size_t)len, NULL, 0, failed))
+            return PSD_TRANSFER_SENDING;
+        x->resume_sent = 1;
+    } else if (!x->resume && x->fd < 0) {
         return PSD_TRANSFER_FAILED;
-    if (x->off < x->size) { /* one piece a step */
+    } else if (!x->resume && x->off < x->size) { /* one piece a step */
         if (send_piece(x, sock, set, failed, err, errlen) != 0)
             return PSD_TRANSFER_FAILED;
         return PSD_TRANSFER_SENDING;
@@ -264,4 +307,5 @@ void psd_transfer_end(struct psd_transfer *x)
     while (x->head != NULL)
         pop_kept(x);
     x->mask = x->owed = 0;
+    x->resume = x->resume_sent = 0;
 }

@@ -15,11 +15,19 @@
  * bounds a replica's output buffer): past it the
  * transfer ends, and its backups ask again. A shard whose pushes during
  * one transfer pass the bound never gets a backup: raise it. Where fork fails, the file is written
- * on the loop, as before. Mechanism only: repl.c decides which backups, logs, and drops those a
+ * on the loop, as before.
+ *
+ * A resume (psd_transfer_resume) is one without a file, for a backup
+ * that holds a state of its own the primary's backlog reaches: a
+ * REC_RESUME record says from which record it follows, then the
+ * backlog's records after it go as the records kept do.
+ *
+ * Mechanism only: repl.c decides which backups, logs, and drops those a
  * piece could not be sent to. */
 #ifndef PSD_TRANSFER_H
 #define PSD_TRANSFER_H
 
+#include "backlog.h"
 #include "backups.h"
 #include "psd.h"
 
@@ -50,6 +58,10 @@ struct psd_transfer {
     uint64_t kept, kept_bytes;            /* kept and not yet sent */
     uint64_t kept_max;                    /* the bound on kept_bytes */
     uint64_t sent_kept;                   /* kept and sent, this transfer */
+    /* a resume (no file): its REC_RESUME went (resume_sent), echoing the
+     * state the backup named */
+    int resume, resume_sent;
+    uint64_t resume_epoch, resume_seq;
     /* counters (metrics) */
     uint64_t started, forked, kept_peak_bytes, over_bound;
 };
@@ -63,6 +75,14 @@ int psd_transfer_busy(const struct psd_transfer *x);
  * PS_E* with err (a write on the loop that failed). */
 int psd_transfer_start(struct psd_transfer *x, struct psd *s, const char *dir, uint64_t epoch,
                        uint64_t seq, uint32_t mask, char *err, size_t errlen);
+/* Starts a resume for the backups in mask (one, in practice), which hold
+ * the state after record resume_seq of epoch resume_epoch, the same as
+ * this primary's after record seq of epoch: the records after seq that
+ * bl keeps are kept for them (shared, not copied). 0; PS_ELIMIT past the
+ * bound on records kept, PS_ENOMEM (nothing started: a state transfer
+ * it is). */
+int psd_transfer_resume(struct psd_transfer *x, uint64_t epoch, uint64_t seq, uint32_t mask,
+                        const struct psd_backlog *bl, uint64_t resume_epoch, uint64_t resume_seq);
 /* Keeps a record made while it is under way (its header h, numbered, and
  * n frames, shared, not copied), for its backups. 0; PS_ELIMIT past the
  * bound (the caller ends it); PS_ENOMEM. */
@@ -75,8 +95,8 @@ enum psd_transfer_step {
                                * backup has loaded the state (acknowledged seq) */
     PSD_TRANSFER_FAILED = 3,  /* the writer failed, or the file cannot be read: err */
 };
-/* One step: takes in the writer once it ends; then sends one piece, and
- * after the last one the records kept, on sock to each backup of the
+/* One step: takes in the writer once it ends; then sends one piece (a
+ * resume: its REC_RESUME), and after the last one the records kept, on sock to each backup of the
  * mask in set (their routes), without waiting. *failed: the slots a
  * message could not go to (the caller drops them; they leave the mask).
  * Returns an enum psd_transfer_step. */

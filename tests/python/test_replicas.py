@@ -679,7 +679,8 @@ def test_a_replicated_cluster_stopped_mid_round_restarts_on_its_own(cluster, etc
     Each primary serves until its round ends, checkpoints and records the
     clean stop in etcd; each backup follows it to its last record and
     checkpoints the same state; after the restart a replica whose
-    checkpoint holds that state takes over (no etcd command is run), and
+    checkpoint holds that state takes over (no etcd command is run), the
+    other resumes from its own checkpoint without a state transfer, and
     the run ends with the unbroken run's model, bit for bit."""
     if not os.environ.get("PSCTL_BIN"):
         pytest.skip("PSCTL_BIN is not set")
@@ -743,6 +744,10 @@ def test_a_replicated_cluster_stopped_mid_round_restarts_on_its_own(cluster, etc
     for i in range(2):
         assert "S0723 shard %d stopped cleanly" % i in text, text[-4000:]
         assert "stopped" not in etcd.get("/psd/shard-%d-of-2/insync" % i)  # consumed
+    # the other replica of each shard holds the state the new epoch began
+    # from: it resumes, no state transfer
+    assert text.count("S0731 resuming from this replica's own state") == 2, text[-4000:]
+    assert "S0706" not in text and "S0714" not in text, text[-4000:]
 
 
 def test_every_member_killed_psctl_recover_names_what_each_lacks(cluster, etcd, tmp_path):

@@ -1,9 +1,11 @@
 /* Replication as units (server/repl/): the record encoding a backup
- * reads, the pieces of a state transfer, the in-sync set's rules
+ * reads, the pieces of a state transfer, the primary's backlog and
+ * the resumes it feeds, the in-sync set's rules
  * (backups.h), and leadership through etcd (lead.h) with etcd replaced
  * by a stand-in at the HTTP boundary (etcd_standin.h): who may take a
  * shard, who may take over, fencing a deposed primary, renewing and
  * losing the lease, and etcd not answering. */
+#include "backlog.h"
 #include "backups.h"
 #include "etcd_standin.h"
 #include "lead.h"
@@ -308,6 +310,79 @@ static void test_transfer_keeps_records_up_to_its_bound(void **state)
     psd_transfer_end(&x);
     assert_int_equal(x.kept, 0);
     assert_false(psd_transfer_busy(&x));
+}
+
+/* Record seq with a frame of bytes (shared, not copied) into b. */
+static void backlog_add(struct psd_backlog *b, uint64_t seq, size_t bytes)
+{
+    static char buf[6u << 20];
+    Ps__Header h;
+    psd_record_header(&h, PS__RECORD__REC_REQUEST, 1, seq);
+    uint8_t hdr[PS_HEADER_BYTES_MAX];
+    int64_t len = ps_wire_header_pack(&h, hdr, sizeof hdr);
+    assert_true(len > 0 && bytes <= sizeof buf);
+    zmq_msg_t f;
+    zmq_msg_init_data(&f, buf, bytes, NULL, NULL);
+    psd_backlog_add(b, seq, hdr, (size_t)len, &f, 1);
+    zmq_msg_close(&f);
+}
+
+static void test_backlog_keeps_the_newest_up_to_its_bound(void **state)
+{
+    (void)state;
+    struct psd_backlog b;
+    psd_backlog_init(&b, 4u << 20);
+    assert_true(psd_backlog_covers(&b, 0)); /* a new epoch: its start */
+    for (uint64_t seq = 1; seq <= 10; seq++)
+        backlog_add(&b, seq, 1u << 20);
+    assert_int_equal(b.records, 3); /* a fourth's bookkeeping passes 4 MiB */
+    assert_true(b.bytes > 3u << 20 && b.bytes <= 4u << 20);
+    assert_int_equal(b.evicted, 7);
+    assert_false(psd_backlog_covers(&b, 6)); /* record 7 is gone */
+    assert_true(psd_backlog_covers(&b, 7));
+    assert_true(psd_backlog_covers(&b, 10));
+    assert_false(psd_backlog_covers(&b, 11)); /* not made yet */
+    assert_int_equal(psd_backlog_after(&b, 8)->seq, 9);
+    assert_null(psd_backlog_after(&b, 10));
+    /* a record after a gap starts it over */
+    backlog_add(&b, 12, 100);
+    assert_int_equal(b.records, 1);
+    assert_false(psd_backlog_covers(&b, 10));
+    assert_true(psd_backlog_covers(&b, 11));
+    /* one past the bound is not kept: nothing before it can be brought up */
+    backlog_add(&b, 13, 5u << 20);
+    assert_int_equal(b.records, 0);
+    assert_int_equal(b.bytes, 0);
+    assert_false(psd_backlog_covers(&b, 12));
+    assert_true(psd_backlog_covers(&b, 13));
+    /* a resume keeps the records after the backup's state for it */
+    for (uint64_t seq = 14; seq <= 16; seq++)
+        backlog_add(&b, seq, 1000);
+    struct psd_transfer x;
+    psd_transfer_init(&x, 1u << 20);
+    assert_int_equal(psd_transfer_resume(&x, 2, 14, 1, &b, 1, 40), 0);
+    assert_true(psd_transfer_busy(&x));
+    assert_int_equal(x.kept, 2);
+    assert_int_equal(x.seq, 14);
+    assert_int_equal(x.resume_epoch, 1);
+    assert_int_equal(x.resume_seq, 40);
+    psd_transfer_end(&x);
+    assert_false(psd_transfer_busy(&x));
+    assert_int_equal(b.records, 3); /* the backlog keeps its own */
+    /* ...within the transfer's bound, or not at all */
+    psd_transfer_init(&x, 1500);
+    assert_int_equal(psd_transfer_resume(&x, 2, 13, 1, &b, 1, 40), PS_ELIMIT);
+    assert_false(psd_transfer_busy(&x));
+    assert_int_equal(x.kept, 0);
+    psd_backlog_reset(&b, 0);
+    assert_int_equal(b.records, 0);
+    assert_true(psd_backlog_covers(&b, 0));
+    /* a backlog of 0 bytes keeps no record */
+    psd_backlog_init(&b, 0);
+    backlog_add(&b, 1, 10);
+    assert_int_equal(b.records, 0);
+    assert_false(psd_backlog_covers(&b, 0));
+    assert_true(psd_backlog_covers(&b, 1));
 }
 
 /* ---- leadership through etcd ------------------------------------------------ */
@@ -680,6 +755,7 @@ int main(void)
         cmocka_unit_test(test_backup_dropped_during_a_set_write_stays),
         cmocka_unit_test(test_backup_slots_at_the_limit),
         cmocka_unit_test(test_transfer_keeps_records_up_to_its_bound),
+        cmocka_unit_test(test_backlog_keeps_the_newest_up_to_its_bound),
         cmocka_unit_test(test_silent_backups),
         cmocka_unit_test(test_first_replica_takes_a_new_shard),
         cmocka_unit_test(test_one_wins_a_race),
