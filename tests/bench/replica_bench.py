@@ -12,7 +12,13 @@ cost: psworker (the MLP, 1 epoch of Fashion-MNIST, batch 64, bsp) on 1
 shard, with the shard alone and with a backup (1+1 against 1+1+backup),
 --repeat runs each, interleaved; samples/s medians and their ratio.
 
-Needs etcd (Debian's etcd-server), Debian's python3 with numpy, and the
+backlog: what keeping the primary's newest records costs the 4 KiB push
+path (psd --replica-backlog-mib, from which a restarted backup resumes):
+1 shard with a backup, a client doing push + pull of 1,024 floats 3,000
+times, with --replica-backlog-mib 0 and 64 (the default), interleaved
+over --repeat clusters each; microseconds a push + pull, medians, ratio.
+
+--only failover|cost|backlog runs one of them. Needs etcd (Debian's etcd-server), Debian's python3 with numpy, and the
 release build: tests/bench/replica_bench.py [--build-dir build-release]
 [--repeat N] [--json PATH]."""
 import argparse
@@ -145,6 +151,30 @@ def failover_round(build, tmp):
         c.stop()
 
 
+def backlog_round(build, tmp, mib, n=3000):
+    """Microseconds a push + pull of 4 KiB takes on a shard with a backup
+    and --replica-backlog-mib mib."""
+    import numpy as np
+    import psd
+    c = Cluster(build, tmp, args=["--replica-backlog-mib", str(mib)])
+    try:
+        client = psd.Client(c.servers, timeout_ms=20000)
+        client.create_table("w", 1024)
+        g, out = np.full(1024, 1e-3, np.float32), np.zeros(1024, np.float32)
+        for _ in range(200):  # warm
+            client.push("w", g).wait()
+            client.pull("w", out).wait()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            client.push("w", g).wait()
+            client.pull("w", out).wait()
+        us = (time.perf_counter() - t0) / n * 1e6
+        client.close()
+        return us
+    finally:
+        c.stop()
+
+
 def train_once(build, tmp, backup):
     c = Cluster(build, tmp, backup=backup)
     try:
@@ -165,10 +195,51 @@ def main():
     ap.add_argument("--build-dir", default="build-release")
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--json")
+    ap.add_argument("--only", choices=["failover", "cost", "backlog"])
     a = ap.parse_args()
     if shutil.which("etcd") is None:
         print("replica_bench: etcd is not installed (Debian's etcd-server)", file=sys.stderr)
         return 77
+    out = {}
+    for section in ("failover", "cost", "backlog"):
+        if a.only in (None, section):
+            out.update(globals()[section](a))
+    if a.json:
+        json.dump(out, open(a.json, "w"), indent=1)
+    return 0
+
+
+def interleaved(a, run, variants):
+    """run(build, tmp, variant) for each variant, --repeat times in turn,
+    each on a fresh cluster: the results, a list a variant."""
+    out = [[] for _ in variants]
+    for i in range(a.repeat):
+        for v, into in zip(variants, out):
+            with tempfile.TemporaryDirectory(prefix="psd-bench-") as tmp:
+                into.append(run(a.build_dir, tmp, v))
+    return out
+
+
+def compare(title, rows, ratio, fmt):
+    """Prints title, then each (label, values) row's median and runs, then
+    the ratio of the second median to the first; returns the medians."""
+    print(title)
+    meds = [statistics.median(v) for _, v in rows]
+    for (label, v), m in zip(rows, meds):
+        print("  %-26s %9s  (%s)" % (label, fmt % m, ", ".join(fmt % x for x in v)))
+    print("  %s: %.3f" % (ratio, meds[1] / meds[0]))
+    return meds
+
+
+def backlog(a):
+    off, on = interleaved(a, backlog_round, (0, 64))
+    mo, mn = compare("backlog (push + pull of 1,024 floats, 1 shard with a backup), us each",
+                     [("--replica-backlog-mib 0:", off), ("--replica-backlog-mib 64:", on)],
+                     "ratio 64/0", "%.1f")
+    return {"backlog_off_us": off, "backlog_on_us": on, "backlog_ratio": mn / mo}
+
+
+def failover(a):
     rounds = []
     for i in range(a.repeat):
         with tempfile.TemporaryDirectory(prefix="psd-fo-") as tmp:
@@ -180,20 +251,15 @@ def main():
           % (statistics.median(ans), min(ans), max(ans), len(ans)))
     print("  backup's 'primary now' after the kill:  median %.0f ms (min %.0f, max %.0f)"
           % (statistics.median(pro), min(pro), max(pro)))
-    solo, rep = [], []
-    for i in range(a.repeat):
-        for backup, into in ((False, solo), (True, rep)):
-            with tempfile.TemporaryDirectory(prefix="psd-cost-") as tmp:
-                into.append(train_once(a.build_dir, tmp, backup))
-    ms, mr = statistics.median(solo), statistics.median(rep)
-    print("cost (MLP, 1 epoch, batch 64, 1 shard + 1 worker, bsp), samples/s")
-    print("  without a backup: %8.0f  (%s)" % (ms, ", ".join("%.0f" % x for x in solo)))
-    print("  with a backup:    %8.0f  (%s)" % (mr, ", ".join("%.0f" % x for x in rep)))
-    print("  ratio with/without: %.2f" % (mr / ms))
-    if a.json:
-        json.dump({"failover": rounds, "solo": solo, "replicated": rep, "ratio": mr / ms},
-                  open(a.json, "w"), indent=1)
-    return 0
+    return {"failover": rounds}
+
+
+def cost(a):
+    solo, rep = interleaved(a, train_once, (False, True))
+    ms, mr = compare("cost (MLP, 1 epoch, batch 64, 1 shard + 1 worker, bsp), samples/s",
+                     [("without a backup:", solo), ("with a backup:", rep)],
+                     "ratio with/without", "%.0f")
+    return {"solo": solo, "replicated": rep, "ratio": mr / ms}
 
 
 if __name__ == "__main__":
