@@ -138,26 +138,24 @@ static int values_in_shm(const Ps__Header *h, enum ps_wire_dir dir)
 }
 
 /* Header.shm: known bits, each on an op that moves those values: a dense
- * f32 range, or a keyed push (dim 1) whose keys and f32 values may lie in
- * the region; offsets of whole elements. */
+ * f32 range, or keys (a keyed push into a dense table, rows of a sparse
+ * one) whose keys and f32 values may lie in the region; offsets of whole
+ * elements. */
 static int check_shm(const Ps__Header *h, enum ps_wire_dir dir, char *err, size_t errlen)
 {
     if (h->shm == 0)
         return 0;
     int keyed = h->layout == PS__LAYOUT__LAYOUT_KEYS;
     uint32_t allowed = dir == PS_WIRE_REPLY            ? PS_SHM_OUT
-                       : keyed                         ? PS_SHM_KEYS | PS_SHM_IN
                        : h->op == PS__OP__OP_PUSH_PULL ? PS_SHM_IN | PS_SHM_OUT
                        : h->op == PS__OP__OP_PUSH      ? PS_SHM_IN
                                                        : PS_SHM_OUT;
+    if (keyed && dir == PS_WIRE_REQUEST)
+        allowed |= PS_SHM_KEYS;
     if ((h->shm & ~allowed) != 0)
         return ps_errf(PS_EPROTO, err, errlen, "%s %s: shm bits 0x%x, this op allows 0x%x",
                        ps_op_name(h->op), dir == PS_WIRE_REQUEST ? "request" : "reply", h->shm,
                        allowed);
-    if (keyed && (dir != PS_WIRE_REQUEST || h->op != PS__OP__OP_PUSH || h->dim != 1))
-        return ps_errf(PS_EPROTO, err, errlen,
-                       "%s: keys in shared memory are for a keyed push of dim 1 (dim %u)",
-                       ps_op_name(h->op), h->dim);
     if ((h->layout != PS__LAYOUT__LAYOUT_RANGE && !keyed) ||
         ((h->shm & ~PS_SHM_KEYS) != 0 && h->dtype != PS__DTYPE__DTYPE_F32))
         return ps_errf(PS_EPROTO, err, errlen,

@@ -191,7 +191,8 @@ static const uint64_t *keys_from_region(struct psd *s, const struct ps_frame *ro
     size_t n = (size_t)req->count;
     uint64_t *k = keys_scratch(s, n);
     if (k == NULL) {
-        psd_reply_errorf(s, req, PS_ENOMEM, rep, "push: out of memory for %zu keys", n);
+        psd_reply_errorf(s, req, PS_ENOMEM, rep, "%s: out of memory for %zu keys",
+                         ps_op_name(req->op), n);
         return NULL;
     }
     /* copied and checked a block at a time, while the block is in L1 */
@@ -206,9 +207,9 @@ static const uint64_t *keys_from_region(struct psd *s, const struct ps_frame *ro
     }
     if (bad < n) {
         psd_reply_errorf(s, req, PS_EPROTO, rep,
-                         "push: keys in shared memory must be strictly increasing: key[%zu]=%llu "
+                         "%s: keys in shared memory must be strictly increasing: key[%zu]=%llu "
                          "after %llu",
-                         bad, (unsigned long long)ps_wire_key(k, bad),
+                         ps_op_name(req->op), bad, (unsigned long long)ps_wire_key(k, bad),
                          (unsigned long long)ps_wire_key(k, bad - 1));
         return NULL;
     }
@@ -319,8 +320,10 @@ static enum psd_answer op_keys(struct psd *s, struct psd_table *t, const struct 
 
 /* Pull, push or push-pull of rows of a sparse table. Sparse tables apply
  * pushes on arrival and answer pulls at once, whatever the mode. */
-static void op_rows(struct psd *s, struct psd_table *t, const struct ps_wire_msg *m,
-                    struct psd_reply *rep)
+/* Rows of a sparse table: keys in a frame or the client's region, a
+ * push's values and a pull's reply in frames or in the region (f32). */
+static void op_rows(struct psd *s, struct psd_table *t, const struct ps_frame *route,
+                    const struct ps_wire_msg *m, struct psd_reply *rep)
 {
     const Ps__Header *req = m->hdr;
     if (req->layout != PS__LAYOUT__LAYOUT_KEYS || req->dim != t->dim) {
@@ -329,12 +332,23 @@ static void op_rows(struct psd *s, struct psd_table *t, const struct ps_wire_msg
                          ps_op_name(req->op), t->name, t->dim, (int)req->layout, req->dim);
         return;
     }
-    const uint64_t *keys = keys_u64(s, m);
-    if (keys == NULL) {
+    size_t n = (size_t)req->count;
+    /* count and dim are bounded by the decoder: the product fits */
+    uint64_t vbytes = (uint64_t)n * t->dim * sizeof(float);
+    unsigned char *shm_in = NULL, *shm_out = NULL;
+    if (psd_region_bytes(s, route, req, req->shm, PS_SHM_IN, req->shm_in, vbytes, sizeof(float),
+                         &shm_in, rep) != 0 ||
+        psd_region_bytes(s, route, req, req->shm, PS_SHM_OUT, req->shm_out, vbytes, sizeof(float),
+                         &shm_out, rep) != 0)
+        return;
+    const uint64_t *keys = NULL;
+    if (req->shm & PS_SHM_KEYS) {
+        if ((keys = keys_from_region(s, route, req, rep)) == NULL)
+            return;
+    } else if ((keys = keys_u64(s, m)) == NULL) {
         psd_reply_errorf(s, req, PS_ENOMEM, rep, "%s: out of memory for keys", ps_op_name(req->op));
         return;
     }
-    size_t n = (size_t)req->count;
     for (size_t i = 0; i < n; i++) {
         uint32_t owner = ps_shard_of_key(keys[i], s->conf.shards);
         if (owner != s->conf.shard) {
@@ -351,7 +365,9 @@ static void op_rows(struct psd *s, struct psd_table *t, const struct ps_wire_msg
         return;
     }
     if (req->op != PS__OP__OP_PULL && !dup) {
-        const float *g = values_f32(s, m);
+        const float *g = shm_in != NULL ? (const float *)shm_in : values_f32(s, m);
+        if (shm_in != NULL)
+            psd_regions_count_in(s->shm, vbytes);
         if (g != NULL && refuse_nonfinite(s, req, t, g, (size_t)n * t->dim, keys, t->dim, rep))
             return;
         int rc = g == NULL ? PS_ENOMEM : psd_table_push_rows(t, keys, g, n, err, sizeof err);
@@ -370,7 +386,20 @@ static void op_rows(struct psd *s, struct psd_table *t, const struct ps_wire_msg
     Ps__Header h;
     psd_reply_init(&h, req);
     h.duplicate = dup;
-    if (req->op != PS__OP__OP_PUSH) {
+    if (req->op != PS__OP__OP_PUSH && shm_out != NULL) { /* written where the client reads */
+        int rc = psd_table_pull_rows(t, keys, n, (float *)shm_out, err, sizeof err);
+        if (rc != 0) {
+            psd_reply_error(s, req, rc, err, rep);
+            return;
+        }
+        psd_regions_count_out(s->shm, vbytes);
+        t->pulls++;
+        h.layout = PS__LAYOUT__LAYOUT_KEYS;
+        h.count = req->count;
+        h.dim = t->dim;
+        h.shm = PS_SHM_OUT;
+        h.shm_out = req->shm_out;
+    } else if (req->op != PS__OP__OP_PUSH) {
         size_t elems = n * t->dim, esize = ps_dtype_size(req->dtype);
         /* f32 rows go straight into the reply; halves through a buffer */
         int f32 = req->dtype == PS__DTYPE__DTYPE_F32;
@@ -422,14 +451,8 @@ enum psd_answer psd_op_data(struct psd *s, const struct ps_frame *route,
     struct psd_table *t = check_range(s, req, rep);
     if (t == NULL)
         return PSD_ANSWER_NOW;
-    if (t->sparse && req->shm != 0) {
-        psd_reply_errorf(s, req, PS_ENOTSUP, rep,
-                         "%s: values or keys in shared memory are for dense tables; '%s' is sparse",
-                         ps_op_name(req->op), t->name);
-        return PSD_ANSWER_NOW;
-    }
     if (t->sparse) {
-        op_rows(s, t, m, rep);
+        op_rows(s, t, route, m, rep);
         return PSD_ANSWER_NOW;
     }
     if (req->layout == PS__LAYOUT__LAYOUT_KEYS)

@@ -315,7 +315,8 @@ static int idle_conn(const char *local)
 }
 
 /* 3. Hand-overs under token 0 bind nothing, and connections that sit idle
- * on the fd socket do not keep a real hand-over out. */
+ * on the fd socket do not keep a real hand-over out; requests naming the
+ * region wrongly are refused. */
 static void test_shm_hand_overs(void **state)
 {
     (void)state;
@@ -354,6 +355,51 @@ static void test_shm_hand_overs(void **state)
     ps__header__free_unpacked(r, NULL);
     r = stats_of(obs);
     assert_int_equal(r->stats->shm_regions, 1);
+    ps__header__free_unpacked(r, NULL);
+    /* a sparse pull through the region: rows past its end, keys that are
+     * not increasing (a fresh region holds zeros), an offset that is not
+     * whole keys are refused, named, and the shard serves on */
+    Ps__TableSpec sp;
+    case_sparse_spec(&sp, "emb", 2, 100, 0.5f);
+    ps_wire_header_init(&h, PS__OP__OP_CREATE_TABLE);
+    h.request_id = 3;
+    h.spec = &sp;
+    ps__header__free_unpacked(raw_exchange(mine, &h, NULL, 0, NULL, 0), NULL);
+    const uint64_t keys[4] = {1, 2, 3, 4};
+    const struct {
+        uint32_t shm;
+        uint64_t keys_at, out_at;
+        int status;
+        const char *says;
+    } cases[] = {
+        {PS_SHM_OUT, 0, (1 << 16) - 16, PS_ERANGE, "reply [65520, +32) is past the end"},
+        {PS_SHM_KEYS, 0, 0, PS_EPROTO, "keys in shared memory must be strictly increasing"},
+        {PS_SHM_KEYS | PS_SHM_OUT, 1 << 16, 0, PS_ERANGE, "keys [65536, +32) is past the end"},
+        {PS_SHM_OUT, 0, 6, PS_EPROTO, "not multiples of 4, 4 and 8"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        ps_wire_header_init(&h, PS__OP__OP_PULL);
+        h.request_id = 10 + i;
+        h.worker_id = 0;
+        h.table_id = 0;
+        h.layout = PS__LAYOUT__LAYOUT_KEYS;
+        h.count = 4;
+        h.dim = 2;
+        h.dtype = PS__DTYPE__DTYPE_F32;
+        h.shm = cases[i].shm;
+        h.shm_keys = cases[i].keys_at;
+        h.shm_out = cases[i].out_at;
+        int in_frame = !(cases[i].shm & PS_SHM_KEYS);
+        send_header(mine, &h, in_frame ? keys : NULL, in_frame ? sizeof keys : 0);
+        size_t nf = 0;
+        r = raw_recv(mine, RAW_TIMEOUT_MS, &nf, NULL, 0);
+        assert_non_null(r);
+        assert_int_equal(r->status, cases[i].status);
+        if (strstr(r->error, cases[i].says) == NULL)
+            fail_msg("case %zu: %s", i, r->error);
+        ps__header__free_unpacked(r, NULL);
+    }
+    r = stats_of(obs); /* still serving */
     ps__header__free_unpacked(r, NULL);
     for (uint32_t i = 0; i < PS_SHM_CONNS_MAX; i++)
         close(idle[i]);

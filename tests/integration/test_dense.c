@@ -906,6 +906,21 @@ static void test_sparse_rows(void **state)
         assert_true(fw[i] == 0.0f);
 }
 
+/* A sparse table of dim columns, SGD with lr 0.5, rows from a seeded
+ * uniform initialiser. */
+static void rows_spec(struct psc_table_spec *s, const char *name, uint32_t dim, uint64_t rows_max,
+                      uint64_t seed)
+{
+    psc_table_spec_init(s, name, 0);
+    s->sparse = 1;
+    s->dim = dim;
+    s->rows_max = rows_max;
+    s->lr = 0.5f;
+    s->init = PSC_INIT_UNIFORM;
+    s->init_scale = 0.1f;
+    s->seed = seed;
+}
+
 /* Rows through a client of one shard, whose keys need no grouping: they
  * go in the caller's order and the gradients from the caller's buffer.
  * Pulls land in the caller's order, as f32 and as halves; a push and a
@@ -922,14 +937,7 @@ static void test_sparse_rows_one_shard(void **state)
     struct psc_client *c = client_or_fail((struct psc_config){0}, eps, 1, 0);
     struct psc_client *h = client_or_fail((struct psc_config){.wire_dtype = PSC_F16}, eps, 1, 1);
     struct psc_table_spec s;
-    psc_table_spec_init(&s, "emb1", 0);
-    s.sparse = 1;
-    s.dim = D;
-    s.rows_max = 4 * K;
-    s.lr = 0.5f;
-    s.init = PSC_INIT_UNIFORM;
-    s.init_scale = 0.1f;
-    s.seed = 5;
+    rows_spec(&s, "emb1", D, 4 * K, 5);
     uint32_t t, th;
     assert_int_equal(psc_table_create(c, &s, TIMEOUT_MS, &t), 0);
     assert_int_equal(psc_table_create(h, &s, TIMEOUT_MS, &th), 0);
@@ -1191,6 +1199,62 @@ static void test_keyed_push_through_shared_memory(void **state)
                      (double)want[i]);
     free(w);
     free(want);
+    psc_destroy(c);
+}
+
+/* Rows of a sparse table through the region: a request whose keys all go
+ * to one shard moves its keys, gradients and pulled rows there (nothing
+ * but headers on the wire), one that spans both shards goes in frames;
+ * every answer matches the fixture's client on tcp, and a push-pull
+ * takes the SGD step it should. */
+static void test_sparse_rows_through_shared_memory(void **state)
+{
+    struct fixture *f = *state;
+    enum { K = 500, D = 4 };
+    const char *eps[2] = {f->shard[0].endpoint, f->shard[1].endpoint};
+    struct psc_client *c = client_or_fail(
+        (struct psc_config){.local_ipc = 1, .shm_bytes = 2 * K * 8 + 2 * K * D * 4 + 512}, eps, 2,
+        6);
+    assert_int_equal(psc_shm_shards(c), 2);
+    struct psc_table_spec s;
+    rows_spec(&s, "emb.shm", D, 4 * K, 9);
+    uint32_t t, tt;
+    assert_int_equal(psc_table_create(c, &s, TIMEOUT_MS, &t), 0);
+    assert_int_equal(psc_table_create(f->c, &s, TIMEOUT_MS, &tt), 0);
+    uint64_t *one = psc_shm_alloc(c, K * 8), *both = psc_shm_alloc(c, K * 8);
+    float *w = psc_shm_alloc(c, K * D * 4), *g = psc_shm_alloc(c, K * D * 4);
+    assert_non_null(g);
+    for (uint64_t k = 0, n = 0; n < K; k++) /* keys of shard 1 only */
+        if (ps_shard_of_key(k * 31, 2) == 1)
+            one[n++] = k * 31;
+    for (uint64_t i = 0; i < K; i++)
+        both[i] = i * 7 + 3;
+    static float ref[K * D];
+    uint64_t tk, s0, r0, s1, r1;
+    for (int spans = 0; spans < 2; spans++) {
+        const uint64_t *keys = spans ? both : one;
+        psc_shm_bytes(c, &s0, &r0);
+        assert_int_equal(psc_pull_rows(c, t, keys, K, w, 0, &tk), 0);
+        wait_ok(c, tk);
+        assert_int_equal(psc_pull_rows(f->c, tt, keys, K, ref, 0, &tk), 0);
+        wait_ok(f->c, tk);
+        assert_memory_equal(w, ref, sizeof ref);
+        for (size_t i = 0; i < K * D; i++)
+            g[i] = 0.001f * (float)(i % 89) - 0.04f;
+        assert_int_equal(psc_push_pull_rows(c, t, keys, K, g, w, 0, &tk), 0);
+        wait_ok(c, tk);
+        for (size_t i = 0; i < K * D; i++)
+            if (w[i] != ref[i] - 0.5f * g[i])
+                fail_msg("spans %d, row %zu value %zu: %.9g, expected %.9g", spans, i / D, i % D,
+                         (double)w[i], (double)(ref[i] - 0.5f * g[i]));
+        assert_int_equal(psc_pull_rows(f->c, tt, keys, K, ref, 0, &tk), 0);
+        wait_ok(f->c, tk);
+        assert_memory_equal(w, ref, sizeof ref);
+        psc_shm_bytes(c, &s1, &r1);
+        /* through the region: the keys twice and the gradients; the rows twice */
+        assert_int_equal(s1 - s0, spans ? 0 : 2 * K * 8 + K * D * 4);
+        assert_int_equal(r1 - r0, spans ? 0 : 2 * K * D * 4);
+    }
     psc_destroy(c);
 }
 
@@ -1574,6 +1638,7 @@ int main(void)
         cmocka_unit_test(test_f16_on_the_wire),
         cmocka_unit_test(test_sparse_rows),
         cmocka_unit_test(test_sparse_rows_one_shard),
+        cmocka_unit_test(test_sparse_rows_through_shared_memory),
         cmocka_unit_test(test_unreachable_and_misordered),
         cmocka_unit_test(test_shared_memory),
         cmocka_unit_test(test_shared_memory_after_restart),

@@ -492,8 +492,11 @@ PSC_API int psc_vote(struct psc_client *c, struct psc_vote *v, int flag, int tim
 
 /* Rows of a sparse table by key: keys[0..n) strictly increasing; out and
  * grads hold n x dim floats in the order of keys and follow the buffer
- * rules above (keys are copied). Each key goes to the shard its jump hash
- * names; rows are created on first touch. */
+ * rules above (keys are copied, except where they lie in the shared
+ * region and every key belongs to one shard: then they move through the
+ * region with the f32 rows, and must stay unchanged until the request
+ * completes). Each key goes to the shard its jump hash names; rows are
+ * created on first touch. */
 PSC_API int psc_pull_rows(struct psc_client *c, uint32_t table, const uint64_t *keys, size_t n,
                           float *out, uint64_t clock, uint64_t *ticket);
 PSC_API int psc_push_rows(struct psc_client *c, uint32_t table, const uint64_t *keys, size_t n,

@@ -69,13 +69,11 @@ static int rows_reserve(struct psc_client *c, struct slot *sl, size_t n, size_t 
     return 0;
 }
 
-/* Groups keys (and values) by owning shard, stably, with each grouped
- * row's place in the caller's order. With one shard the group is the
- * caller's order: the keys are copied at once, the values are sent from
- * the caller's buffer (vals NULL here), and a reply lands as it comes
- * (order is not filled). */
-static void rows_group(struct psc_client *c, struct slot *sl, const uint64_t *keys,
-                       const float *vals, size_t n, size_t dim)
+/* Groups keys by owning shard, stably, with each grouped row's place in
+ * the caller's order. With one shard the group is the caller's order:
+ * the keys are copied at once and a reply lands as it comes (order is
+ * not filled). */
+static void rows_group(struct psc_client *c, struct slot *sl, const uint64_t *keys, size_t n)
 {
     if (c->nshards == 1) {
         sl->grp[0] = 0;
@@ -95,8 +93,6 @@ static void rows_group(struct psc_client *c, struct slot *sl, const uint64_t *ke
         uint32_t pos = cursor[ps_shard_of_key(keys[i], c->nshards)]++;
         sl->order[pos] = (uint32_t)i;
         sl->skeys[pos] = keys[i];
-        if (vals != NULL)
-            memcpy(sl->svals + (size_t)pos * dim, vals + i * dim, dim * sizeof(float));
     }
 }
 
@@ -119,16 +115,28 @@ static int start_rows(struct psc_client *c, Ps__Op op, uint32_t table, const uin
         return psc__set_error(c, PS_EBUSY, "%s: too many requests outstanding", ps_op_name(op));
     size_t d = t->dim;
     const unsigned char *src = NULL;
-    int grouped = c->nshards > 1; /* else the gradients go from grads (buffer rules) */
-    if (rows_reserve(c, sl, n, grads && grouped ? d : 0) != 0 ||
-        (rows_group(c, sl, keys, grouped ? grads : NULL, n, d),
-         grads && (src = psc__wire_values(c, sl, grouped ? sl->svals : grads, n * d)) == NULL)) {
+    int grouped = c->nshards > 1;
+    if (rows_reserve(c, sl, n, grads && grouped ? d : 0) != 0) {
+        psc__slot_release(c, sl);
+        return psc__set_error(c, PS_ENOMEM, "%s: out of memory for %zu rows", ps_op_name(op), n);
+    }
+    rows_group(c, sl, keys, n);
+    /* keys all on one shard are in the caller's order: the gradients go
+     * from grads (buffer rules), else from their grouped copy */
+    int whole = !grouped;
+    for (uint32_t s = 0; s < c->nshards && !whole; s++)
+        whole = sl->grp[s + 1] - sl->grp[s] == n;
+    for (size_t pos = 0; grads != NULL && !whole && pos < n; pos++)
+        memcpy(sl->svals + pos * d, grads + (size_t)sl->order[pos] * d, d * sizeof(float));
+    if (grads && (src = psc__wire_values(c, sl, whole ? grads : sl->svals, n * d)) == NULL) {
         psc__slot_release(c, sl);
         return psc__set_error(c, PS_ENOMEM, "%s: out of memory for %zu rows", ps_op_name(op), n);
     }
     sl->rows = 1;
     sl->table = table;
     sl->out = out;
+    sl->keys = keys; /* read in place only where they lie in the region (send.c) */
+    sl->nkeys = n;
     sl->kind = SUB_ROWS;
     sl->clock = clock;
     sl->src = src;

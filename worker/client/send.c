@@ -318,7 +318,10 @@ static int send_range_part(struct psc_client *c, struct slot *sl, const struct t
     return psc__send_frames(c, s, h, NULL, 0, vals, vals ? vbytes : 0, sl, resend);
 }
 
-/* Shard s's rows of a sparse table: its group of the keys (rows_group). */
+/* Shard s's rows of a sparse table: its group of the keys (rows_group).
+ * When the group is the whole request (one shard, or every key on this
+ * one) and the caller's buffers lie in the region this shard took, the
+ * keys, a push's f32 values and a pull's reply go through the region. */
 static int send_rows_part(struct psc_client *c, struct slot *sl, const struct table_h *t,
                           uint32_t s, Ps__Header *h, int resend)
 {
@@ -329,9 +332,22 @@ static int send_rows_part(struct psc_client *c, struct slot *sl, const struct ta
     h->layout = PS__LAYOUT__LAYOUT_KEYS;
     h->count = b - a;
     h->dim = t->dim;
-    const void *v = sl->src ? sl->src + (size_t)a * d * c->esize : NULL;
-    return psc__send_frames(c, s, h, sl->skeys + a, (size_t)(b - a) * 8, v,
-                            v ? (size_t)(b - a) * d * c->esize : 0, sl, resend);
+    const void *k = sl->skeys + a, *v = sl->src ? sl->src + (size_t)a * d * c->esize : NULL;
+    size_t kbytes = (size_t)(b - a) * 8, vbytes = (size_t)(b - a) * d * c->esize;
+    if (a == 0 && b == sl->nkeys) {
+        if (via_region(c, s, h, PS_SHM_KEYS, sl->keys, kbytes) == NULL)
+            k = NULL;
+        if (c->dtype == PS__DTYPE__DTYPE_F32) {
+            v = v ? via_region(c, s, h, PS_SHM_IN, v, vbytes) : NULL;
+            float *out = sl->op != PS__OP__OP_PUSH ? sl->out : NULL;
+            if (psc__shm_in_region(c, s, out, vbytes)) {
+                h->shm |= PS_SHM_OUT; /* the shard writes the rows there */
+                h->shm_out = (uint64_t)((unsigned char *)out - c->shm.base);
+            }
+        }
+    }
+    mark_via_shm(sl, s, h->shm);
+    return psc__send_frames(c, s, h, k, k ? kbytes : 0, v, v ? vbytes : 0, sl, resend);
 }
 
 /* Shard s's part of a keyed push into a dense table: the keys that fall
