@@ -20,7 +20,7 @@
  * Reports; never passes or fails on numbers.
  *   bench_wire [--psd PATH] [--seconds S] [--quick] [--only OP] [--size BYTES]
  *              [--window N] [--shards N] [--piece-bytes N|whole] [--pin] [--rounds N]
- *              [--rows R] [--dim D] [--json PATH]
+ *              [--rows R] [--dim D] [--life] [--shm] [--json PATH]
  * --only push|pull|push-pull|pull-view|sparse runs those rows alone, --size
  * (a multiple of 4096 up to 16 GiB; the table's size), --window (1 to 8)
  * and --shards (1 or 2) only those cells and no latency rows (for
@@ -31,7 +31,9 @@
  * and psd's resident bytes a row. --life adds the same on a second table
  * with admission and eviction on, and the plain gather and scatter loops
  * over R rows in this process, on the same keys: the life cycle's cost
- * and psd end to end against the fastest a row store can be.
+ * and psd end to end against the fastest a row store can be. --shm puts
+ * the keys, gradients and pulled rows in the region shared with the
+ * shard (psc_shm_alloc), as a worker on the shard's host can.
  * --piece-bytes sets the client's piece_bytes (whole: large requests are
  * not cut into pieces), to compare with the default in alternating runs.
  * --pin gives each side of the wire its own cores, as two hosts would have:
@@ -548,19 +550,28 @@ static void loop_bench(uint64_t rows, uint32_t dim, double secs, double rate[2])
  * and find nothing): each key is pushed until it has a row. Keys/s of
  * the pulls and pushes into rate[0] and rate[1]. */
 static void rows_bench(char eps[][256], pid_t pid, uint64_t rows, uint32_t dim, double secs,
-                       int life, int window, double rate[2])
+                       int life, int window, int shm, double rate[2])
 {
+    enum { SETS = ROW_SETS, BATCH = ROW_BATCH };
+    size_t n = row_keys(rows);
+    if (n == 0)
+        die("--rows", "expects at least 4 rows");
+    size_t kbytes = (SETS * n > BATCH ? SETS * n : BATCH) * sizeof(uint64_t);
+    size_t gbytes = (size_t)window * BATCH * dim * sizeof(float); /* one a request in flight */
     const char *e[1] = {eps[0]};
     struct psc_config cfg = {.struct_size = sizeof cfg,
                              .servers = e,
                              .nservers = 1,
                              .worker_id = 0,
                              .connect_timeout_ms = TIMEOUT_MS,
-                             .local_ipc = 1};
+                             .local_ipc = 1,
+                             .shm_bytes = shm ? kbytes + gbytes + 256 : 0};
     struct psc_client *c = NULL;
     char err[512];
     if (psc_create(&cfg, &c, err, sizeof err) != 0)
         die("psc_create", err);
+    if (shm && psc_shm_shards(c) != 1)
+        die("--shm", "the shard did not take the shared region");
     uint64_t rss0 = rss_bytes(pid);
     struct psc_table_spec s;
     psc_table_spec_init(&s, life ? "rows.life" : "rows", 0);
@@ -581,14 +592,11 @@ static void rows_bench(char eps[][256], pid_t pid, uint64_t rows, uint32_t dim, 
     uint32_t t = 0;
     if (psc_table_create(c, &s, TIMEOUT_MS, &t) != 0)
         die("create", psc_last_error(c));
-    enum { SETS = ROW_SETS, BATCH = ROW_BATCH };
-    size_t n = row_keys(rows);
-    if (n == 0)
-        die("--rows", "expects at least 4 rows");
-    uint64_t *keys =
-        xalloc(SETS * n * sizeof(uint64_t) > BATCH * sizeof(uint64_t) ? SETS * n * sizeof(uint64_t)
-                                                                      : BATCH * sizeof(uint64_t));
-    float *g = xalloc((size_t)window * BATCH * dim * sizeof(float)); /* one a request in flight */
+    /* in the region, keys, gradients and pulled rows go through it */
+    uint64_t *keys = shm ? psc_shm_alloc(c, kbytes) : xalloc(kbytes);
+    float *g = shm ? psc_shm_alloc(c, gbytes) : xalloc(gbytes);
+    if (keys == NULL || g == NULL)
+        die("--shm", "no room in the shared region");
     for (size_t i = 0; i < (size_t)window * BATCH * dim; i++)
         g[i] = 1e-3f;
     /* every row, in key order, BATCH a request (with life, until each id
@@ -658,8 +666,10 @@ static void rows_bench(char eps[][256], pid_t pid, uint64_t rows, uint32_t dim, 
              "\"pull_keys_per_cpu_s\": %.1f, \"push_keys_per_cpu_s\": %.1f}",
              life ? "life" : "psd", rows, dim, n, fill, rate[0], rate[1], per_row, per_cpu[0],
              per_cpu[1]);
-    free(keys);
-    free(g);
+    if (!shm) {
+        free(keys);
+        free(g);
+    }
     psc_destroy(c);
 }
 
@@ -761,6 +771,7 @@ int main(int argc, char **argv)
     const char *json_path = NULL;
     double secs = 0.5;
     int quick = 0, only = -1, shards_only = 0, pin = 0, rounds = 5, window_only = 0, life = 0;
+    int shm = 0;
     size_t size_only = 0;
     uint64_t rows = 0, dim = 16;
     for (int i = 1; i < argc; i++) {
@@ -777,6 +788,8 @@ int main(int argc, char **argv)
             pin = 1;
         else if (strcmp(argv[i], "--life") == 0)
             life = 1;
+        else if (strcmp(argv[i], "--shm") == 0)
+            shm = 1;
         else if (strcmp(argv[i], "--rounds") == 0 && i + 1 < argc) {
             uint64_t v = 0;
             if (ps_parse_u64(argv[++i], 1, ROUNDS_MAX, &v) != 0)
@@ -847,6 +860,8 @@ int main(int argc, char **argv)
         die("--rows", "goes with --only rows, and --only rows needs it");
     if (life && only != ONLY_ROWS)
         die("--life", "goes with --only rows");
+    if (shm && only != ONLY_ROWS)
+        die("--shm", "goes with --only rows");
     size_t sizes[] = {4096, 65536, 1u << 20, 16u << 20};
     int windows[] = {1, 8}, nwin = 2;
     size_t nsizes = quick ? 3 : 4;
@@ -887,9 +902,9 @@ int main(int argc, char **argv)
                "psd req/s", "psd GB/s", "raw req/s", "raw GB/s", "ratio");
     char eps[SHARDS_MAX][256], reps[SHARDS_MAX][256], sb[32];
     if (only == ONLY_ROWS) {
-        printf(
-            "sparse rows, 1 shard, window %d, local ipc: filled in key order, then random keys\n",
-            window_only ? window_only : 1);
+        printf("sparse rows, 1 shard, window %d, %s: filled in key order, then random keys\n",
+               window_only ? window_only : 1,
+               shm ? "keys and rows through the shared region" : "local ipc");
         printf("%-12s %5s %8s %14s %14s %14s %12s\n", "rows", "dim", "keys", "fill keys/s",
                "pull keys/s", "push keys/s", "psd B/row");
         double loop[2], off[2], on[2];
@@ -897,9 +912,9 @@ int main(int argc, char **argv)
         if (life)
             loop_bench(rows, (uint32_t)dim, secs, loop);
         start_psd(psd, dir, 0, 1, eps[0], sizeof eps[0]);
-        rows_bench(eps, children[nchildren - 1], rows, (uint32_t)dim, secs, 0, window, off);
+        rows_bench(eps, children[nchildren - 1], rows, (uint32_t)dim, secs, 0, window, shm, off);
         if (life) {
-            rows_bench(eps, children[nchildren - 1], rows, (uint32_t)dim, secs, 1, window, on);
+            rows_bench(eps, children[nchildren - 1], rows, (uint32_t)dim, secs, 1, window, shm, on);
             printf("\nlife cycle on / off: pull %.0f%%, push %.0f%%; psd end to end / the plain "
                    "loop: pull %.0f%% (%.0f%% with life), push %.0f%% (%.0f%% with life)\n",
                    100 * on[0] / off[0], 100 * on[1] / off[1], 100 * off[0] / loop[0],
