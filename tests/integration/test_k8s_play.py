@@ -18,8 +18,10 @@ to the digits.
 
 Where podman cannot give what a cluster would, the nearest equivalent:
 the headless Services' names (psd-N.psd, etcd-0.etcd) are hostAliases to
-fixed addresses, the Secret is a read-only host directory laid out as
-its items, $(VAR) in args and the pod's name from a fieldRef are filled
+fixed addresses, the Secret and the ConfigMaps are read-only host
+directories laid out as their items (podman rewrites a ConfigMap's
+volume each time a file that holds it is played, under pods already
+reading it), $(VAR) in args and the pod's name from a fieldRef are filled
 in here as the kubelet would, etcd's image (in a registry this machine
 cannot reach) is this project's image with the host's Debian etcd
 mounted in, and readiness probes, preStop and the Job controller's
@@ -49,8 +51,9 @@ ETCD = shutil.which("etcd") or "/usr/bin/etcd"
 PROJECT = "pstestk8s%d" % os.getpid()
 IMAGE = "localhost/psd:" + PROJECT
 SUBNET = "10.89.%d" % (100 + os.getpid() % 100)
-# The ConfigMaps podman kube play makes volumes of; a volume left by an
-# earlier run is rewritten under the next run's starting pods.
+# The ConfigMaps podman kube play would make volumes of (the test gives
+# the pods host directories instead: see pod_of), removed where an older
+# run of this test left them.
 MAP_VOLUMES = ["psd-conf", "psd-counts"]
 
 
@@ -158,11 +161,21 @@ def pod_of(template, name, maps, keydir, aliases, extra_env=None, hostname=None,
             os.chmod(d, 0o755)
             v.pop("secret")
             v["hostPath"] = {"path": d, "type": "Directory"}
+        elif "configMap" in v:  # a host directory of the ConfigMap's keys
+            cm = v.pop("configMap")["name"]
+            d = os.path.join(keydir, name, v["name"])
+            os.makedirs(d, exist_ok=True)
+            for key, text in maps[cm].items():
+                with open(os.path.join(d, key), "w") as out:
+                    out.write(text)
+                os.chmod(os.path.join(d, key), 0o444)
+            os.chmod(d, 0o755)
+            v["hostPath"] = {"path": d, "type": "Directory"}
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
 
 
 def pods(tmp, keydir, kdir, first_ip):
-    """The pods (and their claims and ConfigMaps) that the controllers would
+    """The pods (and their claims) that the controllers would
     make from the kustomization in kdir: one yaml file a StatefulSet, in
     files[name], and files["workers"] for the Job's. Addresses are given
     from SUBNET.first_ip on; each pod's DNS name (psd-3.psd, etcd-0.etcd)
@@ -182,7 +195,7 @@ def pods(tmp, keydir, kdir, first_ip):
                for m, ip in ips.items()]
     made = {}
     for n in sorted(sets):  # what each StatefulSet's controller makes
-        sts, out = sets[n], made.setdefault(n, list(maps_objs))
+        sts, out = sets[n], made.setdefault(n, [])
         for o in range(size[n]):
             name = "%s-%d" % (n, o)
             p = pod_of(sts["spec"]["template"], name, maps, keydir, aliases, hostname=name,
@@ -196,7 +209,7 @@ def pods(tmp, keydir, kdir, first_ip):
             if n == "etcd":
                 etcd_stand_in(p)
             out.append(p)
-    made["workers"] = list(maps_objs)
+    made["workers"] = []
     for r in range(workers):  # what the Job controller makes, one pod per index
         made["workers"].append(pod_of(job["spec"]["template"], "psworker-%d" % r, maps, keydir,
                                   aliases, extra_env={"JOB_COMPLETION_INDEX": str(r)}))
