@@ -12,21 +12,42 @@
 #include <stdint.h>
 #include <zmq.h>
 
-struct psd_backlog_rec {
-    struct psd_backlog_rec *next;
+/* A record kept for backups: its header packed, then its frames
+ * (copies that share the request's buffers). */
+struct psd_rec {
+    struct psd_rec *next;
     uint64_t seq;
-    uint64_t bytes; /* what it counts against the bound */
+    uint64_t bytes; /* what it counts against a bound (psd_rec_bytes) */
     size_t hdr_len, n;
-    uint8_t *hdr; /* its header, packed */
+    uint8_t *hdr;
     zmq_msg_t frames[];
 };
 
+/* Records in order, oldest first: the backlog's, and those a state
+ * transfer keeps (transfer.h). */
+struct psd_recq {
+    struct psd_rec *head, *tail;
+    uint64_t n, bytes;
+};
+
+/* What a record of a hdr_len-byte header and n frames counts against a
+ * bound: its frames, its header and its bookkeeping. */
+uint64_t psd_rec_bytes(size_t hdr_len, zmq_msg_t *frames, size_t n);
+/* Appends record seq (bytes: psd_rec_bytes's) with its frames shared.
+ * 0, or PS_ENOMEM with nothing appended. */
+int psd_recq_push(struct psd_recq *q, uint64_t seq, const void *hdr, size_t hdr_len,
+                  zmq_msg_t *frames, size_t n, uint64_t bytes);
+/* Lets the oldest record go (q not empty). */
+void psd_recq_pop(struct psd_recq *q);
+/* Lets every record go. */
+void psd_recq_clear(struct psd_recq *q);
+
 struct psd_backlog {
-    struct psd_backlog_rec *head, *tail; /* oldest first */
+    struct psd_recq q;
     /* the records after base up to last are all kept: a state after any
      * record from base to last can be brought up to date from here */
     uint64_t base, last;
-    uint64_t records, bytes, max_bytes;
+    uint64_t max_bytes;
     uint64_t evicted; /* records let go for the bound (metrics) */
 };
 
@@ -43,7 +64,7 @@ void psd_backlog_add(struct psd_backlog *b, uint64_t seq, const void *hdr, size_
  * from what is kept. */
 int psd_backlog_covers(const struct psd_backlog *b, uint64_t seq);
 /* The first record kept after record seq (NULL: none). */
-const struct psd_backlog_rec *psd_backlog_after(const struct psd_backlog *b, uint64_t seq);
+const struct psd_rec *psd_backlog_after(const struct psd_backlog *b, uint64_t seq);
 /* Lets every record go; the next one kept is numbered seq + 1 (a new
  * epoch: 0). */
 void psd_backlog_reset(struct psd_backlog *b, uint64_t seq);

@@ -38,6 +38,19 @@ void psd__repl_send_follow(struct psd_repl *r)
     r->followed_ms = (uint64_t)ps_mono_ms();
 }
 
+/* A replica about to follow another primary, or to lead: the state it
+ * holds, as its last primary's (or its own as primary) after record seq
+ * of epoch, is one the next primary may bring up to date (resumable).
+ * One that holds the checkpoint it restored keeps that position. */
+static void hold_position(struct psd_repl *r)
+{
+    if (r->loaded && r->epoch != 0) {
+        r->resumable = 1;
+        r->resume_epoch = r->epoch;
+        r->resume_seq = r->seq;
+    }
+}
+
 /* Follows the primary at endpoint (epoch): asks for its state, which
  * replaces this replica's. */
 void psd__repl_follow(struct psd_repl *r, const char *endpoint, uint64_t epoch)
@@ -45,11 +58,7 @@ void psd__repl_follow(struct psd_repl *r, const char *endpoint, uint64_t epoch)
     if (r->primary[0] != '\0')
         zmq_disconnect(r->follow, r->primary);
     snprintf(r->primary, sizeof r->primary, "%s", endpoint);
-    if (r->loaded && r->epoch != 0) { /* it holds a state the next primary may bring up to date */
-        r->resumable = 1;
-        r->resume_epoch = r->epoch;
-        r->resume_seq = r->seq;
-    }
+    hold_position(r);
     r->role = PSD_ROLE_BACKUP;
     r->epoch = epoch;
     r->seq = 0;
@@ -289,8 +298,9 @@ static void promote(struct psd_repl *r)
     snprintf(r->primary, sizeof r->primary, "%s", r->lead.endpoint);
     /* the state this epoch begins from: a backup that holds it too may
      * resume (backlog.h) */
-    r->prev_epoch = r->loaded && r->epoch != 0 ? r->epoch : r->resumable ? r->resume_epoch : 0;
-    r->prev_seq = r->loaded && r->epoch != 0 ? r->seq : r->resumable ? r->resume_seq : 0;
+    hold_position(r);
+    r->prev_epoch = r->resumable ? r->resume_epoch : 0;
+    r->prev_seq = r->resumable ? r->resume_seq : 0;
     r->resumable = 0;
     r->role = PSD_ROLE_PRIMARY;
     r->epoch = r->lead.epoch;

@@ -60,7 +60,7 @@ int psd__repl_try_resume(struct psd_repl *r)
                        "backup %s resumes from its own state (epoch %" PRIu64 " record %" PRIu64
                        "), this primary's after record %" PRIu64 ": no state transfer, %" PRIu64
                        " records from the backlog",
-                       b->endpoint, e, q, from, r->xfer.kept);
+                       b->endpoint, e, q, from, r->xfer.kept.n);
                 return 1;
             }
             snprintf(why, sizeof why, "%s",

@@ -17,16 +17,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-/* A record kept: its frames (copies that share the request's buffers),
- * then its header packed. */
-struct psd_transfer_rec {
-    struct psd_transfer_rec *next;
-    size_t hdr_len, n;
-    uint64_t bytes; /* what it counts against the bound */
-    uint8_t *hdr;
-    zmq_msg_t frames[];
-};
-
 void psd_transfer_init(struct psd_transfer *x, uint64_t kept_max)
 {
     memset(x, 0, sizeof *x);
@@ -80,40 +70,18 @@ int psd_transfer_start(struct psd_transfer *x, struct psd *s, const char *dir, u
 }
 
 /* Keeps a record: its header packed (len bytes) and n frames, shared. */
-static int keep_packed(struct psd_transfer *x, const uint8_t *hdr, size_t len, zmq_msg_t *frames,
-                       size_t n)
+static int keep_packed(struct psd_transfer *x, uint64_t seq, const uint8_t *hdr, size_t len,
+                       zmq_msg_t *frames, size_t n)
 {
-    size_t head = sizeof(struct psd_transfer_rec) + n * sizeof(zmq_msg_t);
-    uint64_t bytes = head + (uint64_t)len;
-    for (size_t i = 0; i < n; i++)
-        bytes += zmq_msg_size(&frames[i]);
-    if (x->kept_bytes + bytes > x->kept_max) {
+    uint64_t bytes = psd_rec_bytes(len, frames, n);
+    if (x->kept.bytes + bytes > x->kept_max) {
         x->over_bound++;
         return PS_ELIMIT;
     }
-    struct psd_transfer_rec *k = malloc(head + (size_t)len);
-    if (k == NULL)
-        return PS_ENOMEM;
-    k->hdr = (uint8_t *)k + head;
-    memcpy(k->hdr, hdr, (size_t)len);
-    k->hdr_len = (size_t)len;
-    k->bytes = bytes;
-    k->n = n;
-    k->next = NULL;
-    if (psd_record_share(k->frames, frames, n) != 0) {
-        free(k);
-        return PS_ENOMEM;
-    }
-    if (x->tail != NULL)
-        x->tail->next = k;
-    else
-        x->head = k;
-    x->tail = k;
-    x->kept++;
-    x->kept_bytes += bytes;
-    if (x->kept_bytes > x->kept_peak_bytes)
-        x->kept_peak_bytes = x->kept_bytes;
-    return 0;
+    int rc = psd_recq_push(&x->kept, seq, hdr, len, frames, n, bytes);
+    if (rc == 0 && x->kept.bytes > x->kept_peak_bytes)
+        x->kept_peak_bytes = x->kept.bytes;
+    return rc;
 }
 
 int psd_transfer_keep(struct psd_transfer *x, const Ps__Header *h, zmq_msg_t *frames, size_t n)
@@ -122,16 +90,16 @@ int psd_transfer_keep(struct psd_transfer *x, const Ps__Header *h, zmq_msg_t *fr
     int64_t len = ps_wire_header_pack(h, hdr, sizeof hdr);
     if (len < 0)
         return PS_ENOMEM;
-    return keep_packed(x, hdr, (size_t)len, frames, n);
+    return keep_packed(x, h->seq, hdr, (size_t)len, frames, n);
 }
 
 int psd_transfer_resume(struct psd_transfer *x, uint64_t epoch, uint64_t seq, uint32_t mask,
                         const struct psd_backlog *bl, uint64_t resume_epoch, uint64_t resume_seq)
 {
     psd_transfer_end(x);
-    for (const struct psd_backlog_rec *k = psd_backlog_after(bl, seq); k != NULL; k = k->next) {
+    for (const struct psd_rec *k = psd_backlog_after(bl, seq); k != NULL; k = k->next) {
         /* keep_packed does not change the frames it shares */
-        int rc = keep_packed(x, k->hdr, k->hdr_len, (zmq_msg_t *)k->frames, k->n);
+        int rc = keep_packed(x, k->seq, k->hdr, k->hdr_len, (zmq_msg_t *)k->frames, k->n);
         if (rc != 0) {
             psd_transfer_end(x);
             return rc;
@@ -214,20 +182,6 @@ static int send_piece(struct psd_transfer *x, void *sock, const struct psd_backu
     return 0;
 }
 
-/* The oldest record kept is sent: let go. */
-static void pop_kept(struct psd_transfer *x)
-{
-    struct psd_transfer_rec *k = x->head;
-    x->head = k->next;
-    if (x->head == NULL)
-        x->tail = NULL;
-    for (size_t i = 0; i < k->n; i++)
-        zmq_msg_close(&k->frames[i]);
-    x->kept_bytes -= k->bytes;
-    x->kept--;
-    free(k);
-}
-
 int psd_transfer_step(struct psd_transfer *x, void *sock, const struct psd_backups *set,
                       uint32_t *failed, char *err, size_t errlen)
 {
@@ -266,14 +220,14 @@ int psd_transfer_step(struct psd_transfer *x, void *sock, const struct psd_backu
         return PSD_TRANSFER_SENDING;
     }
     /* then the records kept, as many as the backups' queues take */
-    while (x->head != NULL) {
-        struct psd_transfer_rec *k = x->head;
+    while (x->kept.head != NULL) {
+        struct psd_rec *k = x->kept.head;
         if (x->owed == 0)
             x->owed = x->mask;
         if (!send_owed(x, sock, set, k->hdr, k->hdr_len, k->frames, k->n, failed))
             return PSD_TRANSFER_SENDING;
         x->sent_kept++;
-        pop_kept(x);
+        psd_recq_pop(&x->kept);
     }
     /* done once each backup has loaded the state (it acknowledges seq):
      * until then it reads nothing, its queue fills, and records made
@@ -304,8 +258,7 @@ void psd_transfer_end(struct psd_transfer *x)
     if (x->has_piece)
         zmq_msg_close(&x->piece);
     x->has_piece = 0;
-    while (x->head != NULL)
-        pop_kept(x);
+    psd_recq_clear(&x->kept);
     x->mask = x->owed = 0;
     x->resume = x->resume_sent = 0;
 }

@@ -39,8 +39,6 @@
 
 #define PSD_SNAP_PIECE (16u << 20) /* bytes of a state transfer per record */
 
-struct psd_transfer_rec;
-
 struct psd_transfer {
     pid_t child;         /* the forked writer (0: none) */
     int child_fd;        /* the pipe it answers on */
@@ -52,12 +50,11 @@ struct psd_transfer {
     zmq_msg_t piece;     /* the current piece (has_piece) */
     int has_piece;
     char path[PS_PATH_MAX];
-    uint64_t t0_ms, fork_us;              /* when it began; how long its fork held the loop */
-    int child_used;                       /* a forked writer wrote it (else the loop) */
-    struct psd_transfer_rec *head, *tail; /* the records kept, oldest first */
-    uint64_t kept, kept_bytes;            /* kept and not yet sent */
-    uint64_t kept_max;                    /* the bound on kept_bytes */
-    uint64_t sent_kept;                   /* kept and sent, this transfer */
+    uint64_t t0_ms, fork_us; /* when it began; how long its fork held the loop */
+    int child_used;          /* a forked writer wrote it (else the loop) */
+    struct psd_recq kept;    /* the records kept and not yet sent */
+    uint64_t kept_max;       /* the bound on kept.bytes */
+    uint64_t sent_kept;      /* kept and sent, this transfer */
     /* a resume (no file): its REC_RESUME went (resume_sent), echoing the
      * state the backup named */
     int resume, resume_sent;

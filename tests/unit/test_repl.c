@@ -292,15 +292,15 @@ static void test_transfer_keeps_records_up_to_its_bound(void **state)
         zmq_msg_close(&f);
     }
     assert_int_equal(rc, PS_ELIMIT);
-    assert_int_equal(x.kept, 3); /* the fourth's header and bookkeeping pass 4 MiB */
-    assert_true(x.kept_bytes > 3u << 20 && x.kept_bytes <= 4u << 20);
+    assert_int_equal(x.kept.n, 3); /* the fourth's header and bookkeeping pass 4 MiB */
+    assert_true(x.kept.bytes > 3u << 20 && x.kept.bytes <= 4u << 20);
     assert_int_equal(x.over_bound, 1);
-    assert_int_equal(x.kept_peak_bytes, x.kept_bytes);
+    assert_int_equal(x.kept_peak_bytes, x.kept.bytes);
     assert_int_equal(psd_transfer_keep(&x, &h, NULL, 0), 0); /* a small one still fits */
     psd_transfer_end(&x);
-    assert_int_equal(x.kept, 0);
-    assert_int_equal(x.kept_bytes, 0);
-    assert_null(x.head);
+    assert_int_equal(x.kept.n, 0);
+    assert_int_equal(x.kept.bytes, 0);
+    assert_null(x.kept.head);
     x.mask = 1;
     for (rc = 0, n = 0; rc == 0; n++) /* records without frames: their own cost bounds them */
         rc = psd_transfer_keep(&x, &h, NULL, 0);
@@ -308,7 +308,7 @@ static void test_transfer_keeps_records_up_to_its_bound(void **state)
     assert_true(n > 1000);
     assert_int_equal(x.over_bound, 2);
     psd_transfer_end(&x);
-    assert_int_equal(x.kept, 0);
+    assert_int_equal(x.kept.n, 0);
     assert_false(psd_transfer_busy(&x));
 }
 
@@ -335,8 +335,8 @@ static void test_backlog_keeps_the_newest_up_to_its_bound(void **state)
     assert_true(psd_backlog_covers(&b, 0)); /* a new epoch: its start */
     for (uint64_t seq = 1; seq <= 10; seq++)
         backlog_add(&b, seq, 1u << 20);
-    assert_int_equal(b.records, 3); /* a fourth's bookkeeping passes 4 MiB */
-    assert_true(b.bytes > 3u << 20 && b.bytes <= 4u << 20);
+    assert_int_equal(b.q.n, 3); /* a fourth's bookkeeping passes 4 MiB */
+    assert_true(b.q.bytes > 3u << 20 && b.q.bytes <= 4u << 20);
     assert_int_equal(b.evicted, 7);
     assert_false(psd_backlog_covers(&b, 6)); /* record 7 is gone */
     assert_true(psd_backlog_covers(&b, 7));
@@ -346,13 +346,13 @@ static void test_backlog_keeps_the_newest_up_to_its_bound(void **state)
     assert_null(psd_backlog_after(&b, 10));
     /* a record after a gap starts it over */
     backlog_add(&b, 12, 100);
-    assert_int_equal(b.records, 1);
+    assert_int_equal(b.q.n, 1);
     assert_false(psd_backlog_covers(&b, 10));
     assert_true(psd_backlog_covers(&b, 11));
     /* one past the bound is not kept: nothing before it can be brought up */
     backlog_add(&b, 13, 5u << 20);
-    assert_int_equal(b.records, 0);
-    assert_int_equal(b.bytes, 0);
+    assert_int_equal(b.q.n, 0);
+    assert_int_equal(b.q.bytes, 0);
     assert_false(psd_backlog_covers(&b, 12));
     assert_true(psd_backlog_covers(&b, 13));
     /* a resume keeps the records after the backup's state for it */
@@ -362,25 +362,25 @@ static void test_backlog_keeps_the_newest_up_to_its_bound(void **state)
     psd_transfer_init(&x, 1u << 20);
     assert_int_equal(psd_transfer_resume(&x, 2, 14, 1, &b, 1, 40), 0);
     assert_true(psd_transfer_busy(&x));
-    assert_int_equal(x.kept, 2);
+    assert_int_equal(x.kept.n, 2);
     assert_int_equal(x.seq, 14);
     assert_int_equal(x.resume_epoch, 1);
     assert_int_equal(x.resume_seq, 40);
     psd_transfer_end(&x);
     assert_false(psd_transfer_busy(&x));
-    assert_int_equal(b.records, 3); /* the backlog keeps its own */
+    assert_int_equal(b.q.n, 3); /* the backlog keeps its own */
     /* ...within the transfer's bound, or not at all */
     psd_transfer_init(&x, 1500);
     assert_int_equal(psd_transfer_resume(&x, 2, 13, 1, &b, 1, 40), PS_ELIMIT);
     assert_false(psd_transfer_busy(&x));
-    assert_int_equal(x.kept, 0);
+    assert_int_equal(x.kept.n, 0);
     psd_backlog_reset(&b, 0);
-    assert_int_equal(b.records, 0);
+    assert_int_equal(b.q.n, 0);
     assert_true(psd_backlog_covers(&b, 0));
     /* a backlog of 0 bytes keeps no record */
     psd_backlog_init(&b, 0);
     backlog_add(&b, 1, 10);
-    assert_int_equal(b.records, 0);
+    assert_int_equal(b.q.n, 0);
     assert_false(psd_backlog_covers(&b, 0));
     assert_true(psd_backlog_covers(&b, 1));
 }

@@ -70,10 +70,10 @@ static void handle_rows_reply(struct psc_client *c, uint32_t shard, struct slot 
     const struct table_h *t = c->tables[sl->table];
     uint32_t a = sl->grp[shard], b = sl->grp[shard + 1];
     size_t bytes = (size_t)(b - a) * t->dim * sizeof(float);
+    uint64_t off;
     if (h->shm == PS_SHM_OUT && h->layout == PS__LAYOUT__LAYOUT_KEYS && h->count == b - a &&
         h->dim == t->dim && a == 0 && b == sl->nkeys &&
-        psc__shm_in_region(c, shard, sl->out, bytes) &&
-        h->shm_out == (uint64_t)((unsigned char *)sl->out - c->shm.base)) {
+        psc__shm_out_at(c, sl, shard, 0, (uint64_t)(b - a) * t->dim, &off) && h->shm_out == off) {
         /* the shard wrote the rows where they belong, in the caller's order */
         c->shm_received += bytes;
         c->bytes_received += bytes;

@@ -45,7 +45,7 @@ Ps__DType psc__sent_dtype(const struct psc_client *c, const struct slot *sl, uin
 
 /* Where shard s's part [a, b) of a pull's output lies in the region (*off
  * bytes in), when it does and the shard took the region: the shard writes
- * those values there itself. */
+ * those values there itself. For rows, [a, b) counts floats of out. */
 int psc__shm_out_at(const struct psc_client *c, const struct slot *sl, uint32_t s, uint64_t a,
                     uint64_t b, uint64_t *off)
 {

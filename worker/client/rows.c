@@ -135,6 +135,7 @@ static int start_rows(struct psc_client *c, Ps__Op op, uint32_t table, const uin
     sl->rows = 1;
     sl->table = table;
     sl->out = out;
+    sl->offset = 0;  /* out holds row 0 on (psc__shm_out_at) */
     sl->keys = keys; /* read in place only where they lie in the region (send.c) */
     sl->nkeys = n;
     sl->kind = SUB_ROWS;

@@ -339,11 +339,9 @@ static int send_rows_part(struct psc_client *c, struct slot *sl, const struct ta
             k = NULL;
         if (c->dtype == PS__DTYPE__DTYPE_F32) {
             v = v ? via_region(c, s, h, PS_SHM_IN, v, vbytes) : NULL;
-            float *out = sl->op != PS__OP__OP_PUSH ? sl->out : NULL;
-            if (psc__shm_in_region(c, s, out, vbytes)) {
+            if (sl->op != PS__OP__OP_PUSH &&
+                psc__shm_out_at(c, sl, s, 0, h->count * d, &h->shm_out))
                 h->shm |= PS_SHM_OUT; /* the shard writes the rows there */
-                h->shm_out = (uint64_t)((unsigned char *)out - c->shm.base);
-            }
         }
     }
     mark_via_shm(sl, s, h->shm);
