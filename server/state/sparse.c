@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define EMPTY UINT64_MAX
+#define EMPTY PSD_SLOT_EMPTY
 
 /* Lookups land on random pages: past a huge page, ask for huge pages so the
  * TLB covers the slots (transparent huge pages in "madvise" mode). */
