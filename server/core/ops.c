@@ -349,7 +349,9 @@ static void op_rows(struct psd *s, struct psd_table *t, const struct ps_frame *r
         psd_reply_errorf(s, req, PS_ENOMEM, rep, "%s: out of memory for keys", ps_op_name(req->op));
         return;
     }
-    for (size_t i = 0; i < n; i++) {
+    /* (with one shard every key is its own: a call a key took 3% of a
+     * 64k-key request's time) */
+    for (size_t i = 0; s->conf.shards > 1 && i < n; i++) {
         uint32_t owner = ps_shard_of_key(keys[i], s->conf.shards);
         if (owner != s->conf.shard) {
             psd_reply_errorf(
