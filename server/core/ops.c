@@ -336,10 +336,9 @@ static void op_rows(struct psd *s, struct psd_table *t, const struct ps_frame *r
     /* count and dim are bounded by the decoder: the product fits */
     uint64_t vbytes = (uint64_t)n * t->dim * sizeof(float);
     unsigned char *shm_in = NULL, *shm_out = NULL;
-    if (psd_region_bytes(s, route, req, req->shm, PS_SHM_IN, req->shm_in, vbytes, sizeof(float),
-                         &shm_in, rep) != 0 ||
-        psd_region_bytes(s, route, req, req->shm, PS_SHM_OUT, req->shm_out, vbytes, sizeof(float),
-                         &shm_out, rep) != 0)
+    uint32_t shm = req->shm;
+    if (psd_region_bytes(s, route, req, shm, PS_SHM_IN, req->shm_in, vbytes, &shm_in, rep) ||
+        psd_region_bytes(s, route, req, shm, PS_SHM_OUT, req->shm_out, vbytes, &shm_out, rep))
         return;
     const uint64_t *keys = NULL;
     if (req->shm & PS_SHM_KEYS) {

@@ -366,22 +366,16 @@ int psd_region_part(struct psd *s, const struct ps_frame *route, const Ps__Heade
                     struct psd_reply *rep)
 {
     uint64_t bytes = req->count * (bit == PS_SHM_KEYS ? sizeof(uint64_t) : sizeof(float));
-    return psd_region_bytes(s, route, req, shm, bit, off, bytes, 1, p, rep);
+    return psd_region_bytes(s, route, req, shm, bit, off, bytes, p, rep);
 }
 
 int psd_region_bytes(struct psd *s, const struct ps_frame *route, const Ps__Header *req,
-                     uint32_t shm, uint32_t bit, uint64_t off, uint64_t bytes, size_t align,
-                     unsigned char **p, struct psd_reply *rep)
+                     uint32_t shm, uint32_t bit, uint64_t off, uint64_t bytes, unsigned char **p,
+                     struct psd_reply *rep)
 {
     *p = NULL;
     if (!(shm & bit))
         return 0;
-    if (off % align != 0) {
-        psd_reply_errorf(s, req, PS_EINVAL, rep,
-                         "%s: shared-memory offset %llu is not a multiple of %zu bytes",
-                         ps_op_name(req->op), (unsigned long long)off, align);
-        return PS_EINVAL;
-    }
     size_t size = 0;
     int rc = psd_regions_at(s->shm, route->data, route->size, off, bytes, (uint64_t)ps_mono_ms(), p,
                             &size);

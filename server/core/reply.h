@@ -43,10 +43,11 @@ int psd_region_part(struct psd *s, const struct ps_frame *route, const Ps__Heade
                     uint32_t shm, uint32_t bit, uint64_t off, unsigned char **p,
                     struct psd_reply *rep);
 /* The same for bytes the caller works out (a sparse request's rows:
- * count x dim floats), which must lie a multiple of align bytes in. */
+ * count x dim floats; the decoder has checked the offsets are whole
+ * elements). */
 int psd_region_bytes(struct psd *s, const struct ps_frame *route, const Ps__Header *req,
-                     uint32_t shm, uint32_t bit, uint64_t off, uint64_t bytes, size_t align,
-                     unsigned char **p, struct psd_reply *rep);
+                     uint32_t shm, uint32_t bit, uint64_t off, uint64_t bytes, unsigned char **p,
+                     struct psd_reply *rep);
 
 /* 1 when a sender is set (psd_set_sender): requests may wait. */
 int psd_can_send(const struct psd *s);
