@@ -42,16 +42,25 @@ static int open_written(struct psd_transfer *x, char *err, size_t errlen)
     return 0;
 }
 
-int psd_transfer_start(struct psd_transfer *x, struct psd *s, const char *dir, uint64_t epoch,
-                       uint64_t seq, uint32_t mask, char *err, size_t errlen)
+/* A new transfer (a state's, or a resume) to the backups in mask, at
+ * record seq of epoch: what the last one left is let go. */
+static void begin(struct psd_transfer *x, uint64_t epoch, uint64_t seq, uint32_t mask)
 {
     psd_transfer_end(x);
     x->epoch = epoch;
     x->seq = seq;
     x->mask = mask;
     x->sent_kept = 0;
-    x->started++;
     x->t0_ms = (uint64_t)ps_mono_ms();
+    x->fork_us = 0;
+    x->child_used = 0;
+}
+
+int psd_transfer_start(struct psd_transfer *x, struct psd *s, const char *dir, uint64_t epoch,
+                       uint64_t seq, uint32_t mask, char *err, size_t errlen)
+{
+    begin(x, epoch, seq, mask);
+    x->started++;
     uint64_t t0 = (uint64_t)ps_mono_ns();
     x->child = psd_checkpoint_fork(s, dir, &x->child_fd);
     if (x->child > 0) {
@@ -61,8 +70,6 @@ int psd_transfer_start(struct psd_transfer *x, struct psd *s, const char *dir, u
         return 0;
     }
     x->child = 0; /* no fork: written here, on the loop */
-    x->child_used = 0;
-    x->fork_us = 0;
     int rc = psd_checkpoint_write(s, dir, x->path, sizeof x->path, err, errlen);
     if (rc == 0 && (rc = open_written(x, err, errlen)) != 0)
         psd_transfer_end(x);
@@ -96,7 +103,7 @@ int psd_transfer_keep(struct psd_transfer *x, const Ps__Header *h, zmq_msg_t *fr
 int psd_transfer_resume(struct psd_transfer *x, uint64_t epoch, uint64_t seq, uint32_t mask,
                         const struct psd_backlog *bl, uint64_t resume_epoch, uint64_t resume_seq)
 {
-    psd_transfer_end(x);
+    begin(x, epoch, seq, mask);
     for (const struct psd_rec *k = psd_backlog_after(bl, seq); k != NULL; k = k->next) {
         /* keep_packed does not change the frames it shares */
         int rc = keep_packed(x, k->seq, k->hdr, k->hdr_len, (zmq_msg_t *)k->frames, k->n);
@@ -105,17 +112,9 @@ int psd_transfer_resume(struct psd_transfer *x, uint64_t epoch, uint64_t seq, ui
             return rc;
         }
     }
-    x->epoch = epoch;
-    x->seq = seq;
-    x->mask = mask;
     x->resume = 1;
-    x->resume_sent = 0;
     x->resume_epoch = resume_epoch;
     x->resume_seq = resume_seq;
-    x->sent_kept = 0;
-    x->t0_ms = (uint64_t)ps_mono_ms();
-    x->fork_us = 0;
-    x->child_used = 0;
     return 0;
 }
 
