@@ -266,6 +266,7 @@ int psc__in_region(const struct psc_client *c, const void *p, size_t bytes);
 int psc__region_has(const struct psc_client *c, uint32_t s, const void *p, size_t bytes,
                     size_t align);
 int psc__shm_in_region(const struct psc_client *c, uint32_t s, const void *p, size_t bytes);
+const uint64_t *psc__rows_keys(const struct psc_client *c, const struct slot *sl);
 Ps__DType psc__shard_dtype(const struct psc_client *c, uint32_t s);
 Ps__DType psc__sent_dtype(const struct psc_client *c, const struct slot *sl, uint32_t s);
 int psc__shm_out_at(const struct psc_client *c, const struct slot *sl, uint32_t s, uint64_t a,

@@ -21,6 +21,19 @@ int psc__region_has(const struct psc_client *c, uint32_t s, const void *p, size_
            (size_t)((const unsigned char *)p - c->shm.base) % align == 0;
 }
 
+/* The keys a rows request sends, grouped by shard (rows.c): with one
+ * shard and the caller's keys in the region (whole keys in), the
+ * caller's, which stay unchanged until the request completes
+ * (psc_pull_rows); else the slot's copy. */
+const uint64_t *psc__rows_keys(const struct psc_client *c, const struct slot *sl)
+{
+    const unsigned char *p = (const unsigned char *)sl->keys;
+    if (c->nshards == 1 && psc__in_region(c, p, sl->nkeys * sizeof(uint64_t)) &&
+        (size_t)(p - c->shm.base) % sizeof(uint64_t) == 0)
+        return sl->keys;
+    return sl->skeys;
+}
+
 /* Whether values [p, p+bytes) may move through the region (in f32: see
  * psc__shard_dtype). */
 int psc__shm_in_region(const struct psc_client *c, uint32_t s, const void *p, size_t bytes)

@@ -69,16 +69,20 @@ static int rows_reserve(struct psc_client *c, struct slot *sl, size_t n, size_t 
     return 0;
 }
 
-/* Groups keys by owning shard, stably, with each grouped row's place in
- * the caller's order. With one shard the group is the caller's order:
- * the keys are copied at once and a reply lands as it comes (order is
- * not filled). */
-static void rows_group(struct psc_client *c, struct slot *sl, const uint64_t *keys, size_t n)
+/* Groups the slot's keys by owning shard, stably, with each grouped
+ * row's place in the caller's order. With one shard the group is the
+ * caller's order: the keys are copied at once (unless they go from the
+ * region: psc__rows_keys) and a reply lands as it comes (order is not
+ * filled). */
+static void rows_group(struct psc_client *c, struct slot *sl)
 {
+    const uint64_t *keys = sl->keys;
+    size_t n = sl->nkeys;
     if (c->nshards == 1) {
         sl->grp[0] = 0;
         sl->grp[1] = (uint32_t)n;
-        memcpy(sl->skeys, keys, n * sizeof *keys);
+        if (psc__rows_keys(c, sl) != keys)
+            memcpy(sl->skeys, keys, n * sizeof *keys);
         return;
     }
     uint32_t *cursor = sl->grp + c->nshards + 1;
@@ -120,7 +124,9 @@ static int start_rows(struct psc_client *c, Ps__Op op, uint32_t table, const uin
         psc__slot_release(c, sl);
         return psc__set_error(c, PS_ENOMEM, "%s: out of memory for %zu rows", ps_op_name(op), n);
     }
-    rows_group(c, sl, keys, n);
+    sl->keys = keys; /* read in place only where they lie in the region */
+    sl->nkeys = n;
+    rows_group(c, sl);
     /* keys all on one shard are in the caller's order: the gradients go
      * from grads (buffer rules), else from their grouped copy */
     int whole = !grouped;
@@ -135,9 +141,7 @@ static int start_rows(struct psc_client *c, Ps__Op op, uint32_t table, const uin
     sl->rows = 1;
     sl->table = table;
     sl->out = out;
-    sl->offset = 0;  /* out holds row 0 on (psc__shm_out_at) */
-    sl->keys = keys; /* read in place only where they lie in the region (send.c) */
-    sl->nkeys = n;
+    sl->offset = 0; /* out holds row 0 on (psc__shm_out_at) */
     sl->kind = SUB_ROWS;
     sl->clock = clock;
     sl->src = src;

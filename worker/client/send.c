@@ -332,7 +332,8 @@ static int send_rows_part(struct psc_client *c, struct slot *sl, const struct ta
     h->layout = PS__LAYOUT__LAYOUT_KEYS;
     h->count = b - a;
     h->dim = t->dim;
-    const void *k = sl->skeys + a, *v = sl->src ? sl->src + (size_t)a * d * c->esize : NULL;
+    const void *k = psc__rows_keys(c, sl) + a,
+               *v = sl->src ? sl->src + (size_t)a * d * c->esize : NULL;
     size_t kbytes = (size_t)(b - a) * 8, vbytes = (size_t)(b - a) * d * c->esize;
     if (a == 0 && b == sl->nkeys) {
         if (via_region(c, s, h, PS_SHM_KEYS, sl->keys, kbytes) == NULL)
